@@ -1,0 +1,46 @@
+# The front door: `make demo` and `make test` work on a fresh Debian 12
+# machine as root. Everything below wraps CMake (build/ for Release builds).
+BUILD_DIR   ?= build
+BUILD_TYPE  ?= Release
+SANITIZE    ?=
+JOBS        ?= $(shell nproc)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+
+.PHONY: all deps configure build test demo bench format clean sanitize
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DPUSHPULL_SANITIZE=$(SANITIZE) $(CMAKE_FLAGS)
+
+configure: $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: deps
+	@$(MAKE) --no-print-directory build
+	scripts/run-tests.sh $(BUILD_DIR) $(CTEST_FLAGS)
+
+# ASan+UBSan build and test run in build-asan/.
+sanitize: deps
+	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo SANITIZE=address,undefined
+
+demo: deps
+	@$(MAKE) --no-print-directory build
+	scripts/demo.sh $(BUILD_DIR)
+
+bench: deps
+	@$(MAKE) --no-print-directory build
+	scripts/bench.sh $(BUILD_DIR)
+
+format:
+	git ls-files '*.h' '*.cpp' '*.cc' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR) build-asan

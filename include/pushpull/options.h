@@ -1,0 +1,144 @@
+// Typed configuration with documented defaults.
+//
+// `Options::from_env()` is the only place in pushpull that reads environment
+// variables. It accepts the MXNet / ps-lite names (DMLC_*), the torchrun names
+// (RANK, WORLD_SIZE, ...), OpenMPI's and Slurm's, and PUSHPULL_* names; where
+// two name the same setting the PUSHPULL_* one wins. A malformed value is an
+// InvalidArgument naming the variable. Programs may also fill the structs by
+// hand and never touch the environment (tests do).
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "pushpull/log.h"
+
+namespace pushpull {
+
+using Millis = std::chrono::milliseconds;
+
+// A snapshot of environment variables (name → value).
+class Environment {
+ public:
+  Environment() = default;
+  explicit Environment(std::map<std::string, std::string> vars) : vars_(std::move(vars)) {}
+  Environment(std::initializer_list<std::pair<const std::string, std::string>> vars)
+      : vars_(vars) {}
+  // The calling process's environment, read now.
+  static Environment current();
+  std::optional<std::string> get(std::string_view name) const;
+  // The first of `names` that is set.
+  std::optional<std::string> first(std::initializer_list<std::string_view> names) const;
+  void set(std::string name, std::string value) { vars_[std::move(name)] = std::move(value); }
+  const std::map<std::string, std::string>& vars() const { return vars_; }
+
+ private:
+  std::map<std::string, std::string> vars_;
+};
+
+enum class Role : uint8_t { kNone = 0, kScheduler = 1, kServer = 2, kWorker = 3 };
+std::string_view role_name(Role r);  // "none", "scheduler", "server", "worker"
+std::optional<Role> parse_role(std::string_view text);
+
+struct NetOptions {
+  // Address this node advertises to others. DMLC_NODE_HOST / PUSHPULL_NODE_HOST.
+  // Empty: chosen from `interface`, else the first non-loopback IPv4, else loopback.
+  std::string node_host;
+  // Network interface to take the address from. DMLC_INTERFACE / PUSHPULL_INTERFACE.
+  std::string interface;
+  // Port this node listens on; 0 = any free port. DMLC_PORT / PUSHPULL_PORT.
+  int port = 0;
+  // Largest message accepted from a peer; larger ones are protocol errors.
+  // PUSHPULL_MAX_MESSAGE_BYTES.
+  uint64_t max_message_bytes = uint64_t{2} << 30;
+  // SO_SNDBUF / SO_RCVBUF per socket. PUSHPULL_SOCKET_BUFFER_BYTES. 0 = kernel default.
+  int socket_buffer_bytes = 4 << 20;
+  // How long connect() keeps retrying (with backoff). PUSHPULL_CONNECT_TIMEOUT_MS.
+  Millis connect_timeout{30000};
+  // Jobs only talk to nodes with the same id. PUSHPULL_JOB_ID.
+  std::string job_id = "pushpull";
+  // When set, every connection proves knowledge of it (HMAC-SHA256). PUSHPULL_JOB_SECRET.
+  std::string job_secret;
+};
+
+struct ClusterOptions {
+  // DMLC_ROLE / PUSHPULL_ROLE. kNone for a plain program (local stores).
+  Role role = Role::kNone;
+  // Scheduler address. DMLC_PS_ROOT_URI / PUSHPULL_ROOT_URI.
+  std::string root_uri = "127.0.0.1";
+  // DMLC_PS_ROOT_PORT / PUSHPULL_ROOT_PORT.
+  int root_port = 9091;
+  // DMLC_NUM_SERVER / PUSHPULL_NUM_SERVER.
+  int num_servers = 0;
+  // DMLC_NUM_WORKER / PUSHPULL_NUM_WORKER.
+  int num_workers = 1;
+  // Heartbeat period. PUSHPULL_HEARTBEAT_INTERVAL_MS.
+  Millis heartbeat_interval{1000};
+  // A node silent for this long is declared dead; also the deadline of every
+  // wait on a peer. PUSHPULL_HEARTBEAT_TIMEOUT_MS, or PUSHPULL_TIMEOUT (seconds,
+  // set by the launcher's --timeout) for this and startup_timeout together.
+  Millis heartbeat_timeout{10000};
+  // How long registration may take before the job fails. PUSHPULL_STARTUP_TIMEOUT_MS.
+  Millis startup_timeout{120000};
+  // Rank the launcher assigned (-1: assigned by the scheduler). PUSHPULL_RANK.
+  int preferred_rank = -1;
+};
+
+struct KVStoreOptions {
+  // Arrays with at least this many elements are split over all servers.
+  // MXNET_KVSTORE_BIGARRAY_BOUND / PUSHPULL_BIGARRAY_BOUND.
+  int64_t bigarray_bound = 1000000;
+  // Threads a server uses for summing and updates; 0 = min(cores, 4).
+  // PUSHPULL_SERVER_THREADS.
+  int server_threads = 0;
+  // Threads of a local store's engine; 0 = min(cores, 4). PUSHPULL_KVSTORE_THREADS.
+  int engine_threads = 0;
+};
+
+struct CollectiveOptions {
+  // This process's place among the workers, from the launcher or RANK /
+  // OMPI_COMM_WORLD_RANK / SLURM_PROCID; -1 when unknown.
+  int rank = -1;
+  int size = -1;        // WORLD_SIZE / OMPI_COMM_WORLD_SIZE / SLURM_NTASKS
+  int local_rank = -1;  // LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID
+  int local_size = -1;  // LOCAL_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE
+  // Rendezvous hosted by rank 0 when there is no scheduler. MASTER_ADDR / MASTER_PORT.
+  std::string master_addr;
+  int master_port = 0;
+  // Tensor fusion buffer size. PUSHPULL_FUSION_THRESHOLD (bytes), HOROVOD_FUSION_THRESHOLD.
+  uint64_t fusion_threshold_bytes = uint64_t{64} << 20;
+  // How long the engine collects ready tensors before a round. PUSHPULL_CYCLE_TIME_MS.
+  double cycle_time_ms = 1.0;
+  // Allreduce below this many bytes uses the log-latency algorithm.
+  // PUSHPULL_SMALL_ALLREDUCE_BYTES.
+  uint64_t small_allreduce_bytes = 64 << 10;
+  // Ring pipeline segment size. PUSHPULL_RING_SEGMENT_BYTES.
+  uint64_t ring_segment_bytes = 1 << 20;
+  // PUSHPULL_STALL_WARNING_SECONDS.
+  double stall_warning_seconds = 60;
+  // 0 = never. PUSHPULL_STALL_SHUTDOWN_SECONDS.
+  double stall_shutdown_seconds = 0;
+};
+
+struct Options {
+  // PUSHPULL_LOG_LEVEL.
+  LogLevel log_level = LogLevel::kInfo;
+  NetOptions net;
+  ClusterOptions cluster;
+  KVStoreOptions kvstore;
+  CollectiveOptions collective;
+
+  // Reads every setting above from `env` (the process environment by default).
+  static Options from_env(const Environment& env = Environment::current());
+  // Throws InvalidArgument when a setting is out of range.
+  void validate() const;
+};
+
+}  // namespace pushpull

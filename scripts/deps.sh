@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pushpull's build, tests, demo and benchmarks
+# need. Idempotent: quiet and quick when everything is there; runs
+# `apt-get update` only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  build-essential cmake ninja-build ccache pkg-config
+  libfmt-dev libcli11-dev libssl-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # tools and tests
+  clang clang-format iproute2 procps openssh-server openssh-client rsync
+  # peers for the benchmarks
+  openmpi-bin libopenmpi-dev libgloo-dev libhiredis-dev libibverbs-dev iperf3
+  # training and Python
+  libtorch-dev python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  python3-setuptools dataset-fashion-mnist
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO=sudo
+else
+  SUDO=
+fi
+echo "make deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,207 @@
+#include "pushpull/options.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "pushpull/error.h"
+
+extern char** environ;
+
+namespace pushpull {
+
+Environment Environment::current() {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    vars.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return Environment(std::move(vars));
+}
+
+std::optional<std::string> Environment::get(std::string_view name) const {
+  auto it = vars_.find(std::string(name));
+  if (it == vars_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::string> Environment::first(std::initializer_list<std::string_view> names) const {
+  for (auto n : names)
+    if (auto v = get(n)) return v;
+  return std::nullopt;
+}
+
+std::string_view role_name(Role r) {
+  switch (r) {
+    case Role::kNone:
+      return "none";
+    case Role::kScheduler:
+      return "scheduler";
+    case Role::kServer:
+      return "server";
+    case Role::kWorker:
+      return "worker";
+  }
+  return "invalid";
+}
+
+std::optional<Role> parse_role(std::string_view t) {
+  if (t == "scheduler") return Role::kScheduler;
+  if (t == "server") return Role::kServer;
+  if (t == "worker") return Role::kWorker;
+  if (t == "none" || t.empty()) return Role::kNone;
+  return std::nullopt;
+}
+
+namespace {
+
+// Reads the first set variable of `names` (PUSHPULL_* listed first) into `out`.
+class Reader {
+ public:
+  explicit Reader(const Environment& env) : env_(env) {}
+
+  template <typename Int>
+  void integer(std::initializer_list<std::string_view> names, Int* out) {
+    auto [name, value] = find(names);
+    if (!value) return;
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(value->c_str(), &end, 10);
+    if (errno || end == value->c_str() || *end != '\0')
+      throw InvalidArgument(
+          fmt::format("environment variable {}='{}' is not an integer", name, *value));
+    *out = static_cast<Int>(v);
+  }
+  void real(std::initializer_list<std::string_view> names, double* out) {
+    auto [name, value] = find(names);
+    if (!value) return;
+    char* end = nullptr;
+    double v = std::strtod(value->c_str(), &end);
+    if (end == value->c_str() || *end != '\0')
+      throw InvalidArgument(
+          fmt::format("environment variable {}='{}' is not a number", name, *value));
+    *out = v;
+  }
+  void millis(std::initializer_list<std::string_view> names, Millis* out) {
+    int64_t ms = -1;
+    integer(names, &ms);
+    if (ms >= 0) *out = Millis(ms);
+  }
+  void string(std::initializer_list<std::string_view> names, std::string* out) {
+    if (auto v = find(names).second) *out = *v;
+  }
+  std::pair<std::string_view, std::optional<std::string>> find(
+      std::initializer_list<std::string_view> names) {
+    for (auto n : names)
+      if (auto v = env_.get(n)) return {n, v};
+    return {"", std::nullopt};
+  }
+
+ private:
+  const Environment& env_;
+};
+
+}  // namespace
+
+Options Options::from_env(const Environment& env) {
+  Options o;
+  Reader r(env);
+  if (auto [name, v] = r.find({"PUSHPULL_LOG_LEVEL"}); v) {
+    if (!parse_log_level(*v, &o.log_level))
+      throw InvalidArgument(fmt::format(
+          "{}='{}' is not a log level (use error, warning, info, debug or trace)", name, *v));
+  }
+
+  NetOptions& n = o.net;
+  r.string({"PUSHPULL_NODE_HOST", "DMLC_NODE_HOST"}, &n.node_host);
+  r.string({"PUSHPULL_INTERFACE", "DMLC_INTERFACE"}, &n.interface);
+  r.integer({"PUSHPULL_PORT", "DMLC_PORT"}, &n.port);
+  r.integer({"PUSHPULL_MAX_MESSAGE_BYTES"}, &n.max_message_bytes);
+  r.integer({"PUSHPULL_SOCKET_BUFFER_BYTES"}, &n.socket_buffer_bytes);
+  r.millis({"PUSHPULL_CONNECT_TIMEOUT_MS"}, &n.connect_timeout);
+  r.string({"PUSHPULL_JOB_ID"}, &n.job_id);
+  r.string({"PUSHPULL_JOB_SECRET"}, &n.job_secret);
+
+  ClusterOptions& c = o.cluster;
+  if (auto [name, v] = r.find({"PUSHPULL_ROLE", "DMLC_ROLE"}); v) {
+    auto role = parse_role(*v);
+    if (!role)
+      throw InvalidArgument(
+          fmt::format("{}='{}' is not a role (use scheduler, server or worker)", name, *v));
+    c.role = *role;
+  }
+  r.string({"PUSHPULL_ROOT_URI", "DMLC_PS_ROOT_URI"}, &c.root_uri);
+  r.integer({"PUSHPULL_ROOT_PORT", "DMLC_PS_ROOT_PORT"}, &c.root_port);
+  r.integer({"PUSHPULL_NUM_SERVER", "DMLC_NUM_SERVER"}, &c.num_servers);
+  r.integer({"PUSHPULL_NUM_WORKER", "DMLC_NUM_WORKER"}, &c.num_workers);
+  r.millis({"PUSHPULL_HEARTBEAT_INTERVAL_MS"}, &c.heartbeat_interval);
+  double timeout_s = -1;
+  r.real({"PUSHPULL_TIMEOUT"}, &timeout_s);
+  if (timeout_s > 0) {
+    c.heartbeat_timeout = Millis(static_cast<int64_t>(timeout_s * 1000));
+    c.startup_timeout = c.heartbeat_timeout;
+  }
+  r.millis({"PUSHPULL_HEARTBEAT_TIMEOUT_MS"}, &c.heartbeat_timeout);
+  r.millis({"PUSHPULL_STARTUP_TIMEOUT_MS"}, &c.startup_timeout);
+  r.integer({"PUSHPULL_RANK"}, &c.preferred_rank);
+
+  KVStoreOptions& k = o.kvstore;
+  r.integer({"PUSHPULL_BIGARRAY_BOUND", "MXNET_KVSTORE_BIGARRAY_BOUND"}, &k.bigarray_bound);
+  r.integer({"PUSHPULL_SERVER_THREADS"}, &k.server_threads);
+  r.integer({"PUSHPULL_KVSTORE_THREADS"}, &k.engine_threads);
+
+  CollectiveOptions& col = o.collective;
+  r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},
+            &col.rank);
+  r.integer(
+      {"PUSHPULL_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"},
+      &col.size);
+  r.integer({"PUSHPULL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"},
+            &col.local_rank);
+  r.integer({"PUSHPULL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+             "SLURM_NTASKS_PER_NODE"},
+            &col.local_size);
+  r.string({"PUSHPULL_MASTER_ADDR", "MASTER_ADDR"}, &col.master_addr);
+  r.integer({"PUSHPULL_MASTER_PORT", "MASTER_PORT"}, &col.master_port);
+  r.integer({"PUSHPULL_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"}, &col.fusion_threshold_bytes);
+  r.real({"PUSHPULL_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"}, &col.cycle_time_ms);
+  r.integer({"PUSHPULL_SMALL_ALLREDUCE_BYTES"}, &col.small_allreduce_bytes);
+  r.integer({"PUSHPULL_RING_SEGMENT_BYTES"}, &col.ring_segment_bytes);
+  r.real({"PUSHPULL_STALL_WARNING_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"},
+         &col.stall_warning_seconds);
+  r.real({"PUSHPULL_STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
+         &col.stall_shutdown_seconds);
+
+  o.validate();
+  return o;
+}
+
+void Options::validate() const {
+  auto check = [](bool ok, const std::string& what) {
+    if (!ok) throw InvalidArgument(what);
+  };
+  check(net.port >= 0 && net.port < 65536,
+        fmt::format("port {} is out of range 0..65535", net.port));
+  check(net.max_message_bytes >= 4096, "max_message_bytes must be at least 4096");
+  check(cluster.root_port >= 0 && cluster.root_port < 65536,
+        fmt::format("scheduler port {} is out of range 0..65535 (DMLC_PS_ROOT_PORT)",
+                    cluster.root_port));
+  check(cluster.num_servers >= 0,
+        fmt::format("number of servers {} is negative (DMLC_NUM_SERVER)", cluster.num_servers));
+  check(cluster.num_workers >= 1,
+        fmt::format("number of workers {} must be at least 1 (DMLC_NUM_WORKER)",
+                    cluster.num_workers));
+  check(cluster.heartbeat_interval.count() > 0, "heartbeat interval must be positive");
+  check(cluster.heartbeat_timeout > cluster.heartbeat_interval,
+        "heartbeat timeout must be longer than the heartbeat interval");
+  check(kvstore.bigarray_bound > 0,
+        "big-array bound must be positive (MXNET_KVSTORE_BIGARRAY_BOUND)");
+  check(kvstore.server_threads >= 0, "server threads must not be negative");
+  check(collective.cycle_time_ms >= 0, "cycle time must not be negative");
+  check(collective.ring_segment_bytes >= 4096, "ring segment must be at least 4096 bytes");
+}
+
+}  // namespace pushpull

@@ -1,0 +1,12 @@
+// Subcommands of the `pushpull` CLI. Each register_* adds one subcommand to
+// the app; its callback runs the command and reports a non-zero exit status
+// by throwing CLI::RuntimeError(code).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace pushpull::cli {
+
+void register_info(CLI::App& app);
+
+}  // namespace pushpull::cli

@@ -1,0 +1,26 @@
+// `pushpull`: the command-line front end (info, and the roles and tools that
+// later subcommands add).
+#include <cstdio>
+
+#include "commands.h"
+#include "pushpull/build_info.h"
+#include "pushpull/error.h"
+#include "pushpull/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"pushpull: data-parallel distributed training (parameter server and collectives)"};
+  app.set_version_flag("--version", std::string("pushpull ") + PUSHPULL_VERSION);
+  app.require_subcommand(1);
+  pushpull::cli::register_info(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors exit 2 like other Unix tools; --help/--version exit 0.
+    int code = app.exit(e);
+    return (code != 0 && dynamic_cast<const CLI::RuntimeError*>(&e) == nullptr) ? 2 : code;
+  } catch (const pushpull::Error& e) {
+    PP_ERROR("{}: {}", pushpull::error_code_name(e.code()), e.what());
+    return 1;
+  }
+  return 0;
+}
