@@ -9,4 +9,7 @@ namespace pushpull::cli {
 
 void register_info(CLI::App& app);
 
+// `pushpull bench <what>`: each benchmark registers under the `bench` parent.
+// Shared flags: --format table|csv, --impl all|pushpull (see bench_common.h).
+
 }  // namespace pushpull::cli
