@@ -1,0 +1,40 @@
+// Which server owns which part of which key (MXNet / ps-lite placement).
+//
+// A value with fewer elements than the big-array bound lives whole on one
+// server, chosen by a hash of the key. A value with at least that many is cut
+// into one contiguous slice per server (slice i of S: elements
+// [i*n/S, (i+1)*n/S)), so its parts move to and from all servers in parallel.
+// Every worker computes the same placement from (key id, element count,
+// number of servers, bound): nothing is negotiated.
+//
+// String keys travel as a 64-bit id (FNV-1a of the name); the server keeps the
+// name given at init and reports a collision instead of mixing two keys.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace pushpull::ps {
+
+struct Slice {
+  int server = 0;
+  int64_t begin = 0;  // first element
+  int64_t count = 0;  // elements
+};
+
+// The slices of a value of `numel` elements, in element order. Empty slices
+// (more servers than elements) are left out; a 0-element value has one empty
+// slice on its hash server so that push/pull still round-trip.
+std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_t bigarray_bound);
+
+// The server of a small value.
+int server_of(uint64_t key_id, int num_servers);
+
+// 64-bit id of a string key (FNV-1a), with the top bit set so it never equals
+// an integer key below 2^63.
+uint64_t string_key_id(std::string_view name);
+
+}  // namespace pushpull::ps

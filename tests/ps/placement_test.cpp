@@ -1,0 +1,54 @@
+#include "ps/placement.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace pushpull::ps {
+namespace {
+
+TEST(Placement, SmallValuesLiveWholeOnOneServer) {
+  auto s = place(7, 6, 3, 1000000);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].begin, 0);
+  EXPECT_EQ(s[0].count, 6);
+  EXPECT_EQ(s[0].server, server_of(7, 3));
+  // Deterministic and in range.
+  EXPECT_EQ(place(7, 6, 3, 1000000)[0].server, s[0].server);
+}
+
+TEST(Placement, KeysSpreadOverServers) {
+  std::map<int, int> per_server;
+  for (uint64_t k = 0; k < 300; ++k)
+    per_server[server_of(k, 3)]++;
+  ASSERT_EQ(per_server.size(), 3u);
+  for (auto [server, n] : per_server)
+    EXPECT_GT(n, 70) << "server " << server;
+}
+
+TEST(Placement, BigValuesAreSplitEvenlyOverAllServers) {
+  auto s = place(1, 1440000, 3, 1000000);
+  ASSERT_EQ(s.size(), 3u);
+  int64_t next = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s[i].server, i);
+    EXPECT_EQ(s[i].begin, next);
+    EXPECT_EQ(s[i].count, 480000);
+    next += s[i].count;
+  }
+  auto odd = place(1, 1000001, 2, 1000000);
+  ASSERT_EQ(odd.size(), 2u);
+  EXPECT_EQ(odd[0].count + odd[1].count, 1000001);
+  EXPECT_EQ(place(1, 999999, 2, 1000000).size(), 1u);  // just below the bound
+  EXPECT_EQ(place(1, 5, 8, 2).size(), 5u);             // no empty slices
+  EXPECT_EQ(place(1, 0, 2, 1).size(), 1u);
+}
+
+TEST(Placement, StringKeysNeverCollideWithIntegerKeys) {
+  EXPECT_NE(string_key_id("weight"), string_key_id("bias"));
+  EXPECT_EQ(string_key_id("weight"), string_key_id("weight"));
+  EXPECT_GE(string_key_id("a"), 1ull << 63);
+}
+
+}  // namespace
+}  // namespace pushpull::ps
