@@ -1,0 +1,108 @@
+// Recursive halving-doubling allreduce (Rabenseifner) for small messages:
+// log2(n) latency terms instead of the ring's 2(n-1).
+//
+// Non-powers of two: with p the largest power of two <= n and rem = n - p,
+// the first 2*rem ranks pair up; each even one hands its whole vector to its
+// odd neighbour and sits out, so p ranks remain. They run a reduce-scatter by
+// recursive halving (exchange half of the current range with the partner at
+// distance p/2, p/4, ..., reduce the half kept) and an allgather by recursive
+// doubling (the same exchanges in reverse, received straight into place).
+// Finally each odd rank returns the result to the even rank that sat out.
+// Every element is reduced in exactly one place and then copied, so all
+// ranks end with bit-identical results.
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "collective/algorithms.h"
+
+namespace pushpull::collective {
+
+void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, DType dtype,
+                                ReduceOp op) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1 || count == 0) return;
+  const size_t esize = dtype_size(dtype), bytes = count * esize;
+  char* data = static_cast<char*>(data_ptr);
+  std::vector<char>& scratch = *ctx.scratch;
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  uint32_t msg = 0;  // message index within this operation: same sequence on every rank
+  auto exchange = [&](int peer, const char* send, size_t send_bytes, char* recv, size_t recv_bytes,
+                      uint32_t index) {
+    std::optional<Request> s, rv;
+    if (recv_bytes) rv = irecv(ctx.transport, peer, op_tag(ctx.op_id, index), recv, recv_bytes);
+    if (send_bytes) s = isend(ctx.transport, peer, op_tag(ctx.op_id, index), send, send_bytes);
+    auto what = [&] {
+      return fmt::format("halving-doubling message {} with rank {} (op {})", index, peer,
+                         ctx.op_id);
+    };
+    if (rv) rv->wait(ctx.deadline(), what());
+    if (s) s->wait(ctx.deadline(), what());
+  };
+
+  int p = 1;
+  while (p * 2 <= n)
+    p *= 2;
+  const int rem = n - p;
+  int newrank;
+  // Fold the extra ranks in.
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      exchange(r + 1, data, bytes, nullptr, 0, msg);
+      newrank = -1;
+    } else {
+      exchange(r - 1, nullptr, 0, scratch.data(), bytes, msg);
+      reduce(op, dtype, data, scratch.data(), count);
+      newrank = r / 2;
+    }
+  } else {
+    newrank = r - rem;
+  }
+  ++msg;
+  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+
+  if (newrank >= 0) {
+    // Reduce-scatter by recursive halving; remember each level's range.
+    std::vector<std::pair<size_t, size_t>> ranges;  // (lo, hi) before each halving
+    size_t lo = 0, hi = count;
+    for (int mask = p / 2; mask >= 1; mask /= 2) {
+      int partner = real(newrank ^ mask);
+      size_t mid = lo + (hi - lo) / 2;
+      ranges.emplace_back(lo, hi);
+      size_t keep_lo, keep_hi, give_lo, give_hi;
+      if (newrank & mask) {
+        keep_lo = mid, keep_hi = hi, give_lo = lo, give_hi = mid;
+      } else {
+        keep_lo = lo, keep_hi = mid, give_lo = mid, give_hi = hi;
+      }
+      exchange(partner, data + give_lo * esize, (give_hi - give_lo) * esize, scratch.data(),
+               (keep_hi - keep_lo) * esize, msg++);
+      reduce(op, dtype, data + keep_lo * esize, scratch.data(), keep_hi - keep_lo);
+      lo = keep_lo, hi = keep_hi;
+    }
+    // Allgather by recursive doubling: the same pairs in reverse order.
+    for (int mask = 1; mask < p; mask *= 2) {
+      int partner = real(newrank ^ mask);
+      auto [plo, phi] = ranges.back();
+      ranges.pop_back();
+      // The partner holds the other half of [plo, phi).
+      size_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo;
+      exchange(partner, data + lo * esize, (hi - lo) * esize, data + olo * esize,
+               (ohi - olo) * esize, msg++);
+      lo = plo, hi = phi;
+    }
+  } else {
+    msg += 2 * static_cast<uint32_t>(__builtin_ctz(static_cast<unsigned>(p)));
+  }
+
+  // Unfold: odd ranks return the result to the even rank that sat out.
+  if (r < 2 * rem) {
+    if (r % 2 == 0)
+      exchange(r + 1, nullptr, 0, data, bytes, msg);
+    else
+      exchange(r - 1, data, bytes, nullptr, 0, msg);
+  }
+}
+
+}  // namespace pushpull::collective

@@ -1,0 +1,134 @@
+// Ring reduce-scatter / allgather / allreduce, pipelined in segments.
+//
+// Step t of the reduce-scatter sends block (r-t-1) to the right neighbour and
+// receives block (r-t-2) from the left one, reducing it into place, so after
+// n-1 steps rank r holds the full reduction of block r. Allgather step s sends
+// block (r-s) and receives block (r-s-1) straight into place. Every block is
+// cut into the same number of segments; segment k of step t+1 only needs
+// segment k of step t, so as soon as one segment has been received (and
+// reduced) it is forwarded, while later segments are still on the wire: with
+// a window of several posted receives, sending, receiving and reducing
+// overlap.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "collective/algorithms.h"
+
+namespace pushpull::collective {
+namespace {
+
+constexpr size_t kWindow = 4;                   // receives posted ahead
+constexpr size_t kMinPipelineBytes = 64 << 10;  // below: one segment per block
+
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+}  // namespace
+
+std::vector<Block> even_blocks(size_t count, int n) {
+  std::vector<Block> out(static_cast<size_t>(n));
+  size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n), off = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].offset = off;
+    out[i].count = base + (i < extra ? 1 : 0);
+    off += out[i].count;
+  }
+  return out;
+}
+
+void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
+          const std::vector<Block>& blocks, bool reduce_scatter, bool allgather) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  const size_t esize = dtype_size(dtype);
+  char* base = static_cast<char*>(base_ptr);
+  size_t max_count = 0;
+  for (const auto& b : blocks)
+    max_count = std::max(max_count, b.count);
+  const size_t max_bytes = max_count * esize;
+  const size_t seg_bytes = std::max<uint64_t>(ctx.ring_segment_bytes, esize);
+  size_t nseg = std::max<size_t>(1, (max_bytes + seg_bytes - 1) / seg_bytes);
+  if (nseg == 1 && max_bytes >= 2 * kMinPipelineBytes) nseg = 2;
+
+  const int rs_steps = reduce_scatter ? n - 1 : 0;
+  const int steps = rs_steps + (allgather ? n - 1 : 0);
+  const int right = mod(r + 1, n), left = mod(r - 1, n);
+  auto send_block = [&](int t) {
+    return t < rs_steps ? mod(r - t - 1, n) : mod(r - (t - rs_steps), n);
+  };
+  auto recv_block = [&](int t) {
+    return t < rs_steps ? mod(r - t - 2, n) : mod(r - (t - rs_steps) - 1, n);
+  };
+  // Segment k of a block: elements [count*k/nseg, count*(k+1)/nseg).
+  auto seg = [&](int blk, size_t k) {
+    const Block& b = blocks[static_cast<size_t>(blk)];
+    size_t lo = b.count * k / nseg, hi = b.count * (k + 1) / nseg;
+    return Block{b.offset + lo, hi - lo};
+  };
+
+  const size_t max_seg_bytes = ((max_count + nseg - 1) / nseg) * esize;
+  std::vector<char>& scratch = *ctx.scratch;
+  if (reduce_scatter && scratch.size() < kWindow * max_seg_bytes)
+    scratch.resize(kWindow * max_seg_bytes);
+
+  const size_t units = static_cast<size_t>(steps) * nseg;
+  auto tag = [&](size_t unit) { return op_tag(ctx.op_id, static_cast<uint32_t>(unit)); };
+  std::vector<Request> sends;
+  sends.reserve(units);
+  auto post_send = [&](size_t unit) {
+    int t = static_cast<int>(unit / nseg);
+    Block s = seg(send_block(t), unit % nseg);
+    if (s.count > 0)
+      sends.push_back(
+          isend(ctx.transport, right, tag(unit), base + s.offset * esize, s.count * esize));
+  };
+  std::vector<std::optional<Request>> recvs(units);
+  auto post_recv = [&](size_t unit) {
+    int t = static_cast<int>(unit / nseg);
+    Block s = seg(recv_block(t), unit % nseg);
+    if (s.count == 0) return;
+    char* dst =
+        t < rs_steps ? scratch.data() + (unit % kWindow) * max_seg_bytes : base + s.offset * esize;
+    recvs[unit] = irecv(ctx.transport, left, tag(unit), dst, s.count * esize);
+  };
+
+  for (size_t k = 0; k < nseg; ++k)
+    post_send(k);
+  for (size_t u = 0; u < std::min(units, kWindow); ++u)
+    post_recv(u);
+  for (size_t u = 0; u < units; ++u) {
+    int t = static_cast<int>(u / nseg);
+    if (recvs[u]) {
+      recvs[u]->wait(ctx.deadline(), fmt::format("ring step {} segment {} from rank {} (op {})", t,
+                                                 u % nseg, left, ctx.op_id));
+      recvs[u].reset();
+      if (t < rs_steps) {
+        Block s = seg(recv_block(t), u % nseg);
+        reduce(op, dtype, base + s.offset * esize, scratch.data() + (u % kWindow) * max_seg_bytes,
+               s.count);
+      }
+    }
+    if (t + 1 < steps) post_send(u + nseg);
+    if (u + kWindow < units) post_recv(u + kWindow);
+  }
+  for (auto& s : sends)
+    s.wait(ctx.deadline(), fmt::format("ring send to rank {} (op {})", right, ctx.op_id));
+}
+
+void ring_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) {
+  ring(ctx, data, dtype, op, even_blocks(count, ctx.size()), true, true);
+}
+
+void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) {
+  if (ctx.size() == 1 || count == 0) return;
+  if (count * dtype_size(dtype) < ctx.small_allreduce_bytes)
+    halving_doubling_allreduce(ctx, data, count, dtype, op);
+  else
+    ring_allreduce(ctx, data, count, dtype, op);
+}
+
+}  // namespace pushpull::collective
