@@ -1,0 +1,121 @@
+// The parameter server's store: the state machine behind MXNet's dist_sync and
+// dist_async semantics, independent of the network (the networked server in
+// server.h feeds it requests and sends what it answers; tests drive it
+// directly).
+//
+// Per key (one slice of a key on this server):
+//  - init stores the first value; a second init is AlreadyExists.
+//  - sync mode: a push from worker w is summed into the round's merge buffer
+//    (float32 for 16-bit types). When all N workers have pushed, the round is
+//    applied: the optimizer runs on (stored, sum), or without one the sum
+//    replaces the stored value. Pushes are acknowledged when their round is
+//    applied. A worker pushing again before its round is applied has that
+//    push held for the next round. A pull from w is answered once every push
+//    w made before the pull has been applied ("a pull after a push sees that
+//    round").
+//  - async mode: every push is applied at once; an optimizer is required.
+//  - pulls may ask for element ranges only (row_sparse_pull).
+//  - pushes may be 2-bit compressed: payload = float32 threshold + words.
+//
+// Threading: requests for one key run in arrival order on that key's thread of
+// a ShardedExecutor (PushPullOptions: threads); different keys run in
+// parallel. Every public method only queues work and returns. The responder
+// is called from those threads. Ownership: payloads are kept alive by their
+// `owner` until the task that reads them has run.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/executor.h"
+#include "pushpull/array.h"
+#include "pushpull/error.h"
+#include "pushpull/optimizer.h"
+
+namespace pushpull::ps {
+
+// Who asked, so the answer can find its way back.
+struct RequestMeta {
+  int worker = 0;
+  uint64_t request_id = 0;
+};
+
+// A view of received bytes plus whatever keeps them alive.
+struct Payload {
+  ArrayView view;
+  std::shared_ptr<void> owner;
+};
+
+// An element range of a key's slice (row_sparse_pull asks for rows).
+struct Range {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+
+class ServerResponder {
+ public:
+  virtual ~ServerResponder() = default;
+  // Answers a request: `data` (may be empty) is valid only during the call.
+  virtual void reply(const RequestMeta& to, const Status& status, DType dtype,
+                     std::span<const std::byte> data) = 0;
+};
+
+struct ServerStoreConfig {
+  int num_workers = 1;
+  bool sync = true;
+  int threads = 1;
+  int server_rank = 0;  // for messages
+};
+
+class ServerStore {
+ public:
+  ServerStore(ServerStoreConfig config, ServerResponder& responder);
+  ~ServerStore();  // runs queued work, then stops the threads
+  ServerStore(const ServerStore&) = delete;
+  ServerStore& operator=(const ServerStore&) = delete;
+
+  // `name` is the key as the user wrote it (for messages and to detect
+  // string-key id collisions).
+  void init(const RequestMeta& m, uint64_t key, std::string name, Payload value);
+  void push(const RequestMeta& m, uint64_t key, Payload grad, bool compressed);
+  // Empty `ranges`: the whole slice.
+  void pull(const RequestMeta& m, uint64_t key, std::vector<Range> ranges);
+  // Installs the optimizer for every later round (state of an earlier
+  // optimizer is dropped). Answers once installed.
+  void set_optimizer(const RequestMeta& m, const OptimizerSpec& spec);
+  // Answers with the optimizer's serialised states (after earlier updates).
+  void save_states(const RequestMeta& m);
+  void load_states(const RequestMeta& m, std::string bytes);
+
+  // Blocks until everything queued so far has run.
+  void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
+  bool sync() const { return config_.sync; }
+
+ private:
+  struct Entry;
+  Entry* find(uint64_t key);
+  void apply_round(uint64_t key, Entry& e);
+  void apply_push(Entry& e, const Payload& grad, bool compressed);
+  void answer_ready_pulls(Entry& e);
+  void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);
+  void fail(const RequestMeta& m, const Status& s);
+  std::shared_ptr<Optimizer> optimizer() const;
+  // Runs on every thread of the executor (optimizer changes and state saves
+  // must see every key's earlier work).
+  void on_all_threads(std::function<void()> fn);
+
+  ServerStoreConfig config_;
+  ServerResponder& responder_;
+  mutable std::mutex mu_;  // guards entries_' structure and optimizer_
+  std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries_;
+  std::shared_ptr<Optimizer> optimizer_;
+  ShardedExecutor executor_;  // last: destroyed first, while the rest is alive
+};
+
+}  // namespace pushpull::ps
