@@ -1,0 +1,72 @@
+// Internal: one connection's state inside a Transport (see transport.h).
+// Receive-side fields belong to the I/O thread; send-side fields are guarded
+// by send_mu (user threads write directly when the queue is empty); posted
+// receives by recv_mu.
+#pragma once
+
+#include <deque>
+#include <mutex>
+
+#include "net/hello.h"
+#include "net/transport.h"
+
+namespace pushpull::net {
+
+struct SendOp {
+  HeaderBytes header;
+  const std::byte* data = nullptr;
+  size_t len = 0;
+  size_t written = 0;  // of header + payload
+  SendDone done;
+  Buffer owned;  // send_copy's payload
+  int priority = 0;
+  size_t total() const { return kHeaderBytes + len; }
+};
+
+struct PostedRecv {
+  RecvMatch match;
+  std::byte* dst = nullptr;
+  size_t capacity = 0;
+  RecvDone done;
+};
+
+struct Transport::Conn {
+  enum class State { kHandshake, kOpen, kClosed };
+
+  ConnId id = 0;
+  Fd fd;
+  PeerInfo peer;
+  State state = State::kHandshake;  // I/O thread after registration
+  Nonce nonce{};                    // acceptor side of the hello
+  std::chrono::steady_clock::time_point handshake_deadline;
+  bool close_after_flush = false;
+
+  // Send side.
+  std::mutex send_mu;
+  std::deque<SendOp> queue;
+  bool want_out = false;
+  bool closed = false;
+  Status close_status;
+
+  // Posted receives.
+  std::mutex recv_mu;
+  std::vector<PostedRecv> posted;
+
+  // Receive state machine (I/O thread only).
+  static constexpr size_t kStaging = 64 << 10;
+  std::unique_ptr<std::byte[]> staging{new std::byte[kStaging]};
+  size_t st_begin = 0, st_end = 0;
+  HeaderBytes hdr_bytes{};
+  size_t hdr_got = 0;
+  Header hdr;
+  bool in_payload = false;
+  std::byte* dst = nullptr;
+  size_t got = 0;
+  Buffer buf;                        // pooled destination when nothing was posted
+  std::optional<PostedRecv> active;  // the posted receive being filled
+  bool discard = false;              // payload read then dropped (oversize for its post)
+
+  size_t payload_left() const { return hdr.payload_bytes - got; }
+};
+
+}  // namespace pushpull::net

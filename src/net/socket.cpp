@@ -1,0 +1,213 @@
+#include "net/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "pushpull/error.h"
+
+namespace pushpull::net {
+
+void Fd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+std::string SockAddr::to_string() const {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (family() == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&storage);
+    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+    return fmt::format("[{}]:{}", buf, ntohs(a->sin6_port));
+  }
+  auto* a = reinterpret_cast<const sockaddr_in*>(&storage);
+  inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+  return fmt::format("{}:{}", buf, ntohs(a->sin_port));
+}
+
+int SockAddr::port() const {
+  if (family() == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+}
+
+std::string format_address(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+SockAddr resolve(const std::string& host_in, int port) {
+  std::string host = host_in;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr)
+    throw InvalidArgument(
+        fmt::format("cannot resolve host '{}': {}; check the address "
+                    "(DMLC_PS_ROOT_URI / DMLC_NODE_HOST)",
+                    host, gai_strerror(rc)));
+  SockAddr a;
+  std::memcpy(&a.storage, res->ai_addr, res->ai_addrlen);
+  a.len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return a;
+}
+
+void set_nonblocking(int fd, bool on) {
+  int fl = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+}
+
+void tune_socket(int fd, int buffer_bytes) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  }
+}
+
+Fd listen_on(const std::string& host, int port, int backlog) {
+  SockAddr addr;
+  if (host.empty()) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&addr.storage);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_ANY);
+    a->sin_port = htons(static_cast<uint16_t>(port));
+    addr.len = sizeof(sockaddr_in);
+  } else {
+    addr = resolve(host, port);
+  }
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) != 0)
+    throw IoError(
+        fmt::format("cannot bind {}: {}; is the port in use or the address not on "
+                    "this machine?",
+                    addr.to_string(), std::strerror(errno)));
+  if (::listen(fd.get(), backlog) != 0)
+    throw IoError(fmt::format("listen on {}: {}", addr.to_string(), std::strerror(errno)));
+  set_nonblocking(fd.get(), true);
+  return fd;
+}
+
+int local_port(int fd) {
+  SockAddr a;
+  a.len = sizeof a.storage;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.len);
+  return a.port();
+}
+
+std::string peer_address(int fd) {
+  SockAddr a;
+  a.len = sizeof a.storage;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.len) != 0) return "?";
+  return a.to_string();
+}
+
+Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::string* error) {
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    *error = std::strerror(errno);
+    return {};
+  }
+  set_nonblocking(fd.get(), true);
+  int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len);
+  if (rc != 0 && errno != EINPROGRESS) {
+    *error = std::strerror(errno);
+    return {};
+  }
+  if (rc != 0) {
+    pollfd p{fd.get(), POLLOUT, 0};
+    int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, timeout.count())));
+    if (n <= 0) {
+      *error = n == 0 ? "connect timed out" : std::strerror(errno);
+      return {};
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      *error = std::strerror(err);
+      return {};
+    }
+  }
+  set_nonblocking(fd.get(), false);
+  return fd;
+}
+
+namespace {
+bool wait_fd(int fd, short events, std::chrono::steady_clock::time_point deadline,
+             std::string* error) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) {
+    *error = "timed out";
+    return false;
+  }
+  pollfd p{fd, events, 0};
+  int n = ::poll(&p, 1, static_cast<int>(left.count()));
+  if (n < 0 && errno == EINTR) return true;
+  if (n <= 0) {
+    *error = n == 0 ? "timed out" : std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool write_all(int fd, const void* data, size_t n, std::chrono::steady_clock::time_point deadline,
+               std::string* error) {
+  auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (!wait_fd(fd, POLLOUT, deadline, error)) return false;
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      *error = std::strerror(errno);
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline,
+              std::string* error) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!wait_fd(fd, POLLIN, deadline, error)) return false;
+    ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (r == 0) {
+      *error = "connection closed by the peer";
+      return false;
+    }
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      *error = std::strerror(errno);
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace pushpull::net

@@ -1,0 +1,86 @@
+// RAII file descriptors and the socket calls pushpull needs (IPv4 and IPv6).
+//
+// Ownership: Fd owns one descriptor and closes it in its destructor; it is
+// move-only. Thread safety: an Fd is used by one thread at a time (the
+// Transport hands it to its I/O thread after the handshake).
+// Errors: functions throw IoError / InvalidArgument naming the address.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "pushpull/options.h"
+
+namespace pushpull::net {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// A resolved socket address.
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  int family() const { return storage.ss_family; }
+  // "1.2.3.4:80" or "[::1]:80".
+  std::string to_string() const;
+  int port() const;
+};
+
+// Resolves a numeric or named host (IPv4 or IPv6) and a port. Throws
+// InvalidArgument when the host cannot be resolved.
+SockAddr resolve(const std::string& host, int port);
+// "host:port" with brackets around IPv6 literals.
+std::string format_address(const std::string& host, int port);
+
+// A listening, non-blocking socket bound to host:port (port 0: any free one).
+// An empty host binds the wildcard address of the family of `advertise_host`
+// (IPv6 when it contains ':'), so other machines can reach us.
+Fd listen_on(const std::string& host, int port, int backlog = 512);
+// The port a bound socket got.
+int local_port(int fd);
+// The address of the peer of a connected socket, as "host:port".
+std::string peer_address(int fd);
+
+void set_nonblocking(int fd, bool on);
+// TCP_NODELAY and SO_SNDBUF/SO_RCVBUF (0: kernel default).
+void tune_socket(int fd, int buffer_bytes);
+
+// Connects once to `addr`, waiting at most `timeout`. Returns an invalid Fd
+// and fills *error on failure (so callers can retry); the socket is blocking.
+Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::string* error);
+
+// Blocking full-buffer I/O with a deadline (handshakes only). Return false and
+// fill *error on timeout, EOF or error.
+bool write_all(int fd, const void* data, size_t n, std::chrono::steady_clock::time_point deadline,
+               std::string* error);
+bool read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline,
+              std::string* error);
+
+}  // namespace pushpull::net

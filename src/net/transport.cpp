@@ -1,0 +1,434 @@
+// Transport: setup, connect + hello (connector side), send and post_recv.
+// The epoll loop itself is in transport_loop.cpp.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "net/conn.h"
+#include "pushpull/log.h"
+
+namespace pushpull::net {
+
+std::string PeerInfo::describe() const {
+  std::string who = role == Role::kNone ? std::string("unregistered node")
+                    : rank < 0          ? std::string(role_name(role))
+                                        : fmt::format("{} {}", role_name(role), rank);
+  std::string where = port > 0 ? format_address(host, port) : address;
+  return fmt::format("{} (host {})", who, where);
+}
+
+Transport::Transport(TransportConfig config)
+    : config_(std::move(config)), role_(config_.role), rank_(config_.rank) {
+  epoll_fd_ = Fd(epoll_create1(EPOLL_CLOEXEC));
+  wake_fd_ = Fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_fd_.valid() || !wake_fd_.valid())
+    throw IoError(fmt::format("cannot create epoll/eventfd: {}", std::strerror(errno)));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // nullptr = the wake fd; &listen_fd_ = the listener
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
+}
+
+Transport::~Transport() {
+  stop();
+}
+
+int Transport::listen(const std::string& host, int port) {
+  listen_fd_ = listen_on(host, port);
+  port_ = local_port(listen_fd_.get());
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &listen_fd_;
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
+  return port_;
+}
+
+void Transport::set_handler(uint16_t first, uint16_t last, Handler handler) {
+  if (first > last || last > 255 || first <= msg::kNetLast)
+    throw InvalidArgument(
+        fmt::format("handler range [{}, {}] is invalid: upper layers own "
+                    "types 16..255",
+                    first, last));
+  auto h = std::make_shared<Handler>(std::move(handler));
+  std::lock_guard lock(mu_);
+  for (int t = first; t <= last; ++t)
+    handlers_[t] = h;
+}
+
+void Transport::set_connect_handler(ConnectHandler h) {
+  std::lock_guard lock(mu_);
+  on_connect_ = std::move(h);
+}
+void Transport::set_close_handler(CloseHandler h) {
+  std::lock_guard lock(mu_);
+  on_close_ = std::move(h);
+}
+void Transport::set_identity(Role role, int32_t rank, uint32_t sender_id) {
+  std::lock_guard lock(mu_);
+  role_ = role;
+  rank_ = rank;
+  sender_ = sender_id;
+}
+void Transport::set_advertised_address(const std::string& host, int port) {
+  std::lock_guard lock(mu_);
+  adv_host_ = host;
+  adv_port_ = port;
+}
+
+void Transport::start() {
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] {
+    ScopedLogContext ctx(config_.label);
+    loop();
+  });
+}
+
+void Transport::stop() {
+  if (stopping_.exchange(true)) {
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+  // The loop closed what it saw; close what is left (never started, or
+  // connections added after the loop ended).
+  std::unordered_map<ConnId, std::shared_ptr<Conn>> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(conns_);
+  }
+  for (auto& [id, c] : left)
+    close_conn(*c, {ErrorCode::kIoError, "transport stopped"}, false);
+}
+
+void Transport::wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+std::shared_ptr<Transport::Conn> Transport::find(ConnId id) const {
+  std::lock_guard lock(mu_);
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Handler> Transport::handler(uint16_t type) const {
+  if (type > 255) return nullptr;
+  std::lock_guard lock(mu_);
+  return handlers_[type];
+}
+
+std::optional<PeerInfo> Transport::peer(ConnId conn) const {
+  auto c = find(conn);
+  if (!c) return std::nullopt;
+  return c->peer;
+}
+
+std::vector<ConnId> Transport::connections() const {
+  std::lock_guard lock(mu_);
+  std::vector<ConnId> ids;
+  for (auto& [id, c] : conns_)
+    ids.push_back(id);
+  return ids;
+}
+
+Header Transport::stamp(Header h, size_t n) const {
+  h.magic = kMagic;
+  h.version = config_.protocol_version;
+  h.payload_bytes = n;
+  std::lock_guard lock(mu_);
+  h.sender = sender_;
+  return h;
+}
+
+ConnId Transport::add_conn(std::shared_ptr<Conn> c) {
+  std::lock_guard lock(mu_);
+  c->id = next_id_++;
+  conns_[c->id] = c;
+  return c->id;
+}
+
+ConnId Transport::connect(const std::string& host, int port, std::optional<Millis> timeout) {
+  using clock = std::chrono::steady_clock;
+  const Millis limit = timeout.value_or(config_.net.connect_timeout);
+  const auto deadline = clock::now() + limit;
+  const std::string where = format_address(host, port);
+  SockAddr addr = resolve(host, port);
+  Millis backoff{10};
+  std::string error;
+  Fd fd;
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    auto left = std::chrono::duration_cast<Millis>(deadline - clock::now());
+    fd = connect_once(addr, std::min(left, Millis{2000}), &error);
+    if (fd.valid() || stopping_) break;
+    left = std::chrono::duration_cast<Millis>(deadline - clock::now());
+    if (left <= Millis{0}) break;
+    std::this_thread::sleep_for(std::min(backoff, left));
+    backoff = std::min(backoff * 2, Millis{1000});
+  }
+  if (!fd.valid())
+    throw Timeout(fmt::format(
+        "cannot connect to {} after {} attempts in {} ms (last error: {}); check that the node "
+        "there is running, that the address and port are right (DMLC_PS_ROOT_URI / "
+        "DMLC_PS_ROOT_PORT) and that no firewall blocks it",
+        where, attempts, limit.count(), error));
+
+  // The hello, on this thread with blocking I/O bounded by the deadline.
+  auto hs_deadline = std::max(deadline, clock::now() + Millis{2000});
+  auto fail = [&](const std::string& what) -> ConnId {
+    throw IoError(fmt::format("handshake with {} failed: {}", where, what));
+  };
+  HeaderBytes hb;
+  if (!read_all(fd.get(), hb.data(), hb.size(), hs_deadline, &error)) return fail(error);
+  Header h;
+  Status st = decode_header(hb, 4096, &h, config_.protocol_version);
+  Hello hello;
+  {
+    std::lock_guard lock(mu_);
+    hello.role = role_;
+    hello.rank = rank_;
+    hello.host = adv_host_;
+    hello.port = adv_port_;
+  }
+  hello.version = config_.protocol_version;
+  hello.job_id = config_.net.job_id;
+  auto send_hello = [&](const Nonce& nonce) {
+    hello.proof =
+        compute_proof(config_.net.job_secret, nonce, hello.job_id, hello.role, hello.rank);
+    auto payload = encode(hello);
+    Header out = stamp(Header{.type = msg::kHello}, payload.size());
+    auto ob = encode_header(out);
+    return write_all(fd.get(), ob.data(), ob.size(), hs_deadline, &error) &&
+           write_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error);
+  };
+  if (!st) {
+    // Say hello anyway so the acceptor logs the mismatch too, then fail.
+    send_hello(Nonce{});
+    throw ProtocolError(fmt::format("node at {} refused: {}", where, st.message()));
+  }
+  if (h.type != msg::kChallenge)
+    return fail(fmt::format("expected a challenge, got type {}", h.type));
+  std::vector<std::byte> payload(h.payload_bytes);
+  if (!read_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error)) return fail(error);
+  Challenge ch;
+  if (Status s = decode(payload, &ch); !s) return fail(s.message());
+  if (!send_hello(ch.nonce)) return fail(error);
+  if (!read_all(fd.get(), hb.data(), hb.size(), hs_deadline, &error))
+    return fail(fmt::format("{} (the peer closed the connection during the hello)", error));
+  if (Status s = decode_header(hb, 4096, &h, config_.protocol_version); !s)
+    return fail(s.message());
+  payload.resize(h.payload_bytes);
+  if (h.type != msg::kHelloAck ||
+      !read_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error))
+    return fail("no hello ack");
+  HelloAck ack;
+  if (Status s = decode(payload, &ack); !s) return fail(s.message());
+  if (!ack.accepted) {
+    PP_ERROR("node at {} refused our connection: {}", where, ack.reason);
+    throw ProtocolError(fmt::format("node at {} refused the connection: {}", where, ack.reason));
+  }
+
+  auto c = std::make_shared<Conn>();
+  set_nonblocking(fd.get(), true);
+  tune_socket(fd.get(), config_.net.socket_buffer_bytes);
+  c->peer.role = ack.role;
+  c->peer.rank = ack.rank;
+  c->peer.host = host;
+  c->peer.port = port;
+  c->peer.address = peer_address(fd.get());
+  c->peer.outgoing = true;
+  c->fd = std::move(fd);
+  c->state = Conn::State::kOpen;
+  ConnId id = add_conn(c);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = c.get();
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c->fd.get(), &ev);
+  return id;
+}
+
+namespace {
+// Writes as much of the queue as the socket takes; returns false on a hard
+// error (errno kept). Completed ops move to `completed`.
+bool write_queue(int fd, std::deque<SendOp>& q, std::vector<SendOp>& completed) {
+  constexpr int kMaxIov = 64;
+  while (!q.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (size_t i = 0; i < q.size() && n + 2 <= kMaxIov; ++i) {
+      SendOp& op = q[i];
+      size_t w = op.written;
+      if (w < kHeaderBytes) iov[n++] = {op.header.data() + w, kHeaderBytes - w};
+      size_t pw = w > kHeaderBytes ? w - kHeaderBytes : 0;
+      if (op.len > pw) iov[n++] = {const_cast<std::byte*>(op.data) + pw, op.len - pw};
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<size_t>(n);
+    ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
+    }
+    size_t left = static_cast<size_t>(r);
+    while (left > 0 && !q.empty()) {
+      SendOp& op = q.front();
+      size_t take = std::min(left, op.total() - op.written);
+      op.written += take;
+      left -= take;
+      if (op.written == op.total()) {
+        completed.push_back(std::move(op));
+        q.pop_front();
+      }
+    }
+    if (!q.empty() && q.front().written < q.front().total() && r == 0) return true;
+  }
+  return true;
+}
+}  // namespace
+
+bool transport_write_queue(int fd, std::deque<SendOp>& q, std::vector<SendOp>& completed) {
+  return write_queue(fd, q, completed);
+}
+
+void Transport::enqueue(Conn& c, SendOp&& op, bool from_io_thread) {
+  (void)from_io_thread;
+  std::vector<SendOp> completed;
+  Status failed;
+  {
+    std::unique_lock lock(c.send_mu);
+    if (c.closed) {
+      failed = c.close_status;
+    } else {
+      ++queued_;
+      // Keep priority order behind the head (which may be partly written).
+      auto it = c.queue.end();
+      while (it != c.queue.begin() && std::prev(it) != c.queue.begin() &&
+             std::prev(it)->priority < op.priority)
+        --it;
+      if (it == c.queue.begin() && !c.queue.empty()) ++it;
+      c.queue.insert(it, std::move(op));
+      if (!c.want_out) {
+        // Nothing in flight: write on this thread now; the I/O thread
+        // finishes whatever the socket does not take.
+        if (!write_queue(c.fd.get(), c.queue, completed)) {
+          c.want_out = true;  // the I/O thread sees the error and closes
+          arm_output(c);
+        } else if (!c.queue.empty()) {
+          c.want_out = true;
+          arm_output(c);
+        }
+      }
+    }
+  }
+  if (!failed.is_ok()) {
+    if (op.done) op.done(failed);
+    return;
+  }
+  for (auto& done : completed) {
+    --queued_;
+    if (done.done) done.done(Status{});
+  }
+}
+
+void Transport::arm_output(Conn& c) {
+  epoll_event ev{};
+  ev.events = c.want_out ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+  ev.data.ptr = &c;
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
+}
+
+void Transport::send(ConnId conn, Header header, const void* data, size_t n, SendDone done,
+                     int priority) {
+  auto c = find(conn);
+  if (!c || c->state == Conn::State::kHandshake) {
+    if (done) done({ErrorCode::kIoError, fmt::format("connection {} is closed", conn)});
+    return;
+  }
+  SendOp op;
+  op.header = encode_header(stamp(header, n));
+  op.data = static_cast<const std::byte*>(data);
+  op.len = n;
+  op.done = std::move(done);
+  op.priority = priority;
+  enqueue(*c, std::move(op), false);
+}
+
+Status Transport::send_copy(ConnId conn, Header header, const void* data, size_t n, int priority) {
+  auto c = find(conn);
+  if (!c) return {ErrorCode::kIoError, fmt::format("connection {} is closed", conn)};
+  SendOp op;
+  op.header = encode_header(stamp(header, n));
+  op.owned = pool_.acquire(n);
+  if (n > 0) std::memcpy(op.owned.data(), data, n);
+  op.data = op.owned.data();
+  op.len = n;
+  op.priority = priority;
+  Status result;
+  op.done = nullptr;
+  {
+    std::lock_guard lock(c->send_mu);
+    if (c->closed) return c->close_status;
+  }
+  enqueue(*c, std::move(op), false);
+  return result;
+}
+
+Status Transport::post_recv(ConnId conn, RecvMatch match, void* dst, size_t capacity,
+                            RecvDone done) {
+  auto c = find(conn);
+  if (!c) return {ErrorCode::kIoError, fmt::format("connection {} is closed", conn)};
+  std::lock_guard lock(c->recv_mu);
+  {
+    std::lock_guard slock(c->send_mu);
+    if (c->closed) return c->close_status;
+  }
+  for (auto& p : c->posted)
+    if (p.match == match)
+      return {ErrorCode::kInvalidArgument,
+              fmt::format("a receive for type {} request {} key {} is already posted", match.type,
+                          match.request_id, match.key)};
+  c->posted.push_back({match, static_cast<std::byte*>(dst), capacity, std::move(done)});
+  return {};
+}
+
+bool Transport::cancel_recv(ConnId conn, RecvMatch match) {
+  auto c = find(conn);
+  if (!c) return false;
+  std::lock_guard lock(c->recv_mu);
+  for (auto it = c->posted.begin(); it != c->posted.end(); ++it)
+    if (it->match == match) {
+      c->posted.erase(it);
+      return true;
+    }
+  return false;
+}
+
+void Transport::close(ConnId conn, Status reason) {
+  {
+    std::lock_guard lock(mu_);
+    to_close_.emplace_back(conn, std::move(reason));
+  }
+  wake();
+}
+
+bool Transport::drain(Millis timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (queued_.load() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(Millis{2});
+  }
+  return true;
+}
+
+}  // namespace pushpull::net

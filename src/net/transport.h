@@ -1,0 +1,213 @@
+// Transport: framed messages over TCP between pushpull nodes.
+//
+// One Transport per node. It owns a listening socket, every connection of the
+// node, and one I/O thread running an epoll loop over all of them. Every
+// connection starts with the hello of net/hello.h; only connections that pass
+// it reach the upper layers.
+//
+// Sending. send() queues header + payload as one writev straight from the
+// caller's buffer (no copy); the caller keeps the buffer alive and unchanged
+// until `done` runs. When the connection's queue is empty the calling thread
+// writes at once, so small messages need no thread hop; what the socket does
+// not take is finished by the I/O thread on EPOLLOUT. Among queued messages a
+// higher `priority` goes first (equal priorities keep call order; a message
+// already partly written always finishes first). send_copy() copies a small
+// payload into a pooled buffer instead (control messages).
+//
+// Receiving. For every complete message the handler registered for its type
+// runs on the I/O thread with the payload in a pooled Buffer (moved in; keep
+// or drop it). To read a payload straight into place instead, post_recv() a
+// destination for an expected message, matched by (connection, type,
+// request_id, key) exactly: e.g. the ring's "segment k of op X from my left
+// neighbour" is (left conn, kRingData, X, k), the PS pull reply is (server
+// conn, kPullReply, request id, key). A matching message arriving before its
+// post goes to the handler instead, which must cope (copy it), so post early.
+//
+// Errors. Malformed input (bad magic/version, oversize length, unknown type,
+// garbage) closes only that connection, logs a ProtocolError and the node
+// keeps serving the others. A closed connection fails its queued sends and
+// posted receives with the reason and calls the close handler.
+//
+// Threading. Handlers, the connect handler and the close handler run on the
+// I/O thread: they must not block (hand long work to another thread); they
+// may call send(), send_copy(), post_recv() and close(). send()'s `done` runs
+// exactly once, either on the calling thread before send() returns or on the
+// I/O thread; a RecvDone runs on the I/O thread (or on the caller of
+// post_recv when it fails at once). All public methods are thread-safe except
+// listen(), the set_*handler() calls and start(): call those during setup,
+// from one thread, before any connection exists. connect() blocks (bounded by
+// NetOptions::connect_timeout) and must not be called on the I/O thread.
+//
+// Ownership. The Transport owns its sockets and thread; the destructor stops
+// the loop, closes every connection and joins the thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "net/buffer_pool.h"
+#include "net/message.h"
+#include "net/socket.h"
+#include "pushpull/error.h"
+#include "pushpull/options.h"
+
+namespace pushpull::net {
+
+using ConnId = uint64_t;
+
+// Who is at the other end of a connection (from its hello).
+struct PeerInfo {
+  Role role = Role::kNone;
+  int32_t rank = -1;
+  std::string host;       // advertised listening host of the peer
+  int32_t port = 0;       // advertised listening port (0: none)
+  std::string address;    // the socket's remote address "ip:port"
+  bool outgoing = false;  // we connected to it
+  // "worker 2 (host 10.0.0.2:9000)".
+  std::string describe() const;
+};
+
+struct Message {
+  ConnId conn = 0;
+  Header header;
+  Buffer payload;
+};
+
+struct RecvMatch {
+  uint16_t type = 0;
+  uint64_t request_id = 0;
+  uint64_t key = 0;
+  bool operator==(const RecvMatch&) const = default;
+};
+
+using Handler = std::function<void(Message&&)>;
+using SendDone = std::function<void(const Status&)>;
+using RecvDone = std::function<void(const Status&, const Header&)>;
+using ConnectHandler = std::function<void(ConnId, const PeerInfo&)>;
+using CloseHandler = std::function<void(ConnId, const PeerInfo&, const Status&)>;
+
+struct TransportConfig {
+  NetOptions net;
+  Role role = Role::kNone;
+  int32_t rank = -1;
+  // Tests set another value to check version refusal.
+  uint16_t protocol_version = kProtocolVersion;
+  // Log label of the I/O thread, e.g. "worker 0".
+  std::string label;
+};
+
+class Transport {
+ public:
+  explicit Transport(TransportConfig config);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // Binds the listening socket (setup only). `host` empty: all IPv4
+  // addresses. Returns the bound port (a free one when `port` is 0).
+  int listen(const std::string& host, int port);
+  int port() const { return port_; }
+
+  // Handler for message types [first, last] (setup only; < 256).
+  void set_handler(uint16_t first, uint16_t last, Handler handler);
+  // After an accepted connection passed its hello.
+  void set_connect_handler(ConnectHandler h);
+  // After a connection that passed its hello closed for any reason other than stop().
+  void set_close_handler(CloseHandler h);
+  // What this node says about itself in hellos and headers (thread-safe).
+  void set_identity(Role role, int32_t rank, uint32_t sender_id);
+  void set_advertised_address(const std::string& host, int port);
+
+  // Starts the I/O thread.
+  void start();
+  // Closes everything, fails pending operations with `reason`, joins the
+  // thread. Idempotent. No close handlers run.
+  void stop();
+
+  // Connects to host:port, retrying refused/unreachable attempts with backoff
+  // until `timeout` (NetOptions::connect_timeout when not given), then runs
+  // the hello. Throws Timeout naming the address when nobody answered,
+  // ProtocolError when the peer refused us (never retried), IoError.
+  ConnId connect(const std::string& host, int port, std::optional<Millis> timeout = {});
+
+  // Zero-copy send of `n` bytes at `data` (see above). Header fields magic,
+  // version, sender and payload_bytes are filled in.
+  void send(ConnId conn, Header header, const void* data, size_t n, SendDone done,
+            int priority = 0);
+  // Copying send for small messages; an error when the connection is gone.
+  Status send_copy(ConnId conn, Header header, const void* data, size_t n, int priority = 0);
+
+  // Posts a destination for the next message matching (conn, match); returns
+  // an error (and does not call `done`) when the connection is closed or the
+  // same match is already posted. A payload larger than `capacity` fails
+  // `done` with ProtocolError and is dropped.
+  Status post_recv(ConnId conn, RecvMatch match, void* dst, size_t capacity, RecvDone done);
+  // Removes a posted receive that has not started; true when removed.
+  bool cancel_recv(ConnId conn, RecvMatch match);
+
+  // Closes one connection (asynchronously, on the I/O thread).
+  void close(ConnId conn, Status reason);
+  // Waits until every queued send has been written; false at the deadline.
+  bool drain(Millis timeout);
+
+  std::optional<PeerInfo> peer(ConnId conn) const;
+  std::vector<ConnId> connections() const;
+  BufferPool& pool() { return pool_; }
+  const TransportConfig& config() const { return config_; }
+
+  struct Conn;
+
+ private:
+  std::shared_ptr<Conn> find(ConnId id) const;
+  void loop();
+  void accept_all();
+  void on_readable(Conn& c);
+  void on_header(Conn& c);
+  void finish_message(Conn& c);
+  void on_hello(Conn& c, Message&& m);
+  void flush(Conn& c);
+  void close_conn(Conn& c, const Status& why, bool notify);
+  void arm_output(Conn& c);
+  ConnId add_conn(std::shared_ptr<Conn> c);
+  void enqueue(Conn& c, struct SendOp&& op, bool from_io_thread);
+  void wake();
+  Header stamp(Header h, size_t n) const;
+  std::shared_ptr<Handler> handler(uint16_t type) const;
+
+  TransportConfig config_;
+  BufferPool pool_;
+  Fd listen_fd_;
+  int port_ = 0;
+  Fd epoll_fd_;
+  Fd wake_fd_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  bool started_ = false;
+
+  mutable std::mutex mu_;  // guards the members below
+  std::unordered_map<ConnId, std::shared_ptr<Conn>> conns_;
+  ConnId next_id_ = 1;
+  std::vector<std::pair<ConnId, Status>> to_close_;
+  std::shared_ptr<Handler> handlers_[256];
+  ConnectHandler on_connect_;
+  CloseHandler on_close_;
+  Role role_;
+  int32_t rank_;
+  uint32_t sender_ = 0;
+  std::string adv_host_;
+  int adv_port_ = 0;
+
+  std::vector<std::shared_ptr<Conn>> graveyard_;  // closed this loop turn (guarded by mu_)
+  std::atomic<int64_t> queued_{0};                // sends not yet completed (for drain)
+};
+
+}  // namespace pushpull::net

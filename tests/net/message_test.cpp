@@ -1,0 +1,143 @@
+// Framing: header encoding is explicit little-endian and validated.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "net/address.h"
+#include "net/buffer_pool.h"
+#include "net/hello.h"
+#include "net/message.h"
+
+namespace pushpull::net {
+namespace {
+
+Header sample() {
+  Header h;
+  h.type = 77;
+  h.flags = 0xa1b2c3d4;
+  h.sender = 0x01020304;
+  h.request_id = 0x1122334455667788ull;
+  h.key = 42;
+  h.dtype = 3;
+  h.offset = 1ull << 40;
+  h.length = 5ull << 33;
+  h.payload_bytes = 4096;
+  return h;
+}
+
+TEST(Header, RoundTripAndLittleEndianLayout) {
+  Header h = sample();
+  HeaderBytes b = encode_header(h);
+  EXPECT_EQ(static_cast<uint8_t>(b[0]), 'P');
+  EXPECT_EQ(static_cast<uint8_t>(b[3]), 'H');
+  EXPECT_EQ(static_cast<uint8_t>(b[6]), 77);     // type, low byte first
+  EXPECT_EQ(static_cast<uint8_t>(b[12]), 0x04);  // sender little-endian
+  EXPECT_EQ(static_cast<uint8_t>(b[16]), 0x88);
+  EXPECT_EQ(static_cast<uint8_t>(b[56]), 0x00);
+  EXPECT_EQ(static_cast<uint8_t>(b[57]), 0x10);  // 4096 = 0x1000
+  Header out;
+  ASSERT_TRUE(decode_header(b, 1 << 20, &out).is_ok());
+  EXPECT_EQ(out, h);
+}
+
+TEST(Header, RejectsBadMagicVersionReservedAndOversize) {
+  Header out;
+  HeaderBytes b = encode_header(sample());
+  b[0] = std::byte{'X'};
+  Status s = decode_header(b, 1 << 20, &out);
+  EXPECT_EQ(s.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(s.message().find("magic"), std::string::npos);
+
+  Header v = sample();
+  v.version = 9;
+  s = decode_header(encode_header(v), 1 << 20, &out);
+  EXPECT_NE(s.message().find("version 9"), std::string::npos);
+
+  b = encode_header(sample());
+  b[37] = std::byte{1};
+  EXPECT_FALSE(decode_header(b, 1 << 20, &out).is_ok());
+
+  s = decode_header(encode_header(sample()), 4095, &out);
+  EXPECT_EQ(s.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(s.message().find("4096"), std::string::npos);
+  EXPECT_TRUE(decode_header(encode_header(sample()), 4096, &out).is_ok());
+}
+
+TEST(Header, RandomBytesNeverCrashAndRarelyDecode) {
+  std::mt19937_64 rng(7);
+  int ok = 0;
+  for (int i = 0; i < 10000; ++i) {
+    HeaderBytes b;
+    for (auto& x : b)
+      x = static_cast<std::byte>(rng());
+    Header h;
+    ok += decode_header(b, 1 << 20, &h).is_ok();
+  }
+  EXPECT_EQ(ok, 0);
+}
+
+TEST(Hello, ProofDependsOnSecretNonceAndIdentity) {
+  Nonce n = random_nonce();
+  Proof p = compute_proof("s3cret", n, "job", Role::kWorker, 1);
+  EXPECT_TRUE(proof_equal(p, compute_proof("s3cret", n, "job", Role::kWorker, 1)));
+  EXPECT_FALSE(proof_equal(p, compute_proof("other", n, "job", Role::kWorker, 1)));
+  EXPECT_FALSE(proof_equal(p, compute_proof("s3cret", random_nonce(), "job", Role::kWorker, 1)));
+  EXPECT_FALSE(proof_equal(p, compute_proof("s3cret", n, "job", Role::kServer, 1)));
+
+  Hello h{kProtocolVersion, "job", Role::kWorker, 1, "127.0.0.1", 5, p};
+  EXPECT_EQ(check_hello(h, n, kProtocolVersion, "job", "s3cret"), "");
+  EXPECT_NE(check_hello(h, n, kProtocolVersion, "job", "wrong").find("secret"), std::string::npos);
+  EXPECT_NE(check_hello(h, n, kProtocolVersion, "other", "s3cret").find("job id"),
+            std::string::npos);
+  EXPECT_NE(check_hello(h, n, 2, "job", "s3cret").find("version"), std::string::npos);
+  EXPECT_EQ(check_hello(h, n, kProtocolVersion, "job", ""), "");
+
+  Hello back;
+  auto bytes = encode(h);
+  ASSERT_TRUE(decode(bytes, &back).is_ok());
+  EXPECT_EQ(back.host, "127.0.0.1");
+  EXPECT_EQ(back.rank, 1);
+  bytes.pop_back();
+  EXPECT_FALSE(decode(bytes, &back).is_ok());
+}
+
+TEST(Address, FollowsPsLiteOrder) {
+  std::vector<InterfaceAddress> ifs = {
+      {"lo", "127.0.0.1", false, true, true},   {"eth0", "fd00::5", true, false, true},
+      {"eth0", "10.0.0.5", false, false, true}, {"ib0", "192.168.7.1", false, false, true},
+      {"v6only", "fd00::9", true, false, true},
+  };
+  NetOptions o;
+  EXPECT_EQ(choose_host(o, ifs), "10.0.0.5");
+  o.interface = "ib0";
+  EXPECT_EQ(choose_host(o, ifs), "192.168.7.1");
+  o.interface = "v6only";
+  EXPECT_EQ(choose_host(o, ifs), "fd00::9");
+  o.interface = "nope";
+  EXPECT_THROW(choose_host(o, ifs), InvalidArgument);
+  o.node_host = "1.2.3.4";
+  EXPECT_EQ(choose_host(o, ifs), "1.2.3.4");
+  NetOptions d;
+  EXPECT_EQ(choose_host(d, {{"lo", "127.0.0.1", false, true, true}}), "127.0.0.1");
+  EXPECT_FALSE(choose_host(d).empty());
+}
+
+TEST(BufferPool, ReusesBuffersBySizeClass) {
+  BufferPool pool(4);
+  std::byte* first;
+  {
+    Buffer b = pool.acquire(1000);
+    EXPECT_EQ(b.size(), 1000u);
+    EXPECT_EQ(b.capacity(), 1024u);
+    first = b.data();
+  }
+  EXPECT_EQ(pool.cached(), 1u);
+  Buffer c = pool.acquire(900);
+  EXPECT_EQ(c.data(), first);
+  EXPECT_EQ(pool.cached(), 0u);
+  Buffer e = pool.acquire(0);
+  EXPECT_TRUE(e.empty());
+}
+
+}  // namespace
+}  // namespace pushpull::net

@@ -1,0 +1,393 @@
+// Transport over loopback: hello, send/receive, posted receives, priority,
+// refusals, limits and garbage from raw sockets.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <numeric>
+#include <random>
+
+#include "net/hello.h"
+#include "net/transport.h"
+#include "support/ports.h"
+#include "support/wait.h"
+
+namespace pushpull::net {
+namespace {
+
+using namespace std::chrono_literals;
+using test::wait_until;
+
+constexpr uint16_t kData = 200, kReply = 201, kBlock = 202;
+
+TransportConfig config(Role role, int rank, std::string secret = "", std::string job = "job") {
+  TransportConfig c;
+  c.role = role;
+  c.rank = rank;
+  c.net.job_id = job;
+  c.net.job_secret = secret;
+  c.net.connect_timeout = 3s;
+  c.label = fmt::format("{} {}", role_name(role), rank);
+  return c;
+}
+
+// A server-side transport that records what arrives.
+struct Sink {
+  explicit Sink(TransportConfig c) : t(std::move(c)) {
+    t.listen("127.0.0.1", 0);
+    t.set_connect_handler([this](ConnId id, const PeerInfo& p) {
+      std::lock_guard l(mu);
+      peers.emplace_back(id, p);
+    });
+    t.set_close_handler([this](ConnId, const PeerInfo&, const Status& s) {
+      std::lock_guard l(mu);
+      closes.push_back(s);
+    });
+    t.set_handler(kData, kData, [this](Message&& m) {
+      std::lock_guard l(mu);
+      got.push_back(std::move(m));
+    });
+    t.start();
+  }
+  size_t count() {
+    std::lock_guard l(mu);
+    return got.size();
+  }
+  size_t npeers() {
+    std::lock_guard l(mu);
+    return peers.size();
+  }
+  size_t ncloses() {
+    std::lock_guard l(mu);
+    return closes.size();
+  }
+  Transport t;
+  std::mutex mu;
+  std::vector<Message> got;
+  std::vector<std::pair<ConnId, PeerInfo>> peers;
+  std::vector<Status> closes;
+};
+
+TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
+  Sink a(config(Role::kServer, 0));
+  Transport b(config(Role::kWorker, 3));
+  b.set_advertised_address("127.0.0.1", 4242);
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  auto peer = b.peer(c);
+  ASSERT_TRUE(peer);
+  EXPECT_EQ(peer->role, Role::kServer);
+  EXPECT_EQ(peer->rank, 0);
+  for (uint64_t i = 0; i < 1000; ++i) {
+    std::string s = fmt::format("message {}", i);
+    ASSERT_TRUE(b.send_copy(c, Header{.type = kData, .request_id = i}, s.data(), s.size()).is_ok());
+  }
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1000; }));
+  std::lock_guard l(a.mu);
+  ASSERT_EQ(a.peers.size(), 1u);
+  EXPECT_EQ(a.peers[0].second.role, Role::kWorker);
+  EXPECT_EQ(a.peers[0].second.rank, 3);
+  EXPECT_EQ(a.peers[0].second.port, 4242);
+  EXPECT_EQ(a.peers[0].second.describe(), "worker 3 (host 127.0.0.1:4242)");
+  for (uint64_t i = 0; i < 1000; ++i) {
+    EXPECT_EQ(a.got[i].header.request_id, i);
+    std::string s(reinterpret_cast<const char*>(a.got[i].payload.data()), a.got[i].payload.size());
+    EXPECT_EQ(s, fmt::format("message {}", i));
+  }
+}
+
+TEST(Transport, ZeroCopySendIntoPostedReceiveAndReply) {
+  Sink a(config(Role::kServer, 0));
+  a.t.set_handler(kReply, kReply, [&](Message&& m) {
+    // Echo the request id back, from the I/O thread.
+    uint64_t v = m.header.request_id * 2;
+    a.t.send_copy(m.conn, Header{.type = kReply, .request_id = m.header.request_id}, &v, sizeof v);
+  });
+  Transport b(config(Role::kWorker, 0));
+  b.set_handler(kReply, kReply, [](Message&&) { ADD_FAILURE() << "reply should be posted"; });
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  ConnId back = a.peers[0].first;
+
+  // A large payload straight into a posted buffer on the receiver.
+  const size_t n = 24 << 20;
+  std::vector<uint32_t> src(n / 4), dst(n / 4, 0);
+  std::iota(src.begin(), src.end(), 0u);
+  std::promise<Status> recv_done, send_done;
+  ASSERT_TRUE(a.t.post_recv(back, {kData, 5, 9}, dst.data(), n,
+                            [&](const Status& s, const Header& h) {
+                              EXPECT_EQ(h.payload_bytes, n);
+                              recv_done.set_value(s);
+                            })
+                  .is_ok());
+  EXPECT_FALSE(a.t.post_recv(back, {kData, 5, 9}, dst.data(), n, nullptr).is_ok());
+  b.send(c, Header{.type = kData, .request_id = 5, .key = 9}, src.data(), n,
+         [&](const Status& s) { send_done.set_value(s); });
+  ASSERT_EQ(send_done.get_future().wait_for(20s), std::future_status::ready);
+  auto rf = recv_done.get_future();
+  ASSERT_EQ(rf.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(rf.get().is_ok());
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(a.count(), 0u);  // nothing reached the handler
+
+  // Request/reply with the reply read into place.
+  uint64_t reply = 0;
+  std::promise<void> got;
+  ASSERT_TRUE(
+      b.post_recv(c, {kReply, 21, 0}, &reply, sizeof reply, [&](const Status& s, const Header&) {
+         EXPECT_TRUE(s.is_ok());
+         got.set_value();
+       }).is_ok());
+  b.send_copy(c, Header{.type = kReply, .request_id = 21}, nullptr, 0);
+  ASSERT_EQ(got.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(reply, 42u);
+}
+
+TEST(Transport, HigherPriorityGoesFirstAmongWaitingSends) {
+  Sink a(config(Role::kServer, 0));
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  a.t.set_handler(kBlock, kBlock, [&](Message&&) { released.wait_for(20s); });
+  Transport b(config(Role::kWorker, 0));
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  std::vector<char> big(64 << 20, 'x');
+  b.send_copy(c, Header{.type = kBlock}, nullptr, 0);
+  b.send(c, Header{.type = kData, .request_id = 0}, big.data(), big.size(), nullptr);
+  for (uint64_t id : {1, 2, 3})
+    b.send_copy(c, Header{.type = kData, .request_id = id}, "l", 1, 0);
+  b.send_copy(c, Header{.type = kData, .request_id = 4}, "h", 1, 5);
+  release.set_value();
+  ASSERT_TRUE(wait_until([&] { return a.count() == 5; }, 30s));
+  std::lock_guard l(a.mu);
+  std::vector<uint64_t> order;
+  for (auto& m : a.got)
+    order.push_back(m.header.request_id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{0, 4, 1, 2, 3}));
+}
+
+TEST(Transport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
+  Sink a(config(Role::kScheduler, 0, "right"));
+  {
+    Transport b(config(Role::kWorker, -1, "wrong"));
+    b.start();
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      b.connect("127.0.0.1", a.t.port());
+      FAIL() << "connected with the wrong secret";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // no retry loop
+  }
+  {
+    Transport b(config(Role::kWorker, -1, "right", "other-job"));
+    b.start();
+    try {
+      b.connect("127.0.0.1", a.t.port());
+      FAIL() << "connected with the wrong job id";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find("job id"), std::string::npos) << e.what();
+    }
+  }
+  {
+    auto cfg = config(Role::kWorker, -1, "right");
+    cfg.protocol_version = kProtocolVersion + 1;
+    Transport b(cfg);
+    b.start();
+    try {
+      b.connect("127.0.0.1", a.t.port());
+      FAIL() << "connected with another protocol version";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find("version"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(a.npeers(), 0u);
+  Transport ok(config(Role::kWorker, -1, "right"));
+  ok.start();
+  ConnId c = ok.connect("127.0.0.1", a.t.port());
+  ok.send_copy(c, Header{.type = kData}, "a", 1);
+  EXPECT_TRUE(wait_until([&] { return a.count() == 1; }));
+}
+
+TEST(Transport, ConnectTimesOutNamingTheAddress) {
+  Transport b(config(Role::kWorker, 0));
+  b.start();
+  int port = test::free_port();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    b.connect("127.0.0.1", port, 400ms);
+    FAIL();
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("127.0.0.1:{}", port)), std::string::npos);
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 350ms);
+  EXPECT_LT(took, 3s);
+}
+
+TEST(Transport, ConnectRetriesUntilTheListenerAppears) {
+  int port = test::free_port();
+  Transport b(config(Role::kWorker, 0));
+  b.start();
+  auto fut = std::async(std::launch::async, [&] { return b.connect("127.0.0.1", port, 5s); });
+  std::this_thread::sleep_for(300ms);
+  Transport a(config(Role::kServer, 0));
+  a.listen("127.0.0.1", port);
+  a.start();
+  EXPECT_GT(fut.get(), 0u);
+}
+
+TEST(Transport, Ipv6Loopback) {
+  auto cfg = config(Role::kServer, 0);
+  Transport a(cfg);
+  try {
+    a.listen("::1", 0);
+  } catch (const Error&) {
+    GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  std::atomic<int> got{0};
+  a.set_handler(kData, kData, [&](Message&&) { ++got; });
+  a.start();
+  Transport b(config(Role::kWorker, 0));
+  b.start();
+  ConnId c = b.connect("::1", a.port());
+  b.send_copy(c, Header{.type = kData}, "v6", 2);
+  EXPECT_TRUE(wait_until([&] { return got == 1; }));
+}
+
+// Raw-socket clients for garbage tests.
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    std::string err;
+    fd_ = connect_once(resolve("127.0.0.1", port), 2s, &err);
+    EXPECT_TRUE(fd_.valid()) << err;
+  }
+  void hello() {
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    std::string err;
+    HeaderBytes hb;
+    ASSERT_TRUE(read_all(fd_.get(), hb.data(), hb.size(), deadline, &err)) << err;
+    Header h;
+    ASSERT_TRUE(decode_header(hb, 4096, &h).is_ok());
+    std::vector<std::byte> p(h.payload_bytes);
+    ASSERT_TRUE(read_all(fd_.get(), p.data(), p.size(), deadline, &err));
+    Challenge ch;
+    ASSERT_TRUE(decode(p, &ch).is_ok());
+    Hello hello{kProtocolVersion, "job", Role::kWorker, 7, "127.0.0.1", 1, {}};
+    auto payload = encode(hello);
+    write(Header{.type = msg::kHello, .payload_bytes = payload.size()}, payload);
+    ASSERT_TRUE(read_all(fd_.get(), hb.data(), hb.size(), deadline, &err));
+    ASSERT_TRUE(decode_header(hb, 4096, &h).is_ok());
+    p.resize(h.payload_bytes);
+    ASSERT_TRUE(read_all(fd_.get(), p.data(), p.size(), deadline, &err));
+    HelloAck ack;
+    ASSERT_TRUE(decode(p, &ack).is_ok());
+    ASSERT_TRUE(ack.accepted) << ack.reason;
+  }
+  void write(const Header& h, std::span<const std::byte> payload) {
+    auto hb = encode_header(h);
+    raw(hb.data(), hb.size());
+    raw(payload.data(), payload.size());
+  }
+  void raw(const void* p, size_t n) {
+    std::string err;
+    write_all(fd_.get(), p, n, std::chrono::steady_clock::now() + 5s, &err);
+  }
+  // True when the node closed the connection (EOF) within the timeout.
+  bool closed_by_peer(std::chrono::milliseconds timeout = 5s) {
+    char buf[4096];
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string err;
+    while (read_all(fd_.get(), buf, 1, deadline, &err)) {
+    }
+    return err.find("closed") != std::string::npos || err.find("reset") != std::string::npos;
+  }
+
+ private:
+  Fd fd_;
+};
+
+TEST(Transport, GarbageClosesOnlyThatConnection) {
+  Sink a(config(Role::kServer, 0));
+  Transport good(config(Role::kWorker, 0));
+  good.start();
+  ConnId gc = good.connect("127.0.0.1", a.t.port());
+  auto check_alive = [&](size_t expect) {
+    good.send_copy(gc, Header{.type = kData}, "ok", 2);
+    EXPECT_TRUE(wait_until([&] { return a.count() == expect; }));
+  };
+  {  // random bytes instead of a hello
+    RawClient r(a.t.port());
+    std::mt19937 rng(1);
+    std::vector<char> junk(10000);
+    for (auto& c : junk)
+      c = static_cast<char>(rng());
+    r.raw(junk.data(), junk.size());
+    EXPECT_TRUE(r.closed_by_peer());
+  }
+  check_alive(1);
+  {  // valid header with a huge length after a proper hello
+    RawClient r(a.t.port());
+    r.hello();
+    r.write(Header{.type = kData, .payload_bytes = uint64_t{1} << 50}, {});
+    EXPECT_TRUE(r.closed_by_peer());
+  }
+  check_alive(2);
+  {  // an unknown message type
+    RawClient r(a.t.port());
+    r.hello();
+    r.write(Header{.type = 250}, {});
+    EXPECT_TRUE(r.closed_by_peer());
+  }
+  check_alive(3);
+  {  // a truncated message, then the peer goes away
+    RawClient r(a.t.port());
+    r.hello();
+    auto hb = encode_header(Header{.type = kData, .payload_bytes = 1000});
+    r.raw(hb.data(), hb.size());
+    r.raw("short", 5);
+  }
+  check_alive(4);
+  // Each accepted-then-broken connection reported its close.
+  EXPECT_TRUE(wait_until([&] { return a.ncloses() == 3; }));
+  std::lock_guard l(a.mu);
+  EXPECT_EQ(a.closes[0].code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(a.closes[1].code(), ErrorCode::kProtocolError);
+}
+
+TEST(Transport, PendingOperationsFailWhenThePeerGoesAway) {
+  auto a = std::make_unique<Sink>(config(Role::kServer, 0));
+  Transport b(config(Role::kWorker, 0));
+  std::promise<Status> closed;
+  b.set_close_handler([&](ConnId, const PeerInfo& p, const Status& s) {
+    EXPECT_EQ(p.role, Role::kServer);
+    closed.set_value(s);
+  });
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a->t.port());
+  uint64_t slot = 0;
+  std::promise<Status> recv;
+  ASSERT_TRUE(b.post_recv(c, {kReply, 1, 0}, &slot, 8, [&](const Status& s, const Header&) {
+                 recv.set_value(s);
+               }).is_ok());
+  a.reset();
+  auto rf = recv.get_future();
+  ASSERT_EQ(rf.wait_for(10s), std::future_status::ready);
+  Status s = rf.get();
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("server 0"), std::string::npos) << s.message();
+  ASSERT_EQ(closed.get_future().wait_for(10s), std::future_status::ready);
+  std::promise<Status> sent;
+  b.send(c, Header{.type = kData}, "x", 1, [&](const Status& st) { sent.set_value(st); });
+  EXPECT_FALSE(sent.get_future().get().is_ok());
+}
+
+}  // namespace
+}  // namespace pushpull::net
