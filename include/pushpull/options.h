@@ -87,6 +87,9 @@ struct ClusterOptions {
   Millis heartbeat_timeout{10000};
   // How long registration may take before the job fails. PUSHPULL_STARTUP_TIMEOUT_MS.
   Millis startup_timeout{120000};
+  // Deadline of a barrier and of the orderly shutdown (waiting for every node
+  // to leave). PUSHPULL_BARRIER_TIMEOUT_MS.
+  Millis barrier_timeout{600000};
   // Rank the launcher assigned (-1: assigned by the scheduler). PUSHPULL_RANK.
   int preferred_rank = -1;
 };
@@ -100,6 +103,9 @@ struct KVStoreOptions {
   int server_threads = 0;
   // Threads of a local store's engine; 0 = min(cores, 4). PUSHPULL_KVSTORE_THREADS.
   int engine_threads = 0;
+  // Deadline of the blocking KVStore calls (push, pull, wait_all, ...): a call
+  // whose work is not done by then throws Timeout. PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS.
+  Millis wait_timeout{600000};
 };
 
 struct CollectiveOptions {

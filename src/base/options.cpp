@@ -146,12 +146,14 @@ Options Options::from_env(const Environment& env) {
   }
   r.millis({"PUSHPULL_HEARTBEAT_TIMEOUT_MS"}, &c.heartbeat_timeout);
   r.millis({"PUSHPULL_STARTUP_TIMEOUT_MS"}, &c.startup_timeout);
+  r.millis({"PUSHPULL_BARRIER_TIMEOUT_MS"}, &c.barrier_timeout);
   r.integer({"PUSHPULL_RANK"}, &c.preferred_rank);
 
   KVStoreOptions& k = o.kvstore;
   r.integer({"PUSHPULL_BIGARRAY_BOUND", "MXNET_KVSTORE_BIGARRAY_BOUND"}, &k.bigarray_bound);
   r.integer({"PUSHPULL_SERVER_THREADS"}, &k.server_threads);
   r.integer({"PUSHPULL_KVSTORE_THREADS"}, &k.engine_threads);
+  r.millis({"PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS"}, &k.wait_timeout);
 
   CollectiveOptions& col = o.collective;
   r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},
@@ -200,6 +202,10 @@ void Options::validate() const {
   check(kvstore.bigarray_bound > 0,
         "big-array bound must be positive (MXNET_KVSTORE_BIGARRAY_BOUND)");
   check(kvstore.server_threads >= 0, "server threads must not be negative");
+  check(kvstore.engine_threads >= 0,
+        "kvstore threads must not be negative (PUSHPULL_KVSTORE_THREADS)");
+  check(kvstore.wait_timeout.count() > 0,
+        "kvstore wait timeout must be positive (PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS)");
   check(collective.cycle_time_ms >= 0, "cycle time must not be negative");
   check(collective.ring_segment_bytes >= 4096, "ring segment must be at least 4096 bytes");
 }

@@ -1,0 +1,206 @@
+// Optimizer state files. Layout (little-endian, see docs/kvstore.md):
+//   magic "PPOPTST\0" | u32 version | u32 len, optimizer name | u64 keys
+//   per key: u8 kind (0 int, 1 string) | i64 key or u32 len, bytes
+//            | i64 update count | u32 arrays
+//            per array: u8 dtype | u8 ndim | i64 dims[ndim] | u64 bytes | data
+//   u64 FNV-1a hash of every byte before it
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "pushpull/error.h"
+#include "pushpull/optimizer.h"
+
+namespace pushpull {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "state files are little-endian");
+constexpr char kMagic[8] = {'P', 'P', 'O', 'P', 'T', 'S', 'T', '\0'};
+constexpr uint32_t kVersion = 1;
+
+uint64_t fnv1a(const char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<unsigned char>(p[i]);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+class Reader {
+ public:
+  Reader(std::string_view bytes, std::string_view source) : b_(bytes), source_(source) {}
+  template <typename T>
+  T get(const char* what) {
+    T v;
+    std::memcpy(&v, take(sizeof v, what), sizeof v);
+    return v;
+  }
+  const char* take(size_t n, const char* what) {
+    if (n > b_.size() - pos_)
+      throw IoError(fmt::format(
+          "optimizer states '{}': truncated at byte {} while reading {} (need {} bytes, {} "
+          "left); the file is incomplete or not an optimizer state file",
+          source_, pos_, what, n, b_.size() - pos_));
+    const char* p = b_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  [[noreturn]] void corrupt(const std::string& what) const {
+    throw IoError(
+        fmt::format("optimizer states '{}': corrupt at byte {}: {}", source_, pos_, what));
+  }
+  size_t left() const { return b_.size() - pos_; }
+
+ private:
+  std::string_view b_;
+  std::string_view source_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string Optimizer::save_states() const {
+  std::lock_guard lock(mu_);
+  std::string out(kMagic, sizeof kMagic);
+  put(out, kVersion);
+  put(out, static_cast<uint32_t>(spec_.name.size()));
+  out += spec_.name;
+  put(out, static_cast<uint64_t>(states_.size()));
+  for (const auto& [key, st] : states_) {
+    put(out, static_cast<uint8_t>(key.is_int() ? 0 : 1));
+    if (key.is_int()) {
+      put(out, key.as_int());
+    } else {
+      put(out, static_cast<uint32_t>(key.as_string().size()));
+      out += key.as_string();
+    }
+    put(out, st->count);
+    put(out, static_cast<uint32_t>(st->arrays.size()));
+    for (const Array& a : st->arrays) {
+      put(out, static_cast<uint8_t>(a.dtype()));
+      put(out, static_cast<uint8_t>(a.shape().ndim()));
+      for (int64_t d : a.shape().dims())
+        put(out, d);
+      put(out, static_cast<uint64_t>(a.nbytes()));
+      out.append(static_cast<const char*>(a.data()), a.nbytes());
+    }
+  }
+  put(out, fnv1a(out.data(), out.size()));
+  return out;
+}
+
+void Optimizer::load_states(std::string_view bytes, std::string_view source) {
+  Reader r(bytes, source);
+  if (std::memcmp(r.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
+    r.corrupt("bad magic number: not a pushpull optimizer state file");
+  auto version = r.get<uint32_t>("the version");
+  if (version != kVersion)
+    r.corrupt(fmt::format("format version {} is not supported (this build reads version {})",
+                          version, kVersion));
+  if (r.left() < 8) r.take(8, "the checksum");
+  uint64_t stored_hash;
+  std::memcpy(&stored_hash, bytes.data() + bytes.size() - 8, 8);
+  if (fnv1a(bytes.data(), bytes.size() - 8) != stored_hash)
+    throw IoError(fmt::format(
+        "optimizer states '{}': checksum mismatch: the file is truncated or corrupt", source));
+  Reader body(bytes.substr(0, bytes.size() - 8), source);
+  body.take(sizeof kMagic + 4, "the header");
+
+  auto name_len = body.get<uint32_t>("the name length");
+  std::string name(body.take(name_len, "the optimizer name"), name_len);
+  if (name != spec_.name)
+    throw InvalidArgument(
+        fmt::format("optimizer states '{}' belong to optimizer '{}', not '{}'; set_optimizer "
+                    "with the same optimizer before loading",
+                    source, name, spec_.name));
+  auto nkeys = body.get<uint64_t>("the key count");
+  std::map<Key, std::unique_ptr<KeyState>> loaded;
+  for (uint64_t k = 0; k < nkeys; ++k) {
+    auto kind = body.get<uint8_t>("a key kind");
+    Key key;
+    if (kind == 0) {
+      key = Key(body.get<int64_t>("an int key"));
+    } else if (kind == 1) {
+      auto len = body.get<uint32_t>("a key length");
+      key = Key(std::string(body.take(len, "a string key"), len));
+    } else {
+      body.corrupt(fmt::format("key kind {} is neither 0 (int) nor 1 (string)", kind));
+    }
+    auto st = std::make_unique<KeyState>();
+    st->count = body.get<int64_t>("an update count");
+    if (st->count < 0) body.corrupt("negative update count");
+    auto narrays = body.get<uint32_t>("an array count");
+    if (narrays > 8) body.corrupt(fmt::format("{} state arrays for one key (at most 8)", narrays));
+    for (uint32_t i = 0; i < narrays; ++i) {
+      auto dt = body.get<uint8_t>("a dtype");
+      if (!is_valid_dtype(dt)) body.corrupt(fmt::format("invalid dtype {}", dt));
+      auto ndim = body.get<uint8_t>("a rank");
+      if (ndim > Shape::kMaxDims) body.corrupt(fmt::format("rank {} is too large", ndim));
+      int64_t dims[Shape::kMaxDims];
+      for (int d = 0; d < ndim; ++d) {
+        dims[d] = body.get<int64_t>("a dimension");
+        if (dims[d] < 0 || static_cast<uint64_t>(dims[d]) > body.left())
+          body.corrupt(fmt::format("dimension {} is out of range", dims[d]));
+      }
+      Shape shape(std::span<const int64_t>(dims, ndim));
+      auto nbytes = body.get<uint64_t>("an array size");
+      // Checked against the bytes left before anything is allocated.
+      if (nbytes > body.left()) body.take(nbytes, "array data");
+      if (nbytes != static_cast<uint64_t>(shape.numel()) * dtype_size(static_cast<DType>(dt)))
+        body.corrupt(fmt::format("array of {} bytes does not match its shape {}", nbytes,
+                                 shape.to_string()));
+      Array a(shape, static_cast<DType>(dt));
+      std::memcpy(a.data(), body.take(nbytes, "array data"), nbytes);
+      st->arrays.push_back(std::move(a));
+    }
+    if (!loaded.emplace(key, std::move(st)).second)
+      body.corrupt(fmt::format("key {} appears twice", key.to_string()));
+  }
+  if (body.left() != 0) body.corrupt(fmt::format("{} unexpected bytes at the end", body.left()));
+  std::lock_guard lock(mu_);
+  states_ = std::move(loaded);
+}
+
+void Optimizer::save_states_to_file(const std::string& path) const {
+  std::string bytes = save_states();
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f)
+      throw IoError(
+          fmt::format("cannot write optimizer states to '{}': {}", tmp, std::strerror(errno)));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw IoError(fmt::format("writing optimizer states to '{}' failed (disk full?)", tmp));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
+  }
+}
+
+void Optimizer::load_states_from_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    throw IoError(fmt::format("cannot open optimizer states '{}': {}", path, std::strerror(errno)));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw IoError(fmt::format("reading optimizer states '{}' failed", path));
+  load_states(ss.str(), path);
+}
+
+}  // namespace pushpull
