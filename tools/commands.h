@@ -8,6 +8,7 @@
 namespace pushpull::cli {
 
 void register_info(CLI::App& app);
+void register_launch(CLI::App& app);  // launch.cpp
 
 // `pushpull bench <what>`: each benchmark registers under the `bench` parent.
 // Shared flags: --format table|csv, --impl all|pushpull (see bench_common.h).

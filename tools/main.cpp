@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("pushpull ") + PUSHPULL_VERSION);
   app.require_subcommand(1);
   pushpull::cli::register_info(app);
+  pushpull::cli::register_launch(app);
   auto* bench = app.add_subcommand("bench", "Benchmarks: pushpull next to its peers");
   bench->require_subcommand(1);
   (void)bench;

@@ -1,0 +1,46 @@
+// The seam between the launcher and the cluster layer's scheduler.
+//
+// `pushpull launch` runs the scheduler inside its own process: it binds the
+// port first and only then hands the real, bound port to the children, so no
+// other program can take the port between choosing and binding it.
+//
+// The launch layer only knows this interface; the CLI passes a factory that
+// wraps the cluster layer's Scheduler (see tools/launch.cpp). Without a
+// factory the launcher chooses a free port and warns that nothing listens on
+// it (useful for programs that do not talk to a scheduler).
+//
+// Thread safety: start/status/wait/stop are called from the launcher's main
+// thread only; implementations run their own threads in the background.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "pushpull/error.h"
+#include "pushpull/options.h"
+
+namespace pushpull::launch {
+
+class EmbeddedScheduler {
+ public:
+  virtual ~EmbeddedScheduler() = default;
+  // Binds `addr:port` (port 0: any free port), starts serving in the
+  // background and returns the bound port. Throws IoError when it cannot bind.
+  virtual int start(const std::string& addr, int port) = 0;
+  // Non-blocking: nullopt while the job runs, then the final status (ok when
+  // every node left in order; otherwise why the job failed, naming the node).
+  virtual std::optional<Status> status() = 0;
+  // Blocks up to `deadline` for the scheduler to finish by itself; returns
+  // whether it did.
+  virtual bool wait(Millis deadline) = 0;
+  // Stops at once and releases the port and threads. Idempotent; no-throw.
+  virtual void stop() noexcept = 0;
+};
+
+// Makes a scheduler for a job described by `node_options` (role scheduler,
+// numbers of servers and workers, job id, timeouts).
+using SchedulerFactory = std::function<std::unique_ptr<EmbeddedScheduler>(const Options&)>;
+
+}  // namespace pushpull::launch

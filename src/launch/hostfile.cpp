@@ -1,0 +1,121 @@
+#include "launch/hostfile.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "pushpull/error.h"
+
+namespace pushpull::launch {
+namespace {
+
+bool parse_int(std::string_view text, int lo, int hi, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  int v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+std::vector<std::string_view> split_words(std::string_view line) {
+  std::vector<std::string_view> words;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r'))
+      ++i;
+    size_t start = i;
+    while (i < line.size() && line[i] != ' ' && line[i] != '\t' && line[i] != '\r')
+      ++i;
+    if (i > start) words.push_back(line.substr(start, i - start));
+  }
+  return words;
+}
+
+// Parses "host", "host:port", "[v6]" or "[v6]:port". Returns an error text or "".
+std::string parse_host(std::string_view word, HostEntry* e) {
+  std::string_view host = word, port;
+  if (word.front() == '[') {
+    auto close = word.find(']');
+    if (close == std::string_view::npos) return "missing ']' after an IPv6 address";
+    host = word.substr(1, close - 1);
+    auto rest = word.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return "expected ':port' after ']'";
+      port = rest.substr(1);
+      if (port.empty()) return "empty ssh port after ':'";
+    }
+  } else if (auto colon = word.find(':'); colon != std::string_view::npos) {
+    if (word.find(':', colon + 1) != std::string_view::npos)
+      return "an IPv6 address must be written in brackets, e.g. [fe80::1]:22";
+    host = word.substr(0, colon);
+    port = word.substr(colon + 1);
+    if (port.empty()) return "empty ssh port after ':'";
+  }
+  if (host.empty()) return "empty host name";
+  for (char c : host)
+    if (c == '\'' || c == '"' || c == '`' || c == '$' || c == ';' || c == '\\')
+      return fmt::format("host name '{}' contains the character '{}'", host, c);
+  if (!port.empty() && !parse_int(port, 1, 65535, &e->ssh_port))
+    return fmt::format("ssh port '{}' is not a number in 1..65535", port);
+  e->host = std::string(host);
+  return "";
+}
+
+}  // namespace
+
+std::vector<HostEntry> parse_hostfile(std::string_view text, std::string_view source) {
+  std::vector<HostEntry> hosts;
+  int line_no = 0;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    auto words = split_words(line);
+    if (words.empty()) continue;
+    auto fail = [&](const std::string& why) {
+      throw InvalidArgument(fmt::format(
+          "hostfile {} line {}: {} (expected 'host[:sshport] [slots=K]')", source, line_no, why));
+    };
+    HostEntry e;
+    if (auto err = parse_host(words[0], &e); !err.empty()) fail(err);
+    for (size_t i = 1; i < words.size(); ++i) {
+      auto w = words[i];
+      if (w.starts_with("slots=")) {
+        if (!parse_int(w.substr(6), 1, 1 << 20, &e.slots))
+          fail(fmt::format("'{}' needs a positive whole number of slots", w));
+      } else {
+        fail(fmt::format("unknown field '{}'", w));
+      }
+    }
+    hosts.push_back(std::move(e));
+    if (nl == text.size()) break;
+  }
+  if (hosts.empty()) throw InvalidArgument(fmt::format("hostfile {} lists no host", source));
+  return hosts;
+}
+
+std::vector<HostEntry> read_hostfile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    int err = errno;
+    throw InvalidArgument(
+        fmt::format("cannot read hostfile {}: {}", path, err ? std::strerror(err) : "open failed"));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InvalidArgument(fmt::format("cannot read hostfile {}: read error", path));
+  return parse_hostfile(text.str(), path);
+}
+
+}  // namespace pushpull::launch

@@ -1,0 +1,270 @@
+#include "launch/launcher.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "launch/commands.h"
+#include "launch/supervisor.h"
+#include "pushpull/error.h"
+#include "pushpull/log.h"
+
+namespace pushpull::launch {
+namespace {
+
+std::string make_job_id() {
+  std::random_device rd;
+  return fmt::format("pp-{}-{:08x}{:08x}", getpid(), rd(), rd());
+}
+
+std::vector<std::string> merged_env(const Environment& base,
+                                    const std::map<std::string, std::string>& overrides) {
+  auto vars = base.vars();
+  for (const auto& [k, v] : overrides)
+    vars[k] = v;
+  std::vector<std::string> out;
+  out.reserve(vars.size());
+  for (const auto& [k, v] : vars)
+    out.push_back(k + "=" + v);
+  return out;
+}
+
+std::string log_path(const LaunchConfig& cfg, const std::string& name) {
+  if (cfg.log_dir.empty()) return "";
+  return cfg.log_dir + "/" + name + ".log";
+}
+
+std::string file_name(const std::string& label) {
+  std::string s = label;
+  for (char& c : s)
+    if (c == ' ') c = '.';
+  return s;
+}
+
+// Where the nodes meet: the embedded scheduler, or rank 0's rendezvous.
+Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
+  Rendezvous rv;
+  if (cfg.num_servers > 0) {
+    rv.addr = cfg.host_ip;
+    rv.port = cfg.port;  // 0 until the scheduler has bound
+    return rv;
+  }
+  // No scheduler: worker 0 binds MASTER_PORT on its own host. The port is
+  // free here now; the worker binds it a moment later (see docs/launch.md).
+  auto hosts_of = place(cfg.hosts, 0, cfg.num_workers);
+  rv.addr = cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[0]].host;
+  rv.port =
+      cfg.port != 0 || dry_run ? cfg.port : pick_free_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
+  return rv;
+}
+
+Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
+  Options o = Options::from_env(ctx.env);
+  o.cluster.role = Role::kScheduler;
+  o.cluster.num_servers = cfg.num_servers;
+  o.cluster.num_workers = cfg.num_workers;
+  o.cluster.root_uri = cfg.host_ip;
+  o.cluster.root_port = cfg.port;
+  o.net.job_id = cfg.job_id;
+  if (!cfg.interface.empty()) o.net.interface = cfg.interface;
+  if (cfg.timeout_s > 0) {
+    o.cluster.heartbeat_timeout = Millis(int64_t(cfg.timeout_s * 1000));
+    o.cluster.startup_timeout = o.cluster.heartbeat_timeout;
+  }
+  return o;
+}
+
+std::vector<ChildSpec> child_specs(const LaunchConfig& cfg, const LaunchContext& ctx,
+                                   const Rendezvous& rv, const std::vector<ProcessSpec>& plan) {
+  std::vector<ChildSpec> specs;
+  if (cfg.launcher == LauncherKind::kLocal || cfg.launcher == LauncherKind::kSsh) {
+    for (const auto& p : plan) {
+      ChildSpec s;
+      s.label = p.label();
+      s.essential = p.role == Role::kWorker;
+      s.log_path = log_path(cfg, file_name(s.label));
+      if (cfg.launcher == LauncherKind::kLocal) {
+        s.argv = p.argv;
+        s.env = merged_env(ctx.env, p.env);
+        s.workdir = cfg.workdir;
+      } else {
+        s.argv = ssh_argv(cfg, p);
+        s.env = merged_env(ctx.env, {});
+        s.stop_by_closing_stdin = true;
+      }
+      specs.push_back(std::move(s));
+    }
+    return specs;
+  }
+  ChildSpec s;
+  s.env = merged_env(ctx.env, {});
+  if (cfg.launcher == LauncherKind::kMpi) {
+    s.label = "mpirun";
+    s.argv = mpirun_argv(cfg, rv, geteuid() == 0);
+  } else {
+    s.label = "srun";
+    std::string conf = fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id);
+    auto srun = srun_command(cfg, rv, conf);
+    std::ofstream f(conf);
+    f << srun.multi_prog;
+    if (!f.flush()) throw IoError(fmt::format("cannot write the srun configuration {}", conf));
+    s.argv = srun.argv;
+  }
+  s.log_path = log_path(cfg, s.label);
+  specs.push_back(std::move(s));
+  return specs;
+}
+
+// rsync the working directory to every host, one host after the other (two
+// "hosts" may share a file system).
+int sync_hosts(SignalGuard& signals, const LaunchConfig& cfg, const LaunchContext& ctx) {
+  for (const auto& h : cfg.hosts) {
+    PP_INFO("syncing {} to {}:{}", ctx.cwd, h.host, cfg.sync_dst_dir);
+    ChildSpec s;
+    s.label = "rsync " + h.host;
+    s.argv = rsync_argv(cfg, h, ctx.cwd, cfg.sync_dst_dir);
+    s.env = merged_env(ctx.env, {});
+    SupervisorSettings st;
+    st.grace = Millis(int64_t(cfg.grace_s * 1000));
+    auto out = supervise(signals, {std::move(s)}, st);
+    if (out.exit_code != 0) {
+      PP_ERROR("syncing to {} failed ({}): nothing was started", h.host, out.reason);
+      return out.exit_code;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
+  auto bad = [](const std::string& m) { throw InvalidArgument(m); };
+  if (cfg.command.empty())
+    bad("no command to run: put it after the options, e.g. pushpull launch -n 2 -- ./train");
+  if (cfg.num_workers < 1)
+    bad(fmt::format("-n/--num-workers must be at least 1 (got {})", cfg.num_workers));
+  if (cfg.num_servers < 0)
+    bad(fmt::format("-s/--num-servers must not be negative (got {})", cfg.num_servers));
+  if (cfg.port < 0 || cfg.port > 65535) bad(fmt::format("--port {} is not in 0..65535", cfg.port));
+  if (cfg.timeout_s < 0) bad("--timeout must not be negative");
+  if (!cfg.sync_dst_dir.empty() && cfg.hosts.empty())
+    bad("--sync-dst-dir copies the current directory to the hosts of -H/--hostfile: give -H too");
+  if (!cfg.sync_dst_dir.empty() && cfg.launcher != LauncherKind::kSsh)
+    bad("--sync-dst-dir needs the ssh launcher");
+  if (cfg.launcher == LauncherKind::kLocal && !cfg.hosts.empty())
+    bad("--launcher local runs everything on this host: drop -H or use --launcher ssh");
+  if (cfg.launcher == LauncherKind::kSsh && cfg.hosts.empty())
+    bad("--launcher ssh needs the hosts: give -H/--hostfile");
+  if (cfg.launcher == LauncherKind::kSlurm && !cfg.hosts.empty())
+    bad("--launcher slurm runs on the Slurm allocation: drop -H");
+  // Slots are checked here so a too-small hostfile is a usage error.
+  (void)place(cfg.hosts, cfg.num_servers, cfg.num_workers);
+
+  if (cfg.host_ip.empty())
+    cfg.host_ip = cfg.launcher == LauncherKind::kLocal ? "127.0.0.1" : first_ipv4_address();
+  if (cfg.job_id.empty()) cfg.job_id = ctx.env.get("PUSHPULL_JOB_ID").value_or(make_job_id());
+  if (cfg.server_command.empty()) cfg.server_command = shell_quote(ctx.self_exe) + " server";
+  if (cfg.workdir.empty()) cfg.workdir = cfg.sync_dst_dir.empty() ? ctx.cwd : cfg.sync_dst_dir;
+  // Remote nodes do not inherit the launcher's environment: the job secret
+  // must travel with them or they could not join.
+  if (cfg.launcher != LauncherKind::kLocal) {
+    if (auto secret = ctx.env.get("PUSHPULL_JOB_SECRET"))
+      cfg.env.insert(cfg.env.begin(), {"PUSHPULL_JOB_SECRET", *secret});
+  }
+}
+
+void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv,
+                const std::vector<ProcessSpec>& plan, bool as_root) {
+  out << fmt::format("# pushpull launch plan: {} workers, {} servers, launcher {}, job {}\n",
+                     cfg.num_workers, cfg.num_servers, launcher_name(cfg.launcher), cfg.job_id);
+  out << fmt::format(
+      "# {} {}:{}, working directory {}\n",
+      cfg.num_servers > 0 ? "scheduler (in the launcher) at" : "rendezvous (worker 0) at", rv.addr,
+      rv.port == 0 ? std::string("auto") : std::to_string(rv.port), cfg.workdir);
+  out << fmt::format("{:<16} {:<7} {:>4} {:>5}  {}\n", "HOST", "ROLE", "RANK", "LOCAL", "COMMAND");
+  for (const auto& p : plan) {
+    out << fmt::format("{:<16} {:<7} {:>4} {:>5}  {}\n", p.host, role_name(p.role), p.rank,
+                       p.local_rank, shell_join(p.argv));
+    if (cfg.verbose)
+      for (const auto& [k, v] : p.env)
+        out << fmt::format("    {}={}\n", k, v);
+  }
+  if (cfg.launcher == LauncherKind::kMpi)
+    out << "# runs: " << shell_join(mpirun_argv(cfg, rv, as_root)) << "\n";
+  if (cfg.launcher == LauncherKind::kSlurm) {
+    auto srun = srun_command(cfg, rv, cfg.workdir + "/.pushpull-" + cfg.job_id + ".srun.conf");
+    out << "# runs: " << shell_join(srun.argv) << "\n# with --multi-prog:\n" << srun.multi_prog;
+  }
+  out.flush();
+}
+
+int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
+  LaunchConfig cfg = cfg_in;
+  if (ctx.dry_run) {
+    auto rv = choose_rendezvous(cfg, true);
+    print_plan(std::cout, cfg, rv, make_plan(cfg, rv), geteuid() == 0);
+    return 0;
+  }
+  SignalGuard signals;  // before the scheduler's threads exist
+  if (!cfg.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.log_dir, ec);
+    if (ec) throw IoError(fmt::format("cannot create --log-dir {}: {}", cfg.log_dir, ec.message()));
+  }
+  if (!cfg.sync_dst_dir.empty())
+    if (int rc = sync_hosts(signals, cfg, ctx); rc != 0) return rc;
+
+  std::unique_ptr<EmbeddedScheduler> scheduler;
+  Rendezvous rv = choose_rendezvous(cfg, false);
+  if (cfg.num_servers > 0) {
+    if (ctx.scheduler_factory) {
+      scheduler = ctx.scheduler_factory(scheduler_options(cfg, ctx));
+      std::string bind = cfg.launcher == LauncherKind::kLocal ? cfg.host_ip : "0.0.0.0";
+      rv.port = scheduler->start(bind, cfg.port);
+      PP_INFO("scheduler listening on {}:{}", rv.addr, rv.port);
+    } else {
+      if (rv.port == 0) rv.port = pick_free_port(cfg.host_ip);
+      PP_WARN(
+          "this build has no embedded scheduler (the cluster layer is not linked): nothing "
+          "listens on {}:{}; the processes must not need a scheduler",
+          rv.addr, rv.port);
+    }
+  }
+  auto plan = make_plan(cfg, rv);
+  if (cfg.verbose) print_plan(std::cerr, cfg, rv, plan, geteuid() == 0);
+
+  SupervisorSettings settings;
+  settings.grace = Millis(int64_t(cfg.grace_s * 1000));
+  settings.service_deadline = Millis(int64_t((cfg.timeout_s > 0 ? cfg.timeout_s : 30) * 1000));
+  Watch watch;
+  if (scheduler) {
+    watch = [&]() -> std::optional<std::pair<int, std::string>> {
+      auto st = scheduler->status();
+      if (!st || st->is_ok()) return std::nullopt;
+      PP_ERROR("[scheduler] {}", st->message());
+      return std::make_pair(1, "the scheduler reported: " + st->message());
+    };
+  }
+  auto outcome = supervise(signals, child_specs(cfg, ctx, rv, plan), settings, watch);
+  if (cfg.launcher == LauncherKind::kSlurm)
+    std::filesystem::remove(fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id));
+  if (scheduler) {
+    if (outcome.exit_code == 0 && !scheduler->wait(settings.service_deadline))
+      PP_WARN("the scheduler did not finish within {} ms after the job: stopping it",
+              settings.service_deadline.count());
+    scheduler->stop();
+  }
+  if (outcome.exit_code != 0)
+    PP_ERROR("job failed: {} (exit code {})", outcome.reason, outcome.exit_code);
+  return outcome.exit_code;
+}
+
+}  // namespace pushpull::launch

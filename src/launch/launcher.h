@@ -1,0 +1,49 @@
+// `pushpull launch`: runs a whole job (scheduler in this process, servers
+// and workers as child processes on this host or others) and reports how it
+// ended. See docs/launch.md for the user-facing contract.
+//
+// Threading: run_launch() must be called on the main thread before any other
+// thread starts (it blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD to read them through
+// a signalfd). It blocks until the job ends; every wait is bounded by the
+// grace period, --timeout or the processes' own lifetime.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "launch/embedded_scheduler.h"
+#include "launch/plan.h"
+
+namespace pushpull::launch {
+
+struct LaunchContext {
+  Environment env;                     // the launcher's environment (local children inherit it)
+  std::string self_exe;                // this binary: the default server is "<self_exe> server"
+  std::string cwd;                     // the launcher's working directory
+  SchedulerFactory scheduler_factory;  // empty: no embedded scheduler in this build
+  bool dry_run = false;
+};
+
+// Checks `cfg` and fills its defaults (host address, job id, server command,
+// working directory, forwarded secret). Throws InvalidArgument with a message
+// for the user on anything wrong (the CLI exits 2), before anything starts.
+void prepare(LaunchConfig& cfg, const LaunchContext& ctx);
+
+// Writes the plan (host, role, rank, local rank, command; with cfg.verbose the
+// variables too) in a human-readable table.
+void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv,
+                const std::vector<ProcessSpec>& plan, bool as_root);
+
+// Runs a prepared job; returns the launcher's exit code: 0 when every worker
+// exited 0, else the first failed process's code (128+signal), 128+signal
+// when the launcher was signalled, 127 when a process could not start.
+int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
+
+// A free TCP port on `addr` at the time of the call (bound to port 0, read,
+// released). Throws IoError.
+int pick_free_port(const std::string& addr);
+// This host's first non-loopback IPv4 address, else "127.0.0.1".
+std::string first_ipv4_address();
+
+}  // namespace pushpull::launch

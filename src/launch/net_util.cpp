@@ -1,0 +1,56 @@
+// Small address helpers of the launcher (the net layer is above it).
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "launch/launcher.h"
+#include "pushpull/error.h"
+
+namespace pushpull::launch {
+
+int pick_free_port(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw IoError(fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    int err = errno;
+    close(fd);
+    throw IoError(
+        fmt::format("cannot find a free port on {}: {} (pass --port)", addr, std::strerror(err)));
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::string first_ipv4_address() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "127.0.0.1";
+  std::string found = "127.0.0.1";
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP)) continue;
+    char buf[INET_ADDRSTRLEN];
+    auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    if (inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof buf)) {
+      found = buf;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+}  // namespace pushpull::launch

@@ -1,0 +1,85 @@
+// What `pushpull launch` runs: the job description (LaunchConfig), the
+// placement of every process on a host (make_plan) and the environment each
+// process gets (process_env).
+//
+// Placement: hosts in hostfile order; servers are placed first (as MXNet's
+// launch.py does), then workers. When every host declares `slots`, each host
+// is filled up to its slots before the next (mpirun's by-slot order); when
+// some host has no slots, processes go round robin over the hosts (servers
+// from the first host, then workers from the first host again), skipping
+// hosts whose slots are full. More processes than slots is an error.
+//
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launch/hostfile.h"
+#include "pushpull/options.h"
+
+namespace pushpull::launch {
+
+enum class LauncherKind { kLocal, kSsh, kMpi, kSlurm };
+std::string_view launcher_name(LauncherKind k);
+std::optional<LauncherKind> parse_launcher(std::string_view text);
+
+// One `--env NAME[=VALUE]` setting, already resolved to a value.
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+struct LaunchConfig {
+  int num_workers = 1;
+  int num_servers = 0;  // 0: collective-only job, no scheduler
+  LauncherKind launcher = LauncherKind::kLocal;
+  std::vector<HostEntry> hosts;      // empty: every process on this host
+  std::vector<std::string> command;  // worker program and its arguments
+  std::string server_command;        // shell command line for servers
+  std::string host_ip;               // scheduler / launcher address as the nodes see it
+  int port = 0;                      // scheduler port; 0 = a free one
+  double timeout_s = 0;              // --timeout; 0 = nodes' default
+  std::string interface;             // DMLC_INTERFACE for every node ("" = unset)
+  std::string job_id;                // PUSHPULL_JOB_ID
+  std::string log_dir;
+  std::string sync_dst_dir;
+  std::string workdir;                   // where processes start (remote: sync dir or cwd)
+  std::vector<std::string> ssh_options;  // extra ssh arguments, e.g. -i KEY
+  EnvList env, env_server, env_worker;   // --env, --env-server, --env-worker
+  double grace_s = 5;                    // SIGTERM → SIGKILL grace period
+  bool verbose = false;
+};
+
+struct ProcessSpec {
+  Role role = Role::kWorker;
+  int rank = 0;        // among its role
+  int local_rank = 0;  // among its role on its host
+  int local_size = 1;
+  size_t host_index = 0;  // into LaunchConfig::hosts (0 when local)
+  std::string host;       // "localhost" address when local
+  int ssh_port = 22;
+  std::map<std::string, std::string> env;  // what the launcher sets (not inherited vars)
+  std::vector<std::string> argv;           // the program to run on that host
+
+  std::string label() const;  // "worker 3", "server 0"
+};
+
+// Where the nodes find the scheduler (or, with no servers, rank 0's rendezvous).
+struct Rendezvous {
+  std::string addr;
+  int port = 0;
+};
+
+// Places every process (servers first, by rank) and fills its env and argv.
+// Throws InvalidArgument when the hosts' slots cannot hold the job.
+std::vector<ProcessSpec> make_plan(const LaunchConfig& cfg, const Rendezvous& rv);
+
+// The variables the launcher sets for one process (see docs/launch.md).
+std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Rendezvous& rv,
+                                               const ProcessSpec& p);
+
+// Placement only: for each process (servers first, then workers) the index of
+// its host. Exposed for tests.
+std::vector<size_t> place(const std::vector<HostEntry>& hosts, int num_servers, int num_workers);
+
+}  // namespace pushpull::launch

@@ -1,0 +1,422 @@
+#include "launch/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "launch/line_splitter.h"
+#include "pushpull/error.h"
+#include "pushpull/log.h"
+
+namespace pushpull::launch {
+
+using Clock = std::chrono::steady_clock;
+
+SignalGuard::SignalGuard() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD})
+    sigaddset(&set, s);
+  if (pthread_sigmask(SIG_BLOCK, &set, &old_mask_) != 0)
+    throw IoError("cannot block signals for the launcher");
+  fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd_ < 0) {
+    int err = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    throw IoError(fmt::format("signalfd failed: {}", std::strerror(err)));
+  }
+}
+
+SignalGuard::~SignalGuard() {
+  close(fd_);
+  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+}
+
+std::string describe_status(bool exited, int code) {
+  if (exited) return fmt::format("exit code {}", code);
+  const char* abbrev = sigabbrev_np(code);
+  return abbrev ? fmt::format("signal SIG{}", abbrev) : fmt::format("signal {}", code);
+}
+
+namespace {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    reset(o.release());
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+void write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    ssize_t n = write(fd, s.data(), s.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed terminal must not stop the job
+    s.remove_prefix(size_t(n));
+  }
+}
+
+struct Stream {
+  Fd fd;
+  int out = 1;
+  LineSplitter lines;
+};
+
+struct Child {
+  ChildSpec spec;
+  pid_t pid = -1;
+  bool running = false;
+  bool term_sent = false;
+  Fd stdin_w;
+  Stream streams[2];
+  Fd log;
+  ChildResult result;
+};
+
+// argv[0] resolved against PATH from the child's environment, in the parent,
+// so the forked child only calls async-signal-safe functions.
+std::string resolve(const std::string& prog, const std::vector<std::string>& env) {
+  if (prog.find('/') != std::string::npos) return prog;
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& kv : env)
+    if (kv.starts_with("PATH=")) path = kv.substr(5);
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    std::string full = (dir.empty() ? "." : dir) + "/" + prog;
+    struct stat st;
+    if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(full.c_str(), X_OK) == 0)
+      return full;
+    start = end + 1;
+  }
+  return prog;  // execve reports ENOENT
+}
+
+// Starts one child; returns "" or why it could not be started.
+std::string spawn(Child& c) {
+  const auto& s = c.spec;
+  if (s.argv.empty()) return "empty command";
+  int out[2], err[2], in[2] = {-1, -1}, status[2];
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status, O_CLOEXEC))
+    return fmt::format("pipe: {}", std::strerror(errno));
+  Fd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]), st_r(status[0]), st_w(status[1]);
+  if (s.stop_by_closing_stdin) {
+    if (pipe2(in, O_CLOEXEC)) return fmt::format("pipe: {}", std::strerror(errno));
+  } else {
+    in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  Fd in_r(in[0]), in_w(in[1]);
+  std::string path = resolve(s.argv[0], s.env);
+  std::vector<char*> argv, envp;
+  for (const auto& a : s.argv)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : s.env)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const char* dir = s.workdir.empty() ? nullptr : s.workdir.c_str();
+  pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) return fmt::format("fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    // Child: async-signal-safe calls only.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl
+    dup2(in_r.get(), 0);
+    dup2(out_w.get(), 1);
+    dup2(err_w.get(), 2);
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD})
+      signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    int e = 0;
+    if (dir && chdir(dir) != 0) {
+      e = errno;
+    } else {
+      execve(path.c_str(), argv.data(), envp.data());
+      e = errno;
+    }
+    (void)!write(st_w.get(), &e, sizeof e);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so kill(-pid) works before the child ran
+  st_w.reset();
+  int e = 0;
+  ssize_t n;
+  do
+    n = read(st_r.get(), &e, sizeof e);
+  while (n < 0 && errno == EINTR);
+  if (n == sizeof e) {
+    waitpid(pid, nullptr, 0);
+    return dir && e != ENOENT ? fmt::format("cannot run {} in {}: {}", path, dir, std::strerror(e))
+                              : fmt::format("cannot run {}: {}", path, std::strerror(e));
+  }
+  c.pid = pid;
+  c.running = true;
+  c.result.pid = pid;
+  c.stdin_w = std::move(in_w);
+  c.streams[0].fd = std::move(out_r);
+  c.streams[0].out = 1;
+  c.streams[1].fd = std::move(err_r);
+  c.streams[1].out = 2;
+  for (auto& st : c.streams)
+    fcntl(st.fd.get(), F_SETFL, O_NONBLOCK);
+  return "";
+}
+
+class Job {
+ public:
+  Job(SignalGuard& signals, const SupervisorSettings& settings, const Watch& watch)
+      : signals_(signals), settings_(settings), watch_(watch) {}
+
+  Outcome run(std::vector<ChildSpec> specs) {
+    for (auto& s : specs) {
+      Child c;
+      c.result.label = s.label;
+      if (!s.log_path.empty()) {
+        c.log.reset(open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+        if (c.log.get() < 0)
+          throw IoError(fmt::format("cannot create log file {}: {} (check --log-dir)", s.log_path,
+                                    std::strerror(errno)));
+      }
+      c.spec = std::move(s);
+      children_.push_back(std::move(c));
+    }
+    for (auto& c : children_) {
+      if (stopping_) break;
+      if (auto why = spawn(c); !why.empty()) {
+        PP_ERROR("cannot start {}: {}", c.spec.label, why);
+        begin_stop(127, fmt::format("{} could not be started", c.spec.label));
+      }
+    }
+    loop();
+    Outcome o;
+    o.exit_code = exit_code_;
+    o.reason = reason_;
+    for (auto& c : children_)
+      o.children.push_back(c.result);
+    return o;
+  }
+
+ private:
+  void loop() {
+    std::optional<Clock::time_point> drain_until;
+    while (true) {
+      reap();
+      check_progress();
+      bool any_running = false;
+      for (auto& c : children_)
+        any_running = any_running || c.running;
+      if (!any_running) {
+        // A grandchild may hold a pipe open: give the output a moment, not forever.
+        if (!drain_until) drain_until = Clock::now() + Millis(1000);
+        if (!has_open_streams() || Clock::now() >= *drain_until) break;
+      }
+      poll_once(any_running ? settings_.tick : Millis(50));
+      if (watch_ && !stopping_) {
+        if (auto fail = watch_()) begin_stop(fail->first, fail->second);
+      }
+    }
+    for (auto& c : children_)
+      for (auto& st : c.streams)
+        flush(c, st);
+    // Safety sweep: nothing of any group we started outlives the launcher.
+    for (auto& c : children_)
+      if (c.pid > 0) kill(-c.pid, SIGKILL);
+  }
+
+  bool has_open_streams() const {
+    for (auto& c : children_)
+      for (auto& st : c.streams)
+        if (st.fd.get() >= 0) return true;
+    return false;
+  }
+
+  void poll_once(Millis timeout) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Child*, Stream*>> owners;
+    fds.push_back({signals_.fd(), POLLIN, 0});
+    owners.push_back({nullptr, nullptr});
+    for (auto& c : children_)
+      for (auto& st : c.streams)
+        if (st.fd.get() >= 0) {
+          fds.push_back({st.fd.get(), POLLIN, 0});
+          owners.push_back({&c, &st});
+        }
+    int n = poll(fds.data(), fds.size(), int(timeout.count()));
+    if (n <= 0) return;
+    if (fds[0].revents) read_signals();
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents) read_stream(*owners[i].first, *owners[i].second);
+  }
+
+  void read_stream(Child& c, Stream& st) {
+    char buf[16384];
+    ssize_t n = read(st.fd.get(), buf, sizeof buf);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+      flush(c, st);
+      st.fd.reset();
+      return;
+    }
+    st.lines.feed(std::string_view(buf, size_t(n)), [&](std::string_view l) { emit(c, st, l); });
+  }
+
+  void flush(Child& c, Stream& st) {
+    st.lines.flush([&](std::string_view l) { emit(c, st, l); });
+  }
+
+  void emit(Child& c, Stream& st, std::string_view line) {
+    // One write per line: lines of different children never mix.
+    write_all(st.out, fmt::format("[{}] {}\n", c.spec.label, line));
+    if (c.log.get() >= 0) write_all(c.log.get(), fmt::format("{}\n", line));
+  }
+
+  void read_signals() {
+    signalfd_siginfo info;
+    while (read(signals_.fd(), &info, sizeof info) == sizeof info) {
+      int sig = int(info.ssi_signo);
+      if (sig == SIGCHLD) continue;  // reap() polls every child each turn
+      if (stopping_) {
+        PP_WARN("{} again: killing every process now", describe_status(false, sig).substr(7));
+        kill_all();
+      } else {
+        PP_ERROR("launcher received {}: stopping every process",
+                 describe_status(false, sig).substr(7));
+        begin_stop(128 + sig,
+                   fmt::format("the launcher received {}", describe_status(false, sig).substr(7)));
+      }
+    }
+  }
+
+  void reap() {
+    for (auto& c : children_) {
+      if (!c.running) continue;
+      int status = 0;
+      pid_t r = waitpid(c.pid, &status, WNOHANG);
+      if (r != c.pid) continue;
+      c.running = false;
+      c.result.exited = WIFEXITED(status);
+      c.result.code = c.result.exited ? WEXITSTATUS(status) : WTERMSIG(status);
+      c.result.stopped = c.term_sent;
+      on_exit(c);
+    }
+  }
+
+  void on_exit(Child& c) {
+    bool ok = c.result.exited && c.result.code == 0;
+    auto how = describe_status(c.result.exited, c.result.code);
+    if (ok || c.term_sent) {
+      PP_DEBUG("{} (pid {}) ended with {}", c.spec.label, c.pid, how);
+      return;
+    }
+    if (!c.spec.essential && essentials_done()) {
+      PP_WARN("{} (pid {}) ended with {} after every worker finished", c.spec.label, c.pid, how);
+      return;
+    }
+    int code = c.result.exited ? c.result.code : 128 + c.result.code;
+    PP_ERROR("{} (pid {}) failed with {}: stopping the job", c.spec.label, c.pid, how);
+    begin_stop(code, fmt::format("{} failed with {}", c.spec.label, how));
+  }
+
+  bool essentials_done() const {
+    for (auto& c : children_)
+      if (c.spec.essential && (c.running || !c.result.exited || c.result.code != 0)) return false;
+    return true;
+  }
+
+  void check_progress() {
+    auto now = Clock::now();
+    if (stopping_) {
+      if (!killed_ && now >= kill_at_) kill_all();
+      return;
+    }
+    if (!essentials_done()) return;
+    bool services_left = false;
+    for (auto& c : children_)
+      services_left = services_left || c.running;
+    if (!services_left) return;
+    if (!service_deadline_) service_deadline_ = now + settings_.service_deadline;
+    if (now >= *service_deadline_) {
+      PP_WARN("every worker finished but servers are still running after {} ms: stopping them",
+              settings_.service_deadline.count());
+      begin_stop(0, "");
+    }
+  }
+
+  void begin_stop(int code, std::string reason) {
+    if (stopping_) return;
+    stopping_ = true;
+    exit_code_ = code;
+    reason_ = std::move(reason);
+    kill_at_ = Clock::now() + settings_.grace;
+    for (auto& c : children_) {
+      if (!c.running) continue;
+      c.term_sent = true;
+      if (c.spec.stop_by_closing_stdin)
+        c.stdin_w.reset();
+      else
+        kill(-c.pid, SIGTERM);
+    }
+  }
+
+  void kill_all() {
+    killed_ = true;
+    for (auto& c : children_)
+      if (c.running) {
+        c.term_sent = true;
+        PP_WARN("{} (pid {}) still running: sending SIGKILL", c.spec.label, c.pid);
+        kill(-c.pid, SIGKILL);
+      }
+  }
+
+  SignalGuard& signals_;
+  SupervisorSettings settings_;
+  const Watch& watch_;
+  std::vector<Child> children_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point kill_at_{};
+  std::optional<Clock::time_point> service_deadline_;
+  int exit_code_ = 0;
+  std::string reason_;
+};
+
+}  // namespace
+
+Outcome supervise(SignalGuard& signals, std::vector<ChildSpec> children,
+                  const SupervisorSettings& settings, const Watch& watch) {
+  Job job(signals, settings, watch);
+  return job.run(std::move(children));
+}
+
+}  // namespace pushpull::launch

@@ -1,0 +1,16 @@
+# Helper programs of the launch tests (included from tests/CMakeLists.txt).
+add_executable(launch_probe ${CMAKE_CURRENT_LIST_DIR}/probe.cpp)
+target_link_libraries(launch_probe PRIVATE pushpull_base)
+
+# tools/launch.cpp with a main of its own, so the launch tests do not depend
+# on every layer the full `pushpull` binary links.
+add_executable(pushpull_launch_cli ${CMAKE_SOURCE_DIR}/tools/launch.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/launch_cli_main.cpp)
+target_include_directories(pushpull_launch_cli PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tools)
+target_link_libraries(pushpull_launch_cli PRIVATE pushpull_launch CLI11::CLI11)
+
+foreach(t launch_local_test launch_ssh_test launch_mpi_test launch_cli_test)
+  if(TARGET ${t})
+    add_dependencies(${t} launch_probe pushpull_launch_cli)
+  endif()
+endforeach()

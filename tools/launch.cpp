@@ -1,0 +1,149 @@
+// `pushpull launch`: starts a job's scheduler (in this process), servers and
+// workers on this host or on the hosts of a hostfile. See docs/launch.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "launch/launcher.h"
+#include "pushpull/error.h"
+#include "pushpull/log.h"
+
+namespace pushpull::cli {
+namespace {
+
+struct LaunchArgs {
+  launch::LaunchConfig cfg;
+  std::string hostfile, launcher;
+  std::vector<std::string> env, env_server, env_worker;
+  std::vector<std::string> command;
+  bool dry_run = false;
+};
+
+// "NAME=VALUE" sets; "NAME" forwards the launcher's value.
+launch::EnvList resolve_env(const std::vector<std::string>& items, const Environment& env,
+                            const char* flag) {
+  launch::EnvList out;
+  for (const auto& item : items) {
+    auto eq = item.find('=');
+    std::string name = item.substr(0, eq);
+    bool ok = !name.empty() && !(name[0] >= '0' && name[0] <= '9');
+    for (char c : name)
+      ok = ok && (c == '_' || std::isalnum(static_cast<unsigned char>(c)));
+    if (!ok)
+      throw InvalidArgument(fmt::format("{} {}: '{}' is not a variable name", flag, item, name));
+    if (eq != std::string::npos) {
+      out.emplace_back(name, item.substr(eq + 1));
+    } else if (auto v = env.get(name)) {
+      out.emplace_back(name, *v);
+    } else {
+      throw InvalidArgument(
+          fmt::format("{} {}: {} is not set in the launcher's environment (use {}=VALUE)", flag,
+                      name, name, name));
+    }
+  }
+  return out;
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("pushpull") : p.string();
+}
+
+int run(LaunchArgs& a, const std::vector<std::string>& command) {
+  launch::LaunchContext ctx;
+  ctx.env = Environment::current();
+  ctx.self_exe = self_exe();
+  std::error_code ec;
+  ctx.cwd = std::filesystem::current_path(ec).string();
+  ctx.dry_run = a.dry_run;
+  auto& cfg = a.cfg;
+  try {
+    cfg.command = command;
+    if (!command.empty() && command[0].size() > 1 && command[0][0] == '-')
+      throw InvalidArgument(
+          fmt::format("unknown option {} (put the program after '--' if its name starts with '-')",
+                      command[0]));
+    if (!a.hostfile.empty()) cfg.hosts = launch::read_hostfile(a.hostfile);
+    if (a.launcher.empty()) {
+      cfg.launcher = cfg.hosts.empty() ? launch::LauncherKind::kLocal : launch::LauncherKind::kSsh;
+    } else if (auto k = launch::parse_launcher(a.launcher)) {
+      cfg.launcher = *k;
+    } else {
+      throw InvalidArgument(
+          fmt::format("unknown launcher '{}' (use local, ssh, mpi or slurm)", a.launcher));
+    }
+    cfg.env = resolve_env(a.env, ctx.env, "--env");
+    cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
+    cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
+    launch::prepare(cfg, ctx);
+  } catch (const InvalidArgument& e) {
+    fmt::print(stderr, "pushpull launch: {}\n", e.what());
+    return 2;
+  }
+  if (cfg.verbose) set_log_level(LogLevel::kDebug);
+  // The launcher reports a closed stdout itself; it must not die of SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
+  // TODO(cluster): pass ctx.scheduler_factory wrapping cluster::Scheduler once
+  // src/cluster/scheduler.h exists (see launch/embedded_scheduler.h).
+  return launch::run_launch(cfg, ctx);
+}
+
+}  // namespace
+
+void register_launch(CLI::App& app) {
+  auto args = std::make_shared<LaunchArgs>();
+  auto* cmd = app.add_subcommand(
+      "launch", "Run a job: scheduler, servers and workers on this host or on many");
+  cmd->footer("Usage: pushpull launch [OPTIONS] [--] COMMAND [ARGS...]  (see docs/launch.md)");
+  // Everything from the first positional argument on (or after "--") is the
+  // program and its own arguments, never the launcher's options.
+  cmd->positionals_at_end();
+  auto& c = args->cfg;
+  c.num_servers = -1;  // default: as many as workers
+  cmd->add_option("-n,--num-workers", c.num_workers, "Number of workers")->required();
+  cmd->add_option("-s,--num-servers", c.num_servers,
+                  "Number of servers (default: as many as workers; 0: collective-only job)");
+  cmd->add_option("-H,--hostfile", args->hostfile, "Hosts, one per line: host[:sshport] [slots=K]");
+  cmd->add_option("--launcher", args->launcher,
+                  "local, ssh, mpi or slurm (default: local without -H, ssh with it)");
+  cmd->add_option("--sync-dst-dir", c.sync_dst_dir,
+                  "rsync the current directory to DIR on every host first, then run there");
+  cmd->add_option("--env", args->env, "NAME=VALUE to set, or NAME to forward (repeatable)");
+  cmd->add_option("--env-server", args->env_server, "Like --env, for servers only");
+  cmd->add_option("--env-worker", args->env_worker, "Like --env, for workers only");
+  cmd->add_option("--server-command", c.server_command,
+                  "Shell command line run for servers (default: this binary's `server`)");
+  cmd->add_option("--host-ip", c.host_ip, "The scheduler's address as the other nodes see it");
+  cmd->add_option("--interface", c.interface, "Network interface every node uses (DMLC_INTERFACE)");
+  cmd->add_option("--port", c.port, "Scheduler port (default: a free port)");
+  cmd->add_option("--timeout", c.timeout_s,
+                  "Startup and failure deadline in seconds, passed to the nodes; also how long "
+                  "servers get to exit after the workers (default 30)");
+  cmd->add_option("--grace", c.grace_s, "Seconds between SIGTERM and SIGKILL when stopping (5)");
+  cmd->add_option("--log-dir", c.log_dir,
+                  "Also write each process's output to DIR/<role>.<rank>.log");
+  cmd->add_option("--ssh-option", c.ssh_options,
+                  "Extra argument for ssh and rsync's ssh, e.g. --ssh-option=-i --ssh-option=KEY "
+                  "(repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("command", args->command, "The worker program and its arguments")
+      ->expected(1, -1)
+      ->allow_extra_args();
+  cmd->add_flag("--dry-run", args->dry_run, "Print the plan and exit without running anything");
+  cmd->add_flag("-v,--verbose", c.verbose, "Print the plan and each process's variables");
+  cmd->callback([args, cmd] {
+    if (args->cfg.num_servers < 0) args->cfg.num_servers = args->cfg.num_workers;
+    int code = run(*args, args->command);
+    if (code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace pushpull::cli
