@@ -1,0 +1,127 @@
+// The parameter-server worker: KVStore types dist_sync, dist_device_sync
+// (aliases dist_sync_device) and dist_async (alias dist_async_device).
+//
+// Construction makes this process a worker node of the job described by the
+// options (scheduler address, numbers of servers and workers): it registers,
+// gets its rank, connects to every server, and worker 0 tells the servers the
+// mode (sync or async); all workers then meet at a barrier. The destructor
+// waits for operations in flight and leaves the job in order.
+//
+// How operations travel (MXNet semantics, see kvstore.h and docs/ps.md):
+// - init: every worker records the keys' shapes; worker 0 sends the values;
+//   then a barrier, so a pull anywhere afterwards sees them.
+// - push: the worker sums its devices' arrays (float32 for 16-bit types),
+//   optionally 2-bit compresses with a per-key residual, and sends each slice
+//   to its server (small values: one server by key hash; big values: split
+//   over all servers, sent in parallel). A push completes when the server
+//   applied its round.
+// - pull: each slice's reply is received straight into the first output
+//   array (no staging copy) and copied to the others.
+// - Ordering: one connection per server keeps each key's operations in call
+//   order for equal priorities; a higher priority goes first among requests
+//   waiting to be sent.
+//
+// Failure: when a server, worker or the scheduler dies, every pending and
+// later operation fails with the cluster's PeerFailure naming it.
+// Thread safety: as KVStore. Ownership: owns its Node (threads, sockets).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "cluster/node.h"
+#include "ps/placement.h"
+#include "pushpull/kvstore.h"
+
+namespace pushpull {
+
+class DistStore final : public KVStore {
+ public:
+  // `type`: dist_sync, dist_device_sync, dist_sync_device, dist_async,
+  // dist_async_device. options.cluster.role must be kWorker.
+  DistStore(std::string type, const Options& options);
+  ~DistStore() override;
+
+  using KVStore::init;
+  using KVStore::pull;
+  using KVStore::push;
+  using KVStore::pushpull;
+  using KVStore::row_sparse_pull;
+
+  void init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) override;
+  KVHandle push_async(const std::vector<Key>& keys, const std::vector<ArrayList>& values,
+                      int priority) override;
+  KVHandle pull_async(const std::vector<Key>& keys, const std::vector<ArrayList>& outs,
+                      int priority) override;
+  KVHandle pushpull_async(const std::vector<Key>& keys, const std::vector<ArrayList>& values,
+                          const std::vector<ArrayList>& outs, int priority) override;
+  KVHandle row_sparse_pull_async(const Key& key, const ArrayList& outs, const ArrayView& row_ids,
+                                 int priority) override;
+  void wait_all() override;
+
+  void set_updater(Updater updater) override;
+  void set_optimizer(const OptimizerSpec& spec) override;
+  void save_optimizer_states(const std::string& path) override;
+  void load_optimizer_states(const std::string& path) override;
+  void set_gradient_compression(const std::map<std::string, std::string>& params) override;
+
+  int rank() const override { return node_->rank(); }
+  int num_workers() const override { return node_->num_workers(); }
+  void barrier() override;
+  const std::string& type() const override { return type_; }
+
+ private:
+  struct KeyInfo {
+    Key key;
+    uint64_t id = 0;
+    Shape shape;
+    DType dtype = DType::kFloat32;
+    std::vector<ps::Slice> slices;
+    std::mutex residual_mu;  // 2-bit compression's error feedback
+    std::vector<float> residual;
+  };
+  struct Pending;
+  using OnData = std::function<void(const std::byte* data, size_t n)>;
+
+  KeyInfo& info(const char* op, const Key& key) const;
+  std::vector<KeyInfo*> infos(const char* op, const std::vector<Key>& keys, size_t lists) const;
+  // Sends one request to `server`; `done` gets one finish() when answered.
+  void request(int server, net::Header h, const void* data, size_t n,
+               std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
+               int priority, OnData on_data = {});
+  // Posts the reply's destination, then sends the pull.
+  void pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
+                  const std::shared_ptr<Completion>& done, int priority);
+  void push_key(KeyInfo& k, const ArrayList& values, const std::shared_ptr<Completion>& done,
+                int priority);
+  // Sends a command to every server and waits for all answers.
+  void command_all(uint64_t command, const std::string& payload,
+                   std::vector<std::string>* answers = nullptr);
+  void finish(uint64_t request_id, const Status& s);
+  void on_message(net::Message&& m);
+  void on_failure(const Status& s);
+  // Throws the job's failure, if any.
+  void check_failure() const;
+
+  const std::string type_;
+  const bool sync_;
+  const int64_t bigarray_bound_;
+  std::unique_ptr<cluster::Node> node_;
+
+  mutable std::mutex mu_;  // guards the members below
+  std::condition_variable idle_cv_;
+  std::map<Key, std::unique_ptr<KeyInfo>> keys_;
+  std::optional<bool> int_keys_;
+  std::unordered_map<uint64_t, std::unique_ptr<Pending>> pending_;
+  Status failure_;
+  std::optional<float> compression_threshold_;
+
+  std::atomic<uint64_t> next_request_{1};
+};
+
+}  // namespace pushpull

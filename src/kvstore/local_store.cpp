@@ -1,0 +1,381 @@
+#include "kvstore/local_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "pushpull/error.h"
+#include "pushpull/kernels.h"
+#include "pushpull/log.h"
+
+namespace pushpull {
+namespace {
+
+int engine_threads(int configured) {
+  if (configured > 0) return configured;
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 1, 4);
+}
+
+void ensure(Array& a, const Shape& shape, DType dtype) {
+  if (a.empty() || a.dtype() != dtype || !(a.shape() == shape)) a = Array(shape, dtype);
+}
+
+// Checks one caller array: on the CPU, with data.
+void check_array(const char* op, const std::string& store, const Key& key, const ArrayView& a,
+                 size_t i, size_t n, const char* what) {
+  if (!a.device.is_cpu())
+    throw InvalidArgument(fmt::format(
+        "{} of key {}: {} {} of {} is on {}; arrays on {} are not supported yet by the '{}' "
+        "store: copy it to the CPU",
+        op, key.to_string(), what, i + 1, n, a.device.to_string(), a.device.to_string(), store));
+  if (!a.data && a.nbytes() > 0)
+    throw InvalidArgument(fmt::format("{} of key {}: {} {} of {} ({}) has no data (null pointer)",
+                                      op, key.to_string(), what, i + 1, n, a.describe()));
+}
+
+}  // namespace
+
+LocalStore::Entry::Entry(Key k, const ArrayView& v)
+    : key(std::move(k)), value(Array::copy_of(v)), shard(mix_hash(key.hash())) {}
+
+LocalStore::LocalStore(std::string type, const Options& options)
+    : KVStore(options.kvstore.wait_timeout),
+      type_(std::move(type)),
+      exec_(engine_threads(options.kvstore.engine_threads), "pp-kvstore") {}
+
+// exec_ is destroyed first and runs what is queued, while entries still exist.
+LocalStore::~LocalStore() = default;
+
+void LocalStore::check_key_kinds(const char* op, const std::vector<Key>& keys) const {
+  if (keys.empty())
+    throw InvalidArgument(fmt::format("{}: the list of keys is empty; give at least one key", op));
+  for (const Key& k : keys) {
+    if (k.is_int() != keys.front().is_int())
+      throw InvalidArgument(fmt::format(
+          "{}: keys mix kinds (key {} is {}, key {} is {}); one store uses either int or string "
+          "keys",
+          op, keys.front().to_string(), keys.front().kind_name(), k.to_string(), k.kind_name()));
+    if (int_keys_ && *int_keys_ != k.is_int())
+      throw InvalidArgument(
+          fmt::format("{}: key {} is {}, but this store holds {} keys; one store uses one kind", op,
+                      k.to_string(), k.kind_name(), *int_keys_ ? "int" : "string"));
+  }
+}
+
+std::vector<LocalStore::Entry*> LocalStore::entries_for(const char* op,
+                                                        const std::vector<Key>& keys,
+                                                        size_t lists) const {
+  check_key_kinds(op, keys);
+  if (lists != keys.size())
+    throw InvalidArgument(fmt::format("{}: {} keys but {} lists of arrays; give one list per key",
+                                      op, keys.size(), lists));
+  std::vector<Entry*> es;
+  es.reserve(keys.size());
+  for (const Key& k : keys) {
+    auto it = entries_.find(k);
+    if (it == entries_.end())
+      throw NotFound(fmt::format("{}: key {} was never initialised; call init(key, value) first",
+                                 op, k.to_string()));
+    es.push_back(it->second.get());
+  }
+  return es;
+}
+
+void LocalStore::check_list(const char* op, const Entry& e, const ArrayList& arrays,
+                            const char* what) const {
+  if (arrays.empty())
+    throw InvalidArgument(
+        fmt::format("{} of key {}: the list of {}s is empty; give one array "
+                    "per device (at least one)",
+                    op, e.key.to_string(), what));
+  const ArrayView held = e.value.view();
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    const ArrayView& a = arrays[i];
+    check_array(op, type_, e.key, a, i, arrays.size(), what);
+    if (a.dtype != held.dtype || !(a.shape == held.shape))
+      throw InvalidArgument(fmt::format(
+          "{} of key {}: {} {} of {} is {}{} but the key holds {}{}; use arrays of the key's "
+          "shape and dtype",
+          op, e.key.to_string(), what, i + 1, arrays.size(), dtype_name(a.dtype),
+          a.shape.to_string(), dtype_name(held.dtype), held.shape.to_string()));
+  }
+}
+
+void LocalStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) {
+  std::unique_lock lock(mu_);
+  check_key_kinds("init", keys);
+  if (values.size() != keys.size())
+    throw InvalidArgument(fmt::format("init: {} keys but {} values; give one value per key",
+                                      keys.size(), values.size()));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    check_array("init", type_, keys[i], values[i], 0, 1, "value");
+    bool again = entries_.count(keys[i]) != 0;
+    for (size_t j = 0; j < i && !again; ++j)
+      again = keys[j] == keys[i];
+    if (again)
+      throw AlreadyExists(fmt::format(
+          "init: key {} is already initialised; a key is initialised once (push to change it)",
+          keys[i].to_string()));
+  }
+  // Copies first, so an allocation failure leaves the store unchanged.
+  std::vector<std::unique_ptr<Entry>> made;
+  for (size_t i = 0; i < keys.size(); ++i)
+    made.push_back(std::make_unique<Entry>(keys[i], values[i]));
+  for (auto& e : made) {
+    Key k = e->key;
+    entries_.emplace(std::move(k), std::move(e));
+  }
+  int_keys_ = keys.front().is_int();
+}
+
+KVHandle LocalStore::push_async(const std::vector<Key>& keys, const std::vector<ArrayList>& values,
+                                int /*priority: call order decides*/) {
+  std::vector<Entry*> es;
+  std::shared_ptr<const Apply> apply;
+  {
+    std::shared_lock lock(mu_);
+    es = entries_for("push", keys, values.size());
+    apply = apply_;
+  }
+  for (size_t i = 0; i < es.size(); ++i)
+    check_list("push", *es[i], values[i], "value");
+  auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
+  for (size_t i = 0; i < es.size(); ++i) {
+    Entry* e = es[i];
+    exec_.submit(
+        e->shard, [this, e, vals = values[i], apply] { do_push(*e, vals, apply.get()); }, done);
+  }
+  return KVHandle(std::move(done));
+}
+
+KVHandle LocalStore::pull_async(const std::vector<Key>& keys, const std::vector<ArrayList>& outs,
+                                int /*priority*/) {
+  std::vector<Entry*> es;
+  {
+    std::shared_lock lock(mu_);
+    es = entries_for("pull", keys, outs.size());
+  }
+  for (size_t i = 0; i < es.size(); ++i)
+    check_list("pull", *es[i], outs[i], "output");
+  auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
+  for (size_t i = 0; i < es.size(); ++i) {
+    Entry* e = es[i];
+    exec_.submit(
+        e->shard, [this, e, o = outs[i]] { do_pull(*e, o); }, done);
+  }
+  return KVHandle(std::move(done));
+}
+
+KVHandle LocalStore::pushpull_async(const std::vector<Key>& keys,
+                                    const std::vector<ArrayList>& values,
+                                    const std::vector<ArrayList>& outs, int /*priority*/) {
+  std::vector<Entry*> es;
+  std::shared_ptr<const Apply> apply;
+  {
+    std::shared_lock lock(mu_);
+    es = entries_for("pushpull", keys, values.size());
+    apply = apply_;
+  }
+  if (outs.size() != keys.size())
+    throw InvalidArgument(
+        fmt::format("pushpull: {} keys but {} lists of outputs", keys.size(), outs.size()));
+  for (size_t i = 0; i < es.size(); ++i) {
+    check_list("pushpull", *es[i], values[i], "value");
+    check_list("pushpull", *es[i], outs[i], "output");
+  }
+  auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
+  for (size_t i = 0; i < es.size(); ++i) {
+    Entry* e = es[i];
+    exec_.submit(
+        e->shard,
+        [this, e, vals = values[i], o = outs[i], apply] {
+          do_push(*e, vals, apply.get());
+          do_pull(*e, o);
+        },
+        done);
+  }
+  return KVHandle(std::move(done));
+}
+
+KVHandle LocalStore::row_sparse_pull_async(const Key& key, const ArrayList& outs,
+                                           const ArrayView& row_ids, int /*priority*/) {
+  const char* op = "row_sparse_pull";
+  Entry* e;
+  {
+    std::shared_lock lock(mu_);
+    e = entries_for(op, {key}, 1).front();
+  }
+  const Shape& held = e->value.shape();
+  if (held.ndim() < 1)
+    throw InvalidArgument(fmt::format("{} of key {}: the value {} has no rows", op, key.to_string(),
+                                      held.to_string()));
+  check_array(op, type_, key, row_ids, 0, 1, "row_ids");
+  if ((row_ids.dtype != DType::kInt64 && row_ids.dtype != DType::kInt32) ||
+      row_ids.shape.ndim() != 1)
+    throw InvalidArgument(
+        fmt::format("{} of key {}: row_ids is {}; it must be a 1-D int64 or "
+                    "int32 array",
+                    op, key.to_string(), row_ids.describe()));
+  std::vector<int64_t> rows(static_cast<size_t>(row_ids.numel()));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = row_ids.dtype == DType::kInt64 ? row_ids.as<int64_t>()[i] : row_ids.as<int32_t>()[i];
+    if (rows[i] < 0 || rows[i] >= held[0])
+      throw InvalidArgument(fmt::format("{} of key {}: row id {} is out of range [0, {})", op,
+                                        key.to_string(), rows[i], held[0]));
+  }
+  Shape want = held;
+  want[0] = static_cast<int64_t>(rows.size());
+  if (outs.empty())
+    throw InvalidArgument(
+        fmt::format("{} of key {}: the list of outputs is empty", op, key.to_string()));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    check_array(op, type_, key, outs[i], i, outs.size(), "output");
+    if (outs[i].dtype != e->value.dtype() || !(outs[i].shape == want))
+      throw InvalidArgument(fmt::format(
+          "{} of key {}: output {} of {} is {}{} but {} rows of the key need {}{}", op,
+          key.to_string(), i + 1, outs.size(), dtype_name(outs[i].dtype), outs[i].shape.to_string(),
+          rows.size(), dtype_name(e->value.dtype()), want.to_string()));
+  }
+  auto done = std::make_shared<Completion>(1);
+  exec_.submit(
+      e->shard,
+      [e, outs, rows = std::move(rows)] {
+        const size_t row_bytes =
+            rows.empty() ? 0 : e->value.nbytes() / static_cast<size_t>(e->value.shape()[0]);
+        const char* src = static_cast<const char*>(e->value.data());
+        for (const ArrayView& o : outs)
+          for (size_t i = 0; i < rows.size(); ++i)
+            if (row_bytes)
+              std::memcpy(static_cast<char*>(o.data) + i * row_bytes,
+                          src + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+      },
+      done);
+  return KVHandle(std::move(done));
+}
+
+void LocalStore::do_push(Entry& e, const ArrayList& vals, const Apply* apply) {
+  const DType dt = e.value.dtype();
+  const Shape& shape = e.value.shape();
+  const size_t n = static_cast<size_t>(e.value.numel());
+  if (n == 0) return;
+  const bool half = is_half(dt);
+  const bool has_apply = apply && (apply->updater || apply->optimizer);
+
+  if (!has_apply && !half) {  // sum straight into the stored value
+    copy(dt, e.value.data(), vals[0].data, n);
+    for (size_t i = 1; i < vals.size(); ++i)
+      reduce_sum(dt, e.value.data(), vals[i].data, n);
+    return;
+  }
+  // The sum of the pushed arrays; 16-bit values are summed in float32.
+  ArrayView summed = vals[0];
+  bool summed_f32 = false;
+  if (vals.size() > 1) {
+    if (!half) {
+      ensure(e.sum, shape, dt);
+      copy(dt, e.sum.data(), vals[0].data, n);
+      for (size_t i = 1; i < vals.size(); ++i)
+        reduce_sum(dt, e.sum.data(), vals[i].data, n);
+      summed = e.sum.view();
+    } else {
+      ensure(e.sum32, shape, DType::kFloat32);
+      ensure(e.tmp32, shape, DType::kFloat32);
+      convert(DType::kFloat32, e.sum32.data(), dt, vals[0].data, n);
+      for (size_t i = 1; i < vals.size(); ++i) {
+        convert(DType::kFloat32, e.tmp32.data(), dt, vals[i].data, n);
+        reduce_sum(DType::kFloat32, e.sum32.data(), e.tmp32.data(), n);
+      }
+      summed = e.sum32.view();
+      summed_f32 = true;
+    }
+  }
+  if (apply && apply->optimizer) {
+    // The optimizer takes a float32 gradient for 16-bit weights: no rounding.
+    apply->optimizer->update(e.key, e.value.view(), summed);
+    return;
+  }
+  if (summed_f32) {  // round once to the key's dtype
+    ensure(e.sum, shape, dt);
+    convert(dt, e.sum.data(), DType::kFloat32, e.sum32.data(), n);
+    summed = e.sum.view();
+  }
+  if (has_apply)
+    apply->updater(e.key, summed, e.value.view());
+  else
+    copy(dt, e.value.data(), summed.data, n);
+}
+
+void LocalStore::do_pull(Entry& e, const ArrayList& outs) {
+  const size_t n = static_cast<size_t>(e.value.numel());
+  if (n == 0) return;
+  for (const ArrayView& o : outs)
+    copy(e.value.dtype(), o.data, e.value.data(), n);
+}
+
+void LocalStore::wait_all() {
+  exec_.wait_idle(wait_timeout());
+}
+
+void LocalStore::set_updater(Updater updater) {
+  auto apply = updater ? std::make_shared<const Apply>(Apply{std::move(updater), nullptr})
+                       : std::shared_ptr<const Apply>();
+  std::unique_lock lock(mu_);
+  apply_ = std::move(apply);
+}
+
+void LocalStore::set_optimizer(const OptimizerSpec& spec) {
+  std::shared_ptr<Optimizer> opt = create_optimizer(spec);
+  auto apply = std::make_shared<const Apply>(Apply{{}, std::move(opt)});
+  std::unique_lock lock(mu_);
+  apply_ = std::move(apply);
+}
+
+std::shared_ptr<Optimizer> LocalStore::current_optimizer(const char* op) const {
+  std::shared_lock lock(mu_);
+  if (!apply_ || !apply_->optimizer)
+    throw InvalidArgument(fmt::format(
+        "{}: the store has no optimizer; call set_optimizer first (a custom updater has no "
+        "states to save or load)",
+        op));
+  return apply_->optimizer;
+}
+
+void LocalStore::save_optimizer_states(const std::string& path) {
+  auto opt = current_optimizer("save_optimizer_states");
+  // Pauses the workers: states are saved after every earlier push, and no
+  // update runs while they are read.
+  exec_.run_exclusive([&] { opt->save_states_to_file(path); }, wait_timeout());
+}
+
+void LocalStore::load_optimizer_states(const std::string& path) {
+  auto opt = current_optimizer("load_optimizer_states");
+  exec_.run_exclusive([&] { opt->load_states_from_file(path); }, wait_timeout());
+}
+
+void LocalStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
+  for (const auto& [k, v] : params) {
+    if (k == "type") {
+      if (v != "none" && v != "1bit" && v != "2bit")
+        throw InvalidArgument(
+            fmt::format("gradient compression type '{}' is unknown; valid: none, 1bit, 2bit", v));
+    } else if (k == "threshold") {
+      char* end = nullptr;
+      double t = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(t > 0))
+        throw InvalidArgument(
+            fmt::format("gradient compression threshold '{}' is not a positive number", v));
+    } else {
+      throw InvalidArgument(
+          fmt::format("gradient compression parameter '{}' is unknown; valid: type, threshold", k));
+    }
+  }
+  PP_DEBUG("kvstore {}: gradient compression only applies to distributed stores; ignored", type_);
+  std::unique_lock lock(mu_);
+  compression_ = params;
+}
+
+}  // namespace pushpull
