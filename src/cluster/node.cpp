@@ -1,0 +1,307 @@
+#include "cluster/node.h"
+
+#include <fmt/format.h>
+
+#include "net/address.h"
+#include "pushpull/log.h"
+
+namespace pushpull::cluster {
+
+using Clock = std::chrono::steady_clock;
+
+Node::Node(Options options) : options_(std::move(options)) {
+  Role r = options_.cluster.role;
+  if (r != Role::kServer && r != Role::kWorker)
+    throw InvalidArgument(
+        fmt::format("a Node is a server or a worker, not a {} (DMLC_ROLE)", role_name(r)));
+  net::TransportConfig tc;
+  tc.net = options_.net;
+  tc.role = r;
+  tc.label = std::string(role_name(r));
+  transport_ = std::make_unique<net::Transport>(std::move(tc));
+  transport_->set_handler(msg::kRegister, msg::kLast,
+                          [this](net::Message&& m) { on_control(std::move(m)); });
+  transport_->set_connect_handler(
+      [this](net::ConnId id, const net::PeerInfo& p) { on_connect(id, p); });
+  transport_->set_close_handler(
+      [this](net::ConnId id, const net::PeerInfo& p, const Status& s) { on_close(id, p, s); });
+}
+
+Node::~Node() {
+  {
+    std::lock_guard lock(mu_);
+    stop_heartbeat_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  transport_->stop();
+}
+
+int Node::rank() const {
+  std::lock_guard lock(mu_);
+  return rank_;
+}
+
+Status Node::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+void Node::set_handler(uint16_t first, uint16_t last, net::Handler handler) {
+  transport_->set_handler(first, last, std::move(handler));
+}
+
+void Node::on_peer_failure(std::function<void(const Status&)> callback) {
+  std::lock_guard lock(mu_);
+  failure_callbacks_.push_back(std::move(callback));
+}
+
+template <typename Pred>
+void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const std::string& what,
+                    Pred pred) {
+  bool ok = cv_.wait_for(lock, timeout, [&] { return pred() || !failure_.is_ok(); });
+  if (!failure_.is_ok()) failure_.raise();
+  if (!ok)
+    throw Timeout(fmt::format("{}{}: {} did not complete within {} ms", role_name(role()),
+                              rank_ < 0 ? std::string() : fmt::format(" {}", rank_), what,
+                              timeout.count()));
+}
+
+void Node::start() {
+  const auto& c = options_.cluster;
+  std::string host = net::choose_host(options_.net);
+  std::string bind_host = host.find(':') != std::string::npos ? "::" : "";
+  if (host == "127.0.0.1" || host == "::1") bind_host = host;
+  int port = transport_->listen(bind_host, options_.net.port);
+  transport_->set_advertised_address(host, port);
+  transport_->set_identity(role(), -1, 0);
+  transport_->start();
+  net::ConnId sched = transport_->connect(c.root_uri, c.root_port);
+  {
+    std::lock_guard lock(mu_);
+    scheduler_ = sched;
+    scheduler_seen_ = Clock::now();
+  }
+  auto reg = encode_register({role(), -1, host, port}, c.preferred_rank);
+  if (Status s =
+          transport_->send_copy(sched, net::Header{.type = msg::kRegister}, reg.data(), reg.size());
+      !s)
+    s.raise();
+  heartbeat_ = std::thread([this] {
+    ScopedLogContext ctx(std::string(role_name(role())));
+    heartbeat_loop();
+  });
+  int my_rank;
+  {
+    std::unique_lock lock(mu_);
+    // A little longer than the scheduler's own limit, so its verdict (which
+    // names the missing nodes) arrives first.
+    wait_for(lock, c.startup_timeout + Millis{2000},
+             "registration with the scheduler at " + net::format_address(c.root_uri, c.root_port),
+             [&] { return have_book_; });
+    my_rank = rank_;
+  }
+  transport_->set_identity(role(), my_rank, node_id(role(), my_rank));
+  PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
+  // The mesh: worker -> every server, worker -> every lower-rank worker.
+  std::vector<NodeAddress> targets;
+  if (role() == Role::kWorker) {
+    targets = book_.servers;
+    for (int w = 0; w < my_rank; ++w)
+      targets.push_back(book_.workers[static_cast<size_t>(w)]);
+  }
+  for (const auto& t : targets) {
+    net::ConnId id = transport_->connect(t.host, t.port);
+    std::lock_guard lock(mu_);
+    peers_[{t.role, t.rank}] = id;
+  }
+  size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
+                                            : static_cast<size_t>(c.num_workers);
+  std::unique_lock lock(mu_);
+  wait_for(lock, c.startup_timeout, "connecting to every peer",
+           [&] { return peers_.size() >= expected; });
+}
+
+void Node::heartbeat_loop() {
+  const auto& c = options_.cluster;
+  std::unique_lock lock(mu_);
+  while (!stop_heartbeat_) {
+    cv_.wait_for(lock, c.heartbeat_interval);
+    if (stop_heartbeat_ || shutdown_) break;
+    auto silent = std::chrono::duration_cast<Millis>(Clock::now() - scheduler_seen_);
+    net::ConnId sched = scheduler_;
+    lock.unlock();
+    transport_->send_copy(sched, net::Header{.type = msg::kHeartbeat}, nullptr, 0);
+    if (silent > c.heartbeat_timeout)
+      fail({ErrorCode::kPeerFailure,
+            fmt::format("{} failed: no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
+                        "unreachable",
+                        book_.scheduler.port > 0 ? book_.scheduler.describe()
+                                                 : "scheduler (host " + c.root_uri + ")",
+                        silent.count(), c.heartbeat_timeout.count())});
+    lock.lock();
+  }
+}
+
+void Node::on_control(net::Message&& m) {
+  std::span<const std::byte> payload(m.payload.data(), m.payload.size());
+  std::unique_lock lock(mu_);
+  if (m.conn != scheduler_) {
+    lock.unlock();
+    PP_ERROR("control message type {} from a node other than the scheduler; ignored",
+             m.header.type);
+    return;
+  }
+  scheduler_seen_ = Clock::now();
+  switch (m.header.type) {
+    case msg::kAddressBook: {
+      int32_t rank = -1;
+      AddressBook book;
+      Status s = decode_book(payload, &rank, &book);
+      if (!s) {
+        lock.unlock();
+        fail(s);
+        return;
+      }
+      book_ = std::move(book);
+      rank_ = rank;
+      have_book_ = true;
+      cv_.notify_all();
+      return;
+    }
+    case msg::kBarrierDone: {
+      auto& done = barrier_done_[static_cast<uint8_t>(m.header.key)];
+      done = std::max(done, m.header.request_id);
+      cv_.notify_all();
+      return;
+    }
+    case msg::kShutdown:
+      shutdown_ = true;
+      cv_.notify_all();
+      return;
+    case msg::kPeerDead:
+    case msg::kAbort: {
+      NodeAddress who;
+      std::string reason;
+      Status s = decode_dead(payload, &who, &reason);
+      lock.unlock();
+      if (!s) return fail(s);
+      if (m.header.type == msg::kAbort)
+        fail({ErrorCode::kPeerFailure, fmt::format("the scheduler ended the job: {}", reason)});
+      else
+        fail({ErrorCode::kPeerFailure, fmt::format("{} failed: {}", who.describe(), reason)});
+      return;
+    }
+    default:
+      return;  // heartbeats
+  }
+}
+
+void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
+  std::lock_guard lock(mu_);
+  if (p.role == Role::kWorker || p.role == Role::kServer) peers_[{p.role, p.rank}] = id;
+  cv_.notify_all();
+}
+
+void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
+  std::unique_lock lock(mu_);
+  if (shutdown_ || leaving_) return;
+  std::string who =
+      id == scheduler_ && book_.scheduler.port > 0 ? book_.scheduler.describe() : p.describe();
+  lock.unlock();
+  fail({ErrorCode::kPeerFailure,
+        fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
+                    "network",
+                    who, why.message())});
+}
+
+void Node::fail(Status why) {
+  std::vector<std::function<void(const Status&)>> callbacks;
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.is_ok()) return;
+    if (why.code() != ErrorCode::kPeerFailure) why = {ErrorCode::kPeerFailure, why.message()};
+    failure_ = why;
+    callbacks = failure_callbacks_;
+  }
+  cv_.notify_all();
+  PP_ERROR("PeerFailure: {}", why.message());
+  for (auto& cb : callbacks)
+    cb(why);
+}
+
+void Node::barrier(Group group, std::optional<Millis> timeout) {
+  std::unique_lock lock(mu_);
+  if (!failure_.is_ok()) failure_.raise();
+  uint8_t g = static_cast<uint8_t>(group);
+  uint64_t seq = ++barrier_sent_[g];
+  net::ConnId sched = scheduler_;
+  lock.unlock();
+  transport_->send_copy(sched, net::Header{.type = msg::kBarrier, .request_id = seq, .key = g},
+                        nullptr, 0);
+  lock.lock();
+  wait_for(lock, timeout.value_or(options_.cluster.barrier_timeout),
+           fmt::format("barrier of {}", group_name(group)),
+           [&] { return barrier_done_[g] >= seq; });
+}
+
+net::ConnId Node::conn(Role role, int rank) const {
+  std::lock_guard lock(mu_);
+  if (!failure_.is_ok()) failure_.raise();
+  if (role == Role::kScheduler) return scheduler_;
+  auto it = peers_.find({role, rank});
+  if (it == peers_.end())
+    throw NotFound(
+        fmt::format("{} {} has no connection to {} {} (workers connect to servers and "
+                    "workers; servers only to workers)",
+                    role_name(this->role()), rank_, role_name(role), rank));
+  return it->second;
+}
+
+void Node::send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,
+                int priority) {
+  net::ConnId id;
+  try {
+    id = conn(role, rank);
+  } catch (const Error&) {
+    if (done) done(Status::from_current_exception());
+    return;
+  }
+  transport_->send(id, h, data, n, std::move(done), priority);
+}
+
+Status Node::send_copy(Role role, int rank, net::Header h, const void* data, size_t n,
+                       int priority) {
+  try {
+    return transport_->send_copy(conn(role, rank), h, data, n, priority);
+  } catch (const Error&) {
+    return Status::from_current_exception();
+  }
+}
+
+Status Node::post_recv(Role role, int rank, net::RecvMatch match, void* dst, size_t capacity,
+                       net::RecvDone done) {
+  try {
+    return transport_->post_recv(conn(role, rank), match, dst, capacity, std::move(done));
+  } catch (const Error&) {
+    return Status::from_current_exception();
+  }
+}
+
+void Node::shutdown() {
+  std::unique_lock lock(mu_);
+  if (!failure_.is_ok()) failure_.raise();
+  leaving_ = true;
+  net::ConnId sched = scheduler_;
+  lock.unlock();
+  transport_->send_copy(sched, net::Header{.type = msg::kLeave}, nullptr, 0);
+  lock.lock();
+  wait_for(lock, options_.cluster.barrier_timeout, "orderly shutdown", [&] { return shutdown_; });
+  stop_heartbeat_ = true;
+  lock.unlock();
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  transport_->stop();
+}
+
+}  // namespace pushpull::cluster

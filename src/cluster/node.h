@@ -1,0 +1,124 @@
+// Node: a server or worker of a job, as an object (no globals: a scheduler,
+// servers and workers can all live as threads of one process).
+//
+// start() listens, registers with the scheduler, receives its rank and the
+// address book, then builds the connections the engines need, all at start
+// (not lazily, so a missing peer shows up at once): every worker connects to
+// every server (parameter server traffic) and to every worker of lower rank
+// (collectives: a full mesh among workers). Servers do not connect to each
+// other. start() returns when all of them are up.
+//
+// Failure: the first failure of the job (a peer declared dead by the
+// scheduler, a direct connection to a peer closing, the scheduler closing or
+// going silent for heartbeat_timeout, a job abort) is recorded as a
+// PeerFailure naming the node's role, rank and host; every peer-failure
+// callback runs once with it, every blocked call (start, barrier, shutdown)
+// throws it, and later calls throw it too. Upper layers fail their own
+// pending operations from the callback.
+//
+// Threading: handlers registered with set_handler() run on the transport's
+// I/O thread (they must not block); failure callbacks run on the I/O thread
+// or on the node's heartbeat thread. start(), barrier() and shutdown() block
+// with deadlines and must not be called from those threads. Other methods
+// are thread-safe. Call set_handler / on_peer_failure before start().
+//
+// Ownership: the Node owns its Transport and heartbeat thread; the
+// destructor stops both (without the orderly leave: call shutdown()).
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "cluster/protocol.h"
+#include "net/transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::cluster {
+
+class Node {
+ public:
+  // options.cluster.role must be kServer or kWorker.
+  explicit Node(Options options);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Throws Timeout (startup_timeout), PeerFailure, ProtocolError (refused).
+  void start();
+
+  Role role() const { return options_.cluster.role; }
+  int rank() const;
+  uint32_t id() const { return node_id(role(), rank()); }
+  int num_servers() const { return options_.cluster.num_servers; }
+  int num_workers() const { return options_.cluster.num_workers; }
+  const AddressBook& address_book() const { return book_; }
+  const Options& options() const { return options_; }
+
+  // Waits until every node of `group` called barrier(group) as often as this
+  // one. Throws the job's failure, or Timeout after `timeout`
+  // (ClusterOptions::barrier_timeout by default). Not for servers in kWorkers.
+  void barrier(Group group, std::optional<Millis> timeout = {});
+
+  // The connection to (role, rank); throws NotFound for pairs that are not
+  // connected (server-server, self) and the failure if that peer died.
+  net::ConnId conn(Role role, int rank) const;
+  // Sending and posting receives to a peer (see net::Transport for the
+  // contracts). When the peer is dead, `done` gets the PeerFailure.
+  void send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,
+            int priority = 0);
+  Status send_copy(Role role, int rank, net::Header h, const void* data, size_t n,
+                   int priority = 0);
+  Status post_recv(Role role, int rank, net::RecvMatch match, void* dst, size_t capacity,
+                   net::RecvDone done);
+  // Who sent a message (from Header::sender).
+  static NodeAddress sender(const net::Header& h) { return from_node_id(h.sender); }
+
+  // Upper layers' handlers (types 64..255).
+  void set_handler(uint16_t first, uint16_t last, net::Handler handler);
+  void on_peer_failure(std::function<void(const Status&)> callback);
+  // OK while the job is healthy.
+  Status failure() const;
+
+  // Orderly end: tells the scheduler this node is done and waits (up to
+  // barrier_timeout) until every node is, then closes. Throws the failure.
+  void shutdown();
+
+  net::Transport& transport() { return *transport_; }
+
+ private:
+  void on_control(net::Message&& m);
+  void on_connect(net::ConnId id, const net::PeerInfo& p);
+  void on_close(net::ConnId id, const net::PeerInfo& p, const Status& why);
+  void fail(Status why);
+  void heartbeat_loop();
+  // Waits on cv_ until pred() or failure or deadline; throws failure/Timeout.
+  template <typename Pred>
+  void wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const std::string& what,
+                Pred pred);
+
+  Options options_;
+  std::unique_ptr<net::Transport> transport_;
+  std::thread heartbeat_;
+  AddressBook book_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int rank_ = -1;
+  bool have_book_ = false;
+  net::ConnId scheduler_ = 0;
+  std::chrono::steady_clock::time_point scheduler_seen_;
+  std::map<std::pair<Role, int>, net::ConnId> peers_;
+  std::map<uint8_t, uint64_t> barrier_sent_, barrier_done_;
+  Status failure_;
+  std::vector<std::function<void(const Status&)>> failure_callbacks_;
+  bool leaving_ = false;
+  bool shutdown_ = false;
+  bool stop_heartbeat_ = false;
+};
+
+}  // namespace pushpull::cluster

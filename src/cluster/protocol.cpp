@@ -1,0 +1,135 @@
+#include "cluster/protocol.h"
+
+#include <fmt/format.h>
+
+#include "net/socket.h"
+#include "net/wire.h"
+
+namespace pushpull::cluster {
+
+std::string_view group_name(Group g) {
+  switch (g) {
+    case Group::kWorkers:
+      return "workers";
+    case Group::kServers:
+      return "servers";
+    case Group::kAll:
+      return "all";
+  }
+  return "?";
+}
+
+std::string NodeAddress::describe() const {
+  std::string who = rank < 0 || role == Role::kNone ? std::string(role_name(role))
+                                                    : fmt::format("{} {}", role_name(role), rank);
+  return fmt::format("{} (host {})", who, net::format_address(host, port));
+}
+
+const NodeAddress& AddressBook::at(Role role, int rank) const {
+  if (role == Role::kScheduler) return scheduler;
+  const auto& list = role == Role::kServer ? servers : workers;
+  if (role == Role::kNone || rank < 0 || rank >= static_cast<int>(list.size()))
+    throw NotFound(fmt::format("no {} {} in this job ({} servers, {} workers)", role_name(role),
+                               rank, servers.size(), workers.size()));
+  return list[static_cast<size_t>(rank)];
+}
+
+uint32_t node_id(Role role, int rank) {
+  switch (role) {
+    case Role::kScheduler:
+      return 1;
+    case Role::kServer:
+      return 8 + 2 * static_cast<uint32_t>(rank);
+    case Role::kWorker:
+      return 9 + 2 * static_cast<uint32_t>(rank);
+    default:
+      return 0;
+  }
+}
+
+NodeAddress from_node_id(uint32_t id) {
+  NodeAddress a;
+  if (id == 1) {
+    a.role = Role::kScheduler;
+    a.rank = 0;
+  } else if (id >= 8) {
+    a.role = id % 2 == 0 ? Role::kServer : Role::kWorker;
+    a.rank = static_cast<int32_t>((id - 8) / 2);
+  }
+  return a;
+}
+
+namespace {
+void put(net::Writer& w, const NodeAddress& a) {
+  w.u<uint8_t>(static_cast<uint8_t>(a.role)).u<int32_t>(a.rank).str(a.host).u<int32_t>(a.port);
+}
+bool get(net::Reader& r, NodeAddress* a) {
+  auto role = r.u<uint8_t>();
+  a->rank = r.u<int32_t>();
+  a->host = r.str(1024);
+  a->port = r.u<int32_t>();
+  if (role > static_cast<uint8_t>(Role::kWorker)) return false;
+  a->role = static_cast<Role>(role);
+  return r.ok();
+}
+Status bad(const char* what) {
+  return {ErrorCode::kProtocolError, fmt::format("malformed {} message", what)};
+}
+}  // namespace
+
+std::vector<std::byte> encode_register(const NodeAddress& me, int32_t preferred_rank) {
+  net::Writer w;
+  put(w, me);
+  w.u<int32_t>(preferred_rank);
+  return w.take();
+}
+
+Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* preferred_rank) {
+  net::Reader r(in);
+  if (!get(r, me)) return bad("register");
+  *preferred_rank = r.u<int32_t>();
+  return r.ok() && r.at_end() ? Status{} : bad("register");
+}
+
+std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
+  net::Writer w;
+  w.u<int32_t>(your_rank);
+  put(w, book.scheduler);
+  w.u<uint32_t>(static_cast<uint32_t>(book.servers.size()));
+  for (auto& a : book.servers)
+    put(w, a);
+  w.u<uint32_t>(static_cast<uint32_t>(book.workers.size()));
+  for (auto& a : book.workers)
+    put(w, a);
+  return w.take();
+}
+
+Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book) {
+  net::Reader r(in);
+  *your_rank = r.u<int32_t>();
+  if (!get(r, &book->scheduler)) return bad("address book");
+  for (auto* list : {&book->servers, &book->workers}) {
+    uint32_t n = r.u<uint32_t>();
+    if (n > 1000000) return bad("address book");
+    list->resize(n);
+    for (auto& a : *list)
+      if (!get(r, &a)) return bad("address book");
+  }
+  return r.ok() && r.at_end() ? Status{} : bad("address book");
+}
+
+std::vector<std::byte> encode_dead(const NodeAddress& who, const std::string& reason) {
+  net::Writer w;
+  put(w, who);
+  w.str(reason);
+  return w.take();
+}
+
+Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string* reason) {
+  net::Reader r(in);
+  if (!get(r, who)) return bad("peer dead");
+  *reason = r.str();
+  return r.ok() && r.at_end() ? Status{} : bad("peer dead");
+}
+
+}  // namespace pushpull::cluster

@@ -1,0 +1,71 @@
+// Cluster control messages (types 16..63 of net/message.h) and their payloads.
+//
+//   kRegister     node -> scheduler   {role, preferred rank, host, port}
+//   kAddressBook  scheduler -> node   {your rank, AddressBook}
+//   kBarrier      node -> scheduler   key = group, request_id = the node's barrier count
+//   kBarrierDone  scheduler -> node   key = group, request_id = that count
+//   kHeartbeat    both ways           empty
+//   kPeerDead     scheduler -> node   {role, rank, host, port, reason}
+//   kAbort        scheduler -> node   {reason} (e.g. registration timed out)
+//   kLeave        node -> scheduler   empty: this node is done
+//   kShutdown     scheduler -> node   every node has left: close now
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "net/message.h"
+#include "pushpull/error.h"
+#include "pushpull/options.h"
+
+namespace pushpull::cluster {
+
+namespace msg {
+inline constexpr uint16_t kRegister = 16;
+inline constexpr uint16_t kAddressBook = 17;
+inline constexpr uint16_t kBarrier = 18;
+inline constexpr uint16_t kBarrierDone = 19;
+inline constexpr uint16_t kHeartbeat = 20;
+inline constexpr uint16_t kPeerDead = 21;
+inline constexpr uint16_t kAbort = 22;
+inline constexpr uint16_t kLeave = 23;
+inline constexpr uint16_t kShutdown = 24;
+inline constexpr uint16_t kLast = 24;
+}  // namespace msg
+
+// Barrier groups (bit set; kAll = servers and workers, not the scheduler).
+enum class Group : uint8_t { kWorkers = 1, kServers = 2, kAll = 3 };
+std::string_view group_name(Group g);
+
+struct NodeAddress {
+  Role role = Role::kNone;
+  int32_t rank = -1;
+  std::string host;
+  int32_t port = 0;
+  // "worker 2 (host 10.0.0.2:9000)", or "worker (host ...)" before ranks exist.
+  std::string describe() const;
+};
+
+struct AddressBook {
+  NodeAddress scheduler;
+  std::vector<NodeAddress> servers;                  // index = rank
+  std::vector<NodeAddress> workers;                  // index = rank
+  const NodeAddress& at(Role role, int rank) const;  // throws NotFound
+};
+
+// The id in Header::sender: scheduler 1, server r 8+2r, worker r 9+2r (ps-lite's).
+uint32_t node_id(Role role, int rank);
+// Inverse of node_id; {kNone, -1} for ids that name no node.
+NodeAddress from_node_id(uint32_t id);
+
+std::vector<std::byte> encode_register(const NodeAddress& me, int32_t preferred_rank);
+Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* preferred_rank);
+std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book);
+Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book);
+std::vector<std::byte> encode_dead(const NodeAddress& who, const std::string& reason);
+Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string* reason);
+
+}  // namespace pushpull::cluster

@@ -1,0 +1,257 @@
+#include "cluster/scheduler.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "net/address.h"
+#include "pushpull/log.h"
+
+namespace pushpull::cluster {
+
+using Clock = std::chrono::steady_clock;
+
+Scheduler::Scheduler(Options options) : options_(std::move(options)) {
+  net::TransportConfig tc;
+  tc.net = options_.net;
+  tc.role = Role::kScheduler;
+  tc.rank = 0;
+  tc.label = "scheduler";
+  transport_ = std::make_unique<net::Transport>(std::move(tc));
+  transport_->set_identity(Role::kScheduler, 0, node_id(Role::kScheduler, 0));
+  transport_->set_handler(msg::kRegister, msg::kLast,
+                          [this](net::Message&& m) { on_message(std::move(m)); });
+  transport_->set_close_handler(
+      [this](net::ConnId id, const net::PeerInfo& p, const Status& s) { on_close(id, p, s); });
+}
+
+Scheduler::~Scheduler() {
+  transport_->stop();
+}
+
+int Scheduler::bind() {
+  int port = options_.net.port > 0 ? options_.net.port : options_.cluster.root_port;
+  std::string host = options_.cluster.root_uri.find(':') != std::string::npos ? "::" : "";
+  int bound = transport_->listen(host, port);
+  transport_->set_advertised_address(options_.cluster.root_uri, bound);
+  PP_INFO("scheduler listening on port {} for {} servers and {} workers", bound,
+          options_.cluster.num_servers, options_.cluster.num_workers);
+  return bound;
+}
+
+int Scheduler::port() const {
+  return transport_->port();
+}
+
+int Scheduler::group_size(Group g) const {
+  int n = 0;
+  if (static_cast<uint8_t>(g) & static_cast<uint8_t>(Group::kWorkers))
+    n += options_.cluster.num_workers;
+  if (static_cast<uint8_t>(g) & static_cast<uint8_t>(Group::kServers))
+    n += options_.cluster.num_servers;
+  return n;
+}
+
+void Scheduler::broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key,
+                          uint64_t request_id) {
+  for (auto& [id, e] : nodes_)
+    transport_->send_copy(id, net::Header{.type = type, .request_id = request_id, .key = key},
+                          payload.data(), payload.size());
+}
+
+void Scheduler::on_message(net::Message&& m) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(m.conn);
+  if (it != nodes_.end()) it->second.last_seen = Clock::now();
+  std::span<const std::byte> payload(m.payload.data(), m.payload.size());
+  switch (m.header.type) {
+    case msg::kRegister: {
+      Entry e;
+      Status st = decode_register(payload, &e.addr, &e.preferred);
+      if (st && e.addr.role != Role::kServer && e.addr.role != Role::kWorker)
+        st = {ErrorCode::kProtocolError, "only servers and workers register"};
+      if (!st) {
+        PP_ERROR("bad registration from {}: {}", m.conn, st.message());
+        transport_->close(m.conn, st);
+        return;
+      }
+      int have = 0;
+      for (auto& [id, n] : nodes_)
+        have += n.addr.role == e.addr.role;
+      int want = e.addr.role == Role::kServer ? options_.cluster.num_servers
+                                              : options_.cluster.num_workers;
+      if (complete_ || have >= want || failure_.code() != ErrorCode::kOk) {
+        std::string why =
+            fmt::format("the job already has its {} {}s; check DMLC_NUM_SERVER / DMLC_NUM_WORKER",
+                        want, role_name(e.addr.role));
+        PP_ERROR("refusing {}: {}", e.addr.describe(), why);
+        auto p = encode_dead(e.addr, why);
+        transport_->send_copy(m.conn, net::Header{.type = msg::kAbort}, p.data(), p.size());
+        transport_->close(m.conn, {ErrorCode::kInvalidArgument, why});
+        return;
+      }
+      e.last_seen = Clock::now();
+      PP_INFO("{} registered ({} of {})", e.addr.describe(), nodes_.size() + 1,
+              group_size(Group::kAll));
+      nodes_[m.conn] = e;
+      if (static_cast<int>(nodes_.size()) == group_size(Group::kAll)) assign_ranks();
+      return;
+    }
+    case msg::kBarrier: {
+      auto g = static_cast<Group>(m.header.key);
+      if (m.header.key < 1 || m.header.key > 3 || it == nodes_.end()) return;
+      if (++barrier_count_[static_cast<uint8_t>(g)] < group_size(g)) return;
+      barrier_count_[static_cast<uint8_t>(g)] = 0;
+      for (auto& [id, e] : nodes_) {
+        bool member = (static_cast<uint8_t>(g) & (e.addr.role == Role::kWorker ? 1 : 2)) != 0;
+        if (member)
+          transport_->send_copy(id,
+                                net::Header{.type = msg::kBarrierDone,
+                                            .request_id = m.header.request_id,
+                                            .key = m.header.key},
+                                nullptr, 0);
+      }
+      return;
+    }
+    case msg::kHeartbeat:
+      return;
+    case msg::kLeave: {
+      if (it == nodes_.end()) return;
+      it->second.left = true;
+      PP_DEBUG("{} left", it->second.addr.describe());
+      bool all = complete_ &&
+                 std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) { return kv.second.left; });
+      if (all && failure_.is_ok()) {
+        broadcast(msg::kShutdown, {});
+        finished_ = true;
+        cv_.notify_all();
+      }
+      return;
+    }
+    default:
+      PP_WARN("scheduler ignores message type {} from connection {}", m.header.type, m.conn);
+  }
+}
+
+void Scheduler::assign_ranks() {
+  AddressBook book;
+  book.scheduler = {Role::kScheduler, 0, options_.cluster.root_uri, transport_->port()};
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    std::vector<Entry*> list;
+    for (auto& [id, e] : nodes_)
+      if (e.addr.role == role) list.push_back(&e);
+    const int n = static_cast<int>(list.size());
+    std::vector<bool> seen(static_cast<size_t>(n), false);
+    bool use_preferred = true;
+    for (auto* e : list) {
+      if (e->preferred < 0 || e->preferred >= n || seen[static_cast<size_t>(e->preferred)]) {
+        use_preferred = false;
+        break;
+      }
+      seen[static_cast<size_t>(e->preferred)] = true;
+    }
+    if (use_preferred) {
+      for (auto* e : list)
+        e->addr.rank = e->preferred;
+    } else {
+      std::sort(list.begin(), list.end(), [](Entry* a, Entry* b) {
+        return std::tie(a->addr.host, a->addr.port) < std::tie(b->addr.host, b->addr.port);
+      });
+      for (int i = 0; i < n; ++i)
+        list[static_cast<size_t>(i)]->addr.rank = i;
+    }
+    auto& out = role == Role::kServer ? book.servers : book.workers;
+    out.resize(static_cast<size_t>(n));
+    for (auto* e : list)
+      out[static_cast<size_t>(e->addr.rank)] = e->addr;
+  }
+  for (auto& [id, e] : nodes_) {
+    auto p = encode_book(e.addr.rank, book);
+    transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
+  }
+  complete_ = true;
+  PP_INFO("all {} nodes registered; address book sent", nodes_.size());
+}
+
+void Scheduler::on_close(net::ConnId id, const net::PeerInfo&, const Status& why) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(id);
+  if (it == nodes_.end() || it->second.left || finished_) return;
+  NodeAddress who = it->second.addr;
+  nodes_.erase(it);
+  fail(who, fmt::format("its connection closed ({}); it crashed, was killed or lost the network",
+                        why.message()));
+}
+
+void Scheduler::fail(const NodeAddress& who, const std::string& reason) {
+  if (!failure_.is_ok()) return;
+  std::string msg = fmt::format("{} failed: {}", who.describe(), reason);
+  PP_ERROR("job failed: {}", msg);
+  failure_ = {ErrorCode::kPeerFailure, msg};
+  broadcast(msg::kPeerDead, encode_dead(who, reason));
+  cv_.notify_all();
+}
+
+void Scheduler::abort_job(Status why) {
+  if (!failure_.is_ok()) return;
+  PP_ERROR("job failed: {}", why.message());
+  failure_ = why;
+  broadcast(msg::kAbort,
+            encode_dead({Role::kScheduler, 0, options_.cluster.root_uri, port()}, why.message()));
+  cv_.notify_all();
+}
+
+Status Scheduler::run() {
+  transport_->start();
+  started_ = Clock::now();
+  const auto& c = options_.cluster;
+  std::unique_lock lock(mu_);
+  while (!finished_ && failure_.is_ok()) {
+    cv_.wait_for(lock, c.heartbeat_interval);
+    if (finished_ || !failure_.is_ok()) break;
+    auto now = Clock::now();
+    if (!complete_ && now - started_ > c.startup_timeout) {
+      int servers = 0, workers = 0;
+      for (auto& [id, e] : nodes_)
+        (e.addr.role == Role::kServer ? servers : workers)++;
+      abort_job(
+          {ErrorCode::kTimeout,
+           fmt::format("only {} of {} servers and {} of {} workers registered within {} ms; "
+                       "start the missing nodes or check their DMLC_PS_ROOT_URI / "
+                       "DMLC_PS_ROOT_PORT",
+                       servers, c.num_servers, workers, c.num_workers, c.startup_timeout.count())});
+      break;
+    }
+    for (auto& [id, e] : nodes_) {
+      auto silent = std::chrono::duration_cast<Millis>(now - e.last_seen);
+      if (!e.left && silent > c.heartbeat_timeout) {
+        NodeAddress who = e.addr;
+        fail(who, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
+                              "unreachable",
+                              silent.count(), c.heartbeat_timeout.count()));
+        break;
+      }
+    }
+    broadcast(msg::kHeartbeat, {});
+  }
+  Status result = finished_ ? Status{} : failure_;
+  lock.unlock();
+  // Let the last messages (shutdown, peer dead) reach the nodes.
+  transport_->drain(Millis{2000});
+  if (result.is_ok()) {
+    // Give the nodes a moment to close first, so none sees us vanish early.
+    auto deadline = Clock::now() + Millis{2000};
+    while (!transport_->connections().empty() && Clock::now() < deadline)
+      std::this_thread::sleep_for(Millis{5});
+    PP_INFO("all nodes left; scheduler done");
+  }
+  transport_->stop();
+  return result;
+}
+
+void Scheduler::stop() {
+  std::lock_guard lock(mu_);
+  abort_job({ErrorCode::kInternal, "the scheduler was stopped"});
+}
+
+}  // namespace pushpull::cluster

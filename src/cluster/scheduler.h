@@ -1,0 +1,83 @@
+// Scheduler: the rendezvous and control node of a job (ps-lite's scheduler).
+//
+// Servers and workers register with it; once num_servers + num_workers nodes
+// have registered it assigns ranks (servers 0..S-1, workers 0..N-1) and sends
+// every node the full address book. Ranks: when every node of a role asked
+// for a rank (ClusterOptions::preferred_rank, e.g. from the launcher) and
+// those ranks are exactly 0..count-1, they are used; otherwise that role's
+// nodes are ranked by their advertised (host, port), so ranks are
+// deterministic for a given set of addresses.
+//
+// It runs the barriers (per group), exchanges heartbeats with every node and
+// detects failures: a node whose connection closes before it left, or that is
+// silent for ClusterOptions::heartbeat_timeout, is declared dead; every other
+// node is told (kPeerDead) and the job fails. A registration that does not
+// complete within startup_timeout fails the job too. When every node has left
+// (Node::shutdown) it tells them to close and run() returns OK.
+//
+// Use: construct, bind() (port 0 picks a free one, reported back), then
+// run() on some thread; it blocks until the job ends and returns OK or the
+// reason it failed (PeerFailure naming the node, Timeout). stop() from any
+// thread ends run() early (returns an error "stopped"). The launcher embeds
+// this object; `pushpull scheduler` wraps it.
+//
+// Threading: message handling runs on the transport's I/O thread; run()'s
+// thread does the timers. All public methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "cluster/protocol.h"
+#include "net/transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::cluster {
+
+class Scheduler {
+ public:
+  explicit Scheduler(Options options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Listens on options.net.port if set, else ClusterOptions::root_port (0:
+  // any). Binds the wildcard address of root_uri's family. Returns the port.
+  int bind();
+  int port() const;
+  // Blocks until every node left (OK) or the job failed (its reason).
+  Status run();
+  void stop();
+
+ private:
+  struct Entry {
+    NodeAddress addr;
+    int32_t preferred = -1;
+    std::chrono::steady_clock::time_point last_seen;
+    bool left = false;
+  };
+  void on_message(net::Message&& m);
+  void on_close(net::ConnId id, const net::PeerInfo& peer, const Status& why);
+  void assign_ranks();                                           // mu_ held
+  void fail(const NodeAddress& who, const std::string& reason);  // mu_ held
+  void abort_job(Status why);                                    // mu_ held
+  void broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key = 0,
+                 uint64_t request_id = 0);  // mu_ held
+  int group_size(Group g) const;
+
+  Options options_;
+  std::unique_ptr<net::Transport> transport_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<net::ConnId, Entry> nodes_;
+  bool complete_ = false;  // every node registered and got its book
+  bool finished_ = false;  // every node left
+  Status failure_;
+  std::map<uint8_t, int> barrier_count_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+}  // namespace pushpull::cluster
