@@ -42,9 +42,7 @@ struct InProcessFabric::Impl {
 
   static Status gone(int rank, const Status& why) {
     return Status(ErrorCode::kPeerFailure,
-                  fmt::format("collective: rank {} is gone ({}); every operation with it fails — "
-                              "see that rank's log for the cause",
-                              rank, why.message()));
+                  fmt::format("collective: rank {} is gone ({})", rank, why.message()));
   }
 
   // Copies a matched pair outside the lock and completes both.

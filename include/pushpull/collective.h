@@ -1,0 +1,165 @@
+// Collectives among workers (Horovod's and Gloo's model): allreduce,
+// broadcast, allgather, reduce-scatter, barrier and join, by name, run by a
+// background engine that negotiates an order across ranks, fuses small
+// tensors and never hangs.
+//
+// A Communicator is one rank's member of a group. It owns a background thread
+// (the only thread that talks to the transport) and the transport endpoint
+// it was given. There is no process-wide state: several communicators may
+// live in one process (tests run whole groups as threads).
+//
+// Semantics:
+// - Ops are named. Every rank must submit each name (ranks may submit in
+//   different orders); rank 0 collects readiness and broadcasts the agreed
+//   order; ops with the same (op, dtype, reduction) that are ready together
+//   are fused into one buffer up to fusion_threshold_bytes. A name may be
+//   reused once its previous op completed.
+// - The same name with a different shape, dtype, op, reduction or root on
+//   different ranks fails that op on every rank with InvalidArgument naming
+//   the tensor and every rank's signature.
+// - A name that some ranks submitted and others did not for
+//   stall_warning_seconds is logged (and reported to on_stall) with the
+//   missing ranks; after stall_shutdown_seconds (if > 0) it fails with Timeout
+//   on the ranks that submitted it.
+// - A dead or closed peer (or any transport failure) fails every pending and
+//   later op of this communicator with PeerFailure (or Timeout) naming the
+//   rank: the communicator is then unusable; create a new group.
+// - join(): a rank out of data joins; until every rank has joined, the
+//   others' ops proceed with it contributing the identity (0 for sum and
+//   average, 1 for product, +max/lowest for min/max), zero rows to an
+//   allgather, and receiving (and dropping) broadcasts. Average divides by the
+//   number of ranks that contributed, not by size(). join() returns once every
+//   rank has joined. A broadcast whose root has joined fails.
+// - Average of integer dtypes truncates toward zero. 16-bit floats are reduced
+//   in float32 and rounded back at each step of the algorithm.
+//
+// Threading contract: every method may be called from any thread. The *_async
+// calls return at once; the caller keeps the input and output memory alive
+// and unchanged until the handle completes. wait() blocks on a condition
+// variable (never spins) until completion or a deadline. The blocking forms
+// are *_async + wait. on_stall runs on the background thread: keep it short.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pushpull/array.h"
+#include "pushpull/options.h"
+
+namespace pushpull::collective {
+
+class Transport;  // src/collective/transport.h: the point-to-point interface
+
+enum class Reduction : uint8_t { kSum = 0, kAverage = 1, kMin = 2, kMax = 3, kProduct = 4 };
+std::string_view reduction_name(Reduction r);  // "sum", "average", "min", "max", "product"
+
+struct StallReport {
+  std::string tensor;
+  std::vector<int> missing_ranks;
+  double waited_seconds = 0;
+};
+
+struct CommunicatorOptions {
+  // Fusion, cycle time, algorithm thresholds, stall settings; see options.h.
+  CollectiveOptions collective;
+  // Deadline of each wait on a peer inside an algorithm (progress deadline).
+  Millis peer_timeout{10000};
+  // Default deadline of wait(handle) and of the blocking forms.
+  Millis wait_timeout{600000};
+  // Called on rank 0's background thread when a tensor stalls (besides the log line).
+  std::function<void(const StallReport&)> on_stall;
+
+  // collective from options.collective, peer_timeout from cluster.heartbeat_timeout.
+  static CommunicatorOptions from(const Options& options);
+};
+
+namespace detail {
+struct HandleState;
+}
+
+// The result of an async call. Copyable; all copies see the same operation.
+class Handle {
+ public:
+  Handle() = default;
+  bool valid() const { return state_ != nullptr; }
+  const std::string& name() const;
+
+ private:
+  friend class Communicator;
+  explicit Handle(std::shared_ptr<detail::HandleState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::HandleState> state_;
+};
+
+class Communicator {
+ public:
+  // Starts the background thread. `transport` is this rank's endpoint; its
+  // rank() and size() are this communicator's.
+  Communicator(std::unique_ptr<Transport> transport, CommunicatorOptions options);
+  // shutdown().
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  // From options.collective (local_rank/local_size); rank/size when unset.
+  int local_rank() const;
+  int local_size() const;
+
+  // output = reduction of every rank's input (same shape and dtype; output
+  // may be input for in place).
+  Handle allreduce_async(std::string name, ArrayView input, ArrayView output,
+                         Reduction op = Reduction::kSum);
+  Handle allreduce_async(std::string name, ArrayView inout, Reduction op = Reduction::kSum) {
+    return allreduce_async(std::move(name), inout, inout, op);
+  }
+  void allreduce(std::string name, ArrayView input, ArrayView output,
+                 Reduction op = Reduction::kSum);
+  void allreduce(std::string name, ArrayView inout, Reduction op = Reduction::kSum) {
+    allreduce(std::move(name), inout, inout, op);
+  }
+  // data on every rank becomes root's data (in place).
+  Handle broadcast_async(std::string name, ArrayView data, int root);
+  void broadcast(std::string name, ArrayView data, int root);
+  // Concatenation of every rank's input along the first dimension, in rank
+  // order (first dimensions may differ; the others must match; a scalar
+  // counts as one row). Result via take_output().
+  Handle allgather_async(std::string name, ArrayView input);
+  Array allgather(std::string name, ArrayView input);
+  // The reduction of every rank's input, split along the first dimension:
+  // rank r gets rows [r*q + min(r, m), ...) with q = rows / size, m = rows %
+  // size (the first m ranks one row more). Result via take_output().
+  Handle reduce_scatter_async(std::string name, ArrayView input, Reduction op = Reduction::kSum);
+  Array reduce_scatter(std::string name, ArrayView input, Reduction op = Reduction::kSum);
+  Handle barrier_async();
+  void barrier();
+  Handle join_async();
+  void join();
+
+  // True once the operation completed (successfully or not).
+  bool poll(const Handle& h) const;
+  // Blocks until completion or the deadline (default wait_timeout); throws
+  // the operation's error, or Timeout naming the tensor.
+  void wait(const Handle& h, std::optional<Millis> timeout = std::nullopt) const;
+  // wait(), then moves out the result of an allgather / reduce_scatter.
+  Array take_output(const Handle& h, std::optional<Millis> timeout = std::nullopt) const;
+
+  // Fails pending ops with an error saying the communicator shut down, stops
+  // the background thread and closes the transport (peers with pending ops
+  // see PeerFailure). Idempotent; local, not collective.
+  void shutdown();
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::atomic<uint64_t> barrier_seq_{0};
+};
+
+}  // namespace pushpull::collective

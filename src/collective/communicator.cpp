@@ -1,0 +1,176 @@
+// The public Communicator: argument checks, then the engine.
+#include <fmt/format.h>
+
+#include "collective/engine.h"
+
+namespace pushpull::collective {
+
+std::string_view reduction_name(Reduction r) {
+  switch (r) {
+    case Reduction::kSum:
+      return "sum";
+    case Reduction::kAverage:
+      return "average";
+    case Reduction::kMin:
+      return "min";
+    case Reduction::kMax:
+      return "max";
+    case Reduction::kProduct:
+      return "product";
+  }
+  return "invalid";
+}
+
+CommunicatorOptions CommunicatorOptions::from(const Options& options) {
+  CommunicatorOptions o;
+  o.collective = options.collective;
+  o.peer_timeout = options.cluster.heartbeat_timeout;
+  return o;
+}
+
+const std::string& Handle::name() const {
+  static const std::string kNone;
+  return state_ ? state_->name : kNone;
+}
+
+namespace {
+
+void check_view(const ArrayView& a, std::string_view what, const std::string& name) {
+  if (!a.device.is_cpu())
+    throw InvalidArgument(fmt::format(
+        "collective: '{}': {} is on {}; only host memory is supported", name, what, a.describe()));
+  if (a.numel() > 0 && a.data == nullptr)
+    throw InvalidArgument(fmt::format("collective: '{}': {} has no data", name, what));
+}
+
+void check_name(const std::string& name) {
+  if (name.empty() || name.rfind("__", 0) == 0)
+    throw InvalidArgument(fmt::format(
+        "collective: op name '{}' is empty or starts with '__' (reserved); name each op", name));
+}
+
+}  // namespace
+
+Communicator::Communicator(std::unique_ptr<Transport> transport, CommunicatorOptions options) {
+  if (!transport) throw InvalidArgument("collective: Communicator needs a transport");
+  impl_ = std::make_unique<Impl>(std::move(transport), std::move(options));
+}
+Communicator::~Communicator() {
+  shutdown();
+}
+
+int Communicator::rank() const {
+  return impl_->rank();
+}
+int Communicator::size() const {
+  return impl_->size();
+}
+int Communicator::local_rank() const {
+  int v = impl_->options().collective.local_rank;
+  return v >= 0 ? v : rank();
+}
+int Communicator::local_size() const {
+  int v = impl_->options().collective.local_size;
+  return v >= 0 ? v : size();
+}
+
+Handle Communicator::allreduce_async(std::string name, ArrayView input, ArrayView output,
+                                     Reduction op) {
+  check_name(name);
+  check_view(input, "input", name);
+  check_view(output, "output", name);
+  if (input.dtype != output.dtype || !(input.shape == output.shape))
+    throw InvalidArgument(fmt::format("collective: allreduce '{}': output {} differs from input {}",
+                                      name, output.describe(), input.describe()));
+  Spec s{std::move(name), OpType::kAllreduce, input.dtype, op, 0, input.shape};
+  return impl_->submit(std::move(s), input, output);
+}
+void Communicator::allreduce(std::string name, ArrayView input, ArrayView output, Reduction op) {
+  wait(allreduce_async(std::move(name), input, output, op));
+}
+
+Handle Communicator::broadcast_async(std::string name, ArrayView data, int root) {
+  check_name(name);
+  check_view(data, "data", name);
+  if (root < 0 || root >= size())
+    throw InvalidArgument(fmt::format("collective: broadcast '{}': root {} is not a rank (size {})",
+                                      name, root, size()));
+  Spec s{std::move(name), OpType::kBroadcast, data.dtype, Reduction::kSum, root, data.shape};
+  return impl_->submit(std::move(s), data, data);
+}
+void Communicator::broadcast(std::string name, ArrayView data, int root) {
+  wait(broadcast_async(std::move(name), data, root));
+}
+
+Handle Communicator::allgather_async(std::string name, ArrayView input) {
+  check_name(name);
+  check_view(input, "input", name);
+  Spec s{std::move(name), OpType::kAllgather, input.dtype, Reduction::kSum, 0, input.shape};
+  return impl_->submit(std::move(s), input, input);
+}
+Array Communicator::allgather(std::string name, ArrayView input) {
+  return take_output(allgather_async(std::move(name), input));
+}
+
+Handle Communicator::reduce_scatter_async(std::string name, ArrayView input, Reduction op) {
+  check_name(name);
+  check_view(input, "input", name);
+  Spec s{std::move(name), OpType::kReduceScatter, input.dtype, op, 0, input.shape};
+  return impl_->submit(std::move(s), input, input);
+}
+Array Communicator::reduce_scatter(std::string name, ArrayView input, Reduction op) {
+  return take_output(reduce_scatter_async(std::move(name), input, op));
+}
+
+Handle Communicator::barrier_async() {
+  // Every rank calls barrier() in the same sequence, so a local count names it.
+  static_assert(sizeof(uint64_t) == 8);
+  Spec s{fmt::format("__barrier.{}", barrier_seq_++),
+         OpType::kBarrier,
+         DType::kUInt8,
+         Reduction::kSum,
+         0,
+         Shape{}};
+  return impl_->submit(std::move(s), ArrayView(), ArrayView());
+}
+void Communicator::barrier() {
+  wait(barrier_async());
+}
+
+Handle Communicator::join_async() {
+  return impl_->join();
+}
+void Communicator::join() {
+  wait(join_async());
+}
+
+bool Communicator::poll(const Handle& h) const {
+  if (!h.valid()) throw InvalidArgument("collective: poll() of an empty handle");
+  std::lock_guard lock(h.state_->mu);
+  return h.state_->done;
+}
+
+void Communicator::wait(const Handle& h, std::optional<Millis> timeout) const {
+  if (!h.valid()) throw InvalidArgument("collective: wait() on an empty handle");
+  auto& s = *h.state_;
+  Millis limit = timeout.value_or(impl_->options().wait_timeout);
+  std::unique_lock lock(s.mu);
+  if (!s.cv.wait_for(lock, limit, [&] { return s.done; }))
+    throw Timeout(fmt::format(
+        "collective: '{}' on rank {} did not complete within {} ms; other ranks may not have "
+        "submitted it (rank 0 logs stall warnings) or may be stuck",
+        s.name, rank(), limit.count()));
+  s.status.raise();
+}
+
+Array Communicator::take_output(const Handle& h, std::optional<Millis> timeout) const {
+  wait(h, timeout);
+  std::lock_guard lock(h.state_->mu);
+  return std::move(h.state_->output);
+}
+
+void Communicator::shutdown() {
+  if (impl_) impl_->shutdown();
+}
+
+}  // namespace pushpull::collective

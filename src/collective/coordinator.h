@@ -1,0 +1,84 @@
+// Rank 0's negotiation state (no threads, no I/O: the engine feeds it
+// submissions and sends what poll() returns), and the response cache every
+// rank keeps.
+//
+// A tensor is ready once every rank has submitted it or has joined. Ready
+// tensors are checked for agreement (mismatch -> an error response naming
+// every rank's signature), then handed out in the order they became ready;
+// consecutive allreduces with the same dtype, reduction and joined ranks are
+// fused up to fusion_threshold_bytes. To give more tensors a chance to fuse,
+// a ready tensor waits up to cycle_time_ms while other tensors are partly
+// submitted; with nothing else in flight it goes out at once.
+//
+// Thread safety: none; owned and used by the engine thread.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "collective/messages.h"
+#include "collective/transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::collective {
+
+// Specs rank 0 has validated, numbered in the order of its responses, so
+// every rank holds the same table and repeat submissions travel as an id.
+class ResponseCache {
+ public:
+  explicit ResponseCache(size_t capacity = 4096) : capacity_(capacity) {}
+  uint32_t find(const Spec& s) const;  // kNoCacheId when not cached
+  const Spec* get(uint32_t id) const;
+  uint32_t assign(const Spec& s);           // rank 0; kNoCacheId when full
+  void record(uint32_t id, const Spec& s);  // other ranks; ProtocolError when out of order
+
+ private:
+  size_t capacity_;
+  std::vector<Spec> specs_;
+  std::unordered_map<std::string, uint32_t> by_name_;
+};
+
+class Coordinator {
+ public:
+  Coordinator(int size, const CollectiveOptions& opts, ResponseCache& cache);
+
+  // ProtocolError: an unknown cache id, a bad root, or a name submitted twice.
+  void submit(int rank, Spec spec, Clock::time_point now);
+  void submit_cached(int rank, uint32_t id, Clock::time_point now);
+  void join(int rank, Clock::time_point now);
+
+  // The responses due at `now`, and stall reports to log.
+  std::vector<Response> poll(Clock::time_point now, std::vector<StallReport>* stalls);
+  // When poll() next has something to do (cycle end, stall timers).
+  Clock::time_point next_deadline(Clock::time_point now) const;
+
+ private:
+  struct Pending {
+    std::vector<std::optional<Spec>> specs;
+    int have = 0;
+    Clock::time_point first;
+    Clock::time_point last_warn;
+  };
+  struct Item {
+    Response response;
+    Spec spec;  // kExecute: the agreed spec
+    Clock::time_point ready_at;
+  };
+  void check(const std::string& name, Clock::time_point now);
+  void check_all(Clock::time_point now);
+  ResponseTensor tensor_of(const Spec& s);
+  Clock::duration seconds(double s) const;
+
+  int size_;
+  CollectiveOptions opts_;
+  ResponseCache& cache_;
+  std::map<std::string, Pending> pending_;
+  std::vector<bool> joined_;
+  int njoined_ = 0;
+  std::vector<Item> ready_;
+};
+
+}  // namespace pushpull::collective

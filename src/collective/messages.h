@@ -1,0 +1,78 @@
+// The engine's control messages: what a rank announces to rank 0 (the
+// coordinator) and the responses rank 0 broadcasts, with their encoding.
+// Decoding checks every length and value and throws ProtocolError on bad
+// input (it never trusts a peer's counts for allocation beyond the buffer).
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pushpull/array.h"
+#include "pushpull/collective.h"
+#include "pushpull/error.h"
+
+namespace pushpull::collective {
+
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kBroadcast = 1,
+  kAllgather = 2,
+  kReduceScatter = 3,
+  kBarrier = 4
+};
+std::string_view op_type_name(OpType t);
+
+// What identifies an op across ranks; every rank must submit the same one.
+struct Spec {
+  std::string name;
+  OpType type = OpType::kAllreduce;
+  DType dtype = DType::kFloat32;
+  Reduction reduction = Reduction::kSum;
+  int32_t root = 0;
+  Shape shape;
+
+  size_t bytes() const { return static_cast<size_t>(shape.numel()) * dtype_size(dtype); }
+  // Whether two ranks' specs describe the same op (allgather: first dims may differ).
+  bool compatible(const Spec& o) const;
+  friend bool operator==(const Spec& a, const Spec& b);
+  // "allreduce float32(2, 3) sum".
+  std::string describe() const;
+};
+
+inline constexpr uint32_t kNoCacheId = 0xffffffffu;
+
+// rank -> rank 0.
+struct Announce {
+  std::vector<Spec> specs;       // first submissions (or changed ones)
+  std::vector<uint32_t> cached;  // submissions whose spec rank 0 cached under this id
+  bool join = false;             // after the above
+};
+
+struct ResponseTensor {
+  std::string name;
+  uint32_t cache_id = kNoCacheId;
+  bool has_spec = false;  // false: spec is cache[cache_id] on every rank
+  Spec spec;
+};
+
+// rank 0 -> every rank, executed in order by all.
+struct Response {
+  enum class Kind : uint8_t { kExecute = 0, kError = 1, kJoinDone = 2 };
+  Kind kind = Kind::kExecute;
+  std::vector<ResponseTensor> tensors;  // several: a fused allreduce
+  std::vector<int32_t> joined;          // ranks contributing the identity
+  std::vector<int64_t> rows;            // allgather: every rank's first dimension
+  ErrorCode code = ErrorCode::kOk;      // kError
+  std::string message;                  // kError
+};
+
+std::string encode(const Announce& a);
+Announce decode_announce(std::string_view bytes, int size);
+std::string encode(const std::vector<Response>& rs);
+std::vector<Response> decode_responses(std::string_view bytes, int size);
+
+}  // namespace pushpull::collective

@@ -1,0 +1,341 @@
+// The engine and the public API over the in-process transport: every op and
+// dtype at world sizes 1..8, negotiation, fusion, mismatch, stalls, join and
+// dead ranks.
+#include "pushpull/collective.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <random>
+
+#include "group.h"
+#include "harness.h"
+
+namespace pushpull::collective {
+namespace {
+
+using testing::fast_options;
+using testing::Group;
+using testing::input_value;
+using testing::make_input;
+using testing::reference;
+
+const DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
+                         DType::kInt32,   DType::kInt64,   DType::kInt8,     DType::kUInt8};
+const Reduction kReductions[] = {Reduction::kSum, Reduction::kAverage, Reduction::kMin,
+                                 Reduction::kMax, Reduction::kProduct};
+
+ReduceOp base_op(Reduction r) {
+  switch (r) {
+    case Reduction::kMin:
+      return ReduceOp::kMin;
+    case Reduction::kMax:
+      return ReduceOp::kMax;
+    case Reduction::kProduct:
+      return ReduceOp::kProd;
+    default:
+      return ReduceOp::kSum;
+  }
+}
+
+// The expected element, computed locally; average as the engine defines it
+// (sum, then times 1/n, integers truncated).
+double expected(Reduction red, DType dtype, int n, int64_t i, int contributors = -1) {
+  double v = reference(base_op(red), dtype, n, i);
+  if (red != Reduction::kAverage) return v;
+  double alpha = 1.0 / (contributors < 0 ? n : contributors);
+  return is_floating(dtype) ? v * alpha : std::trunc(v * alpha);
+}
+
+bool near(double got, double want, DType dtype) {
+  double tol = dtype == DType::kFloat16    ? 2e-3 * std::max(1.0, std::abs(want))
+               : dtype == DType::kBFloat16 ? 1e-2 * std::max(1.0, std::abs(want))
+               : is_floating(dtype)        ? 1e-6 * std::max(1.0, std::abs(want))
+                                           : 0.0;
+  return std::abs(got - want) <= tol;
+}
+
+std::vector<int64_t> sizes_for(int n) {
+  return {0, 1, 11, int64_t{7} * n + 1, 20001};  // 7n+1: not divisible by n
+}
+
+// Every reduction x dtype x size submitted at once (so fusion packs them),
+// plus broadcast from every root, allgather with uneven rows and
+// reduce_scatter, at every world size.
+TEST(Communicator, EveryOpDtypeAndWorldSizeBatched) {
+  for (int n = 1; n <= 8; ++n) {
+    SCOPED_TRACE(n);
+    Group g(n);
+    g.run([&](int r, Communicator& c) {
+      struct Op {
+        Handle h;
+        Reduction red;
+        DType dtype;
+        int64_t count;
+        Array data;
+      };
+      std::vector<Op> ops;
+      for (DType d : kDTypes)
+        for (Reduction red : kReductions)
+          for (int64_t count : sizes_for(n)) {
+            Array a = make_input(base_op(red), d, r, count);
+            std::string name = fmt::format("t.{}.{}.{}", dtype_name(d), reduction_name(red), count);
+            Handle h = c.allreduce_async(name, a, a, red);
+            ops.push_back(Op{h, red, d, count, std::move(a)});
+          }
+      std::vector<Array> bcast;
+      std::vector<Handle> bh;
+      for (int root = 0; root < n; ++root) {
+        bcast.emplace_back(Shape{1000 + root}, DType::kInt32);
+        if (r == root)
+          for (int64_t i = 0; i < 1000 + root; ++i)
+            set_element(bcast.back(), i, i * 3 + root);
+        bh.push_back(c.broadcast_async(fmt::format("b.{}", root), bcast.back(), root));
+      }
+      Array mine(Shape{r % 3, 2}, DType::kFloat64);
+      for (int64_t i = 0; i < mine.numel(); ++i)
+        set_element(mine, i, r * 100 + i);
+      Handle ag = c.allgather_async("gather", mine);
+      Array rs_in = make_input(ReduceOp::kSum, DType::kFloat32, r, 3 * n + 2);
+      Handle rs = c.reduce_scatter_async("scatter", rs_in);
+      c.barrier();
+
+      for (auto& op : ops) {
+        c.wait(op.h);
+        for (int64_t i = 0; i < op.count; ++i) {
+          double got = get_element(op.data, i), want = expected(op.red, op.dtype, n, i);
+          ASSERT_TRUE(near(got, want, op.dtype))
+              << fmt::format("rank {} n {} {} {} count {} [{}]: got {} want {}", r, n,
+                             dtype_name(op.dtype), reduction_name(op.red), op.count, i, got, want);
+        }
+      }
+      for (int root = 0; root < n; ++root) {
+        c.wait(bh[static_cast<size_t>(root)]);
+        for (int64_t i = 0; i < 1000 + root; ++i)
+          ASSERT_EQ(get_element(bcast[static_cast<size_t>(root)], i), i * 3 + root);
+      }
+      Array all = c.take_output(ag);
+      int64_t row = 0;
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < (q % 3) * 2; ++i, ++row)
+          ASSERT_EQ(get_element(all, row), q * 100 + i) << "allgather rank " << r;
+      ASSERT_EQ(all.shape()[0] * 2, row);
+      Array part = c.take_output(rs);
+      auto rows = static_cast<int64_t>(3 * n + 2);
+      int64_t q = rows / n, m = rows % n, first = r * q + std::min<int64_t>(r, m);
+      ASSERT_EQ(part.numel(), q + (r < m ? 1 : 0));
+      for (int64_t i = 0; i < part.numel(); ++i)
+        ASSERT_EQ(get_element(part, i), reference(ReduceOp::kSum, DType::kFloat32, n, first + i));
+    });
+  }
+}
+
+// One op at a time (no fusion): small ones take halving-doubling, large ones
+// the ring, in the caller's buffer; output distinct from input.
+TEST(Communicator, SingleOpsBothAlgorithms) {
+  for (int n : {2, 3, 5, 8}) {
+    Group g(n);
+    g.run([&](int r, Communicator& c) {
+      for (int64_t count : {int64_t{7}, int64_t{1000}, int64_t{100003}}) {
+        for (Reduction red : {Reduction::kSum, Reduction::kAverage, Reduction::kMax}) {
+          Array in = make_input(base_op(red), DType::kFloat32, r, count);
+          Array out(Shape{count}, DType::kFloat32);
+          c.allreduce(fmt::format("s{}", count), in, out, red);
+          for (int64_t i = 0; i < count; ++i)
+            ASSERT_TRUE(
+                near(get_element(out, i), expected(red, DType::kFloat32, n, i), DType::kFloat32))
+                << "n " << n << " count " << count << " [" << i << "]";
+        }
+      }
+    });
+  }
+}
+
+TEST(Communicator, LargeAllreduceTensOfMiB) {
+  Group g(4);
+  const int64_t count = (32 << 20) / 4;
+  g.run([&](int r, Communicator& c) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+      v[i] = static_cast<float>((i + r) % 17);
+    c.allreduce("big", ArrayView(v.data(), Shape{count}));
+    for (int64_t i = 0; i < count; i += 997) {
+      float want = 0;
+      for (int q = 0; q < 4; ++q)
+        want += static_cast<float>((i + q) % 17);
+      ASSERT_EQ(v[i], want);
+    }
+  });
+}
+
+TEST(Communicator, DifferentSubmissionOrdersComplete) {
+  const int n = 5, k = 24;
+  Group g(n);
+  for (int iter = 0; iter < 3; ++iter) {  // repeats go through the response cache
+    g.run([&](int r, Communicator& c) {
+      std::vector<int> order(k);
+      for (int i = 0; i < k; ++i)
+        order[i] = i;
+      std::mt19937 rng(static_cast<unsigned>(r * 31 + iter));
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<std::vector<int64_t>> data(k);
+      std::vector<Handle> hs(k);
+      for (int i : order) {
+        data[i].assign(static_cast<size_t>(i * 50 + 1), r + i);
+        hs[i] = c.allreduce_async(fmt::format("grad{}", i),
+                                  ArrayView(data[i].data(), Shape{i * 50 + 1}));
+      }
+      for (int i = 0; i < k; ++i) {
+        c.wait(hs[i]);
+        for (int64_t v : data[i])
+          ASSERT_EQ(v, n * i + n * (n - 1) / 2);
+      }
+    });
+  }
+}
+
+TEST(Communicator, MismatchedShapesFailOnEveryRank) {
+  Group g(3);
+  g.run([&](int r, Communicator& c) {
+    Array a(r == 1 ? Shape{3, 2} : Shape{2, 3}, DType::kFloat32);
+    try {
+      c.allreduce("weights", a);
+      FAIL() << "rank " << r << " did not fail";
+    } catch (const InvalidArgument& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("weights"), std::string::npos) << m;
+      EXPECT_NE(m.find("rank 1: allreduce float32(3, 2)"), std::string::npos) << m;
+      EXPECT_NE(m.find("rank 0: allreduce float32(2, 3)"), std::string::npos) << m;
+    }
+    // The group still works afterwards.
+    Array b(Shape{4}, DType::kFloat32);
+    for (int i = 0; i < 4; ++i)
+      set_element(b, i, 1);
+    c.allreduce("after", b);
+    EXPECT_EQ(get_element(b, 3), 3);
+  });
+}
+
+TEST(Communicator, MissingTensorWarnsThenCompletes) {
+  auto opts = fast_options();
+  opts.collective.stall_warning_seconds = 0.1;
+  std::mutex mu;
+  std::vector<StallReport> reports;
+  opts.on_stall = [&](const StallReport& s) {
+    std::lock_guard lock(mu);
+    reports.push_back(s);
+  };
+  Group g(3, opts);
+  g.run([&](int r, Communicator& c) {
+    Array a = Array::full(Shape{5}, 1.0);
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    c.allreduce("late", a);
+    EXPECT_EQ(get_element(a, 0), 3);
+  });
+  std::lock_guard lock(mu);
+  ASSERT_FALSE(reports.empty());
+  EXPECT_EQ(reports[0].tensor, "late");
+  EXPECT_EQ(reports[0].missing_ranks, std::vector<int>{2});
+}
+
+TEST(Communicator, StallShutdownFailsTheWaitingRanks) {
+  auto opts = fast_options();
+  opts.collective.stall_warning_seconds = 0.05;
+  opts.collective.stall_shutdown_seconds = 0.2;
+  Group g(3, opts);
+  g.run([&](int r, Communicator& c) {
+    if (r == 1) return;  // never submits
+    Array a = Array::full(Shape{5}, 1.0);
+    try {
+      c.allreduce("orphan", a);
+      FAIL() << "no stall error on rank " << r;
+    } catch (const Timeout& e) {
+      EXPECT_NE(std::string(e.what()).find("[1]"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Communicator, JoinWithUnevenBatches) {
+  const int n = 4;
+  Group g(n);
+  g.run([&](int r, Communicator& c) {
+    for (int b = 0; b <= r; ++b) {  // rank r has r+1 batches
+      Array sum = Array::full(Shape{33}, r + 1);
+      Array avg = Array::full(Shape{33}, r + 1);
+      Array mx = Array::full(Shape{2}, r + 1);
+      auto h1 = c.allreduce_async(fmt::format("sum{}", b), sum, sum, Reduction::kSum);
+      auto h2 = c.allreduce_async(fmt::format("avg{}", b), avg, avg, Reduction::kAverage);
+      auto h3 = c.allreduce_async(fmt::format("max{}", b), mx, mx, Reduction::kMax);
+      c.wait(h1), c.wait(h2), c.wait(h3);
+      // Contributors of batch b: ranks b..n-1, holding values b+1..n.
+      double s = 0;
+      for (int q = b; q < n; ++q)
+        s += q + 1;
+      EXPECT_EQ(get_element(sum, 32), s) << "batch " << b << " rank " << r;
+      EXPECT_FLOAT_EQ(get_element(avg, 0), s / (n - b)) << "batch " << b;
+      EXPECT_EQ(get_element(mx, 1), n);
+    }
+    c.join();
+    // After everyone joined, the group goes on normally.
+    Array a = Array::full(Shape{3}, 1.0);
+    c.allreduce("after-join", a);
+    EXPECT_EQ(get_element(a, 2), n);
+  });
+}
+
+TEST(Communicator, DeadRankFailsEveryPendingHandle) {
+  const int n = 4;
+  Group g(n);
+  auto start = std::chrono::steady_clock::now();
+  g.run([&](int r, Communicator& c) {
+    if (r == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      c.shutdown();  // this rank dies: its endpoint closes
+      return;
+    }
+    Array a = Array::full(Shape{1000}, 1.0);
+    EXPECT_THROW(c.allreduce("never", a), PeerFailure) << "rank " << r;
+    // Later ops fail at once too.
+    EXPECT_THROW(c.allreduce("later", a), PeerFailure);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(Communicator, DeadRankDuringLargeAllreduce) {
+  const int n = 3;
+  Group g(n);
+  g.run([&](int r, Communicator& c) {
+    std::vector<float> v(4 << 20, 1.0f);
+    auto h = c.allreduce_async("big", ArrayView(v.data(), Shape{static_cast<int64_t>(v.size())}));
+    if (r == 2) {
+      c.shutdown();
+      return;
+    }
+    try {
+      c.wait(h);  // may have completed before rank 2 left; later ops must fail
+      c.allreduce("next", ArrayView(v.data(), Shape{16}));
+      FAIL() << "rank " << r << " did not see the dead rank";
+    } catch (const PeerFailure& e) {
+      EXPECT_NE(std::string(e.what()).find("rank"), std::string::npos);
+    }
+  });
+}
+
+TEST(Communicator, DuplicatePendingNameIsRejected) {
+  Group g(2);
+  Array a = Array::full(Shape{2}, 1.0);
+  auto h = g[0].allreduce_async("x", a);
+  EXPECT_THROW(g[0].allreduce_async("x", a), InvalidArgument);
+  EXPECT_THROW(g[0].broadcast_async("y", a, 5), InvalidArgument);
+  g.run([&](int r, Communicator& c) {
+    if (r == 1)
+      c.allreduce("x", a);
+    else
+      c.wait(h);
+  });
+}
+
+}  // namespace
+}  // namespace pushpull::collective

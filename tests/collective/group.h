@@ -1,0 +1,58 @@
+// A group of Communicators as threads in one process.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "collective/inprocess_transport.h"
+#include "pushpull/collective.h"
+
+namespace pushpull::collective::testing {
+
+inline CommunicatorOptions fast_options() {
+  CommunicatorOptions o;
+  o.peer_timeout = Millis(5000);
+  o.wait_timeout = Millis(20000);
+  o.collective.cycle_time_ms = 0.5;
+  return o;
+}
+
+class Group {
+ public:
+  explicit Group(int n, CommunicatorOptions opts = fast_options()) : fabric_(n) {
+    for (int r = 0; r < n; ++r)
+      comms_.push_back(std::make_unique<Communicator>(fabric_.endpoint(r), opts));
+  }
+  Communicator& operator[](int r) { return *comms_[static_cast<size_t>(r)]; }
+  int size() const { return static_cast<int>(comms_.size()); }
+
+  // Runs fn(rank, comm) on one thread per rank; rethrows the first exception.
+  void run(const std::function<void(int, Communicator&)>& fn) {
+    std::exception_ptr first;
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          fn(r, (*this)[r]);
+        } catch (...) {
+          std::lock_guard lock(mu);
+          if (!first) first = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads)
+      t.join();
+    if (first) std::rethrow_exception(first);
+  }
+
+ private:
+  InProcessFabric fabric_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace pushpull::collective::testing
