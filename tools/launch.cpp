@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "launch/cluster_scheduler.h"
 #include "launch/launcher.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
@@ -91,8 +92,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
   if (cfg.verbose) set_log_level(LogLevel::kDebug);
   // The launcher reports a closed stdout itself; it must not die of SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
-  // TODO(cluster): pass ctx.scheduler_factory wrapping cluster::Scheduler once
-  // src/cluster/scheduler.h exists (see launch/embedded_scheduler.h).
+  ctx.scheduler_factory = launch::cluster_scheduler_factory();
   return launch::run_launch(cfg, ctx);
 }
 

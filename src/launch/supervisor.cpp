@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -237,14 +238,22 @@ class Job {
       for (auto& c : children_)
         any_running = any_running || c.running;
       if (!any_running) {
+        settle_failures(true);  // nobody left to wait for
         // A grandchild may hold a pipe open: give the output a moment, not forever.
         if (!drain_until) drain_until = Clock::now() + Millis(1000);
         if (!has_open_streams() || Clock::now() >= *drain_until) break;
       }
-      poll_once(any_running ? settings_.tick : Millis(50));
-      if (watch_ && !stopping_) {
-        if (auto fail = watch_()) begin_stop(fail->first, fail->second);
+      bool settling = !stopping_ && (failure_ || watch_failure_);
+      poll_once(any_running && !settling ? settings_.tick : Millis(20));
+      if (watch_ && !stopping_ && !watch_failure_) {
+        if (auto fail = watch_()) {
+          watch_failure_ = *fail;
+          watch_failed_at_ = Clock::now();
+        }
       }
+      // The scheduler often reports a crash before the launcher reaps the
+      // process: the process's own exit status, if it comes, says more.
+      settle_failures();
     }
     for (auto& c : children_)
       for (auto& st : c.streams)
@@ -274,7 +283,7 @@ class Job {
         }
     int n = poll(fds.data(), fds.size(), int(timeout.count()));
     if (n <= 0) return;
-    if (fds[0].revents) read_signals();
+    if (fds[0].revents) reap();
     for (size_t i = 1; i < fds.size(); ++i)
       if (fds[i].revents) read_stream(*owners[i].first, *owners[i].second);
   }
@@ -305,7 +314,13 @@ class Job {
     signalfd_siginfo info;
     while (read(signals_.fd(), &info, sizeof info) == sizeof info) {
       int sig = int(info.ssi_signo);
-      if (sig == SIGCHLD) continue;  // reap() polls every child each turn
+      if (sig == SIGCHLD) {
+        // Standard signals do not queue: a pending SIGCHLD keeps the siginfo
+        // of the first child that exited, so this records who died first
+        // when several are reaped in one pass (the cause before its victims).
+        sigchld_order_.push_back(pid_t(info.ssi_pid));
+        continue;
+      }
       if (stopping_) {
         PP_WARN("{} again: killing every process now", describe_status(false, sig).substr(7));
         kill_all();
@@ -319,6 +334,8 @@ class Job {
   }
 
   void reap() {
+    read_signals();  // first, so sigchld_order_ covers what is reaped now
+    std::vector<Child*> ended;
     for (auto& c : children_) {
       if (!c.running) continue;
       int status = 0;
@@ -328,8 +345,17 @@ class Job {
       c.result.exited = WIFEXITED(status);
       c.result.code = c.result.exited ? WEXITSTATUS(status) : WTERMSIG(status);
       c.result.stopped = c.term_sent;
-      on_exit(c);
+      ended.push_back(&c);
     }
+    auto order = [&](const Child* c) {
+      auto it = std::find(sigchld_order_.begin(), sigchld_order_.end(), c->pid);
+      return it - sigchld_order_.begin();  // unknown: last
+    };
+    std::stable_sort(ended.begin(), ended.end(),
+                     [&](const Child* a, const Child* b) { return order(a) < order(b); });
+    for (Child* c : ended)
+      on_exit(*c);
+    if (!ended.empty()) sigchld_order_.clear();
   }
 
   void on_exit(Child& c) {
@@ -344,8 +370,28 @@ class Job {
       return;
     }
     int code = c.result.exited ? c.result.code : 128 + c.result.code;
-    PP_ERROR("{} (pid {}) failed with {}: stopping the job", c.spec.label, c.pid, how);
-    begin_stop(code, fmt::format("{} failed with {}", c.spec.label, how));
+    PP_ERROR("{} (pid {}) failed with {}", c.spec.label, c.pid, how);
+    // Rank: a signal, then a specific exit code, then the generic code 1 that
+    // processes use when they fail because a peer failed.
+    int rank = c.result.exited ? (c.result.code == 1 ? 2 : 1) : 0;
+    if (!failure_ || rank < failure_->rank)
+      failure_ = Failure{rank, code, fmt::format("{} failed with {}", c.spec.label, how)};
+    if (!failure_seen_at_) failure_seen_at_ = Clock::now();
+  }
+
+  // The first failure stops the job after a short settling time: a crash
+  // closes the process's sockets before the launcher can reap it, so its
+  // peers may fail (and be reaped) a moment before the real cause is.
+  void settle_failures(bool now_or_never = false) {
+    if (stopping_) return;
+    auto now = Clock::now();
+    if (now_or_never) now += settings_.settle;
+    if (failure_ && now - *failure_seen_at_ >= settings_.settle) {
+      PP_ERROR("{}: stopping the job", failure_->reason);
+      begin_stop(failure_->code, failure_->reason);
+    } else if (!failure_ && watch_failure_ && now - watch_failed_at_ >= settings_.settle) {
+      begin_stop(watch_failure_->first, watch_failure_->second);
+    }
   }
 
   bool essentials_done() const {
@@ -407,6 +453,16 @@ class Job {
   bool killed_ = false;
   Clock::time_point kill_at_{};
   std::optional<Clock::time_point> service_deadline_;
+  std::optional<std::pair<int, std::string>> watch_failure_;
+  std::vector<pid_t> sigchld_order_;
+  struct Failure {
+    int rank;
+    int code;
+    std::string reason;
+  };
+  std::optional<Failure> failure_;
+  std::optional<Clock::time_point> failure_seen_at_;
+  Clock::time_point watch_failed_at_{};
   int exit_code_ = 0;
   std::string reason_;
 };

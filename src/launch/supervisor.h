@@ -4,11 +4,15 @@
 // failure into a stop of the whole job.
 //
 // Rules:
-//  - A child that exits non-zero or dies on a signal fails the job: the
-//    supervisor prints which one and how, asks every other child to stop
-//    (SIGTERM to its process group, or end of file on its stdin for ssh
-//    clients), sends SIGKILL to the groups still alive after the grace
-//    period, and reports that child's code (128+signal for a signal).
+//  - A child that exits non-zero or dies on a signal fails the job. The
+//    supervisor prints which one and how, waits `settle` (300 ms) for other
+//    failures (a crash closes its sockets before its exit can be reaped, so
+//    peers that fail because of it may be reaped first) and reports the most
+//    telling one (a signal, else an exit code other than the generic 1, else
+//    the first seen). Then it asks every other child to stop (SIGTERM to its
+//    process group, or end of file on its stdin for ssh clients), sends
+//    SIGKILL to the groups still alive after the grace period, and returns
+//    that child's code (128+signal for a signal).
 //  - SIGINT / SIGTERM / SIGHUP to the launcher stop the job the same way
 //    (exit code 128+signal).
 //  - Success: every essential child (the workers) exited 0. The other
@@ -76,6 +80,9 @@ struct SupervisorSettings {
   Millis grace{5000};              // SIGTERM → SIGKILL
   Millis service_deadline{30000};  // non-essential children after the last worker
   Millis tick{200};                // how often `watch` is consulted
+  // After the first failure, how long to wait for the one that caused it
+  // (see supervise()) before stopping the others.
+  Millis settle{300};
 };
 
 struct Outcome {

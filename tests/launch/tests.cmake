@@ -2,6 +2,11 @@
 add_executable(launch_probe ${CMAKE_CURRENT_LIST_DIR}/probe.cpp)
 target_link_libraries(launch_probe PRIVATE pushpull_base)
 
+# A real cluster node (register, barrier, leave) for end-to-end launches.
+add_executable(launch_node_probe ${CMAKE_CURRENT_LIST_DIR}/node_probe.cpp)
+target_include_directories(launch_node_probe PRIVATE ${CMAKE_SOURCE_DIR}/src)
+target_link_libraries(launch_node_probe PRIVATE pushpull_cluster)
+
 # tools/launch.cpp with a main of its own, so the launch tests do not depend
 # on every layer the full `pushpull` binary links.
 add_executable(pushpull_launch_cli ${CMAKE_SOURCE_DIR}/tools/launch.cpp
@@ -11,6 +16,6 @@ target_link_libraries(pushpull_launch_cli PRIVATE pushpull_launch CLI11::CLI11)
 
 foreach(t launch_local_test launch_ssh_test launch_mpi_test launch_cli_test)
   if(TARGET ${t})
-    add_dependencies(${t} launch_probe pushpull_launch_cli)
+    add_dependencies(${t} launch_probe launch_node_probe pushpull_launch_cli)
   endif()
 endforeach()

@@ -1,0 +1,71 @@
+#include "launch/cluster_scheduler.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "cluster/scheduler.h"
+
+namespace pushpull::launch {
+namespace {
+
+class ClusterScheduler final : public EmbeddedScheduler {
+ public:
+  explicit ClusterScheduler(Options o) : options_(std::move(o)) {}
+  ~ClusterScheduler() override { stop(); }
+
+  int start(const std::string& addr, int port) override {
+    options_.cluster.root_uri = addr;
+    options_.cluster.root_port = port;
+    options_.net.port = port;
+    scheduler_ = std::make_unique<cluster::Scheduler>(options_);
+    int bound = scheduler_->bind();
+    thread_ = std::thread([this] {
+      ScopedLogContext log("scheduler");
+      Status st = scheduler_->run();
+      std::lock_guard lock(mu_);
+      result_ = std::move(st);
+      cv_.notify_all();
+    });
+    return bound;
+  }
+
+  std::optional<Status> status() override {
+    std::lock_guard lock(mu_);
+    return result_;
+  }
+
+  bool wait(Millis deadline) override {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, deadline, [&] { return result_.has_value(); });
+  }
+
+  void stop() noexcept override {
+    bool finished;
+    {
+      std::lock_guard lock(mu_);
+      finished = result_.has_value();
+    }
+    // Stopping a scheduler that already finished would report a failure.
+    if (scheduler_ && !finished) scheduler_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  Options options_;
+  std::unique_ptr<cluster::Scheduler> scheduler_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Status> result_;
+};
+
+}  // namespace
+
+SchedulerFactory cluster_scheduler_factory() {
+  return [](const Options& o) -> std::unique_ptr<EmbeddedScheduler> {
+    return std::make_unique<ClusterScheduler>(o);
+  };
+}
+
+}  // namespace pushpull::launch
