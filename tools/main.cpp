@@ -13,8 +13,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   pushpull::cli::register_info(app);
   pushpull::cli::register_launch(app);
+  pushpull::cli::register_scheduler(app);
+  pushpull::cli::register_server(app);
   auto* bench = app.add_subcommand("bench", "Benchmarks: pushpull next to its peers");
   bench->require_subcommand(1);
+  pushpull::cli::register_bench_transport(*bench);
   (void)bench;
   try {
     app.parse(argc, argv);

@@ -100,7 +100,8 @@ class DistStore final : public KVStore {
   void push_key(KeyInfo& k, const ArrayList& values, const std::shared_ptr<Completion>& done,
                 int priority);
   // Sends a command to every server and waits for all answers.
-  void command_all(uint64_t command, const std::string& payload,
+  // `payloads`: one for all servers, or one per server.
+  void command_all(uint64_t command, const std::vector<std::string>& payloads,
                    std::vector<std::string>* answers = nullptr);
   void finish(uint64_t request_id, const Status& s);
   void on_message(net::Message&& m);

@@ -3,7 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
+
+#include "cluster/scheduler.h"
+#include "kvstore/dist_store.h"
 #include "kvstore/local_store.h"
+#include "ps/server.h"
+#include "pushpull/log.h"
 #include "pushpull/error.h"
 #include "pushpull/kvstore.h"
 
@@ -14,6 +20,41 @@ using Maker = std::unique_ptr<KVStore> (*)(std::string_view type, const Options&
 
 std::unique_ptr<KVStore> make_local(std::string_view type, const Options& options) {
   return std::make_unique<LocalStore>(std::string(type), options);
+}
+
+// MXNet style: one program is launched for every role, and a server or
+// scheduler process becomes that role here, serves until the job ends, and
+// exits (0, or 1 when the job failed): create_kvstore does not return there.
+[[noreturn]] void serve_role_and_exit(const Options& options) {
+  int code = 0;
+  try {
+    if (options.cluster.role == Role::kServer) {
+      ps::run_server(options);
+    } else {
+      cluster::Scheduler scheduler(options);
+      scheduler.bind();
+      Status result = scheduler.run();
+      if (!result.is_ok()) {
+        PP_ERROR("job failed: {}", result.to_string());
+        code = 1;
+      }
+    }
+  } catch (const std::exception& e) {
+    PP_ERROR("{} failed: {}", role_name(options.cluster.role), e.what());
+    code = 1;
+  }
+  std::exit(code);
+}
+
+std::unique_ptr<KVStore> make_dist(std::string_view type, const Options& options) {
+  if (options.cluster.role == Role::kServer || options.cluster.role == Role::kScheduler)
+    serve_role_and_exit(options);
+  if (options.cluster.role == Role::kNone)
+    throw InvalidArgument(fmt::format(
+        "'{}' is a distributed store and this process is not part of a job (DMLC_ROLE is not "
+        "set); start it with `pushpull launch -n WORKERS -s SERVERS PROGRAM`",
+        type));
+  return std::make_unique<DistStore>(std::string(type), options);
 }
 
 struct TypeEntry {
@@ -29,6 +70,11 @@ constexpr TypeEntry kTypes[] = {
     {"local_allreduce_cpu", make_local},
     {"device", make_local},
     {"local_allreduce_device", make_local},
+    {"dist_sync", make_dist},
+    {"dist_device_sync", make_dist},
+    {"dist_sync_device", make_dist},
+    {"dist_async", make_dist},
+    {"dist_async_device", make_dist},
 };
 
 }  // namespace

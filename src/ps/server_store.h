@@ -44,6 +44,7 @@ namespace pushpull::ps {
 struct RequestMeta {
   int worker = 0;
   uint64_t request_id = 0;
+  uint64_t key = 0;  // echoed in the answer (the worker matches on it)
 };
 
 // A view of received bytes plus whatever keeps them alive.

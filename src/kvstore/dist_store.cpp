@@ -1,0 +1,578 @@
+#include "kvstore/dist_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "base/executor.h"
+#include "compress/two_bit.h"
+#include "kvstore/validate.h"
+#include "ps/protocol.h"
+#include "pushpull/kernels.h"
+#include "pushpull/log.h"
+
+namespace pushpull {
+
+namespace {
+constexpr char kStatesMagic[4] = {'P', 'P', 'D', 'S'};
+constexpr uint32_t kStatesVersion = 1;
+
+uint64_t key_id(const Key& k) {
+  return k.is_int() ? static_cast<uint64_t>(k.as_int()) & ~(1ull << 63)
+                    : ps::string_key_id(k.as_string());
+}
+}  // namespace
+
+struct DistStore::Pending {
+  std::shared_ptr<Completion> done;
+  int server = 0;
+  std::optional<net::RecvMatch> posted;
+  OnData on_data;
+};
+
+DistStore::DistStore(std::string type, const Options& options)
+    : KVStore(options.kvstore.wait_timeout),
+      type_(std::move(type)),
+      sync_(type_.find("async") == std::string::npos),
+      bigarray_bound_(options.kvstore.bigarray_bound) {
+  if (options.cluster.role != Role::kWorker)
+    throw InvalidArgument(fmt::format("a '{}' store is made by a worker; this process's role is {}",
+                                      type_, role_name(options.cluster.role)));
+  if (options.cluster.num_servers < 1)
+    throw InvalidArgument(fmt::format(
+        "'{}' needs at least one server (DMLC_NUM_SERVER is {}); launch with -s S >= 1, or use "
+        "dist_sync_allreduce for a job without servers",
+        type_, options.cluster.num_servers));
+  node_ = std::make_unique<cluster::Node>(options);
+  node_->set_handler(ps::msg::kFirst, ps::msg::kLast,
+                     [this](net::Message&& m) { on_message(std::move(m)); });
+  node_->on_peer_failure([this](const Status& s) { on_failure(s); });
+  node_->start();
+  Status mode;
+  if (rank() == 0) {
+    try {
+      command_all(static_cast<uint64_t>(ps::Command::kSetMode), {sync_ ? "sync" : "async"});
+    } catch (...) {
+      mode = Status::from_current_exception();
+    }
+  }
+  node_->barrier(cluster::Group::kWorkers);
+  mode.raise();
+  PP_DEBUG("{} worker {} of {} ready ({} servers)", type_, rank(), num_workers(),
+           node_->num_servers());
+}
+
+DistStore::~DistStore() {
+  try {
+    wait_all();
+    node_->shutdown();
+  } catch (const std::exception& e) {
+    PP_WARN("{} store closing after an error: {}", type_, e.what());
+  }
+  node_.reset();  // stops the I/O thread before the members it calls into go
+}
+
+void DistStore::check_failure() const {
+  std::lock_guard lock(mu_);
+  failure_.raise();
+}
+
+DistStore::KeyInfo& DistStore::info(const char* op, const Key& key) const {
+  auto it = keys_.find(key);
+  if (it == keys_.end()) kv::throw_not_initialised(op, key);
+  return *it->second;
+}
+
+std::vector<DistStore::KeyInfo*> DistStore::infos(const char* op, const std::vector<Key>& keys,
+                                                  size_t lists) const {
+  std::lock_guard lock(mu_);
+  failure_.raise();
+  kv::check_key_kinds(op, keys, int_keys_);
+  kv::check_counts(op, keys.size(), lists);
+  std::vector<KeyInfo*> out;
+  for (const Key& k : keys)
+    out.push_back(&info(op, k));
+  return out;
+}
+
+// ---- requests and replies -------------------------------------------------
+
+void DistStore::request(int server, net::Header h, const void* data, size_t n,
+                        std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
+                        int priority, OnData on_data) {
+  uint64_t rid = next_request_++;
+  h.request_id = rid;
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.is_ok()) return done->finish(failure_);
+    pending_[rid] =
+        std::make_unique<Pending>(Pending{done, server, std::nullopt, std::move(on_data)});
+  }
+  node_->send(
+      Role::kServer, server, h, data, n,
+      [this, rid, keep_alive](const Status& s) {
+        if (!s.is_ok()) finish(rid, s);
+      },
+      priority);
+}
+
+void DistStore::finish(uint64_t rid, const Status& s) {
+  std::unique_ptr<Pending> p;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(rid);
+    if (it == pending_.end()) return;
+    p = std::move(it->second);
+    pending_.erase(it);
+    if (pending_.empty()) idle_cv_.notify_all();
+  }
+  p->done->finish(s);
+}
+
+void DistStore::on_message(net::Message&& m) {
+  const net::Header& h = m.header;
+  if (h.type != ps::msg::kReply && h.type != ps::msg::kError) {
+    PP_WARN("worker ignores parameter-server message type {}", h.type);
+    return;
+  }
+  std::unique_ptr<Pending> p;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(h.request_id);
+    if (it == pending_.end()) return;  // already failed (e.g. the job failed)
+    p = std::move(it->second);
+    pending_.erase(it);
+    if (pending_.empty()) idle_cv_.notify_all();
+  }
+  Status status;
+  if (h.type == ps::msg::kError) {
+    if (p->posted)
+      node_->transport().cancel_recv(node_->conn(Role::kServer, p->server), *p->posted);
+    std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+    auto code = h.flags > 0 && h.flags <= static_cast<uint32_t>(ErrorCode::kInternal)
+                    ? static_cast<ErrorCode>(h.flags)
+                    : ErrorCode::kInternal;
+    status = Status(code, fmt::format("server {}: {}", p->server, text));
+  } else if (p->on_data) {
+    try {
+      p->on_data(m.payload.data(), m.payload.size());
+    } catch (...) {
+      status = Status::from_current_exception();
+    }
+  }
+  p->done->finish(status);
+}
+
+void DistStore::on_failure(const Status& s) {
+  std::unordered_map<uint64_t, std::unique_ptr<Pending>> failed;
+  {
+    std::lock_guard lock(mu_);
+    if (failure_.is_ok()) failure_ = s;
+    failed.swap(pending_);
+    idle_cv_.notify_all();
+  }
+  for (auto& [rid, p] : failed)
+    p->done->finish(s);
+}
+
+void DistStore::command_all(uint64_t command, const std::vector<std::string>& payloads,
+                            std::vector<std::string>* answers) {
+  int servers = node_->num_servers();
+  auto done = std::make_shared<Completion>(servers);
+  if (answers) answers->assign(static_cast<size_t>(servers), {});
+  for (int s = 0; s < servers; ++s) {
+    auto text = std::make_shared<std::string>(payloads.size() == 1 ? payloads[0] : payloads.at(s));
+    net::Header h{.type = ps::msg::kCommand, .key = command};
+    OnData on_data;
+    if (answers)
+      on_data = [answers, s](const std::byte* d, size_t n) {
+        (*answers)[static_cast<size_t>(s)].assign(reinterpret_cast<const char*>(d), n);
+      };
+    request(s, h, text->data(), text->size(), text, done, 0, std::move(on_data));
+  }
+  done->wait_for(wait_timeout()).raise();
+}
+
+// ---- init, push, pull ------------------------------------------------------
+
+void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) {
+  std::vector<KeyInfo*> made;
+  {
+    std::lock_guard lock(mu_);
+    failure_.raise();
+    kv::check_key_kinds("init", keys, int_keys_);
+    kv::check_counts("init", keys.size(), values.size(), "values");
+    for (size_t i = 0; i < keys.size(); ++i) {
+      kv::check_array("init", type_, keys[i], values[i], 0, 1, "value");
+      bool again = keys_.count(keys[i]) != 0;
+      for (size_t j = 0; j < i && !again; ++j)
+        again = keys[j] == keys[i];
+      if (again)
+        throw AlreadyExists(fmt::format(
+            "init: key {} is already initialised; a key is initialised once (push to change it)",
+            keys[i].to_string()));
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto k = std::make_unique<KeyInfo>();
+      k->key = keys[i];
+      k->id = key_id(keys[i]);
+      k->shape = values[i].shape;
+      k->dtype = values[i].dtype;
+      k->slices = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
+      made.push_back(k.get());
+      keys_.emplace(keys[i], std::move(k));
+    }
+    int_keys_ = keys.front().is_int();
+  }
+  Status sent;
+  if (rank() == 0) {
+    size_t parts = 0;
+    for (auto* k : made)
+      parts += k->slices.size();
+    auto done = std::make_shared<Completion>(static_cast<int>(parts));
+    for (size_t i = 0; i < made.size(); ++i) {
+      KeyInfo& k = *made[i];
+      size_t esize = dtype_size(k.dtype);
+      auto* base = static_cast<const std::byte*>(values[i].data);
+      for (const ps::Slice& s : k.slices) {
+        auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_init(
+            k.key.to_string(), {base + s.begin * esize, static_cast<size_t>(s.count) * esize}));
+        net::Header h{.type = ps::msg::kInit,
+                      .key = k.id,
+                      .dtype = static_cast<uint32_t>(k.dtype),
+                      .offset = static_cast<uint64_t>(s.begin),
+                      .length = static_cast<uint64_t>(s.count)};
+        request(s.server, h, payload->data(), payload->size(), payload, done, 0);
+      }
+    }
+    sent = done->wait_for(wait_timeout());
+  }
+  node_->barrier(cluster::Group::kWorkers);  // after it, every worker pulls the init value
+  sent.raise();
+}
+
+void DistStore::push_key(KeyInfo& k, const ArrayList& values,
+                         const std::shared_ptr<Completion>& done, int priority) {
+  const size_t n = static_cast<size_t>(k.shape.numel());
+  const size_t esize = dtype_size(k.dtype);
+  std::optional<float> threshold;
+  {
+    std::lock_guard lock(mu_);
+    threshold = compression_threshold_;
+  }
+  const bool compress = threshold && is_floating(k.dtype);
+  const std::byte* src = static_cast<const std::byte*>(values[0].data);
+  std::shared_ptr<net::Buffer> buf;
+  std::vector<float> sum32;  // float32 sum when 16-bit or compressing
+  if (values.size() > 1 || compress) {
+    if (is_half(k.dtype) || compress) {
+      sum32.resize(n);
+      convert(DType::kFloat32, sum32.data(), k.dtype, values[0].data, n);
+      std::vector<float> tmp(values.size() > 1 ? n : 0);
+      for (size_t d = 1; d < values.size(); ++d) {
+        convert(DType::kFloat32, tmp.data(), k.dtype, values[d].data, n);
+        reduce_sum(DType::kFloat32, sum32.data(), tmp.data(), n);
+      }
+    }
+    if (!compress) {
+      buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(n * esize));
+      if (is_half(k.dtype)) {
+        convert(k.dtype, buf->data(), DType::kFloat32, sum32.data(), n);
+      } else {
+        copy(k.dtype, buf->data(), values[0].data, n);
+        for (size_t d = 1; d < values.size(); ++d)
+          reduce_sum(k.dtype, buf->data(), values[d].data, n);
+      }
+      src = buf->data();
+    }
+  }
+  uint64_t base_offset = 0;
+  if (compress) {  // one buffer: per slice, threshold then words
+    size_t total = 0;
+    for (const auto& s : k.slices)
+      total += 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+    buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
+    compress::TwoBitCodec codec(*threshold);
+    std::lock_guard lock(k.residual_mu);
+    if (k.residual.size() != n) k.residual.assign(n, 0.0f);
+    std::byte* out = buf->data();
+    for (const auto& s : k.slices) {
+      std::memcpy(out, &*threshold, 4);
+      codec.compress(sum32.data() + s.begin, k.residual.data() + s.begin,
+                     reinterpret_cast<uint32_t*>(out + 4), static_cast<size_t>(s.count));
+      out += 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+    }
+  }
+  for (const auto& s : k.slices) {
+    net::Header h{.type = ps::msg::kPush,
+                  .flags = compress ? ps::msg::kFlagCompressed : 0u,
+                  .key = k.id,
+                  .dtype = static_cast<uint32_t>(k.dtype),
+                  .offset = static_cast<uint64_t>(s.begin),
+                  .length = static_cast<uint64_t>(s.count)};
+    if (compress) {
+      size_t bytes = 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+      request(s.server, h, buf->data() + base_offset, bytes, buf, done, priority);
+      base_offset += bytes;
+    } else {
+      request(s.server, h, src + s.begin * esize, static_cast<size_t>(s.count) * esize, buf, done,
+              priority);
+    }
+  }
+}
+
+void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
+                           const std::shared_ptr<Completion>& done, int priority) {
+  const size_t esize = dtype_size(k.dtype);
+  const size_t bytes = static_cast<size_t>(s.count) * esize;
+  const size_t at = static_cast<size_t>(s.begin) * esize;
+  uint64_t rid = next_request_++;
+  net::RecvMatch match{ps::msg::kReply, rid, k.id};
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.is_ok()) return done->finish(failure_);
+    pending_[rid] = std::make_unique<Pending>(Pending{done, s.server, match, {}});
+  }
+  auto* dst = static_cast<std::byte*>(outs[0].data) + at;
+  Status posted = node_->post_recv(
+      Role::kServer, s.server, match, dst, bytes,
+      [this, rid, outs, at, bytes](const Status& st, const net::Header& h) {
+        Status result = st;
+        if (result.is_ok() && h.payload_bytes != bytes)
+          result =
+              Status(ErrorCode::kProtocolError,
+                     fmt::format("pull reply has {} bytes, expected {}", h.payload_bytes, bytes));
+        if (result.is_ok())
+          for (size_t d = 1; d < outs.size(); ++d)
+            std::memcpy(static_cast<std::byte*>(outs[d].data) + at,
+                        static_cast<const std::byte*>(outs[0].data) + at, bytes);
+        finish(rid, result);
+      });
+  if (!posted.is_ok()) return finish(rid, posted);
+  net::Header h{.type = ps::msg::kPull,
+                .request_id = rid,
+                .key = k.id,
+                .dtype = static_cast<uint32_t>(k.dtype),
+                .offset = static_cast<uint64_t>(s.begin),
+                .length = static_cast<uint64_t>(s.count)};
+  Status sent = node_->send_copy(Role::kServer, s.server, h, nullptr, 0, priority);
+  if (!sent.is_ok()) {
+    node_->transport().cancel_recv(node_->conn(Role::kServer, s.server), match);
+    finish(rid, sent);
+  }
+}
+
+KVHandle DistStore::push_async(const std::vector<Key>& keys, const std::vector<ArrayList>& values,
+                               int priority) {
+  return pushpull_async(keys, values, {}, priority);
+}
+
+KVHandle DistStore::pull_async(const std::vector<Key>& keys, const std::vector<ArrayList>& outs,
+                               int priority) {
+  return pushpull_async(keys, {}, outs, priority);
+}
+
+// push, pull and pushpull in one: `values` or `outs` may be empty (not both).
+KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
+                                   const std::vector<ArrayList>& values,
+                                   const std::vector<ArrayList>& outs, int priority) {
+  const char* op = values.empty() ? "pull" : (outs.empty() ? "push" : "pushpull");
+  std::vector<KeyInfo*> ks = infos(op, keys, values.empty() ? outs.size() : values.size());
+  if (!values.empty() && !outs.empty()) kv::check_counts(op, keys.size(), outs.size());
+  size_t parts = 0;
+  for (size_t i = 0; i < ks.size(); ++i) {
+    if (!values.empty())
+      kv::check_list(op, type_, ks[i]->key, ks[i]->shape, ks[i]->dtype, values[i], "value");
+    if (!outs.empty())
+      kv::check_list(op, type_, ks[i]->key, ks[i]->shape, ks[i]->dtype, outs[i], "output");
+    parts += ks[i]->slices.size() * ((values.empty() ? 0 : 1) + (outs.empty() ? 0 : 1));
+  }
+  auto done = std::make_shared<Completion>(static_cast<int>(parts));
+  for (size_t i = 0; i < ks.size(); ++i) {
+    if (!values.empty()) push_key(*ks[i], values[i], done, priority);
+    if (!outs.empty())
+      for (const auto& s : ks[i]->slices)
+        pull_slice(*ks[i], s, outs[i], done, priority);
+  }
+  return KVHandle(done);
+}
+
+KVHandle DistStore::row_sparse_pull_async(const Key& key, const ArrayList& outs,
+                                          const ArrayView& row_ids, int priority) {
+  KeyInfo* k = infos("row_sparse_pull", {key}, 1).front();
+  if (k->shape.ndim() < 1)
+    throw InvalidArgument(fmt::format("row_sparse_pull of key {}: the value {} has no rows",
+                                      key.to_string(), k->shape.to_string()));
+  kv::check_list("row_sparse_pull", type_, key, k->shape, k->dtype, outs, "output");
+  const int64_t rows = k->shape[0];
+  const int64_t row_len = rows ? k->shape.numel() / rows : 0;
+  std::vector<int64_t> ids = kv::check_row_ids(key, row_ids, rows);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const size_t esize = dtype_size(k->dtype);
+  for (const auto& o : outs)
+    std::memset(o.data, 0, o.nbytes());  // rows not asked for are zero
+
+  struct Ask {
+    ps::Slice slice;
+    std::vector<ps::Range> ranges;
+  };
+  std::vector<Ask> asks;
+  for (const auto& s : k->slices) {
+    Ask a{s, {}};
+    for (int64_t r : ids) {
+      int64_t lo = std::max(r * row_len, s.begin),
+              hi = std::min((r + 1) * row_len, s.begin + s.count);
+      if (hi > lo) a.ranges.push_back({lo - s.begin, hi - lo});
+    }
+    if (!a.ranges.empty()) asks.push_back(std::move(a));
+  }
+  auto done = std::make_shared<Completion>(static_cast<int>(asks.size()));
+  for (auto& a : asks) {
+    auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_ranges(a.ranges));
+    net::Header h{.type = ps::msg::kPull, .key = k->id, .dtype = static_cast<uint32_t>(k->dtype)};
+    request(a.slice.server, h, payload->data(), payload->size(), payload, done, priority,
+            [outs, a, esize](const std::byte* d, size_t n) {
+              size_t want = 0;
+              for (const auto& r : a.ranges)
+                want += static_cast<size_t>(r.count) * esize;
+              if (n != want)
+                throw ProtocolError(
+                    fmt::format("row_sparse_pull reply has {} bytes, expected {}", n, want));
+              for (const auto& r : a.ranges) {
+                size_t at = static_cast<size_t>(a.slice.begin + r.begin) * esize;
+                size_t len = static_cast<size_t>(r.count) * esize;
+                for (const auto& o : outs)
+                  std::memcpy(static_cast<std::byte*>(o.data) + at, d, len);
+                d += len;
+              }
+            });
+  }
+  return KVHandle(done);
+}
+
+void DistStore::wait_all() {
+  std::unique_lock lock(mu_);
+  if (!idle_cv_.wait_for(lock, wait_timeout(), [&] { return pending_.empty(); }))
+    throw Timeout(fmt::format("wait_all: {} requests to the servers still unanswered after {} ms",
+                              pending_.size(), wait_timeout().count()));
+  failure_.raise();
+}
+
+void DistStore::barrier() {
+  check_failure();
+  node_->barrier(cluster::Group::kWorkers);
+}
+
+// ---- optimizer, compression ------------------------------------------------
+
+void DistStore::set_updater(Updater) {
+  throw InvalidArgument(fmt::format(
+      "set_updater on a '{}' store: updates run on the servers, and a C++ function cannot be sent "
+      "there; use set_optimizer(spec), or pull the summed gradients and update locally",
+      type_));
+}
+
+void DistStore::set_optimizer(const OptimizerSpec& spec) {
+  create_optimizer(spec);  // the same InvalidArgument on every worker, before any traffic
+  Status sent;
+  if (rank() == 0) {
+    try {
+      command_all(static_cast<uint64_t>(ps::Command::kSetOptimizer), {spec.to_string()});
+    } catch (...) {
+      sent = Status::from_current_exception();
+    }
+  }
+  node_->barrier(cluster::Group::kWorkers);
+  sent.raise();
+}
+
+void DistStore::save_optimizer_states(const std::string& path) {
+  wait_all();
+  std::vector<std::string> states;
+  command_all(static_cast<uint64_t>(ps::Command::kSaveStates), {""}, &states);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw IoError(fmt::format("save_optimizer_states: cannot write '{}'", tmp));
+    auto put32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
+    f.write(kStatesMagic, 4);
+    put32(kStatesVersion);
+    put32(static_cast<uint32_t>(states.size()));
+    for (const auto& s : states) {
+      uint64_t n = s.size();
+      f.write(reinterpret_cast<const char*>(&n), 8);
+      f.write(s.data(), static_cast<std::streamsize>(s.size()));
+    }
+    if (!f) throw IoError(fmt::format("save_optimizer_states: writing '{}' failed", tmp));
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+void DistStore::load_optimizer_states(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw IoError(fmt::format("load_optimizer_states: cannot read '{}'", path));
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto corrupt = [&](const std::string& why) {
+    return IoError(
+        fmt::format("load_optimizer_states: '{}' is not a distributed optimizer-state "
+                    "file ({})",
+                    path, why));
+  };
+  if (bytes.size() < 12 || std::memcmp(bytes.data(), kStatesMagic, 4) != 0)
+    throw corrupt("bad magic");
+  uint32_t version, servers;
+  std::memcpy(&version, bytes.data() + 4, 4);
+  std::memcpy(&servers, bytes.data() + 8, 4);
+  if (version != kStatesVersion) throw corrupt(fmt::format("version {}", version));
+  if (static_cast<int>(servers) != node_->num_servers())
+    throw InvalidArgument(fmt::format(
+        "load_optimizer_states: '{}' was saved by a job with {} servers; this job has {}", path,
+        servers, node_->num_servers()));
+  std::vector<std::string> per_server;
+  size_t at = 12;
+  for (uint32_t s = 0; s < servers; ++s) {
+    uint64_t n;
+    if (at + 8 > bytes.size()) throw corrupt("truncated");
+    std::memcpy(&n, bytes.data() + at, 8);
+    at += 8;
+    if (n > bytes.size() - at) throw corrupt("truncated");
+    per_server.emplace_back(bytes.substr(at, n));
+    at += n;
+  }
+  wait_all();
+  command_all(static_cast<uint64_t>(ps::Command::kLoadStates), per_server);
+}
+
+void DistStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
+  auto type = params.find("type");
+  std::string t = type == params.end() ? "none" : type->second;
+  std::optional<float> threshold;
+  if (t == "2bit") {
+    float v = 0.5f;
+    if (auto it = params.find("threshold"); it != params.end()) {
+      try {
+        v = std::stof(it->second);
+      } catch (...) {
+        throw InvalidArgument(
+            fmt::format("gradient compression threshold '{}' is not a number", it->second));
+      }
+    }
+    compress::TwoBitCodec check(v);  // InvalidArgument unless > 0
+    threshold = v;
+  } else if (t != "none") {
+    throw InvalidArgument(
+        fmt::format("gradient compression type '{}' is not supported; use '2bit' or 'none'", t));
+  }
+  for (const auto& [k, v] : params)
+    if (k != "type" && k != "threshold")
+      throw InvalidArgument(
+          fmt::format("unknown gradient compression parameter '{}'; valid: type, threshold", k));
+  std::lock_guard lock(mu_);
+  compression_threshold_ = threshold;
+}
+
+}  // namespace pushpull

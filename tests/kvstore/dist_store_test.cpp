@@ -1,0 +1,304 @@
+// The parameter-server KVStore types end to end, with the scheduler, servers
+// and workers of a job as threads of this process on loopback.
+#include "kvstore/dist_store.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "cluster/scheduler.h"
+#include "ps/server.h"
+#include "pushpull/kernels.h"
+
+namespace pushpull {
+namespace {
+
+// Runs one job: a scheduler, `servers` servers and `workers` workers, each
+// worker running `body(store)` on its own thread. Rethrows the first worker
+// exception; checks that the job ends in order.
+void run_job(int servers, int workers, const std::string& type,
+             const std::function<void(KVStore&)>& body, int64_t bigarray_bound = 1000000) {
+  Options base;
+  base.cluster.num_servers = servers;
+  base.cluster.num_workers = workers;
+  base.cluster.root_uri = "127.0.0.1";
+  base.cluster.root_port = 0;
+  base.cluster.heartbeat_interval = Millis(200);
+  base.cluster.heartbeat_timeout = Millis(5000);
+  base.cluster.startup_timeout = Millis(30000);
+  base.net.node_host = "127.0.0.1";
+  base.kvstore.bigarray_bound = bigarray_bound;
+  base.kvstore.server_threads = 2;
+  base.kvstore.wait_timeout = Millis(30000);
+
+  Options so = base;
+  so.cluster.role = Role::kScheduler;
+  cluster::Scheduler scheduler(so);
+  base.cluster.root_port = scheduler.bind();
+  auto result = std::async(std::launch::async, [&] { return scheduler.run(); });
+
+  std::vector<std::future<void>> nodes;
+  for (int s = 0; s < servers; ++s) {
+    Options o = base;
+    o.cluster.role = Role::kServer;
+    nodes.push_back(std::async(std::launch::async, [o] { ps::run_server(o); }));
+  }
+  for (int w = 0; w < workers; ++w) {
+    Options o = base;
+    o.cluster.role = Role::kWorker;
+    nodes.push_back(std::async(std::launch::async, [o, type, &body] {
+      DistStore store(type, o);
+      body(store);
+    }));
+  }
+  std::exception_ptr first;
+  for (auto& n : nodes) {
+    try {
+      n.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      scheduler.stop();  // a failed worker must not leave the others waiting
+    }
+  }
+  Status st = result.get();
+  if (first) std::rethrow_exception(first);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+}
+
+std::vector<double> values_of(const Array& a) {
+  std::vector<double> v(static_cast<size_t>(a.numel()));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = get_element(a, static_cast<int64_t>(i));
+  return v;
+}
+
+struct RoundCase {
+  DType dtype;
+  int64_t rows, cols;
+};
+
+class DistSyncRounds : public ::testing::TestWithParam<RoundCase> {};
+
+// After round i in which every worker w pushes ones*(w+1), with optimizer
+// test (rescale_grad=2), every worker pulls (N+1)*N/2*2*i + 1 (init 1).
+TEST_P(DistSyncRounds, TestOptimizerGivesClosedForm) {
+  const RoundCase c = GetParam();
+  const int n = 3;
+  run_job(2, n, "dist_sync", [&](KVStore& kv) {
+    Shape shape{c.rows, c.cols};
+    kv.init(7, Array::full(shape, 1.0, c.dtype));
+    kv.set_optimizer(OptimizerSpec::parse("test:rescale_grad=2"));
+    Array grad = Array::full(shape, kv.rank() + 1.0, c.dtype);
+    Array out(shape, c.dtype);
+    for (int round = 1; round <= 3; ++round) {
+      kv.push(7, grad.view());
+      kv.pull(7, out.view());
+      double expect = (n + 1) * n / 2.0 * 2 * round + 1;
+      auto v = values_of(out);
+      ASSERT_EQ(v.front(), expect) << "round " << round << " worker " << kv.rank();
+      ASSERT_EQ(v.back(), expect);
+      ASSERT_EQ(v[v.size() / 2], expect);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SmallAndBig, DistSyncRounds,
+                         ::testing::Values(RoundCase{DType::kFloat32, 2, 3},
+                                           RoundCase{DType::kFloat16, 2, 3},
+                                           RoundCase{DType::kFloat32, 1200, 1200},
+                                           RoundCase{DType::kFloat16, 1200, 1200}),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) + "_" +
+                                  std::to_string(info.param.rows);
+                         });
+
+TEST(DistStore, PushOfTwoDevicesPerWorkerSumsEverything) {
+  run_job(2, 2, "dist_device_sync", [](KVStore& kv) {
+    kv.init("weight", Array::full(Shape{2, 3}, 0.5).view());
+    Array d0 = Array::full(Shape{2, 3}, 1.0), d1 = Array::full(Shape{2, 3}, 2.0);
+    Array o0(Shape{2, 3}, DType::kFloat32), o1(Shape{2, 3}, DType::kFloat32);
+    kv.push("weight", ArrayList{d0.view(), d1.view()});
+    kv.pull("weight", ArrayList{o0.view(), o1.view()});
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(o0.as<float>()[i], 6.0f);  // (1 + 2) per worker, two workers
+      EXPECT_EQ(o1.as<float>()[i], 6.0f);
+    }
+  });
+}
+
+TEST(DistStore, InitValuesFromWorkerZeroForManyKeys) {
+  // bound 1000: keys of 2000 elements are split over both servers.
+  run_job(
+      2, 3, "dist_sync",
+      [](KVStore& kv) {
+        std::vector<Key> keys;
+        std::vector<Array> values;
+        for (int i = 0; i < 100; ++i) {
+          keys.emplace_back(i);
+          int64_t n = i % 2 ? 2000 : 5;
+          // Other workers' values are ignored: only worker 0's reach the servers.
+          values.push_back(Array::full(Shape{n}, kv.rank() == 0 ? i : -1.0));
+        }
+        std::vector<ArrayView> views(values.begin(), values.end());
+        kv.init(keys, views);
+        for (int i = 0; i < 100; ++i) {
+          Array out(values[i].shape(), DType::kFloat32);
+          kv.pull(i, out.view());
+          ASSERT_EQ(out.as<float>()[0], i);
+          ASSERT_EQ(out.as<float>()[out.numel() - 1], i);
+        }
+      },
+      1000);
+}
+
+TEST(DistStore, AsyncAppliesEveryPush) {
+  const int n = 3, pushes = 20;
+  run_job(
+      2, n, "dist_async",
+      [&](KVStore& kv) {
+        kv.init(1, Array::full(Shape{1500}, 1.0).view());
+        Array g = Array::full(Shape{1500}, 1.0);
+        EXPECT_THROW(kv.push(1, g.view()), InvalidArgument);  // no optimizer yet
+        kv.barrier();
+        kv.set_optimizer(OptimizerSpec::parse("test:rescale_grad=1"));
+        for (int i = 0; i < pushes; ++i)
+          kv.push(1, g.view());
+        kv.barrier();
+        Array out(Shape{1500}, DType::kFloat32);
+        kv.pull(1, out.view());
+        EXPECT_EQ(out.as<float>()[0], 1.0f + n * pushes);  // no lost update
+        EXPECT_EQ(out.as<float>()[1499], 1.0f + n * pushes);
+      },
+      1000);
+}
+
+TEST(DistStore, RowSparsePull) {
+  run_job(
+      2, 2, "dist_sync",
+      [](KVStore& kv) {
+        const int64_t rows = 50, cols = 40;  // 2000 elements: split over both servers
+        Array v(Shape{rows, cols}, DType::kFloat32);
+        for (int64_t i = 0; i < v.numel(); ++i)
+          v.as<float>()[i] = static_cast<float>(i);
+        kv.init(3, v.view());
+        std::mt19937 rng(static_cast<unsigned>(kv.rank()));
+        std::vector<int64_t> ids;
+        for (int i = 0; i < 30; ++i)
+          ids.push_back(static_cast<int64_t>(rng() % rows));
+        ids.push_back(ids.front());     // a duplicate
+        for (auto which : {0, 1, 2}) {  // random ids, all rows, no rows
+          std::vector<int64_t> ask = which == 0 ? ids : std::vector<int64_t>{};
+          if (which == 1)
+            for (int64_t r = 0; r < rows; ++r)
+              ask.push_back(r);
+          Array out = Array::full(Shape{rows, cols}, -7.0);
+          kv.row_sparse_pull(3, out.view(),
+                             ArrayView(ask.data(), Shape{static_cast<int64_t>(ask.size())}));
+          for (int64_t r = 0; r < rows; ++r) {
+            bool asked = std::find(ask.begin(), ask.end(), r) != ask.end();
+            for (int64_t c = 0; c < cols; c += 13)
+              ASSERT_EQ(out.as<float>()[r * cols + c],
+                        asked ? static_cast<float>(r * cols + c) : 0.0f)
+                  << "row " << r << " case " << which;
+          }
+        }
+      },
+      1000);
+}
+
+TEST(DistStore, TwoBitCompressionWithResidual) {
+  run_job(1, 2, "dist_sync", [](KVStore& kv) {
+    kv.set_gradient_compression({{"type", "2bit"}, {"threshold", "0.5"}});
+    kv.init(9, Array::full(Shape{20}, 0.0).view());
+    Array small = Array::full(Shape{20}, 0.3);
+    Array out(Shape{20}, DType::kFloat32);
+    kv.push(9, small.view());  // residual 0.3 < 0.5: nothing sent
+    kv.pull(9, out.view());
+    EXPECT_EQ(out.as<float>()[0], 0.0f);
+    kv.push(9, small.view());  // residual 0.6: +0.5 sent by each worker
+    kv.pull(9, out.view());
+    EXPECT_EQ(out.as<float>()[0], 1.0f);
+    EXPECT_EQ(out.as<float>()[19], 1.0f);
+  });
+}
+
+TEST(DistStore, OptimizerStatesSurviveARestartOfTheJob) {
+  std::string path = ::testing::TempDir() + "/pushpull-dist-states-" + std::to_string(getpid());
+  auto spec = OptimizerSpec::parse("sgd:learning_rate=0.1,momentum=0.9");
+  Array after_two(Shape{2000}, DType::kFloat32), after_three(Shape{2000}, DType::kFloat32);
+  run_job(
+      2, 2, "dist_sync",
+      [&](KVStore& kv) {
+        kv.init(4, Array::full(Shape{2000}, 1.0).view());
+        kv.set_optimizer(spec);
+        Array g = Array::full(Shape{2000}, 1.0);
+        kv.push(4, g.view());
+        kv.push(4, g.view());
+        kv.barrier();
+        if (kv.rank() == 0) {
+          kv.pull(4, after_two.view());
+          kv.save_optimizer_states(path);
+        }
+        kv.barrier();
+        kv.push(4, g.view());
+        if (kv.rank() == 0) kv.pull(4, after_three.view());
+      },
+      1000);
+  // A new job starts from the weights after two steps; only the loaded
+  // momentum makes its third step equal the first job's.
+  run_job(
+      2, 2, "dist_sync",
+      [&](KVStore& kv) {
+        kv.init(4, after_two.view());
+        kv.set_optimizer(spec);
+        if (kv.rank() == 0) kv.load_optimizer_states(path);
+        kv.barrier();
+        Array g = Array::full(Shape{2000}, 1.0);
+        Array w(Shape{2000}, DType::kFloat32);
+        kv.push(4, g.view());
+        kv.pull(4, w.view());
+        EXPECT_EQ(w.as<float>()[0], after_three.as<float>()[0]);
+        EXPECT_EQ(w.as<float>()[1999], after_three.as<float>()[1999]);
+        EXPECT_NE(w.as<float>()[0],
+                  after_two.as<float>()[0] - 0.1f * 2);  // not a momentum-free step
+      },
+      1000);
+  std::filesystem::remove(path);
+}
+
+TEST(DistStore, BadInputIsRejectedOnTheWorkerThatMadeIt) {
+  run_job(1, 2, "dist_sync", [](KVStore& kv) {
+    kv.init(1, Array::full(Shape{2, 3}, 1.0).view());
+    Array wrong_shape = Array::full(Shape{3, 2}, 1.0);
+    Array wrong_dtype = Array::full(Shape{2, 3}, 1.0, DType::kFloat64);
+    Array ok(Shape{2, 3}, DType::kFloat32);
+    EXPECT_THROW(kv.push(2, ok.view()), NotFound);
+    try {
+      kv.push(1, wrong_shape.view());
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("(3, 2)"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("(2, 3)"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(kv.push(1, wrong_dtype.view()), InvalidArgument);
+    EXPECT_THROW(kv.push(1, ArrayList{}), InvalidArgument);
+    EXPECT_THROW(kv.pull(std::vector<Key>{1, "x"}, std::vector<ArrayView>{ok.view(), ok.view()}),
+                 InvalidArgument);
+    EXPECT_THROW(kv.pull(1, ArrayView(nullptr, DType::kFloat32, Shape{2, 3})), InvalidArgument);
+    EXPECT_THROW(kv.init(1, ok.view()), AlreadyExists);
+    EXPECT_THROW(kv.set_updater([](const Key&, const ArrayView&, const ArrayView&) {}),
+                 InvalidArgument);
+    EXPECT_THROW(kv.set_optimizer(OptimizerSpec::parse("sgdd")), InvalidArgument);
+    EXPECT_THROW(kv.set_gradient_compression({{"type", "3bit"}}), InvalidArgument);
+    // The store still works for everyone.
+    kv.push(1, ok.view());
+    kv.pull(1, ok.view());
+    EXPECT_EQ(ok.as<float>()[0], 0.0f);  // sum of two zero pushes
+  });
+}
+
+}  // namespace
+}  // namespace pushpull
