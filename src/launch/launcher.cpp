@@ -257,9 +257,11 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   if (cfg.launcher == LauncherKind::kSlurm)
     std::filesystem::remove(fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id));
   if (scheduler) {
-    if (outcome.exit_code == 0 && !scheduler->wait(settings.service_deadline))
-      PP_WARN("the scheduler did not finish within {} ms after the job: stopping it",
-              settings.service_deadline.count());
+    // Every node has exited: the scheduler cannot learn anything more, it
+    // only needs a moment to see the last ones leave.
+    if (outcome.exit_code == 0 && !scheduler->wait(Millis(2000)))
+      PP_WARN(
+          "the scheduler did not see every node leave (did they all call shutdown?): stopping it");
     scheduler->stop();
   }
   if (outcome.exit_code != 0)
