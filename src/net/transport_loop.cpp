@@ -169,8 +169,19 @@ void Transport::on_header(Conn& c) {
   if (st && handshake && c.hdr.type != msg::kHello)
     st = {ErrorCode::kProtocolError,
           fmt::format("expected a hello, got message type {}", c.hdr.type)};
-  if (st && !handshake && !handler(c.hdr.type))
-    st = {ErrorCode::kProtocolError, fmt::format("unknown message type {}", c.hdr.type)};
+  if (st && !handshake) {
+    // A posted receive takes the message; otherwise its type needs a handler.
+    std::lock_guard lock(c.recv_mu);
+    RecvMatch m{c.hdr.type, c.hdr.request_id, c.hdr.key};
+    for (auto it = c.posted.begin(); it != c.posted.end(); ++it) {
+      if (!(it->match == m)) continue;
+      c.active = std::move(*it);
+      c.posted.erase(it);
+      break;
+    }
+    if (!c.active && !handler(c.hdr.type))
+      st = {ErrorCode::kProtocolError, fmt::format("unknown message type {}", c.hdr.type)};
+  }
   if (!st) {
     if (handshake) {
       // Tell the connector why before closing, so both sides log the reason.
@@ -193,18 +204,7 @@ void Transport::on_header(Conn& c) {
   }
   c.in_payload = true;
   c.got = 0;
-  c.active.reset();
   c.discard = false;
-  if (!handshake) {
-    std::lock_guard lock(c.recv_mu);
-    RecvMatch m{c.hdr.type, c.hdr.request_id, c.hdr.key};
-    for (auto it = c.posted.begin(); it != c.posted.end(); ++it) {
-      if (!(it->match == m)) continue;
-      c.active = std::move(*it);
-      c.posted.erase(it);
-      break;
-    }
-  }
   if (c.active && c.hdr.payload_bytes <= c.active->capacity) {
     c.dst = c.active->dst;
   } else {
