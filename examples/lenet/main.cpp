@@ -1,0 +1,278 @@
+// The reference job: LeNet on Fashion-MNIST, data parallel through a KVStore
+// (MXNet's distributed training tutorial, in libtorch C++).
+//
+//   lenet --kvstore local --devices-per-worker 2 --epochs 2
+//   pushpull launch -n 2 -s 2 -- build/bin/lenet --kvstore dist_sync --threads 1
+//
+// Each worker reads its part of the training set (SplitSampler: num_parts =
+// workers, part_index = rank), splits every batch across its device replicas
+// (threads), and synchronises through pushpull::torch::Trainer. See
+// docs/training.md.
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "pushpull/data/idx.h"
+#include "pushpull/data/sampler.h"
+#include "pushpull/error.h"
+#include "pushpull/kvstore.h"
+#include "pushpull/options.h"
+#include "pushpull/torch/replicas.h"
+#include "pushpull/torch/trainer.h"
+
+namespace {
+
+namespace F = torch::nn::functional;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string kvstore = "local";
+  int devices = 1;
+  int epochs = 2;
+  int batch_size = 64;  // per worker
+  double lr = 0.05;
+  double momentum = 0.9;
+  double wd = 0.0;
+  uint64_t seed = 42;
+  std::string data_dir = pushpull::data::kFashionMnistDir;
+  bool update_on_kvstore = true;
+  int64_t max_batches = 0;  // per epoch; 0 = all
+  int64_t test_limit = 0;   // test images evaluated; 0 = all
+  int log_every = 200;
+  int threads = 0;
+  std::string model = "mxnet";
+};
+
+// conv 5x5 -> relu -> pool 2 -> conv 5x5 -> relu -> pool 2 -> dense -> relu -> dense 10.
+// "mxnet": 20 and 50 filters, 500 hidden (the MXNet tutorial); "small": 6, 16, 120.
+struct LeNetImpl : torch::nn::Module {
+  LeNetImpl(int64_t c1, int64_t c2, int64_t hidden)
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, c1, 5)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, 5)))),
+        fc1(register_module("fc1", torch::nn::Linear(c2 * 4 * 4, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = F::max_pool2d(torch::relu(conv1->forward(x)), F::MaxPool2dFuncOptions(2));
+    x = F::max_pool2d(torch::relu(conv2->forward(x)), F::MaxPool2dFuncOptions(2));
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    return fc2->forward(x);
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(LeNet);
+
+LeNet make_lenet(const std::string& model) {
+  if (model == "mxnet") return LeNet(20, 50, 500);
+  if (model == "small") return LeNet(6, 16, 120);
+  throw pushpull::InvalidArgument("--model " + model + ": use mxnet or small");
+}
+
+// Images normalised with Fashion-MNIST's mean and deviation, labels as int64.
+struct Split {
+  torch::Tensor x, y;
+  int64_t size() const { return x.size(0); }
+};
+Split load_split(const std::string& dir, const std::string& prefix) {
+  auto ds = pushpull::data::load_mnist(dir, prefix);
+  const auto n = static_cast<int64_t>(ds.count);
+  const auto rows = static_cast<int64_t>(ds.rows), cols = static_cast<int64_t>(ds.cols);
+  Split s;
+  s.x = (torch::from_blob(ds.images.data(), {n, 1, rows, cols}, torch::kFloat32) - 0.2860) / 0.3530;
+  s.y = torch::from_blob(ds.labels.data(), {n}, torch::kUInt8).to(torch::kInt64);
+  return s;
+}
+
+// Accuracy of `model` on the first `limit` test images, split across devices.
+double test_accuracy(std::vector<LeNet>& models, pushpull::torch::ReplicaRunner& runner,
+                     const Split& test, int64_t limit) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = limit > 0 ? std::min(limit, test.size()) : test.size();
+  std::vector<int64_t> correct(models.size(), 0);
+  runner.run([&](int d) {
+    auto [begin, end] = pushpull::torch::batch_slice(n, runner.num_devices(), d);
+    models[d]->eval();
+    for (int64_t b = begin; b < end; b += 1000) {
+      const int64_t len = std::min<int64_t>(1000, end - b);
+      auto pred = models[d]->forward(test.x.narrow(0, b, len)).argmax(1);
+      correct[d] += pred.eq(test.y.narrow(0, b, len)).sum().item<int64_t>();
+    }
+    models[d]->train();
+  });
+  int64_t total = 0;
+  for (auto c : correct)
+    total += c;
+  return static_cast<double>(total) / static_cast<double>(n);
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int run(const Args& a) {
+  const auto wall0 = Clock::now();
+  auto kv = pushpull::create_kvstore(a.kvstore, pushpull::Options::from_env());
+  const int rank = kv->rank(), workers = kv->num_workers();
+  const std::string who = fmt::format("[worker {}/{}]", rank, workers);
+  if (a.kvstore.starts_with("dist_async") && !a.update_on_kvstore) {
+    throw pushpull::InvalidArgument(
+        "--kvstore dist_async needs the optimizer on the store: drop --update-on-kvstore false");
+  }
+  if (a.devices < 1 || a.batch_size < a.devices || a.epochs < 1) {
+    throw pushpull::InvalidArgument(
+        "need --devices-per-worker >= 1, --batch-size >= --devices-per-worker, --epochs >= 1");
+  }
+  const int threads = pushpull::torch::configure_torch_threads(a.devices, a.threads);
+
+  const Split train = load_split(a.data_dir, "train");
+  const Split test = load_split(a.data_dir, "t10k");
+  pushpull::data::SplitSampler sampler(static_cast<size_t>(train.size()),
+                                       static_cast<size_t>(workers), static_cast<size_t>(rank),
+                                       a.seed);
+  // Whole batches only: every worker runs the same number of sync rounds and
+  // the store's rescale_grad (1 / global batch) stays right.
+  int64_t batches = static_cast<int64_t>(sampler.size()) / a.batch_size;
+  if (a.max_batches > 0) batches = std::min(batches, a.max_batches);
+
+  std::vector<LeNet> models;
+  std::vector<pushpull::torch::ParameterList> params;
+  for (int d = 0; d < a.devices; ++d) {
+    torch::manual_seed(a.seed);
+    models.push_back(make_lenet(a.model));
+    params.push_back(models.back()->parameters());
+  }
+  const auto spec = pushpull::OptimizerSpec::parse(
+      fmt::format("sgd:learning_rate={},momentum={},wd={}", a.lr, a.momentum, a.wd));
+  pushpull::torch::Trainer trainer(params, spec, *kv, a.update_on_kvstore);
+  trainer.init();
+  pushpull::torch::ReplicaRunner runner(a.devices);
+  fmt::print(
+      "{} kvstore={} devices={} model={} batch={}/worker ({} global) lr={} epochs={} "
+      "batches/epoch={} part={} of {} train images, intra-op threads={}\n",
+      who, a.kvstore, a.devices, a.model, a.batch_size, a.batch_size * workers, a.lr, a.epochs,
+      batches, sampler.size(), train.size(), threads);
+  std::fflush(stdout);
+
+  double acc = 0, train_seconds = 0;
+  int64_t samples_total = 0;
+  std::vector<double> loss_d(a.devices);
+  std::vector<int64_t> correct_d(a.devices);
+  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+    const auto order = sampler.indices(static_cast<uint64_t>(epoch));
+    std::vector<int64_t> order64(order.begin(), order.end());
+    auto order_t =
+        torch::from_blob(order64.data(), {static_cast<int64_t>(order64.size())}, torch::kInt64);
+    const auto t0 = Clock::now();
+    auto tw = t0;
+    double loss_sum = 0, loss_window = 0;
+    int64_t correct = 0, seen = 0, seen_window = 0, correct_window = 0;
+    for (int64_t b = 0; b < batches; ++b) {
+      auto idx = order_t.narrow(0, b * a.batch_size, a.batch_size);
+      auto x = train.x.index_select(0, idx), y = train.y.index_select(0, idx);
+      runner.run([&](int d) {
+        auto [begin, end] = pushpull::torch::batch_slice(a.batch_size, a.devices, d);
+        auto out = models[d]->forward(x.narrow(0, begin, end - begin));
+        auto yd = y.narrow(0, begin, end - begin);
+        // A sum over the samples: the Trainer scales by 1 / global batch.
+        auto loss = F::cross_entropy(out, yd, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+        loss.backward();
+        loss_d[d] = loss.item<double>();
+        correct_d[d] = out.argmax(1).eq(yd).sum().item<int64_t>();
+      });
+      trainer.step(a.batch_size);
+      for (auto& m : models)
+        m->zero_grad();
+      for (int d = 0; d < a.devices; ++d) {
+        loss_window += loss_d[d];
+        correct_window += correct_d[d];
+      }
+      seen_window += a.batch_size;
+      if ((b + 1) % a.log_every == 0 || b + 1 == batches) {
+        const double rate = static_cast<double>(seen_window) / seconds_since(tw);
+        fmt::print(
+            "{} epoch {} batch {}/{} loss {:.4f} train-acc {:.4f} samples/s {:.0f} "
+            "(job ~{:.0f})\n",
+            who, epoch, b + 1, batches, loss_window / static_cast<double>(seen_window),
+            static_cast<double>(correct_window) / static_cast<double>(seen_window), rate,
+            rate * workers);
+        std::fflush(stdout);
+        loss_sum += loss_window;
+        correct += correct_window;
+        seen += seen_window;
+        loss_window = 0;
+        correct_window = seen_window = 0;
+        tw = Clock::now();
+      }
+    }
+    const double secs = seconds_since(t0);
+    train_seconds += secs;
+    samples_total += seen;
+    acc = test_accuracy(models, runner, test, a.test_limit);
+    const auto st = trainer.stats();
+    fmt::print(
+        "{} epoch {} done: loss {:.4f} train-acc {:.4f} test-acc {:.4f} time {:.1f}s samples/s "
+        "{:.0f} (job ~{:.0f}) comm-wait {:.1f}s\n",
+        who, epoch, loss_sum / static_cast<double>(seen),
+        static_cast<double>(correct) / static_cast<double>(seen), acc, secs,
+        static_cast<double>(seen) / secs, static_cast<double>(seen) / secs * workers,
+        st.wait_seconds);
+    std::fflush(stdout);
+  }
+  kv->barrier();
+  if (rank == 0) {
+    const double rate = static_cast<double>(samples_total) / train_seconds;
+    fmt::print(
+        "lenet summary: kvstore={} workers={} devices_per_worker={} epochs={} "
+        "test_accuracy={:.4f} wall_time={:.1f}s train_time={:.1f}s samples_per_s_worker={:.0f} "
+        "samples_per_s_job={:.0f}\n",
+        a.kvstore, workers, a.devices, a.epochs, acc, seconds_since(wall0), train_seconds, rate,
+        rate * workers);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app("LeNet on Fashion-MNIST, data parallel through a pushpull KVStore");
+  app.add_option("--kvstore", a.kvstore,
+                 "Store type: local, dist_sync, dist_async, dist_device_sync, dist_sync_allreduce")
+      ->capture_default_str();
+  app.add_option("--devices-per-worker", a.devices, "Model replicas (CPU devices) per worker")
+      ->capture_default_str();
+  app.add_option("--epochs", a.epochs)->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "Samples per worker per step")
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--momentum", a.momentum)->capture_default_str();
+  app.add_option("--wd", a.wd, "Weight decay")->capture_default_str();
+  app.add_option("--seed", a.seed, "Weights and shuffling")->capture_default_str();
+  app.add_option("--data-dir", a.data_dir, "Directory of the IDX files")->capture_default_str();
+  app.add_option("--update-on-kvstore", a.update_on_kvstore,
+                 "Run the optimizer on the store (true) or on the worker (false)")
+      ->capture_default_str();
+  app.add_option("--max-batches", a.max_batches, "Batches per epoch at most (0: all)")
+      ->capture_default_str();
+  app.add_option("--test-limit", a.test_limit, "Test images evaluated (0: all)")
+      ->capture_default_str();
+  app.add_option("--log-every", a.log_every, "Batches between progress lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--threads", a.threads, "libtorch threads per device (0: cores / devices)")
+      ->capture_default_str();
+  app.add_option("--model", a.model, "mxnet (20/50 filters, 500 hidden) or small (6/16, 120)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lenet: error: %s\n", e.what());
+    return 1;
+  }
+}

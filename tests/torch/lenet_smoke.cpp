@@ -1,0 +1,61 @@
+// Smoke test of the reference job: examples/lenet trains a few hundred steps on
+// Fashion-MNIST (2 devices, local store) and must end well above chance (0.1).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <string>
+
+#include "support/process.h"
+
+namespace {
+
+constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
+
+double final_accuracy(const std::string& output) {
+  // The summary line of worker 0: "lenet summary: ... test_accuracy=0.8123 ...".
+  std::smatch m;
+  static const std::regex re("lenet summary:.*test_accuracy=([0-9.]+)");
+  if (!std::regex_search(output, m, re)) return -1;
+  return std::stod(m[1].str());
+}
+
+void run_lenet(const std::vector<std::string>& extra, double min_accuracy) {
+  if (!std::filesystem::exists(std::string(kDataDir) + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed in " << kDataDir
+                 << " (Debian package dataset-fashion-mnist, `make deps`)";
+  }
+  std::vector<std::string> argv = {std::string(PUSHPULL_BIN_DIR) + "/lenet",
+                                   "--kvstore",
+                                   "local",
+                                   "--epochs",
+                                   "1",
+                                   "--max-batches",
+                                   "300",
+                                   "--test-limit",
+                                   "2000",
+                                   "--batch-size",
+                                   "32",
+                                   "--lr",
+                                   "0.05",
+                                   "--log-every",
+                                   "100"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  pushpull::test::ChildProcess child(argv);
+  auto rc = child.wait(std::chrono::seconds(400));
+  ASSERT_TRUE(rc.has_value()) << "lenet did not finish in 400 s:\n" << child.output();
+  ASSERT_EQ(*rc, 0) << child.output();
+  const double acc = final_accuracy(child.output());
+  ASSERT_GE(acc, 0) << "no summary line in:\n" << child.output();
+  EXPECT_GT(acc, min_accuracy) << child.output();
+}
+
+TEST(LenetSmoke, TwoDevicesStoreUpdateLearns) {
+  run_lenet({"--devices-per-worker", "2"}, 0.6);
+}
+
+TEST(LenetSmoke, LocalUpdateLearns) {
+  run_lenet({"--devices-per-worker", "1", "--update-on-kvstore", "false"}, 0.6);
+}
+
+}  // namespace

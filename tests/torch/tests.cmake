@@ -1,0 +1,24 @@
+# libtorch tests (included from tests/CMakeLists.txt). The sources are not
+# named *_test.cpp so the generic glob leaves them alone: they need
+# pushpull_torch, which exists only when libtorch was found.
+if(NOT TARGET pushpull_torch)
+  message(STATUS "tests/torch: libtorch not found; torch tests not built")
+  return()
+endif()
+
+add_executable(torch_trainer_test ${CMAKE_CURRENT_LIST_DIR}/trainer_tests.cpp)
+target_link_libraries(torch_trainer_test PRIVATE pushpull_torch pushpull_test_support
+  GTest::gtest CLI11::CLI11)
+target_compile_definitions(torch_trainer_test PRIVATE
+  PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+gtest_discover_tests(torch_trainer_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
+
+# The short training run of examples/lenet (a few hundred steps on a subset).
+add_executable(torch_lenet_smoke_test ${CMAKE_CURRENT_LIST_DIR}/lenet_smoke.cpp)
+target_link_libraries(torch_lenet_smoke_test PRIVATE pushpull_test_support GTest::gtest_main)
+target_compile_definitions(torch_lenet_smoke_test PRIVATE
+  PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+gtest_discover_tests(torch_lenet_smoke_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600 LABELS torch)
+if(PUSHPULL_BUILD_EXAMPLES AND EXISTS ${CMAKE_SOURCE_DIR}/examples/lenet/CMakeLists.txt)
+  add_dependencies(torch_lenet_smoke_test lenet)
+endif()
