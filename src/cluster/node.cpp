@@ -125,10 +125,23 @@ void Node::start() {
 void Node::heartbeat_loop() {
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
+  auto next_beat = Clock::now();
   while (!stop_heartbeat_) {
-    cv_.wait_for(lock, c.heartbeat_interval);
+    auto wake = next_beat;
+    if (!suspect_.is_ok()) wake = std::min(wake, suspect_deadline_);
+    cv_.wait_until(lock, wake);
     if (stop_heartbeat_ || shutdown_) break;
-    auto silent = std::chrono::duration_cast<Millis>(Clock::now() - scheduler_seen_);
+    auto now = Clock::now();
+    if (!suspect_.is_ok() && now >= suspect_deadline_ && failure_.is_ok()) {
+      Status s = suspect_;
+      lock.unlock();
+      fail(s);
+      lock.lock();
+      continue;
+    }
+    if (now < next_beat) continue;
+    next_beat = now + c.heartbeat_interval;
+    auto silent = std::chrono::duration_cast<Millis>(now - scheduler_seen_);
     net::ConnId sched = scheduler_;
     lock.unlock();
     transport_->send_copy(sched, net::Header{.type = msg::kHeartbeat}, nullptr, 0);
@@ -206,13 +219,34 @@ void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
 void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
   std::unique_lock lock(mu_);
   if (shutdown_ || leaving_) return;
-  std::string who =
-      id == scheduler_ && book_.scheduler.port > 0 ? book_.scheduler.describe() : p.describe();
-  lock.unlock();
-  fail({ErrorCode::kPeerFailure,
-        fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
-                    "network",
-                    who, why.message())});
+  if (id == scheduler_) {
+    std::string who = book_.scheduler.port > 0
+                          ? book_.scheduler.describe()
+                          : "scheduler (host " + options_.cluster.root_uri + ")";
+    lock.unlock();
+    fail({ErrorCode::kPeerFailure,
+          fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
+                      "network",
+                      who, why.message())});
+    return;
+  }
+  // A peer's connection closed. When another node died first, this peer may
+  // just be exiting because of it; the scheduler's verdict (kPeerDead, which
+  // names the node that really failed) is on its way, so wait a short grace
+  // period before blaming this peer. The transport has already failed every
+  // send and posted receive of this connection.
+  if (!suspect_.is_ok()) return;
+  suspect_ = {ErrorCode::kPeerFailure,
+              fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
+                          "network",
+                          p.describe(), why.message())};
+  suspect_deadline_ = Clock::now() + suspect_grace();
+  cv_.notify_all();
+}
+
+Millis Node::suspect_grace() const {
+  const auto& c = options_.cluster;
+  return std::min(c.heartbeat_timeout / 2, 2 * c.heartbeat_interval + Millis{500});
 }
 
 void Node::fail(Status why) {

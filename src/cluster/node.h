@@ -9,7 +9,9 @@
 // other. start() returns when all of them are up.
 //
 // Failure: the first failure of the job (a peer declared dead by the
-// scheduler, a direct connection to a peer closing, the scheduler closing or
+// scheduler, a direct connection to a peer closing — blamed after a short
+// grace period, min(heartbeat_timeout / 2, 2 heartbeat intervals + 0.5 s), in
+// case the scheduler names another node that died first —, the scheduler closing or
 // going silent for heartbeat_timeout, a job abort) is recorded as a
 // PeerFailure naming the node's role, rank and host; every peer-failure
 // callback runs once with it, every blocked call (start, barrier, shutdown)
@@ -96,6 +98,7 @@ class Node {
   void on_close(net::ConnId id, const net::PeerInfo& p, const Status& why);
   void fail(Status why);
   void heartbeat_loop();
+  Millis suspect_grace() const;
   // Waits on cv_ until pred() or failure or deadline; throws failure/Timeout.
   template <typename Pred>
   void wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const std::string& what,
@@ -115,6 +118,10 @@ class Node {
   std::map<std::pair<Role, int>, net::ConnId> peers_;
   std::map<uint8_t, uint64_t> barrier_sent_, barrier_done_;
   Status failure_;
+  // A peer whose connection closed, blamed after suspect_grace() unless the
+  // scheduler names another culprit first.
+  Status suspect_;
+  std::chrono::steady_clock::time_point suspect_deadline_;
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
   bool leaving_ = false;
   bool shutdown_ = false;
