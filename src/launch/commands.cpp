@@ -41,15 +41,20 @@ std::string remote_script(const std::string& workdir, const std::map<std::string
                      shell_quote(workdir), workdir);
   for (const auto& [k, v] : env)
     s += fmt::format("export {}={}\n", k, shell_quote(v));
+  // Without job control a background job's stdin is /dev/null, so the
+  // channel's stdin is kept on fd 3 for the watcher below.
+  s += "exec 3<&0\n";
   // A background job of a non-interactive shell is not a group leader, so
   // setsid(1) runs the program itself (same pid) as leader of a new group.
-  s += "setsid " + shell_join(argv) + " </dev/null &\n";
+  s += "setsid " + shell_join(argv) + " </dev/null 3<&- &\n";
   s += "pid=$!\n";
-  // The watcher owns the channel's stdin: end of file means "stop".
+  // The watcher owns the channel's stdin: end of file means "stop". It
+  // holds no output fd, so it never keeps the ssh session open.
   s += fmt::format(
       "( while read -r _; do :; done; kill -TERM -$pid 2>/dev/null; sleep {}; "
-      "kill -KILL -$pid 2>/dev/null ) &\n",
+      "kill -KILL -$pid 2>/dev/null ) <&3 >/dev/null 2>&1 &\n",
       grace_s > 0 ? grace_s : 1);
+  s += "exec 3<&-\n";
   s += "watcher=$!\n";
   s += "wait $pid; rc=$?\n";
   s += "kill $watcher 2>/dev/null\n";

@@ -65,12 +65,15 @@ struct Result {
 
 // Starts the launcher; `on_start(pid, stdout_path)` may watch and signal it. Kills it (only it) and
 // fails the test when it runs past `deadline`.
+// `wrapper` goes before the launcher (e.g. ip netns exec NS).
 template <typename OnStart>
 Result run_launcher(const std::vector<std::string>& args, std::chrono::seconds deadline,
-                    OnStart on_start, const std::string& cwd = "") {
+                    OnStart on_start, const std::string& cwd = "",
+                    const std::vector<std::string>& wrapper = {}) {
   TempDir tmp;
   std::string out_path = tmp.path() + "/out", err_path = tmp.path() + "/err";
-  std::vector<std::string> argv = {bin("pushpull_launch_cli"), "launch"};
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {bin("pushpull_launch_cli"), "launch"});
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
   for (auto& a : argv)
@@ -83,7 +86,7 @@ Result run_launcher(const std::vector<std::string>& args, std::chrono::seconds d
     dup2(o, 1);
     dup2(e, 2);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
-    execv(cargv[0], cargv.data());
+    execvp(cargv[0], cargv.data());
     _exit(127);
   }
   Result r;

@@ -178,9 +178,10 @@ TEST(Commands, SshCommandExportsEnvCdsAndKillsTheGroupOnEof) {
   auto script = remote_script(cfg.workdir, plan[0].env, plan[0].argv, 5);
   EXPECT_THAT(script, HasSubstr("cd '/data/job dir' ||"));
   EXPECT_THAT(script, HasSubstr("export DMLC_ROLE=server\n"));
-  EXPECT_THAT(script, HasSubstr("setsid /bin/sh -c 'exec pushpull server' </dev/null &"));
+  EXPECT_THAT(script, HasSubstr("setsid /bin/sh -c 'exec pushpull server' </dev/null 3<&- &"));
   EXPECT_THAT(script, HasSubstr("kill -TERM -$pid"));
   EXPECT_THAT(script, HasSubstr("kill -KILL -$pid"));
+  EXPECT_THAT(script, HasSubstr(") <&3 >/dev/null 2>&1 &"));  // the watcher reads the channel
 }
 
 TEST(Commands, RsyncUsesTheSamePortAndCreatesTheDirectory) {

@@ -7,6 +7,7 @@
 //   --lines K --width W  print K lines of W characters in small pieces
 //                      (to provoke mid-line interleaving if it could happen)
 //   --fail-rank R      only worker R runs the failure action below
+//   --fail-after S     the failing process waits S seconds first
 //   --exit N           exit with N (after the rest)
 //   --kill SIG         kill itself with signal SIG
 //   --sleep S          sleep S seconds before exiting (the others, with --fail-rank)
@@ -36,8 +37,9 @@ void write_str(std::string_view s) {
 bool launcher_var(const std::string& k) {
   for (const char* p : {"DMLC_", "PUSHPULL_", "OMPI_COMM_WORLD_"})
     if (k.starts_with(p)) return true;
-  for (const char* n : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "PROBE_EXTRA", "PROBE_SERVER_ONLY", "PROBE_WORKER_ONLY"})
+  for (const char* n :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "PROBE_EXTRA", "PROBE_SERVER_ONLY", "PROBE_WORKER_ONLY", "SSH_CONNECTION"})
     if (k == n) return true;
   return false;
 }
@@ -47,7 +49,7 @@ bool launcher_var(const std::string& k) {
 int main(int argc, char** argv) {
   bool print_env = false;
   int lines = 0, width = 0, fail_rank = -1, exit_code = 0, kill_sig = 0;
-  double sleep_s = 0;
+  double sleep_s = 0, fail_after_s = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
@@ -65,6 +67,8 @@ int main(int argc, char** argv) {
       kill_sig = std::atoi(next().c_str());
     else if (a == "--sleep")
       sleep_s = std::atof(next().c_str());
+    else if (a == "--fail-after")
+      fail_after_s = std::atof(next().c_str());
     else {
       std::fprintf(stderr, "launch_probe: unknown argument %s\n", a.c_str());
       return 64;
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
     if (sleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
     return 0;
   }
+  if (fail_after_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(fail_after_s));
   if (kill_sig) raise(kill_sig);
   return exit_code;
 }
