@@ -168,8 +168,11 @@ void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
   // Slots are checked here so a too-small hostfile is a usage error.
   (void)place(cfg.hosts, cfg.num_servers, cfg.num_workers);
 
+  // One host (local, or mpirun without a hostfile): loopback; else an
+  // address the other hosts can reach.
   if (cfg.host_ip.empty())
-    cfg.host_ip = cfg.launcher == LauncherKind::kLocal ? "127.0.0.1" : first_ipv4_address();
+    cfg.host_ip = cfg.hosts.empty() && cfg.launcher != LauncherKind::kSlurm ? "127.0.0.1"
+                                                                            : first_ipv4_address();
   if (cfg.job_id.empty()) cfg.job_id = ctx.env.get("PUSHPULL_JOB_ID").value_or(make_job_id());
   if (cfg.server_command.empty()) cfg.server_command = shell_quote(ctx.self_exe) + " server";
   if (cfg.workdir.empty()) cfg.workdir = cfg.sync_dst_dir.empty() ? ctx.cwd : cfg.sync_dst_dir;
