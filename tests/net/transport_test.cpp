@@ -148,6 +148,35 @@ TEST(Transport, ZeroCopySendIntoPostedReceiveAndReply) {
   EXPECT_EQ(reply, 42u);
 }
 
+TEST(Transport, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
+  Sink a(config(Role::kServer, 0));
+  Transport b(config(Role::kWorker, 0));
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  ConnId back = a.peers[0].first;
+  constexpr uint16_t kOnlyPosted = 210;  // no handler registered for it
+  char small[4] = {};
+  std::promise<Status> first, second;
+  ASSERT_TRUE(a.t.post_recv(back, {kOnlyPosted, 1, 0}, small, sizeof small,
+                            [&](const Status& s, const Header&) { first.set_value(s); })
+                  .is_ok());
+  ASSERT_TRUE(a.t.post_recv(back, {kOnlyPosted, 2, 0}, small, sizeof small,
+                            [&](const Status& s, const Header&) { second.set_value(s); })
+                  .is_ok());
+  b.send_copy(c, Header{.type = kOnlyPosted, .request_id = 1}, "abcd", 4);
+  b.send_copy(c, Header{.type = kOnlyPosted, .request_id = 2}, "too long", 8);
+  EXPECT_TRUE(first.get_future().get().is_ok());
+  EXPECT_EQ(std::string(small, 4), "abcd");
+  EXPECT_EQ(second.get_future().get().code(), ErrorCode::kProtocolError);
+  // The connection survives an oversize post; an unposted message of a
+  // handler-less type does not.
+  b.send_copy(c, Header{.type = kData}, "ok", 2);
+  EXPECT_TRUE(wait_until([&] { return a.count() == 1; }));
+  b.send_copy(c, Header{.type = kOnlyPosted, .request_id = 3}, "x", 1);
+  EXPECT_TRUE(wait_until([&] { return a.ncloses() == 1; }));
+}
+
 TEST(Transport, HigherPriorityGoesFirstAmongWaitingSends) {
   Sink a(config(Role::kServer, 0));
   std::promise<void> release;
