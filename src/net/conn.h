@@ -4,6 +4,7 @@
 // receives by recv_mu.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <mutex>
 
@@ -36,7 +37,8 @@ struct Transport::Conn {
   ConnId id = 0;
   Fd fd;
   PeerInfo peer;
-  State state = State::kHandshake;  // I/O thread after registration
+  // Written by the I/O thread; read by senders too.
+  std::atomic<State> state{State::kHandshake};
   Nonce nonce{};                    // acceptor side of the hello
   std::chrono::steady_clock::time_point handshake_deadline;
   bool close_after_flush = false;

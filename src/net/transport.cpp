@@ -127,9 +127,10 @@ std::shared_ptr<Handler> Transport::handler(uint16_t type) const {
 }
 
 std::optional<PeerInfo> Transport::peer(ConnId conn) const {
-  auto c = find(conn);
-  if (!c) return std::nullopt;
-  return c->peer;
+  std::lock_guard lock(mu_);
+  auto it = conns_.find(conn);
+  if (it == conns_.end()) return std::nullopt;
+  return it->second->peer;
 }
 
 std::vector<ConnId> Transport::connections() const {

@@ -257,16 +257,16 @@ void Transport::on_hello(Conn& c, Message&& m) {
     close_conn(c, {ErrorCode::kProtocolError, reason}, false);
     return;
   }
-  c.peer.role = hello.role;
-  c.peer.rank = hello.rank;
-  c.peer.host = hello.host;
-  c.peer.port = hello.port;
-  c.state = Conn::State::kOpen;
   ConnectHandler h;
   {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(mu_);  // peer() reads it from other threads
+    c.peer.role = hello.role;
+    c.peer.rank = hello.rank;
+    c.peer.host = hello.host;
+    c.peer.port = hello.port;
     h = on_connect_;
   }
+  c.state = Conn::State::kOpen;
   if (h) h(c.id, c.peer);
 }
 
