@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -106,6 +107,9 @@ std::vector<HostEntry> parse_hostfile(std::string_view text, std::string_view so
 }
 
 std::vector<HostEntry> read_hostfile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InvalidArgument(fmt::format("cannot read hostfile {}: it is a directory", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     int err = errno;

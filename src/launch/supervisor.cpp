@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "launch/line_splitter.h"
+#include "launch/spawn.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 
@@ -43,34 +44,16 @@ SignalGuard::~SignalGuard() {
   pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }
 
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
 std::string describe_status(bool exited, int code) {
-  if (exited) return fmt::format("exit code {}", code);
-  const char* abbrev = sigabbrev_np(code);
-  return abbrev ? fmt::format("signal SIG{}", abbrev) : fmt::format("signal {}", code);
+  return exited ? fmt::format("exit code {}", code) : "signal " + signal_name(code);
 }
 
 namespace {
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    reset(o.release());
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 void write_all(int fd, std::string_view s) {
   while (!s.empty()) {
@@ -98,102 +81,6 @@ struct Child {
   ChildResult result;
 };
 
-// argv[0] resolved against PATH from the child's environment, in the parent,
-// so the forked child only calls async-signal-safe functions.
-std::string resolve(const std::string& prog, const std::vector<std::string>& env) {
-  if (prog.find('/') != std::string::npos) return prog;
-  std::string path = "/usr/local/bin:/usr/bin:/bin";
-  for (const auto& kv : env)
-    if (kv.starts_with("PATH=")) path = kv.substr(5);
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find(':', start);
-    if (end == std::string::npos) end = path.size();
-    std::string dir = path.substr(start, end - start);
-    std::string full = (dir.empty() ? "." : dir) + "/" + prog;
-    struct stat st;
-    if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(full.c_str(), X_OK) == 0)
-      return full;
-    start = end + 1;
-  }
-  return prog;  // execve reports ENOENT
-}
-
-// Starts one child; returns "" or why it could not be started.
-std::string spawn(Child& c) {
-  const auto& s = c.spec;
-  if (s.argv.empty()) return "empty command";
-  int out[2], err[2], in[2] = {-1, -1}, status[2];
-  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status, O_CLOEXEC))
-    return fmt::format("pipe: {}", std::strerror(errno));
-  Fd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]), st_r(status[0]), st_w(status[1]);
-  if (s.stop_by_closing_stdin) {
-    if (pipe2(in, O_CLOEXEC)) return fmt::format("pipe: {}", std::strerror(errno));
-  } else {
-    in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  }
-  Fd in_r(in[0]), in_w(in[1]);
-  std::string path = resolve(s.argv[0], s.env);
-  std::vector<char*> argv, envp;
-  for (const auto& a : s.argv)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : s.env)
-    envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const char* dir = s.workdir.empty() ? nullptr : s.workdir.c_str();
-  pid_t parent = getpid();
-
-  pid_t pid = fork();
-  if (pid < 0) return fmt::format("fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    // Child: async-signal-safe calls only.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // the launcher died before prctl
-    dup2(in_r.get(), 0);
-    dup2(out_w.get(), 1);
-    dup2(err_w.get(), 2);
-    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD})
-      signal(sig, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    int e = 0;
-    if (dir && chdir(dir) != 0) {
-      e = errno;
-    } else {
-      execve(path.c_str(), argv.data(), envp.data());
-      e = errno;
-    }
-    (void)!write(st_w.get(), &e, sizeof e);
-    _exit(127);
-  }
-  setpgid(pid, pid);  // also here, so kill(-pid) works before the child ran
-  st_w.reset();
-  int e = 0;
-  ssize_t n;
-  do
-    n = read(st_r.get(), &e, sizeof e);
-  while (n < 0 && errno == EINTR);
-  if (n == sizeof e) {
-    waitpid(pid, nullptr, 0);
-    return dir && e != ENOENT ? fmt::format("cannot run {} in {}: {}", path, dir, std::strerror(e))
-                              : fmt::format("cannot run {}: {}", path, std::strerror(e));
-  }
-  c.pid = pid;
-  c.running = true;
-  c.result.pid = pid;
-  c.stdin_w = std::move(in_w);
-  c.streams[0].fd = std::move(out_r);
-  c.streams[0].out = 1;
-  c.streams[1].fd = std::move(err_r);
-  c.streams[1].out = 2;
-  for (auto& st : c.streams)
-    fcntl(st.fd.get(), F_SETFL, O_NONBLOCK);
-  return "";
-}
-
 class Job {
  public:
   Job(SignalGuard& signals, const SupervisorSettings& settings, const Watch& watch)
@@ -214,10 +101,20 @@ class Job {
     }
     for (auto& c : children_) {
       if (stopping_) break;
-      if (auto why = spawn(c); !why.empty()) {
+      Spawned sp;
+      if (auto why = spawn_child(c.spec, &sp); !why.empty()) {
         PP_ERROR("cannot start {}: {}", c.spec.label, why);
         begin_stop(127, fmt::format("{} could not be started", c.spec.label));
+        continue;
       }
+      c.pid = sp.pid;
+      c.running = true;
+      c.result.pid = sp.pid;
+      c.stdin_w = std::move(sp.stdin_w);
+      c.streams[0].fd = std::move(sp.out_r);
+      c.streams[0].out = 1;
+      c.streams[1].fd = std::move(sp.err_r);
+      c.streams[1].out = 2;
     }
     loop();
     Outcome o;
@@ -322,13 +219,11 @@ class Job {
         continue;
       }
       if (stopping_) {
-        PP_WARN("{} again: killing every process now", describe_status(false, sig).substr(7));
+        PP_WARN("{} again: killing every process now", signal_name(sig));
         kill_all();
       } else {
-        PP_ERROR("launcher received {}: stopping every process",
-                 describe_status(false, sig).substr(7));
-        begin_stop(128 + sig,
-                   fmt::format("the launcher received {}", describe_status(false, sig).substr(7)));
+        PP_ERROR("launcher received {}: stopping every process", signal_name(sig));
+        begin_stop(128 + sig, fmt::format("the launcher received {}", signal_name(sig)));
       }
     }
   }

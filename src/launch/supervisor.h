@@ -102,6 +102,8 @@ using Watch = std::function<std::optional<std::pair<int, std::string>>()>;
 Outcome supervise(SignalGuard& signals, std::vector<ChildSpec> children,
                   const SupervisorSettings& settings, const Watch& watch = {});
 
+// "SIGKILL" (or "signal 42" for one without a name).
+std::string signal_name(int sig);
 // "exit code 3" / "signal SIGKILL".
 std::string describe_status(bool exited, int code);
 

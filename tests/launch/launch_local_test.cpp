@@ -206,6 +206,23 @@ TEST(LaunchLocal, DryRunPrintsThePlanAndRunsNothing) {
   EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
+TEST(LaunchLocal, DryRunShowsTheMpirunAndSrunCommands) {
+  auto mpi = run_launcher({"--launcher", "mpi", "-n", "2", "-s", "1", "--dry-run",
+                           "--server-command", "srv", "--", "prog", "arg"});
+  ASSERT_EQ(mpi.code, 0) << mpi.err;
+  EXPECT_THAT(mpi.out, HasSubstr("# runs: mpirun "));
+  EXPECT_THAT(mpi.out, HasSubstr("--oversubscribe"));
+  EXPECT_THAT(mpi.out, HasSubstr("-x DMLC_ROLE=worker"));
+  EXPECT_THAT(mpi.out, ::testing::MatchesRegex("(.|\n)* prog arg : -np 1 (.|\n)*"));
+  auto slurm = run_launcher({"--launcher", "slurm", "-n", "3", "-s", "1", "--host-ip", "10.1.2.3",
+                             "--dry-run", "--server-command", "srv", "--", "prog"});
+  ASSERT_EQ(slurm.code, 0) << slurm.err;
+  EXPECT_THAT(slurm.out, HasSubstr("# runs: srun --ntasks=4 --kill-on-bad-exit=1"));
+  EXPECT_THAT(slurm.out, HasSubstr("\n0-2 env "));
+  EXPECT_THAT(slurm.out, HasSubstr("DMLC_PS_ROOT_URI=10.1.2.3"));
+  EXPECT_THAT(slurm.out, HasSubstr("PUSHPULL_RANK=%o /bin/sh -c 'exec srv'\n"));
+}
+
 TEST(LaunchLocal, BadInputExits2BeforeAnythingStarts) {
   TempDir dir;
   std::string marker = dir.path() + "/ran";
@@ -214,6 +231,8 @@ TEST(LaunchLocal, BadInputExits2BeforeAnythingStarts) {
     std::ofstream f(bad_hosts);
     f << "# two hosts\nnode1 slots=2\nnode2 slots=many\n";
   }
+  std::string small_hosts = dir.path() + "/small";
+  std::ofstream(small_hosts) << "a slots=2\nb slots=2\n";  // 4 slots; -n 3 needs 6
   struct Case {
     std::vector<std::string> args;
     std::string message;
@@ -228,6 +247,9 @@ TEST(LaunchLocal, BadInputExits2BeforeAnythingStarts) {
       {{"-n", "2", "--sync-dst-dir", "/tmp/x", "--", "touch", marker}, "give -H too"},
       {{"-n", "2", "--env", "1BAD=x", "--", "touch", marker}, "not a variable name"},
       {{"-n", "2", "--bogus", "--", "touch", marker}, "--bogus"},
+      {{"-n", "2", "-H", dir.path(), "--", "touch", marker}, "is a directory"},
+      {{"-n", "3", "-H", small_hosts, "--", "touch", marker}, "slots"},
+      {{"-n", "2", "--launcher", "local", "-H", small_hosts, "--", "touch", marker}, "drop -H"},
   };
   for (const auto& c : cases) {
     auto r = run_launcher(c.args);

@@ -61,6 +61,15 @@ TEST(Hostfile, UnreadableFileSaysWhy) {
   }
 }
 
+TEST(Hostfile, ADirectoryIsNotAHostfile) {
+  try {
+    read_hostfile("/tmp");
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is a directory"));
+  }
+}
+
 TEST(Placement, RoundRobinServersFirstThenWorkersFromTheFirstHost) {
   std::vector<HostEntry> hosts = {{"a", 22, 0}, {"b", 22, 0}};
   // 1 server, 3 workers: server on a; workers a, b, a.
