@@ -173,21 +173,19 @@ void Communicator::Impl::on_event(const Event& ev) {
   }
 }
 
-void Communicator::Impl::announce(std::vector<LocalOp>& ops, bool join) {
+void Communicator::Impl::announce(const std::vector<Spec>& specs, bool join) {
   auto now = Clock::now();
   Announce a;
-  for (auto& op : ops) {
-    std::string name = op.spec.name;
+  for (const auto& spec : specs) {
     if (rank_ == 0) {
-      coordinator_->submit(0, op.spec, now);
+      coordinator_->submit(0, spec, now);
     } else {
-      uint32_t id = cache_.find(op.spec);
+      uint32_t id = cache_.find(spec);
       if (id != kNoCacheId)
         a.cached.push_back(id);
       else
-        a.specs.push_back(op.spec);
+        a.specs.push_back(spec);
     }
-    local_.emplace(name, std::move(op));
   }
   if (rank_ == 0) {
     if (join) coordinator_->join(0, now);
@@ -234,10 +232,13 @@ void Communicator::Impl::fatal(const Status& st) {
     fail.push_back(op.handle);
   local_.clear();
   dead_ = true;
-  for (auto& h : fail)
-    h->complete(st);
+  // Close before completing the handles: closing withdraws every pending
+  // send and receive of this rank (an aborted algorithm leaves some), so no
+  // peer touches the callers' buffers once they see their handles fail.
   // Peers learn of the failure from the closed transport.
   transport_->close(st);
+  for (auto& h : fail)
+    h->complete(st);
 }
 
 void Communicator::Impl::run() {
@@ -269,10 +270,17 @@ void Communicator::Impl::run() {
     std::deque<Event> evs = std::move(events_);
     events_.clear();
     lock.unlock();
+    // Registered before anything can throw, so fatal() fails their handles.
+    std::vector<Spec> specs;
+    for (auto& op : subs) {
+      specs.push_back(op.spec);
+      std::string name = op.spec.name;
+      local_.emplace(std::move(name), std::move(op));
+    }
     try {
       for (const auto& ev : evs)
         on_event(ev);
-      if (!subs.empty() || join) announce(subs, join);
+      if (!specs.empty() || join) announce(specs, join);
       if (coordinator_) coordinate();
     } catch (const Error& e) {
       fatal(Status(e.code(), e.what()));

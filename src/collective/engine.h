@@ -76,7 +76,7 @@ class Communicator::Impl {
   void post_length(int peer);
   void on_event(const Event& ev);
   void send_control(int peer, std::shared_ptr<const std::string> body);
-  void announce(std::vector<LocalOp>& ops, bool join);
+  void announce(const std::vector<Spec>& specs, bool join);
   void coordinate();
   void execute(std::vector<Response>& rs);
   void execute_one(Response& r);

@@ -1,5 +1,6 @@
 #include "collective/inprocess_transport.h"
 
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -22,11 +23,13 @@ struct InProcessFabric::Impl {
     std::deque<Op> sends_in;  // sends addressed to this rank, not yet matched
     std::deque<Op> recvs;     // receives this rank posted, not yet matched
     std::optional<Status> closed;
+    int copying = 0;  // matched messages of this rank being copied right now
   };
 
   explicit Impl(int n) : boxes(static_cast<size_t>(n)) {}
 
   std::mutex mu;
+  std::condition_variable copied;  // a copy ended (close() waits for them)
   std::vector<Mailbox> boxes;
 
   static std::optional<Op> take(std::deque<Op>& q, int peer, uint64_t tag) {
@@ -46,7 +49,8 @@ struct InProcessFabric::Impl {
   }
 
   // Copies a matched pair outside the lock and completes both.
-  static void deliver(Op& send, Op& recv) {
+  // The caller counted the copy in both mailboxes under the lock.
+  void deliver(int sender, int receiver, Op& send, Op& recv) {
     Status st;
     if (send.bytes != recv.bytes) {
       st = Status(ErrorCode::kProtocolError,
@@ -56,6 +60,12 @@ struct InProcessFabric::Impl {
     } else if (send.bytes > 0) {
       std::memcpy(recv.buf, send.buf, send.bytes);
     }
+    {
+      std::lock_guard lock(mu);
+      --boxes[static_cast<size_t>(sender)].copying;
+      --boxes[static_cast<size_t>(receiver)].copying;
+    }
+    copied.notify_all();
     send.done(st);
     recv.done(st);
   }
@@ -89,24 +99,30 @@ struct InProcessFabric::Impl {
         boxes[peer].sends_in.push_back(Op{self, tag, buf, bytes, std::move(mine.done)});
         return;
       }
+      ++boxes[self].copying, ++boxes[peer].copying;
       lock.unlock();
-      deliver(mine, *match);
+      deliver(self, peer, mine, *match);
     } else {
       auto match = take(boxes[self].sends_in, peer, tag);
       if (!match) {
         boxes[self].recvs.push_back(std::move(mine));
         return;
       }
+      ++boxes[self].copying, ++boxes[peer].copying;
       lock.unlock();
-      deliver(*match, mine);
+      deliver(peer, self, *match, mine);
     }
   }
 
   void close(int self, const Status& reason) {
     std::vector<std::pair<Completion, Status>> failed;
     {
-      std::lock_guard lock(mu);
+      std::unique_lock lock(mu);
       if (boxes[self].closed) return;
+      // A copy already matched finishes first: after close() returns nobody
+      // touches this rank's buffers.
+      // (a memcpy always ends; the deadline only honours the rule)
+      copied.wait_for(lock, std::chrono::seconds(60), [&] { return boxes[self].copying == 0; });
       boxes[self].closed = reason;
       Status peer_sees = gone(self, reason);
       for (auto& op : boxes[self].sends_in)
