@@ -10,24 +10,23 @@
 #include <functional>
 #include <string>
 #include <string_view>
-#include <variant>
 
 namespace pushpull {
 
 class Key {
  public:
-  Key() : v_(int64_t{0}) {}
+  Key() = default;
   template <std::integral I>
-  Key(I k) : v_(static_cast<int64_t>(k)) {}        // NOLINT: implicit on purpose (push(3, ...))
-  Key(std::string k) : v_(std::move(k)) {}         // NOLINT
-  Key(std::string_view k) : v_(std::string(k)) {}  // NOLINT
-  Key(const char* k) : v_(std::string(k)) {}       // NOLINT
+  Key(I k) : int_(static_cast<int64_t>(k)) {}  // NOLINT: implicit on purpose (push(3, ...))
+  Key(std::string k) : str_(std::move(k)), is_string_(true) {}  // NOLINT
+  Key(std::string_view k) : str_(k), is_string_(true) {}        // NOLINT
+  Key(const char* k) : str_(k), is_string_(true) {}             // NOLINT
 
-  bool is_int() const { return v_.index() == 0; }
-  bool is_string() const { return v_.index() == 1; }
+  bool is_int() const { return !is_string_; }
+  bool is_string() const { return is_string_; }
   // Precondition: is_int() / is_string().
-  int64_t as_int() const { return std::get<0>(v_); }
-  const std::string& as_string() const { return std::get<1>(v_); }
+  int64_t as_int() const { return int_; }
+  const std::string& as_string() const { return str_; }
   // "3" or "'weight'", for messages.
   std::string to_string() const {
     return is_int() ? std::to_string(as_int()) : "'" + as_string() + "'";
@@ -42,13 +41,17 @@ class Key {
   friend bool operator==(const Key&, const Key&) = default;
   // Integers sort before strings (irrelevant within one store).
   friend std::strong_ordering operator<=>(const Key& a, const Key& b) {
-    if (a.v_.index() != b.v_.index()) return a.v_.index() <=> b.v_.index();
+    if (a.is_string_ != b.is_string_) return a.is_string_ <=> b.is_string_;
     if (a.is_int()) return a.as_int() <=> b.as_int();
     return a.as_string().compare(b.as_string()) <=> 0;
   }
 
  private:
-  std::variant<int64_t, std::string> v_;
+  // Plain members rather than a std::variant: GCC 12 reports false
+  // -Wmaybe-uninitialized warnings when a variant holding a string is copied.
+  int64_t int_ = 0;  // the key when !is_string_ (0 otherwise)
+  std::string str_;  // the key when is_string_ (empty otherwise)
+  bool is_string_ = false;
 };
 
 }  // namespace pushpull
