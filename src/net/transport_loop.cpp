@@ -186,7 +186,12 @@ void Transport::on_header(Conn& c) {
     if (handshake) {
       // Tell the connector why before closing, so both sides log the reason.
       PP_WARN("refused connection from {}: {}", c.peer.address, st.message());
-      HelloAck ack{false, st.message(), role_, rank_};
+      HelloAck ack{false, st.message(), Role::kNone, -1};
+      {
+        std::lock_guard lock(mu_);
+        ack.role = role_;
+        ack.rank = rank_;
+      }
       auto payload = encode(ack);
       SendOp op;
       op.header = encode_header(stamp(Header{.type = msg::kHelloAck}, payload.size()));
@@ -242,7 +247,12 @@ void Transport::on_hello(Conn& c, Message&& m) {
   std::string reason = st ? check_hello(hello, c.nonce, config_.protocol_version,
                                         config_.net.job_id, config_.net.job_secret)
                           : st.message();
-  HelloAck ack{reason.empty(), reason, role_, rank_};
+  HelloAck ack{reason.empty(), reason, Role::kNone, -1};
+  {
+    std::lock_guard lock(mu_);  // set_identity() may run concurrently
+    ack.role = role_;
+    ack.rank = rank_;
+  }
   auto payload = encode(ack);
   SendOp op;
   op.header = encode_header(stamp(Header{.type = msg::kHelloAck}, payload.size()));

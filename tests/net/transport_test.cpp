@@ -53,6 +53,8 @@ struct Sink {
     });
     t.start();
   }
+  // Stop the I/O thread before the members its handlers use go away.
+  ~Sink() { t.stop(); }
   size_t count() {
     std::lock_guard l(mu);
     return got.size();
