@@ -39,7 +39,9 @@ void run_lenet(const std::vector<std::string>& extra, double min_accuracy) {
                                    "--lr",
                                    "0.05",
                                    "--log-every",
-                                   "100"};
+                                   "100",
+                                   "--threads",
+                                   "1"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   pushpull::test::ChildProcess child(argv);
   auto rc = child.wait(std::chrono::seconds(400));

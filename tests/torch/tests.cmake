@@ -11,6 +11,8 @@ target_link_libraries(torch_trainer_test PRIVATE pushpull_torch pushpull_test_su
   GTest::gtest CLI11::CLI11)
 target_compile_definitions(torch_trainer_test PRIVATE
   PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# The launched equivalence setups run `pushpull launch`.
+add_dependencies(torch_trainer_test pushpull_cli)
 gtest_discover_tests(torch_trainer_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
 
 # The short training run of examples/lenet (a few hundred steps on a subset).
