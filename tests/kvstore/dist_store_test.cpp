@@ -1,71 +1,31 @@
 // The parameter-server KVStore types end to end, with the scheduler, servers
 // and workers of a job as threads of this process on loopback.
 #include "kvstore/dist_store.h"
+#include "kvstore/inprocess_job.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <future>
 #include <random>
 #include <thread>
 
-#include "cluster/scheduler.h"
-#include "ps/server.h"
 #include "pushpull/kernels.h"
 
 namespace pushpull {
 namespace {
 
-// Runs one job: a scheduler, `servers` servers and `workers` workers, each
-// worker running `body(store)` on its own thread. Rethrows the first worker
-// exception; checks that the job ends in order.
+// One job on loopback: `servers` servers and `workers` workers (threads),
+// with short heartbeats, each worker running `body(store)`.
 void run_job(int servers, int workers, const std::string& type,
              const std::function<void(KVStore&)>& body, int64_t bigarray_bound = 1000000) {
-  Options base;
-  base.cluster.num_servers = servers;
-  base.cluster.num_workers = workers;
-  base.cluster.root_uri = "127.0.0.1";
-  base.cluster.root_port = 0;
-  base.cluster.heartbeat_interval = Millis(200);
-  base.cluster.heartbeat_timeout = Millis(5000);
-  base.cluster.startup_timeout = Millis(30000);
-  base.net.node_host = "127.0.0.1";
-  base.kvstore.bigarray_bound = bigarray_bound;
-  base.kvstore.server_threads = 2;
-  base.kvstore.wait_timeout = Millis(30000);
-
-  Options so = base;
-  so.cluster.role = Role::kScheduler;
-  cluster::Scheduler scheduler(so);
-  base.cluster.root_port = scheduler.bind();
-  auto result = std::async(std::launch::async, [&] { return scheduler.run(); });
-
-  std::vector<std::future<void>> nodes;
-  for (int s = 0; s < servers; ++s) {
-    Options o = base;
-    o.cluster.role = Role::kServer;
-    nodes.push_back(std::async(std::launch::async, [o] { ps::run_server(o); }));
-  }
-  for (int w = 0; w < workers; ++w) {
-    Options o = base;
-    o.cluster.role = Role::kWorker;
-    nodes.push_back(std::async(std::launch::async, [o, type, &body] {
-      DistStore store(type, o);
-      body(store);
-    }));
-  }
-  std::exception_ptr first;
-  for (auto& n : nodes) {
-    try {
-      n.get();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-      scheduler.stop();  // a failed worker must not leave the others waiting
-    }
-  }
-  Status st = result.get();
-  if (first) std::rethrow_exception(first);
-  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  InProcessJob job{servers, workers, type, Options{}};
+  job.options.cluster.heartbeat_interval = Millis(200);
+  job.options.cluster.heartbeat_timeout = Millis(5000);
+  job.options.cluster.startup_timeout = Millis(30000);
+  job.options.kvstore.bigarray_bound = bigarray_bound;
+  job.options.kvstore.server_threads = 2;
+  job.options.kvstore.wait_timeout = Millis(30000);
+  run_inprocess_job(job, body);
 }
 
 std::vector<double> values_of(const Array& a) {

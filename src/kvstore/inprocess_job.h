@@ -1,0 +1,31 @@
+// A whole parameter-server job inside this process: a scheduler, servers and
+// workers as threads on loopback. For tests, benchmarks and trying a program
+// without a launcher; the nodes are the same objects a real job uses.
+//
+// Thread safety: run_inprocess_job blocks until the job ended; `body` runs on
+// every worker's own thread at once.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "pushpull/kvstore.h"
+#include "pushpull/options.h"
+
+namespace pushpull {
+
+struct InProcessJob {
+  int servers = 1;
+  int workers = 1;
+  std::string type = "dist_sync";
+  // Cluster addresses and ports are filled in; everything else (timeouts,
+  // big-array bound, threads) is taken from here.
+  Options options;
+};
+
+// Starts the job, runs body(store) on each worker, and ends the job in order.
+// Rethrows the first exception of a worker (after stopping the job, so the
+// others do not wait for it); throws the scheduler's error if the job failed.
+void run_inprocess_job(const InProcessJob& job, const std::function<void(KVStore&)>& body);
+
+}  // namespace pushpull
