@@ -162,4 +162,99 @@ class Communicator {
   std::atomic<uint64_t> barrier_seq_{0};
 };
 
+// ---- Bootstrap, Session and the Horovod-style free functions ----------------
+//
+// A Session is this process's member of the workers' group, built from the
+// job's Options however the process was started (details: docs/collectives.md
+// "Bootstrap"):
+// - in a pushpull job with a scheduler (DMLC_ROLE=worker, servers >= 1): the
+//   workers of the job, from the scheduler's address book;
+// - otherwise from a rank and world size (RANK / WORLD_SIZE as torchrun and
+//   `pushpull launch -s 0` set them; OMPI_COMM_WORLD_RANK / _SIZE under
+//   mpirun; SLURM_PROCID / SLURM_NTASKS under srun) and a rendezvous
+//   address MASTER_ADDR / MASTER_PORT (PUSHPULL_MASTER_ADDR / _PORT) where
+//   rank 0 listens;
+// - with none of these set: a world of one.
+//
+// Construction blocks until every rank joined, at most
+// ClusterOptions::startup_timeout: a missing rank is a Timeout naming it, a
+// rank that dies during the rendezvous a PeerFailure, inconsistent settings an
+// InvalidArgument saying which variables to set. After that, a rank that dies
+// fails every pending and later op of every other rank with PeerFailure
+// (see Communicator).
+//
+// Ownership: the Session owns its Communicator, sockets and threads (and, in
+// a job with a scheduler, its cluster node). One Session per process and job:
+// a second one would register a second worker with the scheduler or bind
+// MASTER_PORT twice. Thread safety: as Communicator.
+class Session {
+ public:
+  explicit Session(const Options& options = Options::from_env());
+  // shutdown().
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Communicator& communicator();
+  int rank() const;
+  int size() const;
+  int local_rank() const;
+  int local_size() const;
+  // "single", "cluster" or "rendezvous": how the group was found.
+  std::string_view mode() const;
+  // Shuts the communicator down (local, not collective; peers with pending
+  // ops see PeerFailure) and, in a job with a scheduler, leaves the job in
+  // order (waits, up to barrier_timeout, for the other nodes to leave).
+  // Idempotent; errors while leaving are logged, not thrown.
+  void shutdown();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Horovod's module-level API (hvd.init(), hvd.rank(), hvd.allreduce(...)).
+//
+// Why a global here: DESIGN.md forbids process-wide singletons so that
+// several groups can live in one process; Horovod users expect free
+// functions. Both hold: the primary API is the Session object above (owned by
+// the caller, any number of them), and these functions are a convenience
+// over ONE process-default Session, the only collective global. It exists
+// only between init() and shutdown(): nothing is created before the user
+// calls init(), and shutdown() destroys it. Every function other than init()
+// and is_initialized() throws InvalidArgument ("call
+// pushpull::collective::init() first") when there is no default session.
+//
+// init() with a default session already there does nothing (as hvd.init()).
+// Thread safety: every function may be called from any thread; a shutdown()
+// concurrent with an op lets the op finish (or fail) before the session goes.
+void init(const Options& options = Options::from_env());
+bool is_initialized();
+// The default session (for what the free functions do not cover).
+Session& default_session();
+int size();
+int rank();
+int local_rank();
+int local_size();
+
+Handle allreduce_async(std::string name, ArrayView input, ArrayView output,
+                       Reduction op = Reduction::kSum);
+Handle allreduce_async(std::string name, ArrayView inout, Reduction op = Reduction::kSum);
+void allreduce(std::string name, ArrayView input, ArrayView output, Reduction op = Reduction::kSum);
+void allreduce(std::string name, ArrayView inout, Reduction op = Reduction::kSum);
+Handle broadcast_async(std::string name, ArrayView data, int root);
+void broadcast(std::string name, ArrayView data, int root);
+Handle allgather_async(std::string name, ArrayView input);
+Array allgather(std::string name, ArrayView input);
+Handle reduce_scatter_async(std::string name, ArrayView input, Reduction op = Reduction::kSum);
+Array reduce_scatter(std::string name, ArrayView input, Reduction op = Reduction::kSum);
+void barrier();
+void join();
+bool poll(const Handle& h);
+void wait(const Handle& h, std::optional<Millis> timeout = std::nullopt);
+Array take_output(const Handle& h, std::optional<Millis> timeout = std::nullopt);
+// Destroys the default session (Session::shutdown); nothing when there is none.
+void shutdown();
+
 }  // namespace pushpull::collective

@@ -6,12 +6,13 @@
 #include <cstdlib>
 
 #include "cluster/scheduler.h"
+#include "kvstore/allreduce_store.h"
 #include "kvstore/dist_store.h"
 #include "kvstore/local_store.h"
 #include "ps/server.h"
-#include "pushpull/log.h"
 #include "pushpull/error.h"
 #include "pushpull/kvstore.h"
+#include "pushpull/log.h"
 
 namespace pushpull {
 namespace {
@@ -57,6 +58,14 @@ std::unique_ptr<KVStore> make_dist(std::string_view type, const Options& options
   return std::make_unique<DistStore>(std::string(type), options);
 }
 
+// No servers needed; in a job that has some (MXNet-style launch of one
+// program for every role) the server and scheduler processes serve and exit.
+std::unique_ptr<KVStore> make_allreduce(std::string_view type, const Options& options) {
+  if (options.cluster.role == Role::kServer || options.cluster.role == Role::kScheduler)
+    serve_role_and_exit(options);
+  return std::make_unique<AllreduceStore>(std::string(type), options);
+}
+
 struct TypeEntry {
   std::string_view name;
   Maker make;
@@ -75,6 +84,8 @@ constexpr TypeEntry kTypes[] = {
     {"dist_sync_device", make_dist},
     {"dist_async", make_dist},
     {"dist_async_device", make_dist},
+    {"dist_sync_allreduce", make_allreduce},
+    {"allreduce", make_allreduce},
 };
 
 }  // namespace

@@ -1,0 +1,85 @@
+// Bootstrap: builds this process's collective Transport (a TcpTransport with a
+// full mesh among the ranks) from the Options of a job, however it was
+// started. Used by collective::Session (include/pushpull/collective.h) and so
+// by the free functions and the dist_sync_allreduce KVStore.
+//
+// Modes, in the order they are tried (Bootstrap::mode_of):
+// - kCluster: a pushpull job with a scheduler (DMLC_ROLE=worker and
+//   DMLC_NUM_SERVER >= 1). A cluster::Node registers with the scheduler; its
+//   worker ranks and address book are the group. The collective mesh is a
+//   TcpTransport of its own (the Node's connections carry typed messages that
+//   TcpTransport cannot share): each worker listens on a fresh port and sends
+//   it to every other worker over the Node's existing worker mesh (message
+//   type kPortType), then the mesh is connected from the book's hosts.
+// - kRendezvous: no scheduler, but a rank and a world size (torchrun's RANK /
+//   WORLD_SIZE, mpirun's OMPI_COMM_WORLD_RANK / _SIZE, Slurm's SLURM_PROCID /
+//   SLURM_NTASKS, `pushpull launch -s 0`) and, for size > 1, a rendezvous
+//   address MASTER_ADDR / MASTER_PORT (or PUSHPULL_MASTER_ADDR / _PORT). Rank
+//   0 listens there (net::Transport, hello and job id checked); every other
+//   rank connects, sends kHelloType {rank, size, host, port of its mesh
+//   listener}; once all size-1 arrived rank 0 answers each with kBookType
+//   (every rank's host and port) or, on a conflict (another world size, a
+//   rank out of range or twice), kRefuseType with the reason to everyone.
+//   Then the full mesh is connected (the higher rank connects to the lower).
+// - kSingle: nothing of the above set: a world of one (a script run alone).
+//
+// Message types (net's collective range 128..191): 128 is TcpTransport's
+// data; 129 kPortType, 130 kHelloType, 131 kBookType, 132 kRefuseType.
+//
+// local_rank / local_size: from the environment (LOCAL_RANK, ...) when set,
+// else counted among the ranks whose advertised host equals this one's.
+//
+// Deadlines and failures: every wait is bounded by
+// ClusterOptions::startup_timeout (PUSHPULL_STARTUP_TIMEOUT_MS or the
+// launcher's --timeout): a rank that never shows up is a Timeout naming the
+// missing ranks and the address; a rank whose connection closes during the
+// rendezvous (it died) is a PeerFailure naming it, on rank 0 and, through the
+// closed rendezvous, on every other rank.
+//
+// Thread safety: bootstrap() blocks the calling thread (no other threads of
+// the caller are involved). Ownership: the result owns what it made.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cluster/node.h"
+#include "collective/transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::collective {
+
+inline constexpr uint16_t kPortType = 129;
+inline constexpr uint16_t kHelloType = 130;
+inline constexpr uint16_t kBookType = 131;
+inline constexpr uint16_t kRefuseType = 132;
+
+enum class BootstrapMode { kSingle, kCluster, kRendezvous };
+std::string_view bootstrap_mode_name(BootstrapMode m);  // "single", "cluster", "rendezvous"
+
+struct Bootstrapped {
+  BootstrapMode mode = BootstrapMode::kSingle;
+  std::unique_ptr<Transport> transport;
+  int local_rank = 0;
+  int local_size = 1;
+  // kCluster only: this worker's Node (owned; shut it down in order at the
+  // end so the scheduler sees the worker leave).
+  std::unique_ptr<cluster::Node> node;
+  // Every rank's (host, port) of the collective mesh.
+  std::vector<std::pair<std::string, int>> book;
+};
+
+// Which mode `options` selects; InvalidArgument when the settings are
+// inconsistent (a rank without a size, rank >= size, size > 1 without a
+// rendezvous address), saying which variables to set.
+BootstrapMode bootstrap_mode(const Options& options);
+
+// Builds the transport. Blocks up to options.cluster.startup_timeout.
+Bootstrapped bootstrap(const Options& options);
+
+// Counts local_rank / local_size among the ranks of `hosts` with hosts[rank]'s value.
+std::pair<int, int> local_of(const std::vector<std::string>& hosts, int rank);
+
+}  // namespace pushpull::collective

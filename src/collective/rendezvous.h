@@ -1,0 +1,47 @@
+// The MASTER_ADDR rendezvous of the collective bootstrap (see bootstrap.h for
+// the protocol and its message types): rank 0 hosts, the others connect,
+// every rank leaves with every rank's (host, port).
+//
+// Blocking: rendezvous() returns when the book is complete or throws at the
+// deadline (Timeout naming the missing ranks), on a peer's death
+// (PeerFailure naming it), or on a conflicting configuration (InvalidArgument).
+// Owns nothing after it returns (its net::Transport is stopped).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collective/transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::collective {
+
+struct RendezvousConfig {
+  NetOptions net;  // job id, secret, message limits
+  int rank = 0;
+  int size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  // This rank's collective listener, as the others should reach it.
+  std::string host;
+  int port = 0;
+  Millis timeout{120000};
+};
+
+using AddressList = std::vector<std::pair<std::string, int>>;
+
+AddressList rendezvous(const RendezvousConfig& config);
+
+// Wire forms (exposed for tests).
+std::vector<std::byte> encode_hello(int rank, int size, const std::string& host, int port);
+Status decode_hello(const std::byte* data, size_t n, int* rank, int* size, std::string* host,
+                    int* port);
+std::vector<std::byte> encode_book(const AddressList& book);
+Status decode_book(const std::byte* data, size_t n, AddressList* book);
+
+// Where to bind to serve `host` (Node's rule: loopback addresses bind
+// themselves, others all IPv4 / IPv6 addresses).
+std::string bind_host_for(const std::string& host);
+
+}  // namespace pushpull::collective

@@ -1,0 +1,332 @@
+#include "kvstore/allreduce_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "kvstore/validate.h"
+#include "pushpull/error.h"
+#include "pushpull/kernels.h"
+#include "pushpull/log.h"
+
+namespace pushpull {
+namespace {
+
+int engine_threads(int configured) {
+  if (configured > 0) return configured;
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+}
+
+// The dtype the workers reduce in: float32 for 16-bit values.
+DType wire_dtype(DType dt) {
+  return is_half(dt) ? DType::kFloat32 : dt;
+}
+
+}  // namespace
+
+AllreduceStore::AllreduceStore(std::string type, const Options& options)
+    : KVStore(options.kvstore.wait_timeout),
+      type_(std::move(type)),
+      session_(std::make_unique<collective::Session>(options)),
+      comm_(&session_->communicator()),
+      exec_(engine_threads(options.kvstore.engine_threads), "pp-kv-allreduce") {
+  PP_DEBUG("{} worker {} of {} ready (bootstrap {})", type_, rank(), num_workers(),
+           session_->mode());
+}
+
+AllreduceStore::AllreduceStore(std::string type, const Options& options,
+                               std::unique_ptr<collective::Communicator> comm)
+    : KVStore(options.kvstore.wait_timeout),
+      type_(std::move(type)),
+      own_comm_(std::move(comm)),
+      comm_(own_comm_.get()),
+      exec_(engine_threads(options.kvstore.engine_threads), "pp-kv-allreduce") {
+  if (!comm_) throw InvalidArgument(fmt::format("'{}' store: no communicator given", type_));
+}
+
+AllreduceStore::~AllreduceStore() {
+  try {
+    wait_all();
+  } catch (const std::exception& e) {
+    PP_WARN("{} store closing after an error: {}", type_, e.what());
+  }
+  // The applies still queued (after an error) fail fast once the
+  // communicator is shut; the executor drains before the entries go.
+  comm_->shutdown();
+}
+
+std::vector<AllreduceStore::Entry*> AllreduceStore::entries_for(const char* op,
+                                                                const std::vector<Key>& keys,
+                                                                size_t lists) const {
+  std::shared_lock lock(mu_);
+  kv::check_key_kinds(op, keys, int_keys_);
+  kv::check_counts(op, keys.size(), lists);
+  std::vector<Entry*> out;
+  for (const Key& k : keys) {
+    auto it = entries_.find(k);
+    if (it == entries_.end()) kv::throw_not_initialised(op, k);
+    out.push_back(it->second.get());
+  }
+  return out;
+}
+
+void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) {
+  {
+    std::shared_lock lock(mu_);
+    kv::check_key_kinds("init", keys, int_keys_);
+    kv::check_counts("init", keys.size(), values.size(), "values");
+    for (size_t i = 0; i < keys.size(); ++i) {
+      kv::check_array("init", type_, keys[i], values[i], 0, 1, "value");
+      bool again = entries_.count(keys[i]) != 0;
+      for (size_t j = 0; j < i && !again; ++j)
+        again = keys[j] == keys[i];
+      if (again)
+        throw AlreadyExists(fmt::format(
+            "init: key {} is already initialised; a key is initialised once (push to change it)",
+            keys[i].to_string()));
+    }
+  }
+  // Worker 0's values reach everyone; every worker's copy takes them.
+  std::vector<std::unique_ptr<Entry>> made;
+  std::vector<collective::Handle> handles;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto e = std::make_unique<Entry>();
+    e->key = keys[i];
+    e->name = "kv." + keys[i].to_string();
+    e->value = Array::copy_of(values[i]);
+    e->shard = mix_hash(keys[i].hash());
+    handles.push_back(comm_->broadcast_async(e->name + ".init", e->value.view(), 0));
+    made.push_back(std::move(e));
+  }
+  for (const auto& h : handles)
+    comm_->wait(h, wait_timeout());
+  std::unique_lock lock(mu_);
+  for (auto& e : made) {
+    Key k = e->key;
+    entries_.emplace(std::move(k), std::move(e));
+  }
+  int_keys_ = keys.front().is_int();
+}
+
+void AllreduceStore::apply_grad(Entry& e, const ArrayView& grad, const Apply* apply) {
+  const DType dt = e.value.dtype();
+  const size_t n = static_cast<size_t>(e.value.numel());
+  if (apply && apply->optimizer) {
+    // float32 gradient for 16-bit weights, as the local store gives it.
+    apply->optimizer->update(e.key, e.value.view(), grad);
+    return;
+  }
+  if (!apply || !apply->updater) {
+    if (n) convert(dt, e.value.data(), grad.dtype, grad.data, n);  // a copy unless 16-bit
+    return;
+  }
+  if (grad.dtype == dt) {
+    apply->updater(e.key, grad, e.value.view());
+    return;
+  }
+  Array rounded(e.value.shape(), dt);  // 16-bit: the updater sees the key's dtype
+  if (n) convert(dt, rounded.data(), grad.dtype, grad.data, n);
+  apply->updater(e.key, rounded.view(), e.value.view());
+}
+
+void AllreduceStore::copy_out(const Entry& e, const ArrayList& outs) {
+  const size_t n = static_cast<size_t>(e.value.numel());
+  if (n == 0) return;
+  for (const ArrayView& o : outs)
+    copy(e.value.dtype(), o.data, e.value.data(), n);
+}
+
+void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList* outs,
+                              std::shared_ptr<const Apply> apply,
+                              const std::shared_ptr<Completion>& done) {
+  std::lock_guard lock(e.submit_mu);
+  const uint64_t seq = e.pushes;
+  const size_t slot = static_cast<size_t>(seq % kSlots);
+  if (e.busy[slot]) {  // the push kSlots earlier must be applied before its buffer is reused
+    Status s = e.busy[slot]->wait_for(wait_timeout());
+    if (s.code() == ErrorCode::kTimeout) s.raise();
+  }
+  const DType dt = e.value.dtype(), wire = wire_dtype(dt);
+  const size_t n = static_cast<size_t>(e.value.numel());
+  Array& g = e.grad[slot];
+  if (g.empty() || g.dtype() != wire || !(g.shape() == e.value.shape()))
+    g = Array(e.value.shape(), wire);
+  if (n) {
+    convert(wire, g.data(), dt, values[0].data, n);
+    if (values.size() > 1) {
+      Array tmp = wire == dt ? Array() : Array(e.value.shape(), wire);
+      for (size_t d = 1; d < values.size(); ++d) {
+        if (wire == dt) {
+          reduce_sum(dt, g.data(), values[d].data, n);
+        } else {
+          convert(wire, tmp.data(), dt, values[d].data, n);
+          reduce_sum(wire, g.data(), tmp.data(), n);
+        }
+      }
+    }
+  }
+  collective::Handle h = comm_->allreduce_async(fmt::format("{}#{}", e.name, slot), g.view(),
+                                                collective::Reduction::kSum);
+  ++e.pushes;
+  auto mine = std::make_shared<Completion>(1);
+  e.busy[slot] = mine;
+  std::optional<ArrayList> pull_to;
+  if (outs) pull_to = *outs;
+  Entry* ep = &e;
+  exec_.submit(
+      e.shard,
+      [this, ep, h, slot, mine, apply = std::move(apply), pull_to = std::move(pull_to)] {
+        try {
+          comm_->wait(h, wait_timeout());
+          apply_grad(*ep, ep->grad[slot].view(), apply.get());
+          if (pull_to) copy_out(*ep, *pull_to);
+          mine->finish();
+        } catch (...) {
+          mine->finish(Status::from_current_exception());
+          throw;
+        }
+      },
+      done);
+}
+
+KVHandle AllreduceStore::push_async(const std::vector<Key>& keys,
+                                    const std::vector<ArrayList>& values, int priority) {
+  return pushpull_async(keys, values, {}, priority);
+}
+
+KVHandle AllreduceStore::pushpull_async(const std::vector<Key>& keys,
+                                        const std::vector<ArrayList>& values,
+                                        const std::vector<ArrayList>& outs, int /*priority*/) {
+  const char* op = outs.empty() ? "push" : "pushpull";
+  std::vector<Entry*> es = entries_for(op, keys, values.size());
+  if (!outs.empty()) kv::check_counts(op, keys.size(), outs.size(), "lists of outputs");
+  for (size_t i = 0; i < es.size(); ++i) {
+    const ArrayView held = es[i]->value.view();
+    kv::check_list(op, type_, es[i]->key, held.shape, held.dtype, values[i], "value");
+    if (!outs.empty())
+      kv::check_list(op, type_, es[i]->key, held.shape, held.dtype, outs[i], "output");
+  }
+  std::shared_ptr<const Apply> apply;
+  {
+    std::shared_lock lock(mu_);
+    apply = apply_;
+  }
+  auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
+  for (size_t i = 0; i < es.size(); ++i) {
+    try {
+      push_key(*es[i], values[i], outs.empty() ? nullptr : &outs[i], apply, done);
+    } catch (...) {
+      // Keys already submitted complete on their own; this and later ones fail.
+      Status s = Status::from_current_exception();
+      for (size_t j = i; j < es.size(); ++j)
+        done->finish(s);
+      break;
+    }
+  }
+  return KVHandle(std::move(done));
+}
+
+KVHandle AllreduceStore::pull_async(const std::vector<Key>& keys,
+                                    const std::vector<ArrayList>& outs, int /*priority*/) {
+  std::vector<Entry*> es = entries_for("pull", keys, outs.size());
+  for (size_t i = 0; i < es.size(); ++i) {
+    const ArrayView held = es[i]->value.view();
+    kv::check_list("pull", type_, es[i]->key, held.shape, held.dtype, outs[i], "output");
+  }
+  auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
+  for (size_t i = 0; i < es.size(); ++i) {
+    Entry* e = es[i];
+    exec_.submit(
+        e->shard, [e, o = outs[i]] { copy_out(*e, o); }, done);
+  }
+  return KVHandle(std::move(done));
+}
+
+KVHandle AllreduceStore::row_sparse_pull_async(const Key& key, const ArrayList& outs,
+                                               const ArrayView& row_ids, int /*priority*/) {
+  const char* op = "row_sparse_pull";
+  Entry* e = entries_for(op, {key}, 1).front();
+  const Shape& shape = e->value.shape();
+  if (shape.ndim() < 1)
+    throw InvalidArgument(fmt::format("{} of key {}: the value {} has no rows", op, key.to_string(),
+                                      shape.to_string()));
+  kv::check_list(op, type_, key, shape, e->value.dtype(), outs, "output");
+  std::vector<int64_t> ids = kv::check_row_ids(key, row_ids, shape[0]);
+  auto done = std::make_shared<Completion>(1);
+  exec_.submit(
+      e->shard,
+      [e, outs, ids = std::move(ids)] {
+        const int64_t rows = e->value.shape()[0];
+        const size_t row_bytes = rows ? e->value.nbytes() / static_cast<size_t>(rows) : 0;
+        const auto* src = static_cast<const std::byte*>(e->value.data());
+        for (const ArrayView& o : outs) {
+          auto* dst = static_cast<std::byte*>(o.data);
+          if (o.nbytes()) std::memset(dst, 0, o.nbytes());  // rows not asked for are zero
+          for (int64_t r : ids)
+            if (row_bytes)
+              std::memcpy(dst + static_cast<size_t>(r) * row_bytes,
+                          src + static_cast<size_t>(r) * row_bytes, row_bytes);
+        }
+      },
+      done);
+  return KVHandle(std::move(done));
+}
+
+void AllreduceStore::wait_all() {
+  exec_.wait_idle(wait_timeout());
+}
+
+void AllreduceStore::barrier() {
+  wait_all();
+  comm_->barrier();
+}
+
+void AllreduceStore::set_updater(Updater updater) {
+  auto apply = updater ? std::make_shared<const Apply>(Apply{std::move(updater), nullptr})
+                       : std::shared_ptr<const Apply>();
+  std::unique_lock lock(mu_);
+  apply_ = std::move(apply);
+}
+
+void AllreduceStore::set_optimizer(const OptimizerSpec& spec) {
+  auto apply = std::make_shared<const Apply>(Apply{{}, create_optimizer(spec)});
+  std::unique_lock lock(mu_);
+  apply_ = std::move(apply);
+}
+
+std::shared_ptr<Optimizer> AllreduceStore::current_optimizer(const char* op) const {
+  std::shared_lock lock(mu_);
+  if (!apply_ || !apply_->optimizer)
+    throw InvalidArgument(fmt::format(
+        "{}: the store has no optimizer; call set_optimizer first (a custom updater has no "
+        "states to save or load)",
+        op));
+  return apply_->optimizer;
+}
+
+void AllreduceStore::save_optimizer_states(const std::string& path) {
+  auto opt = current_optimizer("save_optimizer_states");
+  exec_.run_exclusive([&] { opt->save_states_to_file(path); }, wait_timeout());
+}
+
+void AllreduceStore::load_optimizer_states(const std::string& path) {
+  auto opt = current_optimizer("load_optimizer_states");
+  exec_.run_exclusive([&] { opt->load_states_from_file(path); }, wait_timeout());
+}
+
+void AllreduceStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
+  for (const auto& [k, v] : params) {
+    if (k != "type" && k != "threshold")
+      throw InvalidArgument(
+          fmt::format("unknown gradient compression parameter '{}'; valid: type, threshold", k));
+    if (k == "type" && v != "none")
+      throw InvalidArgument(fmt::format(
+          "gradient compression '{}' is not supported by the '{}' store (only 'none'); use "
+          "dist_sync with servers for 2-bit compression",
+          v, type_));
+  }
+}
+
+}  // namespace pushpull

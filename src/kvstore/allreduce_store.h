@@ -1,0 +1,129 @@
+// The serverless KVStore: type dist_sync_allreduce (alias allreduce). Every
+// worker keeps a full copy of every value; the workers sum their gradients
+// with collective allreduces (include/pushpull/collective.h) instead of
+// sending them to servers (MXNet's dist_sync_mpi proposal, Horovod).
+//
+// Semantics (as KVStore, with these specifics):
+// - init broadcasts worker 0's values: afterwards every worker holds them
+//   (the values the other workers passed are ignored). Blocking, collective.
+// - push: each worker sums its devices' arrays (16-bit types in float32), the
+//   workers allreduce-sum that (float32 on the wire for 16-bit types, rounded
+//   once), and each worker applies the result to its copy: it replaces the
+//   value, or goes through the updater / optimizer, which therefore run on
+//   every worker over the same reduced gradient (identical results
+//   everywhere). Every worker must push each key equally often (dist_sync).
+// - pull / row_sparse_pull read the local copy (no traffic) after the
+//   worker's earlier pushes of the key are applied. row_sparse_pull's outputs
+//   have the value's shape: the listed rows are copied, the others zeroed (as
+//   dist_sync).
+// - set_updater / set_optimizer are local: call them on every worker alike.
+//   save/load_optimizer_states use the local optimizer (identical on every
+//   worker), in the local store's file format.
+// - Gradient compression is not supported (only type "none").
+// - barrier waits for this worker's operations, then for every worker.
+//
+// How: a push submits its allreduce from the calling thread at once, named
+// "kv.<key>#<slot>" (4 slots per key, so names repeat and the engine's
+// response cache serves steady-state training; a fifth push of a key in
+// flight waits for the first), and queues the apply on the key's executor
+// shard, which waits for the allreduce. Submitting from the caller keeps
+// workers that push keys in different orders from deadlocking.
+//
+// Failure: a dead worker fails every pending and later operation with
+// PeerFailure (from the communicator). Ownership: owns its communicator (and
+// the Session that bootstrapped it), values, optimizer and threads.
+// Thread safety: as KVStore.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+
+#include "base/executor.h"
+#include "pushpull/collective.h"
+#include "pushpull/kvstore.h"
+
+namespace pushpull {
+
+class AllreduceStore final : public KVStore {
+ public:
+  // Bootstraps a collective::Session from `options` (a job with a scheduler,
+  // or the MASTER_ADDR rendezvous; see collective.h).
+  AllreduceStore(std::string type, const Options& options);
+  // Over a given communicator (tests: ranks as threads).
+  AllreduceStore(std::string type, const Options& options,
+                 std::unique_ptr<collective::Communicator> comm);
+  ~AllreduceStore() override;
+
+  using KVStore::init;
+  using KVStore::pull;
+  using KVStore::push;
+  using KVStore::pushpull;
+  using KVStore::row_sparse_pull;
+
+  void init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) override;
+  KVHandle push_async(const std::vector<Key>& keys, const std::vector<ArrayList>& values,
+                      int priority) override;
+  KVHandle pull_async(const std::vector<Key>& keys, const std::vector<ArrayList>& outs,
+                      int priority) override;
+  KVHandle pushpull_async(const std::vector<Key>& keys, const std::vector<ArrayList>& values,
+                          const std::vector<ArrayList>& outs, int priority) override;
+  KVHandle row_sparse_pull_async(const Key& key, const ArrayList& outs, const ArrayView& row_ids,
+                                 int priority) override;
+  void wait_all() override;
+
+  void set_updater(Updater updater) override;
+  void set_optimizer(const OptimizerSpec& spec) override;
+  void save_optimizer_states(const std::string& path) override;
+  void load_optimizer_states(const std::string& path) override;
+  void set_gradient_compression(const std::map<std::string, std::string>& params) override;
+
+  int rank() const override { return comm_->rank(); }
+  int num_workers() const override { return comm_->size(); }
+  void barrier() override;
+  const std::string& type() const override { return type_; }
+
+ private:
+  static constexpr int kSlots = 4;
+  struct Entry {
+    Key key;
+    std::string name;  // "kv.<key>"
+    Array value;
+    uint64_t shard = 0;
+    std::mutex submit_mu;  // orders submissions (names) of this key's pushes
+    uint64_t pushes = 0;   // guarded by submit_mu
+    // Per slot: the reduced gradient and the completion of the push using it.
+    std::array<Array, kSlots> grad;
+    std::array<std::shared_ptr<Completion>, kSlots> busy;
+  };
+  struct Apply {
+    Updater updater;
+    std::shared_ptr<Optimizer> optimizer;
+  };
+
+  std::vector<Entry*> entries_for(const char* op, const std::vector<Key>& keys, size_t lists) const;
+  // Sums `values`, submits the allreduce and queues its apply (+ the pull
+  // into `outs` when given) on the key's shard; finishes one part of `done`.
+  void push_key(Entry& e, const ArrayList& values, const ArrayList* outs,
+                std::shared_ptr<const Apply> apply, const std::shared_ptr<Completion>& done);
+  static void apply_grad(Entry& e, const ArrayView& grad, const Apply* apply);
+  static void copy_out(const Entry& e, const ArrayList& outs);
+  std::shared_ptr<Optimizer> current_optimizer(const char* op) const;
+
+  const std::string type_;
+  std::unique_ptr<collective::Session> session_;  // null when given a communicator
+  std::unique_ptr<collective::Communicator> own_comm_;
+  collective::Communicator* comm_ = nullptr;
+  mutable std::shared_mutex mu_;  // guards entries_' structure, int_keys_, apply_
+  std::map<Key, std::unique_ptr<Entry>> entries_;
+  std::optional<bool> int_keys_;
+  std::shared_ptr<const Apply> apply_;
+  ShardedExecutor exec_;  // last: drained first on destruction
+};
+
+}  // namespace pushpull
