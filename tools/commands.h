@@ -8,12 +8,14 @@
 namespace pushpull::cli {
 
 void register_info(CLI::App& app);
-void register_launch(CLI::App& app);  // launch.cpp
+void register_launch(CLI::App& app);     // launch.cpp
 void register_scheduler(CLI::App& app);  // scheduler.cpp
 void register_server(CLI::App& app);     // server.cpp
 
 // `pushpull bench <what>`: each benchmark registers under the `bench` parent.
 // Shared flags: --format table|csv, --impl all|pushpull (see bench_common.h).
 void register_bench_transport(CLI::App& bench);  // bench_transport.cpp
+void register_bench_ps(CLI::App& bench);         // bench_ps.cpp
+void register_bench_allreduce(CLI::App& bench);  // bench_allreduce.cpp
 
 }  // namespace pushpull::cli

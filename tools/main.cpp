@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Benchmarks: pushpull next to its peers");
   bench->require_subcommand(1);
   pushpull::cli::register_bench_transport(*bench);
+  pushpull::cli::register_bench_ps(*bench);
+  pushpull::cli::register_bench_allreduce(*bench);
   (void)bench;
   try {
     app.parse(argc, argv);

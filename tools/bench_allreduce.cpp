@@ -1,0 +1,234 @@
+// `pushpull bench allreduce`: float32 sum allreduce on loopback, pushpull's
+// TCP ring next to Open MPI's MPI_Allreduce (over TCP and over its default
+// shared-memory transport) and Gloo's ring allreduce over TCP, in the same
+// run, on the same sizes, every implementation as one process per rank.
+//
+// For each n and size: the median over iterations of the slowest rank's time
+// (a barrier before each iteration), algbw = bytes / time and busbw = algbw *
+// 2(n-1)/n (the nccl-tests convention). With --repeats R every
+// implementation runs R times, interleaved (pushpull, peers, pushpull, ...),
+// and the row is the median of the R medians: the machine is shared and
+// noisy, so never compare figures from different runs.
+//
+// Peers: bin/pp_mpi_allreduce (under mpirun) and bin/pp_gloo_allreduce, built
+// from bench/peers/ when Open MPI and Gloo are installed; a missing peer is
+// reported and skipped.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "bench_allreduce.h"
+#include "bench_common.h"
+#include "bench_procs.h"
+#include "commands.h"
+#include "pushpull/error.h"
+
+namespace pushpull::cli {
+namespace {
+
+struct Config {
+  std::string ranks = "2,4,8";
+  std::string sizes = "4K,64K,1M,16M,64M";
+  int iters = 0;  // 0: by size
+  int warmup = 2;
+  int repeats = 1;
+  int timeout_s = 300;
+  BenchFlags flags;
+  WorkerArgs worker;
+  std::string worker_sizes, worker_iters;
+};
+
+std::string join_list(const auto& v) {
+  std::string s;
+  for (auto& x : v)
+    s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+// Enough iterations for a stable median without making large sizes slow.
+int iters_for(uint64_t bytes, int fixed) {
+  if (fixed > 0) return fixed;
+  return static_cast<int>(
+      std::clamp<uint64_t>((uint64_t{160} << 20) / std::max<uint64_t>(bytes, 1), 5, 40));
+}
+
+// "result <bytes> <us>" lines -> bytes -> us.
+std::map<uint64_t, double> parse_results(const std::string& out) {
+  std::map<uint64_t, double> r;
+  std::istringstream in(out);
+  std::string word;
+  while (in >> word) {
+    if (word != "result") continue;
+    uint64_t b = 0;
+    double us = 0;
+    if (in >> b >> us) r[b] = us;
+  }
+  return r;
+}
+
+struct Impl {
+  std::string name;
+  // Starts the n processes of one run into `g`; `dir` is a fresh directory.
+  std::function<void(ProcessGroup& g, int n, const std::string& dir,
+                     const std::vector<std::string>& tail)>
+      start;
+};
+
+std::vector<Impl> implementations(bool peers) {
+  std::vector<Impl> out;
+  const std::string bin = self_dir();
+  out.push_back(
+      {"pushpull",
+       [](ProcessGroup& g, int n, const std::string& dir, const std::vector<std::string>& tail) {
+         for (int r = 0; r < n; ++r) {
+           std::vector<std::string> argv = {self_exe(),        "bench",           "allreduce",
+                                            "--worker-rank",   std::to_string(r), "--worker-size",
+                                            std::to_string(n), "--rendezvous",    dir};
+           for (const auto& a : tail)
+             argv.push_back(a == "--iters" ? "--worker-iters" : a);
+           g.start(argv);
+         }
+       }});
+  if (!peers) return out;
+  const std::string mpi = bin + "/pp_mpi_allreduce", gloo = bin + "/pp_gloo_allreduce";
+  if (std::filesystem::exists(mpi)) {
+    auto mpirun = [mpi](bool tcp) {
+      return [mpi, tcp](ProcessGroup& g, int n, const std::string&,
+                        const std::vector<std::string>& tail) {
+        std::vector<std::string> argv = {"mpirun", "-n", std::to_string(n), "--oversubscribe"};
+        if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
+        argv.insert(argv.end(), {"--mca", "oob_tcp_if_include", "lo"});
+        if (tcp)
+          argv.insert(argv.end(),
+                      {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"});
+        argv.push_back(mpi);
+        argv.insert(argv.end(), tail.begin(), tail.end());
+        g.start(argv);
+      };
+    };
+    out.push_back({"openmpi_tcp", mpirun(true)});
+    out.push_back({"openmpi_shm", mpirun(false)});
+  } else {
+    std::fprintf(stderr, "bench allreduce: %s not built (Open MPI missing?); skipping it\n",
+                 mpi.c_str());
+  }
+  if (std::filesystem::exists(gloo)) {
+    out.push_back(
+        {"gloo", [gloo](ProcessGroup& g, int n, const std::string& dir,
+                        const std::vector<std::string>& tail) {
+           for (int r = 0; r < n; ++r) {
+             std::vector<std::string> argv = {gloo, std::to_string(r), std::to_string(n), dir};
+             argv.insert(argv.end(), tail.begin(), tail.end());
+             g.start(argv);
+           }
+         }});
+  } else {
+    std::fprintf(stderr, "bench allreduce: %s not built (Gloo missing?); skipping it\n",
+                 gloo.c_str());
+  }
+  return out;
+}
+
+void run_bench(const Config& cfg) {
+  std::vector<int> ranks;
+  for (uint64_t r : parse_sizes(cfg.ranks)) {
+    if (r < 1 || r > 64) throw InvalidArgument(fmt::format("-n {}: need 1..64 ranks", r));
+    ranks.push_back(static_cast<int>(r));
+  }
+  const std::vector<uint64_t> sizes = parse_sizes(cfg.sizes);
+  std::vector<int> iters;
+  for (uint64_t b : sizes)
+    iters.push_back(iters_for(b, cfg.iters));
+  const std::vector<std::string> tail = {"--sizes",  join_list(sizes),
+                                         "--iters",  join_list(iters),
+                                         "--warmup", std::to_string(cfg.warmup)};
+  const auto impls = implementations(cfg.flags.peers());
+  BenchTable table(cfg.flags);
+  for (int n : ranks) {
+    // impl -> bytes -> one median per repeat.
+    std::map<std::string, std::map<uint64_t, std::vector<double>>> got;
+    for (int rep = 0; rep < cfg.repeats; ++rep) {
+      for (const auto& impl : impls) {
+        TempDir dir;
+        ProcessGroup g;
+        impl.start(g, n, dir.path(), tail);
+        auto res = g.run(std::chrono::seconds(cfg.timeout_s));
+        if (!res.ok) {
+          std::fprintf(stderr, "bench allreduce: %s with n=%d failed: %s; its rows are missing\n",
+                       impl.name.c_str(), n, res.failure.c_str());
+          continue;
+        }
+        for (auto& [bytes, us] : parse_results(res.output))
+          got[impl.name][bytes].push_back(us);
+      }
+    }
+    for (const auto& impl : impls) {
+      for (uint64_t bytes : sizes) {
+        auto it = got[impl.name].find(bytes);
+        if (it == got[impl.name].end()) continue;
+        double us = median(it->second);
+        double algbw = static_cast<double>(bytes) / (us * 1e-6) / 1e9;
+        table.add({impl.name, n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n});
+      }
+    }
+    table.print(
+        fmt::format("allreduce float32 sum, n = {} ranks on loopback, median of {} "
+                    "repeat(s)",
+                    n, cfg.repeats));
+  }
+}
+
+}  // namespace
+
+void register_bench_allreduce(CLI::App& bench) {
+  auto cfg = std::make_shared<Config>();
+  auto* cmd = bench.add_subcommand(
+      "allreduce",
+      "Allreduce on loopback: pushpull's TCP ring vs Open MPI (TCP, shared memory) and Gloo");
+  cmd->add_option("-n,--ranks", cfg->ranks, "Numbers of ranks, e.g. 2,4,8")->capture_default_str();
+  cmd->add_option("--sizes", cfg->sizes, "Sizes: 4K..256M (powers of two) or a list 4K,1M")
+      ->capture_default_str();
+  cmd->add_option("--iters", cfg->iters, "Timed iterations per size (0: 40 small .. 5 large)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--warmup", cfg->warmup, "Untimed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--repeats", cfg->repeats,
+                  "Interleaved runs of every implementation; rows are the median")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--timeout", cfg->timeout_s, "Seconds one run of one implementation may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  add_bench_flags(cmd, &cfg->flags);
+  // Internal: one pushpull rank, started by the benchmark itself.
+  cmd->add_option("--worker-rank", cfg->worker.rank)->group("");
+  cmd->add_option("--worker-size", cfg->worker.size)->group("");
+  cmd->add_option("--rendezvous", cfg->worker.rendezvous_dir)->group("");
+  cmd->add_option("--worker-iters", cfg->worker_iters)->group("");
+  cmd->callback([cfg] {
+    if (cfg->worker.rank >= 0) {
+      WorkerArgs w = cfg->worker;
+      for (uint64_t b : parse_sizes(cfg->sizes))
+        w.sizes.push_back(b);
+      for (uint64_t i : parse_sizes(cfg->worker_iters))
+        w.iters.push_back(static_cast<int>(i));
+      if (w.iters.size() == 1) w.iters.resize(w.sizes.size(), w.iters[0]);
+      w.warmup = cfg->warmup;
+      if (w.iters.size() != w.sizes.size() || w.size < 1 || w.rank >= w.size)
+        throw InvalidArgument("bench allreduce worker: inconsistent --worker-* arguments");
+      if (int rc = run_allreduce_worker(w); rc != 0) throw CLI::RuntimeError(rc);
+      return;
+    }
+    run_bench(*cfg);
+  });
+}
+
+}  // namespace pushpull::cli

@@ -1,0 +1,24 @@
+// `pushpull bench allreduce` internals shared by its two files:
+// bench_allreduce.cpp (command line, launching pushpull ranks and the peers,
+// the table) and bench_allreduce_worker.cpp (one pushpull rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pushpull::cli {
+
+struct WorkerArgs {
+  int rank = -1;
+  int size = 0;
+  std::string rendezvous_dir;
+  std::vector<uint64_t> sizes;  // bytes
+  std::vector<int> iters;       // per size
+  int warmup = 2;
+};
+
+// Runs one rank (blocking); rank 0 prints "result <bytes> <median_us>" lines.
+int run_allreduce_worker(const WorkerArgs& args);
+
+}  // namespace pushpull::cli

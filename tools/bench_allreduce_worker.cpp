@@ -1,0 +1,110 @@
+// One pushpull rank of `pushpull bench allreduce`, started by the benchmark
+// as `pushpull bench allreduce --worker-rank R --worker-size N --rendezvous
+// DIR ...` (one process per rank, as the peers run).
+//
+// Rendezvous: each rank listens on a free loopback port and publishes it as
+// DIR/<rank> (written then renamed, so readers never see half a file); it
+// waits for every rank's file, then TcpTransport::connect_all. Timing matches
+// bench/peers/common.h: per iteration a barrier, then the allreduce (float32
+// sum, in place) timed on every rank; the slowest rank's time per iteration
+// (a max-allreduce of the times after the loop); rank 0 prints
+// "result <bytes> <median_us>" per size.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "bench_allreduce.h"
+#include "bench_common.h"
+#include "collective/algorithms.h"
+#include "collective/tcp_transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::pair<std::string, int>> rendezvous(const std::string& dir, int rank, int size,
+                                                    int port, Millis timeout) {
+  namespace fs = std::filesystem;
+  {
+    std::ofstream f(fmt::format("{}/{}.tmp", dir, rank));
+    f << port << "\n";
+  }
+  fs::rename(fmt::format("{}/{}.tmp", dir, rank), fmt::format("{}/{}", dir, rank));
+  std::vector<std::pair<std::string, int>> book(static_cast<size_t>(size));
+  const auto deadline = Clock::now() + timeout;
+  for (int r = 0; r < size; ++r) {
+    while (true) {
+      std::ifstream f(fmt::format("{}/{}", dir, r));
+      int p = 0;
+      if (f >> p && p > 0) {
+        book[static_cast<size_t>(r)] = {"127.0.0.1", p};
+        break;
+      }
+      if (Clock::now() > deadline)
+        throw Timeout(
+            fmt::format("bench worker {}: rank {} never published its port in {}", rank, r, dir));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return book;
+}
+
+// After the first allreduce every element is 0 + 1 + ... + (n-1): a fast but
+// wrong run must not produce figures.
+void check_sum(const std::vector<float>& buf, int n) {
+  const float want = static_cast<float>(n * (n - 1) / 2);
+  for (size_t i : {size_t{0}, buf.size() / 2, buf.size() - 1})
+    if (buf[i] != want)
+      throw Internal(
+          fmt::format("bench allreduce: element {} is {} after the first allreduce of "
+                      "{} floats over {} ranks, expected {}",
+                      i, buf[i], buf.size(), n, want));
+}
+
+}  // namespace
+
+int run_allreduce_worker(const WorkerArgs& a) {
+  Options opts = Options::from_env();
+  opts.net.connect_timeout = Millis(30000);
+  collective::TcpTransport t(a.rank, a.size, opts.net, "127.0.0.1", 0);
+  t.connect_all(rendezvous(a.rendezvous_dir, a.rank, a.size, t.port(), Millis(30000)));
+
+  std::vector<char> scratch;
+  collective::AlgoContext ctx{t};
+  ctx.peer_timeout = Millis(60000);
+  ctx.ring_segment_bytes = opts.collective.ring_segment_bytes;
+  ctx.small_allreduce_bytes = opts.collective.small_allreduce_bytes;
+  ctx.scratch = &scratch;
+  uint64_t op_id = 0;
+  for (size_t s = 0; s < a.sizes.size(); ++s) {
+    const size_t count = std::max<uint64_t>(1, a.sizes[s] / 4);
+    std::vector<float> buf(count, static_cast<float>(a.rank));
+    std::vector<double> us;
+    for (int it = 0; it < a.warmup + a.iters[s]; ++it) {
+      ctx.op_id = ++op_id;
+      collective::barrier(ctx);
+      ctx.op_id = ++op_id;
+      auto t0 = Clock::now();
+      collective::allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+      auto t1 = Clock::now();
+      if (it >= a.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      if (it == 0) check_sum(buf, a.size);
+    }
+    ctx.op_id = ++op_id;
+    collective::allreduce(ctx, us.data(), us.size(), DType::kFloat64, ReduceOp::kMax);
+    if (a.rank == 0) {
+      std::printf("result %llu %.3f\n", static_cast<unsigned long long>(a.sizes[s]), median(us));
+      std::fflush(stdout);
+    }
+  }
+  t.close(Status(ErrorCode::kPeerFailure, "benchmark done"));
+  return 0;
+}
+
+}  // namespace pushpull::cli
