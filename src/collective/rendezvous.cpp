@@ -45,6 +45,7 @@ struct State {
   std::vector<bool> arrived;
   int count = 0;
   std::map<net::ConnId, int> rank_of;
+  std::vector<net::ConnId> hellos;
   bool finished = false;
   // Client side.
   std::optional<AddressList> answer;
@@ -68,6 +69,7 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
     std::string h;
     Status d = decode_hello(m.payload.data(), m.payload.size(), &rank, &size, &h, &port);
     std::lock_guard lock(st->mu);
+    st->hellos.push_back(m.conn);  // told of the outcome, even when refused
     if (!d.is_ok()) return fail(*st, d);
     if (size != c.size)
       return fail(*st, Status(ErrorCode::kInvalidArgument,
@@ -117,9 +119,7 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
                                 c.timeout.count(), where(c), fmt::join(missing, ", ")));
   }
   st->finished = true;
-  std::vector<net::ConnId> conns;
-  for (auto& [id, r] : st->rank_of)
-    conns.push_back(id);
+  std::vector<net::ConnId> conns = st->hellos;
   AddressList book = st->book;
   lock.unlock();
 
@@ -137,7 +137,9 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
     // Tell the others at once instead of leaving them to their deadline.
     const std::string& why = result.message();
     for (auto id : conns)
-      (void)t.send_copy(id, net::Header{.type = kRefuseType}, why.data(), why.size());
+      (void)t.send_copy(
+          id, net::Header{.type = kRefuseType, .flags = static_cast<uint32_t>(result.code())},
+          why.data(), why.size());
   }
   t.drain(Millis(2000));
   t.stop();
@@ -152,9 +154,12 @@ AddressList join(const RendezvousConfig& c, Clock::time_point deadline) {
     std::lock_guard lock(st->mu);
     if (m.header.type == kRefuseType) {
       std::string why(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
-      ErrorCode code = why.find("claims rank") != std::string::npos ||
-                               why.find("same WORLD_SIZE") != std::string::npos
-                           ? ErrorCode::kInvalidArgument
+      // flags: the host's error code (a conflict stays an InvalidArgument,
+      // a missing rank a Timeout); anything else is the host failing.
+      uint32_t f = m.header.flags;
+      ErrorCode code = f == static_cast<uint32_t>(ErrorCode::kInvalidArgument) ||
+                               f == static_cast<uint32_t>(ErrorCode::kTimeout)
+                           ? static_cast<ErrorCode>(f)
                            : ErrorCode::kPeerFailure;
       return fail(*st, Status(code, fmt::format("rank 0 ended the rendezvous: {}", why)));
     }
@@ -180,8 +185,11 @@ AddressList join(const RendezvousConfig& c, Clock::time_point deadline) {
       !s.is_ok())
     throw PeerFailure(fmt::format("collective rendezvous: rank {} could not reach rank 0 at {}: {}",
                                   c.rank, where(c), s.message()));
+  // Rank 0 has the same deadline and the better verdict (which ranks are
+  // missing): give its answer a moment to arrive.
   std::unique_lock lock(st->mu);
-  bool ok = st->cv.wait_until(lock, deadline, [&] { return st->answer || !st->failure.is_ok(); });
+  bool ok = st->cv.wait_until(lock, deadline + Millis(2000),
+                              [&] { return st->answer || !st->failure.is_ok(); });
   Status result = st->failure;
   if (result.is_ok() && !ok)
     result = Status(ErrorCode::kTimeout,

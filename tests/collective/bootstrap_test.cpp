@@ -1,0 +1,281 @@
+// Bootstrap and Session, ranks as threads of this process over real TCP on
+// loopback: the MASTER_ADDR rendezvous, the scheduler's address book, a world
+// of one, the free functions, and the failure cases (a missing rank, a rank
+// that dies during the rendezvous, conflicting settings).
+#include "collective/bootstrap.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "cluster/scheduler.h"
+#include "collective/rendezvous.h"
+#include "net/transport.h"
+#include "pushpull/collective.h"
+#include "support/ports.h"
+
+namespace pushpull::collective {
+namespace {
+
+using ::testing::HasSubstr;
+
+Options rendezvous_options(int rank, int size, int port, Millis startup = Millis(20000)) {
+  Options o;
+  o.collective.rank = rank;
+  o.collective.size = size;
+  o.collective.master_addr = "127.0.0.1";
+  o.collective.master_port = port;
+  o.net.node_host = "127.0.0.1";
+  o.cluster.startup_timeout = startup;
+  o.cluster.heartbeat_timeout = Millis(5000);
+  return o;
+}
+
+// Runs fn(rank) on n threads; returns each thread's exception (or null).
+std::vector<std::exception_ptr> on_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  return errors;
+}
+
+std::string what(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return {};
+}
+
+template <typename E>
+bool is(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+TEST(Bootstrap, ModeSelection) {
+  Options o;
+  EXPECT_EQ(bootstrap_mode(o), BootstrapMode::kSingle);
+  o.collective.rank = 0;
+  o.collective.size = 1;
+  EXPECT_EQ(bootstrap_mode(o), BootstrapMode::kSingle);
+  o.collective.size = 2;
+  try {
+    bootstrap_mode(o);
+    ADD_FAILURE() << "no error without a rendezvous address";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("MASTER_ADDR"));
+  }
+  o.collective.master_addr = "127.0.0.1";
+  o.collective.master_port = 1234;
+  EXPECT_EQ(bootstrap_mode(o), BootstrapMode::kRendezvous);
+  o.collective.rank = 2;
+  EXPECT_THROW(bootstrap_mode(o), InvalidArgument);  // rank >= size
+  o.collective.rank = 0;
+  o.collective.size = -1;
+  EXPECT_THROW(bootstrap_mode(o), InvalidArgument);  // a rank without a size
+  Options w;
+  w.cluster.role = Role::kWorker;
+  w.cluster.num_servers = 2;
+  EXPECT_EQ(bootstrap_mode(w), BootstrapMode::kCluster);
+  w.cluster.role = Role::kServer;
+  EXPECT_THROW(bootstrap_mode(w), InvalidArgument);
+}
+
+TEST(Bootstrap, LocalRanksCountSameHosts) {
+  std::vector<std::string> hosts{"a", "b", "a", "a", "b"};
+  EXPECT_EQ(local_of(hosts, 0), std::make_pair(0, 3));
+  EXPECT_EQ(local_of(hosts, 3), std::make_pair(2, 3));
+  EXPECT_EQ(local_of(hosts, 4), std::make_pair(1, 2));
+}
+
+TEST(Bootstrap, WireFormsRoundTripAndRejectGarbage) {
+  AddressList book{{"10.0.0.1", 9000}, {"host-b", 9001}};
+  auto bytes = encode_book(book);
+  AddressList back;
+  ASSERT_TRUE(decode_book(bytes.data(), bytes.size(), &back).is_ok());
+  EXPECT_EQ(back, book);
+  EXPECT_FALSE(decode_book(bytes.data(), bytes.size() - 1, &back).is_ok());
+  auto hello = encode_hello(3, 4, "h", 77);
+  int r, s, p;
+  std::string h;
+  ASSERT_TRUE(decode_hello(hello.data(), hello.size(), &r, &s, &h, &p).is_ok());
+  EXPECT_EQ(r, 3);
+  EXPECT_EQ(s, 4);
+  EXPECT_EQ(h, "h");
+  EXPECT_EQ(p, 77);
+  std::vector<std::byte> junk(3, std::byte{0xff});
+  EXPECT_FALSE(decode_hello(junk.data(), junk.size(), &r, &s, &h, &p).is_ok());
+}
+
+class SessionsOverRendezvous : public ::testing::TestWithParam<int> {};
+
+TEST_P(SessionsOverRendezvous, EveryRankJoinsAndAllreduces) {
+  const int n = GetParam();
+  const int port = test::free_port();
+  auto errors = on_threads(n, [&](int r) {
+    Session s(rendezvous_options(r, n, port));
+    EXPECT_EQ(s.rank(), r);
+    EXPECT_EQ(s.size(), n);
+    EXPECT_EQ(s.local_rank(), r);  // every rank on 127.0.0.1
+    EXPECT_EQ(s.local_size(), n);
+    EXPECT_EQ(s.mode(), n == 1 ? "single" : "rendezvous");
+    Array a = Array::full(Shape{1000}, r + 1.0);
+    s.communicator().allreduce("x", a.view());
+    EXPECT_EQ(a.as<float>()[999], n * (n + 1) / 2.0f);
+    s.communicator().barrier();
+  });
+  for (auto& e : errors)
+    EXPECT_FALSE(e) << what(e);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SessionsOverRendezvous, ::testing::Values(1, 2, 3, 4));
+
+TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
+  const int workers = 3;
+  Options base;
+  base.cluster.num_servers = 1;
+  base.cluster.num_workers = workers;
+  base.cluster.root_uri = "127.0.0.1";
+  base.cluster.root_port = 0;
+  base.cluster.heartbeat_interval = Millis(200);
+  base.cluster.heartbeat_timeout = Millis(5000);
+  base.cluster.startup_timeout = Millis(20000);
+  base.net.node_host = "127.0.0.1";
+  Options so = base;
+  so.cluster.role = Role::kScheduler;
+  cluster::Scheduler scheduler(so);
+  base.cluster.root_port = scheduler.bind();
+  auto result = std::async(std::launch::async, [&] { return scheduler.run(); });
+  auto server = std::async(std::launch::async, [&] {
+    Options o = base;
+    o.cluster.role = Role::kServer;
+    cluster::Node node(o);
+    node.start();
+    node.shutdown();  // waits until every worker left
+  });
+  auto errors = on_threads(workers, [&](int) {
+    Options o = base;
+    o.cluster.role = Role::kWorker;
+    Session s(o);
+    EXPECT_EQ(s.mode(), "cluster");
+    EXPECT_EQ(s.size(), workers);
+    EXPECT_EQ(s.local_size(), workers);
+    Array a = Array::full(Shape{100000}, s.rank() + 1.0);
+    s.communicator().allreduce("grad", a.view());
+    EXPECT_EQ(a.as<float>()[0], 6.0f);
+    Array g = s.communicator().allgather("ranks", Array::full(Shape{1}, s.rank()).view());
+    EXPECT_EQ(g.as<float>()[2], 2.0f);
+    s.shutdown();  // leaves the job in order
+  });
+  for (auto& e : errors)
+    EXPECT_FALSE(e) << what(e);
+  if (std::any_of(errors.begin(), errors.end(), [](auto& e) { return e != nullptr; }))
+    scheduler.stop();
+  EXPECT_NO_THROW(server.get());
+  Status st = result.get();
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+}
+
+TEST(Bootstrap, AMissingRankTimesOutNamingIt) {
+  const int port = test::free_port();
+  auto start = std::chrono::steady_clock::now();
+  auto errors =
+      on_threads(2, [&](int r) { Session s(rendezvous_options(r, 3, port, Millis(1500))); });
+  auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(errors[0]);
+  EXPECT_TRUE(is<Timeout>(errors[0])) << what(errors[0]);
+  EXPECT_THAT(what(errors[0]), HasSubstr("for ranks 2"));
+  ASSERT_TRUE(errors[1]);  // told by rank 0 at once, not left to its own deadline
+  EXPECT_THAT(what(errors[1]), HasSubstr("for ranks 2"));
+  EXPECT_LT(took, std::chrono::seconds(6));
+}
+
+TEST(Bootstrap, ARankTakenTwiceIsRefusedEverywhere) {
+  const int port = test::free_port();
+  auto errors = on_threads(
+      3, [&](int t) { Session s(rendezvous_options(t == 2 ? 1 : t, 3, port, Millis(10000))); });
+  for (auto& e : errors) {
+    ASSERT_TRUE(e);
+    EXPECT_TRUE(is<InvalidArgument>(e)) << what(e);
+  }
+  EXPECT_THAT(what(errors[0]), HasSubstr("claims rank 1 (twice)"));
+}
+
+TEST(Bootstrap, ARankThatDiesDuringTheRendezvousIsAPeerFailure) {
+  const int port = test::free_port();
+  auto host = std::async(std::launch::async,
+                         [&] { Session s(rendezvous_options(0, 3, port, Millis(10000))); });
+  {
+    // Rank 1 says hello, then its process "dies" (the connection closes).
+    net::TransportConfig c;
+    c.role = Role::kWorker;
+    c.rank = 1;
+    net::Transport t(c);
+    t.start();
+    net::ConnId conn = t.connect("127.0.0.1", port, Millis(10000));
+    auto hello = encode_hello(1, 3, "127.0.0.1", 1);
+    ASSERT_TRUE(
+        t.send_copy(conn, net::Header{.type = kHelloType}, hello.data(), hello.size()).is_ok());
+    ASSERT_TRUE(t.drain(Millis(2000)));
+    std::this_thread::sleep_for(Millis(100));
+  }
+  try {
+    host.get();
+    ADD_FAILURE() << "rank 0 did not notice";
+  } catch (const PeerFailure& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 1"));
+  }
+}
+
+TEST(FreeFunctions, ThrowBeforeInitAndWorkInAWorldOfOne) {
+  ASSERT_FALSE(is_initialized());
+  try {
+    rank();
+    ADD_FAILURE() << "no error before init()";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("call pushpull::collective::init() first"));
+  }
+  Array a = Array::full(Shape{5}, 2.0);
+  EXPECT_THROW(allreduce("a", a.view()), InvalidArgument);
+  init(Options{});  // nothing set: a world of one
+  init(Options{});  // a second init does nothing
+  EXPECT_TRUE(is_initialized());
+  EXPECT_EQ(size(), 1);
+  EXPECT_EQ(rank(), 0);
+  EXPECT_EQ(local_rank(), 0);
+  EXPECT_EQ(local_size(), 1);
+  Handle h = allreduce_async("a", a.view(), Reduction::kAverage);
+  wait(h);
+  EXPECT_TRUE(poll(h));
+  EXPECT_EQ(a.as<float>()[4], 2.0f);
+  broadcast("b", a.view(), 0);
+  EXPECT_EQ(allgather("g", a.view()).numel(), 5);
+  EXPECT_EQ(reduce_scatter("r", a.view()).numel(), 5);
+  barrier();
+  join();
+  shutdown();
+  EXPECT_FALSE(is_initialized());
+  EXPECT_THROW(size(), InvalidArgument);
+  shutdown();  // nothing to shut down: fine
+}
+
+}  // namespace
+}  // namespace pushpull::collective
