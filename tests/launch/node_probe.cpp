@@ -1,7 +1,8 @@
 // launch_node_probe: a real cluster node for the launcher's end-to-end tests.
 // Joins the job described by its environment (as every pushpull program
-// does, through Options::from_env), runs a barrier of everyone, prints
-// "NODE <role> <rank> of <servers>+<workers>" and leaves in order.
+// does, through Options::from_env), prints
+// "NODE <role> <rank> of <servers>+<workers>", runs a barrier of the
+// workers and leaves in order.
 // --fail-rank R: worker R exits 3 right after joining instead.
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
                 node.rank(), node.num_servers(), node.num_workers());
     std::fflush(stdout);
     if (node.role() == pushpull::Role::kWorker && node.rank() == fail_rank) std::_Exit(3);
-    node.barrier(pushpull::cluster::Group::kAll);
+    // Workers only: a real `pushpull server` joins no barrier of ours.
+    if (node.role() == pushpull::Role::kWorker) node.barrier(pushpull::cluster::Group::kWorkers);
     node.shutdown();
   } catch (const pushpull::Error& e) {
     std::fprintf(stderr, "node failed: %s\n", e.what());
