@@ -98,6 +98,10 @@ struct KVStoreOptions {
   // Arrays with at least this many elements are split over all servers.
   // MXNET_KVSTORE_BIGARRAY_BOUND / PUSHPULL_BIGARRAY_BOUND.
   int64_t bigarray_bound = 1000000;
+  // Parameter-server messages carry at most this many bytes of one value: a
+  // bigger slice travels as several chunks, so the network, the server's
+  // summing and the pull replies overlap. PUSHPULL_PS_CHUNK_BYTES.
+  int64_t chunk_bytes = 4 << 20;
   // Threads a server uses for summing and updates; 0 = min(cores, 4).
   // PUSHPULL_SERVER_THREADS.
   int server_threads = 0;

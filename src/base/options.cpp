@@ -151,6 +151,7 @@ Options Options::from_env(const Environment& env) {
 
   KVStoreOptions& k = o.kvstore;
   r.integer({"PUSHPULL_BIGARRAY_BOUND", "MXNET_KVSTORE_BIGARRAY_BOUND"}, &k.bigarray_bound);
+  r.integer({"PUSHPULL_PS_CHUNK_BYTES"}, &k.chunk_bytes);
   r.integer({"PUSHPULL_SERVER_THREADS"}, &k.server_threads);
   r.integer({"PUSHPULL_KVSTORE_THREADS"}, &k.engine_threads);
   r.millis({"PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS"}, &k.wait_timeout);
@@ -201,6 +202,7 @@ void Options::validate() const {
         "heartbeat timeout must be longer than the heartbeat interval");
   check(kvstore.bigarray_bound > 0,
         "big-array bound must be positive (MXNET_KVSTORE_BIGARRAY_BOUND)");
+  check(kvstore.chunk_bytes >= 4096, "PUSHPULL_PS_CHUNK_BYTES must be at least 4096");
   check(kvstore.server_threads >= 0, "server threads must not be negative");
   check(kvstore.engine_threads >= 0,
         "kvstore threads must not be negative (PUSHPULL_KVSTORE_THREADS)");

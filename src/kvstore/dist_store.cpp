@@ -37,7 +37,8 @@ DistStore::DistStore(std::string type, const Options& options)
     : KVStore(options.kvstore.wait_timeout),
       type_(std::move(type)),
       sync_(type_.find("async") == std::string::npos),
-      bigarray_bound_(options.kvstore.bigarray_bound) {
+      bigarray_bound_(options.kvstore.bigarray_bound),
+      chunk_bytes_(options.kvstore.chunk_bytes) {
   if (options.cluster.role != Role::kWorker)
     throw InvalidArgument(fmt::format("a '{}' store is made by a worker; this process's role is {}",
                                       type_, role_name(options.cluster.role)));
@@ -221,7 +222,10 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       k->id = key_id(keys[i]);
       k->shape = values[i].shape;
       k->dtype = values[i].dtype;
-      k->slices = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
+      int64_t chunk =
+          std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(dtype_size(k->dtype)));
+      k->slices = ps::chunk(
+          ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_), chunk);
       made.push_back(k.get());
       keys_.emplace(keys[i], std::move(k));
     }
@@ -433,7 +437,11 @@ KVHandle DistStore::row_sparse_pull_async(const Key& key, const ArrayList& outs,
   auto done = std::make_shared<Completion>(static_cast<int>(asks.size()));
   for (auto& a : asks) {
     auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_ranges(a.ranges));
-    net::Header h{.type = ps::msg::kPull, .key = k->id, .dtype = static_cast<uint32_t>(k->dtype)};
+    net::Header h{.type = ps::msg::kPull,
+                  .key = k->id,
+                  .dtype = static_cast<uint32_t>(k->dtype),
+                  .offset = static_cast<uint64_t>(a.slice.begin),
+                  .length = static_cast<uint64_t>(a.slice.count)};
     request(a.slice.server, h, payload->data(), payload->size(), payload, done, priority,
             [outs, a, esize](const std::byte* d, size_t n) {
               size_t want = 0;

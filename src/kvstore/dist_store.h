@@ -81,8 +81,8 @@ class DistStore final : public KVStore {
     uint64_t id = 0;
     Shape shape;
     DType dtype = DType::kFloat32;
-    std::vector<ps::Slice> slices;
-    std::mutex residual_mu;  // 2-bit compression's error feedback
+    std::vector<ps::Slice> slices;  // server slices cut into chunks
+    std::mutex residual_mu;         // 2-bit compression's error feedback
     std::vector<float> residual;
   };
   struct Pending;
@@ -112,6 +112,7 @@ class DistStore final : public KVStore {
   const std::string type_;
   const bool sync_;
   const int64_t bigarray_bound_;
+  const int64_t chunk_bytes_;
   std::unique_ptr<cluster::Node> node_;
 
   mutable std::mutex mu_;  // guards the members below

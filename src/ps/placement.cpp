@@ -25,6 +25,22 @@ std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_
   return slices;
 }
 
+std::vector<Slice> chunk(const std::vector<Slice>& slices, int64_t max_count) {
+  std::vector<Slice> out;
+  for (const Slice& s : slices) {
+    if (s.count <= max_count) {
+      out.push_back(s);
+      continue;
+    }
+    int64_t pieces = (s.count + max_count - 1) / max_count;
+    for (int64_t i = 0; i < pieces; ++i) {  // even pieces, like the server split
+      int64_t b = s.count * i / pieces, e = s.count * (i + 1) / pieces;
+      out.push_back({s.server, s.begin + b, e - b});
+    }
+  }
+  return out;
+}
+
 uint64_t string_key_id(std::string_view name) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : name) {

@@ -30,6 +30,11 @@ struct Slice {
 // slice on its hash server so that push/pull still round-trip.
 std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_t bigarray_bound);
 
+// Cuts every slice into chunks of at most `max_count` elements (in order), so
+// one big value travels as several messages that the server can sum and
+// answer while the rest is still arriving.
+std::vector<Slice> chunk(const std::vector<Slice>& slices, int64_t max_count);
+
 // The server of a small value.
 int server_of(uint64_t key_id, int num_servers);
 

@@ -35,7 +35,7 @@ void Server::set_mode(bool sync) {
 }
 
 void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
-                   std::span<const std::byte> data) {
+                   std::span<const std::byte> data, std::shared_ptr<void> owner) {
   net::Header h;
   h.request_id = to.request_id;
   h.key = to.key;
@@ -48,16 +48,13 @@ void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
     return;
   }
   h.type = msg::kReply;
-  if (data.size() <= 4096) {
+  if (!owner || data.size() <= 4096) {
     node_.send_copy(Role::kWorker, to.worker, h, data.data(), data.size());
     return;
   }
-  // Large answers: one copy into a pooled buffer (the stored value may change
-  // in the next round while the socket is still sending), then zero-copy send.
-  auto buf = std::make_shared<net::Buffer>(node_.transport().pool().acquire(data.size()));
-  std::memcpy(buf->data(), data.data(), data.size());
-  node_.send(Role::kWorker, to.worker, h, buf->data(), buf->size(), [buf](const Status& s) {
-    if (!s.is_ok()) PP_DEBUG("pull reply not delivered: {}", s.to_string());
+  // Zero-copy: `owner` keeps the bytes alive and unchanged until written.
+  node_.send(Role::kWorker, to.worker, h, data.data(), data.size(), [owner](const Status& s) {
+    if (!s.is_ok()) PP_DEBUG("reply not delivered: {}", s.to_string());
   });
 }
 
@@ -73,6 +70,7 @@ void Server::on_message(net::Message&& m) {
   if (!is_valid_dtype(static_cast<uint8_t>(m.header.dtype)) && m.header.type != msg::kPull)
     return reject(Status(ErrorCode::kProtocolError, fmt::format("bad dtype {}", m.header.dtype)));
   auto dtype = static_cast<DType>(m.header.dtype);
+  const PartId part{m.header.key, static_cast<int64_t>(m.header.offset)};
   auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
   std::shared_ptr<ServerStore> s = store();
   switch (m.header.type) {
@@ -87,7 +85,7 @@ void Server::on_message(net::Message&& m) {
                              fmt::format("init of key {}: {} bytes for {} elements of {}", name,
                                          value.size(), count, dtype_name(dtype))));
       ArrayView view(const_cast<std::byte*>(value.data()), dtype, Shape{count});
-      s->init(meta, m.header.key, std::move(name), Payload{view, owner});
+      s->init(meta, part, std::move(name), Payload{view, owner});
       return;
     }
     case msg::kPush: {
@@ -97,14 +95,14 @@ void Server::on_message(net::Message&& m) {
       if (!compressed && owner->size() % dtype_size(dtype) != 0)
         return reject(Status(ErrorCode::kProtocolError, "push payload is not whole elements"));
       ArrayView view(owner->data(), compressed ? DType::kUInt8 : dtype, Shape{n});
-      s->push(meta, m.header.key, Payload{view, owner}, compressed);
+      s->push(meta, part, Payload{view, owner}, compressed);
       return;
     }
     case msg::kPull: {
       std::vector<Range> ranges;
       if (Status st = decode_ranges({owner->data(), owner->size()}, &ranges); !st)
         return reject(st);
-      s->pull(meta, m.header.key, std::move(ranges));
+      s->pull(meta, part, std::move(ranges));
       return;
     }
     default:

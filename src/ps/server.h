@@ -26,7 +26,7 @@ class Server : public ServerResponder {
   ~Server() override;
 
   void reply(const RequestMeta& to, const Status& status, DType dtype,
-             std::span<const std::byte> data) override;
+             std::span<const std::byte> data, std::shared_ptr<void> owner = nullptr) override;
 
  private:
   void on_message(net::Message&& m);

@@ -12,17 +12,37 @@
 
 namespace pushpull::ps {
 
+namespace {
+
 struct HeldPush {
   RequestMeta meta;
   Payload grad;
   bool compressed;
 };
 
+uint64_t shard_of(const PartId& p) {
+  return mix_hash(PartIdHash()(p));
+}
+
+// The optimizer's per-part state key (stable across jobs of the same layout).
+Key state_key(const PartId& p) {
+  return Key(static_cast<int64_t>(mix_hash(p.key ^ mix_hash(static_cast<uint64_t>(p.begin))) >> 1));
+}
+
+// An owned, writable buffer for `n` elements of `dtype`.
+Payload fresh(const Shape& shape, DType dtype) {
+  auto a = std::make_shared<Array>(shape, dtype);
+  return Payload{a->view(), a};
+}
+
+}  // namespace
+
 struct ServerStore::Entry {
   std::string name;
-  Array value;
-  Array merged;  // the round's sum: float32 for 16-bit values, else the value's dtype
-  DType merged_dtype = DType::kFloat32;
+  Payload value;                         // may be shared with pull replies in flight: copy on write
+  Payload merged;                        // the round's sum (adopted first push, or owned)
+  DType merged_dtype = DType::kFloat32;  // float32 for 16-bit values
+  Array merged32;                        // reused float32 sum for 16-bit values
   int pushed_this_round = 0;
   std::vector<char> pushed;               // per worker: pushed in the open round
   std::vector<int64_t> received;          // per worker: pushes received
@@ -35,6 +55,15 @@ struct ServerStore::Entry {
     int64_t needs_applied;
   };
   std::vector<WaitingPull> waiting;
+
+  // Makes `value` exclusively ours before writing it.
+  void own_value() {
+    if (value.owner.use_count() > 1) {
+      Payload copy = fresh(value.view.shape, value.view.dtype);
+      std::memcpy(copy.view.data, value.view.data, value.view.nbytes());
+      value = std::move(copy);
+    }
+  }
 };
 
 ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
@@ -44,9 +73,9 @@ ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
 
 ServerStore::~ServerStore() = default;
 
-ServerStore::Entry* ServerStore::find(uint64_t key) {
+ServerStore::Entry* ServerStore::find(const PartId& part) {
   std::lock_guard lock(mu_);
-  auto it = entries_.find(key);
+  auto it = entries_.find(part);
   return it == entries_.end() ? nullptr : it->second.get();
 }
 
@@ -59,65 +88,56 @@ void ServerStore::fail(const RequestMeta& m, const Status& s) {
   responder_.reply(m, s, DType::kFloat32, {});
 }
 
-void ServerStore::init(const RequestMeta& m, uint64_t key, std::string name, Payload value) {
-  executor_.submit(mix_hash(key), [this, m, key, name = std::move(name), value]() mutable {
+void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payload value) {
+  executor_.submit(shard_of(part), [this, m, part, name = std::move(name), value]() mutable {
     {
       std::lock_guard lock(mu_);
-      auto it = entries_.find(key);
+      auto it = entries_.find(part);
       if (it != entries_.end()) {
         std::string what = it->second->name == name
                                ? fmt::format("key {} is already initialised", name)
                                : fmt::format("keys {} and {} have the same id {}; rename one",
-                                             it->second->name, name, key);
+                                             it->second->name, name, part.key);
         responder_.reply(m, Status(ErrorCode::kAlreadyExists, what), DType::kFloat32, {});
         return;
       }
       auto e = std::make_unique<Entry>();
       e->name = name;
-      e->value = Array::copy_of(value.view);
-      e->merged_dtype = is_half(value.view.dtype) ? DType::kFloat32 : value.view.dtype;
+      // A copy, aligned for the kernels (the request's bytes follow the key's name).
+      e->value = fresh(value.view.shape, value.view.dtype);
+      if (value.view.nbytes())
+        std::memcpy(e->value.view.data, value.view.data, value.view.nbytes());
+      e->merged_dtype = is_half(e->value.view.dtype) ? DType::kFloat32 : e->value.view.dtype;
       e->pushed.assign(config_.num_workers, 0);
       e->received.assign(config_.num_workers, 0);
       e->applied.assign(config_.num_workers, 0);
-      entries_.emplace(key, std::move(e));
+      entries_.emplace(part, std::move(e));
     }
     responder_.reply(m, Status::ok(), DType::kFloat32, {});
   });
 }
 
-void ServerStore::push(const RequestMeta& m, uint64_t key, Payload grad, bool compressed) {
-  executor_.submit(mix_hash(key), [this, m, key, grad = std::move(grad), compressed] {
-    Entry* e = find(key);
+void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool compressed) {
+  executor_.submit(shard_of(part), [this, m, part, grad = std::move(grad), compressed] {
+    Entry* e = find(part);
     if (!e)
       return fail(m, Status(ErrorCode::kNotFound,
-                            fmt::format("push to key id {} that was never initialised", key)));
+                            fmt::format("push to key id {} that was never initialised", part.key)));
     if (m.worker < 0 || m.worker >= config_.num_workers)
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("push from unknown worker {}", m.worker)));
-    const ArrayView& v = e->value.view();
+    const ArrayView& v = e->value.view;
     if (!compressed && (grad.view.dtype != v.dtype || grad.view.numel() != v.numel()))
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("push to key {}: got {}, the key holds {}", e->name,
                                         grad.view.describe(), v.describe())));
-    if (!config_.sync) {
-      if (!optimizer())
-        return fail(m, Status(ErrorCode::kInvalidArgument,
-                              fmt::format("dist_async push to key {} before set_optimizer: an "
-                                          "asynchronous store needs an optimizer on the servers",
-                                          e->name)));
-      try {
-        apply_push(*e, grad, compressed);
-        e->pushed_this_round = config_.num_workers;  // a round of one push
-        e->round_pushes.push_back(m);
-        e->received[m.worker]++;
-        apply_round(key, *e);
-      } catch (...) {
-        fail(m, Status::from_current_exception());
-      }
-      return;
-    }
+    if (!config_.sync && !optimizer())
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("dist_async push to key {} before set_optimizer: an "
+                                        "asynchronous store needs an optimizer on the servers",
+                                        e->name)));
     e->received[m.worker]++;
-    if (e->pushed[m.worker]) {  // this worker is a round ahead: hold it
+    if (config_.sync && e->pushed[m.worker]) {  // this worker is a round ahead: hold it
       e->held.push_back({m, grad, compressed});
       return;
     }
@@ -129,63 +149,76 @@ void ServerStore::push(const RequestMeta& m, uint64_t key, Payload grad, bool co
     }
     e->pushed[m.worker] = 1;
     e->round_pushes.push_back(m);
-    if (++e->pushed_this_round == config_.num_workers) apply_round(key, *e);
+    // Async: every push is a round of its own.
+    if (!config_.sync || ++e->pushed_this_round == config_.num_workers) apply_round(part, *e);
   });
 }
 
-// Adds one worker's push into the round's merge buffer.
+// Adds one worker's push into the round's sum.
 void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
-  const ArrayView& v = e.value.view();
-  size_t n = static_cast<size_t>(v.numel());
-  bool first = e.pushed_this_round == 0 || !config_.sync;
-  if (e.merged.empty()) e.merged = Array(v.shape, e.merged_dtype);
+  const ArrayView& v = e.value.view;
+  const size_t n = static_cast<size_t>(v.numel());
+  const bool first = e.pushed_this_round == 0;
+  if (first && is_half(v.dtype)) {
+    if (e.merged32.empty()) e.merged32 = Array(v.shape, DType::kFloat32);
+    e.merged = Payload{e.merged32.view(), nullptr};
+  }
   if (compressed) {
     size_t need = 4 + compress::TwoBitCodec::compressed_bytes(n);
     if (grad.view.nbytes() != need)
       throw InvalidArgument(fmt::format("compressed push to key {} has {} bytes, expected {}",
                                         e.name, grad.view.nbytes(), need));
-    float threshold;
-    std::memcpy(&threshold, grad.view.data, 4);
-    compress::TwoBitCodec codec(threshold);
     if (e.merged_dtype != DType::kFloat32)
       throw InvalidArgument(fmt::format("2bit compression needs a floating-point key; {} holds {}",
                                         e.name, dtype_name(v.dtype)));
+    float threshold;
+    std::memcpy(&threshold, grad.view.data, 4);
+    compress::TwoBitCodec codec(threshold);
     auto* words =
         reinterpret_cast<const uint32_t*>(static_cast<const std::byte*>(grad.view.data) + 4);
-    if (first) std::memset(e.merged.data(), 0, e.merged.nbytes());
-    codec.decompress_add(words, e.merged.as<float>(), n);
+    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, DType::kFloat32);
+    if (first) std::memset(e.merged.view.data, 0, n * sizeof(float));
+    codec.decompress_add(words, e.merged.view.as<float>(), n);
+    return;
+  }
+  if (first && e.merged_dtype == v.dtype) {
+    e.merged = grad;  // adopt the received buffer: no copy
     return;
   }
   if (first) {
-    convert(e.merged_dtype, e.merged.data(), v.dtype, grad.view.data, n);
+    convert(DType::kFloat32, e.merged.view.data, v.dtype, grad.view.data, n);
   } else if (e.merged_dtype == v.dtype) {
-    reduce_sum(v.dtype, e.merged.data(), grad.view.data, n);
-  } else {  // 16-bit push into the float32 sum, in blocks on the stack
+    reduce_sum(v.dtype, e.merged.view.data, grad.view.data, n);
+  } else {  // a 16-bit push into the float32 sum, in blocks on the stack
     constexpr size_t kBlock = 4096;
     alignas(64) float tmp[kBlock];
     for (size_t i = 0; i < n; i += kBlock) {
       size_t k = std::min(kBlock, n - i);
       convert(DType::kFloat32, tmp, v.dtype,
               static_cast<const std::byte*>(grad.view.data) + i * dtype_size(v.dtype), k);
-      reduce_sum(DType::kFloat32, e.merged.as<float>() + i, tmp, k);
+      reduce_sum(DType::kFloat32, e.merged.view.as<float>() + i, tmp, k);
     }
   }
 }
 
-void ServerStore::apply_round(uint64_t key, Entry& e) {
+void ServerStore::apply_round(const PartId& part, Entry& e) {
   Status status;
   try {
-    const ArrayView& v = e.value.view();
-    size_t n = static_cast<size_t>(v.numel());
+    const size_t n = static_cast<size_t>(e.value.view.numel());
     if (auto opt = optimizer()) {
-      opt->update(Key(static_cast<int64_t>(key)), v, e.merged.view());
+      e.own_value();
+      opt->update(state_key(part), e.value.view, e.merged.view);
+    } else if (e.merged_dtype == e.value.view.dtype && e.merged.owner) {
+      e.value = std::move(e.merged);  // the sum becomes the value: no copy
     } else {
-      convert(v.dtype, v.data, e.merged_dtype, e.merged.data(), n);
+      e.own_value();
+      convert(e.value.view.dtype, e.value.view.data, e.merged_dtype, e.merged.view.data, n);
     }
   } catch (...) {
     status = Status::from_current_exception();
     PP_ERROR("update of key {} failed: {}", e.name, status.to_string());
   }
+  e.merged = Payload{};  // release an adopted push buffer back to its pool
   for (const RequestMeta& m : e.round_pushes) {
     e.applied[m.worker]++;
     responder_.reply(m, status, DType::kFloat32, {});
@@ -216,7 +249,7 @@ void ServerStore::apply_round(uint64_t key, Entry& e) {
     if (++e.pushed_this_round == config_.num_workers) {
       for (auto& rest : held)
         e.held.push_back(std::move(rest));
-      return apply_round(key, e);
+      return apply_round(part, e);
     }
   }
 }
@@ -234,30 +267,31 @@ void ServerStore::answer_ready_pulls(Entry& e) {
 }
 
 void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges) {
-  const ArrayView& v = e.value.view();
-  size_t esize = dtype_size(v.dtype);
+  const ArrayView& v = e.value.view;
+  const size_t esize = dtype_size(v.dtype);
   auto* base = static_cast<const std::byte*>(v.data);
   if (ranges.empty()) {
-    responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()});
+    // The value itself, kept alive (and unchanged: copy on write) until sent.
+    responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, e.value.owner);
     return;
   }
-  std::vector<std::byte> gathered;
+  auto gathered = std::make_shared<std::vector<std::byte>>();
   for (const Range& r : ranges) {
     if (r.begin < 0 || r.count < 0 || r.begin + r.count > v.numel())
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("pull of key {}: range [{}, {}) is outside its {} elements",
                                         e.name, r.begin, r.begin + r.count, v.numel())));
-    gathered.insert(gathered.end(), base + r.begin * esize, base + (r.begin + r.count) * esize);
+    gathered->insert(gathered->end(), base + r.begin * esize, base + (r.begin + r.count) * esize);
   }
-  responder_.reply(m, Status::ok(), v.dtype, gathered);
+  responder_.reply(m, Status::ok(), v.dtype, *gathered, gathered);
 }
 
-void ServerStore::pull(const RequestMeta& m, uint64_t key, std::vector<Range> ranges) {
-  executor_.submit(mix_hash(key), [this, m, key, ranges = std::move(ranges)] {
-    Entry* e = find(key);
+void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ranges) {
+  executor_.submit(shard_of(part), [this, m, part, ranges = std::move(ranges)] {
+    Entry* e = find(part);
     if (!e)
       return fail(m, Status(ErrorCode::kNotFound,
-                            fmt::format("pull of key id {} that was never initialised", key)));
+                            fmt::format("pull of key id {} that was never initialised", part.key)));
     if (m.worker < 0 || m.worker >= config_.num_workers)
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("pull from unknown worker {}", m.worker)));
@@ -316,9 +350,9 @@ void ServerStore::save_states(const RequestMeta& m) {
     if (!opt)
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             "save_optimizer_states: no optimizer is set on the servers"));
-    std::string bytes = opt->save_states();
+    auto bytes = std::make_shared<std::string>(opt->save_states());
     responder_.reply(m, Status::ok(), DType::kUInt8,
-                     {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+                     {reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()}, bytes);
   });
 }
 

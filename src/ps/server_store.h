@@ -3,7 +3,8 @@
 // server.h feeds it requests and sends what it answers; tests drive it
 // directly).
 //
-// Per key (one slice of a key on this server):
+// Per part (one chunk of one key's slice on this server, named by the key id
+// and the chunk's first element):
 //  - init stores the first value; a second init is AlreadyExists.
 //  - sync mode: a push from worker w is summed into the round's merge buffer
 //    (float32 for 16-bit types). When all N workers have pushed, the round is
@@ -17,11 +18,17 @@
 //  - pulls may ask for element ranges only (row_sparse_pull).
 //  - pushes may be 2-bit compressed: payload = float32 threshold + words.
 //
-// Threading: requests for one key run in arrival order on that key's thread of
-// a ShardedExecutor (PushPullOptions: threads); different keys run in
+// Copies: the first push of a round is adopted as the round's sum (no copy)
+// when its dtype is the sum's; without an optimizer the sum then becomes the
+// stored value (no copy). A pull answers with the stored value itself plus a
+// reference that keeps it alive while it is being sent; a later update of a
+// value still referenced that way works on a fresh copy (copy on write).
+//
+// Threading: requests for one part run in arrival order on that part's thread
+// of a ShardedExecutor (ServerStoreConfig::threads); different parts run in
 // parallel. Every public method only queues work and returns. The responder
 // is called from those threads. Ownership: payloads are kept alive by their
-// `owner` until the task that reads them has run.
+// `owner` until the task that reads them has run (or longer, when adopted).
 #pragma once
 
 #include <atomic>
@@ -47,6 +54,18 @@ struct RequestMeta {
   uint64_t key = 0;  // echoed in the answer (the worker matches on it)
 };
 
+// One part of a key held by this server.
+struct PartId {
+  uint64_t key = 0;
+  int64_t begin = 0;  // first element of the part within the whole value
+  bool operator==(const PartId&) const = default;
+};
+struct PartIdHash {
+  size_t operator()(const PartId& p) const {
+    return std::hash<uint64_t>()(p.key * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(p.begin));
+  }
+};
+
 // A view of received bytes plus whatever keeps them alive.
 struct Payload {
   ArrayView view;
@@ -62,9 +81,10 @@ struct Range {
 class ServerResponder {
  public:
   virtual ~ServerResponder() = default;
-  // Answers a request: `data` (may be empty) is valid only during the call.
+  // Answers a request. `data` (may be empty) stays valid and unchanged while
+  // `owner` is held; with a null owner only during the call.
   virtual void reply(const RequestMeta& to, const Status& status, DType dtype,
-                     std::span<const std::byte> data) = 0;
+                     std::span<const std::byte> data, std::shared_ptr<void> owner = nullptr) = 0;
 };
 
 struct ServerStoreConfig {
@@ -83,10 +103,10 @@ class ServerStore {
 
   // `name` is the key as the user wrote it (for messages and to detect
   // string-key id collisions).
-  void init(const RequestMeta& m, uint64_t key, std::string name, Payload value);
-  void push(const RequestMeta& m, uint64_t key, Payload grad, bool compressed);
-  // Empty `ranges`: the whole slice.
-  void pull(const RequestMeta& m, uint64_t key, std::vector<Range> ranges);
+  void init(const RequestMeta& m, PartId part, std::string name, Payload value);
+  void push(const RequestMeta& m, PartId part, Payload grad, bool compressed);
+  // Empty `ranges`: the whole part; else element ranges relative to the part.
+  void pull(const RequestMeta& m, PartId part, std::vector<Range> ranges);
   // Installs the optimizer for every later round (state of an earlier
   // optimizer is dropped). Answers once installed.
   void set_optimizer(const RequestMeta& m, const OptimizerSpec& spec);
@@ -100,8 +120,8 @@ class ServerStore {
 
  private:
   struct Entry;
-  Entry* find(uint64_t key);
-  void apply_round(uint64_t key, Entry& e);
+  Entry* find(const PartId& part);
+  void apply_round(const PartId& part, Entry& e);
   void apply_push(Entry& e, const Payload& grad, bool compressed);
   void answer_ready_pulls(Entry& e);
   void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);
@@ -114,7 +134,7 @@ class ServerStore {
   ServerStoreConfig config_;
   ServerResponder& responder_;
   mutable std::mutex mu_;  // guards entries_' structure and optimizer_
-  std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries_;
+  std::unordered_map<PartId, std::unique_ptr<Entry>, PartIdHash> entries_;
   std::shared_ptr<Optimizer> optimizer_;
   ShardedExecutor executor_;  // last: destroyed first, while the rest is alive
 };

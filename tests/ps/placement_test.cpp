@@ -44,6 +44,21 @@ TEST(Placement, BigValuesAreSplitEvenlyOverAllServers) {
   EXPECT_EQ(place(1, 0, 2, 1).size(), 1u);
 }
 
+TEST(Placement, ChunksCoverEachSliceInOrder) {
+  auto c = chunk(place(1, 1000, 2, 10), 120);
+  int64_t next = 0;
+  for (const auto& s : c) {
+    EXPECT_EQ(s.begin, next);
+    EXPECT_LE(s.count, 120);
+    EXPECT_GT(s.count, 0);
+    EXPECT_EQ(s.server, s.begin < 500 ? 0 : 1);
+    next += s.count;
+  }
+  EXPECT_EQ(next, 1000);
+  EXPECT_EQ(c.size(), 10u);  // 500 elements per server → 5 chunks of 100
+  EXPECT_EQ(chunk(place(1, 5, 2, 10), 120).size(), 1u);
+}
+
 TEST(Placement, StringKeysNeverCollideWithIntegerKeys) {
   EXPECT_NE(string_key_id("weight"), string_key_id("bias"));
   EXPECT_EQ(string_key_id("weight"), string_key_id("weight"));

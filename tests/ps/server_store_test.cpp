@@ -19,8 +19,8 @@ struct Reply {
 
 class Recorder : public ServerResponder {
  public:
-  void reply(const RequestMeta& to, const Status& s, DType dtype,
-             std::span<const std::byte> data) override {
+  void reply(const RequestMeta& to, const Status& s, DType dtype, std::span<const std::byte> data,
+             std::shared_ptr<void>) override {
     std::lock_guard lock(mu_);
     replies_[to.request_id] = Reply{s, dtype, {data.begin(), data.end()}};
   }
@@ -60,17 +60,18 @@ class ServerStoreTest : public ::testing::Test {
   uint64_t next() { return ++id_; }
   uint64_t init(uint64_t key, Array value, int worker = 0) {
     uint64_t id = next();
-    store_->init({worker, id}, key, "k" + std::to_string(key), payload_of(std::move(value)));
+    store_->init({worker, id}, PartId{key, 0}, "k" + std::to_string(key),
+                 payload_of(std::move(value)));
     return id;
   }
   uint64_t push(int worker, uint64_t key, Array grad, bool compressed = false) {
     uint64_t id = next();
-    store_->push({worker, id}, key, payload_of(std::move(grad)), compressed);
+    store_->push({worker, id}, PartId{key, 0}, payload_of(std::move(grad)), compressed);
     return id;
   }
   uint64_t pull(int worker, uint64_t key, std::vector<Range> ranges = {}) {
     uint64_t id = next();
-    store_->pull({worker, id}, key, std::move(ranges));
+    store_->pull({worker, id}, PartId{key, 0}, std::move(ranges));
     return id;
   }
   void idle() { store_->wait_idle(Millis(10000)); }
@@ -217,6 +218,41 @@ TEST_F(ServerStoreTest, BadRequestsGetErrorsAndChangeNothing) {
   EXPECT_EQ(rec_.get(nopull).status.code(), ErrorCode::kNotFound);
   for (float v : rec_.floats(p))
     EXPECT_EQ(v, 1.0f);  // the bad push did not open a round
+}
+
+TEST_F(ServerStoreTest, APulledValueInFlightIsNotChangedByTheNextRound) {
+  // The reply's owner keeps the bytes alive; the next update must copy.
+  class Keeper : public ServerResponder {
+   public:
+    void reply(const RequestMeta& to, const Status&, DType, std::span<const std::byte> data,
+               std::shared_ptr<void> owner) override {
+      std::lock_guard lock(mu);
+      if (to.request_id == 2) {
+        kept = owner;
+        bytes = data;
+      }
+    }
+    std::mutex mu;
+    std::shared_ptr<void> kept;
+    std::span<const std::byte> bytes;
+  } keeper;
+  ServerStore store(ServerStoreConfig{1, true, 1, 0}, keeper);
+  auto v = std::make_shared<Array>(Array::full(Shape{1000}, 1.0));
+  store.init({0, 1}, PartId{1, 0}, "k", Payload{v->view(), v});
+  store.pull({0, 2}, PartId{1, 0}, {});
+  store.wait_idle(Millis(10000));
+  ASSERT_TRUE(keeper.kept);
+  for (int i = 0; i < 2; ++i) {
+    auto g = std::make_shared<Array>(Array::full(Shape{1000}, 5.0));
+    store.push({0, 3u + i}, PartId{1, 0}, Payload{g->view(), g}, false);
+  }
+  store.set_optimizer({0, 9}, OptimizerSpec::parse("test:rescale_grad=1"));
+  auto g = std::make_shared<Array>(Array::full(Shape{1000}, 5.0));
+  store.push({0, 10}, PartId{1, 0}, Payload{g->view(), g}, false);
+  store.wait_idle(Millis(10000));
+  float first;
+  std::memcpy(&first, keeper.bytes.data(), 4);
+  EXPECT_EQ(first, 1.0f);  // what was being sent is still the init value
 }
 
 TEST_F(ServerStoreTest, OptimizerStatesSaveAndLoad) {
