@@ -30,6 +30,9 @@ Options rendezvous_options(int rank, int size, int port, Millis startup = Millis
   o.net.node_host = "127.0.0.1";
   o.cluster.startup_timeout = startup;
   o.cluster.heartbeat_timeout = Millis(5000);
+  // free_port() is racy on a shared machine: a job id of our own makes a
+  // collision with another program a quick refusal, not a wait.
+  o.net.job_id = "bootstrap-test-" + std::to_string(port);
   return o;
 }
 
@@ -226,6 +229,7 @@ TEST(Bootstrap, ARankThatDiesDuringTheRendezvousIsAPeerFailure) {
   {
     // Rank 1 says hello, then its process "dies" (the connection closes).
     net::TransportConfig c;
+    c.net = rendezvous_options(1, 3, port).net;
     c.role = Role::kWorker;
     c.rank = 1;
     net::Transport t(c);
