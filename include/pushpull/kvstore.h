@@ -91,9 +91,10 @@ class KVStore {
   virtual KVHandle pushpull_async(const std::vector<Key>& keys,
                                   const std::vector<ArrayList>& values,
                                   const std::vector<ArrayList>& outs, int priority = 0) = 0;
-  // Pulls only the rows `row_ids` (1-D int64 or int32) of a key whose value has
-  // at least one dimension: outs[j] has shape (len(row_ids), rest of the
-  // key's shape) and gets row row_ids[i] of the value as its row i.
+  // Pulls only the rows `row_ids` (1-D int64 or int32; duplicates and any
+  // order allowed) of a key whose value has at least one dimension. outs[j]
+  // has the value's shape: the listed rows get the value's rows, every other
+  // row is zero (MXNet's row_sparse_pull into a dense array).
   virtual KVHandle row_sparse_pull_async(const Key& key, const ArrayList& outs,
                                          const ArrayView& row_ids, int priority = 0) = 0;
   // Blocks until every operation issued before the call finished.

@@ -1,5 +1,7 @@
 #include "kvstore/local_store.h"
 
+#include "kvstore/validate.h"
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -24,19 +26,6 @@ void ensure(Array& a, const Shape& shape, DType dtype) {
   if (a.empty() || a.dtype() != dtype || !(a.shape() == shape)) a = Array(shape, dtype);
 }
 
-// Checks one caller array: on the CPU, with data.
-void check_array(const char* op, const std::string& store, const Key& key, const ArrayView& a,
-                 size_t i, size_t n, const char* what) {
-  if (!a.device.is_cpu())
-    throw InvalidArgument(fmt::format(
-        "{} of key {}: {} {} of {} is on {}; arrays on {} are not supported yet by the '{}' "
-        "store: copy it to the CPU",
-        op, key.to_string(), what, i + 1, n, a.device.to_string(), a.device.to_string(), store));
-  if (!a.data && a.nbytes() > 0)
-    throw InvalidArgument(fmt::format("{} of key {}: {} {} of {} ({}) has no data (null pointer)",
-                                      op, key.to_string(), what, i + 1, n, a.describe()));
-}
-
 }  // namespace
 
 LocalStore::Entry::Entry(Key k, const ArrayView& v)
@@ -50,69 +39,27 @@ LocalStore::LocalStore(std::string type, const Options& options)
 // exec_ is destroyed first and runs what is queued, while entries still exist.
 LocalStore::~LocalStore() = default;
 
-void LocalStore::check_key_kinds(const char* op, const std::vector<Key>& keys) const {
-  if (keys.empty())
-    throw InvalidArgument(fmt::format("{}: the list of keys is empty; give at least one key", op));
-  for (const Key& k : keys) {
-    if (k.is_int() != keys.front().is_int())
-      throw InvalidArgument(fmt::format(
-          "{}: keys mix kinds (key {} is {}, key {} is {}); one store uses either int or string "
-          "keys",
-          op, keys.front().to_string(), keys.front().kind_name(), k.to_string(), k.kind_name()));
-    if (int_keys_ && *int_keys_ != k.is_int())
-      throw InvalidArgument(
-          fmt::format("{}: key {} is {}, but this store holds {} keys; one store uses one kind", op,
-                      k.to_string(), k.kind_name(), *int_keys_ ? "int" : "string"));
-  }
-}
-
 std::vector<LocalStore::Entry*> LocalStore::entries_for(const char* op,
                                                         const std::vector<Key>& keys,
                                                         size_t lists) const {
-  check_key_kinds(op, keys);
-  if (lists != keys.size())
-    throw InvalidArgument(fmt::format("{}: {} keys but {} lists of arrays; give one list per key",
-                                      op, keys.size(), lists));
+  kv::check_key_kinds(op, keys, int_keys_);
+  kv::check_counts(op, keys.size(), lists);
   std::vector<Entry*> es;
   es.reserve(keys.size());
   for (const Key& k : keys) {
     auto it = entries_.find(k);
-    if (it == entries_.end())
-      throw NotFound(fmt::format("{}: key {} was never initialised; call init(key, value) first",
-                                 op, k.to_string()));
+    if (it == entries_.end()) kv::throw_not_initialised(op, k);
     es.push_back(it->second.get());
   }
   return es;
 }
 
-void LocalStore::check_list(const char* op, const Entry& e, const ArrayList& arrays,
-                            const char* what) const {
-  if (arrays.empty())
-    throw InvalidArgument(
-        fmt::format("{} of key {}: the list of {}s is empty; give one array "
-                    "per device (at least one)",
-                    op, e.key.to_string(), what));
-  const ArrayView held = e.value.view();
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    const ArrayView& a = arrays[i];
-    check_array(op, type_, e.key, a, i, arrays.size(), what);
-    if (a.dtype != held.dtype || !(a.shape == held.shape))
-      throw InvalidArgument(fmt::format(
-          "{} of key {}: {} {} of {} is {}{} but the key holds {}{}; use arrays of the key's "
-          "shape and dtype",
-          op, e.key.to_string(), what, i + 1, arrays.size(), dtype_name(a.dtype),
-          a.shape.to_string(), dtype_name(held.dtype), held.shape.to_string()));
-  }
-}
-
 void LocalStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) {
   std::unique_lock lock(mu_);
-  check_key_kinds("init", keys);
-  if (values.size() != keys.size())
-    throw InvalidArgument(fmt::format("init: {} keys but {} values; give one value per key",
-                                      keys.size(), values.size()));
+  kv::check_key_kinds("init", keys, int_keys_);
+  kv::check_counts("init", keys.size(), values.size(), "values");
   for (size_t i = 0; i < keys.size(); ++i) {
-    check_array("init", type_, keys[i], values[i], 0, 1, "value");
+    kv::check_array("init", type_, keys[i], values[i], 0, 1, "value");
     bool again = entries_.count(keys[i]) != 0;
     for (size_t j = 0; j < i && !again; ++j)
       again = keys[j] == keys[i];
@@ -142,7 +89,8 @@ KVHandle LocalStore::push_async(const std::vector<Key>& keys, const std::vector<
     apply = apply_;
   }
   for (size_t i = 0; i < es.size(); ++i)
-    check_list("push", *es[i], values[i], "value");
+    kv::check_list("push", type_, es[i]->key, es[i]->value.shape(), es[i]->value.dtype(), values[i],
+                   "value");
   auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
   for (size_t i = 0; i < es.size(); ++i) {
     Entry* e = es[i];
@@ -160,7 +108,8 @@ KVHandle LocalStore::pull_async(const std::vector<Key>& keys, const std::vector<
     es = entries_for("pull", keys, outs.size());
   }
   for (size_t i = 0; i < es.size(); ++i)
-    check_list("pull", *es[i], outs[i], "output");
+    kv::check_list("pull", type_, es[i]->key, es[i]->value.shape(), es[i]->value.dtype(), outs[i],
+                   "output");
   auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
   for (size_t i = 0; i < es.size(); ++i) {
     Entry* e = es[i];
@@ -184,8 +133,10 @@ KVHandle LocalStore::pushpull_async(const std::vector<Key>& keys,
     throw InvalidArgument(
         fmt::format("pushpull: {} keys but {} lists of outputs", keys.size(), outs.size()));
   for (size_t i = 0; i < es.size(); ++i) {
-    check_list("pushpull", *es[i], values[i], "value");
-    check_list("pushpull", *es[i], outs[i], "output");
+    kv::check_list("pushpull", type_, es[i]->key, es[i]->value.shape(), es[i]->value.dtype(),
+                   values[i], "value");
+    kv::check_list("pushpull", type_, es[i]->key, es[i]->value.shape(), es[i]->value.dtype(),
+                   outs[i], "output");
   }
   auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
   for (size_t i = 0; i < es.size(); ++i) {
@@ -213,45 +164,22 @@ KVHandle LocalStore::row_sparse_pull_async(const Key& key, const ArrayList& outs
   if (held.ndim() < 1)
     throw InvalidArgument(fmt::format("{} of key {}: the value {} has no rows", op, key.to_string(),
                                       held.to_string()));
-  check_array(op, type_, key, row_ids, 0, 1, "row_ids");
-  if ((row_ids.dtype != DType::kInt64 && row_ids.dtype != DType::kInt32) ||
-      row_ids.shape.ndim() != 1)
-    throw InvalidArgument(
-        fmt::format("{} of key {}: row_ids is {}; it must be a 1-D int64 or "
-                    "int32 array",
-                    op, key.to_string(), row_ids.describe()));
-  std::vector<int64_t> rows(static_cast<size_t>(row_ids.numel()));
-  for (size_t i = 0; i < rows.size(); ++i) {
-    rows[i] = row_ids.dtype == DType::kInt64 ? row_ids.as<int64_t>()[i] : row_ids.as<int32_t>()[i];
-    if (rows[i] < 0 || rows[i] >= held[0])
-      throw InvalidArgument(fmt::format("{} of key {}: row id {} is out of range [0, {})", op,
-                                        key.to_string(), rows[i], held[0]));
-  }
-  Shape want = held;
-  want[0] = static_cast<int64_t>(rows.size());
-  if (outs.empty())
-    throw InvalidArgument(
-        fmt::format("{} of key {}: the list of outputs is empty", op, key.to_string()));
-  for (size_t i = 0; i < outs.size(); ++i) {
-    check_array(op, type_, key, outs[i], i, outs.size(), "output");
-    if (outs[i].dtype != e->value.dtype() || !(outs[i].shape == want))
-      throw InvalidArgument(fmt::format(
-          "{} of key {}: output {} of {} is {}{} but {} rows of the key need {}{}", op,
-          key.to_string(), i + 1, outs.size(), dtype_name(outs[i].dtype), outs[i].shape.to_string(),
-          rows.size(), dtype_name(e->value.dtype()), want.to_string()));
-  }
+  kv::check_list(op, type_, key, held, e->value.dtype(), outs, "output");
+  std::vector<int64_t> rows = kv::check_row_ids(key, row_ids, held[0]);
   auto done = std::make_shared<Completion>(1);
   exec_.submit(
       e->shard,
       [e, outs, rows = std::move(rows)] {
+        // MXNet's meaning: the listed rows get the value's rows, the others are zero.
         const size_t row_bytes =
-            rows.empty() ? 0 : e->value.nbytes() / static_cast<size_t>(e->value.shape()[0]);
+            e->value.shape()[0] ? e->value.nbytes() / static_cast<size_t>(e->value.shape()[0]) : 0;
         const char* src = static_cast<const char*>(e->value.data());
-        for (const ArrayView& o : outs)
-          for (size_t i = 0; i < rows.size(); ++i)
-            if (row_bytes)
-              std::memcpy(static_cast<char*>(o.data) + i * row_bytes,
-                          src + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+        for (const ArrayView& o : outs) {
+          std::memset(o.data, 0, o.nbytes());
+          for (int64_t r : rows)
+            std::memcpy(static_cast<char*>(o.data) + static_cast<size_t>(r) * row_bytes,
+                        src + static_cast<size_t>(r) * row_bytes, row_bytes);
+        }
       },
       done);
   return KVHandle(std::move(done));

@@ -69,8 +69,6 @@ class LocalStore final : public KVStore {
 
   // Validation (throws, changes nothing). Returns the entries of `keys`.
   std::vector<Entry*> entries_for(const char* op, const std::vector<Key>& keys, size_t lists) const;
-  void check_list(const char* op, const Entry& e, const ArrayList& arrays, const char* what) const;
-  void check_key_kinds(const char* op, const std::vector<Key>& keys) const;
 
   // Executor-side work.
   void do_push(Entry& e, const ArrayList& values, const Apply* apply);

@@ -160,20 +160,24 @@ TEST_P(KVStoreTest, RowSparsePull) {
   for (int i = 0; i < 8; ++i)
     w.as<float>()[i] = static_cast<float>(i);
   kv->init(0, w);
+  // MXNet's meaning: `out` has the value's shape; listed rows (duplicates and
+  // any order allowed) get the value's rows, every other row is zero.
   int64_t rows[3] = {3, 0, 3};
-  Array o1({3, 2}, DType::kFloat32), o2({3, 2}, DType::kFloat32);
+  Array o1 = Array::full({4, 2}, -1.0), o2 = Array::full({4, 2}, -1.0);
   kv->row_sparse_pull(0, ArrayList{o1, o2}, ArrayView(rows, {3}));
-  EXPECT_EQ(values(o1), (std::vector<double>{6, 7, 0, 1, 6, 7}));
+  EXPECT_EQ(values(o1), (std::vector<double>{0, 1, 0, 0, 0, 0, 6, 7}));
   EXPECT_EQ(values(o2), values(o1));
   int32_t rows32[1] = {2};
-  Array o3({1, 2}, DType::kFloat32);
-  kv->row_sparse_pull(0, o3.view(), ArrayView(rows32, {1}));
-  EXPECT_EQ(values(o3), (std::vector<double>{4, 5}));
+  kv->row_sparse_pull(0, o1.view(), ArrayView(rows32, {1}));
+  EXPECT_EQ(values(o1), (std::vector<double>{0, 0, 0, 0, 4, 5, 0, 0}));
+  kv->row_sparse_pull(0, o1.view(), ArrayView(rows32, {0}));  // no rows: all zero
+  EXPECT_EQ(values(o1), (std::vector<double>(8, 0.0)));
   int64_t bad_rows[1] = {4};
-  EXPECT_THROW(kv->row_sparse_pull(0, o3.view(), ArrayView(bad_rows, {1})), InvalidArgument);
-  EXPECT_THROW(kv->row_sparse_pull(0, o1.view(), ArrayView(rows32, {1})), InvalidArgument);
+  EXPECT_THROW(kv->row_sparse_pull(0, o1.view(), ArrayView(bad_rows, {1})), InvalidArgument);
+  Array small({1, 2}, DType::kFloat32);
+  EXPECT_THROW(kv->row_sparse_pull(0, small.view(), ArrayView(rows32, {1})), InvalidArgument);
   float frows[1] = {1};
-  EXPECT_THROW(kv->row_sparse_pull(0, o3.view(), ArrayView(frows, {1})), InvalidArgument);
+  EXPECT_THROW(kv->row_sparse_pull(0, o1.view(), ArrayView(frows, {1})), InvalidArgument);
 }
 
 TEST_P(KVStoreTest, GradientCompressionIsCheckedThenIgnored) {
