@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
+#include "collective/tcp_streams.h"
+#include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
@@ -16,6 +18,21 @@ void binomial(AlgoContext& ctx, char* data, size_t bytes, int root) {
   const int n = ctx.size();
   const int v = (ctx.rank() - root + n) % n;  // rank relative to the root
   const uint64_t tag = op_tag(ctx.op_id, 0);
+  if (TcpTransport* tcp = stream_transport(ctx.transport)) {
+    auto lock = tcp->lock_streams();
+    StreamPump pump(*tcp, ctx.peer_timeout, fmt::format("broadcast (op {})", ctx.op_id));
+    int mask = 1;
+    for (; mask < n; mask <<= 1) {
+      if (v & mask) {
+        pump.wait_recv((v - mask + root) % n, pump.recv((v - mask + root) % n, tag, data, bytes));
+        break;
+      }
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (v + mask < n) pump.send((v + mask + root) % n, tag, data, bytes);
+    pump.finish();
+    return;
+  }
   int mask = 1;
   while (mask < n) {
     if (v & mask) {
@@ -51,6 +68,22 @@ void chain(AlgoContext& ctx, char* data, size_t bytes, int root) {
     size_t lo = bytes * k / nseg, hi = bytes * (k + 1) / nseg;
     return std::pair{lo, hi - lo};
   };
+  if (TcpTransport* tcp = stream_transport(ctx.transport)) {
+    auto lock = tcp->lock_streams();
+    StreamPump pump(*tcp, ctx.peer_timeout, fmt::format("chain broadcast (op {})", ctx.op_id));
+    std::vector<size_t> index(nseg, SIZE_MAX);
+    for (size_t k = 0; k < nseg && v > 0; ++k)
+      if (auto [off, len] = range(k); len)
+        index[k] = pump.recv(prev, op_tag(ctx.op_id, static_cast<uint32_t>(k)), data + off, len);
+    for (size_t k = 0; k < nseg; ++k) {
+      auto [off, len] = range(k);
+      if (index[k] != SIZE_MAX) pump.wait_recv(prev, index[k]);
+      if (v + 1 < n && len)
+        pump.send(next, op_tag(ctx.op_id, static_cast<uint32_t>(k)), data + off, len);
+    }
+    pump.finish();
+    return;
+  }
   std::vector<std::optional<Request>> recvs(nseg);
   if (v > 0) {
     for (size_t k = 0; k < nseg; ++k) {
@@ -88,6 +121,18 @@ void barrier(AlgoContext& ctx) {
   const int n = ctx.size(), r = ctx.rank();
   char out = 1, in = 0;
   uint32_t round = 0;
+  if (TcpTransport* tcp = stream_transport(ctx.transport)) {
+    auto lock = tcp->lock_streams();
+    for (int dist = 1; dist < n; dist *= 2, ++round) {
+      int to = (r + dist) % n, from = (r - dist + n) % n;
+      StreamPump pump(*tcp, ctx.peer_timeout,
+                      fmt::format("barrier round {} (op {})", round, ctx.op_id));
+      pump.recv(from, op_tag(ctx.op_id, round), &in, 1);
+      pump.send(to, op_tag(ctx.op_id, round), &out, 1);
+      pump.finish();
+    }
+    return;
+  }
   for (int dist = 1; dist < n; dist *= 2, ++round) {
     int to = (r + dist) % n, from = (r - dist + n) % n;
     auto rv = irecv(ctx.transport, from, op_tag(ctx.op_id, round), &in, 1);

@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
+#include "collective/tcp_streams.h"
+#include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
 
@@ -28,8 +30,21 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
   std::vector<char>& scratch = *ctx.scratch;
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint32_t msg = 0;  // message index within this operation: same sequence on every rank
+  TcpTransport* tcp = stream_transport(ctx.transport);
+  std::unique_lock<std::mutex> stream_lock;
+  if (tcp) stream_lock = tcp->lock_streams();
   auto exchange = [&](int peer, const char* send, size_t send_bytes, char* recv, size_t recv_bytes,
                       uint32_t index) {
+    if (tcp) {
+      // Direct streams: no thread hand-off (tcp_streams.h).
+      StreamPump pump(
+          *tcp, ctx.peer_timeout,
+          fmt::format("halving-doubling message {} with rank {} (op {})", index, peer, ctx.op_id));
+      if (recv_bytes) pump.recv(peer, op_tag(ctx.op_id, index), recv, recv_bytes);
+      if (send_bytes) pump.send(peer, op_tag(ctx.op_id, index), send, send_bytes);
+      pump.finish();
+      return;
+    }
     std::optional<Request> s, rv;
     if (recv_bytes) rv = irecv(ctx.transport, peer, op_tag(ctx.op_id, index), recv, recv_bytes);
     if (send_bytes) s = isend(ctx.transport, peer, op_tag(ctx.op_id, index), send, send_bytes);

@@ -16,12 +16,15 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
+#include "collective/tcp_streams.h"
+#include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
 
 constexpr size_t kWindow = 4;                   // receives posted ahead
 constexpr size_t kMinPipelineBytes = 64 << 10;  // below: one segment per block
+constexpr size_t kStreamReadAhead = 8 << 20;    // scratch for reads ahead (streams)
 
 int mod(int a, int n) {
   return ((a % n) + n) % n;
@@ -77,6 +80,58 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
 
   const size_t units = static_cast<size_t>(steps) * nseg;
   auto tag = [&](size_t unit) { return op_tag(ctx.op_id, static_cast<uint32_t>(unit)); };
+
+  if (TcpTransport* tcp = stream_transport(ctx.transport)) {
+    // Direct streams: this thread writes to the right neighbour and reads
+    // from the left one itself (see tcp_streams.h). The left stream carries
+    // the units in order, so every receive can be queued up front and read
+    // with few large readv calls: allgather units straight into place,
+    // reduce-scatter units into a ring of scratch slots (reads run up to
+    // `slots` units ahead of the reductions).
+    const size_t slots = std::max<size_t>(2, kStreamReadAhead / std::max<size_t>(max_seg_bytes, 1));
+    if (reduce_scatter && scratch.size() < slots * max_seg_bytes)
+      scratch.resize(slots * max_seg_bytes);
+    auto lock = tcp->lock_streams();
+    StreamPump pump(*tcp, ctx.peer_timeout, fmt::format("ring (op {})", ctx.op_id));
+    auto send = [&](size_t unit) {
+      Block s = seg(send_block(static_cast<int>(unit / nseg)), unit % nseg);
+      if (s.count > 0) pump.send(right, tag(unit), base + s.offset * esize, s.count * esize);
+    };
+    std::vector<size_t> index(units, SIZE_MAX), upto(units, 0);  // upto: last index <= unit
+    for (size_t u = 0, posted = 0; u < units; ++u) {
+      int t = static_cast<int>(u / nseg);
+      Block s = seg(recv_block(t), u % nseg);
+      upto[u] = s.count ? posted : (posted ? posted - 1 : 0);
+      if (s.count == 0) continue;
+      ++posted;
+      char* dst =
+          t < rs_steps ? scratch.data() + (u % slots) * max_seg_bytes : base + s.offset * esize;
+      index[u] = pump.recv(left, tag(u), dst, s.count * esize);
+    }
+    // Last receive whose destination is free while unit u is awaited: the
+    // next slots - 1 scratch units, or anything once only in-place
+    // (allgather) receives are left.
+    const size_t rs_units = static_cast<size_t>(rs_steps) * nseg;
+    auto read_ahead = [&](size_t u) {
+      return u + slots - 1 >= rs_units ? SIZE_MAX : upto[u + slots - 1];
+    };
+    for (size_t k = 0; k < nseg; ++k)
+      send(k);
+    for (size_t u = 0; u < units; ++u) {
+      int t = static_cast<int>(u / nseg);
+      if (index[u] != SIZE_MAX) {
+        pump.wait_recv(left, index[u], read_ahead(u));
+        if (t < rs_steps) {
+          Block s = seg(recv_block(t), u % nseg);
+          reduce(op, dtype, base + s.offset * esize, scratch.data() + (u % slots) * max_seg_bytes,
+                 s.count);
+        }
+      }
+      if (t + 1 < steps) send(u + nseg);
+    }
+    pump.finish();
+    return;
+  }
   std::vector<Request> sends;
   sends.reserve(units);
   auto post_send = [&](size_t unit) {

@@ -1,5 +1,7 @@
 #include "collective/tcp_transport.h"
 
+#include <sys/socket.h>
+
 #include <cstring>
 
 #include <fmt/ranges.h>
@@ -29,7 +31,8 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       opts_(net),
       net_(config_of(rank, net)),
       conns_(static_cast<size_t>(size), 0),
-      dead_(static_cast<size_t>(size)) {
+      dead_(static_cast<size_t>(size)),
+      host_(host) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
   net_.listen(host, port);
@@ -79,6 +82,8 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
         rank_, opts_.connect_timeout.count(), fmt::join(missing, ", "), book[rank_].first,
         book[rank_].second));
   }
+  lock.unlock();
+  setup_streams(book);
 }
 
 Status TcpTransport::peer_error(int peer, const Status& why) const {
@@ -264,7 +269,32 @@ void TcpTransport::close(const Status& reason) {
   }
   for (auto& p : failed)
     p.done(reason);
+  // Wakes a thread blocked on the streams (it then reports `reason`) and
+  // makes the peers' stream reads end: they see this rank as gone.
+  if (streams_ready_)
+    for (auto& fd : streams_)
+      if (fd.valid()) ::shutdown(fd.get(), SHUT_RDWR);
   net_.stop();
+}
+
+bool TcpTransport::is_closed() const {
+  std::lock_guard lock(mu_);
+  return closed_.has_value();
+}
+
+int TcpTransport::stream_fd(int peer) const {
+  if (!streams_ready_ || peer < 0 || peer >= size_) return -1;
+  return streams_[static_cast<size_t>(peer)].get();
+}
+
+Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) const {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return *closed_;
+  }
+  if (code == ErrorCode::kPeerFailure)
+    return Status(code, fmt::format("collective: rank {} is gone ({})", peer, why));
+  return Status(code, fmt::format("collective: data stream from rank {}: {}", peer, why));
 }
 
 }  // namespace pushpull::collective

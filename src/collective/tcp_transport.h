@@ -8,6 +8,13 @@
 // messages, whose tags repeat, always take that path so a stale posting can
 // never capture a later message).
 //
+// Data streams (tcp_streams.h): connect_all also opens one plain TCP
+// connection per pair of ranks, authenticated by a nonce exchanged over the
+// net connection, which the ring, halving-doubling, broadcast and barrier
+// drive directly from their own thread (StreamPump) for speed. One operation
+// uses them at a time (lock_streams()); post_send/post_recv keep going over
+// net, so the engine's control traffic never mixes with them.
+//
 // Failure: a closed connection fails every operation with that rank with
 // PeerFailure naming it; close() stops the net transport (its thread joined,
 // every pending completion run) before returning.
@@ -15,6 +22,7 @@
 // Thread safety: everything is thread-safe after connect_all().
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -25,6 +33,7 @@
 #include <vector>
 
 #include "collective/transport.h"
+#include "net/socket.h"
 #include "net/transport.h"
 
 namespace pushpull::collective {
@@ -48,7 +57,19 @@ class TcpTransport final : public Transport {
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
 
+  // Data streams (see above). stream_fd: -1 when there is none to `peer`.
+  bool has_streams() const { return streams_ready_; }
+  int stream_fd(int peer) const;
+  // Held by an algorithm for the whole of its use of the streams.
+  std::unique_lock<std::mutex> lock_streams() { return std::unique_lock(stream_mu_); }
+  bool is_closed() const;
+  // The error of a failed stream operation with `peer`: the closing reason
+  // after close(), else `code` naming the peer and `why`.
+  Status stream_error(int peer, const std::string& why,
+                      ErrorCode code = ErrorCode::kPeerFailure) const;
+
  private:
+  void setup_streams(const std::vector<std::pair<std::string, int>>& book);
   using Key = std::pair<int, uint64_t>;
   struct Posted {
     void* dst;
@@ -74,6 +95,11 @@ class TcpTransport final : public Transport {
   std::set<Key> registered_;  // data receives posted to net and not yet served
   std::set<Key> claimed_;     // served by on_message before net saw the posting
   std::map<Key, std::deque<net::Buffer>> early_;
+
+  std::string host_;                        // where the stream listener binds
+  std::vector<net::Fd> streams_;            // per peer; set once by connect_all
+  std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation
+  std::mutex stream_mu_;
 };
 
 }  // namespace pushpull::collective

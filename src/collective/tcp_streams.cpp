@@ -1,0 +1,209 @@
+#include "collective/tcp_streams.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "collective/tcp_transport.h"
+
+namespace pushpull::collective {
+namespace {
+
+constexpr int kMaxIov = 64;
+
+void put64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint64_t get64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+TcpTransport* stream_transport(Transport& t) {
+  auto* tcp = dynamic_cast<TcpTransport*>(&t);
+  return tcp && tcp->has_streams() ? tcp : nullptr;
+}
+
+StreamPump::StreamPump(TcpTransport& t, Millis progress_timeout, std::string what)
+    : t_(t), timeout_(progress_timeout), what_(std::move(what)) {
+  peers_.reserve(2);
+}
+
+StreamPump::Peer& StreamPump::peer(int p) {
+  for (auto& x : peers_)
+    if (x.peer == p) return x;
+  int fd = t_.stream_fd(p);
+  if (fd < 0)
+    throw InvalidArgument(
+        fmt::format("collective: rank {} has no data stream to rank {}", t_.rank(), p));
+  peers_.push_back(Peer{p, fd, {}, {}, 0});
+  return peers_.back();
+}
+
+void StreamPump::send(int p, uint64_t tag, const void* data, size_t bytes) {
+  Out o;
+  put64(o.hdr, tag);
+  put64(o.hdr + 8, bytes);
+  o.data = static_cast<const char*>(data);
+  o.bytes = bytes;
+  peer(p).out.push_back(o);
+}
+
+size_t StreamPump::recv(int p, uint64_t tag, void* dst, size_t bytes) {
+  Peer& x = peer(p);
+  x.in.push_back(In{tag, static_cast<char*>(dst), bytes, {}, 0});
+  return x.in.size() - 1;
+}
+
+void StreamPump::wait_recv(int p, size_t index, size_t read_ahead) {
+  Peer& x = peer(p);
+  progress(p, std::max(index, read_ahead), [&x, index] { return x.in_next > index; });
+}
+
+void StreamPump::finish() {
+  progress(-1, SIZE_MAX, [this] {
+    for (auto& x : peers_)
+      if (!x.out.empty() || x.in_next < x.in.size()) return false;
+    return true;
+  });
+}
+
+[[noreturn]] void StreamPump::fail(const Peer& p, int err, const char* op) const {
+  std::string why = err == 0 ? std::string("the peer closed the stream")
+                             : fmt::format("{} failed: {}", op, std::strerror(err));
+  t_.stream_error(p.peer, why).raise();
+  throw Internal("unreachable");  // raise() throws for a non-ok status
+}
+
+bool StreamPump::write_some(Peer& p) {
+  bool moved = false;
+  while (!p.out.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    size_t want = 0;
+    for (size_t i = 0; i < p.out.size() && n + 2 <= kMaxIov; ++i) {
+      Out& o = p.out[i];
+      if (o.done < 16) iov[n++] = {o.hdr + o.done, 16 - o.done};
+      size_t pd = o.done > 16 ? o.done - 16 : 0;
+      if (o.bytes > pd) iov[n++] = {const_cast<char*>(o.data) + pd, o.bytes - pd};
+      want += 16 + o.bytes - o.done;
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<size_t>(n);
+    ssize_t r = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+      fail(p, errno, "send");
+    }
+    moved = moved || r > 0;
+    size_t left = static_cast<size_t>(r);
+    while (left > 0) {
+      Out& o = p.out.front();
+      size_t take = std::min(left, 16 + o.bytes - o.done);
+      o.done += take;
+      left -= take;
+      if (o.done == 16 + o.bytes) p.out.pop_front();
+    }
+    if (static_cast<size_t>(r) < want) return moved;  // socket buffer full
+  }
+  return moved;
+}
+
+void StreamPump::check_header(const Peer& p, const In& in) const {
+  uint64_t tag = get64(in.hdr), bytes = get64(in.hdr + 8);
+  if (tag != in.tag || bytes != in.bytes)
+    t_.stream_error(p.peer,
+                    fmt::format("streams out of step: got message {:#x} of {} bytes, expected "
+                                "{:#x} of {} bytes ({})",
+                                tag, bytes, in.tag, in.bytes, what_),
+                    ErrorCode::kProtocolError)
+        .raise();
+}
+
+bool StreamPump::read_some(Peer& p, size_t last) {
+  bool moved = false;
+  while (p.in_next < p.in.size() && p.in_next <= last) {
+    // One readv over as many queued receives as allowed: fewer system calls,
+    // and large reads are what loopback TCP needs to run near its ceiling.
+    iovec iov[kMaxIov];
+    int n = 0;
+    size_t want = 0;
+    for (size_t i = p.in_next; i < p.in.size() && i <= last && n + 2 <= kMaxIov; ++i) {
+      In& in = p.in[i];
+      if (in.done < 16) iov[n++] = {in.hdr + in.done, 16 - in.done};
+      size_t pd = in.done > 16 ? in.done - 16 : 0;
+      if (in.bytes > pd) iov[n++] = {in.dst + pd, in.bytes - pd};
+      want += 16 + in.bytes - in.done;
+    }
+    ssize_t r = ::readv(p.fd, iov, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+      fail(p, errno, "receive");
+    }
+    if (r == 0) fail(p, 0, "receive");
+    moved = true;
+    size_t left = static_cast<size_t>(r);
+    while (left > 0) {
+      In& in = p.in[p.in_next];
+      const bool had_header = in.done >= 16;
+      size_t take = std::min(left, 16 + in.bytes - in.done);
+      in.done += take;
+      left -= take;
+      if (!had_header && in.done >= 16) check_header(p, in);
+      if (in.done == 16 + in.bytes) ++p.in_next;
+    }
+    if (static_cast<size_t>(r) < want) return moved;  // drained
+  }
+  return moved;
+}
+
+void StreamPump::progress(int read_peer, size_t last, const std::function<bool()>& done) {
+  auto deadline = Clock::now() + timeout_;
+  std::vector<pollfd> fds;
+  while (!done()) {
+    bool moved = false;
+    for (auto& p : peers_)
+      moved |= write_some(p);
+    for (auto& p : peers_)
+      if (read_peer < 0 || p.peer == read_peer)
+        moved |= read_some(p, read_peer < 0 ? SIZE_MAX : last);
+    if (done()) return;
+    if (moved) {
+      deadline = Clock::now() + timeout_;
+      continue;
+    }
+    fds.clear();
+    for (auto& p : peers_) {
+      short ev = p.out.empty() ? 0 : POLLOUT;
+      if ((read_peer < 0 || p.peer == read_peer) && p.in_next < p.in.size()) ev |= POLLIN;
+      if (ev) fds.push_back(pollfd{p.fd, ev, 0});
+    }
+    const size_t n = fds.size();
+    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
+    if (left <= 0 || n == 0)
+      throw Timeout(fmt::format(
+          "collective: {} made no progress for {} ms on rank {}; a peer is stuck or too slow "
+          "(raise the peer timeout, or check the other ranks' logs)",
+          what_, timeout_.count(), t_.rank()));
+    int r =
+        ::poll(fds.data(), static_cast<nfds_t>(n), static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (r < 0 && errno != EINTR)
+      throw IoError(fmt::format("collective: poll failed: {}", std::strerror(errno)));
+    if (t_.is_closed()) t_.stream_error(-1, "closed").raise();
+  }
+}
+
+}  // namespace pushpull::collective
