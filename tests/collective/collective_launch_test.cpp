@@ -1,0 +1,200 @@
+// Collectives as processes: through `pushpull launch` (its test build,
+// pushpull_launch_cli, the same tools/launch.cpp), torchrun-style environment
+// variables without the launcher, Slurm's variables, and a real mpirun. The
+// rank program is tests/collective/collective_probe.cpp; every process a test
+// starts is killed and reaped by its owner object, even on failure.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "launch/harness.h"
+#include "support/ports.h"
+#include "support/process.h"
+
+namespace pushpull {
+namespace {
+
+using launch::testing::bin;
+using launch::testing::lines_of;
+using launch::testing::run_launcher;
+using ::testing::HasSubstr;
+
+// Lines printed by one launched process ("[worker 1] ...").
+std::vector<std::string> lines_from(const std::string& out, const std::string& label) {
+  std::vector<std::string> mine;
+  const std::string prefix = "[" + label + "] ";
+  for (const auto& l : lines_of(out))
+    if (l.rfind(prefix, 0) == 0) mine.push_back(l.substr(prefix.size()));
+  return mine;
+}
+
+int count_containing(const std::vector<std::string>& lines, const std::string& s) {
+  int n = 0;
+  for (const auto& l : lines)
+    n += l.find(s) != std::string::npos;
+  return n;
+}
+
+// `pushpull launch -n 2 -s 0 kvstore_basics --kvstore dist_sync_allreduce`
+// prints 6s on both workers, as the parameter-server type does; with -s 1
+// (a scheduler and a server, MXNet style: the server runs the same program)
+// the store bootstraps from the scheduler's address book instead.
+void expect_sixes(const std::vector<std::string>& servers) {
+  std::vector<std::string> args{"-n", "2", "--timeout", "30"};
+  args.insert(args.end(), servers.begin(), servers.end());
+  args.insert(args.end(), {bin("kvstore_basics"), "--kvstore", "dist_sync_allreduce"});
+  auto r = run_launcher(args, std::chrono::seconds(90));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (const std::string w : {"worker 0", "worker 1"}) {
+    auto lines = lines_from(r.out, w);
+    int at = -1;
+    for (size_t i = 0; i < lines.size(); ++i)
+      if (lines[i].find("(expect all 6)") != std::string::npos) at = static_cast<int>(i);
+    ASSERT_GE(at, 0) << w << " printed no push result:\n" << r.out;
+    ASSERT_LT(static_cast<size_t>(at + 2), lines.size());
+    for (int row = 1; row <= 2; ++row)
+      EXPECT_EQ(lines[static_cast<size_t>(at + row)], "  [  6.0000   6.0000   6.0000 ]") << w;
+    EXPECT_EQ(count_containing(lines, "dist_sync_allreduce: rank "), 1) << w;
+    EXPECT_EQ(count_containing(lines, "all values as expected"), 1) << w << "\n" << r.out;
+  }
+}
+
+TEST(CollectiveLaunch, KvstoreBasicsPrintsSixesWithoutServers) {
+  expect_sixes({"-s", "0"});
+}
+
+TEST(CollectiveLaunch, KvstoreBasicsPrintsSixesInAJobWithAServer) {
+  expect_sixes(
+      {"-s", "1", "--server-command", bin("kvstore_basics") + " --kvstore dist_sync_allreduce"});
+}
+
+// Every op x dtype x some sizes, for world sizes 2..4, as processes.
+class ProbeWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProbeWorlds, EveryOpAgreesWithTheLocalReference) {
+  const int n = GetParam();
+  auto r = run_launcher(
+      {"-n", std::to_string(n), "-s", "0", "--timeout", "30", bin("collective_probe"), "--dtypes",
+       "float32,float16,bfloat16,float64,int32,int64,uint8", "--sizes", "0,1,7,1000,100003"},
+      std::chrono::seconds(150));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (int w = 0; w < n; ++w) {
+    auto lines = lines_from(r.out, "worker " + std::to_string(w));
+    EXPECT_EQ(count_containing(lines, fmt::format("PLACE rank={} size={} local_rank={} "
+                                                  "local_size={} mode=rendezvous",
+                                                  w, n, w, n)),
+              1)
+        << r.out;
+    EXPECT_EQ(count_containing(lines, "PASS "), 1) << r.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ProbeWorlds, ::testing::Values(2, 3, 4));
+
+// Starts `n` probes with per-rank variables from `env_of(rank)`.
+std::vector<std::unique_ptr<test::ChildProcess>> start_probes(
+    int n, const std::vector<std::string>& args,
+    const std::function<std::map<std::string, std::string>(int)>& env_of) {
+  std::vector<std::unique_ptr<test::ChildProcess>> ps;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> argv{bin("collective_probe")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ps.push_back(std::make_unique<test::ChildProcess>(argv, env_of(r)));
+  }
+  return ps;
+}
+
+std::map<std::string, std::string> torchrun_env(int rank, int n, int port) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(n)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)},
+          {"PUSHPULL_JOB_ID", "collective-launch-test-" + std::to_string(port)},
+          {"PUSHPULL_TIMEOUT", "20"}};
+}
+
+TEST(CollectiveProcesses, TorchrunStyleEnvironmentWithoutTheLauncher) {
+  const int n = 3, port = test::free_port();
+  auto ps = start_probes(n, {"--dtypes", "float32,int64", "--sizes", "1,5000"},
+                         [&](int r) { return torchrun_env(r, n, port); });
+  for (int r = 0; r < n; ++r) {
+    auto code = ps[static_cast<size_t>(r)]->wait(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " still running";
+    EXPECT_EQ(*code, 0) << ps[static_cast<size_t>(r)]->output();
+    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(),
+                HasSubstr(fmt::format("PLACE rank={} size={} local_rank={}", r, n, r)));
+    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(), HasSubstr("PASS "));
+  }
+}
+
+TEST(CollectiveProcesses, SlurmVariables) {
+  const int n = 2, port = test::free_port();
+  auto ps = start_probes(n, {"--sizes", "3"}, [&](int r) {
+    return std::map<std::string, std::string>{
+        {"SLURM_PROCID", std::to_string(r)},
+        {"SLURM_NTASKS", std::to_string(n)},
+        {"SLURM_LOCALID", std::to_string(1 - r)},  // whatever srun says is kept
+        {"PUSHPULL_MASTER_ADDR", "127.0.0.1"},
+        {"PUSHPULL_MASTER_PORT", std::to_string(port)},
+        {"PUSHPULL_JOB_ID", "collective-slurm-test-" + std::to_string(port)},
+        {"PUSHPULL_TIMEOUT", "20"}};
+  });
+  for (int r = 0; r < n; ++r) {
+    auto code = ps[static_cast<size_t>(r)]->wait(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 0) << ps[static_cast<size_t>(r)]->output();
+    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(),
+                HasSubstr(fmt::format("PLACE rank={} size={} local_rank={}", r, n, 1 - r)));
+  }
+}
+
+// A rank killed mid-training: every other rank's pending allreduce fails
+// with PeerFailure, well within the deadline, and each exits by itself.
+TEST(CollectiveProcesses, AKilledRankIsAPeerFailureEverywhere) {
+  const int n = 4, victim = 2, port = test::free_port();
+  auto start = std::chrono::steady_clock::now();
+  auto ps = start_probes(n, {"--victim", std::to_string(victim), "--after", "30"},
+                         [&](int r) { return torchrun_env(r, n, port); });
+  for (int r = 0; r < n; ++r) {
+    auto code = ps[static_cast<size_t>(r)]->wait(std::chrono::seconds(30));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " hangs:\n" << ps[r]->output();
+    if (r == victim) {
+      EXPECT_EQ(*code, 128 + SIGKILL);
+      continue;
+    }
+    EXPECT_EQ(*code, 3) << ps[static_cast<size_t>(r)]->output();
+    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(), HasSubstr("ERROR PeerFailure"));
+    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(), HasSubstr("is gone"));
+  }
+  // PUSHPULL_TIMEOUT is 20 s; a closed connection is noticed far sooner.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+TEST(CollectiveProcesses, Mpirun) {
+  if (access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "OpenMPI's mpirun is not installed";
+  const int port = test::free_port();
+  test::ChildProcess mpirun(
+      {"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
+       "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + std::to_string(port), "-x",
+       "PUSHPULL_JOB_ID=collective-mpi-test-" + std::to_string(port), "-x", "PUSHPULL_TIMEOUT=20",
+       bin("collective_probe"), "--dtypes", "float32,float16", "--sizes", "1,777"});
+  auto code = mpirun.wait(std::chrono::seconds(90));
+  ASSERT_TRUE(code.has_value()) << "mpirun still running";
+  EXPECT_EQ(*code, 0) << mpirun.output();
+  EXPECT_THAT(mpirun.output(), HasSubstr("PLACE rank=0 size=2 local_rank=0 local_size=2"));
+  EXPECT_THAT(mpirun.output(), HasSubstr("PLACE rank=1 size=2 local_rank=1 local_size=2"));
+  auto out = mpirun.output();
+  size_t passes = 0;
+  for (size_t at = out.find("PASS "); at != std::string::npos; at = out.find("PASS ", at + 1))
+    ++passes;
+  EXPECT_EQ(passes, 2u) << out;
+}
+
+}  // namespace
+}  // namespace pushpull
