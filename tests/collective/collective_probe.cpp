@@ -1,8 +1,8 @@
 // A rank of a multi-process collective test: bootstraps through the
 // Horovod-style free functions (collective::init() from the environment, as
 // `pushpull launch -s 0`, torchrun, mpirun or srun set it), runs every op on
-// every requested dtype and size against a reference it computes locally
-// (every rank's input is a known function of (rank, index)), and prints:
+// every requested dtype and size (and join with uneven batches) against a reference it computes
+// locally (every rank's input is a known function of (rank, index)), and prints:
 //   PLACE rank=R size=N local_rank=L local_size=S mode=M
 //   PASS <number of checks>          (exit 0)   or   FAIL <what>  (exit 1)
 // --victim R --after K: rank R kills itself (SIGKILL) after K allreduces,
@@ -143,6 +143,14 @@ void run_ops(const std::vector<std::string>& dtypes, const std::vector<int64_t>&
     }
   }
   cl::barrier();
+  // join with uneven data: rank r has r + 1 batches; a joined rank adds 0.
+  for (int i = 0; i <= rank; ++i) {
+    Array one = Array::full(Shape{3}, 1.0);
+    cl::allreduce(fmt::format("join.{}", i), one.view());
+    c.expect(one.as<float>()[2] == static_cast<float>(size - i),
+             fmt::format("allreduce join.{} with {} ranks joined", i, i));
+  }
+  cl::join();
 }
 
 int run_victim(int victim, int after) {
