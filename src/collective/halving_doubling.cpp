@@ -1,5 +1,6 @@
 // Recursive halving-doubling allreduce (Rabenseifner) for small messages:
-// log2(n) latency terms instead of the ring's 2(n-1).
+// log2(n) latency terms instead of the ring's 2(n-1); at most
+// kFullExchangeBytes, recursive doubling (log2(n) whole-vector exchanges).
 //
 // Non-powers of two: with p the largest power of two <= n and rem = n - p,
 // the first 2*rem ranks pair up; each even one hands its whole vector to its
@@ -20,6 +21,12 @@
 #include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
+namespace {
+
+// At most this many bytes: recursive doubling instead of halving-doubling.
+constexpr size_t kFullExchangeBytes = 16 << 10;
+
+}  // namespace
 
 void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, DType dtype,
                                 ReduceOp op) {
@@ -77,7 +84,15 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
   ++msg;
   auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
 
-  if (newrank >= 0) {
+  if (newrank >= 0 && bytes <= kFullExchangeBytes) {
+    // Small vectors: recursive doubling, whole vectors exchanged, log2(p)
+    // rounds instead of 2 log2(p): latency dominates here, bytes do not.
+    // a op b == b op a for every reduction, so the ranks stay bit-identical.
+    for (int mask = 1; mask < p; mask *= 2) {
+      exchange(real(newrank ^ mask), data, bytes, scratch.data(), bytes, msg++);
+      reduce(op, dtype, data, scratch.data(), count);
+    }
+  } else if (newrank >= 0) {
     // Reduce-scatter by recursive halving; remember each level's range.
     std::vector<std::pair<size_t, size_t>> ranges;  // (lo, hi) before each halving
     size_t lo = 0, hi = count;
@@ -107,9 +122,9 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
                (ohi - olo) * esize, msg++);
       lo = plo, hi = phi;
     }
-  } else {
-    msg += 2 * static_cast<uint32_t>(__builtin_ctz(static_cast<unsigned>(p)));
   }
+  // The same message index on every rank whichever branch it took.
+  msg = 1 + 2 * static_cast<uint32_t>(__builtin_ctz(static_cast<unsigned>(p)));
 
   // Unfold: odd ranks return the result to the even rank that sat out.
   if (r < 2 * rem) {

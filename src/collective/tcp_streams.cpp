@@ -1,6 +1,7 @@
 #include "collective/tcp_streams.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -15,6 +16,8 @@ namespace pushpull::collective {
 namespace {
 
 constexpr int kMaxIov = 64;
+// How long a waiting pump keeps yielding and re-checking before it blocks.
+constexpr auto kYieldWindow = std::chrono::microseconds(100);
 
 void put64(unsigned char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i)
@@ -173,6 +176,7 @@ bool StreamPump::read_some(Peer& p, size_t last) {
 void StreamPump::progress(int read_peer, size_t last, const std::function<bool()>& done) {
   auto deadline = Clock::now() + timeout_;
   std::vector<pollfd> fds;
+  auto yield_until = Clock::now() + kYieldWindow;
   while (!done()) {
     bool moved = false;
     for (auto& p : peers_)
@@ -183,6 +187,14 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
     if (done()) return;
     if (moved) {
       deadline = Clock::now() + timeout_;
+      yield_until = Clock::now() + kYieldWindow;
+      continue;
+    }
+    // Nothing to do: first yield the core and look again for a short while
+    // (a message is usually microseconds away, and a wake-up from poll()
+    // costs tens of them on a busy host), then block in poll().
+    if (Clock::now() < yield_until) {
+      sched_yield();
       continue;
     }
     fds.clear();

@@ -184,7 +184,21 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
 }
 
 void TcpTransport::on_message(net::Message&& m) {
+  // A message can beat connect_all's bookkeeping of an outgoing connection
+  // (the peer sends as soon as its own connect_all is done): the hello
+  // already told net who is at the other end, so register it from there.
+  std::optional<net::PeerInfo> info;
+  bool known;
+  {
+    std::lock_guard lock(mu_);
+    known = rank_of_.count(m.conn) > 0;
+  }
+  if (!known) info = net_.peer(m.conn);  // outside mu_: net takes its own lock
   std::unique_lock lock(mu_);
+  if (info && info->rank >= 0 && info->rank < size_ && !rank_of_.count(m.conn)) {
+    rank_of_[m.conn] = info->rank;
+    conns_[static_cast<size_t>(info->rank)] = m.conn;
+  }
   auto r = rank_of_.find(m.conn);
   if (r == rank_of_.end()) return;
   Key key{r->second, m.header.request_id};
