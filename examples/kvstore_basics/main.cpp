@@ -78,15 +78,23 @@ int run(const std::string& type) {
         dev[0]);
   bool ok = all_equal(dev[0], expected) && all_equal(dev[1], expected);
 
-  // 4. an updater: stored += summed * 2.
-  kv->set_updater([](const pushpull::Key&, const ArrayView& summed, const ArrayView& stored) {
-    for (int64_t i = 0; i < stored.numel(); ++i)
-      stored.as<float>()[i] += summed.as<const float>()[i] * 2;
-  });
+  // 4. an updater: stored += summed * 2. Parameter servers cannot run a C++
+  // function, so there the same rule is the `test` optimizer
+  // (weight += rescale_grad * grad), which runs on the servers.
+  const bool on_servers = kv->type().rfind("dist_", 0) == 0 && kv->type() != "dist_sync_allreduce";
+  if (on_servers) {
+    kv->set_optimizer(pushpull::OptimizerSpec::parse("test:rescale_grad=2"));
+  } else {
+    kv->set_updater([](const pushpull::Key&, const ArrayView& summed, const ArrayView& stored) {
+      for (int64_t i = 0; i < stored.numel(); ++i)
+        stored.as<float>()[i] += summed.as<const float>()[i] * 2;
+    });
+  }
   kv->push("weight", grad_views);
   kv->pull("weight", views);
   const double updated = expected + 2 * expected;
-  print(fmt::format("with updater stored += summed * 2, push again, pull (expect all {})", updated),
+  print(fmt::format("with {} stored += summed * 2, push again, pull (expect all {})",
+                    on_servers ? "the servers' optimizer" : "updater", updated),
         dev[0]);
   ok = ok && all_equal(dev[0], updated) && all_equal(dev[1], updated);
   kv->barrier();

@@ -69,6 +69,7 @@ DistStore::DistStore(std::string type, const Options& options)
 DistStore::~DistStore() {
   try {
     wait_all();
+    node_->barrier(cluster::Group::kAll);  // releases the servers (see ps::run_server)
     node_->shutdown();
   } catch (const std::exception& e) {
     PP_WARN("{} store closing after an error: {}", type_, e.what());
@@ -124,6 +125,14 @@ void DistStore::finish(uint64_t rid, const Status& s) {
   std::unique_ptr<Pending> p;
   {
     std::lock_guard lock(mu_);
+    if (!s.is_ok() && failure_.is_ok() &&
+        (s.code() == ErrorCode::kIoError || s.code() == ErrorCode::kPeerFailure)) {
+      // A connection broke. The cluster layer decides which node died (after
+      // a short grace period, so the verdict names the real culprit) and then
+      // fails every pending request through on_failure with a PeerFailure
+      // naming it; until then this request stays pending.
+      return;
+    }
     auto it = pending_.find(rid);
     if (it == pending_.end()) return;
     p = std::move(it->second);

@@ -146,6 +146,10 @@ void run_server(Options options) {
   node.start();
   PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
           node.num_workers());
+  // Serve until every worker is done: the workers' stores meet the servers at
+  // this barrier when they close. Leaving only then keeps the server under
+  // the scheduler's heartbeat watch for the whole job.
+  node.barrier(cluster::Group::kAll);
   node.shutdown();
 }
 
