@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+
+#include <fmt/format.h>
 #include <map>
 #include <mutex>
 
@@ -60,7 +62,7 @@ class ServerStoreTest : public ::testing::Test {
   uint64_t next() { return ++id_; }
   uint64_t init(uint64_t key, Array value, int worker = 0) {
     uint64_t id = next();
-    store_->init({worker, id}, PartId{key, 0}, "k" + std::to_string(key),
+    store_->init({worker, id}, PartId{key, 0}, fmt::format("k{}", key),
                  payload_of(std::move(value)));
     return id;
   }
