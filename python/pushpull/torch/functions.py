@@ -1,0 +1,96 @@
+"""broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object."""
+
+import collections.abc
+import io
+import pickle
+
+import torch
+
+from pushpull._pushpull import InvalidArgument
+from . import ops
+
+
+def _named_tensors(params):
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, collections.abc.Iterable):
+        items = []
+        for i, p in enumerate(params):
+            if isinstance(p, tuple) and len(p) == 2:
+                items.append(p)
+            else:
+                items.append(('noname.%d' % i, p))
+    else:
+        raise InvalidArgument(
+            'broadcast_parameters: params must be a state_dict (dict), named_parameters() or a '
+            'list of tensors; got %s' % type(params).__name__)
+    for name, p in items:
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise InvalidArgument(
+                'broadcast_parameters: %r is a %s, not a tensor' % (name, type(p).__name__))
+    return items
+
+
+def broadcast_parameters(params, root_rank):
+    """Overwrites every tensor of ``params`` (model.state_dict() or
+    model.named_parameters()) with root_rank's, in place. Every rank must pass
+    the same names and shapes."""
+    handles = [ops.broadcast_async_(p, root_rank, name='broadcast_parameters.%s' % name)
+               for name, p in _named_tensors(params) if p is not None]
+    for h in handles:
+        ops.synchronize(h)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns root_rank's ``obj`` (pickled) on every rank."""
+    name = ops._auto_name('broadcast_object', name)
+    if ops._c.rank() == root_rank:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+    else:
+        payload = None
+        size = torch.zeros(1, dtype=torch.int64)
+    ops.broadcast_(size, root_rank, name=name + '.size')
+    if payload is not None:
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else \
+            torch.zeros(0, dtype=torch.uint8)
+    else:
+        buf = torch.zeros(int(size.item()), dtype=torch.uint8)
+    ops.broadcast_(buf, root_rank, name=name + '.data')
+    if payload is not None:
+        return obj
+    return pickle.loads(buf.numpy().tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Returns the list of every rank's ``obj``, in rank order."""
+    name = ops._auto_name('allgather_object', name)
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sizes = ops.allgather(torch.tensor([len(payload)], dtype=torch.int64), name=name + '.size')
+    data = ops.allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8),
+                         name=name + '.data').numpy().tobytes()
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[offset:offset + n]))
+        offset += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Makes every rank's optimizer state (hyperparameters and per-parameter
+    buffers such as momentum) root_rank's. Unlike Horovod, ranks whose state is
+    still empty need no dummy step: root's state_dict is sent whole (one pickled
+    object) and loaded with ``load_state_dict``. Parameters must be in the same
+    order on every rank (the same model)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgument(
+            'broadcast_optimizer_state: expected a torch.optim.Optimizer, got %s'
+            % type(optimizer).__name__)
+    state = optimizer.state_dict() if ops._c.rank() == root_rank else None
+    buffer = io.BytesIO()
+    if state is not None:
+        torch.save(state, buffer)
+    blob = broadcast_object(buffer.getvalue() if state is not None else None, root_rank,
+                            name=ops._auto_name('broadcast_optimizer_state', None))
+    if ops._c.rank() != root_rank:
+        optimizer.load_state_dict(torch.load(io.BytesIO(blob)))

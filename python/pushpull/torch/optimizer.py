@@ -1,0 +1,187 @@
+"""DistributedOptimizer: Horovod's gradient-averaging optimizer wrapper.
+
+Each parameter's gradient is allreduced as soon as autograd has accumulated it
+(a hook on the parameter's AccumulateGrad node, Horovod's trick for torch 1.x,
+which has no tensor-level post-accumulate hook), so communication overlaps the
+rest of the backward pass; ``step()`` waits for the outstanding allreduces and
+then runs the wrapped optimizer's update.
+
+Threading: autograd runs the hooks on the thread that called backward(); the
+allreduces themselves run on the engine's thread.
+"""
+
+import contextlib
+import warnings
+
+import torch
+
+from pushpull._pushpull import InvalidArgument
+from . import ops
+from .compression import Compression
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        if op is ops.Adasum:
+            raise InvalidArgument(
+                'DistributedOptimizer: op=Adasum is not supported; use op=Average (or Sum)')
+        if gradient_predivide_factor != 1.0 and op != ops.Average:
+            raise InvalidArgument(
+                'DistributedOptimizer: gradient_predivide_factor needs op=Average')
+        self.op = op
+        self._prescale = 1.0
+        self._postscale = 1.0
+        if gradient_predivide_factor != 1.0:
+            # Horovod's split of the average: sum g/f, then multiply by f/size.
+            self.op = ops.Sum
+            self._prescale = 1.0 / gradient_predivide_factor
+            self._postscale = gradient_predivide_factor / ops._c.size()
+
+        all_params = [p for group in self.param_groups for p in group['params']]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+            if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
+                raise InvalidArgument(
+                    'DistributedOptimizer: named_parameters must be a list of (name, parameter) '
+                    'tuples, as model.named_parameters() gives')
+            names = [name for name, _ in named_parameters]
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise InvalidArgument(
+                    'DistributedOptimizer: parameter names are not unique: %s' % duplicates)
+            self._parameter_names = {p: 'grad.%s' % name for name, p in named_parameters}
+            unnamed = [i for i, p in enumerate(all_params) if p not in self._parameter_names]
+            if unnamed:
+                raise InvalidArgument(
+                    'DistributedOptimizer: named_parameters was given, but the optimizer\'s '
+                    'parameters at positions %s are not in it; pass model.named_parameters() of '
+                    'the model whose parameters the optimizer updates' % unnamed)
+        else:
+            self._parameter_names = {p: 'grad.noname.%d' % i for i, p in enumerate(all_params)}
+
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._allreduce_delay = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        if ops._c.size() > 1:
+            self._register_hooks()
+
+    # ---- hooks ------------------------------------------------------------------
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group['params']:
+                if not p.requires_grad:
+                    continue
+                self._requires_update.add(p)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                # expand_as gives a view whose grad_fn leads to p's AccumulateGrad
+                # node; keeping the node alive keeps the hook registered.
+                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                grad_acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(grad_acc)
+
+    def _make_hook(self, p):
+        def hook(*unused):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise InvalidArgument(
+                        'DistributedOptimizer: gradients were computed more than '
+                        'backward_passes_per_step=%d times before step(); increase '
+                        'backward_passes_per_step to accumulate gradients locally'
+                        % self.backward_passes_per_step)
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # Unused this step on this rank: contribute zeros so every rank
+            # submits the same names.
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        compressed, ctx = self._compression.compress(p.grad)
+        handle = ops.allreduce_async_(compressed, name=self._parameter_names[p], op=self.op,
+                                      prescale_factor=self._prescale,
+                                      postscale_factor=self._postscale)
+        return handle, ctx
+
+    # ---- Horovod's public methods -------------------------------------------------
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce (starting those whose hooks did
+        not fire) and writes the averaged gradients into ``p.grad``."""
+        if ops._c.size() == 1:
+            self._synchronized = True
+            return
+        for p in self._requires_update - set(self._handles):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            output = ops.synchronize(handle)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            grad = self._compression.decompress(output, ctx)
+            if grad is not p.grad:
+                p.grad.copy_(grad)
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For a step() after an explicit synchronize() (e.g. gradient clipping)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn('optimizer.step() called after optimizer.synchronize() without '
+                              'skip_synchronize(): the gradients are allreduced again. Use '
+                              '"with optimizer.skip_synchronize(): optimizer.step()".')
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise InvalidArgument(
+                'DistributedOptimizer: zero_grad() was called after backward() but before '
+                'step() or synchronize(); the pending allreduces would be lost. Call '
+                'zero_grad() before backward() or after step()')
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=ops.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None):
+    """Wraps a torch optimizer so that step() applies gradients averaged (op)
+    over all ranks, as horovod.torch.DistributedOptimizer.
+
+    ``num_groups`` / ``groups`` are accepted for compatibility and ignored: the
+    engine fuses whatever is ready at once. Sparse gradients are not supported."""
+    del num_groups, groups
+    if sparse_as_dense:
+        raise InvalidArgument('DistributedOptimizer: sparse gradients are not supported')
+    ops._no_process_set(process_set)
+    if backward_passes_per_step < 1:
+        raise InvalidArgument('DistributedOptimizer: backward_passes_per_step must be >= 1')
+    # A subclass of the optimizer's own class (as Horovod does), so isinstance
+    # checks, LR schedulers and state_dict keep working.
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor)

@@ -1,0 +1,43 @@
+"""DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state, join,
+and a horovod.torch script run with only its import changed."""
+
+import pathlib
+import re
+import sys
+
+from torch_launch import HERE, run_case, run_job
+
+
+def test_two_half_batches_match_one_full_batch():
+    # k SGD+momentum steps within 1e-5 (plain, backward_passes_per_step=2;
+    # fp16 compression within 2e-3); hooks start allreduces during backward().
+    out = run_case('optimizer', 2)
+    diffs = [float(m) for m in re.findall(r'max \|w - w_ref\| = (\S+)', out)]
+    assert len(diffs) == 6, out
+
+
+def test_three_ranks_match_one_full_batch():
+    run_case('optimizer', 3)
+
+
+def test_broadcast_makes_replicas_identical():
+    run_case('broadcast_state', 2)
+
+
+def test_optimizer_with_uneven_batches_and_join():
+    run_case('optimizer_join', 2)
+
+
+def test_horovod_script_runs_after_changing_only_the_import(tmp_path):
+    source = (HERE / 'horovod_style_train.py').read_text()
+    assert source.count('import horovod.torch as hvd') == 1
+    script = tmp_path / 'train.py'
+    script.write_text(source.replace('import horovod.torch as hvd', 'import pushpull.torch as hvd'))
+    code, out = run_job([sys.executable, str(script)], 2)
+    assert code == 0, out
+    final = re.findall(r'final loss ([0-9.]+) first loss ([0-9.]+) accuracy ([0-9.]+)', out)
+    assert len(final) == 1, out  # rank 0 only
+    last, first, acc = map(float, final[0])
+    assert last < 0.5 * first, out
+    assert acc > 0.9, out
+    assert out.count('weights identical on every rank') == 1, out

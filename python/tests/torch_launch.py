@@ -1,0 +1,58 @@
+"""Runs python/tests/torch_worker.py cases under `pushpull launch -s 0` for the
+pytest suites (test_torch_ops.py, test_torch_optimizer.py).
+
+The launcher is found next to the imported extension (build/python/pushpull
+-> build/bin/pushpull) or from PUSHPULL_BIN. The job runs in its own process
+group; on a timeout the launcher (which we started) gets SIGTERM, which stops
+its workers, then that process group gets SIGKILL.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pushpull._pushpull as _ext
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def launcher():
+    env = os.environ.get('PUSHPULL_BIN')
+    if env:
+        return env
+    return str(pathlib.Path(_ext.__file__).resolve().parents[2] / 'bin' / 'pushpull')
+
+
+def run_job(argv, n, timeout=90, extra_env=None):
+    """Runs `argv` as n workers (no servers); returns (exit code, output)."""
+    env = dict(os.environ)
+    pkg_root = str(pathlib.Path(_ext.__file__).resolve().parents[1])
+    env['PYTHONPATH'] = os.pathsep.join(
+        [pkg_root, str(HERE)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    env.setdefault('OMP_NUM_THREADS', '1')
+    env.update(extra_env or {})
+    cmd = [launcher(), 'launch', '-n', str(n), '-s', '0', '--timeout', '60', '--'] + argv
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group of the launcher we started
+            out, _ = proc.communicate()
+        raise AssertionError('job %s timed out after %ss:\n%s' % (argv, timeout, out))
+    return proc.returncode, out
+
+
+def run_case(case, n, timeout=90):
+    """Runs one torch_worker.py case on n ranks and checks every rank passed."""
+    code, out = run_job([sys.executable, str(HERE / 'torch_worker.py'), case], n, timeout)
+    assert code == 0, 'case %s on %d ranks exited %d:\n%s' % (case, n, code, out)
+    for r in range(n):
+        assert 'PASS %s rank %d of %d' % (case, r, n) in out, out
+    return out
