@@ -24,3 +24,13 @@ gtest_discover_tests(torch_lenet_smoke_test DISCOVERY_TIMEOUT 60 PROPERTIES TIME
 if(PUSHPULL_BUILD_EXAMPLES AND EXISTS ${CMAKE_SOURCE_DIR}/examples/lenet/CMakeLists.txt)
   add_dependencies(torch_lenet_smoke_test lenet)
 endif()
+
+# DistributedOptimizer and the broadcasts; the launched cases run
+# `pushpull launch -s 0` with this binary as the workers.
+add_executable(torch_distributed_optimizer_test ${CMAKE_CURRENT_LIST_DIR}/distributed_optimizer_tests.cpp)
+target_link_libraries(torch_distributed_optimizer_test PRIVATE pushpull_torch pushpull_test_support
+  GTest::gtest CLI11::CLI11)
+target_compile_definitions(torch_distributed_optimizer_test PRIVATE
+  PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+add_dependencies(torch_distributed_optimizer_test pushpull_cli)
+gtest_discover_tests(torch_distributed_optimizer_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
