@@ -41,3 +41,13 @@ def test_horovod_script_runs_after_changing_only_the_import(tmp_path):
     assert last < 0.5 * first, out
     assert acc > 0.9, out
     assert out.count('weights identical on every rank') == 1, out
+
+
+def test_trainer_over_dist_sync_matches_one_full_batch():
+    # pushpull.torch.Trainer, 2 workers x 1 server: local torch optimizer,
+    # local pushpull optimizer and optimizer on the servers, each within 1e-5
+    # of plain torch on the whole batch; pushes from hooks after step 1; misuse.
+    out = run_case('trainer', 2, servers=1, timeout=120)
+    for label in ('local torch optimizer', 'local pushpull optimizer',
+                  'optimizer on the servers'):
+        assert out.count('%s: max |w - w_ref|' % label) == 2, out

@@ -25,15 +25,16 @@ def launcher():
     return str(pathlib.Path(_ext.__file__).resolve().parents[2] / 'bin' / 'pushpull')
 
 
-def run_job(argv, n, timeout=90, extra_env=None):
-    """Runs `argv` as n workers (no servers); returns (exit code, output)."""
+def run_job(argv, n, timeout=90, extra_env=None, servers=0):
+    """Runs `argv` as n workers (and `servers` parameter servers); returns
+    (exit code, output)."""
     env = dict(os.environ)
     pkg_root = str(pathlib.Path(_ext.__file__).resolve().parents[1])
     env['PYTHONPATH'] = os.pathsep.join(
         [pkg_root, str(HERE)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
     env.setdefault('OMP_NUM_THREADS', '1')
     env.update(extra_env or {})
-    cmd = [launcher(), 'launch', '-n', str(n), '-s', '0', '--timeout', '60', '--'] + argv
+    cmd = [launcher(), 'launch', '-n', str(n), '-s', str(servers), '--timeout', '60', '--'] + argv
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, text=True)
     try:
@@ -49,9 +50,10 @@ def run_job(argv, n, timeout=90, extra_env=None):
     return proc.returncode, out
 
 
-def run_case(case, n, timeout=90):
+def run_case(case, n, timeout=90, servers=0):
     """Runs one torch_worker.py case on n ranks and checks every rank passed."""
-    code, out = run_job([sys.executable, str(HERE / 'torch_worker.py'), case], n, timeout)
+    code, out = run_job([sys.executable, str(HERE / 'torch_worker.py'), case], n, timeout,
+                        servers=servers)
     assert code == 0, 'case %s on %d ranks exited %d:\n%s' % (case, n, code, out)
     for r in range(n):
         assert 'PASS %s rank %d of %d' % (case, r, n) in out, out

@@ -1,0 +1,224 @@
+"""pushpull.torch.Trainer: a Gluon-style trainer over a KVStore (parameter
+server or any other store type), for torch models.
+
+    kv = pushpull.kv.create('dist_sync')              # under pushpull launch -n 2 -s 2
+    trainer = pushpull.torch.Trainer(model.named_parameters(), 'sgd',
+                                     {'learning_rate': 0.1, 'momentum': 0.9}, kvstore=kv)
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y, reduction='sum')   # a SUM over the batch
+        loss.backward()
+        trainer.step(len(x))                          # samples this worker processed
+        model.zero_grad()
+
+Parameter i (in the order given) is key ``key_base + i``. The constructor
+stores worker 0's weights and pulls them into every worker (every worker must
+create its Trainer; it blocks until worker 0's values are there). step(batch_size)
+pushes every gradient (the store sums the workers'), then
+
+- update_on_kvstore (default for a pushpull optimizer): the store runs the
+  optimizer with ``rescale_grad = rescale_grad / (batch_size * num_workers)``
+  (set at the first step, as Gluon does) and step() pulls the new weights;
+- otherwise step() pulls the summed gradient, scales it by
+  ``1 / (batch_size * num_workers)`` and updates locally: with the torch
+  optimizer you passed (``Trainer(params, torch.optim.SGD(...))``) or with the
+  pushpull optimizer run by a private local store.
+
+From the second step on each gradient is pushed from a hook on its
+AccumulateGrad node as soon as backward() produced it (priority -i: the first
+layers, needed first by the next forward pass, go first), so communication
+overlaps the rest of the backward pass. One backward per step with hooks on;
+for gradient accumulation pass ``push_from_hooks=False``.
+
+Parameters must be float32, contiguous, CPU tensors. Thread safety: one
+thread drives a Trainer (autograd runs the hooks on the backward() thread).
+"""
+
+import warnings
+
+import torch
+
+import pushpull.kv
+import pushpull.optimizer
+from pushpull._pushpull import InvalidArgument
+
+
+def _named(params):
+    items = list(params.items()) if isinstance(params, dict) else list(params)
+    named = []
+    for i, item in enumerate(items):
+        name, p = item if isinstance(item, tuple) and len(item) == 2 else ('param%d' % i, item)
+        if not isinstance(p, torch.Tensor):
+            raise InvalidArgument('Trainer: parameter %r is a %s, not a tensor'
+                                  % (name, type(p).__name__))
+        named.append((str(name), p))
+    if not named:
+        raise InvalidArgument('Trainer: no parameters given')
+    return named
+
+
+class Trainer:
+    def __init__(self, params, optimizer='sgd', optimizer_params=None, kvstore='dist_sync',
+                 update_on_kvstore=None, key_base=0, push_from_hooks=True):
+        self._named = _named(params)
+        self._params = [p for _, p in self._named]
+        for i, (name, p) in enumerate(self._named):
+            self._check_tensor(p, name, i, 'parameter')
+            if not p.requires_grad or p.grad_fn is not None:
+                raise InvalidArgument('Trainer: parameter %r (key %d) must be a leaf tensor that '
+                                      'requires grad' % (name, key_base + i))
+        self._kv = pushpull.kv.create(kvstore) if isinstance(kvstore, str) else kvstore
+        self._keys = [key_base + i for i in range(len(self._params))]
+
+        self._torch_opt = None
+        self._spec = None
+        if isinstance(optimizer, torch.optim.Optimizer):
+            if optimizer_params:
+                raise InvalidArgument('Trainer: optimizer_params go with an optimizer name, not '
+                                      'with a torch optimizer object')
+            if update_on_kvstore:
+                raise InvalidArgument('Trainer: a torch optimizer runs on the worker; pass a '
+                                      'pushpull optimizer name for update_on_kvstore=True')
+            self._torch_opt = optimizer
+            update_on_kvstore = False
+        else:
+            self._spec = pushpull.optimizer.create(optimizer, **(optimizer_params or {}))
+            if update_on_kvstore is None:
+                update_on_kvstore = True
+        if not update_on_kvstore and 'async' in self._kv.type:
+            raise InvalidArgument("Trainer: a '%s' store needs update_on_kvstore=True (the "
+                                  'servers run the optimizer), as in Gluon' % self._kv.type)
+        self._update_on_kvstore = bool(update_on_kvstore)
+        self._local_kv = None
+        self._summed = None
+        self._initialized = False
+        self._batch_size = None
+        self._steps = 0
+        self._push_from_hooks = push_from_hooks
+        self._armed = False
+        self._pushed = {}
+        self._grad_accs = []
+        self.stats = {'steps': 0, 'hook_pushes': 0, 'step_pushes': 0}
+        if push_from_hooks:
+            for i, p in enumerate(self._params):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_hook(i))
+                self._grad_accs.append(acc)  # the hook lives as long as the node
+        # Now rather than at the first step (the C++ Trainer's choice): the
+        # first forward pass must already see worker 0's weights.
+        self.init()
+
+    @property
+    def kvstore(self):
+        return self._kv
+
+    @property
+    def update_on_kvstore(self):
+        return self._update_on_kvstore
+
+    @property
+    def learning_rate(self):
+        if self._torch_opt is not None:
+            return self._torch_opt.param_groups[0]['lr']
+        return self._spec.hyperparameters.get('learning_rate')
+
+    @staticmethod
+    def _check_tensor(t, name, i, what):
+        if t.device.type != 'cpu':
+            raise InvalidArgument('Trainer: %s of %r (index %d) is on %s; only CPU tensors are '
+                                  'supported; call .cpu()' % (what, name, i, t.device))
+        if t.dtype != torch.float32:
+            raise InvalidArgument('Trainer: %s of %r (index %d) is %s; the Trainer needs '
+                                  'float32' % (what, name, i, t.dtype))
+        if not t.is_contiguous():
+            raise InvalidArgument('Trainer: %s of %r (index %d) is not contiguous'
+                                  % (what, name, i))
+
+    def init(self):
+        """Stores worker 0's weights and pulls them into every worker (the
+        constructor does it; later calls do nothing)."""
+        if self._initialized:
+            return
+        values = [p.detach() for p in self._params]
+        self._kv.init(self._keys, values)
+        self._kv.pull(self._keys, out=values)
+        if not self._update_on_kvstore:
+            self._summed = [torch.empty_like(v) for v in values]
+            if self._torch_opt is None:
+                self._local_kv = pushpull.kv.create('local')
+                self._local_kv.init(self._keys, values)
+                self._local_kv.set_optimizer(self._spec)
+        self._initialized = True
+
+    def _make_hook(self, i):
+        def hook(*unused):
+            if not self._armed:
+                return
+            if i in self._pushed:
+                raise InvalidArgument(
+                    'Trainer: parameter %r got a second gradient before step(); the Trainer '
+                    'pushes each gradient once per step from its hook. For several backward '
+                    'passes per step create it with push_from_hooks=False' % self._named[i][0])
+            grad = self._params[i].grad
+            self._check_tensor(grad, self._named[i][0], i, 'gradient')
+            self._pushed[i] = self._kv.push_async(self._keys[i], grad, priority=-i)
+            self.stats['hook_pushes'] += 1
+        return hook
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        """Pushes the gradients, updates, and writes the new weights into the
+        parameters. ``batch_size``: samples this worker processed this step."""
+        del ignore_stale_grad
+        if batch_size <= 0:
+            raise InvalidArgument('Trainer.step: batch_size must be > 0, got %r' % (batch_size,))
+        self._armed = False  # no hook pushes while step() runs
+        self.init()
+        scale = 1.0 / (batch_size * self._kv.num_workers)
+        if self._update_on_kvstore:
+            if self._batch_size is None:
+                hp = dict(self._spec.hyperparameters)
+                hp['rescale_grad'] = hp.get('rescale_grad', 1.0) * scale
+                self._kv.set_optimizer(pushpull.optimizer.create(self._spec.name, **hp))
+                self._batch_size = batch_size
+            elif batch_size != self._batch_size:
+                warnings.warn('Trainer.step(%d): the store\'s optimizer keeps the first step\'s '
+                              'batch size %d (rescale_grad is set once, as in Gluon)'
+                              % (batch_size, self._batch_size))
+        # Check every gradient before pushing any, so a bad one changes nothing.
+        for i, (name, p) in enumerate(self._named):
+            if i in self._pushed:
+                continue
+            if p.grad is None:
+                raise InvalidArgument('Trainer.step: parameter %r (key %d) has no gradient; run '
+                                      'backward() first (every worker pushes every key)'
+                                      % (name, self._keys[i]))
+            self._check_tensor(p.grad, name, i, 'gradient')
+        pushes = []
+        for i, p in enumerate(self._params):
+            h = self._pushed.pop(i, None)
+            if h is None:
+                h = self._kv.push_async(self._keys[i], p.grad, priority=-i)
+                self.stats['step_pushes'] += 1
+            pushes.append(h)
+        # One key's operations take effect in call order: each pull sees its push.
+        outs = [p.detach() for p in self._params] if self._update_on_kvstore else self._summed
+        pulls = [self._kv.pull_async(k, out=o, priority=-i)
+                 for i, (k, o) in enumerate(zip(self._keys, outs))]
+        for h in pulls + pushes:
+            h.wait()
+        if not self._update_on_kvstore:
+            self._local_update(scale)
+        self._steps += 1
+        self.stats['steps'] = self._steps
+        self._armed = self._push_from_hooks
+
+    def _local_update(self, scale):
+        if self._torch_opt is not None:
+            for p, s in zip(self._params, self._summed):
+                p.grad.copy_(s).mul_(scale)
+            self._torch_opt.step()
+            return
+        for s in self._summed:
+            s.mul_(scale)
+        weights = [p.detach() for p in self._params]
+        self._local_kv.push(self._keys, self._summed)
+        self._local_kv.pull(self._keys, out=weights)
