@@ -192,6 +192,10 @@ void Node::on_control(net::Message&& m) {
       shutdown_ = true;
       cv_.notify_all();
       return;
+    case msg::kWorkersDone:
+      workers_done_ = true;
+      cv_.notify_all();
+      return;
     case msg::kPeerDead:
     case msg::kAbort: {
       NodeAddress who;
@@ -320,6 +324,12 @@ Status Node::post_recv(Role role, int rank, net::RecvMatch match, void* dst, siz
   } catch (const Error&) {
     return Status::from_current_exception();
   }
+}
+
+void Node::wait_for_workers() {
+  std::unique_lock lock(mu_);
+  wait_for(lock, options_.cluster.barrier_timeout, "the workers to finish",
+           [&] { return workers_done_; });
 }
 
 void Node::shutdown() {

@@ -86,6 +86,11 @@ class Node {
   // OK while the job is healthy.
   Status failure() const;
 
+  // Servers: blocks until every worker has left the job (the scheduler says
+  // so), up to barrier_timeout; throws the job's failure. A server calls it
+  // before shutdown() so it stays under the heartbeat watch while it serves.
+  void wait_for_workers();
+
   // Orderly end: tells the scheduler this node is done and waits (up to
   // barrier_timeout) until every node is, then closes. Throws the failure.
   void shutdown();
@@ -125,6 +130,7 @@ class Node {
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
   bool leaving_ = false;
   bool shutdown_ = false;
+  bool workers_done_ = false;
   bool stop_heartbeat_ = false;
 };
 

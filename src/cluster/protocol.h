@@ -9,6 +9,7 @@
 //   kAbort        scheduler -> node   {reason} (e.g. registration timed out)
 //   kLeave        node -> scheduler   empty: this node is done
 //   kShutdown     scheduler -> node   every node has left: close now
+//   kWorkersDone  scheduler -> server every worker has left (servers leave then)
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -33,7 +34,8 @@ inline constexpr uint16_t kPeerDead = 21;
 inline constexpr uint16_t kAbort = 22;
 inline constexpr uint16_t kLeave = 23;
 inline constexpr uint16_t kShutdown = 24;
-inline constexpr uint16_t kLast = 24;
+inline constexpr uint16_t kWorkersDone = 25;
+inline constexpr uint16_t kLast = 25;
 }  // namespace msg
 
 // Barrier groups (bit set; kAll = servers and workers, not the scheduler).

@@ -119,6 +119,14 @@ void Scheduler::on_message(net::Message&& m) {
       if (it == nodes_.end()) return;
       it->second.left = true;
       PP_DEBUG("{} left", it->second.addr.describe());
+      bool workers_left = complete_ && it->second.addr.role == Role::kWorker &&
+                          std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) {
+                            return kv.second.addr.role != Role::kWorker || kv.second.left;
+                          });
+      if (workers_left && failure_.is_ok())
+        for (auto& [id, e] : nodes_)
+          if (e.addr.role == Role::kServer)
+            transport_->send_copy(id, net::Header{.type = msg::kWorkersDone}, nullptr, 0);
       bool all = complete_ &&
                  std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) { return kv.second.left; });
       if (all && failure_.is_ok()) {

@@ -69,7 +69,6 @@ DistStore::DistStore(std::string type, const Options& options)
 DistStore::~DistStore() {
   try {
     wait_all();
-    node_->barrier(cluster::Group::kAll);  // releases the servers (see ps::run_server)
     node_->shutdown();
   } catch (const std::exception& e) {
     PP_WARN("{} store closing after an error: {}", type_, e.what());

@@ -5,8 +5,8 @@
 // options (scheduler address, numbers of servers and workers): it registers,
 // gets its rank, connects to every server, and worker 0 tells the servers the
 // mode (sync or async); all workers then meet at a barrier. The destructor
-// waits for operations in flight, meets the servers at a final barrier (they
-// serve until every worker got there) and leaves the job in order.
+// waits for operations in flight and leaves the job in order (the servers
+// serve until every worker has left).
 //
 // How operations travel (MXNet semantics, see kvstore.h and docs/ps.md):
 // - init: every worker records the keys' shapes; worker 0 sends the values;

@@ -140,16 +140,15 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
 void run_server(Options options) {
   // A server waits for the job's end with no deadline of its own: the failure
   // detector (heartbeats) bounds that wait if anything dies.
-  options.cluster.barrier_timeout = Millis(int64_t{1} << 40);
+  options.cluster.barrier_timeout = Millis(int64_t{30} * 24 * 3600 * 1000);  // 30 days
   cluster::Node node(options);
   Server server(node);
   node.start();
   PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
           node.num_workers());
-  // Serve until every worker is done: the workers' stores meet the servers at
-  // this barrier when they close. Leaving only then keeps the server under
-  // the scheduler's heartbeat watch for the whole job.
-  node.barrier(cluster::Group::kAll);
+  // Serve until every worker has left; leaving only then keeps the server
+  // under the scheduler's heartbeat watch for the whole job.
+  node.wait_for_workers();
   node.shutdown();
 }
 
