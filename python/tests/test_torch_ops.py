@@ -32,3 +32,8 @@ def test_errors_are_invalid_argument_on_every_rank():
 def test_join_with_uneven_batches():
     out = run_case('join', 3)
     assert 'rank 0 joined after 2 of 6 batches' in out
+
+
+def test_blocking_calls_release_the_gil_and_handles_keep_tensors_alive():
+    out = run_case('gil', 2)
+    assert 'the other thread ran' in out

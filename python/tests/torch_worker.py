@@ -151,6 +151,42 @@ def case_ops(n, r):
     hvd.barrier()
 
 
+def case_gil_and_lifetimes(n, r):
+    # A handle dropped before its op completed: the op still completes safely
+    # (the handle waits for it) and the tensor may go right after.
+    hvd.allreduce_async(torch.ones(1 << 20), name='dropped', op=hvd.Sum)
+    import gc
+    gc.collect()
+    # The input may be dropped while the op runs: the handle keeps it alive.
+    h = hvd.allreduce_async(torch.full((1 << 20,), float(r)), name='kept', op=hvd.Sum)
+    gc.collect()
+    check(hvd.synchronize(h), torch.full((1 << 20,), float(sum(range(n)))), 'kept alive')
+    # Blocking calls release the GIL: a Python thread runs while rank 0 waits
+    # for rank 1, which submits 1 s late.
+    import threading
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+    t = threading.Thread(target=spin)
+    t.start()
+    if r != 0:
+        time.sleep(1.0)
+    before = ticks[0]
+    hvd.allreduce(torch.ones(4), name='late', op=hvd.Sum)
+    during = ticks[0] - before
+    stop.set()
+    t.join()
+    if r == 0:
+        print('rank 0: the other thread ran %d times while allreduce waited' % during)
+        if during < 100:
+            raise AssertionError('the GIL was held during a blocking allreduce (%d ticks)'
+                                 % during)
+
+
 def case_orders(n, r):
     names = ['a', 'b', 'c']
     order = names if r % 2 == 0 else list(reversed(names))
@@ -240,7 +276,7 @@ def case_join(n, r):
           torch.full((2,), float(n)), 'after join')
 
 
-CASES = {'ops': case_ops, 'orders': case_orders, 'errors': case_errors, 'join': case_join}
+CASES = {'ops': case_ops, 'orders': case_orders, 'gil': case_gil_and_lifetimes, 'errors': case_errors, 'join': case_join}
 
 
 def main():
