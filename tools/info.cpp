@@ -1,11 +1,13 @@
 // `pushpull info`: version, build and what this binary can do.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <thread>
 
 #include "commands.h"
 #include "pushpull/build_info.h"
 #include "pushpull/dtype.h"
+#include "pushpull/kvstore.h"
 
 namespace pushpull::cli {
 
@@ -19,7 +21,7 @@ void register_info(CLI::App& app) {
     fmt::print("features:    {}\n", PUSHPULL_BUILD_FEATURES);
     fmt::print("cpu:         {} hardware threads, f16c {}\n", std::thread::hardware_concurrency(),
                cpu_has_f16c() ? "yes" : "no");
-    fmt::print("kvstores:    local device\n");
+    fmt::print("kvstores:    {}\n", fmt::join(kvstore_types(), " "));
     fmt::print("transports:  tcp\n");
   });
 }
