@@ -229,22 +229,22 @@ TEST_P(Equivalence, MatchesOneProcessOnTheUnionBatch) {
   std::filesystem::remove_all(dir);
 }
 
-// The types that work today. dist_async is not equivalent by design (no sync
-// rounds). The collectives' type comes with a line:
-//   EqSetup{"dist_sync_allreduce", Procs::kLaunched, 2, 1, false},
-INSTANTIATE_TEST_SUITE_P(Setups, Equivalence,
-                         testing::Values(EqSetup{"local", Procs::kOneStore, 1, 1, true},
-                                         EqSetup{"local", Procs::kOneStore, 1, 2, true},
-                                         EqSetup{"local", Procs::kOneStore, 1, 4, true},
-                                         EqSetup{"local", Procs::kOneStore, 1, 3, false},
-                                         EqSetup{"device", Procs::kOneStore, 1, 2, false},
-                                         EqSetup{"local", Procs::kChild, 1, 2, true},
-                                         EqSetup{"dist_sync", Procs::kLaunched, 2, 1, true},
-                                         EqSetup{"dist_sync", Procs::kLaunched, 3, 1, false},
-                                         EqSetup{"dist_sync", Procs::kLaunched, 2, 2, true},
-                                         EqSetup{"dist_device_sync", Procs::kLaunched, 2, 2,
-                                                 false}),
-                         setup_name);
+// dist_async is not equivalent by design (no sync rounds).
+INSTANTIATE_TEST_SUITE_P(
+    Setups, Equivalence,
+    testing::Values(EqSetup{"local", Procs::kOneStore, 1, 1, true},
+                    EqSetup{"local", Procs::kOneStore, 1, 2, true},
+                    EqSetup{"local", Procs::kOneStore, 1, 4, true},
+                    EqSetup{"local", Procs::kOneStore, 1, 3, false},
+                    EqSetup{"device", Procs::kOneStore, 1, 2, false},
+                    EqSetup{"local", Procs::kChild, 1, 2, true},
+                    EqSetup{"dist_sync", Procs::kLaunched, 2, 1, true},
+                    EqSetup{"dist_sync", Procs::kLaunched, 3, 1, false},
+                    EqSetup{"dist_sync", Procs::kLaunched, 2, 2, true},
+                    EqSetup{"dist_device_sync", Procs::kLaunched, 2, 2, false},
+                    EqSetup{"dist_sync_allreduce", Procs::kLaunched, 2, 1, false},
+                    EqSetup{"dist_sync_allreduce", Procs::kLaunched, 3, 1, true}),
+    setup_name);
 
 // The equivalence worker: trains like run_worker and writes replica 0's
 // weights to <out-dir>/rank<R>.bin (after checking all replicas agree).
