@@ -4,3 +4,4 @@ set -euo pipefail
 build=${1:-build}
 "$build/bin/kernels_bench" --benchmark_min_time=0.2
 "$build/bin/pushpull" bench transport
+"$build/bin/pushpull" bench allreduce

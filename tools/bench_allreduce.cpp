@@ -20,12 +20,14 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "bench_allreduce.h"
 #include "bench_common.h"
+#include "bench_netns.h"
 #include "bench_procs.h"
 #include "commands.h"
 #include "pushpull/error.h"
@@ -38,8 +40,10 @@ struct Config {
   std::string sizes = "4K,64K,1M,16M,64M";
   int iters = 0;  // 0: by size
   int warmup = 2;
-  int repeats = 1;
+  int repeats = 3;
   int timeout_s = 300;
+  int netns = 0;  // > 0: ranks in that many shaped network namespaces
+  std::string rate = "1gbit";
   BenchFlags flags;
   WorkerArgs worker;
   std::string worker_sizes, worker_iters;
@@ -75,33 +79,56 @@ std::map<uint64_t, double> parse_results(const std::string& out) {
 
 struct Impl {
   std::string name;
-  // Starts the n processes of one run into `g`; `dir` is a fresh directory.
+  // Starts the n processes of one run into `g`; `dir` is a fresh directory;
+  // with `lab`, rank r runs in its host namespace r.
   std::function<void(ProcessGroup& g, int n, const std::string& dir,
-                     const std::vector<std::string>& tail)>
+                     const std::vector<std::string>& tail, const NetnsLab* lab)>
       start;
 };
 
-std::vector<Impl> implementations(bool peers) {
+// argv for rank r: inside its namespace when there is a lab.
+std::vector<std::string> in_host(const NetnsLab* lab, int r, std::vector<std::string> argv) {
+  if (!lab) return argv;
+  auto pre = lab->exec(r);
+  pre.insert(pre.end(), argv.begin(), argv.end());
+  return pre;
+}
+std::string host_of(const NetnsLab* lab, int r) {
+  return lab ? lab->address(r) : std::string("127.0.0.1");
+}
+
+std::vector<Impl> implementations(bool peers, bool netns) {
   std::vector<Impl> out;
   const std::string bin = self_dir();
-  out.push_back(
-      {"pushpull",
-       [](ProcessGroup& g, int n, const std::string& dir, const std::vector<std::string>& tail) {
-         for (int r = 0; r < n; ++r) {
-           std::vector<std::string> argv = {self_exe(),        "bench",           "allreduce",
-                                            "--worker-rank",   std::to_string(r), "--worker-size",
-                                            std::to_string(n), "--rendezvous",    dir};
-           for (const auto& a : tail)
-             argv.push_back(a == "--iters" ? "--worker-iters" : a);
-           g.start(argv);
-         }
-       }});
+  out.push_back({"pushpull", [](ProcessGroup& g, int n, const std::string& dir,
+                                const std::vector<std::string>& tail, const NetnsLab* lab) {
+                   for (int r = 0; r < n; ++r) {
+                     std::vector<std::string> argv = {self_exe(),
+                                                      "bench",
+                                                      "allreduce",
+                                                      "--worker-rank",
+                                                      std::to_string(r),
+                                                      "--worker-size",
+                                                      std::to_string(n),
+                                                      "--worker-host",
+                                                      host_of(lab, r),
+                                                      "--rendezvous",
+                                                      dir};
+                     for (const auto& x : tail)
+                       argv.push_back(x == "--iters" ? "--worker-iters" : x);
+                     g.start(in_host(lab, r, argv));
+                   }
+                 }});
   if (!peers) return out;
   const std::string mpi = bin + "/pp_mpi_allreduce", gloo = bin + "/pp_gloo_allreduce";
-  if (std::filesystem::exists(mpi)) {
+  if (netns) {
+    std::fprintf(stderr,
+                 "bench allreduce: Open MPI is not run across namespaces (mpirun would need ssh "
+                 "into each); its rows are missing\n");
+  } else if (std::filesystem::exists(mpi)) {
     auto mpirun = [mpi](bool tcp) {
       return [mpi, tcp](ProcessGroup& g, int n, const std::string&,
-                        const std::vector<std::string>& tail) {
+                        const std::vector<std::string>& tail, const NetnsLab*) {
         std::vector<std::string> argv = {"mpirun", "-n", std::to_string(n), "--oversubscribe"};
         if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
         argv.insert(argv.end(), {"--mca", "oob_tcp_if_include", "lo"});
@@ -122,11 +149,12 @@ std::vector<Impl> implementations(bool peers) {
   if (std::filesystem::exists(gloo)) {
     out.push_back(
         {"gloo", [gloo](ProcessGroup& g, int n, const std::string& dir,
-                        const std::vector<std::string>& tail) {
+                        const std::vector<std::string>& tail, const NetnsLab* lab) {
            for (int r = 0; r < n; ++r) {
              std::vector<std::string> argv = {gloo, std::to_string(r), std::to_string(n), dir};
              argv.insert(argv.end(), tail.begin(), tail.end());
-             g.start(argv);
+             argv.insert(argv.end(), {"--host", host_of(lab, r)});
+             g.start(in_host(lab, r, argv));
            }
          }});
   } else {
@@ -149,7 +177,14 @@ void run_bench(const Config& cfg) {
   const std::vector<std::string> tail = {"--sizes",  join_list(sizes),
                                          "--iters",  join_list(iters),
                                          "--warmup", std::to_string(cfg.warmup)};
-  const auto impls = implementations(cfg.flags.peers());
+  std::unique_ptr<NetnsLab> lab;
+  double goodput = 0;
+  if (cfg.netns > 0) {
+    ranks = {cfg.netns};
+    lab = std::make_unique<NetnsLab>(cfg.netns, cfg.rate);
+    goodput = lab->goodput_bps(2);
+  }
+  const auto impls = implementations(cfg.flags.peers(), lab != nullptr);
   BenchTable table(cfg.flags);
   for (int n : ranks) {
     // impl -> bytes -> one median per repeat.
@@ -158,7 +193,7 @@ void run_bench(const Config& cfg) {
       for (const auto& impl : impls) {
         TempDir dir;
         ProcessGroup g;
-        impl.start(g, n, dir.path(), tail);
+        impl.start(g, n, dir.path(), tail, lab.get());
         auto res = g.run(std::chrono::seconds(cfg.timeout_s));
         if (!res.ok) {
           std::fprintf(stderr, "bench allreduce: %s with n=%d failed: %s; its rows are missing\n",
@@ -178,10 +213,33 @@ void run_bench(const Config& cfg) {
         table.add({impl.name, n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n});
       }
     }
-    table.print(
-        fmt::format("allreduce float32 sum, n = {} ranks on loopback, median of {} "
-                    "repeat(s)",
-                    n, cfg.repeats));
+    if (lab && goodput > 0) {
+      // The ring's lower bound 2(n-1)/n * S / B at the measured goodput B,
+      // as a row of its own (impl "ring_bound") so csv readers get it too.
+      for (uint64_t bytes : sizes) {
+        double us = 2.0 * (n - 1) / n * static_cast<double>(bytes) * 8 / goodput * 1e6;
+        double algbw = static_cast<double>(bytes) / (us * 1e-6) / 1e9;
+        table.add({"ring_bound", n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n});
+      }
+    }
+    table.print(lab ? fmt::format("allreduce float32 sum, n = {} ranks in {} network namespaces, "
+                                  "links shaped to {} (goodput {:.3f} Gbit/s), median of {} "
+                                  "repeat(s)",
+                                  n, cfg.netns, cfg.rate.empty() ? "nothing" : cfg.rate,
+                                  goodput / 1e9, cfg.repeats)
+                    : fmt::format("allreduce float32 sum, n = {} ranks on loopback, median of {} "
+                                  "repeat(s)",
+                                  n, cfg.repeats));
+    if (lab && goodput > 0 && !cfg.flags.csv()) {
+      for (const auto& impl : impls)
+        for (uint64_t bytes : sizes) {
+          auto it = got[impl.name].find(bytes);
+          if (it == got[impl.name].end()) continue;
+          double bound = 2.0 * (n - 1) / n * static_cast<double>(bytes) * 8 / goodput * 1e6;
+          std::printf("%-12s %10s: %.3fx the ring lower bound (%.3f s)\n", impl.name.c_str(),
+                      format_bytes(bytes).c_str(), median(it->second) / bound, bound / 1e6);
+        }
+    }
   }
 }
 
@@ -207,13 +265,20 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--timeout", cfg->timeout_s, "Seconds one run of one implementation may take")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
+  cmd->add_option("--netns", cfg->netns,
+                  "Run n ranks in n network namespaces (made and removed here; needs root) "
+                  "instead of loopback; -n is ignored")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
+      ->capture_default_str();
   add_bench_flags(cmd, &cfg->flags);
   // Internal: one pushpull rank, started by the benchmark itself.
   cmd->add_option("--worker-rank", cfg->worker.rank)->group("");
   cmd->add_option("--worker-size", cfg->worker.size)->group("");
   cmd->add_option("--rendezvous", cfg->worker.rendezvous_dir)->group("");
   cmd->add_option("--worker-iters", cfg->worker_iters)->group("");
-  cmd->callback([cfg] {
+  cmd->add_option("--worker-host", cfg->worker.host)->group("");
+  cmd->callback([cfg, cmd] {
     if (cfg->worker.rank >= 0) {
       WorkerArgs w = cfg->worker;
       for (uint64_t b : parse_sizes(cfg->sizes))
@@ -227,6 +292,7 @@ void register_bench_allreduce(CLI::App& bench) {
       if (int rc = run_allreduce_worker(w); rc != 0) throw CLI::RuntimeError(rc);
       return;
     }
+    if (cfg->netns > 0 && !cmd->count("--sizes")) cfg->sizes = "64M";
     run_bench(*cfg);
   });
 }

@@ -12,6 +12,7 @@ namespace pushpull::cli {
 struct WorkerArgs {
   int rank = -1;
   int size = 0;
+  std::string host = "127.0.0.1";  // where this rank listens
   std::string rendezvous_dir;
   std::vector<uint64_t> sizes;  // bytes
   std::vector<int> iters;       // per size

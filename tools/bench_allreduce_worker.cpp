@@ -2,13 +2,12 @@
 // as `pushpull bench allreduce --worker-rank R --worker-size N --rendezvous
 // DIR ...` (one process per rank, as the peers run).
 //
-// Rendezvous: each rank listens on a free loopback port and publishes it as
-// DIR/<rank> (written then renamed, so readers never see half a file); it
-// waits for every rank's file, then TcpTransport::connect_all. Timing matches
-// bench/peers/common.h: per iteration a barrier, then the allreduce (float32
-// sum, in place) timed on every rank; the slowest rank's time per iteration
-// (a max-allreduce of the times after the loop); rank 0 prints
-// "result <bytes> <median_us>" per size.
+// Rendezvous: each rank listens on a free port of its host (loopback, or its
+// namespace's address) and publishes "host port" as DIR/<rank> (written then renamed, so readers
+// never see half a file); it waits for every rank's file, then TcpTransport::connect_all. Timing
+// matches bench/peers/common.h: per iteration a barrier, then the allreduce (float32 sum, in place)
+// timed on every rank; the slowest rank's time per iteration (a max-allreduce of the times after
+// the loop); rank 0 prints "result <bytes> <median_us>" per size.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -29,11 +28,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::vector<std::pair<std::string, int>> rendezvous(const std::string& dir, int rank, int size,
-                                                    int port, Millis timeout) {
+                                                    const std::string& host, int port,
+                                                    Millis timeout) {
   namespace fs = std::filesystem;
   {
     std::ofstream f(fmt::format("{}/{}.tmp", dir, rank));
-    f << port << "\n";
+    f << host << " " << port << "\n";
   }
   fs::rename(fmt::format("{}/{}.tmp", dir, rank), fmt::format("{}/{}", dir, rank));
   std::vector<std::pair<std::string, int>> book(static_cast<size_t>(size));
@@ -41,9 +41,10 @@ std::vector<std::pair<std::string, int>> rendezvous(const std::string& dir, int 
   for (int r = 0; r < size; ++r) {
     while (true) {
       std::ifstream f(fmt::format("{}/{}", dir, r));
+      std::string h;
       int p = 0;
-      if (f >> p && p > 0) {
-        book[static_cast<size_t>(r)] = {"127.0.0.1", p};
+      if (f >> h >> p && p > 0) {
+        book[static_cast<size_t>(r)] = {h, p};
         break;
       }
       if (Clock::now() > deadline)
@@ -72,8 +73,8 @@ void check_sum(const std::vector<float>& buf, int n) {
 int run_allreduce_worker(const WorkerArgs& a) {
   Options opts = Options::from_env();
   opts.net.connect_timeout = Millis(30000);
-  collective::TcpTransport t(a.rank, a.size, opts.net, "127.0.0.1", 0);
-  t.connect_all(rendezvous(a.rendezvous_dir, a.rank, a.size, t.port(), Millis(30000)));
+  collective::TcpTransport t(a.rank, a.size, opts.net, a.host, 0);
+  t.connect_all(rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, t.port(), Millis(30000)));
 
   std::vector<char> scratch;
   collective::AlgoContext ctx{t};

@@ -22,6 +22,7 @@ struct Args {
   std::vector<uint64_t> sizes;  // bytes
   std::vector<int> iters;       // per size
   int warmup = 2;
+  std::string host = "127.0.0.1";  // gloo: the address to listen on
 };
 
 // "--sizes 4096,65536 --iters 50,20 --warmup 2" (after driver-specific args).
@@ -45,6 +46,8 @@ inline bool parse(int argc, char** argv, int first, Args* a) {
       list(argv[i + 1], &a->iters);
     else if (k == "--warmup")
       a->warmup = std::atoi(argv[i + 1]);
+    else if (k == "--host")
+      a->host = argv[i + 1];
     else
       return false;
   }

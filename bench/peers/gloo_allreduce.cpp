@@ -1,7 +1,7 @@
 // Peer driver: Gloo's ring allreduce (float sum, in place) over Gloo's TCP
 // transport on loopback, rendezvous through a FileStore directory; timed as
 // in common.h. Started once per rank by the benchmark:
-//   pp_gloo_allreduce RANK SIZE STORE_DIR --sizes 4096,67108864 --iters 50,5
+//   pp_gloo_allreduce RANK SIZE STORE_DIR --sizes 4096,67108864 --iters 50,5 [--host IP]
 #include <chrono>
 #include <memory>
 
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]);
   try {
     gloo::rendezvous::FileStore store(argv[3]);
-    gloo::transport::tcp::attr attr("127.0.0.1");
+    gloo::transport::tcp::attr attr(args.host.c_str());
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(std::chrono::seconds(120));

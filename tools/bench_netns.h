@@ -1,0 +1,42 @@
+// Network namespaces as hosts for `pushpull bench allreduce --netns N`: a hub
+// namespace holding a bridge, N host namespaces each with one veth "eth0"
+// on it, every port shaped with `tc ... tbf` to the given rate (both
+// directions of every link), so ranks talk over real, rate-limited links.
+//
+// Ownership: the lab creates its namespaces (names carry this process's id,
+// so parallel runs never collide) and its destructor deletes them, which
+// removes their links too. Needs root (CAP_NET_ADMIN) and iproute2; the
+// constructor throws IoError saying so when a step fails, after undoing the
+// steps already made. Traffic stays inside the namespaces.
+// Thread safety: none.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pushpull::cli {
+
+class NetnsLab {
+ public:
+  // `rate` as tc takes it ("1gbit"); empty: unshaped.
+  NetnsLab(int hosts, const std::string& rate);
+  ~NetnsLab();
+  NetnsLab(const NetnsLab&) = delete;
+  NetnsLab& operator=(const NetnsLab&) = delete;
+
+  int hosts() const { return static_cast<int>(ns_.size()); }
+  const std::string& ns(int h) const { return ns_[static_cast<size_t>(h)]; }
+  const std::string& address(int h) const { return addr_[static_cast<size_t>(h)]; }
+  // argv prefix running a program inside host h: ip netns exec NS.
+  std::vector<std::string> exec(int h) const;
+  // Single-stream TCP goodput from host 0 to host 1 in bit/s (iperf3 for
+  // `seconds`); 0 when iperf3 is missing or its output is unreadable.
+  double goodput_bps(int seconds) const;
+
+ private:
+  void teardown();
+  std::string hub_;
+  std::vector<std::string> ns_, addr_;
+};
+
+}  // namespace pushpull::cli
