@@ -3,11 +3,14 @@
 //
 //   lenet --kvstore local --devices-per-worker 2 --epochs 2
 //   pushpull launch -n 2 -s 2 -- build/bin/lenet --kvstore dist_sync --threads 1
+//   pushpull launch -n 2 -s 0 -- build/bin/lenet --mode horovod --threads 1
 //
 // Each worker reads its part of the training set (SplitSampler: num_parts =
 // workers, part_index = rank), splits every batch across its device replicas
-// (threads), and synchronises through pushpull::torch::Trainer. See
-// docs/training.md.
+// (threads), and synchronises through pushpull::torch::Trainer (--mode
+// kvstore) or, with one device, through torch::optim::SGD wrapped in
+// pushpull::torch::DistributedOptimizer over the collectives (--mode
+// horovod). See docs/training.md.
 #include <torch/torch.h>
 
 #include <fmt/format.h>
@@ -22,6 +25,7 @@
 #include "pushpull/error.h"
 #include "pushpull/kvstore.h"
 #include "pushpull/options.h"
+#include "pushpull/torch/distributed_optimizer.h"
 #include "pushpull/torch/replicas.h"
 #include "pushpull/torch/trainer.h"
 
@@ -46,6 +50,7 @@ struct Args {
   int log_every = 200;
   int threads = 0;
   std::string model = "mxnet";
+  std::string mode = "kvstore";  // or "horovod"
 };
 
 // conv 5x5 -> relu -> pool 2 -> conv 5x5 -> relu -> pool 2 -> dense -> relu -> dense 10.
@@ -116,8 +121,26 @@ double seconds_since(Clock::time_point t0) {
 
 int run(const Args& a) {
   const auto wall0 = Clock::now();
-  auto kv = pushpull::create_kvstore(a.kvstore, pushpull::Options::from_env());
-  const int rank = kv->rank(), workers = kv->num_workers();
+  const bool horovod = a.mode == "horovod";
+  if (!horovod && a.mode != "kvstore") {
+    throw pushpull::InvalidArgument("--mode " + a.mode + ": use kvstore or horovod");
+  }
+  if (horovod && a.devices != 1) {
+    throw pushpull::InvalidArgument(
+        "--mode horovod runs one device per process (as Horovod): use --devices-per-worker 1 "
+        "and more processes (pushpull launch -n N -s 0)");
+  }
+  // One of the two: a KVStore (+ Trainer below) or a collectives Session.
+  std::unique_ptr<pushpull::KVStore> kv;
+  std::unique_ptr<pushpull::collective::Session> session;
+  if (horovod) {
+    session = std::make_unique<pushpull::collective::Session>(pushpull::Options::from_env());
+  } else {
+    kv = pushpull::create_kvstore(a.kvstore, pushpull::Options::from_env());
+  }
+  const int rank = horovod ? session->rank() : kv->rank();
+  const int workers = horovod ? session->size() : kv->num_workers();
+  const std::string sync = horovod ? "horovod" : a.kvstore;
   const std::string who = fmt::format("[worker {}/{}]", rank, workers);
   if (a.kvstore.starts_with("dist_async") && !a.update_on_kvstore) {
     throw pushpull::InvalidArgument(
@@ -146,20 +169,40 @@ int run(const Args& a) {
     models.push_back(make_lenet(a.model));
     params.push_back(models.back()->parameters());
   }
-  const auto spec = pushpull::OptimizerSpec::parse(
-      fmt::format("sgd:learning_rate={},momentum={},wd={}", a.lr, a.momentum, a.wd));
-  pushpull::torch::Trainer trainer(params, spec, *kv, a.update_on_kvstore);
-  trainer.init();
+  std::unique_ptr<pushpull::torch::Trainer> trainer;
+  std::unique_ptr<torch::optim::SGD> sgd;
+  std::unique_ptr<pushpull::torch::DistributedOptimizer> dopt;
+  if (horovod) {
+    // Horovod's recipe: wrap the optimizer, then start every rank from rank 0's
+    // weights and optimizer state.
+    auto& comm = session->communicator();
+    sgd = std::make_unique<torch::optim::SGD>(
+        models[0]->parameters(),
+        torch::optim::SGDOptions(a.lr).momentum(a.momentum).weight_decay(a.wd));
+    dopt = std::make_unique<pushpull::torch::DistributedOptimizer>(
+        *sgd, pushpull::torch::named(models[0]->named_parameters()), comm);
+    pushpull::torch::broadcast_parameters(pushpull::torch::named(models[0]->named_parameters()), 0,
+                                          comm);
+    pushpull::torch::broadcast_optimizer_state(*sgd, 0, comm);
+  } else {
+    const auto spec = pushpull::OptimizerSpec::parse(
+        fmt::format("sgd:learning_rate={},momentum={},wd={}", a.lr, a.momentum, a.wd));
+    trainer = std::make_unique<pushpull::torch::Trainer>(params, spec, *kv, a.update_on_kvstore);
+    trainer->init();
+  }
+  auto comm_wait = [&] {
+    return horovod ? dopt->stats().wait_seconds : trainer->stats().wait_seconds;
+  };
   pushpull::torch::ReplicaRunner runner(a.devices);
   fmt::print(
-      "{} kvstore={} devices={} model={} batch={}/worker ({} global) lr={} epochs={} "
+      "{} sync={} devices={} model={} batch={}/worker ({} global) lr={} epochs={} "
       "batches/epoch={} part={} of {} train images, intra-op threads={}\n",
-      who, a.kvstore, a.devices, a.model, a.batch_size, a.batch_size * workers, a.lr, a.epochs,
-      batches, sampler.size(), train.size(), threads);
+      who, sync, a.devices, a.model, a.batch_size, a.batch_size * workers, a.lr, a.epochs, batches,
+      sampler.size(), train.size(), threads);
   std::fflush(stdout);
 
   double acc = 0, train_seconds = 0;
-  int64_t samples_total = 0;
+  int64_t samples_total = 0, steps_total = 0;
   std::vector<double> loss_d(a.devices);
   std::vector<int64_t> correct_d(a.devices);
   for (int epoch = 0; epoch < a.epochs; ++epoch) {
@@ -178,15 +221,26 @@ int run(const Args& a) {
         auto [begin, end] = pushpull::torch::batch_slice(a.batch_size, a.devices, d);
         auto out = models[d]->forward(x.narrow(0, begin, end - begin));
         auto yd = y.narrow(0, begin, end - begin);
-        // A sum over the samples: the Trainer scales by 1 / global batch.
+        // Trainer: a sum over the samples (it scales by 1 / global batch).
+        // DistributedOptimizer: the mean (it averages over the workers).
         auto loss = F::cross_entropy(out, yd, F::CrossEntropyFuncOptions().reduction(torch::kSum));
-        loss.backward();
+        if (horovod) {
+          (loss / static_cast<double>(end - begin)).backward();
+        } else {
+          loss.backward();
+        }
         loss_d[d] = loss.item<double>();
         correct_d[d] = out.argmax(1).eq(yd).sum().item<int64_t>();
       });
-      trainer.step(a.batch_size);
-      for (auto& m : models)
-        m->zero_grad();
+      if (horovod) {
+        dopt->step();
+        dopt->zero_grad();
+      } else {
+        trainer->step(a.batch_size);
+        for (auto& m : models)
+          m->zero_grad();
+      }
+      ++steps_total;
       for (int d = 0; d < a.devices; ++d) {
         loss_window += loss_d[d];
         correct_window += correct_d[d];
@@ -213,25 +267,31 @@ int run(const Args& a) {
     train_seconds += secs;
     samples_total += seen;
     acc = test_accuracy(models, runner, test, a.test_limit);
-    const auto st = trainer.stats();
     fmt::print(
         "{} epoch {} done: loss {:.4f} train-acc {:.4f} test-acc {:.4f} time {:.1f}s samples/s "
         "{:.0f} (job ~{:.0f}) comm-wait {:.1f}s\n",
         who, epoch, loss_sum / static_cast<double>(seen),
         static_cast<double>(correct) / static_cast<double>(seen), acc, secs,
-        static_cast<double>(seen) / secs, static_cast<double>(seen) / secs * workers,
-        st.wait_seconds);
+        static_cast<double>(seen) / secs, static_cast<double>(seen) / secs * workers, comm_wait());
     std::fflush(stdout);
   }
-  kv->barrier();
+  if (horovod) {
+    session->communicator().barrier();
+  } else {
+    kv->barrier();
+  }
   if (rank == 0) {
+    // One machine-readable line (key=value, seconds without units in the
+    // comm_wait fields) for bench/scaling.sh.
     const double rate = static_cast<double>(samples_total) / train_seconds;
+    const double wait = comm_wait();
     fmt::print(
-        "lenet summary: kvstore={} workers={} devices_per_worker={} epochs={} "
+        "lenet summary: kvstore={} mode={} workers={} devices_per_worker={} epochs={} "
         "test_accuracy={:.4f} wall_time={:.1f}s train_time={:.1f}s samples_per_s_worker={:.0f} "
-        "samples_per_s_job={:.0f}\n",
-        a.kvstore, workers, a.devices, a.epochs, acc, seconds_since(wall0), train_seconds, rate,
-        rate * workers);
+        "samples_per_s_job={:.0f} steps={} comm_wait_s={:.3f} comm_wait_ms_per_step={:.3f}\n",
+        sync, a.mode, workers, a.devices, a.epochs, acc, seconds_since(wall0), train_seconds, rate,
+        rate * workers, steps_total, wait,
+        steps_total > 0 ? 1000.0 * wait / static_cast<double>(steps_total) : 0.0);
   }
   return 0;
 }
@@ -267,6 +327,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "libtorch threads per device (0: cores / devices)")
       ->capture_default_str();
   app.add_option("--model", a.model, "mxnet (20/50 filters, 500 hidden) or small (6/16, 120)")
+      ->capture_default_str();
+  app.add_option("--mode", a.mode,
+                 "kvstore (Trainer over --kvstore) or horovod (DistributedOptimizer over the "
+                 "collectives; launch with -s 0)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

@@ -60,4 +60,48 @@ TEST(LenetSmoke, LocalUpdateLearns) {
   run_lenet({"--devices-per-worker", "1", "--update-on-kvstore", "false"}, 0.6);
 }
 
+// --mode horovod: two processes through `pushpull launch -s 0`, each with
+// torch::optim::SGD wrapped in DistributedOptimizer; both end with the same
+// test accuracy (identical weights), well above chance.
+TEST(LenetSmoke, HorovodModeTwoWorkersLearn) {
+  if (!std::filesystem::exists(std::string(kDataDir) + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed in " << kDataDir;
+  }
+  pushpull::test::ChildProcess child({std::string(PUSHPULL_BIN_DIR) + "/pushpull",
+                                      "launch",
+                                      "-n",
+                                      "2",
+                                      "-s",
+                                      "0",
+                                      "--timeout",
+                                      "120",
+                                      "--",
+                                      std::string(PUSHPULL_BIN_DIR) + "/lenet",
+                                      "--mode",
+                                      "horovod",
+                                      "--epochs",
+                                      "1",
+                                      "--max-batches",
+                                      "150",
+                                      "--batch-size",
+                                      "32",
+                                      "--test-limit",
+                                      "2000",
+                                      "--log-every",
+                                      "50",
+                                      "--threads",
+                                      "1"});
+  auto rc = child.wait(std::chrono::seconds(400));
+  ASSERT_TRUE(rc.has_value()) << "lenet did not finish in 400 s:\n" << child.output();
+  ASSERT_EQ(*rc, 0) << child.output();
+  const double acc = final_accuracy(child.output());
+  EXPECT_GT(acc, 0.6) << child.output();
+  std::smatch m0, m1;
+  static const std::regex w0(R"(\[worker 0/2\] epoch 0 done:.*test-acc ([0-9.]+))");
+  static const std::regex w1(R"(\[worker 1/2\] epoch 0 done:.*test-acc ([0-9.]+))");
+  const std::string out = child.output();
+  ASSERT_TRUE(std::regex_search(out, m0, w0) && std::regex_search(out, m1, w1)) << out;
+  EXPECT_EQ(m0[1].str(), m1[1].str()) << "the workers' models differ:\n" << out;
+}
+
 }  // namespace
