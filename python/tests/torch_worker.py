@@ -145,9 +145,22 @@ def case_ops(n, r):
         raise AssertionError('broadcast_object gave %r' % (obj,))
     if hvd.allgather_object(('r', r)) != [('r', k) for k in range(n)]:
         raise AssertionError('allgather_object')
-    # a tensor that requires grad works (the engine writes raw memory).
+    # Tensors that require grad: the ops are differentiable, as Horovod's.
     w = torch.full((3,), float(r + 1), requires_grad=True)
-    check(hvd.allreduce(w, op=hvd.Sum), torch.full((3,), n * (n + 1) / 2.0), 'requires_grad')
+    total = hvd.allreduce(w, op=hvd.Sum, name='grad.sum')
+    check(total.detach(), torch.full((3,), n * (n + 1) / 2.0), 'requires_grad')
+    (total * float(r + 1)).sum().backward()  # d/dw_r = sum over ranks of (k + 1)
+    check(w.grad, torch.full((3,), n * (n + 1) / 2.0), 'allreduce backward (sum)')
+    v = torch.arange(r + 1, dtype=torch.float64, requires_grad=True)  # r + 1 rows
+    gathered = hvd.allgather(v, name='grad.gather')
+    check(gathered.detach(), torch.cat([torch.arange(k + 1, dtype=torch.float64)
+                                        for k in range(n)]), 'differentiable allgather')
+    (gathered * gathered).sum().backward()  # every rank: 2 * gathered; averaged
+    check(v.grad, 2 * torch.arange(r + 1, dtype=torch.float64), 'allgather backward')
+    b = torch.full((2,), float(r), requires_grad=True)
+    out = hvd.broadcast(b, root_rank=0, name='grad.bcast')
+    (out * 3).sum().backward()
+    check(b.grad, torch.full((2,), 3.0 if r == 0 else 0.0), 'broadcast backward')
     hvd.barrier()
 
 

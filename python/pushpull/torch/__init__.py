@@ -12,6 +12,8 @@ CPU tensors only for now. ``pushpull.torch.Trainer`` is the parameter-server
 (KVStore) trainer. See docs/python.md.
 """
 
+import atexit
+
 from pushpull._pushpull import collective as _c
 
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
@@ -33,6 +35,10 @@ def init(comm=None, process_sets=None):
             'pushpull.torch.init(): comm= and process_sets= are not supported; the group is '
             'every worker of the job')
     _c.init()
+    # Leave the group while the interpreter still works (as Horovod does),
+    # rather than from the C++ static destructors after it finalised.
+    atexit.unregister(_c.shutdown)
+    atexit.register(_c.shutdown)
 
 
 def shutdown():

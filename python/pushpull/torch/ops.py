@@ -148,10 +148,10 @@ def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscal
     name = _auto_name('allreduce', name)
     source = tensor
     if prescale_factor != 1.0:
-        source = tensor * prescale_factor
         if output is tensor:  # in place: scale the tensor itself
             tensor.mul_(prescale_factor)
-            source = tensor
+        else:
+            source = tensor * prescale_factor
     out_arg = None if output is source else _raw(output)
     h = _c.allreduce_async(name, _raw(source), out_arg, reduction)
     return Handle(h, output, _scaled(output, postscale_factor))
@@ -166,9 +166,41 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     return _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscale_factor)
 
 
+def _differentiable(tensor):
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """allreduce in the autograd graph: the gradient is allreduced the same way
+    (Horovod's HorovodAllreduce)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.args = (name, op, prescale_factor, postscale_factor)
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        return synchronize(_allreduce_impl(tensor, out, None, name, op, prescale_factor,
+                                           postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        name, op, pre, post = ctx.args
+        if op not in (Sum, Average):
+            raise InvalidArgument('pushpull.torch: allreduce with op=%s has no gradient' % op)
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        return (synchronize(_allreduce_impl(grad, out, None, name + '.grad', op, pre, post)),
+                None, None, None, None)
+
+
 def allreduce(tensor, average=None, name=None, compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=None):
-    """Returns the reduction (default: average) of ``tensor`` over all ranks."""
+    """Returns the reduction (default: average) of ``tensor`` over all ranks.
+    Differentiable when ``tensor`` requires grad (Sum and Average)."""
+    if compression is None and _differentiable(tensor):
+        _no_process_set(process_set)
+        _check(tensor, 'allreduce tensor')
+        return _AllreduceFn.apply(tensor, _auto_name('allreduce', name),
+                                  _resolve_op(average, op), prescale_factor, postscale_factor)
     if compression is not None:
         compressed, ctx = compression.compress(tensor)
         out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
@@ -223,8 +255,30 @@ def allgather_async(tensor, name=None, process_set=None):
     return Handle(h, None, finish)
 
 
+class _AllgatherFn(torch.autograd.Function):
+    """Backward: the averaged gradient's rows of this rank (as Horovod)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.name = name
+        ctx.rows = tensor.shape[0] if tensor.dim() else 1
+        return synchronize(allgather_async(tensor, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad')
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), name=ctx.name + '.rows')
+        offset = int(rows[:_c.rank()].sum().item())
+        return grad.narrow(0, offset, ctx.rows), None
+
+
 def allgather(tensor, name=None, process_set=None):
-    """Concatenation of every rank's tensor along dim 0 (first dims may differ)."""
+    """Concatenation of every rank's tensor along dim 0 (first dims may differ).
+    Differentiable when ``tensor`` requires grad."""
+    if _differentiable(tensor) and tensor.dim() > 0:
+        _no_process_set(process_set)
+        _check(tensor, 'allgather tensor')
+        return _AllgatherFn.apply(tensor, _auto_name('allgather', name))
     return synchronize(allgather_async(tensor, name, process_set))
 
 
@@ -248,8 +302,29 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
                             name, process_set)
 
 
+class _BroadcastFn(torch.autograd.Function):
+    """Backward: the averaged gradient on the root, zeros elsewhere (as Horovod)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root, ctx.name = root_rank, name
+        return synchronize(broadcast_async(tensor, root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad')
+        if _c.rank() != ctx.root:
+            grad = torch.zeros_like(grad)
+        return grad, None, None
+
+
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """Returns a copy of root_rank's ``tensor`` (``tensor`` is unchanged)."""
+    """Returns a copy of root_rank's ``tensor`` (``tensor`` is unchanged).
+    Differentiable when ``tensor`` requires grad."""
+    if _differentiable(tensor):
+        _no_process_set(process_set)
+        _check(tensor, 'broadcast tensor')
+        return _BroadcastFn.apply(tensor, int(root_rank), _auto_name('broadcast', name))
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
