@@ -2,7 +2,7 @@
 pytest suites (test_torch_ops.py, test_torch_optimizer.py).
 
 The launcher is found next to the imported extension (build/python/pushpull
--> build/bin/pushpull) or from PUSHPULL_BIN. The job runs in its own process
+-> build/bin/pushpull) or from PUSHPULL_BIN / PUSHPULL_BIN_DIR. The job runs in its own process
 group; on a timeout the launcher (which we started) gets SIGTERM, which stops
 its workers, then that process group gets SIGKILL.
 """
@@ -19,9 +19,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def launcher():
-    env = os.environ.get('PUSHPULL_BIN')
-    if env:
-        return env
+    if os.environ.get('PUSHPULL_BIN'):
+        return os.environ['PUSHPULL_BIN']
+    if os.environ.get('PUSHPULL_BIN_DIR'):  # as conftest.py and scripts/run-tests.sh
+        return os.path.join(os.environ['PUSHPULL_BIN_DIR'], 'pushpull')
     return str(pathlib.Path(_ext.__file__).resolve().parents[2] / 'bin' / 'pushpull')
 
 
