@@ -75,18 +75,8 @@ std::vector<AllreduceStore::Entry*> AllreduceStore::entries_for(const char* op,
 void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) {
   {
     std::shared_lock lock(mu_);
-    kv::check_key_kinds("init", keys, int_keys_);
-    kv::check_counts("init", keys.size(), values.size(), "values");
-    for (size_t i = 0; i < keys.size(); ++i) {
-      kv::check_array("init", type_, keys[i], values[i], 0, 1, "value");
-      bool again = entries_.count(keys[i]) != 0;
-      for (size_t j = 0; j < i && !again; ++j)
-        again = keys[j] == keys[i];
-      if (again)
-        throw AlreadyExists(fmt::format(
-            "init: key {} is already initialised; a key is initialised once (push to change it)",
-            keys[i].to_string()));
-    }
+    kv::check_init(type_, keys, values, int_keys_,
+                   [&](const Key& k) { return entries_.count(k) != 0; });
   }
   // Worker 0's values reach everyone; every worker's copy takes them.
   std::vector<std::unique_ptr<Entry>> made;

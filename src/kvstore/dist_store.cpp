@@ -212,18 +212,8 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
   {
     std::lock_guard lock(mu_);
     failure_.raise();
-    kv::check_key_kinds("init", keys, int_keys_);
-    kv::check_counts("init", keys.size(), values.size(), "values");
-    for (size_t i = 0; i < keys.size(); ++i) {
-      kv::check_array("init", type_, keys[i], values[i], 0, 1, "value");
-      bool again = keys_.count(keys[i]) != 0;
-      for (size_t j = 0; j < i && !again; ++j)
-        again = keys[j] == keys[i];
-      if (again)
-        throw AlreadyExists(fmt::format(
-            "init: key {} is already initialised; a key is initialised once (push to change it)",
-            keys[i].to_string()));
-    }
+    kv::check_init(type_, keys, values, int_keys_,
+                   [&](const Key& k) { return keys_.count(k) != 0; });
     for (size_t i = 0; i < keys.size(); ++i) {
       auto k = std::make_unique<KeyInfo>();
       k->key = keys[i];

@@ -58,6 +58,23 @@ void check_list(const char* op, std::string_view store, const Key& key, const Sh
   }
 }
 
+void check_init(std::string_view store, const std::vector<Key>& keys,
+                const std::vector<ArrayView>& values, std::optional<bool> int_keys,
+                const std::function<bool(const Key&)>& held) {
+  check_key_kinds("init", keys, int_keys);
+  check_counts("init", keys.size(), values.size(), "values");
+  for (size_t i = 0; i < keys.size(); ++i) {
+    check_array("init", store, keys[i], values[i], 0, 1, "value");
+    bool again = held(keys[i]);
+    for (size_t j = 0; j < i && !again; ++j)
+      again = keys[j] == keys[i];
+    if (again)
+      throw AlreadyExists(fmt::format(
+          "init: key {} is already initialised; a key is initialised once (push to change it)",
+          keys[i].to_string()));
+  }
+}
+
 void throw_not_initialised(const char* op, const Key& key) {
   throw NotFound(fmt::format("{}: key {} was never initialised; call init(key, value) first", op,
                              key.to_string()));

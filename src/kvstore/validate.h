@@ -4,6 +4,7 @@
 // Thread safety: pure functions (they throw InvalidArgument / NotFound).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,12 @@ void check_array(const char* op, std::string_view store, const Key& key, const A
 // A non-empty list of CPU arrays of the key's shape and dtype.
 void check_list(const char* op, std::string_view store, const Key& key, const Shape& shape,
                 DType dtype, const ArrayList& arrays, const char* what);
+// Everything init() checks: key kinds, one value per key, CPU arrays with
+// data, and no key initialised twice (already held: `held(key)` is true, or
+// repeated in `keys`) → AlreadyExists.
+void check_init(std::string_view store, const std::vector<Key>& keys,
+                const std::vector<ArrayView>& values, std::optional<bool> int_keys,
+                const std::function<bool(const Key&)>& held);
 // NotFound for a key that was never initialised.
 [[noreturn]] void throw_not_initialised(const char* op, const Key& key);
 // Row ids for row_sparse_pull: a 1-D int32/int64 CPU array whose ids are
