@@ -22,6 +22,8 @@ alive until done. Errors are ``pushpull.Error`` subclasses: InvalidArgument
 initialised), AlreadyExists (second init), Timeout, PeerFailure.
 """
 
+import os
+import sys
 import weakref
 
 from . import _pushpull
@@ -61,6 +63,37 @@ def _normalise(op, key, value, role):
     return [key], [[value]]
 
 
+class _FailFast:
+    """A worker that dies of an uncaught exception must not meet the others at
+    the final barrier (they would wait for it until the barrier deadline):
+    like a crashed C++ worker it exits at once, so the job fails fast with a
+    PeerFailure naming it. Installed with the first distributed store."""
+
+    failed = False
+    installed = False
+
+    @classmethod
+    def install(cls):
+        if cls.installed:
+            return
+        cls.installed = True
+        previous = sys.excepthook
+
+        def hook(exc_type, exc, tb):
+            cls.failed = True
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = hook
+
+    @classmethod
+    def close(cls, store):
+        if cls.failed:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        store.close()
+
+
 def types():
     """The store types ``create`` accepts."""
     return _pushpull.kvstore_types()
@@ -73,7 +106,11 @@ class KVStore:
         self._store = store
         # A dist store leaves the job (final barrier) when closed; do it at
         # interpreter exit at the latest, while the interpreter still works.
-        self._finalizer = weakref.finalize(self, store.close)
+        if store.num_workers > 1 or store.type.startswith('dist'):
+            _FailFast.install()
+            self._finalizer = weakref.finalize(self, _FailFast.close, store)
+        else:
+            self._finalizer = weakref.finalize(self, store.close)
 
     # ---- properties ----
     @property

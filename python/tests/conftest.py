@@ -44,16 +44,10 @@ class Job:
         return f'Job(rc={self.returncode}, {self.seconds:.1f}s)\n{self.output}'
 
 
-def launch(workers, servers, script, *args, timeout=90, extra_env=None):
-    """Runs `pushpull launch -n W -s S python3 SCRIPT ARGS` with this package on
-    PYTHONPATH; returns a Job. On timeout the launcher (and, after a grace
-    period, its whole process group, which this call created) is stopped."""
-    env = dict(os.environ)
-    env['PYTHONPATH'] = PYTHON_DIR + os.pathsep + env.get('PYTHONPATH', '')
-    env.setdefault('PUSHPULL_LOG_LEVEL', 'warn')
-    env.update(extra_env or {})
-    cmd = [pushpull_binary(), 'launch', '-n', str(workers), '-s', str(servers), '--timeout', '60',
-           sys.executable, script, *map(str, args)]
+def run_command(cmd, env, timeout):
+    """Runs `cmd` in a new session (process group) and returns a Job. On
+    timeout it gets SIGTERM (a launcher then stops its processes), and after
+    a grace period its whole process group, which this call created, SIGKILL."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, text=True)
@@ -66,12 +60,28 @@ def launch(workers, servers, script, *args, timeout=90, extra_env=None):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-        raise AssertionError(f'job timed out after {timeout}s: {" ".join(cmd)}\n{out}')
+        raise AssertionError(f'timed out after {timeout}s: {" ".join(cmd)}\n{out}')
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return Job(proc.returncode, out, time.monotonic() - start)
+
+
+def job_env(extra_env=None):
+    """The environment of a job: this package on PYTHONPATH, quiet logs."""
+    env = dict(os.environ)
+    env['PYTHONPATH'] = PYTHON_DIR + os.pathsep + env.get('PYTHONPATH', '')
+    env.setdefault('PUSHPULL_LOG_LEVEL', 'warn')
+    env.update(extra_env or {})
+    return env
+
+
+def launch(workers, servers, script, *args, timeout=90, extra_env=None):
+    """Runs `pushpull launch -n W -s S python3 SCRIPT ARGS`; returns a Job."""
+    cmd = [pushpull_binary(), 'launch', '-n', str(workers), '-s', str(servers), '--timeout', '60',
+           sys.executable, script, *map(str, args)]
+    return run_command(cmd, job_env(extra_env), timeout)
 
 
 @pytest.fixture

@@ -1,0 +1,69 @@
+"""pushpull.kv dist stores from Python, each job under `pushpull launch`.
+
+The value checks of the parameter-server issue run inside the workers
+(dist_worker.py): float32/float16 x (2,3)/(1200,1200) with the test optimizer
+(rescale_grad=2) in closed form, device lists, row_sparse_pull, 2-bit
+compression with its residual, bad input → the documented exceptions.
+"""
+
+import os
+import sys
+
+import pytest
+
+from conftest import REPO, job_env, launch, pushpull_binary, run_command
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, 'dist_worker.py')
+
+
+def assert_all_ok(job, workers, kvtype):
+    assert job.returncode == 0, job
+    for rank in range(workers):
+        assert f'worker {rank}: ok ({kvtype}, {workers} workers)' in job.output, job
+
+
+@pytest.mark.parametrize('workers, servers, kvtype', [
+    (2, 2, 'dist_sync'),
+    (3, 1, 'dist_sync'),
+    (2, 1, 'dist_device_sync'),
+    (3, 2, 'dist_async'),
+    (2, 0, 'dist_sync_allreduce'),
+])
+def test_value_checks(workers, servers, kvtype):
+    job = launch(workers, servers, WORKER, 'values', kvtype)
+    assert_all_ok(job, workers, kvtype)
+
+
+def test_optimizer_states_survive_a_restart_of_the_job(tmp_path):
+    path = str(tmp_path / 'states')
+    assert_all_ok(launch(2, 2, WORKER, 'save', path), 2, 'dist_sync')
+    assert os.path.exists(path) and os.path.exists(path + '.three.npy')
+    # a new job: weights after round 2, loaded momentum → round 3 as before
+    assert_all_ok(launch(2, 2, WORKER, 'load', path), 2, 'dist_sync')
+
+
+def test_a_worker_dying_of_an_exception_fails_the_job_fast(tmp_path):
+    script = tmp_path / 'fail.py'
+    script.write_text(
+        'import numpy as np, pushpull\n'
+        "kv = pushpull.kv.create('dist_sync')\n"
+        'kv.init(0, np.zeros(3, np.float32))\n'
+        'if kv.rank == 1:\n'
+        "    raise RuntimeError('worker 1 fails on purpose')\n"
+        'kv.barrier()\n')
+    job = launch(2, 1, str(script), timeout=60)
+    assert job.returncode != 0, job
+    assert 'worker 1 fails on purpose' in job.output
+    assert job.seconds < 30, job  # not the barrier deadline
+
+
+def test_tutorial_through_python_m_pushpull_launch():
+    tutorial = os.path.join(REPO, 'examples', 'python', 'kvstore_tutorial.py')
+    job = run_command([
+        sys.executable, '-m', 'pushpull.launch', '-n', '2', '-s', '2', '--timeout', '60',
+        sys.executable, tutorial, '--kvstore', 'dist_sync'
+    ], job_env({'PUSHPULL_BIN': pushpull_binary()}), timeout=90)
+    assert job.returncode == 0, job
+    assert job.output.count('all values as expected') == 2, job
+    assert 'expect all 6' in job.output, job
