@@ -39,7 +39,7 @@ struct Config {
   std::string ranks = "2,4,8";
   std::string sizes = "4K,64K,1M,16M,64M";
   int iters = 0;  // 0: by size
-  int warmup = 2;
+  int warmup = 1;
   int repeats = 3;
   int timeout_s = 300;
   int netns = 0;  // > 0: ranks in that many shaped network namespaces
@@ -60,7 +60,7 @@ std::string join_list(const auto& v) {
 int iters_for(uint64_t bytes, int fixed) {
   if (fixed > 0) return fixed;
   return static_cast<int>(
-      std::clamp<uint64_t>((uint64_t{160} << 20) / std::max<uint64_t>(bytes, 1), 5, 40));
+      std::clamp<uint64_t>((uint64_t{128} << 20) / std::max<uint64_t>(bytes, 1), 5, 40));
 }
 
 // "result <bytes> <us>" lines -> bytes -> us.
