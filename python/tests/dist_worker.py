@@ -3,6 +3,7 @@
 is "worker R: ok (...)" when all passed.
 
     dist_worker.py values KVTYPE     value checks of the parameter-server issue
+    dist_worker.py torch KVTYPE      the closed-form rounds with torch tensors (and bfloat16)
     dist_worker.py save PATH         optimizer states: 2 rounds, save, 1 more round
     dist_worker.py load PATH         new job: init from round 2, load, 1 round: same values
 """
@@ -21,30 +22,36 @@ def check(cond, what):
         raise AssertionError(what)
 
 
-def value_checks(kv):
+def value_checks(kv, with_torch):
     n, rank = kv.num_workers, kv.rank
     cases = {f'{np.dtype(d).name}-{"x".join(map(str, s))}': (d, s)
              for d in (np.float32, np.float16) for s in (SMALL, BIG)}
-    kv.init(list(cases), [np.ones(s, d) for d, s in cases.values()])
+    full = np.full
+    if with_torch:  # the same checks with torch tensors (DLPack), bfloat16 included
+        import torch
+        cases = {f'torch-{k}': (getattr(torch, np.dtype(d).name), s) for k, (d, s) in cases.items()}
+        cases['torch-bfloat16-2x3'] = (torch.bfloat16, SMALL)
+        full = lambda s, v, d: torch.full(s, float(v), dtype=d)  # noqa: E731
+    kv.init(list(cases), [full(s, 1, d) for d, s in cases.values()])
     kv.set_optimizer(pushpull.optimizer.create('test', rescale_grad=2))
-    outs = {k: np.zeros(s, d) for k, (d, s) in cases.items()}
+    outs = {k: full(s, 0, d) for k, (d, s) in cases.items()}
     keys = list(cases)
     for i in range(1, 4):
-        kv.push(keys, [np.full(s, rank + 1, d) for d, s in cases.values()])
+        kv.push(keys, [full(s, rank + 1, d) for d, s in cases.values()])
         if kv.type.startswith('dist_async'):
             continue  # only the total is defined; checked below
         kv.pull(keys, out=[outs[k] for k in keys])
         expect = (n + 1) * n * 2 / 2 * i + 1
         for k, o in outs.items():
-            check((o == expect).all(), f'{k} round {i}: {o.ravel()[:4]} != {expect}')
+            check(bool((o == expect).all()), f'{k} round {i}: {o.ravel()[:4]} != {expect}')
     if kv.type.startswith('dist_async'):
         kv.barrier()  # every push answered = applied
         kv.pull(keys, out=[outs[k] for k in keys])
         expect = (n + 1) * n * 2 / 2 * 3 + 1
         for k, o in outs.items():
-            check((o == expect).all(), f'{k} async total: {o.ravel()[:4]} != {expect}')
+            check(bool((o == expect).all()), f'{k} async total: {o.ravel()[:4]} != {expect}')
         kv.barrier()  # nobody pushes again before everyone checked the total
-    if kv.type.startswith('dist_async'):
+    if kv.type.startswith('dist_async') or with_torch:
         return
     # two devices per worker and pushpull: the devices' sum counts too
     out = np.zeros(SMALL, np.float32)
@@ -138,11 +145,14 @@ def main():
     phase, arg = sys.argv[1], sys.argv[2]
     if phase == 'values':
         kv = pushpull.kv.create(arg)
-        value_checks(kv)
+        value_checks(kv, with_torch=False)
         row_sparse_checks(kv)
         if arg in ('dist_sync', 'dist_device_sync'):
             compression_checks(kv)
         error_checks(kv)
+    elif phase == 'torch':
+        kv = pushpull.kv.create(arg)
+        value_checks(kv, with_torch=True)
     else:
         kv = pushpull.kv.create('dist_sync')
         states(kv, phase, arg)

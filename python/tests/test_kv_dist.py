@@ -35,6 +35,12 @@ def test_value_checks(workers, servers, kvtype):
     assert_all_ok(job, workers, kvtype)
 
 
+def test_value_checks_with_torch_tensors():
+    pytest.importorskip('torch')
+    job = launch(2, 2, WORKER, 'torch', 'dist_sync')
+    assert_all_ok(job, 2, 'dist_sync')
+
+
 def test_optimizer_states_survive_a_restart_of_the_job(tmp_path):
     path = str(tmp_path / 'states')
     assert_all_ok(launch(2, 2, WORKER, 'save', path), 2, 'dist_sync')
