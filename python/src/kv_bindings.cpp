@@ -160,9 +160,9 @@ Updater python_updater(py::function fn) {
               "bfloat16); use set_optimizer or float32 values");
       }
       std::vector<py::ssize_t> shape(v.shape.dims().begin(), v.shape.dims().end());
-      // A do-nothing base object: the array does not own the memory, and
-      // lives only for the call (the store owns `stored` and `summed`).
-      py::array a(dt, shape, {}, v.data, py::none());
+      // A base object that frees nothing: the array aliases the store's
+      // memory (no copy) and lives only for the call.
+      py::array a(dt, shape, {}, v.data, py::capsule(v.data, [](void*) {}));
       if (!writable) a.attr("setflags")(py::arg("write") = false);
       return a;
     };
