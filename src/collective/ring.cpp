@@ -25,6 +25,7 @@ namespace {
 constexpr size_t kWindow = 4;                   // receives posted ahead
 constexpr size_t kMinPipelineBytes = 64 << 10;  // below: one segment per block
 constexpr size_t kStreamReadAhead = 8 << 20;    // scratch for reads ahead (streams)
+constexpr size_t kWriterThreadBytes = 4 << 20;  // from this size a writer thread sends (streams)
 
 int mod(int a, int n) {
   return ((a % n) + n) % n;
@@ -115,8 +116,29 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
     auto read_ahead = [&](size_t u) {
       return u + slots - 1 >= rs_units ? SIZE_MAX : upto[u + slots - 1];
     };
+    // Large operations: a writer thread sends while this one reads and
+    // reduces (StreamWriter); small ones do both here (no thread start).
+    std::optional<StreamWriter> writer;
+    std::vector<size_t> sent_upto(units + 1, 0);  // messages among units [0, u)
+    if (max_bytes * static_cast<size_t>(n) >= kWriterThreadBytes) {
+      std::vector<StreamWriter::Msg> msgs;
+      for (size_t u = 0; u < units; ++u) {
+        Block s = seg(send_block(static_cast<int>(u / nseg)), u % nseg);
+        if (s.count > 0) msgs.push_back({tag(u), base + s.offset * esize, s.count * esize});
+        sent_upto[u + 1] = msgs.size();
+      }
+      writer.emplace(*tcp, right, std::move(msgs), ctx.peer_timeout,
+                     fmt::format("ring (op {})", ctx.op_id));
+      pump.watch(writer->error_fd(), [&writer] { writer->check(); });
+    }
+    auto release = [&](size_t unit) {  // unit and every earlier one may go
+      if (writer)
+        writer->release(sent_upto[unit + 1]);
+      else
+        send(unit);
+    };
     for (size_t k = 0; k < nseg; ++k)
-      send(k);
+      release(k);
     for (size_t u = 0; u < units; ++u) {
       int t = static_cast<int>(u / nseg);
       if (index[u] != SIZE_MAX) {
@@ -127,9 +149,10 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
                  s.count);
         }
       }
-      if (t + 1 < steps) send(u + nseg);
+      if (t + 1 < steps) release(u + nseg);
     }
     pump.finish();
+    if (writer) writer->finish();
     return;
   }
   std::vector<Request> sends;

@@ -2,8 +2,10 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -178,6 +180,7 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
   std::vector<pollfd> fds;
   auto yield_until = Clock::now() + kYieldWindow;
   while (!done()) {
+    if (check_) check_();
     bool moved = false;
     for (auto& p : peers_)
       moved |= write_some(p);
@@ -203,6 +206,7 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
       if ((read_peer < 0 || p.peer == read_peer) && p.in_next < p.in.size()) ev |= POLLIN;
       if (ev) fds.push_back(pollfd{p.fd, ev, 0});
     }
+    if (watch_fd_ >= 0 && !fds.empty()) fds.push_back(pollfd{watch_fd_, POLLIN, 0});
     const size_t n = fds.size();
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
     if (left <= 0 || n == 0)
@@ -216,6 +220,148 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
       throw IoError(fmt::format("collective: poll failed: {}", std::strerror(errno)));
     if (t_.is_closed()) t_.stream_error(-1, "closed").raise();
   }
+}
+
+StreamWriter::StreamWriter(TcpTransport& t, int peer, std::vector<Msg> msgs,
+                           Millis progress_timeout, std::string what)
+    : t_(t),
+      peer_(peer),
+      fd_(t.stream_fd(peer)),
+      msgs_(std::move(msgs)),
+      hdrs_(msgs_.size()),
+      timeout_(progress_timeout),
+      what_(std::move(what)) {
+  if (fd_ < 0)
+    throw InvalidArgument(
+        fmt::format("collective: rank {} has no data stream to rank {}", t.rank(), peer));
+  for (size_t i = 0; i < msgs_.size(); ++i) {
+    put64(hdrs_[i].data(), msgs_[i].tag);
+    put64(hdrs_[i].data() + 8, msgs_[i].bytes);
+  }
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  error_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0 || error_fd_ < 0)
+    throw IoError(fmt::format("collective: eventfd failed: {}", std::strerror(errno)));
+  thread_ = std::thread([this] { run(); });
+}
+
+StreamWriter::~StreamWriter() {
+  bool unfinished;
+  {
+    std::lock_guard lock(mu_);
+    unfinished = !done_;
+    abort_ = true;
+  }
+  cv_.notify_all();
+  uint64_t one = 1;
+  [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof one);
+  thread_.join();
+  ::close(wake_fd_);
+  ::close(error_fd_);
+  if (unfinished) ::shutdown(fd_, SHUT_RDWR);
+}
+
+void StreamWriter::release(size_t count) {
+  {
+    std::lock_guard lock(mu_);
+    if (count <= released_) return;
+    released_ = std::min(count, msgs_.size());
+  }
+  cv_.notify_one();
+}
+
+void StreamWriter::finish() {
+  std::unique_lock lock(mu_);
+  // The thread enforces the progress deadline itself; this bound only
+  // guards against a thread that stopped reporting.
+  if (!cv_.wait_for(lock, timeout_ * 2 + Millis(1000), [&] { return done_; }))
+    throw Timeout(
+        fmt::format("collective: {}: the writer to rank {} did not finish", what_, peer_));
+  error_.raise();
+}
+
+Status StreamWriter::write_all_released(size_t& next, size_t& offset, size_t released) {
+  auto deadline = Clock::now() + timeout_;
+  while (next < released) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    size_t want = 0;
+    for (size_t i = next, off = offset; i < released && n + 2 <= kMaxIov; ++i, off = 0) {
+      if (off < 16) iov[n++] = {hdrs_[i].data() + off, 16 - off};
+      size_t pd = off > 16 ? off - 16 : 0;
+      if (msgs_[i].bytes > pd)
+        iov[n++] = {const_cast<char*>(static_cast<const char*>(msgs_[i].data)) + pd,
+                    msgs_[i].bytes - pd};
+      want += 16 + msgs_[i].bytes - off;
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<size_t>(n);
+    ssize_t r = ::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+      return t_.stream_error(peer_, fmt::format("send failed: {}", std::strerror(errno)));
+    if (r > 0) {
+      deadline = Clock::now() + timeout_;
+      size_t left = static_cast<size_t>(r);
+      while (left > 0) {
+        size_t take = std::min(left, 16 + msgs_[next].bytes - offset);
+        offset += take;
+        left -= take;
+        if (offset == 16 + msgs_[next].bytes) ++next, offset = 0;
+      }
+      if (static_cast<size_t>(r) == want) continue;
+    }
+    // Socket buffer full: block until writable, aborted, or the deadline.
+    pollfd fds[2] = {{fd_, POLLOUT, 0}, {wake_fd_, POLLIN, 0}};
+    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
+    if (left <= 0)
+      return Status(ErrorCode::kTimeout,
+                    fmt::format("collective: {}: sending to rank {} made no progress for {} ms",
+                                what_, peer_, timeout_.count()));
+    ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 1000)));
+    {
+      std::lock_guard lock(mu_);
+      if (abort_) return Status(ErrorCode::kIoError, "aborted");
+    }
+  }
+  return Status::ok();
+}
+
+void StreamWriter::run() {
+  size_t next = 0, offset = 0;
+  Status st;
+  while (next < msgs_.size()) {
+    size_t released;
+    {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_for(lock, timeout_, [&] { return abort_ || released_ > next; })) {
+        st = Status(ErrorCode::kTimeout,
+                    fmt::format("collective: {}: message {} to rank {} was never released", what_,
+                                next, peer_));
+        break;
+      }
+      if (abort_) break;
+      released = released_;
+    }
+    st = write_all_released(next, offset, released);
+    if (!st.is_ok()) break;
+  }
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+    error_ = st;
+  }
+  cv_.notify_all();
+  if (!st.is_ok()) {
+    uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(error_fd_, &one, sizeof one);
+  }
+}
+
+void StreamWriter::check() {
+  std::lock_guard lock(mu_);
+  if (done_ && !abort_) error_.raise();
 }
 
 }  // namespace pushpull::collective

@@ -19,12 +19,16 @@
 // the progress timeout, the transport's closing reason after close().
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective/transport.h"
@@ -55,6 +59,12 @@ class StreamPump {
   void wait_recv(int peer, size_t index, size_t read_ahead = 0);
   // Until every queued send is written and every queued receive complete.
   void finish();
+  // Also wait on `fd` (readable = something to check) and run `check` (which
+  // throws to abort) on every turn: a StreamWriter's failure stops the reads.
+  void watch(int fd, std::function<void()> check) {
+    watch_fd_ = fd;
+    check_ = std::move(check);
+  }
 
  private:
   struct Out {
@@ -92,6 +102,61 @@ class StreamPump {
   Millis timeout_;
   std::string what_;
   std::vector<Peer> peers_;  // few: the ring's two neighbours, a partner
+  int watch_fd_ = -1;
+  std::function<void()> check_;
+};
+
+// A thread writing an ordered list of messages to one peer while the caller
+// reads and reduces (large ring operations): sending overlaps with receiving
+// and reducing even when a rank gets a core of its own, and the kernel's
+// send-side copy no longer waits behind the reduction. Message i goes out
+// once the caller has release()d it.
+//
+// The caller keeps every message's data alive until finish() returned or the
+// writer was destroyed; destroying an unfinished writer stops it (its stream
+// is shut down: a half-written message would put the peers out of step) and
+// joins the thread. Errors: finish() throws the writer's error (PeerFailure,
+// Timeout after `progress_timeout` without progress).
+class StreamWriter {
+ public:
+  struct Msg {
+    uint64_t tag;
+    const void* data;
+    size_t bytes;
+  };
+  StreamWriter(TcpTransport& t, int peer, std::vector<Msg> msgs, Millis progress_timeout,
+               std::string what);
+  ~StreamWriter();
+  StreamWriter(const StreamWriter&) = delete;
+  StreamWriter& operator=(const StreamWriter&) = delete;
+
+  // Messages [0, count) may be sent (monotonic).
+  void release(size_t count);
+  // Blocks until every message is written; throws the writer's error.
+  void finish();
+  // Readable once the writer failed; check() then throws its error.
+  int error_fd() const { return error_fd_; }
+  void check();
+
+ private:
+  void run();
+  Status write_all_released(size_t& next, size_t& offset, size_t released);
+
+  TcpTransport& t_;
+  int peer_, fd_;
+  std::vector<Msg> msgs_;
+  std::vector<std::array<unsigned char, 16>> hdrs_;
+  Millis timeout_;
+  std::string what_;
+  int wake_fd_ = -1;   // eventfd: wakes the thread's poll() on abort
+  int error_fd_ = -1;  // eventfd: signalled when the thread failed
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t released_ = 0;
+  bool abort_ = false, done_ = false;
+  Status error_;
+  std::thread thread_;
 };
 
 }  // namespace pushpull::collective
