@@ -54,9 +54,9 @@ def test_trainer_over_dist_sync_matches_one_full_batch():
 
 
 def test_lenet_example_learns_in_both_modes():
-    # examples/python/lenet_fashion_mnist.py, 25 batches of 64 per worker (random: 0.1).
+    # examples/python/lenet_fashion_mnist.py, 15 batches of 64 per worker (random: 0.1).
     example = HERE.parents[1] / 'examples' / 'python' / 'lenet_fashion_mnist.py'
-    args = ['--epochs', '1', '--max-batches', '25', '--test-limit', '1000',
+    args = ['--epochs', '1', '--max-batches', '15', '--test-limit', '500',
             '--log-every', '0']
     for mode, servers in (('hvd', 0), ('kv', 1)):
         code, out = run_job([sys.executable, str(example), '--mode', mode] + args, 2,
@@ -64,4 +64,4 @@ def test_lenet_example_learns_in_both_modes():
         assert code == 0, out
         acc = re.findall(r'lenet summary: mode %s, 2 workers, test accuracy ([0-9.]+)' % mode, out)
         assert len(acc) == 1, out
-        assert float(acc[0]) > 0.4, out
+        assert float(acc[0]) > 0.3, out
