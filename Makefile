@@ -27,9 +27,12 @@ test: deps
 	@$(MAKE) --no-print-directory build
 	scripts/run-tests.sh $(BUILD_DIR) $(CTEST_FLAGS)
 
-# ASan+UBSan build and test run in build-asan/.
+# ASan+UBSan build and test run in build-asan/ (without the libtorch and
+# Python parts: their host processes are not built with the sanitizers).
 sanitize: deps
-	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo SANITIZE=address,undefined
+	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo \
+	  SANITIZE=address,undefined \
+	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF"
 
 demo: deps
 	@$(MAKE) --no-print-directory build
