@@ -11,7 +11,8 @@
 // Data streams (tcp_streams.h): connect_all also opens one plain TCP
 // connection per pair of ranks, authenticated by a nonce exchanged over the
 // net connection, which the ring, halving-doubling, broadcast and barrier
-// drive directly from their own thread (StreamPump) for speed. One operation
+// drive directly from their own thread (StreamPump; large rings add a
+// StreamWriter thread) for speed. One operation
 // uses them at a time (lock_streams()); post_send/post_recv keep going over
 // net, so the engine's control traffic never mixes with them.
 //
