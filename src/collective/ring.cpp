@@ -9,9 +9,17 @@
 // reduced) it is forwarded, while later segments are still on the wire: with
 // a window of several posted receives, sending, receiving and reducing
 // overlap.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -26,6 +34,92 @@ constexpr size_t kWindow = 4;                   // receives posted ahead
 constexpr size_t kMinPipelineBytes = 64 << 10;  // below: one segment per block
 constexpr size_t kStreamReadAhead = 8 << 20;    // scratch for reads ahead (streams)
 constexpr size_t kWriterThreadBytes = 4 << 20;  // from this size a writer thread sends (streams)
+// From this size a reader thread also receives while the caller reduces
+// (measured: +25-40% at 16-64 MiB for n = 2 under load, a loss at 4 MiB).
+constexpr size_t kReaderThreadBytes = 16 << 20;
+
+// The reader thread of a large stream ring and its hand-offs with the
+// algorithm thread: `received` units are in place (or in their slot),
+// `reduced` units are done with their slot. Destruction aborts (the reader's
+// pump watches abort_fd) and joins.
+struct RingReader {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t received = 0, reduced = 0;
+  bool abort = false, finished = false;
+  std::exception_ptr error;
+  int abort_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::thread thread;
+
+  RingReader() {
+    if (abort_fd < 0) throw IoError("collective: eventfd failed for the ring reader");
+  }
+  ~RingReader() {
+    {
+      std::lock_guard lk(mu);
+      abort = true;
+    }
+    cv.notify_all();
+    uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(abort_fd, &one, sizeof one);
+    if (thread.joinable()) thread.join();
+    ::close(abort_fd);
+  }
+  void start(std::function<void()> body) {
+    thread = std::thread([this, body = std::move(body)] {
+      try {
+        body();
+      } catch (...) {
+        std::lock_guard lk(mu);
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lk(mu);
+        finished = true;
+      }
+      cv.notify_all();
+    });
+  }
+  void check_abort() {
+    std::lock_guard lk(mu);
+    if (abort) throw IoError("collective: ring reader aborted");
+  }
+  void publish(size_t count) {
+    {
+      std::lock_guard lk(mu);
+      received = count;
+    }
+    cv.notify_all();
+  }
+  void reduced_up_to(size_t count) {
+    {
+      std::lock_guard lk(mu);
+      reduced = count;
+    }
+    cv.notify_all();
+  }
+  // Until `count` units are received; rethrows the reader's error; `poll`
+  // (the writer's check) runs at least every 100 ms.
+  void wait_received(size_t count, Millis timeout, const std::function<void()>& poll) {
+    auto deadline = Clock::now() + timeout;
+    std::unique_lock lk(mu);
+    while (received < count) {
+      if (error) std::rethrow_exception(error);
+      if (finished) throw Internal("collective: ring reader ended early");
+      if (Clock::now() > deadline)
+        throw Timeout(fmt::format("collective: ring unit {} not received within {} ms", count - 1,
+                                  timeout.count()));
+      cv.wait_for(lk, std::chrono::milliseconds(100));
+      lk.unlock();
+      poll();
+      lk.lock();
+    }
+  }
+  void join() {
+    thread.join();
+    if (error) std::rethrow_exception(error);
+  }
+};
 
 int mod(int a, int n) {
   return ((a % n) + n) % n;
@@ -139,6 +233,47 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
     };
     for (size_t k = 0; k < nseg; ++k)
       release(k);
+    if (writer && max_bytes * static_cast<size_t>(n) >= kReaderThreadBytes) {
+      // ... and a reader thread drains the left stream (into place, or into
+      // a free scratch slot) while this one reduces or is descheduled.
+      RingReader reader;
+      pump.watch(reader.abort_fd, [&reader] { reader.check_abort(); });
+      reader.start([&] {
+        for (size_t u = 0; u < units; ++u) {
+          if (index[u] != SIZE_MAX) {
+            size_t allowed;
+            {
+              std::unique_lock lk(reader.mu);
+              if (!reader.cv.wait_for(lk, ctx.peer_timeout, [&] {
+                    return reader.abort || u >= rs_units || u < reader.reduced + slots;
+                  }))
+                throw Timeout(
+                    fmt::format("collective: ring (op {}): no scratch slot freed in {} ms",
+                                ctx.op_id, ctx.peer_timeout.count()));
+              if (reader.abort) return;
+              size_t w = reader.reduced + slots - 1;
+              allowed = w >= rs_units ? SIZE_MAX : upto[w];
+            }
+            pump.wait_recv(left, index[u], allowed);
+          }
+          reader.publish(u + 1);
+        }
+      });
+      for (size_t u = 0; u < units; ++u) {
+        int t = static_cast<int>(u / nseg);
+        reader.wait_received(u + 1, ctx.peer_timeout, [&] { writer->check(); });
+        if (index[u] != SIZE_MAX && t < rs_steps) {
+          Block s = seg(recv_block(t), u % nseg);
+          reduce(op, dtype, base + s.offset * esize, scratch.data() + (u % slots) * max_seg_bytes,
+                 s.count);
+        }
+        reader.reduced_up_to(u + 1);
+        if (t + 1 < steps) release(u + nseg);
+      }
+      reader.join();
+      writer->finish();
+      return;
+    }
     for (size_t u = 0; u < units; ++u) {
       int t = static_cast<int>(u / nseg);
       if (index[u] != SIZE_MAX) {

@@ -180,7 +180,8 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
   std::vector<pollfd> fds;
   auto yield_until = Clock::now() + kYieldWindow;
   while (!done()) {
-    if (check_) check_();
+    for (auto& check : checks_)
+      check();
     bool moved = false;
     for (auto& p : peers_)
       moved |= write_some(p);
@@ -206,7 +207,9 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
       if ((read_peer < 0 || p.peer == read_peer) && p.in_next < p.in.size()) ev |= POLLIN;
       if (ev) fds.push_back(pollfd{p.fd, ev, 0});
     }
-    if (watch_fd_ >= 0 && !fds.empty()) fds.push_back(pollfd{watch_fd_, POLLIN, 0});
+    if (!fds.empty())
+      for (int fd : watch_fds_)
+        fds.push_back(pollfd{fd, POLLIN, 0});
     const size_t n = fds.size();
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
     if (left <= 0 || n == 0)

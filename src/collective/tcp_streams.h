@@ -61,9 +61,10 @@ class StreamPump {
   void finish();
   // Also wait on `fd` (readable = something to check) and run `check` (which
   // throws to abort) on every turn: a StreamWriter's failure stops the reads.
+  // May be called several times (every fd is watched, every check runs).
   void watch(int fd, std::function<void()> check) {
-    watch_fd_ = fd;
-    check_ = std::move(check);
+    watch_fds_.push_back(fd);
+    checks_.push_back(std::move(check));
   }
 
  private:
@@ -102,8 +103,8 @@ class StreamPump {
   Millis timeout_;
   std::string what_;
   std::vector<Peer> peers_;  // few: the ring's two neighbours, a partner
-  int watch_fd_ = -1;
-  std::function<void()> check_;
+  std::vector<int> watch_fds_;
+  std::vector<std::function<void()>> checks_;
 };
 
 // A thread writing an ordered list of messages to one peer while the caller

@@ -2,9 +2,9 @@
 // algorithms, ranks as threads with real sockets on loopback: every
 // algorithm's stream path against local references (sizes that take the
 // recursive-doubling, halving-doubling and ring paths, several segments and
-// scratch slots), bit-identical results on every rank, broadcast from a
-// non-zero root, a size mismatch turning into an error (not a hang), and
-// close() waking a rank blocked on its streams.
+// scratch slots, the ring's writer and reader threads), bit-identical results on every rank,
+// broadcast from a non-zero root, a size mismatch turning into an error (not a hang), and close()
+// waking a rank blocked on its streams.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -70,8 +70,10 @@ void run_group(int n, const std::function<void(int, AlgoContext&)>& fn,
 TEST(TcpStreams, AllreduceEveryPathMatchesReference) {
   for (int n : {2, 3, 4, 5}) {
     // 1 element; recursive doubling (<= 16 KiB); halving-doubling (< 64
-    // KiB); ring with one segment; ring with many segments and slots.
-    const std::vector<int64_t> counts = {1, 1001, 12289, 70001, (3 << 20) / 4 + 3};
+    // KiB); ring with one segment; ring with many segments and slots; ring
+    // with the writer thread (>= 4 MiB), and the reader thread (>= 16 MiB).
+    const std::vector<int64_t> counts = {
+        1, 1001, 12289, 70001, (3 << 20) / 4 + 3, (5 << 20) / 4 + 5, (17 << 20) / 4 + 1};
     std::vector<std::vector<std::vector<char>>> results(counts.size(),
                                                         std::vector<std::vector<char>>(n));
     run_group(
@@ -144,25 +146,29 @@ TEST(TcpStreams, MismatchedSizesFailInsteadOfHanging) {
 }
 
 TEST(TcpStreams, CloseWakesABlockedRank) {
-  auto ts = connect_group(2);
-  std::vector<char> scratch;
-  AlgoContext ctx{*ts[0]};
-  ctx.peer_timeout = Millis(20000);
-  ctx.scratch = &scratch;
-  std::vector<float> v(1 << 20, 1.0f);
-  std::thread closer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    ts[0]->close(Status(ErrorCode::kPeerFailure, "test closed rank 0"));
-  });
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    allreduce(ctx, v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);  // rank 1 never joins
-    ADD_FAILURE() << "allreduce without its peer returned";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("test closed rank 0"), std::string::npos) << e.what();
+  // 1 KiB: the caller's own poll loop; 4 MiB: + writer thread; 20 MiB: + reader thread.
+  for (size_t count : {size_t{256}, size_t{1} << 20, size_t{5} << 20}) {
+    auto ts = connect_group(2);
+    std::vector<char> scratch;
+    AlgoContext ctx{*ts[0]};
+    ctx.peer_timeout = Millis(20000);
+    ctx.scratch = &scratch;
+    std::vector<float> v(count, 1.0f);
+    std::thread closer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ts[0]->close(Status(ErrorCode::kPeerFailure, "test closed rank 0"));
+    });
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      allreduce(ctx, v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);  // rank 1 never joins
+      ADD_FAILURE() << "allreduce without its peer returned, count " << count;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("test closed rank 0"), std::string::npos)
+          << "count " << count << ": " << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << count;
+    closer.join();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  closer.join();
 }
 
 TEST(TcpStreams, PeerGoneIsPeerFailure) {
@@ -172,7 +178,7 @@ TEST(TcpStreams, PeerGoneIsPeerFailure) {
   AlgoContext ctx{*ts[1]};  // rank 1's right neighbour is rank 2
   ctx.peer_timeout = Millis(20000);
   ctx.scratch = &scratch;
-  std::vector<float> v(1 << 20, 1.0f);
+  std::vector<float> v(5 << 20, 1.0f);  // 20 MiB: writer and reader threads
   try {
     allreduce(ctx, v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
     ADD_FAILURE() << "allreduce with a closed peer returned";
