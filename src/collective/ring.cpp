@@ -9,6 +9,12 @@
 // reduced) it is forwarded, while later segments are still on the wire: with
 // a window of several posted receives, sending, receiving and reducing
 // overlap.
+//
+// Over a TcpTransport with data streams (tcp_streams.h) the same schedule
+// runs on the streams instead: the calling thread reads and reduces, and
+// sends itself (small), with a StreamWriter thread (>= kWriterThreadBytes),
+// and reads on a RingReader thread too (>= kReaderThreadBytes); see
+// docs/performance.md for why and the measurements.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
