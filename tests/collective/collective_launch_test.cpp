@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <unistd.h>
 
 #include <map>
@@ -179,11 +181,19 @@ TEST(CollectiveProcesses, AKilledRankIsAPeerFailureEverywhere) {
 TEST(CollectiveProcesses, Mpirun) {
   if (access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "OpenMPI's mpirun is not installed";
   const int port = test::free_port();
+  // Our own OpenMPI session directory: parallel mpiruns race on the shared one.
+  char session[] = "/tmp/pp-ompi-XXXXXX";
+  ASSERT_NE(mkdtemp(session), nullptr);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{session};
   test::ChildProcess mpirun(
       {"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
        "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + std::to_string(port), "-x",
        "PUSHPULL_JOB_ID=collective-mpi-test-" + std::to_string(port), "-x", "PUSHPULL_TIMEOUT=20",
-       bin("collective_probe"), "--dtypes", "float32,float16", "--sizes", "1,777"});
+       bin("collective_probe"), "--dtypes", "float32,float16", "--sizes", "1,777"},
+      {{"OMPI_MCA_orte_tmpdir_base", session}});
   auto code = mpirun.wait(std::chrono::seconds(90));
   ASSERT_TRUE(code.has_value()) << "mpirun still running";
   EXPECT_EQ(*code, 0) << mpirun.output();

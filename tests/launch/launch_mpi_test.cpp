@@ -16,7 +16,12 @@ class LaunchMpi : public ::testing::Test {
  protected:
   void SetUp() override {
     if (access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "OpenMPI's mpirun is not installed";
+    // A session directory of our own: two mpiruns started at once by a
+    // parallel ctest otherwise race on OpenMPI's shared one ("File exists").
+    setenv("OMPI_MCA_orte_tmpdir_base", session_.path().c_str(), 1);
   }
+  void TearDown() override { unsetenv("OMPI_MCA_orte_tmpdir_base"); }
+  TempDir session_;
 };
 
 // The probes print "OPTIONS role=.. rank=.. size=.." from Options::from_env,
