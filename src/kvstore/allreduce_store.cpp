@@ -201,7 +201,7 @@ KVHandle AllreduceStore::pushpull_async(const std::vector<Key>& keys,
   std::shared_ptr<const Apply> apply;
   {
     std::shared_lock lock(mu_);
-    apply = apply_;
+    apply = rule_.get();
   }
   auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
   for (size_t i = 0; i < es.size(); ++i) {
@@ -274,35 +274,20 @@ void AllreduceStore::barrier() {
 }
 
 void AllreduceStore::set_updater(Updater updater) {
-  auto apply = updater ? std::make_shared<const Apply>(Apply{std::move(updater), nullptr})
-                       : std::shared_ptr<const Apply>();
-  std::unique_lock lock(mu_);
-  apply_ = std::move(apply);
+  rule_.set_updater(std::move(updater));
 }
 
 void AllreduceStore::set_optimizer(const OptimizerSpec& spec) {
-  auto apply = std::make_shared<const Apply>(Apply{{}, create_optimizer(spec)});
-  std::unique_lock lock(mu_);
-  apply_ = std::move(apply);
-}
-
-std::shared_ptr<Optimizer> AllreduceStore::current_optimizer(const char* op) const {
-  std::shared_lock lock(mu_);
-  if (!apply_ || !apply_->optimizer)
-    throw InvalidArgument(fmt::format(
-        "{}: the store has no optimizer; call set_optimizer first (a custom updater has no "
-        "states to save or load)",
-        op));
-  return apply_->optimizer;
+  rule_.set_optimizer(spec);
 }
 
 void AllreduceStore::save_optimizer_states(const std::string& path) {
-  auto opt = current_optimizer("save_optimizer_states");
+  auto opt = rule_.optimizer("save_optimizer_states");
   exec_.run_exclusive([&] { opt->save_states_to_file(path); }, wait_timeout());
 }
 
 void AllreduceStore::load_optimizer_states(const std::string& path) {
-  auto opt = current_optimizer("load_optimizer_states");
+  auto opt = rule_.optimizer("load_optimizer_states");
   exec_.run_exclusive([&] { opt->load_states_from_file(path); }, wait_timeout());
 }
 

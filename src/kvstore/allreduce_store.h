@@ -35,6 +35,8 @@
 // Thread safety: as KVStore.
 #pragma once
 
+#include "kvstore/update_rule.h"
+
 #include <array>
 #include <atomic>
 #include <map>
@@ -101,10 +103,7 @@ class AllreduceStore final : public KVStore {
     std::array<Array, kSlots> grad;
     std::array<std::shared_ptr<Completion>, kSlots> busy;
   };
-  struct Apply {
-    Updater updater;
-    std::shared_ptr<Optimizer> optimizer;
-  };
+  using Apply = kv::UpdateRule;
 
   std::vector<Entry*> entries_for(const char* op, const std::vector<Key>& keys, size_t lists) const;
   // Sums `values`, submits the allreduce and queues its apply (+ the pull
@@ -113,16 +112,15 @@ class AllreduceStore final : public KVStore {
                 std::shared_ptr<const Apply> apply, const std::shared_ptr<Completion>& done);
   static void apply_grad(Entry& e, const ArrayView& grad, const Apply* apply);
   static void copy_out(const Entry& e, const ArrayList& outs);
-  std::shared_ptr<Optimizer> current_optimizer(const char* op) const;
 
   const std::string type_;
   std::unique_ptr<collective::Session> session_;  // null when given a communicator
   std::unique_ptr<collective::Communicator> own_comm_;
   collective::Communicator* comm_ = nullptr;
-  mutable std::shared_mutex mu_;  // guards entries_' structure, int_keys_, apply_
+  mutable std::shared_mutex mu_;  // guards entries_' structure, int_keys_
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::optional<bool> int_keys_;
-  std::shared_ptr<const Apply> apply_;
+  kv::UpdateRuleSlot rule_;
   ShardedExecutor exec_;  // last: drained first on destruction
 };
 

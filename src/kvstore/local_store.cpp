@@ -76,7 +76,7 @@ KVHandle LocalStore::push_async(const std::vector<Key>& keys, const std::vector<
   {
     std::shared_lock lock(mu_);
     es = entries_for("push", keys, values.size());
-    apply = apply_;
+    apply = rule_.get();
   }
   for (size_t i = 0; i < es.size(); ++i)
     kv::check_list("push", type_, es[i]->key, es[i]->value.shape(), es[i]->value.dtype(), values[i],
@@ -117,7 +117,7 @@ KVHandle LocalStore::pushpull_async(const std::vector<Key>& keys,
   {
     std::shared_lock lock(mu_);
     es = entries_for("pushpull", keys, values.size());
-    apply = apply_;
+    apply = rule_.get();
   }
   if (outs.size() != keys.size())
     throw InvalidArgument(
@@ -239,38 +239,22 @@ void LocalStore::wait_all() {
 }
 
 void LocalStore::set_updater(Updater updater) {
-  auto apply = updater ? std::make_shared<const Apply>(Apply{std::move(updater), nullptr})
-                       : std::shared_ptr<const Apply>();
-  std::unique_lock lock(mu_);
-  apply_ = std::move(apply);
+  rule_.set_updater(std::move(updater));
 }
 
 void LocalStore::set_optimizer(const OptimizerSpec& spec) {
-  std::shared_ptr<Optimizer> opt = create_optimizer(spec);
-  auto apply = std::make_shared<const Apply>(Apply{{}, std::move(opt)});
-  std::unique_lock lock(mu_);
-  apply_ = std::move(apply);
-}
-
-std::shared_ptr<Optimizer> LocalStore::current_optimizer(const char* op) const {
-  std::shared_lock lock(mu_);
-  if (!apply_ || !apply_->optimizer)
-    throw InvalidArgument(fmt::format(
-        "{}: the store has no optimizer; call set_optimizer first (a custom updater has no "
-        "states to save or load)",
-        op));
-  return apply_->optimizer;
+  rule_.set_optimizer(spec);
 }
 
 void LocalStore::save_optimizer_states(const std::string& path) {
-  auto opt = current_optimizer("save_optimizer_states");
+  auto opt = rule_.optimizer("save_optimizer_states");
   // Pauses the workers: states are saved after every earlier push, and no
   // update runs while they are read.
   exec_.run_exclusive([&] { opt->save_states_to_file(path); }, wait_timeout());
 }
 
 void LocalStore::load_optimizer_states(const std::string& path) {
-  auto opt = current_optimizer("load_optimizer_states");
+  auto opt = rule_.optimizer("load_optimizer_states");
   exec_.run_exclusive([&] { opt->load_states_from_file(path); }, wait_timeout());
 }
 

@@ -8,6 +8,8 @@
 // Thread safety: as KVStore (every method from any thread).
 #pragma once
 
+#include "kvstore/update_rule.h"
+
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -61,11 +63,7 @@ class LocalStore final : public KVStore {
     // key's executor thread touches them.
     Array sum, sum32, tmp32;
   };
-  // What a push applies; captured per push so set_updater does not race.
-  struct Apply {
-    Updater updater;
-    std::shared_ptr<Optimizer> optimizer;
-  };
+  using Apply = kv::UpdateRule;
 
   // Validation (throws, changes nothing). Returns the entries of `keys`.
   std::vector<Entry*> entries_for(const char* op, const std::vector<Key>& keys, size_t lists) const;
@@ -74,14 +72,11 @@ class LocalStore final : public KVStore {
   void do_push(Entry& e, const ArrayList& values, const Apply* apply);
   void do_pull(Entry& e, const ArrayList& outs);
 
-  std::shared_ptr<const Apply> current_apply() const;
-  std::shared_ptr<Optimizer> current_optimizer(const char* op) const;
-
   const std::string type_;
-  mutable std::shared_mutex mu_;  // guards the map's structure, int_keys_, apply_
+  mutable std::shared_mutex mu_;  // guards the map's structure, int_keys_
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::optional<bool> int_keys_;  // set by the first init
-  std::shared_ptr<const Apply> apply_;
+  kv::UpdateRuleSlot rule_;
   std::map<std::string, std::string> compression_;
   ShardedExecutor exec_;
 };
