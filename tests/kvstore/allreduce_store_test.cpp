@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "kvstore/store_checks.h"
+
 #include <filesystem>
 #include <mutex>
 #include <random>
@@ -59,52 +61,15 @@ void run_workers(int n, const std::function<void(KVStore&)>& body) {
   if (first) std::rethrow_exception(first);
 }
 
-std::vector<double> values_of(const Array& a) {
-  std::vector<double> v(static_cast<size_t>(a.numel()));
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = get_element(a, static_cast<int64_t>(i));
-  return v;
-}
+class AllreduceRounds : public ::testing::TestWithParam<testing::RoundCase> {};
 
-struct RoundCase {
-  DType dtype;
-  int64_t rows, cols;
-};
-
-class AllreduceRounds : public ::testing::TestWithParam<RoundCase> {};
-
-// After round i in which every worker w pushes ones*(w+1), with optimizer
-// test (rescale_grad=2), every worker pulls (N+1)*N/2*2*i + 1 (init 1).
 TEST_P(AllreduceRounds, TestOptimizerGivesClosedForm) {
-  const RoundCase c = GetParam();
   const int n = 3;
-  run_workers(n, [&](KVStore& kv) {
-    Shape shape{c.rows, c.cols};
-    kv.init(7, Array::full(shape, 1.0, c.dtype));
-    kv.set_optimizer(OptimizerSpec::parse("test:rescale_grad=2"));
-    Array grad = Array::full(shape, kv.rank() + 1.0, c.dtype);
-    Array out(shape, c.dtype);
-    for (int round = 1; round <= 3; ++round) {
-      kv.push(7, grad.view());
-      kv.pull(7, out.view());
-      double expect = (n + 1) * n / 2.0 * 2 * round + 1;
-      auto v = values_of(out);
-      ASSERT_EQ(v.front(), expect) << "round " << round << " worker " << kv.rank();
-      ASSERT_EQ(v.back(), expect);
-      ASSERT_EQ(v[v.size() / 2], expect);
-    }
-  });
+  run_workers(n, [&](KVStore& kv) { testing::check_closed_form_rounds(kv, GetParam(), n); });
 }
 
-INSTANTIATE_TEST_SUITE_P(SmallAndBig, AllreduceRounds,
-                         ::testing::Values(RoundCase{DType::kFloat32, 2, 3},
-                                           RoundCase{DType::kFloat16, 2, 3},
-                                           RoundCase{DType::kFloat32, 1200, 1200},
-                                           RoundCase{DType::kFloat16, 1200, 1200}),
-                         [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  std::to_string(info.param.rows);
-                         });
+INSTANTIATE_TEST_SUITE_P(SmallAndBig, AllreduceRounds, testing::round_cases(),
+                         testing::round_case_name);
 
 TEST(AllreduceStore, PushOfTwoDevicesPerWorkerSumsEverything) {
   run_workers(2, [](KVStore& kv) {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kvstore/store_checks.h"
+
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -28,52 +30,16 @@ void run_job(int servers, int workers, const std::string& type,
   run_inprocess_job(job, body);
 }
 
-std::vector<double> values_of(const Array& a) {
-  std::vector<double> v(static_cast<size_t>(a.numel()));
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = get_element(a, static_cast<int64_t>(i));
-  return v;
-}
+class DistSyncRounds : public ::testing::TestWithParam<testing::RoundCase> {};
 
-struct RoundCase {
-  DType dtype;
-  int64_t rows, cols;
-};
-
-class DistSyncRounds : public ::testing::TestWithParam<RoundCase> {};
-
-// After round i in which every worker w pushes ones*(w+1), with optimizer
-// test (rescale_grad=2), every worker pulls (N+1)*N/2*2*i + 1 (init 1).
 TEST_P(DistSyncRounds, TestOptimizerGivesClosedForm) {
-  const RoundCase c = GetParam();
   const int n = 3;
-  run_job(2, n, "dist_sync", [&](KVStore& kv) {
-    Shape shape{c.rows, c.cols};
-    kv.init(7, Array::full(shape, 1.0, c.dtype));
-    kv.set_optimizer(OptimizerSpec::parse("test:rescale_grad=2"));
-    Array grad = Array::full(shape, kv.rank() + 1.0, c.dtype);
-    Array out(shape, c.dtype);
-    for (int round = 1; round <= 3; ++round) {
-      kv.push(7, grad.view());
-      kv.pull(7, out.view());
-      double expect = (n + 1) * n / 2.0 * 2 * round + 1;
-      auto v = values_of(out);
-      ASSERT_EQ(v.front(), expect) << "round " << round << " worker " << kv.rank();
-      ASSERT_EQ(v.back(), expect);
-      ASSERT_EQ(v[v.size() / 2], expect);
-    }
-  });
+  run_job(2, n, "dist_sync",
+          [&](KVStore& kv) { testing::check_closed_form_rounds(kv, GetParam(), n); });
 }
 
-INSTANTIATE_TEST_SUITE_P(SmallAndBig, DistSyncRounds,
-                         ::testing::Values(RoundCase{DType::kFloat32, 2, 3},
-                                           RoundCase{DType::kFloat16, 2, 3},
-                                           RoundCase{DType::kFloat32, 1200, 1200},
-                                           RoundCase{DType::kFloat16, 1200, 1200}),
-                         [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  std::to_string(info.param.rows);
-                         });
+INSTANTIATE_TEST_SUITE_P(SmallAndBig, DistSyncRounds, testing::round_cases(),
+                         testing::round_case_name);
 
 TEST(DistStore, PushOfTwoDevicesPerWorkerSumsEverything) {
   run_job(2, 2, "dist_device_sync", [](KVStore& kv) {
