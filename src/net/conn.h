@@ -39,7 +39,7 @@ struct Transport::Conn {
   PeerInfo peer;
   // Written by the I/O thread; read by senders too.
   std::atomic<State> state{State::kHandshake};
-  Nonce nonce{};                    // acceptor side of the hello
+  Nonce nonce{};  // acceptor side of the hello
   std::chrono::steady_clock::time_point handshake_deadline;
   bool close_after_flush = false;
 
