@@ -27,28 +27,10 @@ struct ErrorClass {
 
 // The classes live as attributes of the extension module; the translator
 // looks them up there (a translator is a plain function: no captures).
-const char* class_name(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return "InvalidArgument";
-    case ErrorCode::kNotFound:
-      return "NotFound";
-    case ErrorCode::kAlreadyExists:
-      return "AlreadyExists";
-    case ErrorCode::kTimeout:
-      return "Timeout";
-    case ErrorCode::kPeerFailure:
-      return "PeerFailure";
-    case ErrorCode::kProtocolError:
-      return "ProtocolError";
-    case ErrorCode::kIoError:
-      return "IoError";
-    case ErrorCode::kInternal:
-      return "Internal";
-    case ErrorCode::kOk:
-      break;
-  }
-  return "Error";
+// The Python class of a C++ error: named as ErrorCode (error_code_name),
+// "Error" for a code without its own class.
+std::string class_name(ErrorCode code) {
+  return code == ErrorCode::kOk ? "Error" : std::string(error_code_name(code));
 }
 
 void translate(std::exception_ptr p) {
@@ -56,7 +38,7 @@ void translate(std::exception_ptr p) {
     if (p) std::rethrow_exception(p);
   } catch (const Error& e) {
     py::object module = py::module_::import("pushpull._pushpull");
-    py::object cls = module.attr(class_name(e.code()));
+    py::object cls = module.attr(class_name(e.code()).c_str());
     PyErr_SetString(cls.ptr(), e.what());
   }
 }

@@ -174,6 +174,7 @@ class Transport {
   void on_header(Conn& c);
   void finish_message(Conn& c);
   void on_hello(Conn& c, Message&& m);
+  void send_hello_ack(Conn& c, const std::string& reason);
   void flush(Conn& c);
   void close_conn(Conn& c, const Status& why, bool notify);
   void arm_output(Conn& c);

@@ -186,20 +186,7 @@ void Transport::on_header(Conn& c) {
     if (handshake) {
       // Tell the connector why before closing, so both sides log the reason.
       PP_WARN("refused connection from {}: {}", c.peer.address, st.message());
-      HelloAck ack{false, st.message(), Role::kNone, -1};
-      {
-        std::lock_guard lock(mu_);
-        ack.role = role_;
-        ack.rank = rank_;
-      }
-      auto payload = encode(ack);
-      SendOp op;
-      op.header = encode_header(stamp(Header{.type = msg::kHelloAck}, payload.size()));
-      op.owned = pool_.acquire(payload.size());
-      std::memcpy(op.owned.data(), payload.data(), payload.size());
-      op.data = op.owned.data();
-      op.len = payload.size();
-      enqueue(c, std::move(op), true);
+      send_hello_ack(c, st.message());
       close_conn(c, st, false);
       return;
     }
@@ -241,12 +228,9 @@ void Transport::finish_message(Conn& c) {
   if (auto h = handler(c.hdr.type)) (*h)(std::move(m));
 }
 
-void Transport::on_hello(Conn& c, Message&& m) {
-  Hello hello;
-  Status st = decode(std::span<const std::byte>(m.payload.data(), m.payload.size()), &hello);
-  std::string reason = st ? check_hello(hello, c.nonce, config_.protocol_version,
-                                        config_.net.job_id, config_.net.job_secret)
-                          : st.message();
+// Answers a hello: accepted (empty `reason`) or refused and why, so both
+// sides log the reason. Runs on the I/O thread.
+void Transport::send_hello_ack(Conn& c, const std::string& reason) {
   HelloAck ack{reason.empty(), reason, Role::kNone, -1};
   {
     std::lock_guard lock(mu_);  // set_identity() may run concurrently
@@ -261,6 +245,15 @@ void Transport::on_hello(Conn& c, Message&& m) {
   op.data = op.owned.data();
   op.len = payload.size();
   enqueue(c, std::move(op), true);
+}
+
+void Transport::on_hello(Conn& c, Message&& m) {
+  Hello hello;
+  Status st = decode(std::span<const std::byte>(m.payload.data(), m.payload.size()), &hello);
+  std::string reason = st ? check_hello(hello, c.nonce, config_.protocol_version,
+                                        config_.net.job_id, config_.net.job_secret)
+                          : st.message();
+  send_hello_ack(c, reason);
   if (!reason.empty()) {
     PP_WARN("refused connection from {} ({} {}): {}", c.peer.address, role_name(hello.role),
             hello.rank, reason);
