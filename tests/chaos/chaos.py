@@ -62,6 +62,9 @@ NODE_NAME = re.compile(r'\b(worker|server) (\d+)\b')
 LENET_ARGS = ['--model', 'small', '--threads', '1', '--epochs', '3', '--max-batches', '250',
               '--log-every', '50', '--test-limit', '500']
 PY_STEPS = '800'
+# The jobs' Python: the system one, which has numpy and torch (not whichever
+# python3 runs this driver).
+PYTHON = '/usr/bin/python3' if os.path.exists('/usr/bin/python3') else sys.executable
 CORE_LIMIT = 64 << 20  # enough to tell that a process dumped core, small enough for the disk
 
 
@@ -83,7 +86,7 @@ class Engine:
             return [os.path.join(b, 'lenet'), '--mode', 'horovod'] + LENET_ARGS
         if self.name == 'ps-loop':
             return [os.path.join(b, 'ps_loop_worker')]
-        return [sys.executable, os.path.join(HERE, 'py_worker.py'), self.name[3:], '--steps',
+        return [PYTHON, os.path.join(HERE, 'py_worker.py'), self.name[3:], '--steps',
                 PY_STEPS]
 
 
@@ -459,10 +462,10 @@ def stop_job(t, proc, tracker):
 
 
 def check_output(t, lines, fault_at, forced_at, cwd, limit):
-    if fault_at is None:
-        return
     errs = [text for _, name, text in lines if name == 'err' and text.strip()]
     t.final_line = errs[-1] if errs else ''
+    if fault_at is None:
+        return
     # What the job said by itself: not what it said once this driver stopped it.
     after = [(ts, text) for ts, _, text in lines
              if ts >= fault_at and (forced_at is None or ts < forced_at)]
@@ -568,12 +571,16 @@ def available_engines(build):
     bin_dir = os.path.join(build, 'bin')
     lenet = os.path.exists(os.path.join(bin_dir, 'lenet'))
     pkg = os.path.isdir(os.path.join(build, 'python', 'pushpull'))
-    torch_ok = pkg and subprocess.run([sys.executable, '-c', 'import torch'],
-                                      capture_output=True).returncode == 0
+
+    def imports(mods):
+        return subprocess.run([PYTHON, '-c', f'import {mods}'], capture_output=True).returncode == 0
+
+    numpy_ok = pkg and imports('numpy')
+    torch_ok = numpy_ok and imports('torch')
     have['ps'] = lenet or 'examples/lenet not built (libtorch off)'
     have['collective'] = lenet or 'examples/lenet not built (libtorch off)'
-    have['py-ps'] = pkg or f'{build}/python/pushpull not built'
-    have['py-collective'] = torch_ok or 'the Python package or torch is missing'
+    have['py-ps'] = numpy_ok or f'{build}/python/pushpull not built or no numpy for {PYTHON}'
+    have['py-collective'] = torch_ok or f'{build}/python/pushpull not built or no torch for {PYTHON}'
     have['ps-loop'] = os.path.exists(os.path.join(bin_dir, 'ps_loop_worker')) or \
         'ps_loop_worker not built'
     return {k: v for k, v in have.items()}
