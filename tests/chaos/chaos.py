@@ -53,6 +53,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 SIGNALS = {'KILL': signal.SIGKILL, 'STOP': signal.SIGSTOP, 'TERM': signal.SIGTERM}
+# NONE: a control trial, no fault: the job must succeed, and the launcher end
+# within CLEAN_END_S of its last worker (the servers leave by themselves).
+CLEAN_END_S = 2.0
 CRASH_SIGNALS = 'SIGSEGV|SIGABRT|SIGBUS|SIGFPE|SIGILL|SIGSYS|SIGTRAP'
 CRASH_LINE = re.compile(rf'(ended|failed) with signal ({CRASH_SIGNALS})|Segmentation fault|'
                         r'terminate called|AddressSanitizer|ThreadSanitizer|runtime error:')
@@ -100,7 +103,8 @@ ENGINES = {
 DEFAULT_ENGINES = ['ps', 'collective', 'py-ps', 'py-collective']
 
 # The ctest sample: every default engine and every signal at least once, the
-# known hard cases first (a stopped collectives rank, a killed server).
+# known hard cases first (a stopped collectives rank, a killed server), and
+# one control trial without a fault.
 SAMPLE = [
     ('collective', 'worker', 'STOP', 'training'),
     ('ps', 'server', 'KILL', 'training'),
@@ -110,14 +114,19 @@ SAMPLE = [
     ('py-ps', 'launcher', 'KILL', 'training'),
     ('collective', 'worker', 'KILL', 'startup'),
     ('ps', 'server', 'STOP', 'training'),
+    ('py-ps', 'none', 'NONE', 'training'),
 ]
 
 
 def valid(engine, role, sig, moment='training'):
-    """A launcher that is stopped while a collectives job trains is no fault
+    """NONE goes with the role 'none' only. A launcher that is stopped while a collectives job trains is no fault
     the job can see (the launcher is not on its data path): not a trial. A
     process stopped before it joined is the startup timeout's case, not the
     heartbeat's: not a trial either."""
+    if (sig == 'NONE') != (role == 'none'):
+        return False
+    if sig == 'NONE':
+        return moment == 'training'
     if role not in ENGINES[engine].roles():
         return False
     if role == 'launcher' and sig == 'STOP' and not ENGINES[engine].servers:
@@ -201,6 +210,12 @@ class Tracker(threading.Thread):
                                            'ppid': table[pid][0]}
             if p['role'] is None:
                 p['role'] = read_role(pid)
+        now = time.monotonic()
+        with self.lock:
+            for pid, p in self.procs.items():
+                if 'gone' not in p and (pid not in table or table[pid][2] != p['start'] or
+                                        table[pid][1] in ('Z', 'X')):
+                    p['gone'] = now  # exited (a zombie has exited too)
 
     def run(self):
         while not self.halt.is_set():
@@ -214,6 +229,13 @@ class Tracker(threading.Thread):
                         proc_state(pid, p['start']) == 'alive':
                     return pid
         return None
+
+    def last_gone(self, role):
+        """When the last process of `role` exited, or None if one has not."""
+        with self.lock:
+            times = [p.get('gone') for p in self.procs.values() if p['role'] and
+                     p['role'][0] == role]
+        return max(times) if times and None not in times else None
 
     def alive(self, exclude=()):
         with self.lock:
@@ -284,14 +306,20 @@ class Trial:
     log: str = ''
 
     def victim(self):
-        return 'launcher' if self.role == 'launcher' else f'{self.role} {self.rank}'
+        if self.role in ('launcher', 'none'):
+            return self.role
+        return f'{self.role} {self.rank}'
 
     def label(self):
+        if self.signal == 'NONE':
+            return f'#{self.index} {self.engine} control, no fault'
         return (f'#{self.index} {self.engine} {self.victim()} SIG{self.signal} '
                 f'{self.moment}+{self.delay:.1f}s')
 
 
 def expected_code(t):
+    if t.signal == 'NONE':
+        return 0
     if t.role == 'launcher':
         return {'KILL': -9, 'TERM': 143, 'STOP': None}[t.signal]  # STOP: any failure
     return {'KILL': 137, 'TERM': 143, 'STOP': 1}[t.signal]
@@ -335,9 +363,12 @@ def run_trial(t, cfg):
     out = Output(proc)
     fault_at = forced_at = None
     try:
-        fault_at = inject(t, engine, proc, tracker, out, started)
-        if fault_at is not None:
-            judge_exit(t, proc, tracker, out, fault_at, limit)
+        if t.signal == 'NONE':
+            judge_clean(t, engine, proc, tracker, out, started)
+        else:
+            fault_at = inject(t, engine, proc, tracker, out, started)
+            if fault_at is not None:
+                judge_exit(t, proc, tracker, out, fault_at, limit)
     finally:
         forced_at = stop_job(t, proc, tracker)
         out.join(5)
@@ -350,19 +381,46 @@ def run_trial(t, cfg):
     return t
 
 
+def training_seen(engine, proc, out, deadline):
+    """Waits until every worker printed the engine's training line."""
+    marker = re.compile(engine.marker)
+
+    def training(lines):
+        ranks = {m.group(1) for _, _, text in lines if marker.search(text)
+                 for m in [re.match(r'\[worker (\d+)\]', text)] if m}
+        return len(ranks) == engine.workers or proc.poll() is not None
+
+    return out.wait_for(training, deadline) and proc.poll() is None
+
+
+def judge_clean(t, engine, proc, tracker, out, started):
+    """The control trial: no fault; the job succeeds and ends promptly."""
+    if not training_seen(engine, proc, out, started + 120):
+        t.reasons.append('the job did not start training (exit code %s)' % proc.poll())
+        return
+    try:
+        proc.wait(timeout=max(1.0, started + 240 - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        t.reasons.append('the job did not end within 240 s')
+        return
+    ended = time.monotonic()
+    tracker.scan()
+    last = tracker.last_gone('worker')
+    if proc.returncode != 0:
+        t.reasons.append(f'exit code {proc.returncode}, expected 0 (no fault)')
+    if last is not None:
+        t.exit_s = max(0.0, ended - last)
+        if t.exit_s > CLEAN_END_S + 1.0:  # 1 s for this driver's sampling under load
+            t.reasons.append(f'the launcher ended {t.exit_s:.1f} s after the last worker exited '
+                             f'(servers should stop within {CLEAN_END_S:.0f} s)')
+
+
 def inject(t, engine, proc, tracker, out, started):
     """Waits for the moment, signals the victim; returns the fault's time, or
     None when the trial could not inject it (reasons/status set)."""
     deadline = started + 120
     if t.moment == 'training':
-        marker = re.compile(engine.marker)
-
-        def training(lines):
-            ranks = {m.group(1) for _, _, text in lines if marker.search(text)
-                     for m in [re.match(r'\[worker (\d+)\]', text)] if m}
-            return len(ranks) == engine.workers or proc.poll() is not None
-
-        if not out.wait_for(training, deadline) or proc.poll() is not None:
+        if not training_seen(engine, proc, out, deadline):
             t.reasons.append('the job did not start training (exit code %s)' % proc.poll())
             return None
         moment = time.monotonic()
@@ -464,6 +522,13 @@ def stop_job(t, proc, tracker):
 def check_output(t, lines, fault_at, forced_at, cwd, limit):
     errs = [text for _, name, text in lines if name == 'err' and text.strip()]
     t.final_line = errs[-1] if errs else ''
+    crashes = [text for _, _, text in lines if CRASH_LINE.search(text)]
+    cores = [f for f in os.listdir(cwd) if f.startswith('core')]
+    t.crashes = len(cores) + len(crashes)
+    if cores:
+        t.reasons.append('core files: ' + ', '.join(cores))
+    for text in crashes[:3]:
+        t.reasons.append('crash: ' + text.strip())
     if fault_at is None:
         return
     # What the job said by itself: not what it said once this driver stopped it.
@@ -472,37 +537,31 @@ def check_output(t, lines, fault_at, forced_at, cwd, limit):
     failure = next((ts for ts, text in after if FAILURE_LINE.search(text)), None)
     if failure is not None:
         t.detect_s = failure - fault_at
+    if t.exit_s is not None and t.exit_s > limit:
+        t.reasons.append(f'took {t.exit_s:.1f} s from the fault to the end, limit {limit:.0f} s')
+    if t.role == 'launcher' and t.signal == 'KILL':
+        return  # nothing to read: the launcher is gone; no process may be left (checked)
     want = expected_code(t)
-    if t.role != 'launcher' or t.signal != 'KILL':
-        if want is None:
-            if t.exit_code in (0, None):
-                t.reasons.append(f'exit code {t.exit_code}, expected a failure')
-        elif t.exit_code != want:
-            t.reasons.append(f'exit code {t.exit_code}, expected {want}')
-        if 'job failed:' not in t.final_line:
-            t.reasons.append('the last line is not "job failed: ..."')
-        elif t.role == 'launcher':
-            if t.signal == 'TERM' and 'SIGTERM' not in t.final_line:
-                t.reasons.append('the last line does not say the launcher got SIGTERM')
-        else:
-            blamed = [f'{m.group(1)} {m.group(2)}' for m in
-                      NODE_NAME.finditer(t.final_line.split('job failed:', 1)[1])]
-            if t.victim() not in blamed:
-                t.reasons.append(f'the last line does not name {t.victim()}')
-            elif blamed[0] != t.victim():
-                t.reasons.append(f'the last line blames {blamed[0]} before {t.victim()}')
+    if want is None:
+        if t.exit_code in (0, None):
+            t.reasons.append(f'exit code {t.exit_code}, expected a failure')
+    elif t.exit_code != want:
+        t.reasons.append(f'exit code {t.exit_code}, expected {want}')
     if t.role == 'launcher' and t.signal == 'STOP' and \
             not any('scheduler' in text for _, text in after):
         t.reasons.append('no node said it lost the scheduler')
-    if t.exit_s is not None and t.exit_s > limit:
-        t.reasons.append(f'took {t.exit_s:.1f} s from the fault to the end, limit {limit:.0f} s')
-    crashes = [text for _, _, text in lines if CRASH_LINE.search(text)]
-    cores = [f for f in os.listdir(cwd) if f.startswith('core')]
-    t.crashes = len(cores) + len(crashes)
-    if cores:
-        t.reasons.append('core files: ' + ', '.join(cores))
-    for text in crashes[:3]:
-        t.reasons.append('crash: ' + text.strip())
+    if 'job failed:' not in t.final_line:
+        t.reasons.append('the last line is not "job failed: ..."')
+    elif t.role == 'launcher':
+        if t.signal == 'TERM' and 'SIGTERM' not in t.final_line:
+            t.reasons.append('the last line does not say the launcher got SIGTERM')
+    else:
+        blamed = [f'{m.group(1)} {m.group(2)}' for m in
+                  NODE_NAME.finditer(t.final_line.split('job failed:', 1)[1])]
+        if t.victim() not in blamed:
+            t.reasons.append(f'the last line does not name {t.victim()}')
+        elif blamed[0] != t.victim():
+            t.reasons.append(f'the last line blames {blamed[0]} before {t.victim()}')
 
 
 # ----------------------------------------------------------------------------
@@ -512,9 +571,9 @@ def check_output(t, lines, fault_at, forced_at, cwd, limit):
 def plan_trials(args, rng):
     engines, roles, sigs = args.engines, args.roles, args.signals
     if args.sample:
-        plan = [c for c in SAMPLE if c[0] in engines and c[1] in roles and c[2] in sigs]
+        plan = [c for c in SAMPLE if c[0] in engines]
     else:
-        combos = [(e, r, s, 'training') for e in engines for r in roles for s in sigs
+        combos = [(e, r, s, 'training') for e in engines for r in roles + ['none'] for s in sigs
                   if valid(e, r, s)]
         if not combos:
             sys.exit('chaos: no valid (engine, role, signal) combination selected')
@@ -532,7 +591,7 @@ def plan_trials(args, rng):
         eng = ENGINES[e]
         rank = rng.randrange(eng.workers if r == 'worker' else max(1, eng.servers))
         delay = rng.uniform(0.0, 0.3) if m == 'startup' else rng.uniform(0.5, args.max_delay)
-        trials.append(Trial(i, e, r, rank if r != 'launcher' else 0, s, m, delay))
+        trials.append(Trial(i, e, r, rank if r in ('worker', 'server') else 0, s, m, delay))
     return trials
 
 
@@ -599,7 +658,9 @@ def parse_args(argv):
     p.add_argument('--engines', default=','.join(DEFAULT_ENGINES),
                    help=f'comma-separated, of {",".join(ENGINES)}')
     p.add_argument('--roles', default='worker,server,launcher')
-    p.add_argument('--signals', default='KILL,STOP,TERM')
+    p.add_argument('--signals', default='KILL,STOP,TERM',
+                   help='of KILL, STOP, TERM and NONE (a control trial: no fault, the job must '
+                   'succeed and end within 2 s of its last worker)')
     p.add_argument('--startup-share', type=float, default=0.1,
                    help='share of KILL/TERM trials that hit a worker or server while it starts')
     p.add_argument('--max-delay', type=float, default=4.0,
@@ -621,7 +682,7 @@ def parse_args(argv):
         if e not in ENGINES:
             p.error(f'unknown engine {e}')
     for s in a.signals:
-        if s not in SIGNALS:
+        if s not in SIGNALS and s != 'NONE':
             p.error(f'unknown signal {s}')
     for r in a.roles:
         if r not in ('worker', 'server', 'launcher'):
