@@ -59,6 +59,7 @@ CLEAN_END_S = 2.0
 CRASH_SIGNALS = 'SIGSEGV|SIGABRT|SIGBUS|SIGFPE|SIGILL|SIGSYS|SIGTRAP'
 CRASH_LINE = re.compile(rf'(ended|failed) with signal ({CRASH_SIGNALS})|Segmentation fault|'
                         r'terminate called|AddressSanitizer|ThreadSanitizer|runtime error:')
+CRASHED_PID = re.compile(rf'\(pid (\d+)\) (ended|failed) with signal ({CRASH_SIGNALS})')
 FAILURE_LINE = re.compile(r'PeerFailure|failed')
 NODE_NAME = re.compile(r'\b(worker|server) (\d+)\b')
 # lenet: small and quick, ~750 steps (about 10-15 s on a loaded 2-core host).
@@ -373,7 +374,7 @@ def run_trial(t, cfg):
         forced_at = stop_job(t, proc, tracker)
         out.join(5)
     lines = out.snapshot()
-    check_output(t, lines, fault_at, forced_at, cwd, limit)
+    check_output(t, lines, fault_at, forced_at, cwd, cfg.keep_dir, limit)
     t.log = '\n'.join(f'{ts - started:8.3f} {name} {text}' for ts, name, text in lines)
     shutil.rmtree(cwd, ignore_errors=True)
     if t.status == 'pending':
@@ -519,14 +520,18 @@ def stop_job(t, proc, tracker):
     return forced_at
 
 
-def check_output(t, lines, fault_at, forced_at, cwd, limit):
+def check_output(t, lines, fault_at, forced_at, cwd, keep_dir, limit):
     errs = [text for _, name, text in lines if name == 'err' and text.strip()]
     t.final_line = errs[-1] if errs else ''
     crashes = [text for _, _, text in lines if CRASH_LINE.search(text)]
-    cores = [f for f in os.listdir(cwd) if f.startswith('core')]
-    t.crashes = len(cores) + len(crashes)
-    if cores:
-        t.reasons.append('core files: ' + ', '.join(cores))
+    crashed_pids = {m.group(1) for text in crashes for m in [CRASHED_PID.search(text)] if m}
+    cores = sorted(f for f in os.listdir(cwd) if f.startswith('core'))
+    # One crash shows as a core file and a launcher line or two: count processes.
+    t.crashes = max(len(crashed_pids), len(cores), 1 if crashes else 0)
+    for core in cores:  # kept for a backtrace: gdb <program> <core>
+        kept = os.path.join(keep_dir, f'trial-{t.index:03d}-{core}')
+        shutil.move(os.path.join(cwd, core), kept)
+        t.reasons.append(f'core file: {kept}')
     for text in crashes[:3]:
         t.reasons.append('crash: ' + text.strip())
     if fault_at is None:
@@ -719,6 +724,7 @@ def main(argv):
     args.work_dir = work_dir
     log_dir = args.log_dir or os.path.join(work_dir, 'logs')
     os.makedirs(log_dir, exist_ok=True)
+    args.keep_dir = log_dir
     print(f'chaos: {len(trials)} trials, seed {args.seed}, engines {",".join(engines)}, '
           f'heartbeat timeout {args.heartbeat_ms} ms (limit {args.heartbeat_ms / 1000.0 + 5.0:.0f} s), '
           f'build {args.build_dir}', flush=True)
@@ -759,8 +765,9 @@ def main(argv):
             json.dump({'seed': args.seed, 'heartbeat_ms': args.heartbeat_ms,
                        'trials': [{k: v for k, v in dataclasses.asdict(t).items() if k != 'log'}
                                   for t in done]}, f, indent=1)
-    if args.log_dir or not failed:
-        shutil.rmtree(work_dir, ignore_errors=True)  # trial directories; logs unless kept
+    if not failed or args.log_dir:
+        # The trials' directories (empty by now), and the logs unless a trial failed.
+        shutil.rmtree(work_dir, ignore_errors=True)
     return 1 if failed or interrupted else 0
 
 
