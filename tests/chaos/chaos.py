@@ -522,7 +522,11 @@ def stop_job(t, proc, tracker):
 
 def check_output(t, lines, fault_at, forced_at, cwd, keep_dir, limit):
     errs = [text for _, name, text in lines if name == 'err' and text.strip()]
-    t.final_line = errs[-1] if errs else ''
+    # The launcher's verdict: its last "job failed:" line, which only
+    # indented continuation lines ("  consequences: ...") may follow.
+    verdict = max((i for i, text in enumerate(errs) if 'job failed:' in text), default=None)
+    final_ok = verdict is not None and all(text[:1].isspace() for text in errs[verdict + 1:])
+    t.final_line = ' | '.join(errs[verdict:]) if final_ok else (errs[-1] if errs else '')
     crashes = [text for _, _, text in lines if CRASH_LINE.search(text)]
     crashed_pids = {m.group(1) for text in crashes for m in [CRASHED_PID.search(text)] if m}
     cores = sorted(f for f in os.listdir(cwd) if f.startswith('core'))
@@ -555,14 +559,14 @@ def check_output(t, lines, fault_at, forced_at, cwd, keep_dir, limit):
     if t.role == 'launcher' and t.signal == 'STOP' and \
             not any('scheduler' in text for _, text in after):
         t.reasons.append('no node said it lost the scheduler')
-    if 'job failed:' not in t.final_line:
+    if not final_ok:
         t.reasons.append('the last line is not "job failed: ..."')
     elif t.role == 'launcher':
         if t.signal == 'TERM' and 'SIGTERM' not in t.final_line:
             t.reasons.append('the last line does not say the launcher got SIGTERM')
     else:
         blamed = [f'{m.group(1)} {m.group(2)}' for m in
-                  NODE_NAME.finditer(t.final_line.split('job failed:', 1)[1])]
+                  NODE_NAME.finditer(errs[verdict].split('job failed:', 1)[1])]
         if t.victim() not in blamed:
             t.reasons.append(f'the last line does not name {t.victim()}')
         elif blamed[0] != t.victim():
