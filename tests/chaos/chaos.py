@@ -120,8 +120,8 @@ SAMPLE = [
 
 
 def valid(engine, role, sig, moment='training'):
-    """NONE goes with the role 'none' only. A launcher that is stopped while a collectives job trains is no fault
-    the job can see (the launcher is not on its data path): not a trial. A
+    """NONE goes with the role 'none' only. A launcher that is stopped while
+    a collectives job trains is no fault the job can see (the launcher is not on its data path): not a trial. A
     process stopped before it joined is the startup timeout's case, not the
     heartbeat's: not a trial either."""
     if (sig == 'NONE') != (role == 'none'):
@@ -263,7 +263,8 @@ class Output:
     def _read(self, stream, name):
         for raw in iter(stream.readline, b''):
             with self.cond:
-                self.lines.append((time.monotonic(), name, raw.decode(errors='replace').rstrip('\n')))
+                text = raw.decode(errors='replace').rstrip('\n')
+                self.lines.append((time.monotonic(), name, text))
                 self.cond.notify_all()
         stream.close()
 
@@ -349,7 +350,8 @@ def run_trial(t, cfg):
     cwd = tempfile.mkdtemp(prefix=f'trial-{t.index}-', dir=cfg.work_dir)
     env = dict(os.environ)
     env['PUSHPULL_HEARTBEAT_TIMEOUT_MS'] = str(cfg.heartbeat_ms)
-    env['PYTHONPATH'] = os.path.join(cfg.build_dir, 'python') + os.pathsep + env.get('PYTHONPATH', '')
+    env['PYTHONPATH'] = os.pathsep.join([os.path.join(cfg.build_dir, 'python'),
+                                         env.get('PYTHONPATH', '')])
     for kv in cfg.env:
         k, _, v = kv.partition('=')
         env[k] = v
@@ -622,9 +624,10 @@ def summary(trials):
     def row(name, role, sig, ts):
         det = [t.detect_s for t in ts if t.detect_s is not None and t.status != 'skip']
         end = [t.exit_s for t in ts if t.exit_s is not None and t.status != 'skip']
+        count = {k: sum(t.status == k for t in ts) for k in ('pass', 'fail', 'skip')}
         return (f'{name:<14} {role:<9} {sig:<7} {len(ts):>6} '
-                f'{sum(t.status == "pass" for t in ts):>5} {sum(t.status == "fail" for t in ts):>5} '
-                f'{sum(t.status == "skip" for t in ts):>5} {fmt_range(det):>22} {fmt_range(end):>20} '
+                f'{count["pass"]:>5} {count["fail"]:>5} {count["skip"]:>5} '
+                f'{fmt_range(det):>22} {fmt_range(end):>20} '
                 f'{sum(t.orphans for t in ts):>8} {sum(t.crashes for t in ts):>8}')
 
     for (e, r, s), ts in sorted(groups.items()):
@@ -648,7 +651,8 @@ def available_engines(build):
     have['ps'] = lenet or 'examples/lenet not built (libtorch off)'
     have['collective'] = lenet or 'examples/lenet not built (libtorch off)'
     have['py-ps'] = numpy_ok or f'{build}/python/pushpull not built or no numpy for {PYTHON}'
-    have['py-collective'] = torch_ok or f'{build}/python/pushpull not built or no torch for {PYTHON}'
+    have['py-collective'] = torch_ok or \
+        f'{build}/python/pushpull not built or no torch for {PYTHON}'
     have['ps-loop'] = os.path.exists(os.path.join(bin_dir, 'ps_loop_worker')) or \
         'ps_loop_worker not built'
     return {k: v for k, v in have.items()}
@@ -730,7 +734,8 @@ def main(argv):
     os.makedirs(log_dir, exist_ok=True)
     args.keep_dir = log_dir
     print(f'chaos: {len(trials)} trials, seed {args.seed}, engines {",".join(engines)}, '
-          f'heartbeat timeout {args.heartbeat_ms} ms (limit {args.heartbeat_ms / 1000.0 + 5.0:.0f} s), '
+          f'heartbeat timeout {args.heartbeat_ms} ms '
+          f'(limit {args.heartbeat_ms / 1000.0 + 5.0:.0f} s), '
           f'build {args.build_dir}', flush=True)
     t0 = time.monotonic()
     interrupted = False
@@ -748,7 +753,8 @@ def main(argv):
                     print(f'    - {r}', flush=True)
                 print(f'    final line: {t.final_line}', flush=True)
             if t.status != 'pass' or args.log_dir:
-                path = os.path.join(log_dir, f'trial-{t.index:03d}-{t.engine}-{t.role}-{t.signal}.log')
+                name = f'trial-{t.index:03d}-{t.engine}-{t.role}-{t.signal}.log'
+                path = os.path.join(log_dir, name)
                 with open(path, 'w') as f:
                     f.write(t.label() + '\n' + t.log + '\n')
                 if t.status != 'pass' and args.verbose:

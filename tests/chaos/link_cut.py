@@ -70,8 +70,8 @@ class Hosts:
         for h in 'ab':
             sh('ip', 'netns', 'add', self.ns[h])
             self.made.append(self.ns[h])
-        sh('ip', 'link', 'add', self.dev['a'], 'netns', self.ns['a'], 'type', 'veth', 'peer', 'name',
-           self.dev['b'], 'netns', self.ns['b'])
+        sh('ip', 'link', 'add', self.dev['a'], 'netns', self.ns['a'], 'type', 'veth',
+           'peer', 'name', self.dev['b'], 'netns', self.ns['b'])
         for h in 'ab':
             sh('ip', '-n', self.ns[h], 'addr', 'add', ADDR[h] + '/24', 'dev', self.dev[h])
             sh('ip', '-n', self.ns[h], 'link', 'set', 'lo', 'up')
@@ -239,10 +239,11 @@ def run_scenario(name, args, hosts):
                 status = 'FAIL'
                 reasons.append(f'{name}: {p.name} (host {p.side.upper()}) does not name a peer '
                                f'of the other host ({" or ".join(expect[p.side])})')
-            failure = next((line for line in p.text(cut_at) if re.search(r'PeerFailure|failed|error',
-                                                                          line)), '')
-            print(f'  {status:<4} {p.name:<10} host {p.side.upper()} exit {rc} after '
-                  f'{"-" if took is None else f"{took:.2f} s"}: {failure.strip()[:160]}', flush=True)
+            failure = next((line for line in p.text(cut_at)
+                            if re.search(r'PeerFailure|failed|error', line)), '')
+            after = '-' if took is None else f'{took:.2f} s'
+            print(f'  {status:<4} {p.name:<10} host {p.side.upper()} exit {rc} after {after}: '
+                  f'{failure.strip()[:160]}', flush=True)
     finally:
         for p in procs:
             p.kill()
