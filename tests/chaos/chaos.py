@@ -121,9 +121,9 @@ SAMPLE = [
 
 def valid(engine, role, sig, moment='training'):
     """NONE goes with the role 'none' only. A launcher that is stopped while
-    a collectives job trains is no fault the job can see (the launcher is not on its data path): not a trial. A
-    process stopped before it joined is the startup timeout's case, not the
-    heartbeat's: not a trial either."""
+    a collectives job trains is no fault the job can see (the launcher is not
+    on its data path): not a trial. A process stopped before it joined is the
+    startup timeout's case, not the heartbeat's: not a trial either."""
     if (sig == 'NONE') != (role == 'none'):
         return False
     if sig == 'NONE':
