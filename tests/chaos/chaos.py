@@ -238,11 +238,14 @@ class Tracker(threading.Thread):
                      p['role'][0] == role]
         return max(times) if times and None not in times else None
 
-    def alive(self, exclude=()):
+    def alive(self, exclude=(), nodes_only=False):
+        """Recorded processes still alive; nodes_only: only those the launcher
+        started as a role (not its own helpers, such as a guardian process)."""
         with self.lock:
             items = list(self.procs.items())
         return [(pid, p) for pid, p in items
-                if pid not in exclude and proc_state(pid, p['start']) == 'alive']
+                if pid not in exclude and (p['role'] or not nodes_only) and
+                proc_state(pid, p['start']) == 'alive']
 
 
 # ----------------------------------------------------------------------------
@@ -448,11 +451,11 @@ def inject(t, engine, proc, tracker, out, started):
     return time.monotonic()
 
 
-def wait_gone(tracker, until, exclude=()):
+def wait_gone(tracker, until, exclude=(), nodes_only=False):
     """Waits until no recorded process but `exclude` is alive; the time then or None."""
     while time.monotonic() < until:
         tracker.scan()
-        if not tracker.alive(exclude):
+        if not tracker.alive(exclude, nodes_only):
             return time.monotonic()
         time.sleep(0.05)
     return None
@@ -470,8 +473,10 @@ def judge_exit(t, proc, tracker, out, fault_at, limit):
             t.exit_s = gone - fault_at
         return
     if t.role == 'launcher' and t.signal == 'STOP':
-        # The nodes must notice the silent scheduler by themselves.
-        gone = wait_gone(tracker, fault_at + limit + grace_for_lateness, exclude=(proc.pid,))
+        # The nodes must notice the silent scheduler by themselves (the
+        # launcher's own helper processes are stopped with it, or wait for it).
+        gone = wait_gone(tracker, fault_at + limit + grace_for_lateness, exclude=(proc.pid,),
+                         nodes_only=True)
         if gone is None:
             t.reasons.append('the nodes did not stop while the launcher (scheduler) was stopped')
         else:
@@ -548,6 +553,9 @@ def check_output(t, lines, fault_at, forced_at, cwd, keep_dir, limit):
     failure = next((ts for ts, text in after if FAILURE_LINE.search(text)), None)
     if failure is not None:
         t.detect_s = failure - fault_at
+    if t.role == 'launcher' and t.signal == 'STOP':
+        # A stopped launcher relays no output: the nodes' exits are the detection.
+        t.detect_s = t.exit_s
     if t.exit_s is not None and t.exit_s > limit:
         t.reasons.append(f'took {t.exit_s:.1f} s from the fault to the end, limit {limit:.0f} s')
     if t.role == 'launcher' and t.signal == 'KILL':
