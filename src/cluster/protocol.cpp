@@ -60,13 +60,18 @@ NodeAddress from_node_id(uint32_t id) {
 }
 
 namespace {
+constexpr size_t kMaxNodes = 1000000;
+constexpr size_t kMaxHost = 1024;
+constexpr size_t kMaxReason = 64 * 1024;
+constexpr size_t kMinAddressBytes = 1 + 4 + 4 + 4;  // role, rank, empty host, port
+
 void put(net::Writer& w, const NodeAddress& a) {
   w.u<uint8_t>(static_cast<uint8_t>(a.role)).u<int32_t>(a.rank).str(a.host).u<int32_t>(a.port);
 }
 bool get(net::Reader& r, NodeAddress* a) {
   auto role = r.u<uint8_t>();
   a->rank = r.u<int32_t>();
-  a->host = r.str(1024);
+  a->host = r.str(kMaxHost);
   a->port = r.u<int32_t>();
   if (role > static_cast<uint8_t>(Role::kWorker)) return false;
   a->role = static_cast<Role>(role);
@@ -88,7 +93,7 @@ Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* 
   net::Reader r(in);
   if (!get(r, me)) return bad("register");
   *preferred_rank = r.u<int32_t>();
-  return r.ok() && r.at_end() ? Status{} : bad("register");
+  return r.done() ? Status{} : bad("register");
 }
 
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
@@ -109,27 +114,27 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
   *your_rank = r.u<int32_t>();
   if (!get(r, &book->scheduler)) return bad("address book");
   for (auto* list : {&book->servers, &book->workers}) {
-    uint32_t n = r.u<uint32_t>();
-    if (n > 1000000) return bad("address book");
+    size_t n = r.count(kMaxNodes, kMinAddressBytes);
+    if (!r.ok()) return bad("address book");
     list->resize(n);
     for (auto& a : *list)
       if (!get(r, &a)) return bad("address book");
   }
-  return r.ok() && r.at_end() ? Status{} : bad("address book");
+  return r.done() ? Status{} : bad("address book");
 }
 
 std::vector<std::byte> encode_dead(const NodeAddress& who, const std::string& reason) {
   net::Writer w;
   put(w, who);
-  w.str(reason);
+  w.str(std::string_view(reason).substr(0, kMaxReason));
   return w.take();
 }
 
 Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string* reason) {
   net::Reader r(in);
   if (!get(r, who)) return bad("peer dead");
-  *reason = r.str();
-  return r.ok() && r.at_end() ? Status{} : bad("peer dead");
+  *reason = r.str(kMaxReason);
+  return r.done() ? Status{} : bad("peer dead");
 }
 
 }  // namespace pushpull::cluster

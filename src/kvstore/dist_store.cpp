@@ -147,6 +147,12 @@ void DistStore::on_message(net::Message&& m) {
     std::lock_guard lock(mu_);
     auto it = pending_.find(h.request_id);
     if (it == pending_.end()) return;  // already failed (e.g. the job failed)
+    cluster::NodeAddress from = cluster::Node::sender(h);
+    if (from.role != Role::kServer || from.rank != it->second->server) {
+      PP_WARN("worker ignores a reply to request {} from {}: it went to server {}", h.request_id,
+              from.describe(), it->second->server);
+      return;
+    }
     p = std::move(it->second);
     pending_.erase(it);
     if (pending_.empty()) idle_cv_.notify_all();
