@@ -29,8 +29,9 @@ Server::Server(cluster::Node& node)
       gate_(std::make_shared<Gate>()) {
   set_mode(true);
   // The handler outlives this Server inside the node's transport: it reaches
-  // the Server only through the gate, which ~Server closes first.
-  node_.set_handler(msg::kFirst, msg::kLast, [gate = gate_, this](net::Message&& m) {
+  // the Server only through the gate, which ~Server closes first. The whole PS
+  // type range is ours, so an unknown PS type is answered, not a closed link.
+  node_.set_handler(net::msg::kPsFirst, net::msg::kPsLast, [gate = gate_, this](net::Message&& m) {
     if (!gate->enter()) return;  // the server is going away: drop the request
     struct Leave {
       Gate& g;
