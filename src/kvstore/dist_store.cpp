@@ -169,8 +169,12 @@ void DistStore::on_message(net::Message&& m) {
   }
   Status status;
   if (h.type == ps::msg::kError) {
-    if (p->posted)
-      node_->transport().cancel_recv(node_->conn(Role::kServer, p->server), *p->posted);
+    if (p->posted) {
+      try {  // runs on the I/O thread: nothing may escape
+        node_->transport().cancel_recv(node_->conn(Role::kServer, p->server), *p->posted);
+      } catch (...) {  // that server is gone: the posted receive went with it
+      }
+    }
     std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
     auto code = h.flags > 0 && h.flags <= static_cast<uint32_t>(ErrorCode::kInternal)
                     ? static_cast<ErrorCode>(h.flags)
