@@ -197,7 +197,18 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
       if (text != "sync" && text != "async")
         return reply(meta, Status(ErrorCode::kInvalidArgument, "mode must be sync or async"),
                      DType::kUInt8, {});
-      if ((text == "sync") != s->sync()) set_mode(text == "sync");
+      if ((text == "sync") != s->sync()) {
+        // A fresh store drops every key: only worker 0, and only before the
+        // first init (as DistStore does), may switch.
+        if (meta.worker != 0 || s->has_keys())
+          return reply(meta,
+                       Status(ErrorCode::kInvalidArgument,
+                              fmt::format("worker {} asked to switch the servers to {} mode; only "
+                                          "worker 0 may, before any key is initialised",
+                                          meta.worker, text)),
+                       DType::kUInt8, {});
+        set_mode(text == "sync");
+      }
       return reply(meta, Status::ok(), DType::kUInt8, {});
     case Command::kSetOptimizer:
       try {

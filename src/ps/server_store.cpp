@@ -82,6 +82,11 @@ ServerStore::Entry* ServerStore::find(const PartId& part) {
   return it == entries_.end() ? nullptr : it->second.get();
 }
 
+bool ServerStore::has_keys() const {
+  std::lock_guard lock(mu_);
+  return !entries_.empty();
+}
+
 std::shared_ptr<Optimizer> ServerStore::optimizer() const {
   std::lock_guard lock(mu_);
   return optimizer_;

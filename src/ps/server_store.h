@@ -124,6 +124,9 @@ class ServerStore {
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
   bool sync() const { return config_.sync; }
+  // Whether any key was initialised (queued inits that have not run yet do
+  // not count).
+  bool has_keys() const;
 
  private:
   struct Entry;

@@ -168,6 +168,22 @@ TEST(Server, CraftedRequestsGetErrorsAndTheRealWorkersAreStillServed) {
     EXPECT_EQ(v, 5.0f);  // no optimizer: the round's sum replaces the value
 }
 
+TEST(Server, OnlyWorkerZeroSwitchesTheModeAndOnlyBeforeTheFirstInit) {
+  ServerJob job(2);
+  auto mode = header(msg::kCommand, static_cast<uint64_t>(Command::kSetMode), 0, 0);
+  const std::string async = "async";
+  auto text = std::as_bytes(std::span(async.data(), async.size()));
+  EXPECT_EQ(job.wait(1, job.send(1, mode, text)).code(), ErrorCode::kInvalidArgument);
+  std::vector<float> init(4, 1.0f);
+  auto id = job.send(0, header(msg::kInit, 3, 0, 4), encode_init("w", bytes_of(init)));
+  EXPECT_EQ(job.wait(0, id).type, msg::kReply);
+  // Switching now would drop every key.
+  EXPECT_EQ(job.wait(0, job.send(0, mode, text)).code(), ErrorCode::kInvalidArgument);
+  Answer a = job.wait(0, job.send(0, header(msg::kPull, 3, 0, 4)));
+  EXPECT_EQ(a.type, msg::kReply);
+  EXPECT_EQ(a.payload.size(), 16u);
+}
+
 TEST(Server, TearDownWhilePushesArrive) {
   // A Server destroyed while its node's I/O thread delivers requests (a job
   // failing) must not free the store under a delivery.
