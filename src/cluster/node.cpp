@@ -70,9 +70,7 @@ void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const st
 void Node::start() {
   const auto& c = options_.cluster;
   std::string host = net::choose_host(options_.net);
-  std::string bind_host = host.find(':') != std::string::npos ? "::" : "";
-  if (host == "127.0.0.1" || host == "::1") bind_host = host;
-  int port = transport_->listen(bind_host, options_.net.port);
+  int port = transport_->listen(net::bind_host_for(host, options_.net.bind_any), options_.net.port);
   transport_->set_advertised_address(host, port);
   transport_->set_identity(role(), -1, 0);
   transport_->start();
