@@ -11,9 +11,9 @@
 #include <numeric>
 #include <random>
 
+#include "fixture.h"
 #include "net/hello.h"
 #include "net/transport.h"
-#include "raw_client.h"
 #include "support/ports.h"
 #include "support/wait.h"
 
@@ -21,60 +21,14 @@ namespace pushpull::net {
 namespace {
 
 using namespace std::chrono_literals;
+using test::config;
 using test::RawClient;
+using test::Sink;
 using test::wait_until;
 
-constexpr uint16_t kData = 200, kReply = 201, kBlock = 202;
-
-TransportConfig config(Role role, int rank, std::string secret = "", std::string job = "job") {
-  TransportConfig c;
-  c.role = role;
-  c.rank = rank;
-  c.net.job_id = job;
-  c.net.job_secret = secret;
-  c.net.connect_timeout = 3s;
-  c.label = fmt::format("{} {}", role_name(role), rank);
-  return c;
-}
-
-// A server-side transport that records what arrives.
-struct Sink {
-  explicit Sink(TransportConfig c) : t(std::move(c)) {
-    t.listen("127.0.0.1", 0);
-    t.set_connect_handler([this](ConnId id, const PeerInfo& p) {
-      std::lock_guard l(mu);
-      peers.emplace_back(id, p);
-    });
-    t.set_close_handler([this](ConnId, const PeerInfo&, const Status& s) {
-      std::lock_guard l(mu);
-      closes.push_back(s);
-    });
-    t.set_handler(kData, kData, [this](Message&& m) {
-      std::lock_guard l(mu);
-      got.push_back(std::move(m));
-    });
-    t.start();
-  }
-  // Stop the I/O thread before the members its handlers use go away.
-  ~Sink() { t.stop(); }
-  size_t count() {
-    std::lock_guard l(mu);
-    return got.size();
-  }
-  size_t npeers() {
-    std::lock_guard l(mu);
-    return peers.size();
-  }
-  size_t ncloses() {
-    std::lock_guard l(mu);
-    return closes.size();
-  }
-  Transport t;
-  std::mutex mu;
-  std::vector<Message> got;
-  std::vector<std::pair<ConnId, PeerInfo>> peers;
-  std::vector<Status> closes;
-};
+using test::kBlock;
+using test::kData;
+using test::kReply;
 
 TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
   Sink a(config(Role::kServer, 0));

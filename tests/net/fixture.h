@@ -1,21 +1,80 @@
-// A hand-driven client for transport tests: speaks the hello byte by byte
-// (so tests can replay, reflect or forge it) and then raw frames.
+// Transport test fixtures: a config for loopback tests, a Sink that records
+// what arrives, and a hand-driven RawClient that speaks the hello byte by
+// byte (so tests can replay, reflect or forge it) and then raw frames.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "net/hello.h"
 #include "net/message.h"
 #include "net/socket.h"
+#include "net/transport.h"
 
 namespace pushpull::test {
 
 using namespace pushpull::net;
+
+// Message types of the tests (the free range).
+inline constexpr uint16_t kData = 200, kReply = 201, kBlock = 202;
+
+inline TransportConfig config(Role role, int rank, std::string secret = "",
+                              std::string job = "job") {
+  TransportConfig c;
+  c.role = role;
+  c.rank = rank;
+  c.net.job_id = job;
+  c.net.job_secret = secret;
+  c.net.connect_timeout = std::chrono::seconds(3);
+  c.label = fmt::format("{} {}", role_name(role), rank);
+  return c;
+}
+
+// A server-side transport that records what arrives.
+struct Sink {
+  explicit Sink(TransportConfig c) : t(std::move(c)) {
+    t.listen("127.0.0.1", 0);
+    t.set_connect_handler([this](ConnId id, const PeerInfo& p) {
+      std::lock_guard l(mu);
+      peers.emplace_back(id, p);
+    });
+    t.set_close_handler([this](ConnId, const PeerInfo&, const Status& s) {
+      std::lock_guard l(mu);
+      closes.push_back(s);
+    });
+    t.set_handler(kData, kData, [this](Message&& m) {
+      std::lock_guard l(mu);
+      got.push_back(std::move(m));
+    });
+    t.start();
+  }
+  // Stop the I/O thread before the members its handlers use go away.
+  ~Sink() { t.stop(); }
+  size_t count() {
+    std::lock_guard l(mu);
+    return got.size();
+  }
+  size_t npeers() {
+    std::lock_guard l(mu);
+    return peers.size();
+  }
+  size_t ncloses() {
+    std::lock_guard l(mu);
+    return closes.size();
+  }
+  Transport t;
+  std::mutex mu;
+  std::vector<Message> got;
+  std::vector<std::pair<ConnId, PeerInfo>> peers;
+  std::vector<Status> closes;
+};
 
 class RawClient {
  public:
