@@ -13,9 +13,9 @@
 // close handlers, so a stranger cannot fail a job. Without a job secret only
 // peers on this machine may authenticate (net/peer_policy.h). A (role,
 // rank >= 0) that already has an open accepted connection here cannot be
-// claimed again. A server or worker whose rank is still -1 holds incoming
-// hellos until set_identity() gives it a rank (it cannot prove who it is
-// before), so connectors always learn a ranked identity.
+// claimed again. With TransportConfig::hold_hellos_until_ranked, a node
+// whose rank is still -1 holds incoming hellos until set_identity() gives it
+// a rank, so connectors always learn a ranked identity.
 //
 // Identity. The `sender` field of every delivered message (handlers and
 // posted receives) is net::node_id() of the connection's authenticated peer,
@@ -125,6 +125,11 @@ struct TransportConfig {
   uint16_t protocol_version = kProtocolVersion;
   // Log label of the I/O thread, e.g. "worker 0".
   std::string label;
+  // While this node's rank is -1 (a cluster node before the scheduler's
+  // address book), hold incoming hellos and answer them once set_identity()
+  // gives it a rank, so connectors learn a ranked, proven identity. Off: answer
+  // at once with whatever identity is set.
+  bool hold_hellos_until_ranked = false;
 };
 
 class Transport {

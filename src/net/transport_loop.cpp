@@ -413,7 +413,7 @@ void Transport::on_hello(Conn& c, Message&& m) {
   bool hold;
   {
     std::lock_guard lock(mu_);
-    hold = (role_ == Role::kServer || role_ == Role::kWorker) && rank_ < 0;
+    hold = config_.hold_hellos_until_ranked && rank_ < 0;
   }
   if (hold) {
     c.held = std::move(hello);
@@ -462,7 +462,7 @@ void Transport::release_held_hellos() {
   std::vector<std::shared_ptr<Conn>> ready;
   {
     std::lock_guard lock(mu_);
-    if ((role_ == Role::kServer || role_ == Role::kWorker) && rank_ < 0) return;
+    if (rank_ < 0) return;
     for (auto& [id, c] : conns_)
       if (c->held && c->state == Conn::State::kHandshake) ready.push_back(c);
   }

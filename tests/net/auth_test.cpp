@@ -337,7 +337,9 @@ TEST(Auth, BindWhereAdvertised) {
 }
 
 TEST(Auth, AnUnrankedNodeHoldsHellosUntilItHasARank) {
-  Transport a(config(Role::kWorker, -1, "s3cret"));
+  auto cfg = config(Role::kWorker, -1, "s3cret");
+  cfg.hold_hellos_until_ranked = true;
+  Transport a(cfg);
   a.listen("127.0.0.1", 0);
   a.start();
   Transport b(config(Role::kWorker, 1, "s3cret"));
