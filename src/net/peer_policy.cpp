@@ -63,7 +63,7 @@ void warn_insecure_once(const NetOptions& opts) {
     else
       PP_WARN(
           "no job secret (PUSHPULL_JOB_SECRET): accepting connections from this machine "
-          "(loopback) only; set the same secret on every node to run across machines");
+          "only; set the same secret on every node to run across machines");
   });
 }
 
