@@ -42,8 +42,10 @@ using JobTag = std::array<std::byte, 32>;
 
 // Longest advertised host name a hello may carry.
 inline constexpr size_t kMaxHelloHost = 255;
+// The largest hello: the acceptor's cap on input before authentication.
+inline constexpr size_t kMaxHelloBytes = 2 + 32 + 1 + 4 + (4 + kMaxHelloHost) + 4 + 32 + 32;
 // Upper bound of any handshake payload (challenge, hello, ack with its
-// reason): the pre-authentication input cap.
+// reason): the connector's cap on what an acceptor sends before the ack.
 inline constexpr size_t kMaxHandshakeBytes = 1024;
 
 struct Challenge {

@@ -260,9 +260,8 @@ std::byte* Transport::payload_room(Conn& c, size_t* room) {
 void Transport::on_header(Conn& c) {
   c.hdr_got = 0;
   const bool handshake = c.state == Conn::State::kHandshake;
-  Status st =
-      decode_header(c.hdr_bytes, handshake ? kMaxHandshakeBytes : config_.net.max_message_bytes,
-                    &c.hdr, config_.protocol_version);
+  Status st = decode_header(c.hdr_bytes, handshake ? kMaxHelloBytes : config_.net.max_message_bytes,
+                            &c.hdr, config_.protocol_version);
   if (st && handshake && (c.hdr.type != msg::kHello || c.hello_seen))
     st = {ErrorCode::kProtocolError,
           c.hello_seen ? std::string("sent more than one hello")
