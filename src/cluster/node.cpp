@@ -18,6 +18,7 @@ Node::Node(Options options) : options_(std::move(options)) {
   tc.net = options_.net;
   tc.role = r;
   tc.label = std::string(role_name(r));
+  tc.hold_hellos_until_ranked = true;  // peers learn our rank, which the scheduler assigns
   transport_ = std::make_unique<net::Transport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,
                           [this](net::Message&& m) { on_control(std::move(m)); });
@@ -70,9 +71,7 @@ void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const st
 void Node::start() {
   const auto& c = options_.cluster;
   std::string host = net::choose_host(options_.net);
-  std::string bind_host = host.find(':') != std::string::npos ? "::" : "";
-  if (host == "127.0.0.1" || host == "::1") bind_host = host;
-  int port = transport_->listen(bind_host, options_.net.port);
+  int port = transport_->listen(net::bind_host_for(host, options_.net.bind_any), options_.net.port);
   transport_->set_advertised_address(host, port);
   transport_->set_identity(role(), -1, 0);
   transport_->start();

@@ -1,7 +1,10 @@
 #include "cluster/protocol.h"
 
+#include <tuple>
+
 #include <fmt/format.h>
 
+#include "net/node_id.h"
 #include "net/socket.h"
 #include "net/wire.h"
 
@@ -35,27 +38,12 @@ const NodeAddress& AddressBook::at(Role role, int rank) const {
 }
 
 uint32_t node_id(Role role, int rank) {
-  switch (role) {
-    case Role::kScheduler:
-      return 1;
-    case Role::kServer:
-      return 8 + 2 * static_cast<uint32_t>(rank);
-    case Role::kWorker:
-      return 9 + 2 * static_cast<uint32_t>(rank);
-    default:
-      return 0;
-  }
+  return net::node_id(role, rank);
 }
 
 NodeAddress from_node_id(uint32_t id) {
   NodeAddress a;
-  if (id == 1) {
-    a.role = Role::kScheduler;
-    a.rank = 0;
-  } else if (id >= 8) {
-    a.role = id % 2 == 0 ? Role::kServer : Role::kWorker;
-    a.rank = static_cast<int32_t>((id - 8) / 2);
-  }
+  std::tie(a.role, a.rank) = net::node_of_id(id);
   return a;
 }
 

@@ -58,7 +58,9 @@ struct AddressBook {
   const NodeAddress& at(Role role, int rank) const;  // throws NotFound
 };
 
-// The id in Header::sender: scheduler 1, server r 8+2r, worker r 9+2r (ps-lite's).
+// The id in Header::sender (net/node_id.h: scheduler 1, server r 8+2r, worker r
+// 9+2r, a server / worker without a rank 2 / 3). The Transport writes the
+// authenticated peer's id into every delivered message.
 uint32_t node_id(Role role, int rank);
 // Inverse of node_id; {kNone, -1} for ids that name no node.
 NodeAddress from_node_id(uint32_t id);

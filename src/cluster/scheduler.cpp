@@ -31,7 +31,7 @@ Scheduler::~Scheduler() {
 
 int Scheduler::bind() {
   int port = options_.net.port > 0 ? options_.net.port : options_.cluster.root_port;
-  std::string host = options_.cluster.root_uri.find(':') != std::string::npos ? "::" : "";
+  std::string host = net::bind_host_for(options_.cluster.root_uri, options_.net.bind_any);
   int bound = transport_->listen(host, port);
   transport_->set_advertised_address(options_.cluster.root_uri, bound);
   PP_INFO("scheduler listening on port {} for {} servers and {} workers", bound,

@@ -71,7 +71,8 @@ Bootstrapped from_cluster(const Options& o) {
   const int rank = out.node->rank(), size = out.node->num_workers();
   const cluster::AddressBook& book = out.node->address_book();
   const std::string& my_host = book.workers.at(static_cast<size_t>(rank)).host;
-  auto tcp = std::make_unique<TcpTransport>(rank, size, mesh_net(o), bind_host_for(my_host), 0);
+  auto tcp = std::make_unique<TcpTransport>(rank, size, mesh_net(o),
+                                            bind_host_for(my_host, o.net.bind_any), 0);
   const int my_port = tcp->port();
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
@@ -130,7 +131,8 @@ Bootstrapped from_rendezvous(const Options& o) {
     rc.host = "127.0.0.1";
   else
     rc.host = net::choose_host(o.net);
-  auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o), bind_host_for(rc.host), 0);
+  auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
+                                            bind_host_for(rc.host, o.net.bind_any), 0);
   rc.port = tcp->port();
   Bootstrapped out;
   out.mode = BootstrapMode::kRendezvous;

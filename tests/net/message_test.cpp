@@ -80,27 +80,41 @@ TEST(Header, RandomBytesNeverCrashAndRarelyDecode) {
   EXPECT_EQ(ok, 0);
 }
 
-TEST(Hello, ProofDependsOnSecretNonceAndIdentity) {
-  Nonce n = random_nonce();
-  Proof p = compute_proof("s3cret", n, "job", Role::kWorker, 1);
-  EXPECT_TRUE(proof_equal(p, compute_proof("s3cret", n, "job", Role::kWorker, 1)));
-  EXPECT_FALSE(proof_equal(p, compute_proof("other", n, "job", Role::kWorker, 1)));
-  EXPECT_FALSE(proof_equal(p, compute_proof("s3cret", random_nonce(), "job", Role::kWorker, 1)));
-  EXPECT_FALSE(proof_equal(p, compute_proof("s3cret", n, "job", Role::kServer, 1)));
+TEST(Hello, ProofDependsOnSecretNoncesDirectionAndIdentity) {
+  Nonce a = random_nonce(), n = random_nonce();
+  ProofInput in{Direction::kConnector, a, n, "job", Role::kWorker, 1};
+  Proof p = compute_proof("s3cret", in);
+  EXPECT_TRUE(proof_equal(p, compute_proof("s3cret", in)));
+  EXPECT_FALSE(proof_equal(p, compute_proof("other", in)));
+  auto changed = [&](auto edit) {
+    ProofInput other = in;
+    edit(other);
+    return !proof_equal(p, compute_proof("s3cret", other));
+  };
+  EXPECT_TRUE(changed([](ProofInput& i) { i.acceptor_nonce = random_nonce(); }));
+  EXPECT_TRUE(changed([](ProofInput& i) { i.connector_nonce = random_nonce(); }));
+  EXPECT_TRUE(changed([](ProofInput& i) { i.direction = Direction::kAcceptor; }));
+  EXPECT_TRUE(changed([](ProofInput& i) { i.job_id = "job2"; }));
+  EXPECT_TRUE(changed([](ProofInput& i) { i.role = Role::kServer; }));
+  EXPECT_TRUE(changed([](ProofInput& i) { i.rank = 2; }));
 
-  Hello h{kProtocolVersion, "job", Role::kWorker, 1, "127.0.0.1", 5, p};
-  EXPECT_EQ(check_hello(h, n, kProtocolVersion, "job", "s3cret"), "");
-  EXPECT_NE(check_hello(h, n, kProtocolVersion, "job", "wrong").find("secret"), std::string::npos);
-  EXPECT_NE(check_hello(h, n, kProtocolVersion, "other", "s3cret").find("job id"),
+  Hello h{kProtocolVersion, job_tag("job"), Role::kWorker, 1, "127.0.0.1", 5, n, p};
+  EXPECT_EQ(check_hello(h, a, kProtocolVersion, "job", "s3cret"), "");
+  EXPECT_NE(check_hello(h, a, kProtocolVersion, "job", "wrong").find("secret"), std::string::npos);
+  EXPECT_NE(check_hello(h, random_nonce(), kProtocolVersion, "job", "s3cret").find("secret"),
             std::string::npos);
-  EXPECT_NE(check_hello(h, n, 2, "job", "s3cret").find("version"), std::string::npos);
-  EXPECT_EQ(check_hello(h, n, kProtocolVersion, "job", ""), "");
+  EXPECT_NE(check_hello(h, a, kProtocolVersion, "other", "s3cret").find("job id"),
+            std::string::npos);
+  EXPECT_NE(check_hello(h, a, kProtocolVersion + 1, "job", "s3cret").find("version"),
+            std::string::npos);
+  EXPECT_EQ(check_hello(h, a, kProtocolVersion, "job", ""), "");
 
   Hello back;
   auto bytes = encode(h);
   ASSERT_TRUE(decode(bytes, &back).is_ok());
   EXPECT_EQ(back.host, "127.0.0.1");
   EXPECT_EQ(back.rank, 1);
+  EXPECT_TRUE(proof_equal(back.proof, p));
   bytes.pop_back();
   EXPECT_FALSE(decode(bytes, &back).is_ok());
 }
