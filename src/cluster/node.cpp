@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cluster/describe.h"
 #include "net/address.h"
 #include "pushpull/log.h"
 
@@ -98,7 +99,14 @@ void Node::start() {
     // names the missing nodes) arrives first.
     wait_for(lock, c.startup_timeout + Millis{2000},
              "registration with the scheduler at " + net::format_address(c.root_uri, c.root_port),
-             [&] { return have_book_; });
+             [&] { return have_book_ || shutdown_; });
+    if (!have_book_) {
+      // Every worker finished without joining the job (the scheduler says
+      // so): there is nothing to serve. wait_for_workers() and shutdown()
+      // return at once.
+      PP_INFO("{}: the job ended before it started (no worker joined)", role_name(role()));
+      return;
+    }
     my_rank = rank_;
   }
   transport_->set_identity(role(), my_rank, node_id(role(), my_rank));
@@ -206,7 +214,7 @@ void Node::on_control(net::Message&& m) {
       if (m.header.type == msg::kAbort)
         fail({ErrorCode::kPeerFailure, fmt::format("the scheduler ended the job: {}", reason)});
       else
-        fail({ErrorCode::kPeerFailure, fmt::format("{} failed: {}", who.describe(), reason)});
+        fail({ErrorCode::kPeerFailure, fmt::format("{} failed: {}", describe_node(who), reason)});
       return;
     }
     default:
