@@ -92,12 +92,11 @@ class Verdict {
   time_point suspect_deadline() const {
     return has_suspect() ? suspect_deadline_ : time_point::max();
   }
-  // When the suspect's grace is over and nothing better arrived: decides it
-  // and returns it.
-  std::optional<Status> settle() {
+  // The suspect, once its grace is over and nothing better was decided (the
+  // owner then decides it).
+  std::optional<Status> suspect_due() const {
     if (!has_suspect() || clock_->now() < suspect_deadline_) return std::nullopt;
-    failure_ = *suspect_;
-    return failure_;
+    return suspect_;
   }
 
  private:

@@ -1,5 +1,7 @@
 #include "cluster/node.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cluster/describe.h"
@@ -8,9 +10,10 @@
 
 namespace pushpull::cluster {
 
-using Clock = std::chrono::steady_clock;
-
-Node::Node(Options options) : options_(std::move(options)) {
+Node::Node(Options options, const ClockSource& clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      scheduler_silence_(clock, options_.cluster.heartbeat_timeout) {
   Role r = options_.cluster.role;
   if (r != Role::kServer && r != Role::kWorker)
     throw InvalidArgument(
@@ -29,12 +32,20 @@ Node::Node(Options options) : options_(std::move(options)) {
 }
 
 Node::~Node() {
+  stop_delivery();
+}
+
+void Node::stop_delivery() {
   {
     std::lock_guard lock(mu_);
     stop_heartbeat_ = true;
   }
   cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
+  {
+    // Two threads may call this at once (an owner and the destructor).
+    std::lock_guard lock(stop_mu_);
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
   transport_->stop();
 }
 
@@ -81,7 +92,7 @@ void Node::start() {
   {
     std::lock_guard lock(mu_);
     scheduler_ = sched;
-    scheduler_seen_ = Clock::now();
+    scheduler_silence_.heard(0);
   }
   auto reg = encode_register({role(), -1, host, port}, c.preferred_rank);
   if (Status s =
@@ -133,13 +144,17 @@ void Node::start() {
 void Node::heartbeat_loop() {
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
-  auto next_beat = Clock::now();
+  auto next_beat = clock_.now();
   while (!stop_heartbeat_) {
     auto wake = next_beat;
     if (!suspect_.is_ok()) wake = std::min(wake, suspect_deadline_);
-    cv_.wait_until(lock, wake);
+    // Waits in real time, at most one interval, so an injected clock that
+    // jumps is noticed within an interval.
+    auto left = std::clamp(std::chrono::duration_cast<Millis>(wake - clock_.now()), Millis{0},
+                           c.heartbeat_interval);
+    if (left > Millis{0}) cv_.wait_for(lock, left);
     if (stop_heartbeat_ || shutdown_) break;
-    auto now = Clock::now();
+    auto now = clock_.now();
     if (!suspect_.is_ok() && now >= suspect_deadline_ && failure_.is_ok()) {
       Status s = suspect_;
       lock.unlock();
@@ -149,7 +164,7 @@ void Node::heartbeat_loop() {
     }
     if (now < next_beat) continue;
     next_beat = now + c.heartbeat_interval;
-    auto silent = std::chrono::duration_cast<Millis>(now - scheduler_seen_);
+    auto silent = scheduler_silence_.silence(0);
     net::ConnId sched = scheduler_;
     lock.unlock();
     transport_->send_copy(sched, net::Header{.type = msg::kHeartbeat}, nullptr, 0);
@@ -173,7 +188,7 @@ void Node::on_control(net::Message&& m) {
              m.header.type);
     return;
   }
-  scheduler_seen_ = Clock::now();
+  scheduler_silence_.heard(0);
   switch (m.header.type) {
     case msg::kAddressBook: {
       int32_t rank = -1;
@@ -252,7 +267,7 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
               fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
                           "network",
                           p.describe(), why.message())};
-  suspect_deadline_ = Clock::now() + suspect_grace();
+  suspect_deadline_ = clock_.now() + suspect_grace();
   cv_.notify_all();
 }
 
@@ -349,11 +364,8 @@ void Node::shutdown() {
   transport_->send_copy(sched, net::Header{.type = msg::kLeave}, nullptr, 0);
   lock.lock();
   wait_for(lock, options_.cluster.barrier_timeout, "orderly shutdown", [&] { return shutdown_; });
-  stop_heartbeat_ = true;
   lock.unlock();
-  cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
-  transport_->stop();
+  stop_delivery();
 }
 
 }  // namespace pushpull::cluster
