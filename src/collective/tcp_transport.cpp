@@ -195,7 +195,8 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
     if (err.is_ok() && it != early_.end()) {
       net::Buffer b = std::move(it->second.front());
       it->second.pop_front();
-      --early_count_[static_cast<size_t>(peer)];
+      if (early_count_[static_cast<size_t>(peer)] != SIZE_MAX)
+        --early_count_[static_cast<size_t>(peer)];
       early_bytes_[static_cast<size_t>(peer)] -= b.size();
       if (it->second.empty()) early_.erase(it);
       lock.unlock();
@@ -274,6 +275,7 @@ void TcpTransport::on_message(net::Message&& m) {
   auto it = posted_.find(key);
   if (it == posted_.end()) {
     const auto p = static_cast<size_t>(key.first);
+    if (early_count_[p] == SIZE_MAX) return;  // over the limit already; closing
     if (early_count_[p] + 1 > live_.early_messages ||
         early_bytes_[p] + m.payload.size() > live_.early_bytes) {
       // Nobody asked for these: a peer out of step or misbehaving. Bounded.
@@ -281,6 +283,7 @@ void TcpTransport::on_message(net::Message&& m) {
                  fmt::format("collective: {} sent more than {} messages / {} bytes that no "
                              "receive asked for",
                              describe(key.first), live_.early_messages, live_.early_bytes));
+      early_count_[p] = SIZE_MAX;
       lock.unlock();
       PP_ERROR("{}; closing its connection", bad.message());
       net_.close(m.conn, bad);
