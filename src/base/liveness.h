@@ -39,7 +39,7 @@ class SilenceDetector {
   Millis silence(const Key& k) const {
     auto it = last_.find(k);
     if (it == last_.end()) return Millis{0};
-    return std::chrono::duration_cast<Millis>(clock_->now() - it->second);
+    return std::chrono::ceil<Millis>(clock_->now() - it->second);
   }
   // The member silent the longest, when that is more than the timeout, and
   // how long it has been silent.
@@ -49,7 +49,7 @@ class SilenceDetector {
     for (const auto& kv : last_)
       if (now - kv.second > timeout_ && (!worst || kv.second < worst->second)) worst = &kv;
     if (!worst) return std::nullopt;
-    return std::make_pair(worst->first, std::chrono::duration_cast<Millis>(now - worst->second));
+    return std::make_pair(worst->first, std::chrono::ceil<Millis>(now - worst->second));
   }
   // When the next member would expire if nothing is heard (time_point::max()
   // when nothing is watched).

@@ -275,15 +275,22 @@ Status Scheduler::run() {
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
   started_ = clock_.now();
+  auto next_beat = started_;
   while (!finished_ && failure_.is_ok()) {
     // The unregistered-exit grace may end before the next heartbeat.
     Millis wait = c.heartbeat_interval;
     if (!exited_unregistered_.empty()) wait = std::min(wait, Millis{100});
+    // Wake when the next node would pass the silence limit, not an interval later.
+    auto until_silent = std::chrono::duration_cast<Millis>(silence_.next_deadline() - clock_.now());
+    wait = std::clamp(until_silent, Millis{1}, wait);
     cv_.wait_for(lock, wait);
     if (finished_ || !failure_.is_ok()) break;
     check_timers();
     if (finished_ || !failure_.is_ok()) break;
-    broadcast(msg::kHeartbeat, {});
+    if (clock_.now() >= next_beat) {
+      next_beat = clock_.now() + c.heartbeat_interval;
+      broadcast(msg::kHeartbeat, {});
+    }
   }
   Status result = finished_ ? Status{} : failure_;
   lock.unlock();

@@ -30,7 +30,7 @@ NetOptions mesh_net(const Options& o) {
 // The mesh's failure detector (tcp_transport.h): heartbeats at
 // min(heartbeat_interval, heartbeat_timeout / 5). In a cluster the scheduler
 // is the main detector (its verdict reaches the mesh through the Node), so
-// the mesh's own limit is one interval longer and a closed connection waits
+// the mesh's own limit is an interval + 0.5 s longer and a closed connection waits
 // longer than the Node's own grace for the scheduler's word.
 LivenessConfig mesh_liveness(const Options& o, bool cluster) {
   const auto& c = o.cluster;
@@ -41,7 +41,7 @@ LivenessConfig mesh_liveness(const Options& o, bool cluster) {
   l.grace = std::min(c.heartbeat_timeout / 2, Millis{1500});
   if (cluster) {
     l.noun = "worker";
-    l.heartbeat_timeout += l.heartbeat_interval;
+    l.heartbeat_timeout += c.heartbeat_interval + Millis{500};
     l.grace =
         std::min(c.heartbeat_timeout / 2, 2 * c.heartbeat_interval + Millis{500}) + Millis{1000};
   }
@@ -136,7 +136,10 @@ Bootstrapped from_cluster(const Options& o) {
   // transport, so a late callback from the Node's threads is harmless.
   out.node->on_peer_failure([port = tcp->verdict_port()](const Status& s) { port->deliver(s); });
   if (Status f = out.node->failure(); !f.is_ok()) tcp->declare(f);
-  tcp->start_liveness(mesh_liveness(o, true));
+  LivenessConfig live = mesh_liveness(o, true);
+  for (const auto& w : book.workers)
+    live.names.push_back(w.describe());
+  tcp->start_liveness(std::move(live));
   set_local(o, out.book, rank, &out);
   out.transport = std::move(tcp);
   return out;

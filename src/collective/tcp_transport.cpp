@@ -121,7 +121,9 @@ Status TcpTransport::peer_error(int peer, const Status& why) const {
 }
 
 std::string TcpTransport::describe(int peer) const {
-  // where_ and live_.noun are set up before any operation and never change.
+  // where_ and live_'s names are set up before any operation and never change.
+  if (peer >= 0 && static_cast<size_t>(peer) < live_.names.size())
+    return live_.names[static_cast<size_t>(peer)];
   if (peer < 0 || peer >= size_ || where_[static_cast<size_t>(peer)].empty())
     return fmt::format("{} {}", live_.noun, peer);
   return fmt::format("{} {} (host {})", live_.noun, peer, where_[static_cast<size_t>(peer)]);

@@ -81,8 +81,11 @@ struct LivenessConfig {
   Millis heartbeat_timeout{10000};
   // How long a closed connection's operations wait for a better verdict.
   Millis grace{1000};
-  // How failure messages name the members ("rank", or "worker" in a cluster).
+  // How failure messages name the members ("rank", or "worker" in a cluster),
+  // and, when not empty, each member's full name by rank (in a cluster the
+  // Node's "worker 2 (host h:p)", so both detectors name a node alike).
   std::string noun = "rank";
+  std::vector<std::string> names;
   // Early-message limits per peer.
   size_t early_messages = 65536;
   uint64_t early_bytes = uint64_t{1} << 30;
