@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "pushpull/array.h"
+#include "pushpull/error.h"
 #include "pushpull/options.h"
 
 namespace pushpull::collective {
@@ -149,6 +150,10 @@ class Communicator {
   void wait(const Handle& h, std::optional<Millis> timeout = std::nullopt) const;
   // wait(), then moves out the result of an allgather / reduce_scatter.
   Array take_output(const Handle& h, std::optional<Millis> timeout = std::nullopt) const;
+
+  // OK while healthy; once a failure ended the collectives (a peer failed, a
+  // stall shutdown, a malformed message), that failure.
+  Status failure() const;
 
   // Fails pending ops with an error saying the communicator shut down, stops
   // the background thread and closes the transport (peers with pending ops

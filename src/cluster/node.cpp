@@ -227,7 +227,7 @@ void Node::on_control(net::Message&& m) {
       lock.unlock();
       if (!s) return fail(s);
       if (m.header.type == msg::kAbort)
-        fail({ErrorCode::kPeerFailure, fmt::format("the scheduler ended the job: {}", reason)});
+        fail({ErrorCode::kPeerFailure, reason});
       else
         fail({ErrorCode::kPeerFailure, fmt::format("{} failed: {}", describe_node(who), reason)});
       return;
@@ -347,6 +347,23 @@ Status Node::post_recv(Role role, int rank, net::RecvMatch match, void* dst, siz
   } catch (const Error&) {
     return Status::from_current_exception();
   }
+}
+
+void Node::report_failure(const Status& why) {
+  std::unique_lock lock(mu_);
+  if (!failure_.is_ok()) return;
+  net::ConnId sched = scheduler_;
+  NodeAddress me{role(), rank_, "", 0};
+  lock.unlock();
+  auto p = encode_dead(me, why.message());
+  Status sent =
+      transport_->send_copy(sched, net::Header{.type = msg::kFailureReport}, p.data(), p.size());
+  lock.lock();
+  if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_.is_ok(); });
+  if (!failure_.is_ok()) return;
+  lock.unlock();
+  // The scheduler did not answer (gone, or slow): fail locally with the reason.
+  fail(why);
 }
 
 void Node::wait_for_workers() {

@@ -105,6 +105,12 @@ class Node {
   // barrier_timeout) until every node is, then closes. Throws the failure.
   void shutdown();
 
+  // An engine on this node found the job failed by itself (`why` names the
+  // node that failed, e.g. the collectives' detector): tells the scheduler,
+  // which ends the job with that reason for every node, and waits up to 2 s
+  // for its word (the node's failure() is then set). No-op once failed.
+  void report_failure(const Status& why);
+
   // Stops the heartbeat thread and the transport (its I/O thread joined):
   // no handler or failure callback runs after this returns. Idempotent;
   // thread-safe; not from a handler. Does not leave the job (the scheduler

@@ -165,6 +165,21 @@ void Scheduler::on_message(net::Message&& m) {
       }
       return;
     }
+    case msg::kFailureReport: {
+      if (it == nodes_.end()) return;
+      NodeAddress reporter;
+      std::string reason;
+      if (!decode_dead(payload, &reporter, &reason)) return;
+      if (!failure_.is_ok() || finished_) return;
+      // The reason names the node that failed (the engine's verdict); the
+      // reporter is only the messenger.
+      PP_ERROR("job failed: {} (reported by {})", reason, it->second.addr.describe());
+      failure_ = {ErrorCode::kPeerFailure, reason};
+      broadcast(msg::kAbort,
+                encode_dead({Role::kScheduler, 0, options_.cluster.root_uri, port()}, reason));
+      cv_.notify_all();
+      return;
+    }
     default:
       PP_WARN("scheduler ignores message type {} from connection {}", m.header.type, m.conn);
   }

@@ -169,6 +169,10 @@ Array Communicator::take_output(const Handle& h, std::optional<Millis> timeout) 
   return std::move(h.state_->output);
 }
 
+Status Communicator::failure() const {
+  return impl_ ? impl_->failure() : Status::ok();
+}
+
 void Communicator::shutdown() {
   if (impl_) impl_->shutdown();
 }

@@ -89,10 +89,6 @@ void Communicator::Impl::execute_one(Response& r) {
   if (r.kind == Response::Kind::kError) {
     for (const auto& t : r.tensors)
       finish(t.name, Status(r.code, r.message));
-    // A stall past PUSHPULL_STALL_SHUTDOWN_SECONDS ends the collectives on
-    // every rank (the stalled ones too), naming the stalled ranks; other
-    // errors (a mismatch) fail only their tensors.
-    if (r.code == ErrorCode::kTimeout) throw Timeout(r.message);
     return;
   }
   if (r.kind == Response::Kind::kJoinDone) {

@@ -493,14 +493,27 @@ std::optional<Status> TcpTransport::verdict() const {
 }
 
 void TcpTransport::abort(const Status& why) {
+  bool quiet;
+  {
+    // After a peer shut down in order the group is ending: an operation that
+    // failed on that is no failure of the job (no verdict).
+    std::lock_guard lock(mu_);
+    quiet = why.code() == ErrorCode::kPeerFailure && !verdict_.failure() &&
+            std::find(left_.begin(), left_.end(), true) != left_.end();
+  }
   // A peer failure names the node already (a verdict, a lost connection);
   // anything else is this rank's own failure.
-  if (why.code() == ErrorCode::kPeerFailure)
-    decide(why, true);
-  else
-    decide(Status(ErrorCode::kPeerFailure,
-                  fmt::format("collective: {} failed: {}", describe(rank_), why.message())),
-           true);
+  if (!quiet) {
+    if (why.code() == ErrorCode::kPeerFailure)
+      decide(why, true);
+    else
+      decide(
+          Status(ErrorCode::kPeerFailure,
+                 fmt::format("collective: {} {}: {}", describe(rank_),
+                             why.code() == ErrorCode::kTimeout ? "ended the collectives" : "failed",
+                             why.message())),
+          true);
+  }
   net_.drain(Millis{500});  // lets the verdict reach the peers
   close(why);
 }

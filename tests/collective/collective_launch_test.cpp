@@ -216,6 +216,30 @@ TEST_P(StoppedRank, IsDetectedByHeartbeatsAndNamedEverywhere) {
 // Rank 0 coordinates; rank 1 is an ordinary member.
 INSTANTIATE_TEST_SUITE_P(Victims, StoppedRank, ::testing::Values(0, 1));
 
+// The same in a cluster job (`launch -s 1`): the scheduler's heartbeats
+// catch the stopped worker and its verdict fails the mesh's operations.
+TEST(CollectiveProcesses, AStoppedWorkerOfAClusterJobIsNamedByTheScheduler) {
+  auto r = run_launcher(
+      {"-n", "3", "-s", "1", "--timeout", "30", "--server-command", bin("pushpull") + " server",
+       bin("collective_probe"), "--victim", "1", "--after", "20", "--stop", "1"},
+      std::chrono::seconds(60), [](pid_t, const std::string&) {}, "",
+      {"/usr/bin/env", "PUSHPULL_HEARTBEAT_TIMEOUT_MS=1500", "PUSHPULL_HEARTBEAT_INTERVAL_MS=100"});
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  for (const std::string w : {"worker 0", "worker 2"}) {
+    auto lines = lines_from(r.out, w);
+    int errors = 0;
+    for (const auto& l : lines) {
+      if (l.rfind("ERROR ", 0) != 0) continue;
+      ++errors;
+      EXPECT_THAT(l, HasSubstr("ERROR PeerFailure"));
+      EXPECT_THAT(l, HasSubstr("worker 1 (host 127.0.0.1:"));
+      EXPECT_THAT(l, HasSubstr("no heartbeat for"));
+      EXPECT_LT(std::stoll(l.substr(18)), 1500 + 2000 + 3000) << l;
+    }
+    EXPECT_EQ(errors, 1) << w << ":\n" << r.out << r.err;
+  }
+}
+
 TEST(CollectiveProcesses, Mpirun) {
   if (access("/usr/bin/mpirun", X_OK) != 0) GTEST_SKIP() << "OpenMPI's mpirun is not installed";
   const int port = test::free_port();
