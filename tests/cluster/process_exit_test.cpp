@@ -212,5 +212,29 @@ TEST(ProcessExit, ExitZeroWithoutLeavingIsAFailure) {
   EXPECT_TRUE(contains(st.message(), "without leaving")) << st.message();
 }
 
+// An engine of a node (the collectives' detector) found the job failed by
+// itself: the scheduler ends the job with that reason, naming the node the
+// engine named, not the node that reported it.
+TEST(FailureReport, TheSchedulerEndsTheJobWithTheReportedReason) {
+  Job j(job(1, 2));
+  j.add(Role::kServer, 0);
+  j.add(Role::kWorker, 0);
+  j.add(Role::kWorker, 1);
+  for (auto& f : j.started)
+    f.get();
+  const std::string why = "collective: worker 1 (host 127.0.0.1:1) failed: no heartbeat";
+  j.nodes[1]->report_failure(Status(ErrorCode::kPeerFailure, why));
+  EXPECT_EQ(j.nodes[1]->failure().message(), why);
+  Status st = j.finish();
+  EXPECT_EQ(st.code(), ErrorCode::kPeerFailure);
+  EXPECT_EQ(st.message(), why);
+  for (auto& n : j.nodes)
+    ASSERT_TRUE(test::wait_until([&] { return n->failure().message() == why; }))
+        << n->failure().message();
+  // Exits that follow are consequences: the root cause stays.
+  j.scheduler.process_exited(Role::kWorker, 0, 3, 0);
+  EXPECT_EQ(st.message(), why);
+}
+
 }  // namespace
 }  // namespace pushpull::cluster
