@@ -147,7 +147,9 @@ void Node::heartbeat_loop() {
   auto next_beat = clock_.now();
   while (!stop_heartbeat_) {
     auto wake = next_beat;
-    if (!suspect_.is_ok()) wake = std::min(wake, suspect_deadline_);
+    // (A suspect matters only while the job is healthy: once failed, its
+    // deadline would wake this loop again and again.)
+    if (!suspect_.is_ok() && failure_.is_ok()) wake = std::min(wake, suspect_deadline_);
     // Waits in real time, at most one interval, so an injected clock that
     // jumps is noticed within an interval.
     auto left = std::clamp(std::chrono::duration_cast<Millis>(wake - clock_.now()), Millis{0},
