@@ -4,6 +4,7 @@
 
 #include <future>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "base/clock.h"
@@ -44,8 +45,9 @@ struct Job {
       if (f.valid()) f.wait();
     nodes.clear();
   }
-  Node& add(Role role, int rank) {
+  Node& add(Role role, int rank, Millis heartbeat_interval = Millis{0}) {
     Options no = options;
+    if (heartbeat_interval > Millis{0}) no.cluster.heartbeat_interval = heartbeat_interval;
     no.cluster.role = role;
     no.cluster.preferred_rank = rank;
     nodes.push_back(std::make_unique<Node>(no));
@@ -234,6 +236,29 @@ TEST(FailureReport, TheSchedulerEndsTheJobWithTheReportedReason) {
   // Exits that follow are consequences: the root cause stays.
   j.scheduler.process_exited(Role::kWorker, 0, 3, 0);
   EXPECT_EQ(st.message(), why);
+}
+
+// The scheduler's silence limit on a manual clock: worker 1 heartbeats only
+// once an hour (as if stopped after registering), the others every 100 ms.
+TEST(Heartbeats, ASilentNodeIsDeclaredDeadOnlyAfterTheTimeout) {
+  ManualClock clock;
+  Options o = job(1, 2);
+  o.cluster.heartbeat_timeout = 2000ms;
+  Job j(o, clock);
+  j.add(Role::kServer, 0);
+  j.add(Role::kWorker, 0);
+  j.add(Role::kWorker, 1, std::chrono::hours(1));
+  for (auto& f : j.started)
+    f.get();
+  clock.advance(1000ms);
+  // Real time for the others' heartbeats to be heard at the new time.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_NE(j.result.wait_for(200ms), std::future_status::ready) << "declared too early";
+  clock.advance(1001ms);  // worker 1 silent 2001 ms, the others about 1001 ms
+  Status st = j.finish();
+  EXPECT_EQ(st.code(), ErrorCode::kPeerFailure);
+  EXPECT_TRUE(contains(st.message(), "worker 1 (host 127.0.0.1:")) << st.message();
+  EXPECT_TRUE(contains(st.message(), "no heartbeat for 2001 ms (limit 2000 ms)")) << st.message();
 }
 
 }  // namespace
