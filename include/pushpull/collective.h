@@ -76,7 +76,10 @@ struct CommunicatorOptions {
   // Called on rank 0's background thread when a tensor stalls (besides the log line).
   std::function<void(const StallReport&)> on_stall;
 
-  // collective from options.collective, peer_timeout from cluster.heartbeat_timeout.
+  // collective from options.collective; peer_timeout = cluster.heartbeat_timeout
+  // + max(3 s, heartbeat_timeout / 2): longer than the failure detector takes
+  // (heartbeat_timeout), so a stopped peer is named by the detector rather
+  // than reported as an algorithm making no progress.
   static CommunicatorOptions from(const Options& options);
 };
 
