@@ -144,28 +144,29 @@ void Node::start() {
 void Node::heartbeat_loop() {
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
-  auto next_beat = clock_.now();
+  // Heartbeats go out on real time; the silence and suspect decisions read
+  // clock_ (injectable). Waits are at most one interval either way.
+  using Real = std::chrono::steady_clock;
+  auto next_beat = Real::now();
   while (!stop_heartbeat_) {
-    auto wake = next_beat;
+    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
+                           c.heartbeat_interval);
     // (A suspect matters only while the job is healthy: once failed, its
     // deadline would wake this loop again and again.)
-    if (!suspect_.is_ok() && failure_.is_ok()) wake = std::min(wake, suspect_deadline_);
-    // Waits in real time, at most one interval, so an injected clock that
-    // jumps is noticed within an interval.
-    auto left = std::clamp(std::chrono::duration_cast<Millis>(wake - clock_.now()), Millis{0},
-                           c.heartbeat_interval);
+    if (!suspect_.is_ok() && failure_.is_ok())
+      left = std::min(left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(
+                                                    suspect_deadline_ - clock_.now())));
     if (left > Millis{0}) cv_.wait_for(lock, left);
     if (stop_heartbeat_ || shutdown_) break;
-    auto now = clock_.now();
-    if (!suspect_.is_ok() && now >= suspect_deadline_ && failure_.is_ok()) {
+    if (!suspect_.is_ok() && clock_.now() >= suspect_deadline_ && failure_.is_ok()) {
       Status s = suspect_;
       lock.unlock();
       fail(s);
       lock.lock();
       continue;
     }
-    if (now < next_beat) continue;
-    next_beat = now + c.heartbeat_interval;
+    if (Real::now() < next_beat) continue;
+    next_beat = Real::now() + c.heartbeat_interval;
     auto silent = scheduler_silence_.silence(0);
     net::ConnId sched = scheduler_;
     lock.unlock();

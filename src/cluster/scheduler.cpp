@@ -290,20 +290,23 @@ Status Scheduler::run() {
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
   started_ = clock_.now();
-  auto next_beat = started_;
+  // Heartbeats go out on real time; the decisions read clock_ (injectable).
+  auto next_beat = std::chrono::steady_clock::now();
   while (!finished_ && failure_.is_ok()) {
     // The unregistered-exit grace may end before the next heartbeat.
     Millis wait = c.heartbeat_interval;
     if (!exited_unregistered_.empty()) wait = std::min(wait, Millis{100});
     // Wake when the next node would pass the silence limit, not an interval later.
     auto until_silent = std::chrono::duration_cast<Millis>(silence_.next_deadline() - clock_.now());
-    wait = std::clamp(until_silent, Millis{1}, wait);
+    auto until_beat =
+        std::chrono::duration_cast<Millis>(next_beat - std::chrono::steady_clock::now());
+    wait = std::clamp(std::min(until_silent, until_beat), Millis{1}, wait);
     cv_.wait_for(lock, wait);
     if (finished_ || !failure_.is_ok()) break;
     check_timers();
     if (finished_ || !failure_.is_ok()) break;
-    if (clock_.now() >= next_beat) {
-      next_beat = clock_.now() + c.heartbeat_interval;
+    if (std::chrono::steady_clock::now() >= next_beat) {
+      next_beat = std::chrono::steady_clock::now() + c.heartbeat_interval;
       broadcast(msg::kHeartbeat, {});
     }
   }

@@ -540,14 +540,19 @@ void TcpTransport::start_liveness(LivenessConfig config) {
 void TcpTransport::liveness_loop() {
   const ClockSource& clock = *live_.clock;
   std::unique_lock lock(mu_);
-  auto next_beat = clock.now();
+  // Heartbeats go out on real time; the silence and suspect decisions read
+  // the configured clock. Waits are at most one interval either way.
+  using Real = std::chrono::steady_clock;
+  auto next_beat = Real::now();
   while (!live_stop_) {
-    auto wake = std::min(next_beat, verdict_.suspect_deadline());
-    if (live_.detect && !verdict_.failure()) wake = std::min(wake, silence_->next_deadline());
-    // Real-time waits of at most one interval: an injected clock that jumps
-    // is noticed within an interval.
-    auto left = std::clamp(std::chrono::duration_cast<Millis>(wake - clock.now()), Millis{0},
+    auto decide_at = verdict_.suspect_deadline();
+    if (live_.detect && !verdict_.failure())
+      decide_at = std::min(decide_at, silence_->next_deadline());
+    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
                            live_.heartbeat_interval);
+    if (decide_at != ClockSource::time_point::max())
+      left = std::min(
+          left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(decide_at - clock.now())));
     if (left > Millis{0}) cv_.wait_for(lock, left);
     if (live_stop_) break;
     if (auto due = verdict_.suspect_due()) {
@@ -572,9 +577,8 @@ void TcpTransport::liveness_loop() {
         continue;
       }
     }
-    auto now = clock.now();
-    if (now < next_beat) continue;
-    next_beat = now + live_.heartbeat_interval;
+    if (Real::now() < next_beat) continue;
+    next_beat = Real::now() + live_.heartbeat_interval;
     std::vector<net::ConnId> peers;
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
