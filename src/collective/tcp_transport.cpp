@@ -459,13 +459,19 @@ void TcpTransport::on_control(net::Message&& m) {
 void TcpTransport::decide(const Status& verdict, bool tell) {
   std::vector<Completion> failed;
   std::vector<net::ConnId> peers;
+  std::vector<std::pair<Key, net::ConnId>> in_net;  // data receives net may be filling
   {
     std::lock_guard lock(mu_);
     if (closed_ || !verdict_.decide(verdict)) return;
-    for (auto& [k, p] : posted_)
-      failed.push_back(std::move(p.done));
-    posted_.clear();
-    registered_.clear();
+    for (auto it = posted_.begin(); it != posted_.end();) {
+      if (registered_.count(it->first)) {
+        in_net.emplace_back(it->first, conns_[static_cast<size_t>(it->first.first)]);
+        ++it;
+      } else {
+        failed.push_back(std::move(it->second.done));
+        it = posted_.erase(it);
+      }
+    }
     for (auto& done : held_)
       failed.push_back(std::move(done));
     held_.clear();
@@ -478,6 +484,17 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
     std::string text = verdict.message().substr(0, kMaxVerdictBytes);
     for (net::ConnId c : peers)
       net_.send_copy(c, net::Header{.type = kVerdictType}, text.data(), text.size(), kUrgent);
+  }
+  // A data receive posted to net may only fail once net let go of its
+  // buffer: withdrawn here, or (already being filled) when net completes it.
+  for (const auto& [key, conn] : in_net) {
+    if (!net_.cancel_recv(conn, net::RecvMatch{kDataType, key.second, 0})) continue;
+    std::lock_guard lock(mu_);
+    registered_.erase(key);
+    auto it = posted_.find(key);
+    if (it == posted_.end()) continue;
+    failed.push_back(std::move(it->second.done));
+    posted_.erase(it);
   }
   for (auto& done : failed)
     done(verdict);
