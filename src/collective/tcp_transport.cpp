@@ -485,6 +485,11 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
     for (net::ConnId c : peers)
       net_.send_copy(c, net::Header{.type = kVerdictType}, text.data(), text.size(), kUrgent);
   }
+  // Wakes a thread waiting on the data streams at once (it then reports the
+  // verdict): shutting down only our reading side, so the peers see nothing.
+  if (streams_ready_)
+    for (auto& fd : streams_)
+      if (fd.valid()) ::shutdown(fd.get(), SHUT_RD);
   // A data receive posted to net may only fail once net let go of its
   // buffer: withdrawn here, or (already being filled) when net completes it.
   for (const auto& [key, conn] : in_net) {
