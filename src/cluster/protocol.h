@@ -10,6 +10,10 @@
 //   kLeave        node -> scheduler   empty: this node is done
 //   kShutdown     scheduler -> node   every node has left: close now
 //   kWorkersDone  scheduler -> server every worker has left (servers leave then)
+//   kFailureReport node -> scheduler  {reporter's address, reason}: an engine of
+//                                     the node found the job failed (e.g. the
+//                                     collectives' detector); the scheduler ends
+//                                     the job with that reason (kAbort)
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -35,7 +39,8 @@ inline constexpr uint16_t kAbort = 22;
 inline constexpr uint16_t kLeave = 23;
 inline constexpr uint16_t kShutdown = 24;
 inline constexpr uint16_t kWorkersDone = 25;
-inline constexpr uint16_t kLast = 25;
+inline constexpr uint16_t kFailureReport = 26;
+inline constexpr uint16_t kLast = 26;
 }  // namespace msg
 
 // Barrier groups (bit set; kAll = servers and workers, not the scheduler).
