@@ -29,10 +29,10 @@ Scheduler::~Scheduler() {
   transport_->stop();
 }
 
-int Scheduler::bind() {
+int Scheduler::bind(const std::string& host) {
   int port = options_.net.port > 0 ? options_.net.port : options_.cluster.root_port;
-  std::string host = options_.cluster.root_uri.find(':') != std::string::npos ? "::" : "";
-  int bound = transport_->listen(host, port);
+  std::string any = options_.cluster.root_uri.find(':') != std::string::npos ? "::" : "";
+  int bound = transport_->listen(host.empty() ? any : host, port);
   transport_->set_advertised_address(options_.cluster.root_uri, bound);
   PP_INFO("scheduler listening on port {} for {} servers and {} workers", bound,
           options_.cluster.num_servers, options_.cluster.num_workers);

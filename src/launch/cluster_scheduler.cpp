@@ -5,21 +5,31 @@
 #include <thread>
 
 #include "cluster/scheduler.h"
+#include "pushpull/log.h"
 
 namespace pushpull::launch {
 namespace {
+
+// Scheduler::process_exited comes with the liveness work on the cluster
+// layer. TODO(merge): once it is in main, call it directly and drop this
+// shim; until then the launcher builds without it and the call is a no-op.
+template <typename S>
+void report_exit(S& scheduler, Role role, int rank, int exit_code, int signal) {
+  if constexpr (requires { scheduler.process_exited(role, rank, exit_code, signal); })
+    scheduler.process_exited(role, rank, exit_code, signal);
+}
 
 class ClusterScheduler final : public EmbeddedScheduler {
  public:
   explicit ClusterScheduler(Options o) : options_(std::move(o)) {}
   ~ClusterScheduler() override { stop(); }
 
-  int start(const std::string& addr, int port) override {
-    options_.cluster.root_uri = addr;
+  int start(const std::string& advertised, const std::string& bind_addr, int port) override {
+    options_.cluster.root_uri = advertised;
     options_.cluster.root_port = port;
     options_.net.port = port;
     scheduler_ = std::make_unique<cluster::Scheduler>(options_);
-    int bound = scheduler_->bind();
+    int bound = scheduler_->bind(bind_addr);
     thread_ = std::thread([this] {
       ScopedLogContext log("scheduler");
       Status st = scheduler_->run();
@@ -49,6 +59,15 @@ class ClusterScheduler final : public EmbeddedScheduler {
     // Stopping a scheduler that already finished would report a failure.
     if (scheduler_ && !finished) scheduler_->stop();
     if (thread_.joinable()) thread_.join();
+  }
+
+  void process_exited(Role role, int rank, int exit_code, int signal) noexcept override {
+    if (!scheduler_) return;
+    try {
+      report_exit(*scheduler_, role, rank, exit_code, signal);
+    } catch (const std::exception& e) {
+      PP_WARN("the scheduler could not take {} {}'s exit: {}", role_name(role), rank, e.what());
+    }
   }
 
  private:

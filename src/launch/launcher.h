@@ -9,7 +9,9 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "launch/embedded_scheduler.h"
@@ -45,5 +47,9 @@ int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
 int pick_free_port(const std::string& addr);
 // This host's first non-loopback IPv4 address, else "127.0.0.1".
 std::string first_ipv4_address();
+// The IPv4 address of network interface `name`, if it has one.
+std::optional<std::string> interface_ipv4_address(const std::string& name);
+// "localhost", "::1" or an address in 127.0.0.0/8.
+bool is_loopback_host(std::string_view host);
 
 }  // namespace pushpull::launch
