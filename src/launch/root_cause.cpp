@@ -20,8 +20,13 @@ int exit_code_of(const ChildState& c) {
   return c.exited ? c.code : 128 + c.code;
 }
 
-// What a report says about its node: the text after "<node> (host ...) failed: ".
+constexpr std::string_view kSchedulerEnded = "the scheduler ended the job: ";
+
+// What a report says about its node: the text after "<node> (host ...) failed: "
+// (or after "the scheduler ended the job: ").
 std::string report_tail(const std::string& message) {
+  if (auto at = message.find(kSchedulerEnded); at != std::string::npos)
+    return message.substr(at + kSchedulerEnded.size());
   auto at = message.find(") failed: ");
   return at == std::string::npos ? message : message.substr(at + 10);
 }
@@ -62,6 +67,14 @@ std::optional<std::string> node_named_in(std::string_view text) {
   return std::nullopt;
 }
 
+std::string blamed_in(std::string_view line) {
+  auto at = line.find("PeerFailure");
+  if (at == std::string_view::npos) return "";
+  line = line.substr(at);
+  if (auto who = node_named_in(line)) return *who;
+  return line.find(kSchedulerEnded) != std::string_view::npos ? "scheduler" : "";
+}
+
 RootCause find_root_cause(const std::vector<ChildState>& children,
                           const std::vector<FailureEvent>& events) {
   auto index_of = [&](const std::optional<std::string>& label) -> std::optional<size_t> {
@@ -83,6 +96,10 @@ RootCause find_root_cause(const std::vector<ChildState>& children,
       continue;
     }
     const auto& c = children.at(e.child);
+    if (c.blames == "scheduler") {
+      candidates.push_back({5, order, std::nullopt, "the scheduler", report_tail(c.blame_line)});
+      continue;
+    }
     if (auto blamed = index_of(c.blames); blamed && *blamed != e.child) {
       candidates.push_back({2, order, blamed, "reported by " + c.label, c.blame_line});
       continue;

@@ -30,9 +30,10 @@ struct ChildState {
   int code = 0;          // exit code or signal number
   bool stopped = false;  // the supervisor had asked it to stop
   // The first node its output blamed (a line with "PeerFailure" naming
-  // "worker N (host ..." / "server N (host ..."), else "".
+  // "worker N (host ..." / "server N (host ..."), or "scheduler" for
+  // "PeerFailure: the scheduler ended the job: ...", else "".
   std::string blames;
-  std::string blame_line;  // that line
+  std::string blame_line;  // that line, from "PeerFailure"
 };
 
 // One failure, in the order the supervisor observed it.
@@ -60,13 +61,16 @@ struct RootCause {
 //     the scheduler's report;
 //  4. a child that exited 1 (what nodes do when a peer failed);
 //  5. a scheduler report naming no node it launched (e.g. a registration
-//     timeout).
+//     timeout), also when only a child's PeerFailure line relays it.
 RootCause find_root_cause(const std::vector<ChildState>& children,
                           const std::vector<FailureEvent>& events);
 
 // "worker 3" from the first "worker 3 (host " / "server 3 (host " in `text`
 // (how the cluster layer names nodes), else nullopt.
 std::optional<std::string> node_named_in(std::string_view text);
+
+// Whom a line of a child's output blames (see ChildState::blames), or "".
+std::string blamed_in(std::string_view line);
 
 // "worker 1 (pid 12, host 10.0.0.2)".
 std::string describe_child(const ChildState& c);

@@ -235,11 +235,10 @@ class Job {
     if (c.log.get() >= 0) write_all(c.log.get(), fmt::format("{}\n", line));
     // A node that fails because a peer failed says so: remember whom.
     if (c.result.blames.empty()) {
-      if (auto at = line.find("PeerFailure"); at != std::string_view::npos)
-        if (auto who = node_named_in(line.substr(at)); who && *who != c.spec.label) {
-          c.result.blames = *who;
-          c.result.blame_line = std::string(line.substr(at));
-        }
+      if (auto who = blamed_in(line); !who.empty() && who != c.spec.label) {
+        c.result.blames = who;
+        c.result.blame_line = std::string(line.substr(line.find("PeerFailure")));
+      }
     }
   }
 

@@ -482,11 +482,27 @@ TEST(RootCause, ASchedulerFailureNamingNoChild) {
   EXPECT_EQ(r.reason, "the scheduler reported: only 0 of 1 servers registered within 100 ms");
 }
 
+TEST(RootCause, ARelayedSchedulerVerdictBeatsTheExitThatRelayedIt) {
+  // The scheduler's own report is not in yet; worker 0 relays it and exits 1.
+  std::vector<ChildState> c = {child("worker 0", true, true, 1)};
+  c[0].blames = blamed_in(
+      "[pushpull E] PeerFailure: the scheduler ended the job: only 1 of 2 workers registered");
+  c[0].blame_line = "PeerFailure: the scheduler ended the job: only 1 of 2 workers registered";
+  EXPECT_EQ(c[0].blames, "scheduler");
+  auto r = find_root_cause(c, {child_event(0)});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.reason, "the scheduler reported: only 1 of 2 workers registered");
+  EXPECT_THAT(r.consequences, ElementsAre("worker 0 exited with code 1"));
+}
+
 TEST(RootCause, NodeNames) {
   EXPECT_EQ(node_named_in("PeerFailure: worker 12 (host 1.2.3.4:5) failed: x"), "worker 12");
   EXPECT_EQ(node_named_in("server: PeerFailure: server 0 (host h:1) failed"), "server 0");
   EXPECT_EQ(node_named_in("the worker 3 said hello"), std::nullopt);
   EXPECT_EQ(node_named_in("scheduler (host h:1) failed"), std::nullopt);
+  EXPECT_EQ(blamed_in("server: PeerFailure: worker 2 (host h:1) failed: x"), "worker 2");
+  EXPECT_EQ(blamed_in("worker 2 (host h:1) failed: x"), "");
+  EXPECT_EQ(blamed_in("PeerFailure: scheduler (host h:1) failed: closed"), "");
 }
 
 }  // namespace
