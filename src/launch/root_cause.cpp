@@ -20,6 +20,7 @@ int exit_code_of(const ChildState& c) {
   return c.exited ? c.code : 128 + c.code;
 }
 
+constexpr const char* kByScheduler = "reported by the scheduler";
 constexpr std::string_view kSchedulerEnded = "the scheduler ended the job: ";
 
 // What a report says about its node: the text after "<node> (host ...) failed: "
@@ -60,7 +61,8 @@ std::optional<std::string> node_named_in(std::string_view text) {
     size_t i = at + 7, digits = i;
     while (i < text.size() && text[i] >= '0' && text[i] <= '9')
       ++i;
-    if (i > digits && text.substr(i).starts_with(" (host "))
+    auto rest = text.substr(i);
+    if (i > digits && (rest.starts_with(" (host ") || rest.starts_with(" (not registered")))
       return std::string(text.substr(at, i - at));
     pos = at + 1;
   }
@@ -89,7 +91,7 @@ RootCause find_root_cause(const std::vector<ChildState>& children,
     const auto& e = events[order];
     if (e.kind == FailureEvent::Kind::kScheduler) {
       if (auto named = index_of(node_named_in(e.message)))
-        candidates.push_back({2, order, named, "reported by the scheduler", e.message});
+        candidates.push_back({2, order, named, kByScheduler, e.message});
       else
         candidates.push_back({5, order, std::nullopt, "the scheduler", e.message});
       scheduler_reported = true;
@@ -113,6 +115,9 @@ RootCause find_root_cause(const std::vector<ChildState>& children,
   for (const auto& c : candidates)
     if (c.rank < root->rank || (c.rank == root->rank && c.order < root->order)) root = &c;
 
+  // Several reports about the same node: the scheduler's is the verdict.
+  for (const auto& c : candidates)
+    if (c.rank == 2 && c.child == root->child && c.source == kByScheduler) root = &c;
   std::optional<size_t> root_child = root->child;
   if (!root_child) {
     out.reason = fmt::format("{} reported: {}", root->source, root->message);

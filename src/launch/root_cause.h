@@ -29,8 +29,8 @@ struct ChildState {
   bool exited = false;   // ended: exited (else killed by `code`)
   int code = 0;          // exit code or signal number
   bool stopped = false;  // the supervisor had asked it to stop
-  // The first node its output blamed (a line with "PeerFailure" naming
-  // "worker N (host ..." / "server N (host ..."), or "scheduler" for
+  // The first node its output blamed (a line with "PeerFailure" naming a
+  // node, see node_named_in), or "scheduler" for
   // "PeerFailure: the scheduler ended the job: ...", else "".
   std::string blames;
   std::string blame_line;  // that line, from "PeerFailure"
@@ -65,8 +65,9 @@ struct RootCause {
 RootCause find_root_cause(const std::vector<ChildState>& children,
                           const std::vector<FailureEvent>& events);
 
-// "worker 3" from the first "worker 3 (host " / "server 3 (host " in `text`
-// (how the cluster layer names nodes), else nullopt.
+// "worker 3" from the first "worker 3 (host " / "server 3 (host " (or
+// "... (not registered", a node that never joined) in `text`: how the cluster
+// layer names nodes. Else nullopt.
 std::optional<std::string> node_named_in(std::string_view text);
 
 // Whom a line of a child's output blames (see ChildState::blames), or "".

@@ -499,6 +499,7 @@ TEST(RootCause, NodeNames) {
   EXPECT_EQ(node_named_in("PeerFailure: worker 12 (host 1.2.3.4:5) failed: x"), "worker 12");
   EXPECT_EQ(node_named_in("server: PeerFailure: server 0 (host h:1) failed"), "server 0");
   EXPECT_EQ(node_named_in("the worker 3 said hello"), std::nullopt);
+  EXPECT_EQ(node_named_in("worker 1 (not registered; host unknown) failed"), "worker 1");
   EXPECT_EQ(node_named_in("scheduler (host h:1) failed"), std::nullopt);
   EXPECT_EQ(blamed_in("server: PeerFailure: worker 2 (host h:1) failed: x"), "worker 2");
   EXPECT_EQ(blamed_in("worker 2 (host h:1) failed: x"), "");
