@@ -7,6 +7,7 @@
 
 #include <regex>
 
+#include "cluster/scheduler.h"
 #include "harness.h"
 
 namespace pushpull::launch::testing {
@@ -16,6 +17,17 @@ using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 const std::string kNode = bin("launch_node_probe");
+
+// Exits of processes that never joined are the scheduler's to judge
+// (cluster::Scheduler::process_exited, which the launcher calls when it has
+// it). TODO(merge): always true once the liveness work is in main.
+template <typename S>
+constexpr bool knows_exits() {
+  return requires(S & s) {
+    s.process_exited(Role::kWorker, 0, 0, 0);
+  };
+}
+constexpr bool kSchedulerKnowsExits = knows_exits<cluster::Scheduler>();
 const std::string kProbe = bin("launch_probe");
 
 // The launcher's last "job failed: " line, and what follows it.
@@ -89,6 +101,7 @@ TEST(LaunchLiveness, AWorkerThatExitsBeforeJoiningIsNamedAtOnce) {
 // Workers that never join (a program that opens no store) and exit 0: the
 // job succeeds and the servers and the scheduler stop soon after.
 TEST(LaunchLiveness, WorkersThatExitZeroWithoutJoiningEndTheJob) {
+  if (!kSchedulerKnowsExits) GTEST_SKIP() << "cluster::Scheduler has no process_exited yet";
   auto t = timed_launch({"-n", "8", "-s", "2", "--timeout", "60", "--server-command", kNode, "--",
                          "sh", "-c", "echo rank $RANK"});
   EXPECT_EQ(t.r.code, 0) << t.r.err;
@@ -101,6 +114,7 @@ TEST(LaunchLiveness, WorkersThatExitZeroWithoutJoiningEndTheJob) {
 // Worker 1 exits 0 without joining while worker 0 waits for it in the
 // registration: the job fails naming worker 1.
 TEST(LaunchLiveness, AWorkerThatLeavesOthersWaitingFailsTheJob) {
+  if (!kSchedulerKnowsExits) GTEST_SKIP() << "cluster::Scheduler has no process_exited yet";
   auto t = timed_launch({"-n", "2", "-s", "1", "--timeout", "60", "--grace", "2",
                          "--server-command", kNode, "--", "sh", "-c",
                          "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec " + kNode});
