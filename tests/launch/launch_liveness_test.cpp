@@ -141,27 +141,51 @@ TEST(LaunchLiveness, ACollectiveRankFailureStopsTheOthers) {
   }
 }
 
+// The pids a job of `sh -c 'sleep 300 & echo GRANDCHILD $!; echo CHILD $$; wait'`
+// processes printed, once `count` are there (or 20 s passed).
+std::vector<int> wait_for_pids(const std::string& out, size_t count) {
+  std::vector<int> pids;
+  auto until = std::chrono::steady_clock::now() + 20s;
+  std::regex pid_line("\\] (GRANDCHILD|CHILD) ([0-9]+)");
+  while (std::chrono::steady_clock::now() < until) {
+    pids.clear();
+    std::string text = read_file(out);
+    for (std::sregex_iterator it(text.begin(), text.end(), pid_line), end; it != end; ++it)
+      pids.push_back(std::stoi((*it)[2]));
+    if (pids.size() >= count) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  return pids;
+}
+
+const std::string kTree = "sleep 300 & echo GRANDCHILD $!; echo CHILD $$; wait";
+
+// Ctrl-C to the launcher: forwarded to every process group, so what the
+// processes started goes too.
+TEST(LaunchLiveness, SigintToTheLauncherStopsEveryGroup) {
+  std::vector<int> pids;
+  auto r = run_launcher({"-n", "2", "-s", "0", "--grace", "2", "--", "sh", "-c", kTree}, 40s,
+                        [&](pid_t launcher, const std::string& out) {
+                          pids = wait_for_pids(out, 4);
+                          kill(launcher, SIGINT);
+                        });
+  EXPECT_EQ(r.code, 128 + SIGINT) << r.err;
+  EXPECT_THAT(final_report(r.err), HasSubstr("job failed: the launcher received SIGINT"));
+  ASSERT_EQ(pids.size(), 4u) << r.out;
+  for (int pid : pids)
+    EXPECT_TRUE(wait_gone(pid)) << "pid " << pid << " outlived the launcher";
+}
+
 // The launcher killed with SIGKILL: its children die (PR_SET_PDEATHSIG) and
 // so does what they started (the guardian kills their process groups).
 TEST(LaunchLiveness, SigkillOfTheLauncherLeavesNoProcessBehind) {
   std::vector<int> pids;
-  auto r = run_launcher({"-n", "2", "-s", "1", "--timeout", "60", "--server-command",
-                         "sleep 300 & echo GRANDCHILD $!; echo CHILD $$; wait", "--", "sh", "-c",
-                         "sleep 300 & echo GRANDCHILD $!; echo CHILD $$; wait"},
-                        40s, [&](pid_t launcher, const std::string& out) {
-                          auto until = std::chrono::steady_clock::now() + 20s;
-                          std::regex pid_line("\\] (GRANDCHILD|CHILD) ([0-9]+)");
-                          while (std::chrono::steady_clock::now() < until) {
-                            pids.clear();
-                            std::string text = read_file(out);
-                            for (std::sregex_iterator it(text.begin(), text.end(), pid_line), end;
-                                 it != end; ++it)
-                              pids.push_back(std::stoi((*it)[2]));
-                            if (pids.size() >= 6) break;
-                            std::this_thread::sleep_for(20ms);
-                          }
-                          kill(launcher, SIGKILL);
-                        });
+  auto r = run_launcher(
+      {"-n", "2", "-s", "1", "--timeout", "60", "--server-command", kTree, "--", "sh", "-c", kTree},
+      40s, [&](pid_t launcher, const std::string& out) {
+        pids = wait_for_pids(out, 6);
+        kill(launcher, SIGKILL);
+      });
   EXPECT_EQ(r.code, 128 + SIGKILL);
   ASSERT_EQ(pids.size(), 6u) << r.out;
   for (int pid : pids)
