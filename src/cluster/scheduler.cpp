@@ -50,10 +50,15 @@ Scheduler::~Scheduler() {
   transport_->stop();
 }
 
-int Scheduler::bind() {
+int Scheduler::bind(const std::string& host) {
   int port = options_.net.port > 0 ? options_.net.port : options_.cluster.root_port;
-  std::string host = net::bind_host_for(options_.cluster.root_uri, options_.net.bind_any);
-  int bound = transport_->listen(host, port);
+  // An explicit host (the launcher's --host-ip) binds itself; otherwise the
+  // advertised root address decides (net::bind_host_for: loopback stays
+  // loopback, the wildcard only when asked).
+  const std::string where =
+      host.empty() ? net::bind_host_for(options_.cluster.root_uri, options_.net.bind_any)
+                   : net::bind_host_for(host, options_.net.bind_any);
+  int bound = transport_->listen(where, port);
   transport_->set_advertised_address(options_.cluster.root_uri, bound);
   PP_INFO("scheduler listening on port {} for {} servers and {} workers", bound,
           options_.cluster.num_servers, options_.cluster.num_workers);

@@ -63,8 +63,9 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Listens on options.net.port if set, else ClusterOptions::root_port (0:
-  // any). Binds the wildcard address of root_uri's family. Returns the port.
-  int bind();
+  // any), on `host` ("": the wildcard address of root_uri's family). Returns
+  // the port.
+  int bind(const std::string& host = "");
   int port() const;
   // Blocks until every node left (OK) or the job failed (its reason).
   Status run();

@@ -232,13 +232,20 @@ void run_server(Options options) {
   options.cluster.barrier_timeout = Millis(int64_t{30} * 24 * 3600 * 1000);  // 30 days
   cluster::Node node(options);
   Server server(node);
-  node.start();
-  PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
-          node.num_workers());
-  // Serve until every worker has left; leaving only then keeps the server
-  // under the scheduler's heartbeat watch for the whole job.
-  node.wait_for_workers();
-  node.shutdown();
+  try {
+    node.start();
+    PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
+            node.num_workers());
+    // Serve until every worker has left; leaving only then keeps the server
+    // under the scheduler's heartbeat watch for the whole job.
+    node.wait_for_workers();
+    node.shutdown();
+  } catch (...) {
+    // A failure: no handler may run while `server` is destroyed (the gate
+    // covers requests; this also stops failure callbacks and heartbeats).
+    node.stop_delivery();
+    throw;
+  }
 }
 
 }  // namespace pushpull::ps
