@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace pushpull::launch {
@@ -55,24 +57,37 @@ std::string describe_child(const ChildState& c) {
 
 std::optional<std::string> node_named_in(std::string_view text) {
   for (size_t pos = 0; pos < text.size();) {
-    size_t w = text.find("worker ", pos), s = text.find("server ", pos);
-    size_t at = std::min(w, s);
+    size_t w = text.find("worker ", pos), s = text.find("server ", pos),
+           r = text.find("rank ", pos);
+    size_t at = std::min({w, s, r});
     if (at == std::string_view::npos) return std::nullopt;
-    size_t i = at + 7, digits = i;
+    const bool is_rank = at == r;
+    size_t i = at + (is_rank ? 5 : 7), digits = i;
     while (i < text.size() && text[i] >= '0' && text[i] <= '9')
       ++i;
     auto rest = text.substr(i);
-    if (i > digits && (rest.starts_with(" (host ") || rest.starts_with(" (not registered")))
+    if (i > digits && (rest.starts_with(" (host ") || rest.starts_with(" (not registered"))) {
+      // The collectives name their members by rank, and a job's collective
+      // rank is its worker rank (the ranks are the workers).
+      if (is_rank) return "worker " + std::string(text.substr(digits, i - digits));
       return std::string(text.substr(at, i - at));
+    }
     pos = at + 1;
   }
   return std::nullopt;
 }
 
-std::string blamed_in(std::string_view line) {
+std::string_view failure_report_in(std::string_view line) {
   auto at = line.find("PeerFailure");
-  if (at == std::string_view::npos) return "";
-  line = line.substr(at);
+  // C++ programs often print only what() of the error: the collectives'
+  // verdict still names the member ("collective: rank 2 (host ...) failed").
+  if (at == std::string_view::npos) at = line.find("collective: rank ");
+  return at == std::string_view::npos ? std::string_view{} : line.substr(at);
+}
+
+std::string blamed_in(std::string_view line) {
+  line = failure_report_in(line);
+  if (line.empty()) return "";
   if (auto who = node_named_in(line)) return *who;
   return line.find(kSchedulerEnded) != std::string_view::npos ? "scheduler" : "";
 }

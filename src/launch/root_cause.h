@@ -67,11 +67,15 @@ RootCause find_root_cause(const std::vector<ChildState>& children,
 
 // "worker 3" from the first "worker 3 (host " / "server 3 (host " (or
 // "... (not registered", a node that never joined) in `text`: how the cluster
-// layer names nodes. Else nullopt.
+// layer names nodes; the collectives' "rank 3 (host " is "worker 3" (a job's
+// collective ranks are its workers). Else nullopt.
 std::optional<std::string> node_named_in(std::string_view text);
 
 // Whom a line of a child's output blames (see ChildState::blames), or "".
 std::string blamed_in(std::string_view line);
+// The failure report inside a child's output line (from "PeerFailure" or the
+// collectives' "collective: rank N (host ...)"), empty when it has none.
+std::string_view failure_report_in(std::string_view line);
 
 // "worker 1 (pid 12, host 10.0.0.2)".
 std::string describe_child(const ChildState& c);

@@ -237,7 +237,7 @@ class Job {
     if (c.result.blames.empty()) {
       if (auto who = blamed_in(line); !who.empty() && who != c.spec.label) {
         c.result.blames = who;
-        c.result.blame_line = std::string(line.substr(line.find("PeerFailure")));
+        c.result.blame_line = std::string(failure_report_in(line));
       }
     }
   }

@@ -501,8 +501,18 @@ TEST(RootCause, NodeNames) {
   EXPECT_EQ(node_named_in("the worker 3 said hello"), std::nullopt);
   EXPECT_EQ(node_named_in("worker 1 (not registered; host unknown) failed"), "worker 1");
   EXPECT_EQ(node_named_in("scheduler (host h:1) failed"), std::nullopt);
+  // The collectives name members by rank: a job's collective rank is its worker rank.
+  EXPECT_EQ(node_named_in("PeerFailure: collective: rank 1 (host 127.0.0.1:4000) failed: no "
+                          "heartbeat"),
+            "worker 1");
+  EXPECT_EQ(node_named_in("collective: rank 1 shut down its communicator"), std::nullopt);
   EXPECT_EQ(blamed_in("server: PeerFailure: worker 2 (host h:1) failed: x"), "worker 2");
   EXPECT_EQ(blamed_in("worker 2 (host h:1) failed: x"), "");
+  EXPECT_EQ(blamed_in("lenet: error: collective: rank 2 (host h:1) failed: no heartbeat"),
+            "worker 2");
+  EXPECT_EQ(blamed_in("collective: rank 0 fails its pending operations: collective: rank 2 "
+                      "(host h:1) failed: x"),
+            "worker 2");
   EXPECT_EQ(blamed_in("PeerFailure: scheduler (host h:1) failed: closed"), "");
 }
 
