@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Subcommands of the `pushpull` CLI. Each register_* adds one subcommand to
 // the app; its callback runs the command and reports a non-zero exit status
 // by throwing CLI::RuntimeError(code).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull`: the command-line front end (info, and the roles and tools that
 // later subcommands add).
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference job: LeNet on Fashion-MNIST, data parallel through a KVStore
 // (MXNet's distributed training tutorial, in libtorch C++).
 //

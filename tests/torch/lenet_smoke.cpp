@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Smoke test of the reference job: examples/lenet trains a few hundred steps on
 // Fashion-MNIST (2 devices, local store) and must end well above chance (0.1).
 #include <gtest/gtest.h>
