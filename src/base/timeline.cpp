@@ -105,14 +105,10 @@ int Recorder::lane_id(int pid, std::string_view lane) {
   return id;
 }
 
-void Recorder::span(std::string_view node, std::string_view lane, std::string_view name,
-                    Clock::time_point begin, Clock::time_point end, int64_t bytes) {
+void Recorder::append_span(int pid, int tid, std::string_view name, Clock::time_point begin,
+                           Clock::time_point end, int64_t bytes) {
   std::string ev = R"({"name":)";
   append_json_string(ev, name);
-  std::lock_guard lock(mu_);
-  if (file_ == nullptr) return;
-  const int pid = node_id(node);
-  const int tid = lane_id(pid, lane);
   const double dur =
       end > begin ? std::chrono::duration<double, std::micro>(end - begin).count() : 0.0;
   fmt::format_to(std::back_inserter(ev),
@@ -120,6 +116,73 @@ void Recorder::span(std::string_view node, std::string_view lane, std::string_vi
                  micros(begin), dur, pid, tid);
   if (bytes >= 0) fmt::format_to(std::back_inserter(ev), R"(,"args":{{"bytes":{}}})", bytes);
   ev += "}";
+  append_event(ev);
+}
+
+void Recorder::span(std::string_view node, std::string_view lane, std::string_view name,
+                    Clock::time_point begin, Clock::time_point end, int64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (file_ == nullptr) return;
+  const int pid = node_id(node);
+  append_span(pid, lane_id(pid, lane), name, begin, end, bytes);
+}
+
+void Recorder::phase(std::string_view node, std::string_view lane, std::string_view name,
+                     Clock::time_point at, int64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (file_ == nullptr) return;
+  const int pid = node_id(node);
+  const int tid = lane_id(pid, lane);
+  auto [it, fresh] = open_.try_emplace({pid, tid});
+  if (!fresh) append_span(pid, tid, it->second.name, it->second.begin, at, it->second.bytes);
+  it->second = Open{std::string(name), at, bytes};
+}
+
+void Recorder::end(std::string_view node, std::string_view lane, Clock::time_point at) {
+  std::lock_guard lock(mu_);
+  if (file_ == nullptr) return;
+  const int pid = node_id(node);
+  const int tid = lane_id(pid, lane);
+  auto it = open_.find({pid, tid});
+  if (it == open_.end()) return;
+  append_span(pid, tid, it->second.name, it->second.begin, at, it->second.bytes);
+  open_.erase(it);
+}
+
+void Recorder::async_begin(std::string_view node, std::string_view name, uint64_t id, int64_t key,
+                           int64_t bytes, Clock::time_point at) {
+  std::string ev = R"({"name":)";
+  append_json_string(ev, name);
+  std::lock_guard lock(mu_);
+  if (file_ == nullptr) return;
+  const int pid = node_id(node);
+  fmt::format_to(std::back_inserter(ev),
+                 R"(,"cat":"pushpull","ph":"b","id2":{{"local":"{:#x}"}},"ts":{:.3f},"pid":{},)"
+                 R"("tid":0,"args":{{"key":{})",
+                 id, micros(at), pid, key);
+  if (bytes >= 0) fmt::format_to(std::back_inserter(ev), R"(,"bytes":{})", bytes);
+  ev += "}}";
+  open_async_[{pid, id}] = std::string(name);
+  append_event(ev);
+}
+
+void Recorder::async_end(std::string_view node, uint64_t id, Clock::time_point at) {
+  std::lock_guard lock(mu_);
+  if (file_ == nullptr) return;
+  const int pid = node_id(node);
+  auto it = open_async_.find({pid, id});
+  if (it == open_async_.end()) return;
+  append_async_end(pid, id, it->second, at);
+  open_async_.erase(it);
+}
+
+void Recorder::append_async_end(int pid, uint64_t id, std::string_view name, Clock::time_point at) {
+  std::string ev = R"({"name":)";
+  append_json_string(ev, name);
+  fmt::format_to(std::back_inserter(ev),
+                 R"(,"cat":"pushpull","ph":"e","id2":{{"local":"{:#x}"}},"ts":{:.3f},"pid":{},)"
+                 R"("tid":0}})",
+                 id, micros(at), pid);
   append_event(ev);
 }
 
@@ -148,6 +211,14 @@ void Recorder::flush() {
 void Recorder::close() {
   std::lock_guard lock(mu_);
   if (file_ == nullptr) return;
+  // Phases still open (an op in flight at exit) end now, so they show.
+  const auto now = Clock::now();
+  for (const auto& [ids, open] : open_)
+    append_span(ids.first, ids.second, open.name, open.begin, now, open.bytes);
+  open_.clear();
+  for (const auto& [ids, name] : open_async_)
+    append_async_end(ids.first, ids.second, name, now);
+  open_async_.clear();
   std::fwrite(buffer_.data(), 1, buffer_.size(), file_);
   buffer_.clear();
   std::fputs("\n]\n", file_);
@@ -180,7 +251,33 @@ void flush_at_exit() {
   shutdown();
 }
 
+struct Identity {
+  std::string role;  // "worker", "server", "rank", "pid"
+  int rank;
+};
+
+Identity identity_from_env() {
+  Identity id{first_env({"PUSHPULL_ROLE", "DMLC_ROLE"}), static_cast<int>(::getpid())};
+  const std::string rank_text =
+      first_env({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
+  if (!rank_text.empty()) {
+    id.rank = std::atoi(rank_text.c_str());
+    if (id.role.empty()) id.role = "rank";
+  } else if (id.role.empty()) {
+    id.role = "pid";
+  }
+  return id;
+}
+
 }  // namespace
+
+const std::string& process_node() {
+  static const std::string name = [] {
+    const Identity id = identity_from_env();
+    return id.role == "pid" ? std::string("process") : fmt::format("{} {}", id.role, id.rank);
+  }();
+  return name;
+}
 
 std::string process_file_name(const std::string& base, std::string_view role, int rank) {
   std::string stem = base;
@@ -225,18 +322,9 @@ bool init_from_env() {
       g_state.compare_exchange_strong(expected, 1);
       return;
     }
-    std::string role = first_env({"PUSHPULL_ROLE", "DMLC_ROLE"});
-    const std::string rank_text =
-        first_env({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
-    int rank = static_cast<int>(::getpid());
-    if (!rank_text.empty()) {
-      rank = std::atoi(rank_text.c_str());
-      if (role.empty()) role = "rank";
-    } else if (role.empty()) {
-      role = "pid";
-    }
+    const Identity id = identity_from_env();
     try {
-      start(process_file_name(base, role, rank));
+      start(process_file_name(base, id.role, id.rank));
     } catch (const Error& e) {
       PP_WARN("{}; no timeline for this process", e.what());
       g_state.store(1, std::memory_order_relaxed);
@@ -249,6 +337,27 @@ void record_span(std::string_view node, std::string_view lane, std::string_view 
                  Clock::time_point begin, Clock::time_point end, int64_t bytes) {
   if (Recorder* r = g_recorder.load(std::memory_order_acquire))
     r->span(node, lane, name, begin, end, bytes);
+}
+
+void record_phase(std::string_view node, std::string_view lane, std::string_view name,
+                  int64_t bytes) {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire))
+    r->phase(node, lane, name, Clock::now(), bytes);
+}
+
+void record_end(std::string_view node, std::string_view lane) {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire)) r->end(node, lane, Clock::now());
+}
+
+void record_async_begin(std::string_view node, std::string_view name, uint64_t id, int64_t key,
+                        int64_t bytes) {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire))
+    r->async_begin(node, name, id, key, bytes, Clock::now());
+}
+
+void record_async_end(std::string_view node, uint64_t id) {
+  if (Recorder* r = g_recorder.load(std::memory_order_acquire))
+    r->async_end(node, id, Clock::now());
 }
 
 }  // namespace detail

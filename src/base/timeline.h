@@ -53,6 +53,19 @@ class Recorder {
   // An instant event ("ph":"i").
   void instant(std::string_view node, std::string_view lane, std::string_view name,
                Clock::time_point at);
+  // Phases of a lane that start and end in different places (a tensor queued
+  // in submit(), negotiated in the engine thread, executed later): phase()
+  // ends the lane's open phase, if any, at `at` and opens `name`; end() ends
+  // it. One open phase per lane.
+  void phase(std::string_view node, std::string_view lane, std::string_view name,
+             Clock::time_point at, int64_t bytes = -1);
+  void end(std::string_view node, std::string_view lane, Clock::time_point at);
+  // Overlapping operations of one node (a worker's parameter-server requests,
+  // in flight by the hundred): Chrome "async" events, matched by `id` within
+  // the node, drawn on tracks of their own. args: key, bytes (>= 0 shown).
+  void async_begin(std::string_view node, std::string_view name, uint64_t id, int64_t key,
+                   int64_t bytes, Clock::time_point at);
+  void async_end(std::string_view node, uint64_t id, Clock::time_point at);
   // Writes the buffered events to the file (the file stays open).
   void flush();
   // Flushes, ends the JSON array and closes the file; later events are dropped.
@@ -64,6 +77,15 @@ class Recorder {
   int node_id(std::string_view node);
   int lane_id(int pid, std::string_view lane);
   void append_event(std::string_view json);  // under mu_
+  void append_span(int pid, int tid, std::string_view name, Clock::time_point begin,
+                   Clock::time_point end, int64_t bytes);  // under mu_
+  void append_async_end(int pid, uint64_t id, std::string_view name,
+                        Clock::time_point at);  // under mu_
+  struct Open {
+    std::string name;
+    Clock::time_point begin;
+    int64_t bytes;
+  };
 
   std::mutex mu_;
   std::string path_;
@@ -72,6 +94,8 @@ class Recorder {
   bool first_ = true;
   std::map<std::string, int, std::less<>> nodes_;
   std::map<int, std::map<std::string, int, std::less<>>> lanes_;  // per node id
+  std::map<std::pair<int, int>, Open> open_;                      // (pid, tid) -> phase
+  std::map<std::pair<int, uint64_t>, std::string> open_async_;    // (pid, id) -> name
 };
 
 namespace detail {
@@ -80,6 +104,12 @@ inline std::atomic<int> g_state{0};
 bool init_from_env();
 void record_span(std::string_view node, std::string_view lane, std::string_view name,
                  Clock::time_point begin, Clock::time_point end, int64_t bytes);
+void record_phase(std::string_view node, std::string_view lane, std::string_view name,
+                  int64_t bytes = -1);
+void record_end(std::string_view node, std::string_view lane);
+void record_async_begin(std::string_view node, std::string_view name, uint64_t id, int64_t key,
+                        int64_t bytes);
+void record_async_end(std::string_view node, uint64_t id);
 }  // namespace detail
 
 // True when this process records a timeline: one relaxed load once decided.
@@ -99,6 +129,11 @@ void shutdown();
 std::string current_path();
 // The per-process file name for base name `base` (see the top of this file).
 std::string process_file_name(const std::string& base, std::string_view role, int rank);
+
+// This process's node name for lanes ("worker 0", "server 1"; "rank 3" or
+// "process" when the environment does not say), from the same variables as
+// the file name. For hooks that do not know their node's identity.
+const std::string& process_node();
 
 // Records a span on the process-wide timeline (no-op when off).
 inline void span(std::string_view node, std::string_view lane, std::string_view name,
@@ -143,6 +178,24 @@ class Span {
 // PP_TIMELINE_SPAN(node, lane, "phase"[, bytes]): a span of the enclosing
 // scope. `node` and `lane` are evaluated only when the timeline is on;
 // "phase" must be a string literal (or outlive the scope).
+// PP_TIMELINE_PHASE(node, lane, "phase"[, bytes]): the lane's open phase ends
+// and "phase" begins (Recorder::phase); PP_TIMELINE_END(node, lane) ends it.
+#define PP_TIMELINE_PHASE(node, lane, ...)                                       \
+  (::pushpull::timeline::enabled()                                               \
+       ? ::pushpull::timeline::detail::record_phase((node), (lane), __VA_ARGS__) \
+       : void())
+#define PP_TIMELINE_END(node, lane)                                                           \
+  (::pushpull::timeline::enabled() ? ::pushpull::timeline::detail::record_end((node), (lane)) \
+                                   : void())
+// PP_TIMELINE_ASYNC_BEGIN(node, "name", id, key, bytes) / _END(node, id):
+// an operation that overlaps others of its node (Recorder::async_begin).
+#define PP_TIMELINE_ASYNC_BEGIN(node, name, id, key, bytes)                                     \
+  (::pushpull::timeline::enabled()                                                              \
+       ? ::pushpull::timeline::detail::record_async_begin((node), (name), (id), (key), (bytes)) \
+       : void())
+#define PP_TIMELINE_ASYNC_END(node, id)                                                           \
+  (::pushpull::timeline::enabled() ? ::pushpull::timeline::detail::record_async_end((node), (id)) \
+                                   : void())
 #define PP_TIMELINE_SPAN(node, lane, ...)                                   \
   ::pushpull::timeline::Span PP_TIMELINE_CAT(pp_timeline_span_, __LINE__) = \
       ::pushpull::timeline::enabled()                                       \
