@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/metrics.h"
 #include "base/timeline.h"
 #include "collective/engine.h"
 #include "pushpull/kernels.h"
@@ -55,7 +56,9 @@ Communicator::Impl::LocalOp* Communicator::Impl::find(const std::string& name) {
 }
 
 void Communicator::Impl::finish(const std::string& name, Status st, Array output) {
-  PP_TIMELINE_END(fmt::format("rank {}", rank_), name);  // timeline hook
+  PP_TIMELINE_END(fmt::format("rank {}", rank_), name);    // timeline hook
+  PP_METRIC_ADD(kCollectiveOps, 1);                        // metrics hook
+  if (!st.is_ok()) PP_METRIC_ADD(kCollectiveFailures, 1);  // metrics hook
   auto it = local_.find(name);
   if (it == local_.end()) return;
   auto h = it->second.handle;
@@ -88,6 +91,9 @@ void Communicator::Impl::execute(std::vector<Response>& rs) {
         PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), t.name,
                           r.kind == Response::Kind::kError ? "ERROR" : op_type_name(t.spec.type),
                           t.spec.bytes());
+    if (metrics::enabled())  // metrics hook
+      for (const auto& t : r.tensors)
+        PP_METRIC_ADD(kCollectiveBytes, t.spec.bytes());
     execute_one(r);
   }
 }
