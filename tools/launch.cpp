@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "launch/cluster_scheduler.h"
+#include "launch/host_list.h"
 #include "launch/launcher.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
@@ -25,6 +26,7 @@ struct LaunchArgs {
   std::vector<std::string> env, env_server, env_worker;
   std::vector<std::string> command;
   bool dry_run = false;
+  std::string timeline;  // --timeline-filename
 };
 
 // "NAME=VALUE" sets; "NAME" forwards the launcher's value.
@@ -72,7 +74,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
       throw InvalidArgument(
           fmt::format("unknown option {} (put the program after '--' if its name starts with '-')",
                       command[0]));
-    if (!a.hostfile.empty()) cfg.hosts = launch::read_hostfile(a.hostfile);
+    if (!a.hostfile.empty()) cfg.hosts = launch::read_hosts(a.hostfile);  // file or h1:2,h2:2
     if (a.launcher.empty()) {
       cfg.launcher = cfg.hosts.empty() ? launch::LauncherKind::kLocal : launch::LauncherKind::kSsh;
     } else if (auto k = launch::parse_launcher(a.launcher)) {
@@ -82,6 +84,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
           fmt::format("unknown launcher '{}' (use local, ssh, mpi or slurm)", a.launcher));
     }
     cfg.env = resolve_env(a.env, ctx.env, "--env");
+    if (!a.timeline.empty()) cfg.env.emplace_back("PUSHPULL_TIMELINE", a.timeline);
     cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
     cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
     launch::prepare(cfg, ctx);
@@ -111,14 +114,22 @@ void register_launch(CLI::App& app) {
   cmd->add_option("-n,--num-workers", c.num_workers, "Number of workers")->required();
   cmd->add_option("-s,--num-servers", c.num_servers,
                   "Number of servers (default: as many as workers; 0: collective-only job)");
-  cmd->add_option("-H,--hostfile", args->hostfile, "Hosts, one per line: host[:sshport] [slots=K]");
+  cmd->add_option("-H,--hostfile,--hosts", args->hostfile,
+                  "A hostfile (one per line: host[:sshport] [slots=K]) or a list h1:2,h2:2 "
+                  "(host:slots)");
+  cmd->add_option("--timeline-filename", args->timeline,
+                  "Every process writes a Chrome trace F.<role><rank>.json (PUSHPULL_TIMELINE; "
+                  "docs/timeline.md)");
   cmd->add_option("--launcher", args->launcher,
                   "local, ssh, mpi or slurm (default: local without -H, ssh with it)");
   cmd->add_option("--sync-dst-dir", c.sync_dst_dir,
                   "rsync the current directory to DIR on every host first, then run there");
-  cmd->add_option("--env", args->env, "NAME=VALUE to set, or NAME to forward (repeatable)");
-  cmd->add_option("--env-server", args->env_server, "Like --env, for servers only");
-  cmd->add_option("--env-worker", args->env_worker, "Like --env, for workers only");
+  cmd->add_option("--env", args->env, "NAME=VALUE to set, or NAME to forward (repeatable)")
+      ->allow_extra_args(false);  // one value per occurrence
+  cmd->add_option("--env-server", args->env_server, "Like --env, for servers only")
+      ->allow_extra_args(false);  // one value per occurrence
+  cmd->add_option("--env-worker", args->env_worker, "Like --env, for workers only")
+      ->allow_extra_args(false);  // one value per occurrence
   cmd->add_option("--server-command", c.server_command,
                   "Shell command line run for servers (default: this binary's `server`)");
   cmd->add_option("--host-ip", c.host_ip, "The scheduler's address as the other nodes see it");

@@ -55,6 +55,12 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
   if (cfg.num_servers > 0) {
     rv.addr = cfg.host_ip;
     rv.port = cfg.port;  // 0 until the scheduler has bound
+    // MASTER_* for torch.distributed scripts: worker 0's host, a port other
+    // than the scheduler's (checked again once the scheduler has bound).
+    auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers);
+    rv.master_addr =
+        cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[size_t(cfg.num_servers)]].host;
+    if (!dry_run) rv.master_port = pick_free_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
     return rv;
   }
   // No scheduler: worker 0 binds MASTER_PORT on its own host. The port is
@@ -232,6 +238,8 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       scheduler = ctx.scheduler_factory(scheduler_options(cfg, ctx));
       std::string bind = cfg.launcher == LauncherKind::kLocal ? cfg.host_ip : "0.0.0.0";
       rv.port = scheduler->start(bind, cfg.port);
+      while (rv.master_port == rv.port)  // never the scheduler's port (docs/launch.md)
+        rv.master_port = pick_free_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
       PP_INFO("scheduler listening on {}:{}", rv.addr, rv.port);
     } else {
       if (rv.port == 0) rv.port = pick_free_port(cfg.host_ip);

@@ -104,8 +104,10 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
     both("WORLD_SIZE", "PUSHPULL_WORLD_SIZE", std::to_string(cfg.num_workers));
     both("LOCAL_RANK", "PUSHPULL_LOCAL_RANK", std::to_string(p.local_rank));
     both("LOCAL_WORLD_SIZE", "PUSHPULL_LOCAL_SIZE", std::to_string(p.local_size));
-    both("MASTER_ADDR", "PUSHPULL_MASTER_ADDR", rv.addr);
-    both("MASTER_PORT", "PUSHPULL_MASTER_PORT", std::to_string(rv.port));
+    const bool own_master = !rv.master_addr.empty();  // -s > 0: not the scheduler's port
+    both("MASTER_ADDR", "PUSHPULL_MASTER_ADDR", own_master ? rv.master_addr : rv.addr);
+    both("MASTER_PORT", "PUSHPULL_MASTER_PORT",
+         std::to_string(own_master ? rv.master_port : rv.port));
   }
   auto apply = [&](const EnvList& list) {
     for (const auto& [k, v] : list)

@@ -68,6 +68,11 @@ struct ProcessSpec {
 struct Rendezvous {
   std::string addr;
   int port = 0;
+  // torchrun's MASTER_ADDR / MASTER_PORT when a scheduler holds `port`
+  // (-s > 0): worker 0's host and a port of its own, so a torch.distributed
+  // script's store never collides with the scheduler. Empty / 0: addr, port.
+  std::string master_addr;
+  int master_port = 0;
 };
 
 // Places every process (servers first, by rank) and fills its env and argv.

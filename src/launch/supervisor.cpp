@@ -285,6 +285,7 @@ class Job {
       PP_ERROR("{}: stopping the job", failure_->reason);
       begin_stop(failure_->code, failure_->reason);
     } else if (!failure_ && watch_failure_ && now - watch_failed_at_ >= settings_.settle) {
+      if (essentials_done()) hint_idle_servers();  // e.g. "0 of 2 workers registered"
       begin_stop(watch_failure_->first, watch_failure_->second);
     }
   }
@@ -310,8 +311,19 @@ class Job {
     if (now >= *service_deadline_) {
       PP_WARN("every worker finished but servers are still running after {} ms: stopping them",
               settings_.service_deadline.count());
+      PP_WARN(
+          "hint: workers that use only collectives or torch.distributed leave the servers "
+          "idle; launch them with -s 0");
       begin_stop(0, "");
     }
+  }
+
+  // Every worker exited 0 while servers still ran: likely a collectives-only
+  // or torch.distributed script launched with servers (docs/launch.md).
+  void hint_idle_servers() {
+    PP_WARN(
+        "hint: workers that use only collectives or torch.distributed leave the servers "
+        "idle; launch them with -s 0");
   }
 
   void begin_stop(int code, std::string reason) {
