@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/hostfile.h"
@@ -66,6 +67,8 @@ struct ProcessSpec {
 
 // Where the nodes find the scheduler (or, with no servers, rank 0's rendezvous).
 struct Rendezvous {
+  Rendezvous() = default;
+  Rendezvous(std::string a, int p) : addr(std::move(a)), port(p) {}  // {addr, port}
   std::string addr;
   int port = 0;
   // torchrun's MASTER_ADDR / MASTER_PORT when a scheduler holds `port`
