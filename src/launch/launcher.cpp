@@ -52,6 +52,7 @@ std::string file_name(const std::string& label) {
 // Where the nodes meet: the embedded scheduler, or rank 0's rendezvous.
 Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
   Rendezvous rv;
+  if (cfg.nnodes > 0) return Rendezvous(cfg.master_addr, cfg.port);  // per-node mode: given
   if (cfg.num_servers > 0) {
     rv.addr = cfg.host_ip;
     rv.port = cfg.port;  // 0 until the scheduler has bound

@@ -49,6 +49,13 @@ struct LaunchConfig {
   EnvList env, env_server, env_worker;   // --env, --env-server, --env-worker
   double grace_s = 5;                    // SIGTERM → SIGKILL grace period
   bool verbose = false;
+  // torchrun-style per-node mode (--nnodes > 0; collectives only): every host
+  // runs its own launcher for its num_workers workers, global ranks
+  // node_rank * num_workers + local rank of nnodes * num_workers, meeting at
+  // master_addr:port (node 0's worker 0 binds it).
+  int nnodes = 0;
+  int node_rank = 0;
+  std::string master_addr;
 };
 
 struct ProcessSpec {
