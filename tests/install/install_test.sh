@@ -5,6 +5,7 @@
 #   subdirectory  add_subdirectory(<source tree>) from the consumer project
 #   pkgconfig     cmake --install; g++ $(pkg-config --cflags --libs pushpull)
 #   deb           cpack's .deb extracted with dpkg-deb -x; its CLI and its pushpull.pc
+#   torch         find_package(pushpull COMPONENTS torch), pushpull::torch (skipped without libtorch)
 # Usage: install_test.sh MODE BUILD_DIR SOURCE_DIR. Work happens in
 # BUILD_DIR/install-test/MODE (under the build tree so ccache can reuse objects).
 set -euo pipefail
@@ -77,8 +78,19 @@ case $mode in
     "$work/root/usr/bin/pushpull" info >/dev/null
     pkgconfig_consumer "$work/root/usr/lib/pkgconfig" "$work/root/usr/lib"
     ;;
+  torch)
+    # Only when this build has the libtorch integration.
+    [[ -e $build/lib/libpushpull_torch.a ]] || { echo "SKIP: built without libtorch"; exit 77; }
+    cmake --install "$build" --prefix "$work/prefix" >/dev/null
+    [[ -e $work/prefix/lib/cmake/pushpull/pushpullTorchTargets.cmake ]]
+    [[ -e $work/prefix/include/pushpull/torch/trainer.h ]]
+    cmake -S "$src/tests/install/consumer_torch" -B "$work/consumer" "${generator[@]}" \
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+    cmake --build "$work/consumer" >/dev/null
+    [[ $("$work/consumer/consumer_torch") == "consumer torch ok" ]]
+    ;;
   *)
-    echo "usage: $0 package|subdirectory|pkgconfig|deb BUILD_DIR SOURCE_DIR" >&2
+    echo "usage: $0 package|subdirectory|pkgconfig|deb|torch BUILD_DIR SOURCE_DIR" >&2
     exit 2
     ;;
 esac
