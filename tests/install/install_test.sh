@@ -80,7 +80,7 @@ case $mode in
     ;;
   torch)
     # Only when this build has the libtorch integration.
-    [[ -e $build/lib/libpushpull_torch.a ]] || { echo "SKIP: built without libtorch"; exit 77; }
+    grep -q pushpullTorchTargets "$build/cmake_install.cmake" || { echo "SKIP: built without libtorch"; exit 77; }
     cmake --install "$build" --prefix "$work/prefix" >/dev/null
     [[ -e $work/prefix/lib/cmake/pushpull/pushpullTorchTargets.cmake ]]
     [[ -e $work/prefix/include/pushpull/torch/trainer.h ]]
