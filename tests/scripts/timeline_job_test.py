@@ -39,6 +39,9 @@ def names(events, *phases):
 
 
 def main():
+    if not os.path.exists(os.path.join(BIN, 'kvstore_basics')):
+        print('SKIP: kvstore_basics not built (PUSHPULL_BUILD_EXAMPLES=OFF)')
+        return 77
     with tempfile.TemporaryDirectory() as tmp:
         ps = run_job(tmp, 'PUSHPULL_TIMELINE', 1, 'dist_sync')
         assert {'dist_sync.worker0.json', 'dist_sync.worker1.json',
