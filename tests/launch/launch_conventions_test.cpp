@@ -240,6 +240,8 @@ void two_node_job(const std::string& master_addr, const std::vector<std::string>
 }
 
 TEST(LaunchConventionsCli, PerNodeTwoLaunchersOnLoopback) {
+  if (!std::filesystem::exists(std::string(PUSHPULL_BIN_DIR) + "/kvstore_basics"))
+    GTEST_SKIP() << "kvstore_basics not built (PUSHPULL_BUILD_EXAMPLES=OFF)";
   two_node_job("127.0.0.1", {"127.0.0.1", "127.0.0.1"}, {"", ""});
 }
 
@@ -276,6 +278,8 @@ class TwoNamespaces : public ::testing::Test {
 };
 
 TEST_F(TwoNamespaces, PerNodeModeAcrossTwoHosts) {
+  if (!std::filesystem::exists(std::string(PUSHPULL_BIN_DIR) + "/kvstore_basics"))
+    GTEST_SKIP() << "kvstore_basics not built (PUSHPULL_BUILD_EXAMPLES=OFF)";
   two_node_job(addr_[0], addr_, {"ip netns exec " + ns_[0], "ip netns exec " + ns_[1]});
 }
 
