@@ -55,6 +55,12 @@ void per_node_config(LaunchArgs& a, bool workers_given) {
         "--nnodes runs collective-only workers on this node: no -s, -H or --launcher with it");
   c.num_workers = a.nproc_per_node;
   c.num_servers = 0;
+  // Every node's workers prove the same secret (a fresh one per launcher
+  // would differ): the user shares one, as with torchrun's rendezvous id.
+  if (std::getenv("PUSHPULL_JOB_SECRET") == nullptr)
+    throw InvalidArgument(
+        "--nnodes: set PUSHPULL_JOB_SECRET to the same value on every node (each node's launcher "
+        "would make its own); PUSHPULL_JOB_SECRET= (empty) runs without one on trusted networks");
   // Every node's launcher must name the same job (peers check it): derived
   // from the meeting point unless PUSHPULL_JOB_ID says otherwise.
   if (c.job_id.empty() && std::getenv("PUSHPULL_JOB_ID") == nullptr)

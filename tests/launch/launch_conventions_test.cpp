@@ -177,6 +177,7 @@ TEST(LaunchConventionsCli, TimelineFilenameReachesEveryProcess) {
 // ---- torchrun-style per-node mode: one launcher per node ----
 
 TEST(LaunchConventionsCli, PerNodeRanksAndWorld) {
+  ::setenv("PUSHPULL_JOB_SECRET", "s", 1);  // the children inherit it
   CliRun r = pushpull({"launch", "--dry-run", "-v", "--nnodes", "2", "--node-rank", "1",
                        "--nproc-per-node", "2", "--master-addr", "10.0.0.1", "--master-port",
                        "29500", "--host-ip", "10.0.0.2", "./train"});
@@ -210,6 +211,11 @@ TEST(LaunchConventionsCli, PerNodeBadInput) {
                   "--master-port", "1"})
                 .code,
             2);
+  ::unsetenv("PUSHPULL_JOB_SECRET");
+  CliRun no_secret = with(
+      {"--nproc-per-node", "1", "--node-rank", "0", "--master-addr", "h", "--master-port", "1"});
+  EXPECT_EQ(no_secret.code, 2);
+  EXPECT_NE(no_secret.out.find("PUSHPULL_JOB_SECRET"), std::string::npos) << no_secret.out;
   CliRun no_n = pushpull({"launch", "--dry-run", "./train"});
   EXPECT_EQ(no_n.code, 2);
   EXPECT_NE(no_n.out.find("-n/--num-workers is required"), std::string::npos) << no_n.out;
@@ -227,7 +233,10 @@ void two_node_job(const std::string& master_addr, const std::vector<std::string>
                       master_addr + " --master-port " + std::to_string(port) + " --host-ip " +
                       host_ips[size_t(n)] + " --timeout 60 " + PUSHPULL_BIN_DIR +
                       "/kvstore_basics --kvstore dist_sync_allreduce";
-    nodes.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sh", "-c", cmd}));
+    // One secret shared by both nodes, as a user would (docs/launch.md).
+    nodes.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{"/bin/sh", "-c", cmd},
+        std::map<std::string, std::string>{{"PUSHPULL_JOB_SECRET", "per-node-test-secret"}}));
   }
   for (int n = 0; n < 2; ++n) {
     auto rc = nodes[size_t(n)]->wait(std::chrono::seconds(120));
