@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize package plots
+.PHONY: all deps configure build test demo bench format clean sanitize chaos package plots
 
 all: build
 
@@ -33,6 +33,15 @@ sanitize: deps
 	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo \
 	  SANITIZE=address,undefined \
 	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF"
+
+# The chaos suite (docs/reliability.md): 100 randomized fault trials (kill,
+# stop or terminate a worker, a server or the launcher mid-training) and the
+# summary table. CHAOS_FLAGS: e.g. --seed 7 --engines collective --signals STOP.
+CHAOS_TRIALS ?= 100
+CHAOS_FLAGS  ?=
+chaos: deps
+	@$(MAKE) --no-print-directory build
+	/usr/bin/python3 tests/chaos/chaos.py --build-dir $(BUILD_DIR) --trials $(CHAOS_TRIALS) $(CHAOS_FLAGS)
 
 demo: deps
 	@$(MAKE) --no-print-directory build

@@ -1,0 +1,26 @@
+# The chaos suite (included from tests/CMakeLists.txt; docs/reliability.md).
+# chaos.sample: a short fixed sample of the randomized fault trials of
+# tests/chaos/chaos.py (every engine and signal once, about 2 minutes);
+# `make chaos` runs 100 random trials. chaos.link_cut: two network-namespace
+# hosts lose their link mid-training (needs root; skipped otherwise).
+# Both run alone (RUN_SERIAL): a 2 s heartbeat timeout on a host shared
+# with the rest of the suite would measure the load, not the library.
+find_program(PUSHPULL_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+if(NOT PUSHPULL_PYTHON3)
+  find_program(PUSHPULL_PYTHON3 NAMES python3)
+endif()
+if(NOT PUSHPULL_PYTHON3)
+  message(STATUS "tests/chaos: no python3; chaos tests not registered")
+  return()
+endif()
+
+add_test(NAME chaos.sample
+         COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/chaos.py --sample --seed 1
+                 --build-dir ${CMAKE_BINARY_DIR})
+set_tests_properties(chaos.sample PROPERTIES LABELS chaos TIMEOUT 420 RUN_SERIAL TRUE)
+
+add_test(NAME chaos.link_cut
+         COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/link_cut.py
+                 --build-dir ${CMAKE_BINARY_DIR})
+set_tests_properties(chaos.link_cut PROPERTIES LABELS chaos TIMEOUT 240 RUN_SERIAL TRUE
+                     SKIP_RETURN_CODE 77)
