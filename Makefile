@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize chaos
+.PHONY: all deps configure build test demo bench format clean sanitize chaos package plots
 
 all: build
 
@@ -50,6 +50,15 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory build
 	scripts/bench.sh $(BUILD_DIR)
+
+# The .deb of `cmake --install` (CPack): $(BUILD_DIR)/package/pushpull_<version>_<arch>.deb.
+package: build
+	cmake --build $(BUILD_DIR) --target package
+
+# docs/img/*.png from the benchmark CSVs checked in under bench/results/
+# (docs/performance.md shows them; regenerate the CSVs with the commands there).
+plots: deps
+	/usr/bin/python3 scripts/plot.py --out docs/img bench/results/*.csv
 
 format:
 	git ls-files '*.h' '*.cpp' '*.cc' | xargs clang-format -i

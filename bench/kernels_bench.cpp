@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reduction kernels in GB/s of dst (bytes of dst per second), next to memcpy
 // over the same buffers. Run: build/bin/kernels_bench
 #include <benchmark/benchmark.h>

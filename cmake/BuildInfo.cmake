@@ -5,5 +5,5 @@ if(PUSHPULL_SANITIZE)
 endif()
 list(APPEND PUSHPULL_FEATURES "hmac=openssl-${OPENSSL_VERSION}")
 list(JOIN PUSHPULL_FEATURES " " PUSHPULL_FEATURES_STR)
-configure_file(${CMAKE_SOURCE_DIR}/cmake/build_info.h.in
-               ${CMAKE_BINARY_DIR}/generated/pushpull/build_info.h @ONLY)
+configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.h.in
+               ${PROJECT_BINARY_DIR}/generated/pushpull/build_info.h @ONLY)

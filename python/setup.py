@@ -1,5 +1,7 @@
-"""pip install for the `pushpull` Python package, offline, with Debian's
-setuptools and pybind11 headers (no PyPI access needed).
+"""The extension build of the `pushpull` Python package (metadata, the
+`pushpull` console script and the build backend are in pyproject.toml).
+pip install, offline, with Debian's setuptools and pybind11 headers (no PyPI
+access needed):
 
     python3 -m venv --system-site-packages /tmp/pp-venv          # Debian's numpy/torch visible
     /tmp/pp-venv/bin/pip install --no-build-isolation ./python   # from the repository root
@@ -104,15 +106,11 @@ extension = Extension(
     language='c++',
 )
 
+# Name, description, dependencies and the console script: pyproject.toml.
 setup(
-    name='pushpull',
     version=version(),
-    description='Data-parallel training: MXNet KVStore and Horovod APIs (numpy and torch)',
     packages=['pushpull'] + [f'pushpull.{p}' for p in ('torch',)
                              if os.path.isdir(os.path.join(HERE, 'pushpull', p))],
     ext_modules=[extension],
     cmdclass={'build_ext': BuildExt},
-    python_requires='>=3.9',
-    install_requires=[],  # numpy / torch are optional: any array with the buffer protocol works
-    zip_safe=False,
 )

@@ -15,7 +15,9 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev libgloo-dev libhiredis-dev libibverbs-dev iperf3
   # training and Python
   libtorch-dev python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
-  python3-setuptools dataset-fashion-mnist
+  python3-setuptools python3-venv python3-pip python3-wheel dataset-fashion-mnist
+  # docs figures (scripts/plot.py, make plots) and the timeline writer
+  python3-matplotlib nlohmann-json3-dev
 )
 
 missing=()

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull bench allreduce`: float32 sum allreduce on loopback, pushpull's
 // TCP ring next to Open MPI's MPI_Allreduce (over TCP and over its default
 // shared-memory transport) and Gloo's ring allreduce over TCP, in the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull bench allreduce` internals shared by its two files:
 // bench_allreduce.cpp (command line, launching pushpull ranks and the peers,
 // the table) and bench_allreduce_worker.cpp (one pushpull rank).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One pushpull rank of `pushpull bench allreduce`, started by the benchmark
 // as `pushpull bench allreduce --worker-rank R --worker-size N --rendezvous
 // DIR ...` (one process per rank, as the peers run).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Output and flag helpers shared by every `pushpull bench <what>`.
 //
 // Flags: --format table|csv (default table), --impl all|pushpull (pushpull:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // iperf3 as the ceiling every loopback benchmark compares with, measured in
 // the same run: a child `iperf3 -s -1` that we start, and kill and reap (this
 // PID only) when done, plus one client run parsed from its output.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // iperf3 over loopback, measured in the same run as a benchmark (see
 // bench_iperf.cpp). Needs Debian's iperf3 (make deps installs it).
 #pragma once

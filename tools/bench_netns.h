@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Network namespaces as hosts for `pushpull bench allreduce --netns N`: a hub
 // namespace holding a bridge, N host namespaces each with one veth "eth0"
 // on it, every port shaped with `tc ... tbf` to the given rate (both

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Child processes for multi-process benchmarks (`pushpull bench allreduce`):
 // a group of programs started together, the first one's stdout captured, all
 // reaped before the group is destroyed.

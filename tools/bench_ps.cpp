@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull bench ps`: parameter-server push+pull throughput on loopback.
 //
 // For each (workers N, servers S, size): a job of N workers and S servers runs

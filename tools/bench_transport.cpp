@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull bench transport`: two Transports on loopback in this process.
 //   ping-pong latency: half the round trip of a message echoed by the peer;
 //   one-way throughput: back-to-back zero-copy sends read straight into a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Subcommands of the `pushpull` CLI. Each register_* adds one subcommand to
 // the app; its callback runs the command and reports a non-zero exit status
 // by throwing CLI::RuntimeError(code).
@@ -8,7 +9,10 @@
 namespace pushpull::cli {
 
 void register_info(CLI::App& app);
-void register_launch(CLI::App& app);     // launch.cpp
+void register_launch(CLI::App& app);  // launch.cpp
+// argv[1..] in CLI11's parse order (last first), with the launcher's
+// conventions (-np, one value per --env) applied after `launch` (launch_argv.cpp).
+std::vector<std::string> parse_order_args(CLI::App& app, int argc, char** argv);
 void register_scheduler(CLI::App& app);  // scheduler.cpp
 void register_server(CLI::App& app);     // server.cpp
 

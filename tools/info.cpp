@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull info`: version, build and what this binary can do.
 #include <fmt/format.h>
 #include <fmt/ranges.h>

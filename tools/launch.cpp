@@ -6,12 +6,14 @@
 #include <cctype>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "commands.h"
 #include "launch/cluster_scheduler.h"
+#include "launch/host_list.h"
 #include "launch/launcher.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
@@ -25,7 +27,47 @@ struct LaunchArgs {
   std::vector<std::string> env, env_server, env_worker;
   std::vector<std::string> command;
   bool dry_run = false;
+  std::string timeline;    // --timeline-filename
+  int nproc_per_node = 0;  // per-node mode (--nnodes)
+  bool workers_given = false;
 };
+
+// torchrun's per-node mode: checks the options and turns --nproc-per-node
+// into this node's worker count. Throws InvalidArgument.
+void per_node_config(LaunchArgs& a, bool workers_given) {
+  auto& c = a.cfg;
+  if (c.nnodes <= 0) {
+    if (!workers_given)
+      throw InvalidArgument("-n/--num-workers is required (or --nnodes with --nproc-per-node)");
+    return;
+  }
+  if (a.nproc_per_node < 1)
+    throw InvalidArgument("--nnodes needs --nproc-per-node N (workers on this node), N >= 1");
+  if (workers_given && c.num_workers != a.nproc_per_node * c.nnodes)
+    throw InvalidArgument(fmt::format("-n {} is not --nnodes {} x --nproc-per-node {}",
+                                      c.num_workers, c.nnodes, a.nproc_per_node));
+  if (c.node_rank < 0 || c.node_rank >= c.nnodes)
+    throw InvalidArgument(fmt::format("--node-rank {} is not in 0..{}", c.node_rank, c.nnodes - 1));
+  if (c.master_addr.empty() || c.port <= 0)
+    throw InvalidArgument("--nnodes needs --master-addr (node 0's address) and --master-port");
+  if (c.num_servers > 0 || !a.hostfile.empty() || !a.launcher.empty())
+    throw InvalidArgument(
+        "--nnodes runs collective-only workers on this node: no -s, -H or --launcher with it");
+  c.num_workers = a.nproc_per_node;
+  c.num_servers = 0;
+  // Every node's workers prove the same secret (a fresh one per launcher
+  // would differ): the user shares one, as with torchrun's rendezvous id.
+  if (std::getenv("PUSHPULL_JOB_SECRET") == nullptr)
+    throw InvalidArgument(
+        "--nnodes: set PUSHPULL_JOB_SECRET to the same value on every node (each node's launcher "
+        "would make its own); PUSHPULL_JOB_SECRET= (empty) runs without one on trusted networks");
+  // Every node's launcher must name the same job (peers check it): derived
+  // from the meeting point unless PUSHPULL_JOB_ID says otherwise.
+  if (c.job_id.empty() && std::getenv("PUSHPULL_JOB_ID") == nullptr)
+    c.job_id = fmt::format("pp-{}-{}", c.master_addr, c.port);
+  // Peers reach this node's workers at its own address, not at the master's.
+  if (c.host_ip.empty()) c.host_ip = launch::first_ipv4_address();
+}
 
 // "NAME=VALUE" sets; "NAME" forwards the launcher's value.
 launch::EnvList resolve_env(const std::vector<std::string>& items, const Environment& env,
@@ -72,7 +114,8 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
       throw InvalidArgument(
           fmt::format("unknown option {} (put the program after '--' if its name starts with '-')",
                       command[0]));
-    if (!a.hostfile.empty()) cfg.hosts = launch::read_hostfile(a.hostfile);
+    per_node_config(a, a.workers_given);
+    if (!a.hostfile.empty()) cfg.hosts = launch::read_hosts(a.hostfile);  // file or h1:2,h2:2
     if (a.launcher.empty()) {
       cfg.launcher = cfg.hosts.empty() ? launch::LauncherKind::kLocal : launch::LauncherKind::kSsh;
     } else if (auto k = launch::parse_launcher(a.launcher)) {
@@ -82,6 +125,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
           fmt::format("unknown launcher '{}' (use local, ssh, mpi or slurm)", a.launcher));
     }
     cfg.env = resolve_env(a.env, ctx.env, "--env");
+    if (!a.timeline.empty()) cfg.env.emplace_back("PUSHPULL_TIMELINE", a.timeline);
     cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
     cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
     launch::prepare(cfg, ctx);
@@ -108,17 +152,31 @@ void register_launch(CLI::App& app) {
   cmd->positionals_at_end();
   auto& c = args->cfg;
   c.num_servers = -1;  // default: as many as workers
-  cmd->add_option("-n,--num-workers", c.num_workers, "Number of workers")->required();
+  cmd->add_option("-n,--num-workers", c.num_workers, "Number of workers");
   cmd->add_option("-s,--num-servers", c.num_servers,
                   "Number of servers (default: as many as workers; 0: collective-only job)");
-  cmd->add_option("-H,--hostfile", args->hostfile, "Hosts, one per line: host[:sshport] [slots=K]");
+  cmd->add_option("-H,--hostfile,--hosts", args->hostfile,
+                  "A hostfile (one per line: host[:sshport] [slots=K]) or a list h1:2,h2:2 "
+                  "(host:slots)");
+  cmd->add_option("--nnodes", c.nnodes,
+                  "torchrun-style: run one launcher per node, this many nodes (collectives only)");
+  cmd->add_option("--node-rank", c.node_rank, "With --nnodes: this node's index, 0..nnodes-1");
+  cmd->add_option("--nproc-per-node", args->nproc_per_node, "With --nnodes: workers on this node");
+  cmd->add_option("--master-addr", c.master_addr, "With --nnodes: node 0's address");
+  cmd->add_option("--master-port", c.port, "With --nnodes: the rendezvous port on node 0");
+  cmd->add_option("--timeline-filename", args->timeline,
+                  "Every process writes a Chrome trace F.<role><rank>.json (PUSHPULL_TIMELINE; "
+                  "docs/timeline.md)");
   cmd->add_option("--launcher", args->launcher,
                   "local, ssh, mpi or slurm (default: local without -H, ssh with it)");
   cmd->add_option("--sync-dst-dir", c.sync_dst_dir,
                   "rsync the current directory to DIR on every host first, then run there");
-  cmd->add_option("--env", args->env, "NAME=VALUE to set, or NAME to forward (repeatable)");
-  cmd->add_option("--env-server", args->env_server, "Like --env, for servers only");
-  cmd->add_option("--env-worker", args->env_worker, "Like --env, for workers only");
+  cmd->add_option("--env", args->env, "NAME=VALUE to set, or NAME to forward (repeatable)")
+      ->allow_extra_args(false);  // one value per occurrence
+  cmd->add_option("--env-server", args->env_server, "Like --env, for servers only")
+      ->allow_extra_args(false);  // one value per occurrence
+  cmd->add_option("--env-worker", args->env_worker, "Like --env, for workers only")
+      ->allow_extra_args(false);  // one value per occurrence
   cmd->add_option("--server-command", c.server_command,
                   "Shell command line run for servers (default: this binary's `server`)");
   cmd->add_option("--host-ip", c.host_ip, "The scheduler's address as the other nodes see it");
@@ -140,7 +198,9 @@ void register_launch(CLI::App& app) {
   cmd->add_flag("--dry-run", args->dry_run, "Print the plan and exit without running anything");
   cmd->add_flag("-v,--verbose", c.verbose, "Print the plan and each process's variables");
   cmd->callback([args, cmd] {
-    if (args->cfg.num_servers < 0) args->cfg.num_servers = args->cfg.num_workers;
+    args->workers_given = cmd->count("--num-workers") > 0;
+    if (args->cfg.num_servers < 0)
+      args->cfg.num_servers = args->cfg.nnodes > 0 ? 0 : args->cfg.num_workers;
     int code = run(*args, args->command);
     if (code != 0) throw CLI::RuntimeError(code);
   });

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull`: the command-line front end (info, and the roles and tools that
 // later subcommands add).
 #include <cstdio>
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
   pushpull::cli::register_bench_allreduce(*bench);
   (void)bench;
   try {
-    app.parse(argc, argv);
+    auto args = pushpull::cli::parse_order_args(app, argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     // Usage errors exit 2 like other Unix tools; --help/--version exit 0.
     int code = app.exit(e);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull scheduler`: runs the scheduler role of a job, configured by the
 // DMLC_* / PUSHPULL_* environment (see include/pushpull/options.h). Exits 0
 // when every node left in order, 1 with the reason when the job failed.

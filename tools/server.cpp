@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull server`: runs one parameter server of a job, configured by the
 // DMLC_* / PUSHPULL_* environment (see include/pushpull/options.h). Serves
 // until every node has left (exit 0) or the job failed (exit 1 with the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the peer drivers of `pushpull bench allreduce`: argument parsing
 // and the result line format, so every driver times the same way.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Peer driver: Gloo's ring allreduce (float sum, in place) over Gloo's TCP
 // transport on loopback, rendezvous through a FileStore directory; timed as
 // in common.h. Started once per rank by the benchmark:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Peer driver: Open MPI's MPI_Allreduce (float sum, in place), timed as in
 // common.h. Run under mpirun; the transport is chosen by mpirun's --mca flags.
 //   mpirun -n 4 pp_mpi_allreduce --sizes 4096,67108864 --iters 50,5

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MXNet KVStore tutorial in C++: init a key, pull it to two "devices",
 // push from both (the store sums them), then install an updater.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference job: LeNet on Fashion-MNIST, data parallel through a KVStore
 // (MXNet's distributed training tutorial, in libtorch C++).
 //
@@ -17,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -141,7 +143,12 @@ int run(const Args& a) {
   const int rank = horovod ? session->rank() : kv->rank();
   const int workers = horovod ? session->size() : kv->num_workers();
   const std::string sync = horovod ? "horovod" : a.kvstore;
-  const std::string who = fmt::format("[worker {}/{}]", rank, workers);
+  // `pushpull launch` (local and ssh) already starts every line with
+  // "[worker N] "; under mpirun, srun or on its own the program says who it is.
+  const bool launcher_prefixes = std::getenv("PUSHPULL_JOB_ID") != nullptr &&
+                                 std::getenv("OMPI_COMM_WORLD_RANK") == nullptr &&
+                                 std::getenv("SLURM_PROCID") == nullptr;
+  const std::string who = launcher_prefixes ? "" : fmt::format("[worker {}/{}] ", rank, workers);
   if (a.kvstore.starts_with("dist_async") && !a.update_on_kvstore) {
     throw pushpull::InvalidArgument(
         "--kvstore dist_async needs the optimizer on the store: drop --update-on-kvstore false");
@@ -195,10 +202,10 @@ int run(const Args& a) {
   };
   pushpull::torch::ReplicaRunner runner(a.devices);
   fmt::print(
-      "{} sync={} devices={} model={} batch={}/worker ({} global) lr={} epochs={} "
+      "{}worker {} of {}: sync={} devices={} model={} batch={}/worker ({} global) lr={} epochs={} "
       "batches/epoch={} part={} of {} train images, intra-op threads={}\n",
-      who, sync, a.devices, a.model, a.batch_size, a.batch_size * workers, a.lr, a.epochs, batches,
-      sampler.size(), train.size(), threads);
+      who, rank, workers, sync, a.devices, a.model, a.batch_size, a.batch_size * workers, a.lr,
+      a.epochs, batches, sampler.size(), train.size(), threads);
   std::fflush(stdout);
 
   double acc = 0, train_seconds = 0;
@@ -249,7 +256,7 @@ int run(const Args& a) {
       if ((b + 1) % a.log_every == 0 || b + 1 == batches) {
         const double rate = static_cast<double>(seen_window) / seconds_since(tw);
         fmt::print(
-            "{} epoch {} batch {}/{} loss {:.4f} train-acc {:.4f} samples/s {:.0f} "
+            "{}epoch {} batch {}/{} loss {:.4f} train-acc {:.4f} samples/s {:.0f} "
             "(job ~{:.0f})\n",
             who, epoch, b + 1, batches, loss_window / static_cast<double>(seen_window),
             static_cast<double>(correct_window) / static_cast<double>(seen_window), rate,
@@ -268,7 +275,7 @@ int run(const Args& a) {
     samples_total += seen;
     acc = test_accuracy(models, runner, test, a.test_limit);
     fmt::print(
-        "{} epoch {} done: loss {:.4f} train-acc {:.4f} test-acc {:.4f} time {:.1f}s samples/s "
+        "{}epoch {} done: loss {:.4f} train-acc {:.4f} test-acc {:.4f} time {:.1f}s samples/s "
         "{:.0f} (job ~{:.0f}) comm-wait {:.1f}s\n",
         who, epoch, loss_sum / static_cast<double>(seen),
         static_cast<double>(correct) / static_cast<double>(seen), acc, secs,

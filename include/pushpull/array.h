@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Arrays: a non-owning view (ArrayView) and an owning array (Array).
 //
 // ArrayView is a plain value (pointer, dtype, shape, device): copying it never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collectives among workers (Horovod's and Gloo's model): allreduce,
 // broadcast, allgather, reduce-scatter, barrier and join, by name, run by a
 // background engine that negotiates an order across ranks, fuses small

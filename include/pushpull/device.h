@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where an array's memory lives.
 //
 // Only CPU memory is supported today, but no API assumes it: every array

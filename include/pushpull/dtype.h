@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element types and 16-bit float conversion.
 //
 // Thread safety: everything here is pure or reads immutable state.

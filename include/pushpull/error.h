@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Errors of the public API.
 //
 // Every failure that reaches a user is one of the exception types below. The

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element-wise kernels used on every hot path: reductions (dst op= src),
 // copies, scaling and dtype conversion.
 //

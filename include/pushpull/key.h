@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Key: the name of one value in a KVStore and of one optimizer state: an
 // integer or a string (MXNet accepts both; one store never mixes them).
 //

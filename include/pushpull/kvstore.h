@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KVStore: MXNet's key-value store for data-parallel training.
 //
 //   auto kv = pushpull::create_kvstore("local");

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logging: one line per event on stderr,
 //   "[pushpull I 12:00:00.123 worker 3] message"
 // with a level letter (E W I D T) and the node's role and rank once the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Optimizers: MXNet's update rules (sgd, nag, adam, adagrad, rmsprop, test)
 // with per-key state, shared by the local KVStore and the parameter servers.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Typed configuration with documented defaults.
 //
 // `Options::from_env()` is the only place in pushpull that reads environment

@@ -14,6 +14,14 @@ import sys
 __all__ = ['find_binary', 'main']
 
 
+def _is_elf(path):
+    try:
+        with open(path, 'rb') as f:
+            return f.read(4) == b'\x7fELF'
+    except OSError:
+        return False
+
+
 def find_binary():
     """Path of the ``pushpull`` binary; raises FileNotFoundError naming the
     places searched when there is none."""
@@ -33,8 +41,10 @@ def find_binary():
         searched.append(candidate)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
+    # On PATH, only a real binary: the `pushpull` console script (pushpull.cli)
+    # is a Python file, and running it from here would loop.
     on_path = shutil.which('pushpull')
-    if on_path:
+    if on_path and _is_elf(on_path):
         return on_path
     raise FileNotFoundError(
         'cannot find the pushpull binary: searched ' + ', '.join(searched) +

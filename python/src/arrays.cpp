@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The array bridge: numpy arrays, torch tensors and anything else exposing
 // the buffer protocol, DLPack or __array_interface__ → pushpull::ArrayView,
 // aliasing the object's memory (never a copy). See bindings.h for the contract.

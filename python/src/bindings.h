@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal header of the `_pushpull` Python extension (python/src/).
 //
 // module.cpp calls one bind_* function per part; each lives in its own file:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bind_collective: the Horovod-style collective free functions of
 // include/pushpull/collective.h as `_pushpull.collective` (used by
 // pushpull.torch).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // pushpull.Error and its subclasses, and the translation of the C++
 // exceptions (include/pushpull/error.h) into them with the same messages.
 //

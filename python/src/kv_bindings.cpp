@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // _pushpull.KVStore, _pushpull.KVHandle and the optimizer helpers behind
 // pushpull.kv and pushpull.optimizer. These take normalised arguments (a list
 // of keys, a list of per-device array lists per key); kv.py applies MXNet's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `pushpull._pushpull` extension module: one bind_* call per part
 // (bindings.h). The pure-Python package (python/pushpull/) is the public face.
 #include "bindings.h"

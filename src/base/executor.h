@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ShardedExecutor: N worker threads; each task names a shard (e.g. a key's
 // hash) and runs on thread shard % N, so tasks of one shard run one at a time
 // in submission order, while tasks of different shards may run concurrently.

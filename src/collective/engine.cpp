@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/timeline.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
@@ -57,6 +58,7 @@ Handle Communicator::Impl::submit(Spec spec, ArrayView input, ArrayView output) 
           "the name",
           spec.name, rank_));
     submitted_.push_back(LocalOp{std::move(spec), input, output, h});
+    PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), h->name, "QUEUE");  // timeline hook
   }
   cv_.notify_all();
   return make_handle(h);
@@ -274,6 +276,7 @@ void Communicator::Impl::run() {
     // Registered before anything can throw, so fatal() fails their handles.
     std::vector<Spec> specs;
     for (auto& op : subs) {
+      PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), op.spec.name, "NEGOTIATE");  // timeline hook
       specs.push_back(op.spec);
       std::string name = op.spec.name;
       local_.emplace(std::move(name), std::move(op));

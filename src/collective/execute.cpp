@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "base/metrics.h"
+#include "base/timeline.h"
 #include "collective/engine.h"
 #include "pushpull/kernels.h"
 
@@ -54,6 +56,9 @@ Communicator::Impl::LocalOp* Communicator::Impl::find(const std::string& name) {
 }
 
 void Communicator::Impl::finish(const std::string& name, Status st, Array output) {
+  PP_TIMELINE_END(fmt::format("rank {}", rank_), name);    // timeline hook
+  PP_METRIC_ADD(kCollectiveOps, 1);                        // metrics hook
+  if (!st.is_ok()) PP_METRIC_ADD(kCollectiveFailures, 1);  // metrics hook
   auto it = local_.find(name);
   if (it == local_.end()) return;
   auto h = it->second.handle;
@@ -81,6 +86,14 @@ void Communicator::Impl::execute(std::vector<Response>& rs) {
         t.spec = *s;
       }
     }
+    for (const auto& t : r.tensors)  // timeline hook: this rank's tensors start executing
+      if (timeline::enabled() && find(t.name))
+        PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), t.name,
+                          r.kind == Response::Kind::kError ? "ERROR" : op_type_name(t.spec.type),
+                          t.spec.bytes());
+    if (metrics::enabled())  // metrics hook
+      for (const auto& t : r.tensors)
+        PP_METRIC_ADD(kCollectiveBytes, t.spec.bytes());
     execute_one(r);
   }
 }
@@ -163,6 +176,8 @@ void Communicator::Impl::run_allreduce(const Response& r, const std::vector<Spec
   for (const auto& s : specs)
     total += s.bytes();
   if (fusion_.size() < total) fusion_.resize(total);
+  PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), "fusion buffer", "MEMCPY_IN_FUSION_BUFFER",
+                    total);  // timeline hook
   size_t off = 0;
   for (const auto& s : specs) {
     LocalOp* op = find(s.name);
@@ -173,8 +188,12 @@ void Communicator::Impl::run_allreduce(const Response& r, const std::vector<Spec
     off += s.bytes();
   }
   const size_t count = total / dtype_size(dtype);
+  PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), "fusion buffer", "ALLREDUCE",
+                    total);  // timeline hook
   collective::allreduce(ctx, fusion_.data(), count, dtype, kop);
   scale(dtype, fusion_.data(), alpha, count);
+  PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), "fusion buffer", "MEMCPY_OUT_FUSION_BUFFER",
+                    total);  // timeline hook
   off = 0;
   for (const auto& s : specs) {
     if (LocalOp* op = find(s.name)) {
@@ -183,6 +202,7 @@ void Communicator::Impl::run_allreduce(const Response& r, const std::vector<Spec
     }
     off += s.bytes();
   }
+  PP_TIMELINE_END(fmt::format("rank {}", rank_), "fusion buffer");  // timeline hook
 }
 
 void Communicator::Impl::run_allgather(const Response& r, const Spec& spec, AlgoContext& ctx) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "compress/two_bit.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // 2-bit gradient compression with error feedback (MXNet's "2bit" type).
 //
 // Each worker keeps a float32 residual per key. To compress a gradient g:

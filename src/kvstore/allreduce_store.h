@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The serverless KVStore: type dist_sync_allreduce (alias allreduce). Every
 // worker keeps a full copy of every value; the workers sum their gradients
 // with collective allreduces (include/pushpull/collective.h) instead of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "kvstore/dist_store.h"
 
 #include <algorithm>
@@ -6,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "base/executor.h"
+#include "base/metrics.h"
+#include "base/timeline.h"
 #include "compress/two_bit.h"
 #include "kvstore/validate.h"
 #include "ps/protocol.h"
@@ -117,6 +120,10 @@ void DistStore::request(int server, net::Header h, const void* data, size_t n,
                         int priority, OnData on_data) {
   uint64_t rid = next_request_++;
   h.request_id = rid;
+  PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, n);  // metrics hook
+  PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), h.type == ps::msg::kPush ? "PUSH" : "REQUEST",
+                          rid, static_cast<int64_t>(h.key),
+                          static_cast<int64_t>(n));  // timeline hook
   {
     std::lock_guard lock(mu_);
     if (!failure_.is_ok()) return done->finish(failure_);
@@ -132,6 +139,8 @@ void DistStore::request(int server, net::Header h, const void* data, size_t n,
 }
 
 void DistStore::finish(uint64_t rid, const Status& s) {
+  if (!s.is_ok()) PP_METRIC_ADD(kPsRequestFailures, 1);  // metrics hook
+  PP_TIMELINE_ASYNC_END(timeline::process_node(), rid);  // timeline hook
   std::unique_ptr<Pending> p;
   {
     std::lock_guard lock(mu_);
@@ -337,6 +346,9 @@ void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs
   const size_t at = static_cast<size_t>(s.begin) * esize;
   uint64_t rid = next_request_++;
   net::RecvMatch match{ps::msg::kReply, rid, k.id};
+  PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, bytes);  // metrics hook
+  PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), "PULL", rid, static_cast<int64_t>(k.id),
+                          static_cast<int64_t>(bytes));  // timeline hook
   {
     std::lock_guard lock(mu_);
     if (!failure_.is_ok()) return done->finish(failure_);

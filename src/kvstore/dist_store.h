@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parameter-server worker: KVStore types dist_sync, dist_device_sync
 // (aliases dist_sync_device) and dist_async (alias dist_async_device).
 //

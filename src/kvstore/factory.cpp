@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // create_kvstore: one line per type name. The distributed types add their own
 // lines here (dist_sync, dist_async, dist_device_sync, dist_sync_allreduce).
 #include <fmt/format.h>

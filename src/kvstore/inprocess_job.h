@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A whole parameter-server job inside this process: a scheduler, servers and
 // workers as threads on loopback. For tests, benchmarks and trying a program
 // without a launcher; the nodes are the same objects a real job uses.

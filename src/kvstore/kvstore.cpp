@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The blocking conveniences of KVStore: each wraps the batch call and waits.
 #include "pushpull/kvstore.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "kvstore/local_store.h"
 
 #include "kvstore/validate.h"

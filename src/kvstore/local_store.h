@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The single-process store behind the types local, device and their MXNet
 // aliases: values live in host memory, pushes are summed and applied by a
 // ShardedExecutor owned by the store, so one key's operations run in call

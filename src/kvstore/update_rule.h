@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a store applies to a key's summed push: a user updater or one of the
 // optimizers, held so that set_updater / set_optimizer never race with pushes
 // in flight (each push captures the rule current when it was issued).

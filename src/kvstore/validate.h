@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Argument checks shared by every KVStore type, so each rejects the same bad
 // input with the same message before anything changes.
 //

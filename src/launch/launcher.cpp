@@ -68,9 +68,16 @@ std::string file_name(const std::string& label) {
 // Where the nodes meet: the embedded scheduler, or rank 0's rendezvous.
 Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
   Rendezvous rv;
+  if (cfg.nnodes > 0) return Rendezvous(cfg.master_addr, cfg.port);  // per-node mode: given
   if (cfg.num_servers > 0) {
     rv.addr = cfg.host_ip;
     rv.port = cfg.port;  // 0 until the scheduler has bound
+    // MASTER_* for torch.distributed scripts: worker 0's host, a port other
+    // than the scheduler's (checked again once the scheduler has bound).
+    auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers);
+    rv.master_addr =
+        cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[size_t(cfg.num_servers)]].host;
+    if (!dry_run) rv.master_port = pick_free_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
     return rv;
   }
   // No scheduler: worker 0 binds MASTER_PORT on its own host. The port is
@@ -296,6 +303,8 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       // every interface).
       std::string bind = cfg.bind_any ? "" : cfg.host_ip;
       rv.port = scheduler->start(cfg.host_ip, bind, cfg.port);
+      while (rv.master_port == rv.port)  // never the scheduler's port (docs/launch.md)
+        rv.master_port = pick_free_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
       PP_INFO("scheduler listening on {}:{}{}", bind.empty() ? "*" : bind, rv.port,
               bind.empty() ? " (PUSHPULL_BIND_ANY=1)" : "");
     } else {

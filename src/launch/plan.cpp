@@ -89,7 +89,8 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
   both("DMLC_ROLE", "PUSHPULL_ROLE", role);
   both("DMLC_PS_ROOT_URI", "PUSHPULL_ROOT_URI", rv.addr);
   both("DMLC_PS_ROOT_PORT", "PUSHPULL_ROOT_PORT", std::to_string(rv.port));
-  both("DMLC_NUM_WORKER", "PUSHPULL_NUM_WORKER", std::to_string(cfg.num_workers));
+  const int world = cfg.num_workers * (cfg.nnodes > 0 ? cfg.nnodes : 1);  // per-node mode
+  both("DMLC_NUM_WORKER", "PUSHPULL_NUM_WORKER", std::to_string(world));
   both("DMLC_NUM_SERVER", "PUSHPULL_NUM_SERVER", std::to_string(cfg.num_servers));
   both("DMLC_NODE_HOST", "PUSHPULL_NODE_HOST", p.host);
   if (!cfg.interface.empty()) both("DMLC_INTERFACE", "PUSHPULL_INTERFACE", cfg.interface);
@@ -104,11 +105,13 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
     // collective world, and a program that reads RANK must not see a server
     // rank there.
     both("RANK", "PUSHPULL_RANK", std::to_string(p.rank));
-    both("WORLD_SIZE", "PUSHPULL_WORLD_SIZE", std::to_string(cfg.num_workers));
+    both("WORLD_SIZE", "PUSHPULL_WORLD_SIZE", std::to_string(world));
     both("LOCAL_RANK", "PUSHPULL_LOCAL_RANK", std::to_string(p.local_rank));
     both("LOCAL_WORLD_SIZE", "PUSHPULL_LOCAL_SIZE", std::to_string(p.local_size));
-    both("MASTER_ADDR", "PUSHPULL_MASTER_ADDR", rv.addr);
-    both("MASTER_PORT", "PUSHPULL_MASTER_PORT", std::to_string(rv.port));
+    const bool own_master = !rv.master_addr.empty();  // -s > 0: not the scheduler's port
+    both("MASTER_ADDR", "PUSHPULL_MASTER_ADDR", own_master ? rv.master_addr : rv.addr);
+    both("MASTER_PORT", "PUSHPULL_MASTER_PORT",
+         std::to_string(own_master ? rv.master_port : rv.port));
   }
   auto apply = [&](const EnvList& list) {
     for (const auto& [k, v] : list)
@@ -133,6 +136,7 @@ std::vector<ProcessSpec> make_plan(const LaunchConfig& cfg, const Rendezvous& rv
     ProcessSpec p;
     p.role = i < size_t(cfg.num_servers) ? Role::kServer : Role::kWorker;
     p.rank = p.role == Role::kServer ? int(i) : int(i) - cfg.num_servers;
+    if (p.role == Role::kWorker && cfg.nnodes > 0) p.rank += cfg.node_rank * cfg.num_workers;
     p.host_index = hosts_of[i];
     if (cfg.hosts.empty()) {
       p.host = cfg.host_ip.empty() ? "127.0.0.1" : cfg.host_ip;

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/hostfile.h"
@@ -54,6 +55,13 @@ struct LaunchConfig {
   std::string job_secret;
   bool allow_insecure = false;  // PUSHPULL_ALLOW_INSECURE=1, passed on to every process
   bool bind_any = false;        // PUSHPULL_BIND_ANY=1: the scheduler binds the wildcard address
+  // torchrun-style per-node mode (--nnodes > 0; collectives only): every host
+  // runs its own launcher for its num_workers workers, global ranks
+  // node_rank * num_workers + local rank of nnodes * num_workers, meeting at
+  // master_addr:port (node 0's worker 0 binds it).
+  int nnodes = 0;
+  int node_rank = 0;
+  std::string master_addr;
 };
 
 struct ProcessSpec {
@@ -72,8 +80,15 @@ struct ProcessSpec {
 
 // Where the nodes find the scheduler (or, with no servers, rank 0's rendezvous).
 struct Rendezvous {
+  Rendezvous() = default;
+  Rendezvous(std::string a, int p) : addr(std::move(a)), port(p) {}  // {addr, port}
   std::string addr;
   int port = 0;
+  // torchrun's MASTER_ADDR / MASTER_PORT when a scheduler holds `port`
+  // (-s > 0): worker 0's host and a port of its own, so a torch.distributed
+  // script's store never collides with the scheduler. Empty / 0: addr, port.
+  std::string master_addr;
+  int master_port = 0;
 };
 
 // Places every process (servers first, by rank) and fills its env and argv.

@@ -352,8 +352,17 @@ class Job {
     if (scheduler_done_) service_deadline_ = std::min(*service_deadline_, now + settings_.grace);
     if (now >= *service_deadline_) {
       PP_WARN("every worker finished but servers are still running: stopping them");
+      hint_idle_servers();
       begin_stop(0, "");
     }
+  }
+
+  // Every worker exited 0 while servers still ran: likely a collectives-only
+  // or torch.distributed script launched with servers (docs/launch.md).
+  void hint_idle_servers() {
+    PP_WARN(
+        "hint: workers that use only collectives or torch.distributed leave the servers "
+        "idle; launch them with -s 0");
   }
 
   void begin_stop(int code, std::string reason) {

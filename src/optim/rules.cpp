@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The update rules, written after MXNet 1.x (python/mxnet/optimizer.py and the
 // sgd/adam/rmsprop operators in src/operator/optimizer_op-inl.h), and
 // create_optimizer with each rule's hyperparameters and their defaults.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Optimizer state files. Layout (little-endian, see docs/kvstore.md):
 //   magic "PPOPTST\0" | u32 version | u32 len, optimizer name | u64 keys
 //   per key: u8 kind (0 int, 1 string) | i64 key or u32 len, bytes

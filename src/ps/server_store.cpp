@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "base/metrics.h"
+#include "base/timeline.h"
 #include "compress/two_bit.h"
 #include "pushpull/checked.h"
 #include "pushpull/kernels.h"
@@ -172,6 +174,8 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
 
 // Adds one worker's push into the round's sum.
 void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
+  PP_TIMELINE_SPAN(timeline::process_node(), e.name, "SUM", grad.view.nbytes());  // timeline hook
+  PP_METRIC_ADD(kServerPushes, 1);                                                // metrics hook
   const ArrayView& v = e.value.view;
   const size_t n = static_cast<size_t>(v.numel());
   const bool first = e.pushed_this_round == 0;
@@ -218,6 +222,8 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
 }
 
 void ServerStore::apply_round(const PartId& part, Entry& e) {
+  PP_TIMELINE_SPAN(timeline::process_node(), e.name, "UPDATE");  // timeline hook
+  PP_METRIC_ADD(kServerRounds, 1);                               // metrics hook
   Status status;
   try {
     const size_t n = static_cast<size_t>(e.value.view.numel());
@@ -284,6 +290,8 @@ void ServerStore::answer_ready_pulls(Entry& e) {
 }
 
 void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges) {
+  PP_TIMELINE_SPAN(timeline::process_node(), e.name, "PULL_REPLY");  // timeline hook
+  PP_METRIC_ADD(kServerPulls, 1);                                    // metrics hook
   const ArrayView& v = e.value.view;
   const size_t esize = dtype_size(v.dtype);
   auto* base = static_cast<const std::byte*>(v.data);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Errors, arrays, options and logging.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameter-server jobs as real processes through `pushpull launch`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

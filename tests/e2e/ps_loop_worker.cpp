@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test program for the parameter-server fault tests: a dist_sync worker that
 // pushes and pulls one key in a loop until told to stop (a file appears) or
 // until a deadline, then exits 0. On an error it prints "ERROR <type>: <msg>"

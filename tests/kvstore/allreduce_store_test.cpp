@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The dist_sync_allreduce KVStore with its workers as threads of this process:
 // the value checks of the parameter-server tests (dist_store_test.cpp), over
 // the in-process collective transport, plus the real bootstrap (create_kvstore

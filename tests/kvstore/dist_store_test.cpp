@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parameter-server KVStore types end to end, with the scheduler, servers
 // and workers of a job as threads of this process on loopback.
 #include "kvstore/dist_store.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The local/device stores: MXNet semantics and every bad-input case.
 #include "pushpull/kvstore.h"
 

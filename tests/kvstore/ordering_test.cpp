@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Call order per key, concurrency across keys.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Value checks shared by the tests of every distributed store type, so each
 // type is held to exactly the same expectations.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bad input: each case gets a clear error and changes nothing.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

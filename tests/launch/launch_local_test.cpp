@@ -43,6 +43,10 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
     SCOPED_TRACE("worker " + std::to_string(i));
     auto& e = probes["worker " + std::to_string(i)].env;
     std::string rank = std::to_string(i);
+    // MASTER_PORT: one port for every worker, never the scheduler's (-s > 0).
+    const std::string master_port = e.count("MASTER_PORT") ? e.at("MASTER_PORT") : "";
+    EXPECT_NE(master_port, port);
+    EXPECT_EQ(master_port, probes["worker 0"].env["MASTER_PORT"]);
     std::map<std::string, std::string> expect = {
         {"DMLC_ROLE", "worker"},
         {"PUSHPULL_ROLE", "worker"},
@@ -66,8 +70,8 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
         {"PUSHPULL_LOCAL_SIZE", "3"},
         {"MASTER_ADDR", "127.0.0.1"},
         {"PUSHPULL_MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", port},
-        {"PUSHPULL_MASTER_PORT", port},
+        {"MASTER_PORT", master_port},
+        {"PUSHPULL_MASTER_PORT", master_port},
         {"PUSHPULL_TIMEOUT", "20"},
         {"PUSHPULL_JOB_ID", job},
         {"PROBE_EXTRA", "x"},

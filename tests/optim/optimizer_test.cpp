@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Each optimizer against a double-precision reference written from MXNet's
 // documented formulas, for several steps with fresh random gradients.
 #include <gmock/gmock.h>

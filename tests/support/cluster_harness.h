@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // InProcessCluster: a scheduler, S servers and N workers as threads of the
 // test process, on loopback with short heartbeats. Construction returns when
 // every node has started (ranks assigned, connections up); nodes are indexed

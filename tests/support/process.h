@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ChildProcess: runs a program as a child for multi-process tests, with its
 // stdout+stderr captured to a temporary file, and guaranteed cleanup: the
 // destructor SIGKILLs the child (only this PID, never by name) if it is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small test helpers: bounded waiting on a condition.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of pushpull::torch::DistributedOptimizer, broadcast_parameters and
 // broadcast_optimizer_state.
 //

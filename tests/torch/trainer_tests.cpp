@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of pushpull::torch::Trainer and the multi-device helpers.
 //
 // Equivalence: W workers x D devices, each device taking a shard of b samples,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reader for the IDX format of MNIST and Fashion-MNIST (plain or gzip).
 //
 // An IDX file is a big-endian header (two zero bytes, a type code, the number

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Partitioning sampler with the meaning of MXNet's SplitSampler: the dataset
 // of `length` items is cut into `num_parts` contiguous parts of equal length,
 // part `part_index` belongs to this worker, and its indices are shuffled per

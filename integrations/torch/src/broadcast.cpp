@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // broadcast_parameters and broadcast_optimizer_state (Horovod's
 // hvd.broadcast_parameters / hvd.broadcast_optimizer_state) over the
 // collectives.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "pushpull/torch/distributed_optimizer.h"
 
 #include <torch/csrc/autograd/function.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Private helpers shared by distributed_optimizer.cpp and broadcast.cpp:
 // tensors as the collectives' ArrayViews, waiting on several handles, the
 // default session's communicator.

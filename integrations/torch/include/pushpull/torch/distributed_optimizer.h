@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DistributedOptimizer: Horovod's hvd.DistributedOptimizer for torch::optim
 // optimizers, over pushpull's collectives engine (no servers).
 //

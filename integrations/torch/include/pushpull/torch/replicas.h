@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several devices per worker: one model replica per device, each running its
 // slice of the batch in its own thread (CPU "devices" here, as MXNet's
 // mx.cpu(i) contexts), with the gradients summed by the KVStore's list

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trainer: keeps the parameters of a libtorch model in sync through a KVStore,
 // in the shape of Gluon's gluon.Trainer.
 //

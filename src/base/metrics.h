@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// Metrics: per-process counters (bytes, operations, failures) written as JSON
+// lines (docs/timeline.md, "Metrics").
+//
+// Turned on by PUSHPULL_METRICS=F. The process writes F without a trailing
+// ".jsonl", then ".<role><rank>.jsonl" (the timeline's naming), one line
+// every PUSHPULL_METRICS_INTERVAL_MS (default 10000) from a background thread
+// and a last one at exit:
+//   {"ts_ms":..., "node":"worker 0", "final":false, "counters":{"collective_ops":12, ...}}
+// Counters are cumulative since the process started.
+//
+// Cost: off, PP_METRIC_ADD is one relaxed atomic load and does not evaluate
+// its value; on, one relaxed fetch_add on a process-wide counter.
+//
+// Thread safety: everything may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace pushpull::metrics {
+
+enum class Counter : int {
+  kCollectiveOps,       // collective ops completed on this rank
+  kCollectiveFailures,  // ... that failed
+  kCollectiveBytes,     // bytes of the tensors those ops executed
+  kPsRequests,          // parameter-server requests sent by a worker (push, pull, init, command)
+  kPsRequestFailures,   // ... that failed
+  kPsBytes,             // bytes pushed or pulled by a worker
+  kServerPushes,        // pushes summed by a server
+  kServerRounds,        // rounds (updates) applied by a server
+  kServerPulls,         // pulls answered by a server
+  kCount
+};
+std::string_view counter_name(Counter c);
+
+namespace detail {
+inline std::atomic<int> g_state{0};  // 0 undecided, 1 off, 2 on
+inline std::atomic<int64_t> g_counters[static_cast<int>(Counter::kCount)];
+bool init_from_env();
+}  // namespace detail
+
+inline bool enabled() noexcept {
+  const int s = detail::g_state.load(std::memory_order_relaxed);
+  if (s == 0) [[unlikely]]
+    return detail::init_from_env();
+  return s == 2;
+}
+
+inline void add(Counter c, int64_t v) noexcept {
+  detail::g_counters[static_cast<int>(c)].fetch_add(v, std::memory_order_relaxed);
+}
+int64_t value(Counter c) noexcept;
+
+// One JSON line with the current counters (what the writer appends).
+std::string snapshot_line(std::string_view node, bool final);
+// Writes the final line and stops the writer (also run at exit).
+void shutdown();
+
+}  // namespace pushpull::metrics
+
+// PP_METRIC_ADD(kCounter, value): adds when metrics are on; `value` is
+// evaluated only then.
+#define PP_METRIC_ADD(counter, value)                                    \
+  (::pushpull::metrics::enabled()                                        \
+       ? ::pushpull::metrics::add(::pushpull::metrics::Counter::counter, \
+                                  static_cast<int64_t>(value))           \
+       : void())
