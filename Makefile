@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize
+.PHONY: all deps configure build test demo bench format clean sanitize fuzz
 
 all: build
 
@@ -33,6 +33,17 @@ sanitize: deps
 	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo \
 	  SANITIZE=address,undefined \
 	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF"
+
+# libFuzzer targets of every wire decoder (tests/fuzz/) over a clang
+# ASan+UBSan build in build-fuzz/, 10^7 executions each (FUZZ_RUNS=N to change).
+fuzz: deps
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DPUSHPULL_SANITIZE=fuzzer-no-link,address,undefined -DPUSHPULL_FUZZ=ON \
+	  -DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF \
+	  -DPUSHPULL_BUILD_BENCHMARKS=OFF
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+	tests/fuzz/run.sh build-fuzz $${FUZZ_RUNS:-10000000}
 
 demo: deps
 	@$(MAKE) --no-print-directory build
