@@ -4,19 +4,52 @@
 // little-endian integers written over length fields, truncation, splices)
 // until -runs=N inputs or -max_total_time=S seconds, whichever comes first.
 // Same arguments as libFuzzer for the ones it knows; prints the count.
-// Deterministic for a given -seed=N.
+// Deterministic for a given -seed=N. Aborts on a single allocation above
+// 16 MiB (see kMaxAllocation).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+// A decoder must not allocate far more than its input: one allocation above
+// this from an input of a few KiB is an amplification bug (libFuzzer runs use
+// -malloc_limit_mb for the same check).
+constexpr size_t kMaxAllocation = size_t{16} << 20;
+
+void* operator new(size_t n) {
+  if (n > kMaxAllocation) {
+    std::fprintf(stderr, "FINDING: one allocation of %zu bytes from a fuzz input (limit %zu)\n", n,
+                 kMaxAllocation);
+    std::abort();
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) {
+  return operator new(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace {
 
@@ -44,7 +77,8 @@ void mutate(Bytes& b, std::mt19937_64& rng, const std::vector<Bytes>& corpus) {
         static const uint64_t values[] = {0,          1,          0x7f,       0xff,
                                           0x7fff,     0xffff,     0x7fffffff, 0x80000000,
                                           0xffffffff, 1ull << 32, 1ull << 62, ~0ull};
-        uint64_t v = values[rng() % std::size(values)];
+        // Half the time a random magnitude (counts just under a decoder's cap).
+        uint64_t v = rng() % 2 ? values[rng() % std::size(values)] : rng() >> (rng() % 64);
         const size_t width = size_t{1} << (rng() % 4);
         if (b.size() >= width) {
           size_t at = pick(b.size() - width + 1);

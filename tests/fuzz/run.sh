@@ -2,7 +2,9 @@
 # Runs every libFuzzer target of a `make fuzz` build (ASan + UBSan) for RUNS
 # executions each, JOBS targets at a time, from seeds written by fuzz_seeds,
 # and prints each target's execution count. Crashing inputs are kept in
-# BUILD_DIR/fuzz-artifacts/. Exit status 1 when any target found a bug.
+# BUILD_DIR/fuzz-artifacts/. One allocation above 16 MiB from an input of
+# a few KiB counts as a bug (-malloc_limit_mb: memory amplification).
+# Exit status 1 when any target found a bug.
 #   tests/fuzz/run.sh BUILD_DIR [RUNS] [JOBS]
 set -eu
 build=$1
@@ -17,16 +19,16 @@ mkdir -p "$corpus" "$logs" "$build/fuzz-artifacts"
 targets=$(cd "$bin" && ls fuzz_* | grep -v -e '^fuzz_seeds$' -e '_libfuzzer$')
 echo "fuzzing $(echo "$targets" | wc -w) targets, $runs executions each, $jobs at a time"
 echo "$targets" | xargs -P "$jobs" -I{} sh -c '
-  "$0/{}" -runs="$1" -seed=1 -print_final_stats=1 -artifact_prefix="$2/fuzz-artifacts/{}-" \
+  "$0/{}" -runs="$1" -seed=1 -malloc_limit_mb=16 -print_final_stats=1 -artifact_prefix="$2/fuzz-artifacts/{}-" \
     "$3/{}" > "$4/{}.log" 2>&1
-  echo "{}: exit $? ($(grep -h "stat::number_executed" "$4/{}.log" | tr -s " "))"
+  echo "{}: exit $? ($(grep -h "stat::number_of_executed_units" "$4/{}.log" | tr -s " "))"
 ' "$bin" "$runs" "$build" "$corpus" "$logs"
 
 status=0
 echo "---- executions per target ----"
 for t in $targets; do
-  n=$(sed -n 's/^stat::number_executed: *//p' "$logs/$t.log" | tail -1)
-  if grep -q -e "==ERROR" -e "runtime error" -e "deadly signal" "$logs/$t.log"; then
+  n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$t.log" | tail -1)
+  if grep -q -e "==ERROR" -e "runtime error" -e "deadly signal" -e "malloc(" -e "out-of-memory" "$logs/$t.log"; then
     echo "$t: FOUND A BUG after ${n:-?} executions (see $logs/$t.log)"
     status=1
   else

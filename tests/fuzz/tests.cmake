@@ -43,7 +43,7 @@ function(pushpull_fuzz_target name library)
   target_link_libraries(${name} PRIVATE ${library})
   add_dependencies(fuzz_all ${name})
   add_test(NAME fuzz.${short}
-           COMMAND ${name} -runs=20000 -max_total_time=10 -seed=1 ${PUSHPULL_FUZZ_CORPUS}/${name})
+           COMMAND ${name} -runs=20000 -max_total_time=10 -seed=1 -malloc_limit_mb=16 ${PUSHPULL_FUZZ_CORPUS}/${name})
   set_tests_properties(fuzz.${short} PROPERTIES LABELS fuzz TIMEOUT 120
                        FIXTURES_REQUIRED fuzz_corpus)
 
@@ -62,7 +62,7 @@ function(pushpull_fuzz_target name library)
       VERBATIM)
     add_custom_target(${name}_libfuzzer ALL DEPENDS ${bin})
     add_test(NAME fuzz.${short}.libfuzzer
-             COMMAND ${bin} -runs=20000 -max_total_time=10 -seed=1 ${PUSHPULL_FUZZ_CORPUS}/${name})
+             COMMAND ${bin} -runs=20000 -max_total_time=10 -seed=1 -malloc_limit_mb=16 ${PUSHPULL_FUZZ_CORPUS}/${name})
     set_tests_properties(fuzz.${short}.libfuzzer PROPERTIES LABELS fuzz TIMEOUT 120
                          FIXTURES_REQUIRED fuzz_corpus)
   endif()
