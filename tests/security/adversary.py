@@ -136,8 +136,14 @@ class Job:
         env = dict(os.environ)
         env.pop("PUSHPULL_JOB_SECRET", None)
         env.pop("PUSHPULL_ALLOW_INSECURE", None)
+        self.job_id = ""
         if self.secret:
+            # The insider attack knows both (the proof binds the job id).
             env["PUSHPULL_JOB_SECRET"] = self.secret
+            self.job_id = "pp-adversary-" + secrets.token_hex(4)
+            env["PUSHPULL_JOB_ID"] = self.job_id
+        else:
+            env.pop("PUSHPULL_JOB_ID", None)
         real_port = free_port()
         self.first_port = real_port  # the scheduler's, or rank 0's rendezvous
         self.proxy = CaptureProxy(real_port)
@@ -214,7 +220,8 @@ class Adversary:
 
     def run_attack(self, fn, target):
         try:
-            outcome, ok = fn(target, secret=self.job.secret, capture=self.job.proxy)
+            outcome, ok = fn(target, secret=self.job.secret, job_id=self.job.job_id,
+                             capture=self.job.proxy)
         except ConnectionRefusedError:
             outcome, ok = "port already gone (listener closed)", True
         except Exception as e:  # an attack that breaks is a finding, not a crash

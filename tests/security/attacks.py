@@ -124,11 +124,11 @@ def control_before_hello(t, **_):
         return expect_close(s, t, PREAUTH_LIMIT, "control before hello")
 
 
-def _hello(t, role, rank, proof_mode, secret):
+def _hello(t, role, rank, proof_mode, secret, job_id=""):
     with connect(t) as s:
         deadline = time.monotonic() + PROMPT_LIMIT
         try:
-            w.connector_handshake(s, deadline, w.ROLES[role], rank, proof_mode, secret)
+            w.connector_handshake(s, deadline, w.ROLES[role], rank, proof_mode, secret, job_id)
         except (w.Closed, TimeoutError, OSError) as e:
             return f"closed during handshake ({e})", True
         v = w.verdict(s, PROMPT_LIMIT)
@@ -148,11 +148,16 @@ def duplicate_stranger(t, **_):
     return _hello(t, "worker", 0, "missing", "")
 
 
-def duplicate_insider(t, secret, **_):
-    # Knows the secret (an insider's bug) and claims worker 0, already connected.
+def duplicate_insider(t, secret, job_id, **_):
+    # Knows the secret and the job id (an insider's bug) and claims worker 0,
+    # which is already connected.
     if not secret:
         return "skipped: secret unknown to the adversary", True
-    out, ok = _hello(t, "worker", 0, "right", secret)
+    out, ok = _hello(t, "worker", 0, "right", secret, job_id)
+    if "authentication failed" in out:
+        # The target found the proof wrong: this suite computes it out of
+        # step with net/hello.cpp, and the duplicate check went untested.
+        return out + " (the suite's proof is out of date)", False
     return out, ok
 
 

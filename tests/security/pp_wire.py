@@ -91,38 +91,49 @@ def split_frames(data):
 
 
 def parse_challenge(payload):
+    """(format, version, job id or job tag, acceptor nonce). Format 1: {u16
+    version, str job id, nonce}; format 2 (mutual handshake): {u16 version,
+    SHA-256 job tag, nonce}."""
     version, = struct.unpack_from("<H", payload, 0)
-    n, = struct.unpack_from("<I", payload, 2)
-    job_id = payload[6:6 + n]
-    nonce = payload[6 + n:6 + n + 32]
-    return version, job_id, nonce
+    if len(payload) >= 6:
+        n, = struct.unpack_from("<I", payload, 2)
+        if n == len(payload) - 38:
+            return 1, version, payload[6:6 + n], payload[6 + n:6 + n + 32]
+    return 2, version, payload[2:34], payload[34:66]
 
 
-def proof(secret, nonce, job_id, role, rank):
+def proof_v1(secret, nonce, job_id, role, rank):
     msg = nonce + wstr(job_id) + struct.pack("<Bi", role, rank)
     return hmac.new(secret.encode(), msg, hashlib.sha256).digest()
 
 
-def hello_payload(job_id, role, rank, host, port, proof_bytes, version=VERSION):
-    return (struct.pack("<H", version) + wstr(job_id) + struct.pack("<Bi", role, rank) +
-            wstr(host) + struct.pack("<i", port) + proof_bytes)
+def proof_v2(secret, acceptor_nonce, connector_nonce, job_id, role, rank):
+    msg = (wstr("pushpull v2 connector") + acceptor_nonce + connector_nonce + wstr(job_id) +
+           struct.pack("<Bi", role, rank))
+    return hmac.new(secret.encode(), msg, hashlib.sha256).digest()
 
 
-def connector_handshake(sock, deadline, role, rank, proof_mode, secret=""):
+def connector_handshake(sock, deadline, role, rank, proof_mode, secret="", job_id=""):
     """Plays the connector: reads the challenge, answers with a hello whose
-    proof is 'right' (needs the secret), 'wrong' (random) or 'missing' (zeros,
-    what a node without a secret sends). Returns the frames sent."""
+    proof is 'right' (needs the secret and the job id), 'wrong' (random) or
+    'missing' (zeros, what a node without a secret sends). Returns the bytes
+    sent."""
     typ, _, payload = read_frame(sock, deadline)
     if typ != T_CHALLENGE:
         raise Closed(f"expected a challenge, got type {typ}")
-    version, job_id, nonce = parse_challenge(payload)
+    fmt, version, job, nonce = parse_challenge(payload)
+    my_nonce = os.urandom(32)
     if proof_mode == "right":
-        p = proof(secret, nonce, job_id, role, rank)
+        p = (proof_v1(secret, nonce, job, role, rank) if fmt == 1 else
+             proof_v2(secret, nonce, my_nonce, job_id, role, rank))
     elif proof_mode == "wrong":
         p = os.urandom(32)
     else:
         p = bytes(32)
-    out = frame(T_HELLO, hello_payload(job_id, role, rank, "127.0.0.1", 1, p, version))
+    head = struct.pack("<H", version) + (wstr(job) if fmt == 1 else job)
+    body = struct.pack("<Bi", role, rank) + wstr("127.0.0.1") + struct.pack("<i", 1)
+    tail = p if fmt == 1 else my_nonce + p
+    out = frame(T_HELLO, head + body + tail)
     sock.sendall(out)
     return out
 
