@@ -244,10 +244,12 @@ class Adversary:
         checked_at = 0.0
         while self.job.proc.poll() is None:
             pids = self.job.pids()
-            for pid, port in pp_procs.listeners(pids):
-                if (pid, port) in self.seen:
+            for pid, port in sorted(pp_procs.listeners(pids)):
+                # By port: a child between fork and exec still holds its
+                # parent's listening socket; that is one target, not two.
+                if port in self.seen:
                     continue
-                self.seen.add((pid, port))
+                self.seen.add(port)
                 name = pp_procs.label(pid, self.job.proc.pid)
                 if port == self.job.first_port:
                     name += " (rendezvous)" if self.job.args.job == "collective" else " (scheduler)"
