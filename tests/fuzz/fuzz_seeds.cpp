@@ -14,6 +14,7 @@
 #include "collective/rendezvous.h"
 #include "net/hello.h"
 #include "net/message.h"
+#include "net/wire.h"
 #include "ps/protocol.h"
 
 namespace fs = std::filesystem;
@@ -87,6 +88,31 @@ void ps_seeds(const fs::path& root) {
   ps.add(1, ps::encode_ranges({}));
 }
 
+// One request record of fuzz_ps_store.
+void ps_record(net::Writer& w, uint8_t op, uint8_t worker, DType dtype, uint8_t flags, uint64_t key,
+               int64_t offset, int64_t length, const std::vector<std::byte>& payload) {
+  w.u<uint8_t>(op).u<uint8_t>(worker).u<uint8_t>(static_cast<uint8_t>(dtype)).u<uint8_t>(flags);
+  w.u<uint64_t>(key).u<int64_t>(offset).u<int64_t>(length);
+  w.u<uint16_t>(static_cast<uint16_t>(payload.size())).bytes(payload);
+}
+
+void ps_store_seeds(const fs::path& root) {
+  Corpus st(root, "fuzz_ps_store");
+  std::vector<std::byte> value(16, std::byte{0});
+  std::vector<std::byte> grad(16, std::byte{0x3f});
+  std::vector<std::byte> words(8, std::byte{0x55});  // 2-bit: threshold + one word
+  for (uint8_t workers : {0, 1}) {
+    net::Writer w;
+    ps_record(w, 0, 0, DType::kFloat32, 0, 1, 0, 4, ps::encode_init("w", value));
+    for (uint8_t k = 0; k <= workers; ++k)
+      ps_record(w, 1, k, DType::kFloat32, 0, 1, 0, 4, grad);
+    ps_record(w, 1, 0, DType::kFloat32, 1, 1, 0, 4, words);
+    ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, {});
+    ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, ps::encode_ranges({{1, 2}}));
+    st.add(workers, w.data());
+  }
+}
+
 void collective_seeds(const fs::path& root) {
   Corpus co(root, "fuzz_collective_messages");
   collective::Spec s;
@@ -125,6 +151,7 @@ int main(int argc, char** argv) {
   net_seeds(root);
   cluster_seeds(root);
   ps_seeds(root);
+  ps_store_seeds(root);
   collective_seeds(root);
   return 0;
 }
