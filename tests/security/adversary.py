@@ -210,6 +210,7 @@ class Adversary:
         self.flood_queue = []
         self.cmdline_leak = []
         self.secret_seen = job.secret
+        self.job_id_seen = job.job_id
 
     def alive_fn(self, pid):
         return lambda: os.path.exists(f"/proc/{pid}") and self.job.proc.poll() is None
@@ -221,7 +222,7 @@ class Adversary:
     def run_attack(self, fn, target):
         try:
             outcome, ok = fn(target, secret=self.job.secret, job_id=self.job.job_id,
-                             capture=self.job.proxy)
+                             capture=self.job.proxy, observed_job_id=lambda: self.job_id_seen)
         except ConnectionRefusedError:
             outcome, ok = "port already gone (listener closed)", True
         except Exception as e:  # an attack that breaks is a finding, not a crash
@@ -230,8 +231,11 @@ class Adversary:
 
     def check_secret_exposure(self, pids):
         for pid in pids:
+            env = pp_procs.environ(pid)
             if not self.secret_seen:
-                self.secret_seen = pp_procs.environ(pid).get("PUSHPULL_JOB_SECRET", "")
+                self.secret_seen = env.get("PUSHPULL_JOB_SECRET", "")
+            if not self.job_id_seen and pid != self.job.proc.pid:
+                self.job_id_seen = env.get("PUSHPULL_JOB_ID", "")
         if self.secret_seen:
             for pid in pids:
                 if self.secret_seen in pp_procs.cmdline(pid):

@@ -135,6 +135,31 @@ def _hello(t, role, rank, proof_mode, secret, job_id=""):
         return v, v.startswith("refused") or v == "closed"
 
 
+def job_id_leak(t, observed_job_id, **_):
+    """What a stranger learns before authenticating: the first bytes the
+    target sends must not contain the job id in clear."""
+    job_id, waited = observed_job_id(), 0
+    while not job_id and waited < 50:  # the job's processes may not be up yet
+        time.sleep(0.1)
+        job_id, waited = observed_job_id(), waited + 1
+    if not job_id:
+        return "skipped: job id unknown", True
+    with connect(t) as s:
+        got = b""
+        s.settimeout(1.0)
+        try:
+            while len(got) < 4096:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+        except (socket.timeout, OSError):
+            pass
+    if job_id.encode() in got:
+        return "the job id is sent in clear before authentication", False
+    return f"{len(got)} bytes before authentication, no job id", True
+
+
 def wrong_proof(t, **_):
     return _hello(t, "worker", 9, "wrong", "")
 
@@ -227,5 +252,5 @@ def idle_flood(t, count=1000, hold=3.0, **_):
 
 
 STRANGER = [garbage, huge_length, huge_length_data, truncated_header, truncated_payload, silent,
-            control_before_hello, wrong_proof, missing_proof, duplicate_stranger, replay]
+            control_before_hello, job_id_leak, wrong_proof, missing_proof, duplicate_stranger, replay]
 INSIDER = [duplicate_insider]
