@@ -210,6 +210,7 @@ class Adversary:
         self.flood_queue = []
         self.cmdline_leak = []
         self.secret_seen = job.secret
+        self.version_known = False
         self.job_id_seen = job.job_id
 
     def alive_fn(self, pid):
@@ -222,12 +223,31 @@ class Adversary:
     def run_attack(self, fn, target):
         try:
             outcome, ok = fn(target, secret=self.job.secret, job_id=self.job.job_id,
-                             capture=self.job.proxy, observed_job_id=lambda: self.job_id_seen)
+                             capture=self.job.proxy, observed_job_id=lambda: self.job_id_seen,
+                             connected_member=self.connected_member)
         except ConnectionRefusedError:
             outcome, ok = "port already gone (listener closed)", True
         except Exception as e:  # an attack that breaks is a finding, not a crash
             outcome, ok = f"attack error {type(e).__name__}: {e}", False
         self.record(target, fn.__name__, outcome, ok)
+
+    def connected_member(self, target, wait=30.0):
+        """(role, rank) of a job process connected to the target, once every
+        worker is past its first round (all connections made); None if none."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and self.job.proc.poll() is None:
+            if self.job.output().count("READY") >= self.job.workers:
+                break
+            time.sleep(0.2)
+        pids = [p for p in self.job.pids() if p != target.pid]
+        connected = pp_procs.connected_to(target.port, pids)
+        if target.port == self.job.first_port:
+            # The nodes reach this port through the recording proxy.
+            connected += pp_procs.connected_to(self.job.proxy.port, pids)
+        members = [pp_procs.identity(p, self.job.proc.pid) for p in connected]
+        # A worker if there is one (the identity most likely to be claimed).
+        members.sort(key=lambda m: (m[0] != "worker", m))
+        return members[0] if members else None
 
     def check_secret_exposure(self, pids):
         for pid in pids:
@@ -258,7 +278,10 @@ class Adversary:
                 if port == self.job.first_port:
                     name += " (rendezvous)" if self.job.args.job == "collective" else " (scheduler)"
                 t = attacks.Target(pid, port, name, self.alive_fn(pid))
-                print(f"adversary: attacking {t.name()}", flush=True)
+                if not self.version_known:
+                    self.version_known = pp_wire.learn_version(port)
+                print(f"adversary: attacking {t.name()} (protocol version {pp_wire.VERSION})",
+                      flush=True)
                 for fn in attacks.STRANGER + attacks.INSIDER:
                     if fn.__name__ in self.skip:
                         continue

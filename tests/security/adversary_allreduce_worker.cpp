@@ -4,8 +4,8 @@
 // while the adversary attacks every port of the job, and checks every value.
 // Round r: rank k contributes r + 1 + k, so every element of the sum must be
 // N * (r + 1) + N * (N - 1) / 2 (exact in float32).
-// Prints "PASS rounds=R" and exits 0, or "FAIL <what>" / "ERROR <code>: <msg>"
-// and exits 1 / 3.
+// Prints "READY" after the first round, "PASS rounds=R" and exits 0, or "FAIL <what>" / "ERROR
+// <code>: <msg>" and exits 1 / 3.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -44,6 +44,12 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             return 1;
           }
+      }
+      if (r == 0) {
+        // Every connection of this rank is up: the adversary may now claim
+        // a connected member's identity.
+        fmt::print("READY\n");
+        std::fflush(stdout);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     }

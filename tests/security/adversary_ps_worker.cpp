@@ -5,8 +5,8 @@
 // Round r: worker k pushes r + 1 + k everywhere, so with N workers (no
 // updater: the sum replaces the value) every pulled element must be
 // N * (r + 1) + N * (N - 1) / 2, exactly representable in float32.
-// Prints "PASS rounds=R" and exits 0, or "FAIL <what>" / "ERROR <code>: <msg>"
-// and exits 1 / 3.
+// Prints "READY" after the first round, "PASS rounds=R" and exits 0, or "FAIL <what>" / "ERROR
+// <code>: <msg>" and exits 1 / 3.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -66,6 +66,12 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             return 1;
           }
+      }
+      if (r == 0) {
+        // Every connection of this rank is up: the adversary may now claim
+        // a connected member's identity.
+        fmt::print("READY\n");
+        std::fflush(stdout);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(args.sleep_ms));
     }

@@ -173,13 +173,18 @@ def duplicate_stranger(t, **_):
     return _hello(t, "worker", 0, "missing", "")
 
 
-def duplicate_insider(t, secret, job_id, **_):
-    # Knows the secret and the job id (an insider's bug) and claims worker 0,
-    # which is already connected.
+def duplicate_insider(t, secret, job_id, connected_member, **_):
+    """Knows the secret and the job id (an insider's bug) and, once the job
+    runs, claims the identity of a member that is connected to the target."""
     if not secret:
         return "skipped: secret unknown to the adversary", True
-    out, ok = _hello(t, "worker", 0, "right", secret, job_id)
-    if "authentication failed" in out:
+    member = connected_member(t)
+    if member is None:
+        return "skipped: no member connected to this port once the job ran", True
+    role, rank = member
+    out, ok = _hello(t, role, rank, "right", secret, job_id)
+    out = f"as {role} {rank}: {out}"
+    if "authentication failed" in out or "out of date" in out:
         # The target found the proof wrong: this suite computes it out of
         # step with net/hello.cpp, and the duplicate check went untested.
         return out + " (the suite's proof is out of date)", False

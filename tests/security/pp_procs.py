@@ -63,6 +63,30 @@ def listening_sockets():
     return out
 
 
+def tcp_table():
+    """[(local port, remote port, state, inode)] of every TCP socket."""
+    out = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    out.append((int(parts[1].rsplit(":", 1)[1], 16),
+                                int(parts[2].rsplit(":", 1)[1], 16), parts[3], int(parts[9])))
+        except OSError:
+            continue
+    return out
+
+
+def connected_to(port, pids):
+    """The job processes (pids) holding an established connection to `port`."""
+    table = tcp_table()
+    remote_ports = {r for l, r, st, _ in table if l == port and st == "01"}
+    peer_inodes = {i for l, r, st, i in table if l in remote_ports and r == port and st == "01"}
+    return sorted(pid for pid in pids if socket_inodes(pid) & peer_inodes)
+
+
 def listeners(pids):
     """{(pid, port)} of the given processes' listening sockets."""
     listen = listening_sockets()
@@ -94,6 +118,15 @@ def cmdline(pid):
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def identity(pid, launcher_pid):
+    """(role, rank) a job process proves in its hellos."""
+    if pid == launcher_pid:
+        return "scheduler", 0
+    env = environ(pid)
+    role = env.get("PUSHPULL_ROLE") or env.get("DMLC_ROLE") or "worker"
+    return role, int(env.get("PUSHPULL_RANK", env.get("RANK", "0")))
 
 
 def label(pid, launcher_pid):

@@ -14,7 +14,10 @@ import struct
 import time
 
 MAGIC = 0x48535050
-VERSION = 1
+# The protocol version frames are sent with; learn_version() sets it from what
+# the job's nodes speak, so the attacks test authentication, not a version
+# mismatch.
+VERSION = 2
 HEADER_BYTES = 64
 HEADER = struct.Struct("<IHHIIQQIIQQQ")
 assert HEADER.size == HEADER_BYTES
@@ -31,7 +34,8 @@ T_RDV_HELLO = 130
 ROLES = {"none": 0, "scheduler": 1, "server": 2, "worker": 3}
 
 
-def header(type_, payload_bytes, sender=0, request_id=0, key=0, version=VERSION, magic=MAGIC):
+def header(type_, payload_bytes, sender=0, request_id=0, key=0, version=None, magic=MAGIC):
+    version = VERSION if version is None else version
     return HEADER.pack(magic, version, type_, 0, sender, request_id, key, 0, 0, 0, 0,
                        payload_bytes)
 
@@ -77,6 +81,21 @@ def read_frame(sock, deadline, max_payload=1 << 20):
     return fields[2], fields, recv_exact(sock, plen, deadline)
 
 
+def learn_version(port, timeout=2.0):
+    """Reads the first header a node sends (its challenge) and adopts its
+    protocol version; False when it sent none."""
+    global VERSION
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            fields = HEADER.unpack(recv_exact(s, HEADER_BYTES, time.monotonic() + timeout))
+    except (OSError, Closed, TimeoutError):
+        return False
+    if fields[0] != MAGIC:
+        return False
+    VERSION = fields[1]
+    return True
+
+
 def split_frames(data):
     """Frames [(type, raw bytes)] of a recorded byte stream (incomplete tail dropped)."""
     out, pos = [], 0
@@ -118,10 +137,11 @@ def connector_handshake(sock, deadline, role, rank, proof_mode, secret="", job_i
     proof is 'right' (needs the secret and the job id), 'wrong' (random) or
     'missing' (zeros, what a node without a secret sends). Returns the bytes
     sent."""
-    typ, _, payload = read_frame(sock, deadline)
+    typ, fields, payload = read_frame(sock, deadline)
     if typ != T_CHALLENGE:
         raise Closed(f"expected a challenge, got type {typ}")
     fmt, version, job, nonce = parse_challenge(payload)
+    header_version = fields[1]
     my_nonce = os.urandom(32)
     if proof_mode == "right":
         p = (proof_v1(secret, nonce, job, role, rank) if fmt == 1 else
@@ -133,7 +153,7 @@ def connector_handshake(sock, deadline, role, rank, proof_mode, secret="", job_i
     head = struct.pack("<H", version) + (wstr(job) if fmt == 1 else job)
     body = struct.pack("<Bi", role, rank) + wstr("127.0.0.1") + struct.pack("<i", 1)
     tail = p if fmt == 1 else my_nonce + p
-    out = frame(T_HELLO, head + body + tail)
+    out = frame(T_HELLO, head + body + tail, version=header_version)
     sock.sendall(out)
     return out
 
