@@ -35,7 +35,8 @@ sanitize: deps
 	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF"
 
 # libFuzzer targets of every wire decoder (tests/fuzz/) over a clang
-# ASan+UBSan build in build-fuzz/, 10^7 executions each (FUZZ_RUNS=N to change).
+# ASan+UBSan build in build-fuzz/, 10^7 executions each (FUZZ_RUNS=N to change;
+# FUZZ_SECONDS=S also bounds each target's time).
 fuzz: deps
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
@@ -43,7 +44,7 @@ fuzz: deps
 	  -DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF \
 	  -DPUSHPULL_BUILD_BENCHMARKS=OFF
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
-	tests/fuzz/run.sh build-fuzz $${FUZZ_RUNS:-10000000}
+	tests/fuzz/run.sh build-fuzz $${FUZZ_RUNS:-10000000} $(JOBS) $${FUZZ_SECONDS:-0}
 
 demo: deps
 	@$(MAKE) --no-print-directory build

@@ -5,11 +5,14 @@
 # BUILD_DIR/fuzz-artifacts/. One allocation above 16 MiB from an input of
 # a few KiB counts as a bug (-malloc_limit_mb: memory amplification).
 # Exit status 1 when any target found a bug.
-#   tests/fuzz/run.sh BUILD_DIR [RUNS] [JOBS]
+# MAX_SECONDS, when given, also bounds each target's time (slow targets then
+# report the count they reached).
+#   tests/fuzz/run.sh BUILD_DIR [RUNS] [JOBS] [MAX_SECONDS]
 set -eu
 build=$1
 runs=${2:-10000000}
 jobs=${3:-$(nproc)}
+max_time=${4:-0}
 bin=$build/bin
 corpus=$build/fuzz-corpus
 logs=$build/fuzz-logs
@@ -19,10 +22,10 @@ mkdir -p "$corpus" "$logs" "$build/fuzz-artifacts"
 targets=$(cd "$bin" && ls fuzz_* | grep -v -e '^fuzz_seeds$' -e '_libfuzzer$')
 echo "fuzzing $(echo "$targets" | wc -w) targets, $runs executions each, $jobs at a time"
 echo "$targets" | xargs -P "$jobs" -I{} sh -c '
-  "$0/{}" -runs="$1" -seed=1 -malloc_limit_mb=16 -print_final_stats=1 -artifact_prefix="$2/fuzz-artifacts/{}-" \
+  "$0/{}" -runs="$1" -max_total_time="$5" -seed=1 -malloc_limit_mb=16 -print_final_stats=1 -artifact_prefix="$2/fuzz-artifacts/{}-" \
     "$3/{}" > "$4/{}.log" 2>&1
   echo "{}: exit $? ($(grep -h "stat::number_of_executed_units" "$4/{}.log" | tr -s " "))"
-' "$bin" "$runs" "$build" "$corpus" "$logs"
+' "$bin" "$runs" "$build" "$corpus" "$logs" "$max_time"
 
 status=0
 echo "---- executions per target ----"
