@@ -294,7 +294,6 @@ class Adversary:
                 self.check_secret_exposure(pids)
                 checked_at = time.monotonic()
             time.sleep(0.02)
-        self.done = True
 
     def flood_loop(self):
         # One flood at a time (each holds 1000 of this script's fds), after

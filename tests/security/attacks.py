@@ -197,7 +197,6 @@ def replay(t, capture, **_):
     if not frames:
         return "skipped: no handshake captured", True
     with connect(t) as s:
-        deadline = time.monotonic() + PROMPT_LIMIT
         try:
             # Let the acceptor speak first if it does (its challenge), then replay.
             s.settimeout(0.3)
@@ -208,7 +207,6 @@ def replay(t, capture, **_):
             s.sendall(b"".join(frames))
         except OSError as e:
             return f"closed during replay ({e})", True
-        del deadline
         v = w.verdict(s, PROMPT_LIMIT)
         return v, v.startswith("refused") or v == "closed"
 
