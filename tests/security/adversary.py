@@ -362,8 +362,9 @@ def main():
     if adv.secret_seen and adv.secret_seen in out:
         failures.append("the secret appears in the job's output")
     print("---- summary ----")
+    emfile = out.count("Too many open files")
     print(f"job={args.job} secret={args.secret} exit={rc} targets={len(adv.seen)} "
-          f"attacks={len(adv.results)}")
+          f"attacks={len(adv.results)} emfile_log_lines={emfile}")
     for f in failures:
         print("FAILED:", f)
     print("RESULT:", "PASS" if not failures else "FAIL")
