@@ -24,6 +24,8 @@
 namespace pushpull {
 
 // A shape of at most kMaxDims dimensions, stored inline (no allocation).
+// The constructors throw InvalidArgument for too many dimensions, a negative
+// dimension, or dimensions whose product overflows int64.
 class Shape {
  public:
   static constexpr int kMaxDims = 8;
@@ -35,8 +37,13 @@ class Shape {
   int64_t operator[](int i) const { return dims_[i]; }
   int64_t& operator[](int i) { return dims_[i]; }
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(ndim_)}; }
-  // Product of the dimensions (1 for a scalar of rank 0).
+  // Product of the dimensions (1 for a scalar of rank 0). Throws
+  // InvalidArgument when a dimension is negative or the product overflows
+  // int64 (only reachable by writing dims through operator[]: the
+  // constructors already reject such shapes).
   int64_t numel() const;
+  // The same without throwing: false on a negative dimension or overflow.
+  [[nodiscard]] static bool checked_numel(std::span<const int64_t> dims, int64_t* out);
   // "(2, 3)".
   std::string to_string() const;
   friend bool operator==(const Shape& a, const Shape& b);
@@ -60,7 +67,8 @@ struct ArrayView {
       : data(d), dtype(dtype_of<T>::value), shape(s), device(dev) {}
 
   int64_t numel() const { return shape.numel(); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  // numel() * dtype_size(dtype); throws InvalidArgument on overflow.
+  size_t nbytes() const;
   template <typename T>
   T* as() const {
     return static_cast<T*>(data);
@@ -99,7 +107,7 @@ class Array {
   const Shape& shape() const { return shape_; }
   Device device() const { return device_; }
   int64_t numel() const { return shape_.numel(); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  size_t nbytes() const { return view().nbytes(); }
   bool empty() const { return data_ == nullptr; }
 
  private:

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "pushpull/array.h"
+#include "pushpull/error.h"
 #include "pushpull/options.h"
 
 namespace pushpull::collective {
@@ -75,7 +76,10 @@ struct CommunicatorOptions {
   // Called on rank 0's background thread when a tensor stalls (besides the log line).
   std::function<void(const StallReport&)> on_stall;
 
-  // collective from options.collective, peer_timeout from cluster.heartbeat_timeout.
+  // collective from options.collective; peer_timeout = cluster.heartbeat_timeout
+  // + max(3 s, heartbeat_timeout / 2): longer than the failure detector takes
+  // (heartbeat_timeout), so a stopped peer is named by the detector rather
+  // than reported as an algorithm making no progress.
   static CommunicatorOptions from(const Options& options);
 };
 
@@ -149,6 +153,10 @@ class Communicator {
   void wait(const Handle& h, std::optional<Millis> timeout = std::nullopt) const;
   // wait(), then moves out the result of an allgather / reduce_scatter.
   Array take_output(const Handle& h, std::optional<Millis> timeout = std::nullopt) const;
+
+  // OK while healthy; once a failure ended the collectives (a peer failed, a
+  // stall shutdown, a malformed message), that failure.
+  Status failure() const;
 
   // Fails pending ops with an error saying the communicator shut down, stops
   // the background thread and closes the transport (peers with pending ops

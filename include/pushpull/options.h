@@ -64,8 +64,17 @@ struct NetOptions {
   Millis connect_timeout{30000};
   // Jobs only talk to nodes with the same id. PUSHPULL_JOB_ID.
   std::string job_id = "pushpull";
-  // When set, every connection proves knowledge of it (HMAC-SHA256). PUSHPULL_JOB_SECRET.
+  // When set, both ends of every connection prove knowledge of it (HMAC-SHA256,
+  // see docs/transport.md). PUSHPULL_JOB_SECRET.
   std::string job_secret;
+  // Without a job secret a node accepts loopback peers only; true accepts any
+  // peer unauthenticated (trusted, isolated networks). PUSHPULL_ALLOW_INSECURE=1.
+  bool allow_insecure = false;
+  // Listen on every address instead of the advertised one. PUSHPULL_BIND_ANY=1.
+  bool bind_any = false;
+  // How long an accepted connection may take to authenticate (capped by
+  // connect_timeout). PUSHPULL_HANDSHAKE_TIMEOUT_MS.
+  Millis handshake_timeout{10000};
 };
 
 struct ClusterOptions {

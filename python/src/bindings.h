@@ -5,6 +5,7 @@
 //   arrays.cpp              bind_arrays      array bridge helpers (to_view, dtype names)
 //   kv_bindings.cpp         bind_kv          KVStore, OptimizerSpec (pushpull.kv)
 //   collective_bindings.cpp bind_collective  Horovod-style collectives (pushpull.torch)
+//   parking.cpp             bind_parking     arrays of timed-out operations, kept until done
 //
 // The array bridge (arrays.cpp) turns any numpy array or torch tensor into a
 // pushpull::ArrayView WITHOUT linking libtorch: through the buffer protocol,
@@ -21,6 +22,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -57,5 +59,16 @@ ArrayView to_view(py::handle obj, bool writable, std::string_view what);
 // Keeps the arrays of an asynchronous operation alive; owned by its handle.
 // Destroy with the GIL held (a py::object's destructor decrements refcounts).
 using KeepAlive = std::vector<py::object>;
+
+// The parking lot (parking.cpp): when a wait times out or a handle is dropped
+// while its operation may still read or write the arrays (the network is not
+// done with them), the arrays go here instead of being released, and are
+// released once `done()` returns true (or throws: the operation failed).
+// Finished entries are released by every later park_until_done and
+// release_finished call, i.e. whenever a new operation starts. GIL held.
+void park_until_done(std::function<bool()> done, KeepAlive keep);
+// Releases finished entries; returns how many are still running.
+size_t release_finished();
+void bind_parking(py::module_& m);
 
 }  // namespace pushpull::python

@@ -10,7 +10,8 @@
 //   Handle until the op is done, so a caller that drops its own references
 //   cannot free memory the engine still reads or writes. A Handle destroyed
 //   before its op completed waits for it (GIL released) before dropping the
-//   pins: blocking in a destructor is better than a use-after-free.
+//   pins: blocking in a destructor is better than a use-after-free; if that
+//   wait times out, the pins are parked until the op ends (bindings.h).
 // - allgather / reduce_scatter results are pushpull::Arrays handed to numpy
 //   without a copy (a capsule owns the Array). numpy has no bfloat16, so a
 //   bfloat16 result comes back as uint16 bits (pushpull.torch views it as
@@ -98,8 +99,12 @@ class PyHandle {
           coll::wait(handle_);
         }
       } catch (...) {
-        // The op failed or the session went away: either way it is over.
+        // The op failed (it is over), or the wait timed out (checked below).
       }
+      // Still running after a timed-out wait: the engine may still read or
+      // write the arrays, so they outlive this handle in the parking lot.
+      coll::Handle h = handle_;
+      park_until_done([h] { return !coll::is_initialized() || coll::poll(h); }, std::move(keep_));
     }
   }
 

@@ -6,7 +6,9 @@
 // GIL: arrays are pinned with the GIL held, then every store call that may
 // block runs with the GIL released. Async calls return a KVHandle that owns
 // the pinned arrays until the operation is done (its destructor waits first,
-// so collecting a handle early can never free memory the store still uses).
+// so collecting a handle early can never free memory the store still uses;
+// if that wait, or a synchronous call's, times out, the arrays are parked
+// until the operation is over: see park_until_done in bindings.h).
 #include <chrono>
 #include <map>
 #include <memory>
@@ -85,6 +87,10 @@ class PyHandle {
       } catch (const std::exception&) {  // the error was the caller's to collect
       }
     }
+    // Still running after that (the wait timed out): the network may still
+    // read or write the arrays, so they outlive this handle in the parking lot.
+    KVHandle h = h_;
+    park_until_done([h] { return h.done(); }, std::move(keep_));
   }
   bool done() const { return h_.done(); }
   void wait() {
@@ -100,6 +106,26 @@ class PyHandle {
   KeepAlive keep_;
   Millis timeout_;
 };
+
+// Starts an operation (`start` runs with the GIL released and returns its
+// handle); a synchronous call also waits for it. If starting or waiting
+// throws (a Timeout) while the operation may still use the arrays, they are
+// parked until it is over instead of being released with `keep`.
+template <typename Start>
+std::optional<PyHandle*> run_op(KVStore& store, KeepAlive keep, bool async, Start start) {
+  KVHandle h;
+  try {
+    py::gil_scoped_release release;
+    h = start();
+    if (!async) store.wait(h);
+  } catch (...) {
+    park_until_done([h] { return h.done(); }, std::move(keep));
+    throw;
+  }
+  release_finished();
+  if (!async) return std::nullopt;
+  return new PyHandle(std::move(h), std::move(keep), store.wait_timeout());
+}
 
 // Owns the store; destroying it may block (a dist store meets the servers at
 // a final barrier), so it happens with the GIL released.
@@ -221,14 +247,8 @@ void bind_kv(py::module_& m) {
              bool async) -> std::optional<PyHandle*> {
             std::vector<Key> ks = to_keys(keys);
             PinnedLists v = pin_lists(values, ks, false, "push", "value");
-            KVHandle h;
-            {
-              py::gil_scoped_release release;
-              h = s.get().push_async(ks, v.views, priority);
-              if (!async) s.get().wait(h);
-            }
-            if (!async) return std::nullopt;
-            return new PyHandle(std::move(h), std::move(v.keep), s.get().wait_timeout());
+            return run_op(s.get(), std::move(v.keep), async,
+                          [&] { return s.get().push_async(ks, v.views, priority); });
           },
           py::arg("keys"), py::arg("values"), py::arg("priority") = 0, py::arg("async_") = false,
           py::return_value_policy::take_ownership)
@@ -238,14 +258,8 @@ void bind_kv(py::module_& m) {
              bool async) -> std::optional<PyHandle*> {
             std::vector<Key> ks = to_keys(keys);
             PinnedLists o = pin_lists(outs, ks, true, "pull", "output");
-            KVHandle h;
-            {
-              py::gil_scoped_release release;
-              h = s.get().pull_async(ks, o.views, priority);
-              if (!async) s.get().wait(h);
-            }
-            if (!async) return std::nullopt;
-            return new PyHandle(std::move(h), std::move(o.keep), s.get().wait_timeout());
+            return run_op(s.get(), std::move(o.keep), async,
+                          [&] { return s.get().pull_async(ks, o.views, priority); });
           },
           py::arg("keys"), py::arg("outs"), py::arg("priority") = 0, py::arg("async_") = false,
           py::return_value_policy::take_ownership)
@@ -256,16 +270,10 @@ void bind_kv(py::module_& m) {
             std::vector<Key> ks = to_keys(keys);
             PinnedLists v = pin_lists(values, ks, false, "pushpull", "value");
             PinnedLists o = pin_lists(outs, ks, true, "pushpull", "output");
-            KVHandle h;
-            {
-              py::gil_scoped_release release;
-              h = s.get().pushpull_async(ks, v.views, o.views, priority);
-              if (!async) s.get().wait(h);
-            }
-            if (!async) return std::nullopt;
             for (auto& k : o.keep)
               v.keep.push_back(std::move(k));
-            return new PyHandle(std::move(h), std::move(v.keep), s.get().wait_timeout());
+            return run_op(s.get(), std::move(v.keep), async,
+                          [&] { return s.get().pushpull_async(ks, v.views, o.views, priority); });
           },
           py::arg("keys"), py::arg("values"), py::arg("outs"), py::arg("priority") = 0,
           py::arg("async_") = false, py::return_value_policy::take_ownership)
@@ -278,8 +286,10 @@ void bind_kv(py::module_& m) {
             Pinned rows =
                 pin(row_ids, false,
                     fmt::format("row_sparse_pull: row_ids for key {}", ks[0].to_string()));
-            py::gil_scoped_release release;
-            s.get().row_sparse_pull(ks[0], o.views[0], rows.view, priority);
+            o.keep.push_back(std::move(rows.keep_alive));
+            run_op(s.get(), std::move(o.keep), false, [&] {
+              return s.get().row_sparse_pull_async(ks[0], o.views[0], rows.view, priority);
+            });
           },
           py::arg("key"), py::arg("outs"), py::arg("row_ids"), py::arg("priority") = 0)
       .def("wait_all",

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_pushpull, m) {
   pushpull::python::bind_errors(m);
   pushpull::python::bind_arrays(m);
   pushpull::python::bind_kv(m);
+  pushpull::python::bind_parking(m);
 #ifdef PUSHPULL_PYTHON_COLLECTIVE
   pushpull::python::bind_collective(m);
 #endif

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "pushpull/checked.h"
 #include "pushpull/error.h"
 
 namespace pushpull {
@@ -19,14 +20,31 @@ Shape::Shape(std::span<const int64_t> dims) {
   for (int64_t d : dims) {
     if (d < 0) throw InvalidArgument(fmt::format("shape dimension {} is negative", d));
   }
+  int64_t n;
+  if (!checked_numel(dims, &n))
+    throw InvalidArgument(
+        fmt::format("shape of {} dimensions has more elements than int64 can "
+                    "count",
+                    dims.size()));
   ndim_ = static_cast<int>(dims.size());
   std::copy(dims.begin(), dims.end(), dims_.begin());
 }
 
-int64_t Shape::numel() const {
+bool Shape::checked_numel(std::span<const int64_t> dims, int64_t* out) {
   int64_t n = 1;
-  for (int i = 0; i < ndim_; ++i)
-    n *= dims_[i];
+  for (int64_t d : dims)
+    if (d < 0 || !checked_mul(n, d, &n)) return false;
+  *out = n;
+  return true;
+}
+
+int64_t Shape::numel() const {
+  int64_t n;
+  if (!checked_numel(dims(), &n))
+    throw InvalidArgument(
+        fmt::format("shape {} has a negative dimension or more elements than "
+                    "int64 can count",
+                    to_string()));
   return n;
 }
 
@@ -44,6 +62,14 @@ bool operator==(const Shape& a, const Shape& b) {
   for (int i = 0; i < a.ndim_; ++i)
     if (a.dims_[i] != b.dims_[i]) return false;
   return true;
+}
+
+size_t ArrayView::nbytes() const {
+  size_t n;
+  if (!checked_bytes(numel(), dtype_size(dtype), &n))
+    throw InvalidArgument(fmt::format("{}{} has more bytes than size_t can count",
+                                      dtype_name(dtype), shape.to_string()));
+  return n;
 }
 
 std::string ArrayView::describe() const {

@@ -90,6 +90,19 @@ class Reader {
     integer(names, &ms);
     if (ms >= 0) *out = Millis(ms);
   }
+  // "1"/"true"/"yes"/"on" or "0"/"false"/"no"/"off".
+  void flag(std::initializer_list<std::string_view> names, bool* out) {
+    auto [name, value] = find(names);
+    if (!value) return;
+    if (*value == "1" || *value == "true" || *value == "yes" || *value == "on")
+      *out = true;
+    else if (*value == "0" || *value == "false" || *value == "no" || *value == "off" ||
+             value->empty())
+      *out = false;
+    else
+      throw InvalidArgument(
+          fmt::format("environment variable {}='{}' is not a flag (use 1 or 0)", name, *value));
+  }
   void string(std::initializer_list<std::string_view> names, std::string* out) {
     if (auto v = find(names).second) *out = *v;
   }
@@ -124,6 +137,9 @@ Options Options::from_env(const Environment& env) {
   r.millis({"PUSHPULL_CONNECT_TIMEOUT_MS"}, &n.connect_timeout);
   r.string({"PUSHPULL_JOB_ID"}, &n.job_id);
   r.string({"PUSHPULL_JOB_SECRET"}, &n.job_secret);
+  r.flag({"PUSHPULL_ALLOW_INSECURE"}, &n.allow_insecure);
+  r.flag({"PUSHPULL_BIND_ANY"}, &n.bind_any);
+  r.millis({"PUSHPULL_HANDSHAKE_TIMEOUT_MS"}, &n.handshake_timeout);
 
   ClusterOptions& c = o.cluster;
   if (auto [name, v] = r.find({"PUSHPULL_ROLE", "DMLC_ROLE"}); v) {
@@ -189,6 +205,8 @@ void Options::validate() const {
   check(net.port >= 0 && net.port < 65536,
         fmt::format("port {} is out of range 0..65535", net.port));
   check(net.max_message_bytes >= 4096, "max_message_bytes must be at least 4096");
+  check(net.handshake_timeout.count() > 0,
+        "handshake timeout must be positive (PUSHPULL_HANDSHAKE_TIMEOUT_MS)");
   check(cluster.root_port >= 0 && cluster.root_port < 65536,
         fmt::format("scheduler port {} is out of range 0..65535 (DMLC_PS_ROOT_PORT)",
                     cluster.root_port));

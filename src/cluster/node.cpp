@@ -1,15 +1,19 @@
 #include "cluster/node.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
+#include "cluster/describe.h"
 #include "net/address.h"
 #include "pushpull/log.h"
 
 namespace pushpull::cluster {
 
-using Clock = std::chrono::steady_clock;
-
-Node::Node(Options options) : options_(std::move(options)) {
+Node::Node(Options options, const ClockSource& clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      scheduler_silence_(clock, options_.cluster.heartbeat_timeout) {
   Role r = options_.cluster.role;
   if (r != Role::kServer && r != Role::kWorker)
     throw InvalidArgument(
@@ -18,6 +22,7 @@ Node::Node(Options options) : options_(std::move(options)) {
   tc.net = options_.net;
   tc.role = r;
   tc.label = std::string(role_name(r));
+  tc.hold_hellos_until_ranked = true;  // peers learn our rank, which the scheduler assigns
   transport_ = std::make_unique<net::Transport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,
                           [this](net::Message&& m) { on_control(std::move(m)); });
@@ -28,12 +33,20 @@ Node::Node(Options options) : options_(std::move(options)) {
 }
 
 Node::~Node() {
+  stop_delivery();
+}
+
+void Node::stop_delivery() {
   {
     std::lock_guard lock(mu_);
     stop_heartbeat_ = true;
   }
   cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
+  {
+    // Two threads may call this at once (an owner and the destructor).
+    std::lock_guard lock(stop_mu_);
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
   transport_->stop();
 }
 
@@ -70,9 +83,7 @@ void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const st
 void Node::start() {
   const auto& c = options_.cluster;
   std::string host = net::choose_host(options_.net);
-  std::string bind_host = host.find(':') != std::string::npos ? "::" : "";
-  if (host == "127.0.0.1" || host == "::1") bind_host = host;
-  int port = transport_->listen(bind_host, options_.net.port);
+  int port = transport_->listen(net::bind_host_for(host, options_.net.bind_any), options_.net.port);
   transport_->set_advertised_address(host, port);
   transport_->set_identity(role(), -1, 0);
   transport_->start();
@@ -80,7 +91,7 @@ void Node::start() {
   {
     std::lock_guard lock(mu_);
     scheduler_ = sched;
-    scheduler_seen_ = Clock::now();
+    scheduler_silence_.heard(0);
   }
   auto reg = encode_register({role(), -1, host, port}, c.preferred_rank);
   if (Status s =
@@ -98,7 +109,14 @@ void Node::start() {
     // names the missing nodes) arrives first.
     wait_for(lock, c.startup_timeout + Millis{2000},
              "registration with the scheduler at " + net::format_address(c.root_uri, c.root_port),
-             [&] { return have_book_; });
+             [&] { return have_book_ || shutdown_; });
+    if (!have_book_) {
+      // Every worker finished without joining the job (the scheduler says
+      // so): there is nothing to serve. wait_for_workers() and shutdown()
+      // return at once.
+      PP_INFO("{}: the job ended before it started (no worker joined)", role_name(role()));
+      return;
+    }
     my_rank = rank_;
   }
   transport_->set_identity(role(), my_rank, node_id(role(), my_rank));
@@ -125,23 +143,30 @@ void Node::start() {
 void Node::heartbeat_loop() {
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
-  auto next_beat = Clock::now();
+  // Heartbeats go out on real time; the silence and suspect decisions read
+  // clock_ (injectable). Waits are at most one interval either way.
+  using Real = std::chrono::steady_clock;
+  auto next_beat = Real::now();
   while (!stop_heartbeat_) {
-    auto wake = next_beat;
-    if (!suspect_.is_ok()) wake = std::min(wake, suspect_deadline_);
-    cv_.wait_until(lock, wake);
+    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
+                           c.heartbeat_interval);
+    // (A suspect matters only while the job is healthy: once failed, its
+    // deadline would wake this loop again and again.)
+    if (!suspect_.is_ok() && failure_.is_ok())
+      left = std::min(left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(
+                                                    suspect_deadline_ - clock_.now())));
+    if (left > Millis{0}) cv_.wait_for(lock, left);
     if (stop_heartbeat_ || shutdown_) break;
-    auto now = Clock::now();
-    if (!suspect_.is_ok() && now >= suspect_deadline_ && failure_.is_ok()) {
+    if (!suspect_.is_ok() && clock_.now() >= suspect_deadline_ && failure_.is_ok()) {
       Status s = suspect_;
       lock.unlock();
       fail(s);
       lock.lock();
       continue;
     }
-    if (now < next_beat) continue;
-    next_beat = now + c.heartbeat_interval;
-    auto silent = std::chrono::duration_cast<Millis>(now - scheduler_seen_);
+    if (Real::now() < next_beat) continue;
+    next_beat = Real::now() + c.heartbeat_interval;
+    auto silent = scheduler_silence_.silence(0);
     net::ConnId sched = scheduler_;
     lock.unlock();
     transport_->send_copy(sched, net::Header{.type = msg::kHeartbeat}, nullptr, 0);
@@ -165,7 +190,7 @@ void Node::on_control(net::Message&& m) {
              m.header.type);
     return;
   }
-  scheduler_seen_ = Clock::now();
+  scheduler_silence_.heard(0);
   switch (m.header.type) {
     case msg::kAddressBook: {
       int32_t rank = -1;
@@ -204,9 +229,9 @@ void Node::on_control(net::Message&& m) {
       lock.unlock();
       if (!s) return fail(s);
       if (m.header.type == msg::kAbort)
-        fail({ErrorCode::kPeerFailure, fmt::format("the scheduler ended the job: {}", reason)});
+        fail({ErrorCode::kPeerFailure, reason});
       else
-        fail({ErrorCode::kPeerFailure, fmt::format("{} failed: {}", who.describe(), reason)});
+        fail({ErrorCode::kPeerFailure, fmt::format("{} failed: {}", describe_node(who), reason)});
       return;
     }
     default:
@@ -244,7 +269,7 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
               fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
                           "network",
                           p.describe(), why.message())};
-  suspect_deadline_ = Clock::now() + suspect_grace();
+  suspect_deadline_ = clock_.now() + suspect_grace();
   cv_.notify_all();
 }
 
@@ -326,6 +351,23 @@ Status Node::post_recv(Role role, int rank, net::RecvMatch match, void* dst, siz
   }
 }
 
+void Node::report_failure(const Status& why) {
+  std::unique_lock lock(mu_);
+  if (!failure_.is_ok()) return;
+  net::ConnId sched = scheduler_;
+  NodeAddress me{role(), rank_, "", 0};
+  lock.unlock();
+  auto p = encode_dead(me, why.message());
+  Status sent =
+      transport_->send_copy(sched, net::Header{.type = msg::kFailureReport}, p.data(), p.size());
+  lock.lock();
+  if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_.is_ok(); });
+  if (!failure_.is_ok()) return;
+  lock.unlock();
+  // The scheduler did not answer (gone, or slow): fail locally with the reason.
+  fail(why);
+}
+
 void Node::wait_for_workers() {
   std::unique_lock lock(mu_);
   wait_for(lock, options_.cluster.barrier_timeout, "the workers to finish",
@@ -341,11 +383,8 @@ void Node::shutdown() {
   transport_->send_copy(sched, net::Header{.type = msg::kLeave}, nullptr, 0);
   lock.lock();
   wait_for(lock, options_.cluster.barrier_timeout, "orderly shutdown", [&] { return shutdown_; });
-  stop_heartbeat_ = true;
   lock.unlock();
-  cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
-  transport_->stop();
+  stop_delivery();
 }
 
 }  // namespace pushpull::cluster

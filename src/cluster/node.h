@@ -26,6 +26,12 @@
 //
 // Ownership: the Node owns its Transport and heartbeat thread; the
 // destructor stops both (without the orderly leave: call shutdown()).
+//
+// Teardown order for upper layers (ps::Server, the collective bootstrap):
+// their handlers and failure callbacks run on the Node's threads, so call
+// stop_delivery() (or shutdown(), which ends with it) before destroying an
+// object whose handlers the Node calls; after it returns no handler or
+// callback runs any more.
 #pragma once
 
 #include <condition_variable>
@@ -36,6 +42,8 @@
 #include <optional>
 #include <thread>
 
+#include "base/clock.h"
+#include "base/liveness.h"
 #include "cluster/protocol.h"
 #include "net/transport.h"
 #include "pushpull/options.h"
@@ -45,7 +53,9 @@ namespace pushpull::cluster {
 class Node {
  public:
   // options.cluster.role must be kServer or kWorker.
-  explicit Node(Options options);
+  // `clock` drives the scheduler-silence and suspect timers (tests pass a
+  // ManualClock); it must outlive the node.
+  explicit Node(Options options, const ClockSource& clock = steady_clock_source());
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -95,6 +105,18 @@ class Node {
   // barrier_timeout) until every node is, then closes. Throws the failure.
   void shutdown();
 
+  // An engine on this node found the job failed by itself (`why` names the
+  // node that failed, e.g. the collectives' detector): tells the scheduler,
+  // which ends the job with that reason for every node, and waits up to 2 s
+  // for its word (the node's failure() is then set). No-op once failed.
+  void report_failure(const Status& why);
+
+  // Stops the heartbeat thread and the transport (its I/O thread joined):
+  // no handler or failure callback runs after this returns. Idempotent;
+  // thread-safe; not from a handler. Does not leave the job (the scheduler
+  // sees the connection close).
+  void stop_delivery();
+
   net::Transport& transport() { return *transport_; }
 
  private:
@@ -110,7 +132,9 @@ class Node {
                 Pred pred);
 
   Options options_;
+  const ClockSource& clock_;
   std::unique_ptr<net::Transport> transport_;
+  std::mutex stop_mu_;  // serializes joining heartbeat_
   std::thread heartbeat_;
   AddressBook book_;
 
@@ -119,14 +143,14 @@ class Node {
   int rank_ = -1;
   bool have_book_ = false;
   net::ConnId scheduler_ = 0;
-  std::chrono::steady_clock::time_point scheduler_seen_;
+  SilenceDetector<int> scheduler_silence_;  // key 0: the scheduler
   std::map<std::pair<Role, int>, net::ConnId> peers_;
   std::map<uint8_t, uint64_t> barrier_sent_, barrier_done_;
   Status failure_;
   // A peer whose connection closed, blamed after suspect_grace() unless the
   // scheduler names another culprit first.
   Status suspect_;
-  std::chrono::steady_clock::time_point suspect_deadline_;
+  ClockSource::time_point suspect_deadline_;
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
   bool leaving_ = false;
   bool shutdown_ = false;

@@ -1,7 +1,10 @@
 #include "cluster/protocol.h"
 
+#include <tuple>
+
 #include <fmt/format.h>
 
+#include "net/node_id.h"
 #include "net/socket.h"
 #include "net/wire.h"
 
@@ -35,38 +38,28 @@ const NodeAddress& AddressBook::at(Role role, int rank) const {
 }
 
 uint32_t node_id(Role role, int rank) {
-  switch (role) {
-    case Role::kScheduler:
-      return 1;
-    case Role::kServer:
-      return 8 + 2 * static_cast<uint32_t>(rank);
-    case Role::kWorker:
-      return 9 + 2 * static_cast<uint32_t>(rank);
-    default:
-      return 0;
-  }
+  return net::node_id(role, rank);
 }
 
 NodeAddress from_node_id(uint32_t id) {
   NodeAddress a;
-  if (id == 1) {
-    a.role = Role::kScheduler;
-    a.rank = 0;
-  } else if (id >= 8) {
-    a.role = id % 2 == 0 ? Role::kServer : Role::kWorker;
-    a.rank = static_cast<int32_t>((id - 8) / 2);
-  }
+  std::tie(a.role, a.rank) = net::node_of_id(id);
   return a;
 }
 
 namespace {
+constexpr size_t kMaxNodes = 1000000;
+constexpr size_t kMaxHost = 1024;
+constexpr size_t kMaxReason = 64 * 1024;
+constexpr size_t kMinAddressBytes = 1 + 4 + 4 + 4;  // role, rank, empty host, port
+
 void put(net::Writer& w, const NodeAddress& a) {
   w.u<uint8_t>(static_cast<uint8_t>(a.role)).u<int32_t>(a.rank).str(a.host).u<int32_t>(a.port);
 }
 bool get(net::Reader& r, NodeAddress* a) {
   auto role = r.u<uint8_t>();
   a->rank = r.u<int32_t>();
-  a->host = r.str(1024);
+  a->host = r.str(kMaxHost);
   a->port = r.u<int32_t>();
   if (role > static_cast<uint8_t>(Role::kWorker)) return false;
   a->role = static_cast<Role>(role);
@@ -88,7 +81,7 @@ Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* 
   net::Reader r(in);
   if (!get(r, me)) return bad("register");
   *preferred_rank = r.u<int32_t>();
-  return r.ok() && r.at_end() ? Status{} : bad("register");
+  return r.done() ? Status{} : bad("register");
 }
 
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
@@ -109,27 +102,27 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
   *your_rank = r.u<int32_t>();
   if (!get(r, &book->scheduler)) return bad("address book");
   for (auto* list : {&book->servers, &book->workers}) {
-    uint32_t n = r.u<uint32_t>();
-    if (n > 1000000) return bad("address book");
+    size_t n = r.count(kMaxNodes, kMinAddressBytes);
+    if (!r.ok()) return bad("address book");
     list->resize(n);
     for (auto& a : *list)
       if (!get(r, &a)) return bad("address book");
   }
-  return r.ok() && r.at_end() ? Status{} : bad("address book");
+  return r.done() ? Status{} : bad("address book");
 }
 
 std::vector<std::byte> encode_dead(const NodeAddress& who, const std::string& reason) {
   net::Writer w;
   put(w, who);
-  w.str(reason);
+  w.str(std::string_view(reason).substr(0, kMaxReason));
   return w.take();
 }
 
 Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string* reason) {
   net::Reader r(in);
   if (!get(r, who)) return bad("peer dead");
-  *reason = r.str();
-  return r.ok() && r.at_end() ? Status{} : bad("peer dead");
+  *reason = r.str(kMaxReason);
+  return r.done() ? Status{} : bad("peer dead");
 }
 
 }  // namespace pushpull::cluster

@@ -10,6 +10,10 @@
 //   kLeave        node -> scheduler   empty: this node is done
 //   kShutdown     scheduler -> node   every node has left: close now
 //   kWorkersDone  scheduler -> server every worker has left (servers leave then)
+//   kFailureReport node -> scheduler  {reporter's address, reason}: an engine of
+//                                     the node found the job failed (e.g. the
+//                                     collectives' detector); the scheduler ends
+//                                     the job with that reason (kAbort)
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -35,7 +39,8 @@ inline constexpr uint16_t kAbort = 22;
 inline constexpr uint16_t kLeave = 23;
 inline constexpr uint16_t kShutdown = 24;
 inline constexpr uint16_t kWorkersDone = 25;
-inline constexpr uint16_t kLast = 25;
+inline constexpr uint16_t kFailureReport = 26;
+inline constexpr uint16_t kLast = 26;
 }  // namespace msg
 
 // Barrier groups (bit set; kAll = servers and workers, not the scheduler).
@@ -58,7 +63,9 @@ struct AddressBook {
   const NodeAddress& at(Role role, int rank) const;  // throws NotFound
 };
 
-// The id in Header::sender: scheduler 1, server r 8+2r, worker r 9+2r (ps-lite's).
+// The id in Header::sender (net/node_id.h: scheduler 1, server r 8+2r, worker r
+// 9+2r, a server / worker without a rank 2 / 3). The Transport writes the
+// authenticated peer's id into every delivered message.
 uint32_t node_id(Role role, int rank);
 // Inverse of node_id; {kNone, -1} for ids that name no node.
 NodeAddress from_node_id(uint32_t id);

@@ -1,17 +1,38 @@
 #include "cluster/scheduler.h"
 
 #include <algorithm>
+#include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "cluster/describe.h"
 #include "net/address.h"
 #include "pushpull/log.h"
 
 namespace pushpull::cluster {
 
-using Clock = std::chrono::steady_clock;
+namespace {
 
-Scheduler::Scheduler(Options options) : options_(std::move(options)) {
+// How long after a worker exited 0 without registering the others may still
+// follow it (a job whose workers never open a store) before the job fails.
+constexpr Millis kUnregisteredExitGrace{2000};
+
+std::string describe_exit(int exit_code, int signal) {
+  if (signal > 0) {
+    const char* name = ::sigabbrev_np(signal);
+    return fmt::format("was killed by signal {}{}", signal,
+                       name ? fmt::format(" (SIG{})", name) : std::string());
+  }
+  return fmt::format("exited with code {}", exit_code);
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Options options, const ClockSource& clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      silence_(clock, options_.cluster.heartbeat_timeout) {
   net::TransportConfig tc;
   tc.net = options_.net;
   tc.role = Role::kScheduler;
@@ -29,10 +50,15 @@ Scheduler::~Scheduler() {
   transport_->stop();
 }
 
-int Scheduler::bind() {
+int Scheduler::bind(const std::string& host) {
   int port = options_.net.port > 0 ? options_.net.port : options_.cluster.root_port;
-  std::string host = options_.cluster.root_uri.find(':') != std::string::npos ? "::" : "";
-  int bound = transport_->listen(host, port);
+  // An explicit host (the launcher's --host-ip) binds itself; otherwise the
+  // advertised root address decides (net::bind_host_for: loopback stays
+  // loopback, the wildcard only when asked).
+  const std::string where =
+      host.empty() ? net::bind_host_for(options_.cluster.root_uri, options_.net.bind_any)
+                   : net::bind_host_for(host, options_.net.bind_any);
+  int bound = transport_->listen(where, port);
   transport_->set_advertised_address(options_.cluster.root_uri, bound);
   PP_INFO("scheduler listening on port {} for {} servers and {} workers", bound,
           options_.cluster.num_servers, options_.cluster.num_workers);
@@ -62,7 +88,7 @@ void Scheduler::broadcast(uint16_t type, const std::vector<std::byte>& payload, 
 void Scheduler::on_message(net::Message&& m) {
   std::lock_guard lock(mu_);
   auto it = nodes_.find(m.conn);
-  if (it != nodes_.end()) it->second.last_seen = Clock::now();
+  if (it != nodes_.end() && !it->second.left) silence_.heard(m.conn);
   std::span<const std::byte> payload(m.payload.data(), m.payload.size());
   switch (m.header.type) {
     case msg::kRegister: {
@@ -90,7 +116,14 @@ void Scheduler::on_message(net::Message&& m) {
         transport_->close(m.conn, {ErrorCode::kInvalidArgument, why});
         return;
       }
-      e.last_seen = Clock::now();
+      if (e.addr.role == Role::kWorker && !exited_unregistered_.empty()) {
+        // It would wait for a worker that is gone.
+        nodes_[m.conn] = e;
+        silence_.heard(m.conn);
+        check_unregistered_exits();
+        return;
+      }
+      silence_.heard(m.conn);
       PP_INFO("{} registered ({} of {})", e.addr.describe(), nodes_.size() + 1,
               group_size(Group::kAll));
       nodes_[m.conn] = e;
@@ -118,6 +151,7 @@ void Scheduler::on_message(net::Message&& m) {
     case msg::kLeave: {
       if (it == nodes_.end()) return;
       it->second.left = true;
+      silence_.forget(m.conn);
       PP_DEBUG("{} left", it->second.addr.describe());
       bool workers_left = complete_ && it->second.addr.role == Role::kWorker &&
                           std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) {
@@ -134,6 +168,21 @@ void Scheduler::on_message(net::Message&& m) {
         finished_ = true;
         cv_.notify_all();
       }
+      return;
+    }
+    case msg::kFailureReport: {
+      if (it == nodes_.end()) return;
+      NodeAddress reporter;
+      std::string reason;
+      if (!decode_dead(payload, &reporter, &reason)) return;
+      if (!failure_.is_ok() || finished_) return;
+      // The reason names the node that failed (the engine's verdict); the
+      // reporter is only the messenger.
+      PP_ERROR("job failed: {} (reported by {})", reason, it->second.addr.describe());
+      failure_ = {ErrorCode::kPeerFailure, reason};
+      broadcast(msg::kAbort,
+                encode_dead({Role::kScheduler, 0, options_.cluster.root_uri, port()}, reason));
+      cv_.notify_all();
       return;
     }
     default:
@@ -186,6 +235,8 @@ void Scheduler::on_close(net::ConnId id, const net::PeerInfo&, const Status& why
   auto it = nodes_.find(id);
   if (it == nodes_.end() || it->second.left || finished_) return;
   NodeAddress who = it->second.addr;
+  if (who.rank < 0) who.rank = it->second.preferred;
+  silence_.forget(id);
   nodes_.erase(it);
   fail(who, fmt::format("its connection closed ({}); it crashed, was killed or lost the network",
                         why.message()));
@@ -193,7 +244,7 @@ void Scheduler::on_close(net::ConnId id, const net::PeerInfo&, const Status& why
 
 void Scheduler::fail(const NodeAddress& who, const std::string& reason) {
   if (!failure_.is_ok()) return;
-  std::string msg = fmt::format("{} failed: {}", who.describe(), reason);
+  std::string msg = fmt::format("{} failed: {}", describe_node(who), reason);
   PP_ERROR("job failed: {}", msg);
   failure_ = {ErrorCode::kPeerFailure, msg};
   broadcast(msg::kPeerDead, encode_dead(who, reason));
@@ -209,38 +260,60 @@ void Scheduler::abort_job(Status why) {
   cv_.notify_all();
 }
 
+void Scheduler::check_timers() {
+  const auto& c = options_.cluster;
+  auto now = clock_.now();
+  if (!complete_ && now - started_ > c.startup_timeout) {
+    int servers = 0, workers = 0;
+    for (auto& [id, e] : nodes_)
+      (e.addr.role == Role::kServer ? servers : workers)++;
+    abort_job(
+        {ErrorCode::kTimeout,
+         fmt::format("only {} of {} servers and {} of {} workers registered within {} ms; "
+                     "start the missing nodes or check their DMLC_PS_ROOT_URI / "
+                     "DMLC_PS_ROOT_PORT",
+                     servers, c.num_servers, workers, c.num_workers, c.startup_timeout.count())});
+    return;
+  }
+  if (auto expired = silence_.first_expired()) {
+    auto it = nodes_.find(expired->first);
+    if (it != nodes_.end()) {
+      NodeAddress who = it->second.addr;
+      if (who.rank < 0) who.rank = it->second.preferred;
+      fail(who, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
+                            "unreachable",
+                            expired->second.count(), c.heartbeat_timeout.count()));
+      return;
+    }
+    silence_.forget(expired->first);
+  }
+  check_unregistered_exits();
+}
+
 Status Scheduler::run() {
   transport_->start();
-  started_ = Clock::now();
   const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
+  started_ = clock_.now();
+  // Heartbeats go out on real time; the decisions read clock_ (injectable).
+  auto next_beat = std::chrono::steady_clock::now();
   while (!finished_ && failure_.is_ok()) {
-    cv_.wait_for(lock, c.heartbeat_interval);
+    // The unregistered-exit grace may end before the next heartbeat.
+    Millis wait = c.heartbeat_interval;
+    if (!exited_unregistered_.empty()) wait = std::min(wait, Millis{100});
+    // Wake when the next node would pass the silence limit, not an interval later.
+    auto until_silent = std::chrono::duration_cast<Millis>(silence_.next_deadline() - clock_.now());
+    auto until_beat =
+        std::chrono::duration_cast<Millis>(next_beat - std::chrono::steady_clock::now());
+    wait = std::clamp(std::min(until_silent, until_beat), Millis{1}, wait);
+    cv_.wait_for(lock, wait);
     if (finished_ || !failure_.is_ok()) break;
-    auto now = Clock::now();
-    if (!complete_ && now - started_ > c.startup_timeout) {
-      int servers = 0, workers = 0;
-      for (auto& [id, e] : nodes_)
-        (e.addr.role == Role::kServer ? servers : workers)++;
-      abort_job(
-          {ErrorCode::kTimeout,
-           fmt::format("only {} of {} servers and {} of {} workers registered within {} ms; "
-                       "start the missing nodes or check their DMLC_PS_ROOT_URI / "
-                       "DMLC_PS_ROOT_PORT",
-                       servers, c.num_servers, workers, c.num_workers, c.startup_timeout.count())});
-      break;
+    check_timers();
+    if (finished_ || !failure_.is_ok()) break;
+    if (std::chrono::steady_clock::now() >= next_beat) {
+      next_beat = std::chrono::steady_clock::now() + c.heartbeat_interval;
+      broadcast(msg::kHeartbeat, {});
     }
-    for (auto& [id, e] : nodes_) {
-      auto silent = std::chrono::duration_cast<Millis>(now - e.last_seen);
-      if (!e.left && silent > c.heartbeat_timeout) {
-        NodeAddress who = e.addr;
-        fail(who, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
-                              "unreachable",
-                              silent.count(), c.heartbeat_timeout.count()));
-        break;
-      }
-    }
-    broadcast(msg::kHeartbeat, {});
   }
   Status result = finished_ ? Status{} : failure_;
   lock.unlock();
@@ -248,8 +321,8 @@ Status Scheduler::run() {
   transport_->drain(Millis{2000});
   if (result.is_ok()) {
     // Give the nodes a moment to close first, so none sees us vanish early.
-    auto deadline = Clock::now() + Millis{2000};
-    while (!transport_->connections().empty() && Clock::now() < deadline)
+    auto deadline = std::chrono::steady_clock::now() + Millis{2000};
+    while (!transport_->connections().empty() && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(Millis{5});
     PP_INFO("all nodes left; scheduler done");
   }
@@ -257,8 +330,88 @@ Status Scheduler::run() {
   return result;
 }
 
+Scheduler::Entry* Scheduler::find_node(Role role, int rank) {
+  for (auto& [id, e] : nodes_)
+    if (e.addr.role == role && e.preferred == rank) return &e;
+  for (auto& [id, e] : nodes_)
+    if (e.addr.role == role && e.preferred < 0 && e.addr.rank == rank) return &e;
+  return nullptr;
+}
+
+int Scheduler::registered() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(nodes_.size());
+}
+
+int Scheduler::count_registered(Role role) const {
+  int n = 0;
+  for (const auto& [id, e] : nodes_)
+    n += e.addr.role == role;
+  return n;
+}
+
+void Scheduler::process_exited(Role role, int rank, int exit_code, int signal) {
+  std::lock_guard lock(mu_);
+  if (finished_ || !failure_.is_ok()) {
+    PP_DEBUG("{} {} {} after the job ended", role_name(role), rank,
+             describe_exit(exit_code, signal));
+    return;
+  }
+  Entry* e = find_node(role, rank);
+  if (e && e->left) return;  // it left in order: its exit is the normal end
+  NodeAddress who = e ? e->addr : NodeAddress{role, rank, "", 0};
+  if (who.rank < 0) who.rank = rank;
+  if (exit_code != 0 || signal > 0) {
+    fail(who, fmt::format("its process {}", describe_exit(exit_code, signal)));
+    return;
+  }
+  if (e) {
+    fail(who, "its process exited (code 0) without leaving the job (no orderly shutdown)");
+    return;
+  }
+  if (role != Role::kWorker) {
+    fail(who, "its process exited (code 0) before it registered with the scheduler");
+    return;
+  }
+  if (exited_unregistered_.empty()) first_unregistered_exit_ = clock_.now();
+  exited_unregistered_.insert(rank);
+  PP_INFO("worker {} exited (code 0) without joining the job", rank);
+  check_unregistered_exits();
+  cv_.notify_all();
+}
+
+void Scheduler::check_unregistered_exits() {
+  if (exited_unregistered_.empty() || finished_ || !failure_.is_ok()) return;
+  const int workers = options_.cluster.num_workers;
+  const int first = *exited_unregistered_.begin();
+  NodeAddress who{Role::kWorker, first, "", 0};
+  auto waiting_fail = [&](const std::string& why) {
+    fail(who, fmt::format("its process exited (code 0) without joining the job, {}", why));
+  };
+  if (count_registered(Role::kWorker) > 0)
+    return waiting_fail("while registered workers wait for it to register");
+  if (static_cast<int>(exited_unregistered_.size()) >= workers) {
+    // No worker ever joined and every one is done: a job that did not use
+    // the servers. Tell the registered servers to stop.
+    PP_INFO("every worker exited without joining the job; stopping the servers");
+    for (auto& [id, e] : nodes_) {
+      transport_->send_copy(id, net::Header{.type = msg::kWorkersDone}, nullptr, 0);
+      transport_->send_copy(id, net::Header{.type = msg::kShutdown}, nullptr, 0);
+    }
+    finished_ = true;
+    cv_.notify_all();
+    return;
+  }
+  if (clock_.now() - first_unregistered_exit_ >= kUnregisteredExitGrace)
+    waiting_fail(fmt::format(
+        "and {} other workers did not finish within {} ms (a job whose workers never join ends "
+        "only when all of them exit 0)",
+        workers - static_cast<int>(exited_unregistered_.size()), kUnregisteredExitGrace.count()));
+}
+
 void Scheduler::stop() {
   std::lock_guard lock(mu_);
+  if (finished_) return;
   abort_job({ErrorCode::kInternal, "the scheduler was stopped"});
 }
 

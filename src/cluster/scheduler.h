@@ -15,6 +15,19 @@
 // complete within startup_timeout fails the job too. When every node has left
 // (Node::shutdown) it tells them to close and run() returns OK.
 //
+// Process exits (process_exited, from the launcher that started the nodes):
+// a node that exits with a nonzero code or is killed by a signal fails the
+// job at once, naming it, unless it had already left in order. A worker that
+// exits 0 without ever registering (a program that never opened a store) is
+// recorded: once every worker has exited 0 (left in order, or never
+// registered) the registered servers are told to stop and run() returns OK;
+// while another worker is registered, or still has not registered 2 s later,
+// such an exit fails the job naming that worker (the others would wait for it
+// forever).
+//
+// Root cause: the job's status is the first failure recorded; later failures
+// (nodes exiting because of it) are consequences and only logged.
+//
 // Use: construct, bind() (port 0 picks a free one, reported back), then
 // run() on some thread; it blocks until the job ends and returns OK or the
 // reason it failed (PeerFailure naming the node, Timeout). stop() from any
@@ -30,7 +43,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
+#include "base/clock.h"
+#include "base/liveness.h"
 #include "cluster/protocol.h"
 #include "net/transport.h"
 #include "pushpull/options.h"
@@ -39,24 +55,34 @@ namespace pushpull::cluster {
 
 class Scheduler {
  public:
-  explicit Scheduler(Options options);
+  // `clock` drives the heartbeat and registration timers (tests pass a
+  // ManualClock); it must outlive the scheduler.
+  explicit Scheduler(Options options, const ClockSource& clock = steady_clock_source());
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Listens on options.net.port if set, else ClusterOptions::root_port (0:
-  // any). Binds the wildcard address of root_uri's family. Returns the port.
-  int bind();
+  // any), on `host` ("": the wildcard address of root_uri's family). Returns
+  // the port.
+  int bind(const std::string& host = "");
   int port() const;
   // Blocks until every node left (OK) or the job failed (its reason).
   Status run();
   void stop();
 
+  // A node's process ended (the launcher calls this when its child exits):
+  // `exit_code` when it exited, `signal` > 0 when a signal killed it. `rank`
+  // is the rank the launcher gave it (PUSHPULL_RANK). Thread-safe; no-op
+  // once the job ended.
+  void process_exited(Role role, int rank, int exit_code, int signal);
+  // How many nodes have registered so far (tests, progress reports).
+  int registered() const;
+
  private:
   struct Entry {
     NodeAddress addr;
     int32_t preferred = -1;
-    std::chrono::steady_clock::time_point last_seen;
     bool left = false;
   };
   void on_message(net::Message&& m);
@@ -67,6 +93,13 @@ class Scheduler {
   void broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key = 0,
                  uint64_t request_id = 0);  // mu_ held
   int group_size(Group g) const;
+  // Checks the heartbeat and registration deadlines (mu_ held).
+  void check_timers();
+  // Workers that exited 0 without registering: stop the servers once every
+  // worker has, fail the job when someone waits for them (mu_ held).
+  void check_unregistered_exits();
+  Entry* find_node(Role role, int rank);  // by launcher rank, then by rank; mu_ held
+  int count_registered(Role role) const;  // mu_ held
 
   Options options_;
   std::unique_ptr<net::Transport> transport_;
@@ -77,7 +110,13 @@ class Scheduler {
   bool finished_ = false;  // every node left
   Status failure_;
   std::map<uint8_t, int> barrier_count_;
-  std::chrono::steady_clock::time_point started_;
+  const ClockSource& clock_;
+  ClockSource::time_point started_;
+  SilenceDetector<net::ConnId> silence_;
+  // Workers (launcher rank) that exited 0 before registering, and when the
+  // first did (the 2 s grace for the others to follow).
+  std::set<int> exited_unregistered_;
+  ClockSource::time_point first_unregistered_exit_{};
 };
 
 }  // namespace pushpull::cluster

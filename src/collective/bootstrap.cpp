@@ -1,5 +1,6 @@
 #include "collective/bootstrap.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -24,6 +25,27 @@ NetOptions mesh_net(const Options& o) {
   NetOptions n = o.net;
   n.connect_timeout = o.cluster.startup_timeout;
   return n;
+}
+
+// The mesh's failure detector (tcp_transport.h): heartbeats at
+// min(heartbeat_interval, heartbeat_timeout / 5). In a cluster the scheduler
+// is the main detector (its verdict reaches the mesh through the Node), so
+// the mesh's own limit is an interval + 0.5 s longer and a closed connection waits
+// longer than the Node's own grace for the scheduler's word.
+LivenessConfig mesh_liveness(const Options& o, bool cluster) {
+  const auto& c = o.cluster;
+  LivenessConfig l;
+  l.heartbeat_interval =
+      std::max(Millis{10}, std::min(c.heartbeat_interval, c.heartbeat_timeout / 5));
+  l.heartbeat_timeout = c.heartbeat_timeout;
+  l.grace = std::min(c.heartbeat_timeout / 2, Millis{1500});
+  if (cluster) {
+    l.noun = "worker";
+    l.heartbeat_timeout += c.heartbeat_interval + Millis{500};
+    l.grace =
+        std::min(c.heartbeat_timeout / 2, 2 * c.heartbeat_interval + Millis{500}) + Millis{1000};
+  }
+  return l;
 }
 
 void set_local(const Options& o, const std::vector<std::pair<std::string, int>>& book, int rank,
@@ -71,7 +93,8 @@ Bootstrapped from_cluster(const Options& o) {
   const int rank = out.node->rank(), size = out.node->num_workers();
   const cluster::AddressBook& book = out.node->address_book();
   const std::string& my_host = book.workers.at(static_cast<size_t>(rank)).host;
-  auto tcp = std::make_unique<TcpTransport>(rank, size, mesh_net(o), bind_host_for(my_host), 0);
+  auto tcp = std::make_unique<TcpTransport>(rank, size, mesh_net(o),
+                                            bind_host_for(my_host, o.net.bind_any), 0);
   const int my_port = tcp->port();
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
@@ -109,6 +132,15 @@ Bootstrapped from_cluster(const Options& o) {
                             ports->port[static_cast<size_t>(r)]);
   }
   tcp->connect_all(out.book);
+  // The scheduler's verdicts (a node dead, the job aborted) fail the mesh's
+  // operations with the name of the node that failed. The port outlives the
+  // transport, so a late callback from the Node's threads is harmless.
+  out.node->on_peer_failure([port = tcp->verdict_port()](const Status& s) { port->deliver(s); });
+  if (Status f = out.node->failure(); !f.is_ok()) tcp->declare(f);
+  LivenessConfig live = mesh_liveness(o, true);
+  for (const auto& w : book.workers)
+    live.names.push_back(w.describe());
+  tcp->start_liveness(std::move(live));
   set_local(o, out.book, rank, &out);
   out.transport = std::move(tcp);
   return out;
@@ -130,12 +162,14 @@ Bootstrapped from_rendezvous(const Options& o) {
     rc.host = "127.0.0.1";
   else
     rc.host = net::choose_host(o.net);
-  auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o), bind_host_for(rc.host), 0);
+  auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
+                                            bind_host_for(rc.host, o.net.bind_any), 0);
   rc.port = tcp->port();
   Bootstrapped out;
   out.mode = BootstrapMode::kRendezvous;
   out.book = rendezvous(rc);
   tcp->connect_all(out.book);
+  tcp->start_liveness(mesh_liveness(o, false));
   set_local(o, out.book, c.rank, &out);
   out.transport = std::move(tcp);
   return out;

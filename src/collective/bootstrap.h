@@ -24,7 +24,9 @@
 // - kSingle: nothing of the above set: a world of one (a script run alone).
 //
 // Message types (net's collective range 128..191): 128 is TcpTransport's
-// data; 129 kPortType, 130 kHelloType, 131 kBookType, 132 kRefuseType.
+// data; 129 kPortType, 130 kHelloType, 131 kBookType, 132 kRefuseType;
+// 133..135 the mesh's failure detector (heartbeat, verdict, goodbye; see
+// tcp_transport.h), started here once the mesh is connected.
 //
 // local_rank / local_size: from the environment (LOCAL_RANK, ...) when set,
 // else counted among the ranks whose advertised host equals this one's.

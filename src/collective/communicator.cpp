@@ -1,4 +1,6 @@
 // The public Communicator: argument checks, then the engine.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "collective/engine.h"
@@ -24,7 +26,8 @@ std::string_view reduction_name(Reduction r) {
 CommunicatorOptions CommunicatorOptions::from(const Options& options) {
   CommunicatorOptions o;
   o.collective = options.collective;
-  o.peer_timeout = options.cluster.heartbeat_timeout;
+  const Millis t = options.cluster.heartbeat_timeout;
+  o.peer_timeout = t + std::max(Millis{3000}, t / 2);
   return o;
 }
 
@@ -167,6 +170,10 @@ Array Communicator::take_output(const Handle& h, std::optional<Millis> timeout) 
   wait(h, timeout);
   std::lock_guard lock(h.state_->mu);
   return std::move(h.state_->output);
+}
+
+Status Communicator::failure() const {
+  return impl_ ? impl_->failure() : Status::ok();
 }
 
 void Communicator::shutdown() {

@@ -226,7 +226,7 @@ void Communicator::Impl::fatal(const Status& st) {
     join_handle_.reset();
     active_names_.clear();
     if (!stopping_ && (!local_.empty() || !fail.empty()))
-      PP_ERROR("collective: rank {} failed: {}", rank_, st.message());
+      PP_ERROR("collective: rank {} fails its pending operations: {}", rank_, st.message());
   }
   for (auto& [name, op] : local_)
     fail.push_back(op.handle);
@@ -235,8 +235,9 @@ void Communicator::Impl::fatal(const Status& st) {
   // Close before completing the handles: closing withdraws every pending
   // send and receive of this rank (an aborted algorithm leaves some), so no
   // peer touches the callers' buffers once they see their handles fail.
-  // Peers learn of the failure from the closed transport.
-  transport_->close(st);
+  // abort() tells the peers why first (a transport that can), so they blame
+  // the node that failed, then closes.
+  transport_->abort(st);
   for (auto& h : fail)
     h->complete(st);
 }

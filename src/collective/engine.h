@@ -54,6 +54,10 @@ class Communicator::Impl {
   Handle submit(Spec spec, ArrayView input, ArrayView output);
   Handle join();
   void shutdown();
+  Status failure() {
+    std::lock_guard lock(mu_);
+    return failed_;
+  }
   static Handle make_handle(std::shared_ptr<detail::HandleState> s) { return Handle(std::move(s)); }
 
  private:

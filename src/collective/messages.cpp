@@ -1,103 +1,85 @@
 #include "collective/messages.h"
 
-#include <cstring>
+#include <array>
 
 #include <fmt/format.h>
+
+#include "net/wire.h"
+#include "pushpull/checked.h"
 
 namespace pushpull::collective {
 namespace {
 
-constexpr uint32_t kMaxItems = 1u << 20;
+constexpr size_t kMaxItems = size_t{1} << 20;
+constexpr size_t kMaxName = size_t{1} << 16;
+constexpr size_t kMaxMessage = size_t{1} << 20;
 
-class Writer {
- public:
-  template <typename T>
-  void put(T v) {
-    char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    out_.append(b, sizeof(T));
-  }
-  void str(std::string_view s) {
-    put<uint32_t>(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  void spec(const Spec& s) {
-    str(s.name);
-    put<uint8_t>(static_cast<uint8_t>(s.type));
-    put<uint8_t>(static_cast<uint8_t>(s.dtype));
-    put<uint8_t>(static_cast<uint8_t>(s.reduction));
-    put<int32_t>(s.root);
-    put<uint8_t>(static_cast<uint8_t>(s.shape.ndim()));
-    for (int i = 0; i < s.shape.ndim(); ++i)
-      put<int64_t>(s.shape[i]);
-  }
-  std::string take() { return std::move(out_); }
+// Smallest encodings, for Reader::count's check against the remaining input.
+constexpr size_t kMinSpecBytes = 4 + 3 + 4 + 1;
+constexpr size_t kMinTensorBytes = 4 + 4 + 1;
+constexpr size_t kMinResponseBytes = 1 + 4 + 4 + 4 + 4 + 4;
 
- private:
-  std::string out_;
-};
+void put_spec(net::Writer& w, const Spec& s) {
+  w.str(s.name);
+  w.u<uint8_t>(static_cast<uint8_t>(s.type));
+  w.u<uint8_t>(static_cast<uint8_t>(s.dtype));
+  w.u<uint8_t>(static_cast<uint8_t>(s.reduction));
+  w.u<int32_t>(s.root);
+  w.u<uint8_t>(static_cast<uint8_t>(s.shape.ndim()));
+  for (int i = 0; i < s.shape.ndim(); ++i)
+    w.u<int64_t>(s.shape[i]);
+}
 
-class Reader {
- public:
-  explicit Reader(std::string_view b) : b_(b) {}
-  template <typename T>
-  T get() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, b_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
+std::string as_string(std::vector<std::byte>&& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// Decoding state: the reader plus the first reason the input was rejected.
+struct Decoder {
+  net::Reader r;
+  std::string why;
+
+  bool fail(std::string what) {
+    if (why.empty()) why = std::move(what);
+    r.fail();
+    return false;
   }
-  uint32_t count() {
-    uint32_t n = get<uint32_t>();
-    if (n > kMaxItems) fail(fmt::format("{} items", n));
-    return n;
+  Status status(size_t total) const {
+    if (r.ok()) return {};
+    return {ErrorCode::kProtocolError,
+            fmt::format("collective: malformed control message ({} at byte {} of {}); the ranks "
+                        "run incompatible pushpull versions or memory was corrupted",
+                        why.empty() ? std::string("truncated or trailing bytes") : why, r.pos(),
+                        total)};
   }
-  std::string str() {
-    uint32_t n = get<uint32_t>();
-    need(n);
-    std::string s(b_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-  Spec spec(int size) {
-    Spec s;
-    s.name = str();
-    auto type = get<uint8_t>(), dtype = get<uint8_t>(), red = get<uint8_t>();
+  bool spec(int size, Spec* s) {
+    s->name = r.str(kMaxName);
+    auto type = r.u<uint8_t>(), dtype = r.u<uint8_t>(), red = r.u<uint8_t>();
+    s->root = r.u<int32_t>();
+    int nd = r.u<uint8_t>();
+    if (!r.ok()) return false;
     if (type > static_cast<uint8_t>(OpType::kBarrier) || !is_valid_dtype(dtype) ||
         red > static_cast<uint8_t>(Reduction::kProduct))
-      fail("bad op, dtype or reduction");
-    s.type = static_cast<OpType>(type);
-    s.dtype = static_cast<DType>(dtype);
-    s.reduction = static_cast<Reduction>(red);
-    s.root = get<int32_t>();
-    if (s.root < 0 || s.root >= size) fail(fmt::format("root {}", s.root));
-    int nd = get<uint8_t>();
-    if (nd > Shape::kMaxDims) fail(fmt::format("{} dimensions", nd));
-    std::vector<int64_t> dims(static_cast<size_t>(nd));
-    for (auto& d : dims) {
-      d = get<int64_t>();
-      if (d < 0) fail("negative dimension");
+      return fail("bad op, dtype or reduction");
+    s->type = static_cast<OpType>(type);
+    s->dtype = static_cast<DType>(dtype);
+    s->reduction = static_cast<Reduction>(red);
+    if (s->root < 0 || s->root >= size) return fail(fmt::format("root {}", s->root));
+    if (nd > Shape::kMaxDims) return fail(fmt::format("{} dimensions", nd));
+    std::array<int64_t, Shape::kMaxDims> dims{};
+    for (int i = 0; i < nd; ++i) {
+      dims[static_cast<size_t>(i)] = r.u<int64_t>();
+      if (dims[static_cast<size_t>(i)] < 0) return fail("negative dimension");
     }
-    s.shape = Shape(std::span<const int64_t>(dims));
-    return s;
+    if (!r.ok()) return false;
+    std::span<const int64_t> used(dims.data(), static_cast<size_t>(nd));
+    int64_t numel;
+    size_t bytes;
+    if (!Shape::checked_numel(used, &numel) || !checked_bytes(numel, dtype_size(s->dtype), &bytes))
+      return fail("shape too large");
+    s->shape = Shape(used);
+    return true;
   }
-  void need(size_t n) {
-    if (b_.size() - pos_ < n) fail("truncated");
-  }
-  void done() {
-    if (pos_ != b_.size()) fail("trailing bytes");
-  }
-  [[noreturn]] void fail(const std::string& what) {
-    throw ProtocolError(
-        fmt::format("collective: malformed control message ({} at byte {} of {}); the ranks run "
-                    "incompatible pushpull versions or memory was corrupted",
-                    what, pos_, b_.size()));
-  }
-
- private:
-  std::string_view b_;
-  size_t pos_ = 0;
 };
 
 }  // namespace
@@ -151,85 +133,112 @@ std::string Spec::describe() const {
   return s;
 }
 
+size_t Spec::bytes() const {
+  size_t n;
+  if (!checked_bytes(shape.numel(), dtype_size(dtype), &n))
+    throw InvalidArgument(fmt::format("{} has more bytes than size_t can count", describe()));
+  return n;
+}
+
 std::string encode(const Announce& a) {
-  Writer w;
-  w.put<uint32_t>(static_cast<uint32_t>(a.specs.size()));
+  net::Writer w;
+  w.u<uint32_t>(static_cast<uint32_t>(a.specs.size()));
   for (const auto& s : a.specs)
-    w.spec(s);
-  w.put<uint32_t>(static_cast<uint32_t>(a.cached.size()));
+    put_spec(w, s);
+  w.u<uint32_t>(static_cast<uint32_t>(a.cached.size()));
   for (uint32_t id : a.cached)
-    w.put<uint32_t>(id);
-  w.put<uint8_t>(a.join ? 1 : 0);
-  return w.take();
+    w.u<uint32_t>(id);
+  w.u<uint8_t>(a.join ? 1 : 0);
+  return as_string(w.take());
+}
+
+Status decode_announce(std::span<const std::byte> in, int size, Announce* out) {
+  Decoder d{net::Reader(in), {}};
+  Announce a;
+  if (in.size() > kMaxMessage) d.fail(fmt::format("{} bytes", in.size()));
+  for (size_t i = 0, n = d.r.count(kMaxItems, kMinSpecBytes); i < n && d.r.ok(); ++i) {
+    Spec s;
+    if (d.spec(size, &s)) a.specs.push_back(std::move(s));
+  }
+  for (size_t i = 0, n = d.r.count(kMaxItems, 4); i < n && d.r.ok(); ++i)
+    a.cached.push_back(d.r.u<uint32_t>());
+  a.join = d.r.u<uint8_t>() != 0;
+  d.r.done();
+  if (Status st = d.status(in.size()); !st) return st;
+  *out = std::move(a);
+  return {};
 }
 
 Announce decode_announce(std::string_view bytes, int size) {
-  Reader r(bytes);
   Announce a;
-  for (uint32_t i = 0, n = r.count(); i < n; ++i)
-    a.specs.push_back(r.spec(size));
-  for (uint32_t i = 0, n = r.count(); i < n; ++i)
-    a.cached.push_back(r.get<uint32_t>());
-  a.join = r.get<uint8_t>() != 0;
-  r.done();
+  decode_announce(std::as_bytes(std::span(bytes.data(), bytes.size())), size, &a).raise();
   return a;
 }
 
 std::string encode(const std::vector<Response>& rs) {
-  Writer w;
-  w.put<uint32_t>(static_cast<uint32_t>(rs.size()));
+  net::Writer w;
+  w.u<uint32_t>(static_cast<uint32_t>(rs.size()));
   for (const auto& r : rs) {
-    w.put<uint8_t>(static_cast<uint8_t>(r.kind));
-    w.put<uint32_t>(static_cast<uint32_t>(r.tensors.size()));
+    w.u<uint8_t>(static_cast<uint8_t>(r.kind));
+    w.u<uint32_t>(static_cast<uint32_t>(r.tensors.size()));
     for (const auto& t : r.tensors) {
       w.str(t.name);
-      w.put<uint32_t>(t.cache_id);
-      w.put<uint8_t>(t.has_spec ? 1 : 0);
-      if (t.has_spec) w.spec(t.spec);
+      w.u<uint32_t>(t.cache_id);
+      w.u<uint8_t>(t.has_spec ? 1 : 0);
+      if (t.has_spec) put_spec(w, t.spec);
     }
-    w.put<uint32_t>(static_cast<uint32_t>(r.joined.size()));
+    w.u<uint32_t>(static_cast<uint32_t>(r.joined.size()));
     for (int32_t j : r.joined)
-      w.put<int32_t>(j);
-    w.put<uint32_t>(static_cast<uint32_t>(r.rows.size()));
+      w.u<int32_t>(j);
+    w.u<uint32_t>(static_cast<uint32_t>(r.rows.size()));
     for (int64_t x : r.rows)
-      w.put<int64_t>(x);
-    w.put<int32_t>(static_cast<int32_t>(r.code));
+      w.u<int64_t>(x);
+    w.u<int32_t>(static_cast<int32_t>(r.code));
     w.str(r.message);
   }
-  return w.take();
+  return as_string(w.take());
+}
+
+Status decode_responses(std::span<const std::byte> in, int size, std::vector<Response>* out) {
+  Decoder d{net::Reader(in), {}};
+  std::vector<Response> rs;
+  if (in.size() > kMaxMessage) d.fail(fmt::format("{} bytes", in.size()));
+  for (size_t i = 0, n = d.r.count(kMaxItems, kMinResponseBytes); i < n && d.r.ok(); ++i) {
+    Response r;
+    auto kind = d.r.u<uint8_t>();
+    if (kind > static_cast<uint8_t>(Response::Kind::kJoinDone)) d.fail("bad response kind");
+    r.kind = static_cast<Response::Kind>(kind);
+    for (size_t j = 0, m = d.r.count(kMaxItems, kMinTensorBytes); j < m && d.r.ok(); ++j) {
+      ResponseTensor t;
+      t.name = d.r.str(kMaxName);
+      t.cache_id = d.r.u<uint32_t>();
+      t.has_spec = d.r.u<uint8_t>() != 0;
+      if (t.has_spec) d.spec(size, &t.spec);
+      r.tensors.push_back(std::move(t));
+    }
+    for (size_t j = 0, m = d.r.count(kMaxItems, 4); j < m && d.r.ok(); ++j) {
+      int32_t x = d.r.u<int32_t>();
+      if (x < 0 || x >= size) d.fail(fmt::format("rank {}", x));
+      r.joined.push_back(x);
+    }
+    for (size_t j = 0, m = d.r.count(kMaxItems, 8); j < m && d.r.ok(); ++j)
+      r.rows.push_back(d.r.u<int64_t>());
+    int32_t code = d.r.u<int32_t>();
+    if (code < 0 || code > static_cast<int32_t>(ErrorCode::kInternal)) d.fail("bad error code");
+    r.code = static_cast<ErrorCode>(code);
+    r.message = d.r.str(kMaxMessage);
+    rs.push_back(std::move(r));
+  }
+  d.r.done();
+  if (Status st = d.status(in.size()); !st) return st;
+  *out = std::move(rs);
+  return {};
 }
 
 std::vector<Response> decode_responses(std::string_view bytes, int size) {
-  Reader rd(bytes);
-  std::vector<Response> out;
-  for (uint32_t i = 0, n = rd.count(); i < n; ++i) {
-    Response r;
-    auto kind = rd.get<uint8_t>();
-    if (kind > static_cast<uint8_t>(Response::Kind::kJoinDone)) rd.fail("bad response kind");
-    r.kind = static_cast<Response::Kind>(kind);
-    for (uint32_t j = 0, m = rd.count(); j < m; ++j) {
-      ResponseTensor t;
-      t.name = rd.str();
-      t.cache_id = rd.get<uint32_t>();
-      t.has_spec = rd.get<uint8_t>() != 0;
-      if (t.has_spec) t.spec = rd.spec(size);
-      r.tensors.push_back(std::move(t));
-    }
-    for (uint32_t j = 0, m = rd.count(); j < m; ++j) {
-      int32_t x = rd.get<int32_t>();
-      if (x < 0 || x >= size) rd.fail(fmt::format("rank {}", x));
-      r.joined.push_back(x);
-    }
-    for (uint32_t j = 0, m = rd.count(); j < m; ++j)
-      r.rows.push_back(rd.get<int64_t>());
-    int32_t code = rd.get<int32_t>();
-    if (code < 0 || code > static_cast<int32_t>(ErrorCode::kInternal)) rd.fail("bad error code");
-    r.code = static_cast<ErrorCode>(code);
-    r.message = rd.str();
-    out.push_back(std::move(r));
-  }
-  rd.done();
-  return out;
+  std::vector<Response> rs;
+  decode_responses(std::as_bytes(std::span(bytes.data(), bytes.size())), size, &rs).raise();
+  return rs;
 }
 
 }  // namespace pushpull::collective

@@ -1,12 +1,14 @@
 // The engine's control messages: what a rank announces to rank 0 (the
 // coordinator) and the responses rank 0 broadcasts, with their encoding.
-// Decoding checks every length and value and throws ProtocolError on bad
-// input (it never trusts a peer's counts for allocation beyond the buffer).
+// Encoded with net/wire.h (little-endian). Decoding checks every length and
+// value and never trusts a peer's counts for allocation beyond the buffer.
 //
 // Thread safety: plain values and pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,7 +37,9 @@ struct Spec {
   int32_t root = 0;
   Shape shape;
 
-  size_t bytes() const { return static_cast<size_t>(shape.numel()) * dtype_size(dtype); }
+  // numel * dtype size; throws InvalidArgument on overflow (decoded specs
+  // never overflow: the decoder rejects them).
+  size_t bytes() const;
   // Whether two ranks' specs describe the same op (allgather: first dims may differ).
   bool compatible(const Spec& o) const;
   friend bool operator==(const Spec& a, const Spec& b);
@@ -70,9 +74,14 @@ struct Response {
   std::string message;                  // kError
 };
 
+// Decoders are pure functions of the bytes and the group size (for rank and
+// root checks): ProtocolError on truncated, trailing or out-of-range input,
+// leaving *out untouched. The string_view forms throw that status instead.
 std::string encode(const Announce& a);
+Status decode_announce(std::span<const std::byte> in, int size, Announce* out);
 Announce decode_announce(std::string_view bytes, int size);
 std::string encode(const std::vector<Response>& rs);
+Status decode_responses(std::span<const std::byte> in, int size, std::vector<Response>* out);
 std::vector<Response> decode_responses(std::string_view bytes, int size);
 
 }  // namespace pushpull::collective

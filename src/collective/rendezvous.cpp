@@ -9,6 +9,8 @@
 #include <fmt/ranges.h>
 
 #include "collective/bootstrap.h"
+#include "net/node_id.h"
+#include "net/peer_policy.h"
 #include "net/transport.h"
 #include "net/wire.h"
 #include "pushpull/log.h"
@@ -63,28 +65,48 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
   st->book[0] = {c.host, c.port};
   st->arrived[0] = true;
   net::Transport t(config_of(c));
-  t.listen(bind_host_for(c.master_addr), c.master_port);
-  t.set_handler(kHelloType, kHelloType, [st, &c](net::Message&& m) {
+  t.listen(bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
+  // A hello that is malformed, or whose rank is out of range, taken, or not
+  // the one its connection authenticated as, closes that connection only
+  // (told why); it never fails the rendezvous of the real members.
+  auto refuse = [&t](net::ConnId conn, const std::string& why) {
+    PP_ERROR("collective rendezvous: refusing a connection: {}", why);
+    (void)t.send_copy(conn,
+                      net::Header{.type = kRefuseType,
+                                  .flags = static_cast<uint32_t>(ErrorCode::kInvalidArgument)},
+                      why.data(), why.size());
+    t.close(conn, Status(ErrorCode::kProtocolError, why));
+  };
+  t.set_handler(kHelloType, kHelloType, [st, &c, refuse](net::Message&& m) {
     int rank = -1, size = 0, port = 0;
     std::string h;
     Status d = decode_hello(m.payload.data(), m.payload.size(), &rank, &size, &h, &port);
-    std::lock_guard lock(st->mu);
-    st->hellos.push_back(m.conn);  // told of the outcome, even when refused
-    if (!d.is_ok()) return fail(*st, d);
+    const auto [role, authenticated] = net::node_of_id(m.header.sender);
+    std::unique_lock lock(st->mu);
+    if (!d.is_ok()) {
+      lock.unlock();
+      return refuse(m.conn, d.message());
+    }
+    if (rank <= 0 || rank >= c.size || rank != authenticated || role != Role::kWorker ||
+        st->arrived[static_cast<size_t>(rank)] || st->rank_of.count(m.conn)) {
+      lock.unlock();
+      return refuse(m.conn,
+                    fmt::format("collective rendezvous: a process claims rank {} ({}); ranks "
+                                "must be 1..{} once each besides rank 0; check RANK of every "
+                                "process",
+                                rank,
+                                rank <= 0 || rank >= c.size ? "out of range"
+                                : rank != authenticated     ? "not the rank it connected as"
+                                                            : "twice",
+                                c.size - 1));
+    }
+    st->hellos.push_back(m.conn);  // told of the outcome
     if (size != c.size)
       return fail(*st, Status(ErrorCode::kInvalidArgument,
                               fmt::format("collective rendezvous: rank {} says the world has {} "
                                           "ranks, rank 0 says {}; give every process the same "
                                           "WORLD_SIZE",
                                           rank, size, c.size)));
-    if (rank <= 0 || rank >= c.size || st->arrived[static_cast<size_t>(rank)])
-      return fail(*st,
-                  Status(ErrorCode::kInvalidArgument,
-                         fmt::format("collective rendezvous: a process claims rank {} ({}); "
-                                     "ranks must be 1..{} once each besides rank 0; check "
-                                     "RANK of every process",
-                                     rank, rank > 0 && rank < c.size ? "twice" : "out of range",
-                                     c.size - 1)));
     st->book[static_cast<size_t>(rank)] = {h, port};
     st->arrived[static_cast<size_t>(rank)] = true;
     st->rank_of[m.conn] = rank;
@@ -208,10 +230,8 @@ AddressList join(const RendezvousConfig& c, Clock::time_point deadline) {
 
 }  // namespace
 
-std::string bind_host_for(const std::string& host) {
-  if (host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
-  if (host == "::1") return host;
-  return host.find(':') != std::string::npos ? "::" : "";
+std::string bind_host_for(const std::string& host, bool bind_any) {
+  return net::bind_host_for(host, bind_any);
 }
 
 std::vector<std::byte> encode_hello(int rank, int size, const std::string& host, int port) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "collective/bootstrap.h"
+#include "collective/tcp_transport.h"
 #include "pushpull/collective.h"
 #include "pushpull/log.h"
 
@@ -14,6 +15,7 @@ struct Session::Impl {
   BootstrapMode mode = BootstrapMode::kSingle;
   std::unique_ptr<cluster::Node> node;
   std::unique_ptr<Communicator> comm;
+  TcpTransport* mesh = nullptr;  // cluster mode: comm's transport (owned by comm)
   std::mutex mu;
   bool shut = false;
 };
@@ -23,6 +25,7 @@ Session::Session(const Options& options) : impl_(std::make_unique<Impl>()) {
   Bootstrapped b = bootstrap(options);
   impl_->mode = b.mode;
   impl_->node = std::move(b.node);
+  if (impl_->node) impl_->mesh = dynamic_cast<TcpTransport*>(b.transport.get());
   CommunicatorOptions co = CommunicatorOptions::from(options);
   co.collective.local_rank = b.local_rank;
   co.collective.local_size = b.local_size;
@@ -58,13 +61,22 @@ void Session::shutdown() {
   std::lock_guard lock(impl_->mu);
   if (impl_->shut) return;
   impl_->shut = true;
+  // A verdict of the collectives (the mesh's detector, a stall shutdown, a
+  // rank's own error) means the job failed: tell the scheduler why (it ends
+  // the job for every node with that reason) instead of leaving in order,
+  // which would wait for nodes that will never leave. (A peer that shut down
+  // in order is no verdict.)
+  std::optional<Status> verdict = impl_->mesh ? impl_->mesh->verdict() : std::nullopt;
   impl_->comm->shutdown();
   if (impl_->node) {
+    if (verdict) impl_->node->report_failure(*verdict);
     try {
       impl_->node->shutdown();
     } catch (const std::exception& e) {
       PP_WARN("collective session: leaving the job: {}", e.what());
     }
+    // No handler or callback of the node runs after this (teardown order).
+    impl_->node->stop_delivery();
   }
 }
 

@@ -2,16 +2,24 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/ranges.h>
 
 #include <fmt/format.h>
 
+#include "net/address.h"
+#include "pushpull/log.h"
+
 namespace pushpull::collective {
 namespace {
 
 constexpr uint16_t kDataType = net::msg::kCollectiveFirst;
+// Heartbeats and verdicts jump ahead of queued data on a connection.
+constexpr int kUrgent = 1 << 20;
+// A verdict's text is cut to this (a bound for the receiver too).
+constexpr size_t kMaxVerdictBytes = 4096;
 
 net::TransportConfig config_of(int rank, const NetOptions& net) {
   net::TransportConfig c;
@@ -32,11 +40,18 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       net_(config_of(rank, net)),
       conns_(static_cast<size_t>(size), 0),
       dead_(static_cast<size_t>(size)),
+      early_count_(static_cast<size_t>(size), 0),
+      early_bytes_(static_cast<size_t>(size), 0),
+      where_(static_cast<size_t>(size)),
+      left_(static_cast<size_t>(size), false),
       host_(host) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
   net_.listen(host, port);
   net_.set_handler(kDataType, kDataType, [this](net::Message&& m) { on_message(std::move(m)); });
+  net_.set_handler(kHeartbeatType, kByeType,
+                   [this](net::Message&& m) { on_control(std::move(m)); });
+  port_->target_ = this;
   net_.set_connect_handler([this](net::ConnId id, const net::PeerInfo& p) {
     {
       std::lock_guard lock(mu_);
@@ -52,6 +67,11 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
 }
 
 TcpTransport::~TcpTransport() {
+  {
+    // Waits for a verdict being delivered through the port, then cuts it off.
+    std::lock_guard lock(port_->mu_);
+    port_->target_ = nullptr;
+  }
   close(Status(ErrorCode::kPeerFailure, fmt::format("rank {} closed its transport", rank_)));
 }
 
@@ -59,6 +79,9 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   if (static_cast<int>(book.size()) != size_)
     throw InvalidArgument(
         fmt::format("TcpTransport: address book of {} for size {}", book.size(), size_));
+  for (int r = 0; r < size_; ++r)
+    where_[static_cast<size_t>(r)] = net::format_address(book[static_cast<size_t>(r)].first,
+                                                         book[static_cast<size_t>(r)].second);
   for (int r = 0; r < rank_; ++r) {
     net::ConnId id =
         net_.connect(book[static_cast<size_t>(r)].first, book[static_cast<size_t>(r)].second);
@@ -87,34 +110,73 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
 }
 
 Status TcpTransport::peer_error(int peer, const Status& why) const {
+  if (left_[static_cast<size_t>(peer)])
+    return Status(ErrorCode::kPeerFailure,
+                  fmt::format("collective: {} has shut down its communicator ({})", describe(peer),
+                              why.message()));
   return Status(ErrorCode::kPeerFailure,
-                fmt::format("collective: rank {} is gone ({})", peer, why.message()));
+                fmt::format("collective: {} failed: its connection was lost ({}); it crashed, was "
+                            "killed or lost the network",
+                            describe(peer), why.message()));
+}
+
+std::string TcpTransport::describe(int peer) const {
+  // where_ and live_'s names are set up before any operation and never change.
+  if (peer >= 0 && static_cast<size_t>(peer) < live_.names.size())
+    return live_.names[static_cast<size_t>(peer)];
+  if (peer < 0 || peer >= size_ || where_[static_cast<size_t>(peer)].empty())
+    return fmt::format("{} {}", live_.noun, peer);
+  return fmt::format("{} {} (host {})", live_.noun, peer, where_[static_cast<size_t>(peer)]);
+}
+
+void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
+  std::unique_lock lock(mu_);
+  Status now;
+  if (closed_)
+    now = *closed_;
+  else if (verdict_.failure())
+    now = *verdict_.failure();
+  else if (!live_thread_.joinable() || left_[static_cast<size_t>(peer)])
+    now = peer_error(peer, why);  // no detector to settle a suspect, or it left: at once
+  if (!now.is_ok()) {
+    lock.unlock();
+    done(now);
+    return;
+  }
+  verdict_.suspect(peer_error(peer, why), live_.grace);
+  held_.push_back(std::move(done));
+  cv_.notify_all();
 }
 
 void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t bytes,
                              Completion done) {
   net::ConnId conn;
+  std::optional<Status> dead;
   {
     std::lock_guard lock(mu_);
     Status err;
     if (closed_)
       err = *closed_;
+    else if (verdict_.failure())
+      err = *verdict_.failure();
     else if (peer < 0 || peer >= size_ || !conns_[static_cast<size_t>(peer)])
       err = Status(ErrorCode::kInvalidArgument,
                    fmt::format("collective: no connection to rank {}", peer));
-    else if (dead_[static_cast<size_t>(peer)])
-      err = peer_error(peer, *dead_[static_cast<size_t>(peer)]);
+    else
+      dead = dead_[static_cast<size_t>(peer)];
     if (!err.is_ok()) {
       done(err);
       return;
     }
     conn = conns_[static_cast<size_t>(peer)];
   }
+  if (dead) return fail_or_hold(peer, std::move(done), *dead);
   net::Header h;
   h.type = kDataType;
   h.request_id = tag;
-  net_.send(conn, h, data, bytes, [this, peer, done = std::move(done)](const Status& st) {
-    done(st.is_ok() ? st : peer_error(peer, st));
+  net_.send(conn, h, data, bytes, [this, peer, done = std::move(done)](const Status& st) mutable {
+    if (st.is_ok()) return done(st);
+    fail_or_hold(peer, std::move(done), st);
   });
 }
 
@@ -126,6 +188,8 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
     Status err;
     if (closed_)
       err = *closed_;
+    else if (verdict_.failure())
+      err = *verdict_.failure();
     else if (peer < 0 || peer >= size_ || !conns_[static_cast<size_t>(peer)])
       err = Status(ErrorCode::kInvalidArgument,
                    fmt::format("collective: no connection to rank {}", peer));
@@ -133,6 +197,9 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
     if (err.is_ok() && it != early_.end()) {
       net::Buffer b = std::move(it->second.front());
       it->second.pop_front();
+      if (early_count_[static_cast<size_t>(peer)] != SIZE_MAX)
+        --early_count_[static_cast<size_t>(peer)];
+      early_bytes_[static_cast<size_t>(peer)] -= b.size();
       if (it->second.empty()) early_.erase(it);
       lock.unlock();
       if (b.size() != bytes) {
@@ -145,11 +212,15 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
       done(Status::ok());
       return;
     }
-    if (err.is_ok() && dead_[static_cast<size_t>(peer)])
-      err = peer_error(peer, *dead_[static_cast<size_t>(peer)]);
     if (!err.is_ok()) {
       lock.unlock();
       done(err);
+      return;
+    }
+    if (dead_[static_cast<size_t>(peer)]) {
+      Status why = *dead_[static_cast<size_t>(peer)];
+      lock.unlock();
+      fail_or_hold(peer, std::move(done), why);
       return;
     }
     if (!posted_.emplace(key, Posted{dst, bytes, std::move(done)}).second) {
@@ -180,7 +251,7 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
       registered_.insert(key);
     }
   }
-  if (failed) failed->done(peer_error(peer, st));
+  if (failed) fail_or_hold(peer, std::move(failed->done), st);
 }
 
 void TcpTransport::on_message(net::Message&& m) {
@@ -201,9 +272,27 @@ void TcpTransport::on_message(net::Message&& m) {
   }
   auto r = rank_of_.find(m.conn);
   if (r == rank_of_.end()) return;
+  heard(m.conn);
   Key key{r->second, m.header.request_id};
   auto it = posted_.find(key);
   if (it == posted_.end()) {
+    const auto p = static_cast<size_t>(key.first);
+    if (early_count_[p] == SIZE_MAX) return;  // over the limit already; closing
+    if (early_count_[p] + 1 > live_.early_messages ||
+        early_bytes_[p] + m.payload.size() > live_.early_bytes) {
+      // Nobody asked for these: a peer out of step or misbehaving. Bounded.
+      Status bad(ErrorCode::kProtocolError,
+                 fmt::format("collective: {} sent more than {} messages / {} bytes that no "
+                             "receive asked for",
+                             describe(key.first), live_.early_messages, live_.early_bytes));
+      early_count_[p] = SIZE_MAX;
+      lock.unlock();
+      PP_ERROR("{}; closing its connection", bad.message());
+      net_.close(m.conn, bad);
+      return;
+    }
+    ++early_count_[p];
+    early_bytes_[p] += m.payload.size();
     early_[key].push_back(std::move(m.payload));
     return;
   }
@@ -235,12 +324,13 @@ void TcpTransport::on_net_recv(Key key, const Status& st, const net::Header& h) 
   {
     std::lock_guard lock(mu_);
     registered_.erase(key);
+    if (st.is_ok() && silence_) silence_->heard(key.first);
     auto it = posted_.find(key);
     if (it == posted_.end()) return;  // already failed or served
     p = std::move(it->second);
     posted_.erase(it);
   }
-  if (!st.is_ok()) return p->done(peer_error(key.first, st));
+  if (!st.is_ok()) return fail_or_hold(key.first, std::move(p->done), st);
   if (h.payload_bytes != p->bytes)
     return p->done(Status(ErrorCode::kProtocolError,
                           fmt::format("collective: {} bytes from rank {} for a receive of {}",
@@ -257,6 +347,10 @@ void TcpTransport::on_close(net::ConnId id, const Status& st) {
     if (r == rank_of_.end()) return;
     peer = r->second;
     dead_[static_cast<size_t>(peer)] = st;
+    if (silence_) silence_->forget(peer);  // a closed peer is a suspect, not silent
+    if (live_thread_.joinable() && !closed_ && !left_[static_cast<size_t>(peer)])
+      verdict_.suspect(peer_error(peer, st), live_.grace);
+    cv_.notify_all();
     for (auto it = posted_.begin(); it != posted_.end();) {
       if (it->first.first == peer) {
         registered_.erase(it->first);
@@ -268,19 +362,37 @@ void TcpTransport::on_close(net::ConnId id, const Status& st) {
     }
   }
   for (auto& p : failed)
-    p.done(peer_error(peer, st));
+    fail_or_hold(peer, std::move(p.done), st);
 }
 
 void TcpTransport::close(const Status& reason) {
   std::vector<Posted> failed;
+  std::vector<net::ConnId> bye;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    if (!verdict_.failure())
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
+          bye.push_back(conns_[static_cast<size_t>(r)]);
+  }
+  for (net::ConnId c : bye)
+    net_.send_copy(c, net::Header{.type = kByeType}, nullptr, 0, kUrgent);
+  if (!bye.empty()) net_.drain(Millis{200});
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
     closed_ = reason;
+    live_stop_ = true;
     for (auto& [k, p] : posted_)
       failed.push_back(std::move(p));
     posted_.clear();
+    for (auto& done : held_)
+      failed.push_back(Posted{nullptr, 0, std::move(done)});
+    held_.clear();
   }
+  cv_.notify_all();
+  if (live_thread_.joinable()) live_thread_.join();
   for (auto& p : failed)
     p.done(reason);
   // Wakes a thread blocked on the streams (it then reports `reason`) and
@@ -293,7 +405,7 @@ void TcpTransport::close(const Status& reason) {
 
 bool TcpTransport::is_closed() const {
   std::lock_guard lock(mu_);
-  return closed_.has_value();
+  return closed_.has_value() || verdict_.failure().has_value();
 }
 
 int TcpTransport::stream_fd(int peer) const {
@@ -301,14 +413,208 @@ int TcpTransport::stream_fd(int peer) const {
   return streams_[static_cast<size_t>(peer)].get();
 }
 
-Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) const {
+Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) {
+  std::unique_lock lock(mu_);
+  if (closed_) return *closed_;
+  if (verdict_.failure()) return *verdict_.failure();
+  if (code != ErrorCode::kPeerFailure || peer < 0 || peer >= size_)
+    return Status(code, fmt::format("collective: data stream from {}: {}", describe(peer), why));
+  Status blame = peer_error(peer, Status(ErrorCode::kIoError, why));
+  if (!live_thread_.joinable()) return blame;
+  // The peer may be closing because another node failed first: give that
+  // verdict the grace to arrive (the liveness thread settles the suspect).
+  verdict_.suspect(blame, live_.grace);
+  cv_.notify_all();
+  cv_.wait_for(lock, live_.grace + Millis{1000},
+               [&] { return closed_.has_value() || verdict_.failure().has_value(); });
+  if (closed_) return *closed_;
+  if (verdict_.failure()) return *verdict_.failure();
+  return blame;
+}
+
+void TcpTransport::heard(net::ConnId conn) {
+  if (!silence_) return;
+  int p = peer_of(conn);
+  if (p >= 0 && !dead_[static_cast<size_t>(p)]) silence_->heard(p);
+}
+
+int TcpTransport::peer_of(net::ConnId conn) {
+  auto r = rank_of_.find(conn);
+  return r == rank_of_.end() ? -1 : r->second;
+}
+
+void TcpTransport::on_control(net::Message&& m) {
+  std::unique_lock lock(mu_);
+  heard(m.conn);
+  int from = peer_of(m.conn);
+  if (m.header.type == kByeType && from >= 0) left_[static_cast<size_t>(from)] = true;
+  if (m.header.type != kVerdictType) return;  // a heartbeat: heard() is all
+  if (from < 0 || m.payload.size() > kMaxVerdictBytes) return;
+  std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+  lock.unlock();
+  PP_DEBUG("collective: {} reports: {}", describe(from), text);
+  decide(Status(ErrorCode::kPeerFailure, std::move(text)), false);
+}
+
+void TcpTransport::decide(const Status& verdict, bool tell) {
+  std::vector<Completion> failed;
+  std::vector<net::ConnId> peers;
+  std::vector<std::pair<Key, net::ConnId>> in_net;  // data receives net may be filling
   {
     std::lock_guard lock(mu_);
-    if (closed_) return *closed_;
+    if (closed_ || !verdict_.decide(verdict)) return;
+    for (auto it = posted_.begin(); it != posted_.end();) {
+      if (registered_.count(it->first)) {
+        in_net.emplace_back(it->first, conns_[static_cast<size_t>(it->first.first)]);
+        ++it;
+      } else {
+        failed.push_back(std::move(it->second.done));
+        it = posted_.erase(it);
+      }
+    }
+    for (auto& done : held_)
+      failed.push_back(std::move(done));
+    held_.clear();
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
+        peers.push_back(conns_[static_cast<size_t>(r)]);
   }
-  if (code == ErrorCode::kPeerFailure)
-    return Status(code, fmt::format("collective: rank {} is gone ({})", peer, why));
-  return Status(code, fmt::format("collective: data stream from rank {}: {}", peer, why));
+  cv_.notify_all();
+  if (tell) {
+    std::string text = verdict.message().substr(0, kMaxVerdictBytes);
+    for (net::ConnId c : peers)
+      net_.send_copy(c, net::Header{.type = kVerdictType}, text.data(), text.size(), kUrgent);
+  }
+  // Wakes a thread waiting on the data streams at once (it then reports the
+  // verdict): shutting down only our reading side, so the peers see nothing.
+  if (streams_ready_)
+    for (auto& fd : streams_)
+      if (fd.valid()) ::shutdown(fd.get(), SHUT_RD);
+  // A data receive posted to net may only fail once net let go of its
+  // buffer: withdrawn here, or (already being filled) when net completes it.
+  for (const auto& [key, conn] : in_net) {
+    if (!net_.cancel_recv(conn, net::RecvMatch{kDataType, key.second, 0})) continue;
+    std::lock_guard lock(mu_);
+    registered_.erase(key);
+    auto it = posted_.find(key);
+    if (it == posted_.end()) continue;
+    failed.push_back(std::move(it->second.done));
+    posted_.erase(it);
+  }
+  for (auto& done : failed)
+    done(verdict);
+}
+
+void TcpTransport::declare(const Status& verdict) {
+  decide(Status(ErrorCode::kPeerFailure, verdict.message()), true);
+}
+
+std::optional<Status> TcpTransport::verdict() const {
+  std::lock_guard lock(mu_);
+  return verdict_.failure();
+}
+
+void TcpTransport::abort(const Status& why) {
+  bool quiet;
+  {
+    // After a peer shut down in order the group is ending: an operation that
+    // failed on that is no failure of the job (no verdict).
+    std::lock_guard lock(mu_);
+    quiet = why.code() == ErrorCode::kPeerFailure && !verdict_.failure() &&
+            std::find(left_.begin(), left_.end(), true) != left_.end();
+  }
+  // A peer failure names the node already (a verdict, a lost connection);
+  // anything else is this rank's own failure.
+  if (!quiet) {
+    if (why.code() == ErrorCode::kPeerFailure)
+      decide(why, true);
+    else
+      decide(
+          Status(ErrorCode::kPeerFailure,
+                 fmt::format("collective: {} {}: {}", describe(rank_),
+                             why.code() == ErrorCode::kTimeout ? "ended the collectives" : "failed",
+                             why.message())),
+          true);
+  }
+  net_.drain(Millis{500});  // lets the verdict reach the peers
+  close(why);
+}
+
+void TcpTransport::start_liveness(LivenessConfig config) {
+  std::lock_guard lock(mu_);
+  if (live_thread_.joinable() || closed_) return;
+  live_ = std::move(config);
+  verdict_ = Verdict(*live_.clock);
+  silence_.emplace(*live_.clock, live_.heartbeat_timeout);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (dead_[static_cast<size_t>(r)])
+      verdict_.suspect(peer_error(r, *dead_[static_cast<size_t>(r)]), live_.grace);
+    else
+      silence_->heard(r);
+  }
+  live_thread_ = std::thread([this] {
+    ScopedLogContext ctx(fmt::format("collective rank {} liveness", rank_));
+    liveness_loop();
+  });
+}
+
+void TcpTransport::liveness_loop() {
+  const ClockSource& clock = *live_.clock;
+  std::unique_lock lock(mu_);
+  // Heartbeats go out on real time; the silence and suspect decisions read
+  // the configured clock. Waits are at most one interval either way.
+  using Real = std::chrono::steady_clock;
+  auto next_beat = Real::now();
+  while (!live_stop_) {
+    auto decide_at = verdict_.suspect_deadline();
+    if (live_.detect && !verdict_.failure())
+      decide_at = std::min(decide_at, silence_->next_deadline());
+    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
+                           live_.heartbeat_interval);
+    if (decide_at != ClockSource::time_point::max())
+      left = std::min(
+          left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(decide_at - clock.now())));
+    if (left > Millis{0}) cv_.wait_for(lock, left);
+    if (live_stop_) break;
+    if (auto due = verdict_.suspect_due()) {
+      Status v = *due;
+      lock.unlock();
+      PP_ERROR("{}", v.message());
+      decide(v, true);
+      lock.lock();
+      continue;
+    }
+    if (live_.detect && !verdict_.failure()) {
+      if (auto expired = silence_->first_expired()) {
+        Status v(ErrorCode::kPeerFailure,
+                 fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms); it is "
+                             "stopped, hung or unreachable",
+                             describe(expired->first), expired->second.count(),
+                             live_.heartbeat_timeout.count()));
+        lock.unlock();
+        PP_ERROR("{}", v.message());
+        decide(v, true);
+        lock.lock();
+        continue;
+      }
+    }
+    if (Real::now() < next_beat) continue;
+    next_beat = Real::now() + live_.heartbeat_interval;
+    std::vector<net::ConnId> peers;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
+        peers.push_back(conns_[static_cast<size_t>(r)]);
+    lock.unlock();
+    for (net::ConnId c : peers)
+      net_.send_copy(c, net::Header{.type = kHeartbeatType}, nullptr, 0, kUrgent);
+    lock.lock();
+  }
+}
+
+void VerdictPort::deliver(const Status& verdict) {
+  std::lock_guard lock(mu_);
+  if (target_) target_->declare(verdict);
 }
 
 }  // namespace pushpull::collective

@@ -16,9 +16,34 @@
 // uses them at a time (lock_streams()); post_send/post_recv keep going over
 // net, so the engine's control traffic never mixes with them.
 //
-// Failure: a closed connection fails every operation with that rank with
-// PeerFailure naming it; close() stops the net transport (its thread joined,
-// every pending completion run) before returning.
+// Failure detection (start_liveness, after connect_all): a thread of its own
+// sends a small heartbeat (kHeartbeatType) to every peer every
+// heartbeat_interval over the net connections; any message from a peer counts
+// as a sign of life, and a peer silent for heartbeat_timeout is declared dead
+// (a SIGSTOPped or unreachable rank, whatever it was doing). That is
+// independent of tensor traffic, so a rank that never submits is caught too.
+//
+// The verdict: the job's first failure as this rank knows it. Once decided,
+// every pending and later operation, with every peer, fails with it (a
+// PeerFailure naming the node that failed: "rank 2 (host h:p) failed: ..."),
+// stream waits end with it, and it is sent to every peer (kVerdictType)
+// before anything closes, so survivors blame the node that failed first, not
+// the rank that detected it. A verdict from a peer is adopted unless one was
+// already decided. A closed connection is only a suspect: its operations are
+// held for `grace` in case a verdict naming another node arrives (a peer that
+// exits because of someone else's death closes its connections too); then
+// the peer is blamed. abort(why) decides `why` as this rank's own failure
+// (unless a verdict exists), tells the peers, then closes. declare(why)
+// decides an outside verdict (the cluster Node's, in cluster mode).
+//
+// Memory: messages that arrive before their receive is posted are kept per
+// peer up to LivenessConfig::early_messages / early_bytes; a peer over either
+// limit has broken the protocol: its connection is closed (ProtocolError).
+//
+// close() without a verdict first says goodbye (kByeType) to the peers: they
+// fail their operations with this rank at once, without suspecting it.
+// close() stops the heartbeat thread and the net transport (its thread
+// joined, every pending completion run) before returning.
 //
 // Thread safety: everything is thread-safe after connect_all().
 #pragma once
@@ -30,14 +55,57 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "base/clock.h"
+#include "base/liveness.h"
 #include "collective/transport.h"
 #include "net/socket.h"
 #include "net/transport.h"
 
 namespace pushpull::collective {
+
+// Message types of the failure detector (net's collective range; see
+// bootstrap.h for the others).
+inline constexpr uint16_t kHeartbeatType = 133;
+inline constexpr uint16_t kVerdictType = 134;
+inline constexpr uint16_t kByeType = 135;  // close() without a failure: not a suspect
+
+struct LivenessConfig {
+  // Heartbeats and the silence limit; detect = false only holds suspects
+  // (another detector, e.g. the cluster's scheduler, declares).
+  bool detect = true;
+  Millis heartbeat_interval{2000};
+  Millis heartbeat_timeout{10000};
+  // How long a closed connection's operations wait for a better verdict.
+  Millis grace{1000};
+  // How failure messages name the members ("rank", or "worker" in a cluster),
+  // and, when not empty, each member's full name by rank (in a cluster the
+  // Node's "worker 2 (host h:p)", so both detectors name a node alike).
+  std::string noun = "rank";
+  std::vector<std::string> names;
+  // Early-message limits per peer.
+  size_t early_messages = 65536;
+  uint64_t early_bytes = uint64_t{1} << 30;
+  const ClockSource* clock = &steady_clock_source();
+};
+
+class TcpTransport;
+
+// A handle on a TcpTransport that outlives it: the cluster Node's failure
+// callback (on the Node's thread) forwards verdicts through it; after the
+// transport is gone deliver() does nothing. Thread-safe.
+class VerdictPort {
+ public:
+  void deliver(const Status& verdict);
+
+ private:
+  friend class TcpTransport;
+  std::mutex mu_;
+  TcpTransport* target_ = nullptr;
+};
 
 class TcpTransport final : public Transport {
  public:
@@ -57,17 +125,32 @@ class TcpTransport final : public Transport {
   void post_send(int peer, uint64_t tag, const void* data, size_t bytes, Completion done) override;
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
+  void abort(const Status& why) override;
+
+  // Starts the failure detector (see above); call once, after connect_all.
+  void start_liveness(LivenessConfig config);
+  // Decides `verdict` (unless one exists): fails every operation with it and
+  // tells the peers. Thread-safe; not from a completion of this transport.
+  void declare(const Status& verdict);
+  // The verdict, once decided.
+  std::optional<Status> verdict() const;
+  std::shared_ptr<VerdictPort> verdict_port() const { return port_; }
 
   // Data streams (see above). stream_fd: -1 when there is none to `peer`.
   bool has_streams() const { return streams_ready_; }
   int stream_fd(int peer) const;
   // Held by an algorithm for the whole of its use of the streams.
   std::unique_lock<std::mutex> lock_streams() { return std::unique_lock(stream_mu_); }
+  // True once closed or a verdict is decided (stream waits end then).
   bool is_closed() const;
   // The error of a failed stream operation with `peer`: the closing reason
-  // after close(), else `code` naming the peer and `why`.
-  Status stream_error(int peer, const std::string& why,
-                      ErrorCode code = ErrorCode::kPeerFailure) const;
+  // after close(), the verdict once decided, else `code` naming the peer and
+  // `why`. For a peer failure with no verdict yet it waits up to the grace
+  // for a verdict naming another node, then blames `peer`. Called by the
+  // thread that drives the streams.
+  Status stream_error(int peer, const std::string& why, ErrorCode code = ErrorCode::kPeerFailure);
+  // "rank 2 (host 10.0.0.2:9000)".
+  std::string describe(int peer) const;
 
  private:
   void setup_streams(const std::vector<std::pair<std::string, int>>& book);
@@ -78,9 +161,18 @@ class TcpTransport final : public Transport {
     Completion done;
   };
   void on_message(net::Message&& m);
+  void on_control(net::Message&& m);
   void on_net_recv(Key key, const Status& st, const net::Header& h);
   void on_close(net::ConnId id, const Status& st);
   Status peer_error(int peer, const Status& why) const;
+  // A failed operation with `peer`: fails it with the verdict, or holds it
+  // (suspecting the peer) until one is decided. mu_ not held.
+  void fail_or_hold(int peer, Completion done, const Status& why);
+  // Decides `verdict`, tells the peers (`tell`), fails everything. mu_ not held.
+  void decide(const Status& verdict, bool tell);
+  void liveness_loop();
+  void heard(net::ConnId conn);   // mu_ held
+  int peer_of(net::ConnId conn);  // mu_ held; -1 when unknown
 
   int rank_, size_;
   NetOptions opts_;
@@ -96,6 +188,19 @@ class TcpTransport final : public Transport {
   std::set<Key> registered_;  // data receives posted to net and not yet served
   std::set<Key> claimed_;     // served by on_message before net saw the posting
   std::map<Key, std::deque<net::Buffer>> early_;
+  std::vector<size_t> early_count_;    // per peer
+  std::vector<uint64_t> early_bytes_;  // per peer
+
+  // Liveness (under mu_).
+  LivenessConfig live_;
+  std::vector<std::string> where_;  // per rank: "host:port"
+  Verdict verdict_{steady_clock_source()};
+  std::optional<SilenceDetector<int>> silence_;
+  std::vector<Completion> held_;  // operations waiting for the verdict
+  std::vector<bool> left_;        // per peer: said goodbye (closed in order)
+  bool live_stop_ = false;
+  std::thread live_thread_;
+  std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
 
   std::string host_;                        // where the stream listener binds
   std::vector<net::Fd> streams_;            // per peer; set once by connect_all

@@ -2,20 +2,19 @@
 // after the net connections are up.
 //
 // Every rank listens on a fresh port of its host and tells each higher rank,
-// over the (authenticated) net connection, that port and a random nonce; the
-// higher rank connects and presents the nonce and its rank, so only members
-// of this group can take a stream. Connects complete in the kernel's backlog,
-// so "connect to the lower ranks, then accept the higher ones" cannot
-// deadlock. Everything is bounded by NetOptions::connect_timeout.
-#include <poll.h>
-#include <sys/socket.h>
-
-#include <cerrno>
+// over the (authenticated) net connection, that port and a random token; the
+// higher rank connects and both prove who they are (stream_handshake.h, the
+// net hello's proof keyed with the job secret and the token), so only the
+// rank that was told can take a stream. Connects complete in the kernel's
+// backlog and the acceptor serves every pending handshake at once, so
+// "connect to the lower ranks, then accept the higher ones" cannot deadlock
+// and a stranger's silent connection cannot stall it. Everything is bounded
+// by NetOptions::connect_timeout.
 #include <cstring>
-#include <random>
 
 #include <fmt/format.h>
 
+#include "collective/stream_handshake.h"
 #include "collective/tcp_transport.h"
 #include "pushpull/log.h"
 
@@ -23,17 +22,8 @@ namespace pushpull::collective {
 namespace {
 
 constexpr uint64_t kStreamSetupTag = kControlTagBit | 0x53545245414d;  // "STREAM"
-
-void put(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-uint64_t get(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
+// Offer: listener port (u64 LE) then the listener's token.
+constexpr size_t kOfferBytes = 8 + std::tuple_size_v<net::Nonce>;
 
 }  // namespace
 
@@ -42,58 +32,41 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
   const std::string what = fmt::format("collective rank {}: data streams", rank_);
   std::vector<net::Fd> fds(static_cast<size_t>(size_));
   net::Fd listener;
-  uint64_t nonce = 0;
+  StreamAuth mine{opts_.job_id, opts_.job_secret, {}};
   std::vector<Request> sends;
-  unsigned char offer[16];
+  std::byte offer[kOfferBytes];
   if (rank_ + 1 < size_) {
     listener = net::listen_on(host_, 0, size_);
-    nonce = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-    put(offer, static_cast<uint64_t>(net::local_port(listener.get())));
-    put(offer + 8, nonce);
+    mine.token = net::random_nonce();
+    const auto port = static_cast<uint64_t>(net::local_port(listener.get()));
+    for (int i = 0; i < 8; ++i)
+      offer[i] = static_cast<std::byte>(port >> (8 * i));
+    std::memcpy(offer + 8, mine.token.data(), mine.token.size());
     for (int q = rank_ + 1; q < size_; ++q)
       sends.push_back(isend(*this, q, kStreamSetupTag, offer, sizeof offer));
   }
   // Connect to every lower rank's listener.
   for (int p = 0; p < rank_; ++p) {
-    unsigned char got[16];
+    std::byte got[kOfferBytes];
     irecv(*this, p, kStreamSetupTag, got, sizeof got)
         .wait(deadline, fmt::format("{}: offer from rank {}", what, p));
-    std::string error;
-    const auto& host = book[static_cast<size_t>(p)].first;
-    const int port = static_cast<int>(get(got));
-    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-    net::Fd fd = net::connect_once(net::resolve(host, port), std::max(left, Millis(1)), &error);
-    unsigned char hello[16];
-    put(hello, get(got + 8));
-    put(hello + 8, static_cast<uint64_t>(rank_));
-    if (!fd.valid() || !net::write_all(fd.get(), hello, sizeof hello, deadline, &error))
-      throw IoError(fmt::format("{}: cannot open the data stream to rank {} at {}: {}", what, p,
-                                net::format_address(host, port), error));
-    fds[static_cast<size_t>(p)] = std::move(fd);
+    uint64_t port = 0;
+    for (int i = 0; i < 8; ++i)
+      port |= static_cast<uint64_t>(got[i]) << (8 * i);
+    StreamAuth theirs{opts_.job_id, opts_.job_secret, {}};
+    std::memcpy(theirs.token.data(), got + 8, theirs.token.size());
+    if (port == 0 || port > 65535)
+      throw ProtocolError(fmt::format("{}: rank {} offered port {}", what, p, port));
+    fds[static_cast<size_t>(p)] =
+        connect_stream(book[static_cast<size_t>(p)].first, static_cast<int>(port), theirs, rank_, p,
+                       deadline, what);
   }
-  // Accept every higher rank.
-  for (int expected = size_ - 1 - rank_; expected > 0;) {
-    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
-    pollfd pfd{listener.get(), POLLIN, 0};
-    if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) == 0)
-      throw Timeout(fmt::format("{}: {} higher rank(s) did not open their data stream within {} ms",
-                                what, expected, opts_.connect_timeout.count()));
-    net::Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!fd.valid()) continue;
-    unsigned char hello[16];
-    std::string error;
-    if (!net::read_all(fd.get(), hello, sizeof hello, deadline, &error)) {
-      PP_WARN("{}: dropped a data stream connection: {}", what, error);
-      continue;
-    }
-    const uint64_t q = get(hello + 8);
-    if (get(hello) != nonce || q <= static_cast<uint64_t>(rank_) ||
-        q >= static_cast<uint64_t>(size_) || fds[q].valid()) {
-      PP_WARN("{}: refused a data stream connection with a wrong nonce or rank", what);
-      continue;
-    }
-    fds[q] = std::move(fd);
-    --expected;
+  // Accept every higher rank, all pending handshakes at once.
+  if (listener.valid()) {
+    auto accepted = accept_streams(listener.get(), mine, rank_, size_, deadline,
+                                   std::min(opts_.connect_timeout, opts_.handshake_timeout), what);
+    for (int q = rank_ + 1; q < size_; ++q)
+      fds[static_cast<size_t>(q)] = std::move(accepted[static_cast<size_t>(q)]);
   }
   for (auto& s : sends)
     s.wait(deadline, what);

@@ -48,6 +48,9 @@ class Transport {
                          Completion done) = 0;
   virtual void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) = 0;
   virtual void close(const Status& reason) = 0;
+  // Like close(), for a failure of this rank (`why`): a transport that can
+  // first tells the peers why, so they blame this rank with the real cause.
+  virtual void abort(const Status& why) { close(why); }
 };
 
 // A waitable completion: what isend/irecv return. Copyable (shared state).

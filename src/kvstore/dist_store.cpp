@@ -19,6 +19,15 @@ uint64_t key_id(const Key& k) {
   return k.is_int() ? static_cast<uint64_t>(k.as_int()) & ~(1ull << 63)
                     : ps::string_key_id(k.as_string());
 }
+
+// Whether `conn` is the connection to server `server`.
+bool from_server(const cluster::Node& node, net::ConnId conn, int server) {
+  try {
+    return node.conn(Role::kServer, server) == conn;
+  } catch (...) {
+    return false;  // that server is gone: its request fails through on_failure
+  }
+}
 }  // namespace
 
 struct DistStore::Pending {
@@ -147,14 +156,25 @@ void DistStore::on_message(net::Message&& m) {
     std::lock_guard lock(mu_);
     auto it = pending_.find(h.request_id);
     if (it == pending_.end()) return;  // already failed (e.g. the job failed)
+    // Only the server the request went to may answer it (by connection: the
+    // header's sender field is the peer's own claim).
+    if (!from_server(*node_, m.conn, it->second->server)) {
+      PP_WARN("worker ignores a reply to request {} from a connection other than server {}'s",
+              h.request_id, it->second->server);
+      return;
+    }
     p = std::move(it->second);
     pending_.erase(it);
     if (pending_.empty()) idle_cv_.notify_all();
   }
   Status status;
   if (h.type == ps::msg::kError) {
-    if (p->posted)
-      node_->transport().cancel_recv(node_->conn(Role::kServer, p->server), *p->posted);
+    if (p->posted) {
+      try {  // runs on the I/O thread: nothing may escape
+        node_->transport().cancel_recv(node_->conn(Role::kServer, p->server), *p->posted);
+      } catch (...) {  // that server is gone: the posted receive went with it
+      }
+    }
     std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
     auto code = h.flags > 0 && h.flags <= static_cast<uint32_t>(ErrorCode::kInternal)
                     ? static_cast<ErrorCode>(h.flags)

@@ -10,6 +10,7 @@
 #include "base/executor.h"
 #include "compress/two_bit.h"
 #include "kvstore/dist_store.h"
+#include "net/wire.h"
 #include "ps/protocol.h"
 
 namespace pushpull {
@@ -68,15 +69,13 @@ void DistStore::save_optimizer_states(const std::string& path) {
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw IoError(fmt::format("save_optimizer_states: cannot write '{}'", tmp));
-    auto put32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
-    f.write(kStatesMagic, 4);
-    put32(kStatesVersion);
-    put32(static_cast<uint32_t>(states.size()));
-    for (const auto& s : states) {
-      uint64_t n = s.size();
-      f.write(reinterpret_cast<const char*>(&n), 8);
-      f.write(s.data(), static_cast<std::streamsize>(s.size()));
-    }
+    net::Writer w;
+    w.bytes(std::as_bytes(std::span(kStatesMagic, 4)));
+    w.u<uint32_t>(kStatesVersion).u<uint32_t>(static_cast<uint32_t>(states.size()));
+    for (const auto& s : states)
+      w.str<uint64_t>(s);
+    f.write(reinterpret_cast<const char*>(w.data().data()),
+            static_cast<std::streamsize>(w.data().size()));
     if (!f) throw IoError(fmt::format("save_optimizer_states: writing '{}' failed", tmp));
   }
   std::filesystem::rename(tmp, path);
@@ -92,27 +91,23 @@ void DistStore::load_optimizer_states(const std::string& path) {
                     "file ({})",
                     path, why));
   };
-  if (bytes.size() < 12 || std::memcmp(bytes.data(), kStatesMagic, 4) != 0)
-    throw corrupt("bad magic");
-  uint32_t version, servers;
-  std::memcpy(&version, bytes.data() + 4, 4);
-  std::memcpy(&servers, bytes.data() + 8, 4);
+  // Little-endian (net/wire.h): magic, u32 version, u32 servers, then per
+  // server a u64-length-prefixed blob, nothing after.
+  net::Reader r(std::as_bytes(std::span(bytes.data(), bytes.size())));
+  auto magic = r.view(4);
+  if (!r.ok() || std::memcmp(magic.data(), kStatesMagic, 4) != 0) throw corrupt("bad magic");
+  uint32_t version = r.u<uint32_t>(), servers = r.u<uint32_t>();
+  if (!r.ok()) throw corrupt("truncated");
   if (version != kStatesVersion) throw corrupt(fmt::format("version {}", version));
   if (static_cast<int>(servers) != node_->num_servers())
     throw InvalidArgument(fmt::format(
         "load_optimizer_states: '{}' was saved by a job with {} servers; this job has {}", path,
         servers, node_->num_servers()));
   std::vector<std::string> per_server;
-  size_t at = 12;
-  for (uint32_t s = 0; s < servers; ++s) {
-    uint64_t n;
-    if (at + 8 > bytes.size()) throw corrupt("truncated");
-    std::memcpy(&n, bytes.data() + at, 8);
-    at += 8;
-    if (n > bytes.size() - at) throw corrupt("truncated");
-    per_server.emplace_back(bytes.substr(at, n));
-    at += n;
-  }
+  for (uint32_t s = 0; s < servers && r.ok(); ++s)
+    per_server.push_back(r.str<uint64_t>(bytes.size()));
+  if (!r.ok()) throw corrupt("truncated");
+  if (!r.done()) throw corrupt("trailing bytes");
   wait_all();
   command_all(static_cast<uint64_t>(ps::Command::kLoadStates), per_server);
 }

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cluster/scheduler.h"
+#include "pushpull/log.h"
 
 namespace pushpull::launch {
 namespace {
@@ -14,12 +15,12 @@ class ClusterScheduler final : public EmbeddedScheduler {
   explicit ClusterScheduler(Options o) : options_(std::move(o)) {}
   ~ClusterScheduler() override { stop(); }
 
-  int start(const std::string& addr, int port) override {
-    options_.cluster.root_uri = addr;
+  int start(const std::string& advertised, const std::string& bind_addr, int port) override {
+    options_.cluster.root_uri = advertised;
     options_.cluster.root_port = port;
     options_.net.port = port;
     scheduler_ = std::make_unique<cluster::Scheduler>(options_);
-    int bound = scheduler_->bind();
+    int bound = scheduler_->bind(bind_addr);
     thread_ = std::thread([this] {
       ScopedLogContext log("scheduler");
       Status st = scheduler_->run();
@@ -49,6 +50,15 @@ class ClusterScheduler final : public EmbeddedScheduler {
     // Stopping a scheduler that already finished would report a failure.
     if (scheduler_ && !finished) scheduler_->stop();
     if (thread_.joinable()) thread_.join();
+  }
+
+  void process_exited(Role role, int rank, int exit_code, int signal) noexcept override {
+    if (!scheduler_) return;
+    try {
+      scheduler_->process_exited(role, rank, exit_code, signal);
+    } catch (const std::exception& e) {
+      PP_WARN("the scheduler could not take {} {}'s exit: {}", role_name(role), rank, e.what());
+    }
   }
 
  private:

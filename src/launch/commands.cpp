@@ -1,8 +1,32 @@
 #include "launch/commands.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 
+#include "pushpull/error.h"
+
 namespace pushpull::launch {
+
+bool is_sensitive_name(std::string_view name) {
+  std::string upper;
+  for (char c : name)
+    upper += char(std::toupper(static_cast<unsigned char>(c)));
+  for (const char* word : {"SECRET", "TOKEN", "PASSWORD", "PASSWD"})
+    if (upper.find(word) != std::string::npos) return true;
+  return false;
+}
+
+std::string masked_value(std::string_view name, std::string_view value) {
+  return is_sensitive_name(name) ? std::string("<hidden>") : std::string(value);
+}
+
+std::map<std::string, std::string> sensitive_only(const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : env)
+    if (is_sensitive_name(k)) out[k] = v;
+  return out;
+}
 
 std::string shell_quote(std::string_view s) {
   bool plain = !s.empty();
@@ -36,11 +60,19 @@ std::string shell_join(const std::vector<std::string>& words) {
 std::string remote_script(const std::string& workdir, const std::map<std::string, std::string>& env,
                           const std::vector<std::string>& argv, double grace_s) {
   std::string s;
+  // Credentials arrive on stdin, never on a command line (ssh's or the
+  // remote shell's are visible in `ps` on both hosts). `read` takes one byte
+  // at a time from a pipe, so the rest of the channel stays for the watcher.
+  for (const auto& [k, v] : sensitive_only(env))
+    s += fmt::format(
+        "IFS= read -r {} || {{ echo 'pushpull launch: no value for {} on stdin' >&2; exit 127; "
+        "}}\nexport {}\n",
+        k, k, k);
   if (!workdir.empty())
-    s += fmt::format("cd {} || {{ echo 'pushpull launch: cannot cd into {}' >&2; exit 127; }}\n",
-                     shell_quote(workdir), workdir);
+    s += fmt::format("cd {} || {{ echo 'pushpull launch: cannot cd into '{} >&2; exit 127; }}\n",
+                     shell_quote(workdir), shell_quote(workdir));
   for (const auto& [k, v] : env)
-    s += fmt::format("export {}={}\n", k, shell_quote(v));
+    if (!is_sensitive_name(k)) s += fmt::format("export {}={}\n", k, shell_quote(v));
   // Without job control a background job's stdin is /dev/null, so the
   // channel's stdin is kept on fd 3 for the watcher below.
   s += "exec 3<&0\n";
@@ -62,6 +94,16 @@ std::string remote_script(const std::string& workdir, const std::map<std::string
   return s;
 }
 
+std::string ssh_stdin(const std::map<std::string, std::string>& env) {
+  std::string out;
+  for (const auto& [k, v] : sensitive_only(env)) {
+    if (v.find('\n') != std::string::npos)
+      throw InvalidArgument(fmt::format("{} holds a newline: it cannot be passed over ssh", k));
+    out += v + "\n";
+  }
+  return out;
+}
+
 namespace {
 
 std::vector<std::string> ssh_base(const LaunchConfig& cfg, int port) {
@@ -81,6 +123,7 @@ bool per_process(const std::string& k) {
 
 std::vector<std::string> ssh_argv(const LaunchConfig& cfg, const ProcessSpec& p) {
   auto a = ssh_base(cfg, p.ssh_port);
+  a.push_back("--");
   a.push_back(p.host);
   a.push_back("sh -c " + shell_quote(remote_script(cfg.workdir, p.env, p.argv, cfg.grace_s)));
   return a;
@@ -109,6 +152,21 @@ std::map<std::string, std::string> role_env(const LaunchConfig& cfg, const Rende
   return env;
 }
 
+std::map<std::string, std::string> launcher_env(const LaunchConfig& cfg, const Rendezvous& rv) {
+  auto out = sensitive_only(role_env(cfg, rv, Role::kWorker));
+  if (cfg.num_servers > 0) {
+    for (const auto& [k, v] : sensitive_only(role_env(cfg, rv, Role::kServer))) {
+      auto [it, fresh] = out.emplace(k, v);
+      if (!fresh && it->second != v)
+        throw InvalidArgument(fmt::format(
+            "--launcher {} passes {} through its own environment, which holds one value: give "
+            "servers and workers the same one",
+            launcher_name(cfg.launcher), k));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> mpirun_argv(const LaunchConfig& cfg, const Rendezvous& rv, bool as_root) {
   std::vector<std::string> a = {"mpirun"};
   if (as_root) a.push_back("--allow-run-as-root");
@@ -125,7 +183,7 @@ std::vector<std::string> mpirun_argv(const LaunchConfig& cfg, const Rendezvous& 
   auto context = [&](Role role, int n, const std::vector<std::string>& argv) {
     a.insert(a.end(), {"-np", std::to_string(n)});
     for (const auto& [k, v] : role_env(cfg, rv, role))
-      a.insert(a.end(), {"-x", k + "=" + v});
+      a.insert(a.end(), {"-x", is_sensitive_name(k) ? k : k + "=" + v});
     a.insert(a.end(), argv.begin(), argv.end());
   };
   context(Role::kWorker, cfg.num_workers, cfg.command);
@@ -147,7 +205,7 @@ SrunCommand srun_command(const LaunchConfig& cfg, const Rendezvous& rv,
                   const std::vector<std::string>& argv) {
     std::vector<std::string> words = {"env"};
     for (const auto& [k, v] : role_env(cfg, rv, role))
-      words.push_back(k + "=" + v);
+      if (!is_sensitive_name(k)) words.push_back(k + "=" + v);
     // srun replaces %t (task number) and %o (offset in this line's range).
     words.push_back(fmt::format("PUSHPULL_RANK={}", rank_spec));
     if (role == Role::kWorker) words.push_back(fmt::format("RANK={}", rank_spec));

@@ -26,9 +26,11 @@ namespace pushpull::launch {
 class EmbeddedScheduler {
  public:
   virtual ~EmbeddedScheduler() = default;
-  // Binds `addr:port` (port 0: any free port), starts serving in the
-  // background and returns the bound port. Throws IoError when it cannot bind.
-  virtual int start(const std::string& addr, int port) = 0;
+  // Binds `bind_addr:port` ("" = the wildcard address; port 0: any free
+  // port), advertises `advertised` (the address the nodes are given), starts
+  // serving in the background and returns the bound port. Throws IoError
+  // when it cannot bind.
+  virtual int start(const std::string& advertised, const std::string& bind_addr, int port) = 0;
   // Non-blocking: nullopt while the job runs, then the final status (ok when
   // every node left in order; otherwise why the job failed, naming the node).
   virtual std::optional<Status> status() = 0;
@@ -37,6 +39,11 @@ class EmbeddedScheduler {
   virtual bool wait(Millis deadline) = 0;
   // Stops at once and releases the port and threads. Idempotent; no-throw.
   virtual void stop() noexcept = 0;
+  // The process of node (role, rank) ended by itself: `exit_code` when it
+  // exited, `signal` > 0 when a signal killed it. The scheduler fails the job
+  // naming it (nonzero code, signal, or exit 0 while others wait for it), or
+  // ends the job when every worker exited 0 without joining. No-throw.
+  virtual void process_exited(Role role, int rank, int exit_code, int signal) noexcept = 0;
 };
 
 // Makes a scheduler for a job described by `node_options` (role scheduler,

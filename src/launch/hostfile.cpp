@@ -1,5 +1,6 @@
 #include "launch/hostfile.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -59,10 +60,7 @@ std::string parse_host(std::string_view word, HostEntry* e) {
     port = word.substr(colon + 1);
     if (port.empty()) return "empty ssh port after ':'";
   }
-  if (host.empty()) return "empty host name";
-  for (char c : host)
-    if (c == '\'' || c == '"' || c == '`' || c == '$' || c == ';' || c == '\\')
-      return fmt::format("host name '{}' contains the character '{}'", host, c);
+  if (auto why = check_host_name(host); !why.empty()) return why;
   if (!port.empty() && !parse_int(port, 1, 65535, &e->ssh_port))
     return fmt::format("ssh port '{}' is not a number in 1..65535", port);
   e->host = std::string(host);
@@ -70,6 +68,25 @@ std::string parse_host(std::string_view word, HostEntry* e) {
 }
 
 }  // namespace
+
+std::string check_host_name(std::string_view host) {
+  if (host.empty()) return "empty host name";
+  if (host.front() == '-')
+    return fmt::format("host name '{}' starts with '-' (ssh would read it as an option)", host);
+  for (char c : host) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+              c == '-' || c == '[' || c == ']' || c == '@';
+    if (!ok)
+      return fmt::format(
+          "host name '{}' contains the character '{}' (allowed: letters, digits and . _ : - [ ] "
+          "@)",
+          host, c);
+  }
+  if (auto at = host.find('@');
+      at != std::string_view::npos && at + 1 < host.size() && host[at + 1] == '-')
+    return fmt::format("host name '{}' starts with '-' after the user name", host);
+  return "";
+}
 
 std::vector<HostEntry> parse_hostfile(std::string_view text, std::string_view source) {
   std::vector<HostEntry> hosts;

@@ -21,9 +21,15 @@ struct HostEntry {
   bool operator==(const HostEntry&) const = default;
 };
 
+// Whether `host` can go on ssh's, rsync's or mpirun's command line: not
+// empty, no leading '-', only letters, digits and . _ : - [ ] @ (and no '-'
+// right after '@'). Returns "" when it can, else why not.
+std::string check_host_name(std::string_view host);
+
 // Parses hostfile text. `source` names it in messages (usually the path).
 // Throws InvalidArgument naming the source and the 1-based line number of the
-// first bad line, and when no host is listed at all.
+// first bad line (including a host name check_host_name refuses), and when no
+// host is listed at all.
 std::vector<HostEntry> parse_hostfile(std::string_view text, std::string_view source);
 
 // Reads and parses the file at `path`. Throws InvalidArgument when it cannot

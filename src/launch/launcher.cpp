@@ -11,6 +11,8 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <openssl/rand.h>
 
 #include "launch/commands.h"
 #include "launch/supervisor.h"
@@ -23,6 +25,17 @@ namespace {
 std::string make_job_id() {
   std::random_device rd;
   return fmt::format("pp-{}-{:08x}{:08x}", getpid(), rd(), rd());
+}
+
+// 128 random bits, hex.
+std::string make_secret() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof bytes) != 1)
+    throw IoError("cannot generate the job secret: OpenSSL's RAND_bytes failed");
+  std::string hex;
+  for (unsigned char b : bytes)
+    hex += fmt::format("{:02x}", b);
+  return hex;
 }
 
 std::vector<std::string> merged_env(const Environment& base,
@@ -74,6 +87,7 @@ Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
   o.cluster.root_uri = cfg.host_ip;
   o.cluster.root_port = cfg.port;
   o.net.job_id = cfg.job_id;
+  o.net.job_secret = cfg.job_secret;
   if (!cfg.interface.empty()) o.net.interface = cfg.interface;
   if (cfg.timeout_s > 0) {
     o.cluster.heartbeat_timeout = Millis(int64_t(cfg.timeout_s * 1000));
@@ -91,6 +105,9 @@ std::vector<ChildSpec> child_specs(const LaunchConfig& cfg, const LaunchContext&
       s.label = p.label();
       s.essential = p.role == Role::kWorker;
       s.log_path = log_path(cfg, file_name(s.label));
+      s.host = p.host;
+      s.role = p.role;
+      s.rank = p.rank;
       if (cfg.launcher == LauncherKind::kLocal) {
         s.argv = p.argv;
         s.env = merged_env(ctx.env, p.env);
@@ -99,13 +116,15 @@ std::vector<ChildSpec> child_specs(const LaunchConfig& cfg, const LaunchContext&
         s.argv = ssh_argv(cfg, p);
         s.env = merged_env(ctx.env, {});
         s.stop_by_closing_stdin = true;
+        s.stdin_data = ssh_stdin(p.env);  // the credentials: never on a command line
       }
       specs.push_back(std::move(s));
     }
     return specs;
   }
   ChildSpec s;
-  s.env = merged_env(ctx.env, {});
+  // Credentials travel in mpirun's / srun's environment, never in argv.
+  s.env = merged_env(ctx.env, launcher_env(cfg, rv));
   if (cfg.launcher == LauncherKind::kMpi) {
     s.label = "mpirun";
     s.argv = mpirun_argv(cfg, rv, geteuid() == 0);
@@ -168,20 +187,59 @@ void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
   // Slots are checked here so a too-small hostfile is a usage error.
   (void)place(cfg.hosts, cfg.num_servers, cfg.num_workers);
 
-  // One host (local, or mpirun without a hostfile): loopback; else an
-  // address the other hosts can reach.
-  if (cfg.host_ip.empty())
-    cfg.host_ip = cfg.hosts.empty() && cfg.launcher != LauncherKind::kSlurm ? "127.0.0.1"
-                                                                            : first_ipv4_address();
+  // One host (local, or mpirun without a hostfile): loopback; else the
+  // address of --interface, else one the other hosts can reach.
+  if (cfg.host_ip.empty()) {
+    if (cfg.hosts.empty() && cfg.launcher != LauncherKind::kSlurm) {
+      cfg.host_ip = "127.0.0.1";
+    } else if (!cfg.interface.empty()) {
+      auto addr = interface_ipv4_address(cfg.interface);
+      if (!addr)
+        bad(fmt::format("--interface {}: this host has no IPv4 address on it (give --host-ip)",
+                        cfg.interface));
+      cfg.host_ip = *addr;
+    } else {
+      cfg.host_ip = first_ipv4_address();
+    }
+  }
   if (cfg.job_id.empty()) cfg.job_id = ctx.env.get("PUSHPULL_JOB_ID").value_or(make_job_id());
   if (cfg.server_command.empty()) cfg.server_command = shell_quote(ctx.self_exe) + " server";
   if (cfg.workdir.empty()) cfg.workdir = cfg.sync_dst_dir.empty() ? ctx.cwd : cfg.sync_dst_dir;
-  // Remote nodes do not inherit the launcher's environment: the job secret
-  // must travel with them or they could not join.
-  if (cfg.launcher != LauncherKind::kLocal) {
-    if (auto secret = ctx.env.get("PUSHPULL_JOB_SECRET"))
-      cfg.env.insert(cfg.env.begin(), {"PUSHPULL_JOB_SECRET", *secret});
+  cfg.allow_insecure = ctx.env.get("PUSHPULL_ALLOW_INSECURE") == "1";
+  cfg.bind_any = ctx.env.get("PUSHPULL_BIND_ANY") == "1";
+
+  // The job secret: --env's, else the launcher's, else a fresh one. Every
+  // process gets it through its environment only (see commands.h).
+  for (const EnvList* role_list : {&cfg.env_server, &cfg.env_worker})
+    for (const auto& [k, v] : *role_list)
+      if (k == "PUSHPULL_JOB_SECRET")
+        bad("PUSHPULL_JOB_SECRET belongs to the whole job: set it with --env or in the "
+            "launcher's environment, not for one role");
+  std::optional<std::string> secret = ctx.env.get("PUSHPULL_JOB_SECRET");
+  std::erase_if(cfg.env, [&](const auto& kv) {
+    if (kv.first != "PUSHPULL_JOB_SECRET") return false;
+    secret = kv.second;
+    return true;
+  });
+  cfg.job_secret = secret ? *secret : make_secret();
+  bool one_host = cfg.launcher != LauncherKind::kSlurm && is_loopback_host(cfg.host_ip);
+  for (const auto& h : cfg.hosts)
+    one_host = one_host && is_loopback_host(h.host);
+  if (cfg.job_secret.empty() && !one_host && !cfg.allow_insecure)
+    bad("PUSHPULL_JOB_SECRET is set but empty, and this job reaches other hosts: without a "
+        "secret anyone who can reach its ports can join it or pose as one of its nodes. Unset "
+        "PUSHPULL_JOB_SECRET (the launcher then makes one), or set PUSHPULL_ALLOW_INSECURE=1 to "
+        "run without authentication on a network you trust");
+  // Credentials that could not travel as the launcher passes them.
+  ProcessSpec probe;
+  for (Role role : {Role::kWorker, Role::kServer}) {
+    probe.role = role;
+    for (const auto& [k, v] : sensitive_only(process_env(cfg, Rendezvous{}, probe)))
+      if (cfg.launcher == LauncherKind::kSsh && v.find('\n') != std::string::npos)
+        bad(fmt::format("{} holds a newline: the ssh launcher passes it as one line", k));
   }
+  if (cfg.launcher == LauncherKind::kMpi || cfg.launcher == LauncherKind::kSlurm)
+    (void)launcher_env(cfg, Rendezvous{});
 }
 
 void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv,
@@ -198,7 +256,7 @@ void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv
                        p.local_rank, shell_join(p.argv));
     if (cfg.verbose)
       for (const auto& [k, v] : p.env)
-        out << fmt::format("    {}={}\n", k, v);
+        out << fmt::format("    {}={}\n", k, masked_value(k, v));
   }
   if (cfg.launcher == LauncherKind::kMpi)
     out << "# runs: " << shell_join(mpirun_argv(cfg, rv, as_root)) << "\n";
@@ -230,9 +288,13 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   if (cfg.num_servers > 0) {
     if (ctx.scheduler_factory) {
       scheduler = ctx.scheduler_factory(scheduler_options(cfg, ctx));
-      std::string bind = cfg.launcher == LauncherKind::kLocal ? cfg.host_ip : "0.0.0.0";
-      rv.port = scheduler->start(bind, cfg.port);
-      PP_INFO("scheduler listening on {}:{}", rv.addr, rv.port);
+      // The advertised address only: a loopback job stays on loopback, a
+      // multi-host one on the interface it hands out (PUSHPULL_BIND_ANY=1:
+      // every interface).
+      std::string bind = cfg.bind_any ? "" : cfg.host_ip;
+      rv.port = scheduler->start(cfg.host_ip, bind, cfg.port);
+      PP_INFO("scheduler listening on {}:{}{}", bind.empty() ? "*" : bind, rv.port,
+              bind.empty() ? " (PUSHPULL_BIND_ANY=1)" : "");
     } else {
       if (rv.port == 0) rv.port = pick_free_port(cfg.host_ip);
       PP_WARN(
@@ -247,16 +309,21 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   SupervisorSettings settings;
   settings.grace = Millis(int64_t(cfg.grace_s * 1000));
   settings.service_deadline = Millis(int64_t((cfg.timeout_s > 0 ? cfg.timeout_s : 30) * 1000));
-  Watch watch;
+  SupervisorHooks hooks;
   if (scheduler) {
-    watch = [&]() -> std::optional<std::pair<int, std::string>> {
+    hooks.scheduler = [&]() -> SchedulerState {
       auto st = scheduler->status();
-      if (!st || st->is_ok()) return std::nullopt;
-      PP_ERROR("[scheduler] {}", st->message());
-      return std::make_pair(1, "the scheduler reported: " + st->message());
+      if (!st) return {};
+      if (st->is_ok()) return {SchedulerState::Kind::kSucceeded, ""};
+      return {SchedulerState::Kind::kFailed, st->message()};
+    };
+    hooks.on_exit = [&](const ChildSpec& spec, const ChildResult& r) {
+      if (spec.role == Role::kWorker || spec.role == Role::kServer)
+        scheduler->process_exited(spec.role, spec.rank, r.exited ? r.code : 0,
+                                  r.exited ? 0 : r.code);
     };
   }
-  auto outcome = supervise(signals, child_specs(cfg, ctx, rv, plan), settings, watch);
+  auto outcome = supervise(signals, child_specs(cfg, ctx, rv, plan), settings, hooks);
   if (cfg.launcher == LauncherKind::kSlurm)
     std::filesystem::remove(fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id));
   if (scheduler) {
@@ -267,8 +334,13 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
           "the scheduler did not see every node leave (did they all call shutdown?): stopping it");
     scheduler->stop();
   }
-  if (outcome.exit_code != 0)
-    PP_ERROR("job failed: {} (exit code {})", outcome.reason, outcome.exit_code);
+  if (outcome.exit_code != 0) {
+    // The last word: the root cause, then what followed from it.
+    std::string text = fmt::format("job failed: {}", outcome.reason);
+    if (!outcome.consequences.empty())
+      text += "\n  consequences: " + fmt::format("{}", fmt::join(outcome.consequences, ", "));
+    PP_ERROR("{}", text);
+  }
   return outcome.exit_code;
 }
 

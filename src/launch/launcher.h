@@ -9,7 +9,9 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "launch/embedded_scheduler.h"
@@ -26,18 +28,23 @@ struct LaunchContext {
 };
 
 // Checks `cfg` and fills its defaults (host address, job id, server command,
-// working directory, forwarded secret). Throws InvalidArgument with a message
-// for the user on anything wrong (the CLI exits 2), before anything starts.
+// working directory, job secret: the launcher's or a fresh random one,
+// PUSHPULL_ALLOW_INSECURE / PUSHPULL_BIND_ANY). Throws InvalidArgument with a
+// message for the user on anything wrong (the CLI exits 2), before anything
+// starts: among others an empty secret on a job that reaches other hosts
+// without PUSHPULL_ALLOW_INSECURE=1.
 void prepare(LaunchConfig& cfg, const LaunchContext& ctx);
 
 // Writes the plan (host, role, rank, local rank, command; with cfg.verbose the
-// variables too) in a human-readable table.
+// variables too, credentials masked) in a human-readable table.
 void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv,
                 const std::vector<ProcessSpec>& plan, bool as_root);
 
 // Runs a prepared job; returns the launcher's exit code: 0 when every worker
-// exited 0, else the first failed process's code (128+signal), 128+signal
-// when the launcher was signalled, 127 when a process could not start.
+// exited 0, else the root cause's (supervisor.h): its exit code or
+// 128+signal, 1 for a node reported failed that did not fail by itself,
+// 128+signal when the launcher was signalled, 127 when a process could not
+// start. Its last log line names the root cause ("job failed: ...").
 int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
 
 // A free TCP port on `addr` at the time of the call (bound to port 0, read,
@@ -45,5 +52,9 @@ int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
 int pick_free_port(const std::string& addr);
 // This host's first non-loopback IPv4 address, else "127.0.0.1".
 std::string first_ipv4_address();
+// The IPv4 address of network interface `name`, if it has one.
+std::optional<std::string> interface_ipv4_address(const std::string& name);
+// "localhost", "::1" or an address in 127.0.0.0/8.
+bool is_loopback_host(std::string_view host);
 
 }  // namespace pushpull::launch

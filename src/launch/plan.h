@@ -48,6 +48,12 @@ struct LaunchConfig {
   EnvList env, env_server, env_worker;   // --env, --env-server, --env-worker
   double grace_s = 5;                    // SIGTERM → SIGKILL grace period
   bool verbose = false;
+  // PUSHPULL_JOB_SECRET of every process and of the scheduler: --env's or the
+  // launcher's own, else a fresh random one (prepare()). "" = none: the user
+  // set it empty, allowed on one host or with PUSHPULL_ALLOW_INSECURE=1.
+  std::string job_secret;
+  bool allow_insecure = false;  // PUSHPULL_ALLOW_INSECURE=1, passed on to every process
+  bool bind_any = false;        // PUSHPULL_BIND_ANY=1: the scheduler binds the wildcard address
 };
 
 struct ProcessSpec {

@@ -100,6 +100,16 @@ std::string spawn_child(const ChildSpec& s, Spawned* c) {
     return dir && e != ENOENT ? fmt::format("cannot run {} in {}: {}", path, dir, std::strerror(e))
                               : fmt::format("cannot run {}: {}", path, std::strerror(e));
   }
+  if (in_w.get() >= 0) {
+    // Small (credentials): the pipe holds it whether or not the child reads yet.
+    std::string_view data = s.stdin_data;
+    while (!data.empty()) {
+      ssize_t w = write(in_w.get(), data.data(), data.size());
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;  // it died already: its exit status will tell
+      data.remove_prefix(size_t(w));
+    }
+  }
   c->pid = pid;
   c->stdin_w = std::move(in_w);
   c->out_r = std::move(out_r);

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "launch/guardian.h"
 #include "launch/line_splitter.h"
 #include "launch/spawn.h"
 #include "pushpull/error.h"
@@ -83,13 +84,14 @@ struct Child {
 
 class Job {
  public:
-  Job(SignalGuard& signals, const SupervisorSettings& settings, const Watch& watch)
-      : signals_(signals), settings_(settings), watch_(watch) {}
+  Job(SignalGuard& signals, const SupervisorSettings& settings, const SupervisorHooks& hooks)
+      : signals_(signals), settings_(settings), hooks_(hooks) {}
 
   Outcome run(std::vector<ChildSpec> specs) {
     for (auto& s : specs) {
       Child c;
       c.result.label = s.label;
+      c.result.host = s.host;
       if (!s.log_path.empty()) {
         c.log.reset(open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
         if (c.log.get() < 0)
@@ -99,14 +101,16 @@ class Job {
       c.spec = std::move(s);
       children_.push_back(std::move(c));
     }
+    Guardian guardian(children_.size());
     for (auto& c : children_) {
       if (stopping_) break;
       Spawned sp;
       if (auto why = spawn_child(c.spec, &sp); !why.empty()) {
         PP_ERROR("cannot start {}: {}", c.spec.label, why);
-        begin_stop(127, fmt::format("{} could not be started", c.spec.label));
+        begin_stop(127, fmt::format("{} could not be started: {}", c.spec.label, why));
         continue;
       }
+      guardian.watch(sp.pid);
       c.pid = sp.pid;
       c.running = true;
       c.result.pid = sp.pid;
@@ -120,6 +124,7 @@ class Job {
     Outcome o;
     o.exit_code = exit_code_;
     o.reason = reason_;
+    o.consequences = consequences_;
     for (auto& c : children_)
       o.children.push_back(c.result);
     return o;
@@ -140,16 +145,9 @@ class Job {
         if (!drain_until) drain_until = Clock::now() + Millis(1000);
         if (!has_open_streams() || Clock::now() >= *drain_until) break;
       }
-      bool settling = !stopping_ && (failure_ || watch_failure_);
+      bool settling = !stopping_ && !events_.empty();
       poll_once(any_running && !settling ? settings_.tick : Millis(20));
-      if (watch_ && !stopping_ && !watch_failure_) {
-        if (auto fail = watch_()) {
-          watch_failure_ = *fail;
-          watch_failed_at_ = Clock::now();
-        }
-      }
-      // The scheduler often reports a crash before the launcher reaps the
-      // process: the process's own exit status, if it comes, says more.
+      consult_scheduler();
       settle_failures();
     }
     for (auto& c : children_)
@@ -158,6 +156,23 @@ class Job {
     // Safety sweep: nothing of any group we started outlives the launcher.
     for (auto& c : children_)
       if (c.pid > 0) kill(-c.pid, SIGKILL);
+  }
+
+  void consult_scheduler() {
+    if (!hooks_.scheduler || stopping_ || scheduler_done_) return;
+    auto st = hooks_.scheduler();
+    if (st.kind == SchedulerState::Kind::kRunning) return;
+    scheduler_done_ = true;
+    if (st.kind == SchedulerState::Kind::kSucceeded) {
+      PP_DEBUG("the scheduler reports the job complete");
+      return;
+    }
+    if (essentials_done()) {
+      PP_WARN("the scheduler reported a failure after every worker finished: {}", st.message);
+      return;
+    }
+    PP_ERROR("the scheduler reported: {}", st.message);
+    add_event({FailureEvent::Kind::kScheduler, 0, st.message});
   }
 
   bool has_open_streams() const {
@@ -180,9 +195,11 @@ class Job {
         }
     int n = poll(fds.data(), fds.size(), int(timeout.count()));
     if (n <= 0) return;
-    if (fds[0].revents) reap();
+    // Output first: a failing child's last lines (its PeerFailure) say whom
+    // it blames, and they are in the pipe before its exit can be reaped.
     for (size_t i = 1; i < fds.size(); ++i)
       if (fds[i].revents) read_stream(*owners[i].first, *owners[i].second);
+    if (fds[0].revents) reap();
   }
 
   void read_stream(Child& c, Stream& st) {
@@ -197,6 +214,17 @@ class Job {
     st.lines.feed(std::string_view(buf, size_t(n)), [&](std::string_view l) { emit(c, st, l); });
   }
 
+  // Reads what is already in a child's pipes (it has exited: nothing more is
+  // coming from it, though a grandchild may still write later).
+  void drain(Child& c) {
+    for (auto& st : c.streams)
+      for (int i = 0; i < 64 && st.fd.get() >= 0; ++i) {
+        pollfd p{st.fd.get(), POLLIN, 0};
+        if (poll(&p, 1, 0) <= 0) break;
+        read_stream(c, st);
+      }
+  }
+
   void flush(Child& c, Stream& st) {
     st.lines.flush([&](std::string_view l) { emit(c, st, l); });
   }
@@ -205,6 +233,13 @@ class Job {
     // One write per line: lines of different children never mix.
     write_all(st.out, fmt::format("[{}] {}\n", c.spec.label, line));
     if (c.log.get() >= 0) write_all(c.log.get(), fmt::format("{}\n", line));
+    // A node that fails because a peer failed says so: remember whom.
+    if (c.result.blames.empty()) {
+      if (auto who = blamed_in(line); !who.empty() && who != c.spec.label) {
+        c.result.blames = who;
+        c.result.blame_line = std::string(line.substr(line.find("PeerFailure")));
+      }
+    }
   }
 
   void read_signals() {
@@ -237,6 +272,7 @@ class Job {
       pid_t r = waitpid(c.pid, &status, WNOHANG);
       if (r != c.pid) continue;
       c.running = false;
+      c.result.ended = true;
       c.result.exited = WIFEXITED(status);
       c.result.code = c.result.exited ? WEXITSTATUS(status) : WTERMSIG(status);
       c.result.stopped = c.term_sent;
@@ -254,9 +290,15 @@ class Job {
   }
 
   void on_exit(Child& c) {
+    drain(c);
     bool ok = c.result.exited && c.result.code == 0;
     auto how = describe_status(c.result.exited, c.result.code);
-    if (ok || c.term_sent) {
+    if (c.term_sent) {
+      PP_DEBUG("{} (pid {}) ended with {} after it was asked to stop", c.spec.label, c.pid, how);
+      return;
+    }
+    if (hooks_.on_exit) hooks_.on_exit(c.spec, c.result);
+    if (ok) {
       PP_DEBUG("{} (pid {}) ended with {}", c.spec.label, c.pid, how);
       return;
     }
@@ -264,29 +306,28 @@ class Job {
       PP_WARN("{} (pid {}) ended with {} after every worker finished", c.spec.label, c.pid, how);
       return;
     }
-    int code = c.result.exited ? c.result.code : 128 + c.result.code;
     PP_ERROR("{} (pid {}) failed with {}", c.spec.label, c.pid, how);
-    // Rank: a signal, then a specific exit code, then the generic code 1 that
-    // processes use when they fail because a peer failed.
-    int rank = c.result.exited ? (c.result.code == 1 ? 2 : 1) : 0;
-    if (!failure_ || rank < failure_->rank)
-      failure_ = Failure{rank, code, fmt::format("{} failed with {}", c.spec.label, how)};
-    if (!failure_seen_at_) failure_seen_at_ = Clock::now();
+    add_event({FailureEvent::Kind::kChild, size_t(&c - children_.data()), ""});
   }
 
-  // The first failure stops the job after a short settling time: a crash
-  // closes the process's sockets before the launcher can reap it, so its
-  // peers may fail (and be reaped) a moment before the real cause is.
-  void settle_failures(bool now_or_never = false) {
+  void add_event(FailureEvent e) {
     if (stopping_) return;
-    auto now = Clock::now();
-    if (now_or_never) now += settings_.settle;
-    if (failure_ && now - *failure_seen_at_ >= settings_.settle) {
-      PP_ERROR("{}: stopping the job", failure_->reason);
-      begin_stop(failure_->code, failure_->reason);
-    } else if (!failure_ && watch_failure_ && now - watch_failed_at_ >= settings_.settle) {
-      begin_stop(watch_failure_->first, watch_failure_->second);
-    }
+    if (events_.empty()) first_failure_at_ = Clock::now();
+    events_.push_back(std::move(e));
+  }
+
+  // The first failure stops the job after a short settling time (see
+  // supervisor.h), then names the root cause among what was seen.
+  void settle_failures(bool now_or_never = false) {
+    if (stopping_ || events_.empty()) return;
+    if (!now_or_never && Clock::now() - first_failure_at_ < settings_.settle) return;
+    std::vector<ChildState> states;
+    for (auto& c : children_)
+      states.push_back(c.result);
+    auto root = find_root_cause(states, events_);
+    consequences_ = root.consequences;
+    PP_ERROR("{}: stopping the job", root.reason);
+    begin_stop(root.exit_code, root.reason);
   }
 
   bool essentials_done() const {
@@ -307,9 +348,10 @@ class Job {
       services_left = services_left || c.running;
     if (!services_left) return;
     if (!service_deadline_) service_deadline_ = now + settings_.service_deadline;
+    // The scheduler saw the job through: the servers were told to leave.
+    if (scheduler_done_) service_deadline_ = std::min(*service_deadline_, now + settings_.grace);
     if (now >= *service_deadline_) {
-      PP_WARN("every worker finished but servers are still running after {} ms: stopping them",
-              settings_.service_deadline.count());
+      PP_WARN("every worker finished but servers are still running: stopping them");
       begin_stop(0, "");
     }
   }
@@ -323,10 +365,12 @@ class Job {
     for (auto& c : children_) {
       if (!c.running) continue;
       c.term_sent = true;
-      if (c.spec.stop_by_closing_stdin)
+      if (c.spec.stop_by_closing_stdin) {
         c.stdin_w.reset();
-      else
+      } else {
         kill(-c.pid, SIGTERM);
+        kill(-c.pid, SIGCONT);  // a stopped process only handles SIGTERM once continued
+      }
     }
   }
 
@@ -342,22 +386,17 @@ class Job {
 
   SignalGuard& signals_;
   SupervisorSettings settings_;
-  const Watch& watch_;
+  const SupervisorHooks& hooks_;
   std::vector<Child> children_;
   bool stopping_ = false;
   bool killed_ = false;
+  bool scheduler_done_ = false;  // it succeeded or failed: not consulted again
   Clock::time_point kill_at_{};
   std::optional<Clock::time_point> service_deadline_;
-  std::optional<std::pair<int, std::string>> watch_failure_;
   std::vector<pid_t> sigchld_order_;
-  struct Failure {
-    int rank;
-    int code;
-    std::string reason;
-  };
-  std::optional<Failure> failure_;
-  std::optional<Clock::time_point> failure_seen_at_;
-  Clock::time_point watch_failed_at_{};
+  std::vector<FailureEvent> events_;
+  Clock::time_point first_failure_at_{};
+  std::vector<std::string> consequences_;
   int exit_code_ = 0;
   std::string reason_;
 };
@@ -365,8 +404,8 @@ class Job {
 }  // namespace
 
 Outcome supervise(SignalGuard& signals, std::vector<ChildSpec> children,
-                  const SupervisorSettings& settings, const Watch& watch) {
-  Job job(signals, settings, watch);
+                  const SupervisorSettings& settings, const SupervisorHooks& hooks) {
+  Job job(signals, settings, hooks);
   return job.run(std::move(children));
 }
 

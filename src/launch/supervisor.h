@@ -4,29 +4,37 @@
 // failure into a stop of the whole job.
 //
 // Rules:
-//  - A child that exits non-zero or dies on a signal fails the job. The
-//    supervisor prints which one and how, waits `settle` (300 ms) for other
-//    failures (a crash closes its sockets before its exit can be reaped, so
-//    peers that fail because of it may be reaped first) and reports the most
-//    telling one (a signal, else an exit code other than the generic 1, else
-//    the first seen). Then it asks every other child to stop (SIGTERM to its
-//    process group, or end of file on its stdin for ssh clients), sends
-//    SIGKILL to the groups still alive after the grace period, and returns
-//    that child's code (128+signal for a signal).
+//  - A child that exits non-zero or dies on a signal fails the job, and so
+//    does a failure the job's scheduler reports (SupervisorHooks::scheduler).
+//    The supervisor collects the failures of the next `settle` (500 ms) after
+//    the first one (a crash closes its sockets before its exit can be reaped,
+//    so the peers that fail because of it may be reaped first), names the
+//    root cause (find_root_cause: root_cause.h) and lists the other failures
+//    as its consequences. Then it asks every other child to stop (SIGTERM and
+//    SIGCONT to its process group, or end of file on its stdin for ssh
+//    clients), sends SIGKILL to the groups still alive after the grace
+//    period, and returns the root cause's code (128+signal for a signal; 1
+//    for a node that was reported failed but did not fail by itself).
 //  - SIGINT / SIGTERM / SIGHUP to the launcher stop the job the same way
-//    (exit code 128+signal).
+//    (exit code 128+signal); a second one kills every group at once.
 //  - Success: every essential child (the workers) exited 0. The other
 //    children (servers) are then given `service_deadline` to exit by
-//    themselves (the cluster protocol shuts them down) and are stopped after
-//    that; a server that fails after every worker succeeded only warns.
-//  - Children get PR_SET_PDEATHSIG(SIGKILL), so they die with the launcher
-//    even if it is killed with SIGKILL. That signal is tied to the thread
-//    that forks them: call run() from the thread that lives longest (main).
+//    themselves (the cluster protocol shuts them down), or `grace` once the
+//    scheduler reports the job complete, and are stopped after that; a
+//    server that fails after every worker succeeded only warns.
+//  - No orphans: children get PR_SET_PDEATHSIG(SIGKILL), so they die with
+//    the launcher even if it is killed with SIGKILL (that signal is tied to
+//    the thread that forks them: call supervise() from the thread that lives
+//    longest, main). Their own children (the rest of each process group) are
+//    killed by a guardian process that supervise() forks first: it learns
+//    every group through a pipe and, when the pipe closes without the
+//    launcher saying it is done (the launcher died), sends SIGKILL to each.
 //
 // Threading: SignalGuard must be created on the main thread before any other
 // thread starts (signalfd only sees signals blocked in every thread).
-// run() blocks the calling thread until every child has been reaped; every
-// wait inside it is bounded by the deadlines above.
+// supervise() blocks the calling thread until every child has been reaped;
+// every wait inside it is bounded by the deadlines above. The hooks are
+// called on that thread.
 #pragma once
 
 #include <signal.h>
@@ -38,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/root_cause.h"
 #include "pushpull/options.h"
 
 namespace pushpull::launch {
@@ -66,41 +75,53 @@ struct ChildSpec {
   std::string log_path;                // "" = no log file
   bool essential = true;               // must exit 0 for the job to succeed
   bool stop_by_closing_stdin = false;  // ssh clients: EOF asks the remote side to stop
+  // stop_by_closing_stdin only: written to its stdin first (ssh: the
+  // credentials the remote script reads). Must fit in a pipe (64 KiB).
+  std::string stdin_data;
+  std::string host;         // where it runs, for the report ("" = not shown)
+  Role role = Role::kNone;  // the node it is, for SupervisorHooks::on_exit
+  int rank = -1;            //   (kNone: not one node, e.g. mpirun)
 };
 
-struct ChildResult {
-  std::string label;
-  pid_t pid = -1;
-  bool exited = false;   // else killed by `signal`
-  int code = 0;          // exit code, or the signal number
-  bool stopped = false;  // the supervisor had asked it to stop
-};
+// pid, how it ended, whether it was asked to stop, whom its output blamed.
+using ChildResult = ChildState;
 
 struct SupervisorSettings {
   Millis grace{5000};              // SIGTERM → SIGKILL
   Millis service_deadline{30000};  // non-essential children after the last worker
-  Millis tick{200};                // how often `watch` is consulted
-  // After the first failure, how long to wait for the one that caused it
-  // (see supervise()) before stopping the others.
-  Millis settle{300};
+  Millis tick{200};                // how often the scheduler hook is consulted
+  // After the first failure, how long to collect others before naming the
+  // root cause and stopping the rest (see the rules above).
+  Millis settle{500};
+};
+
+// What the job's scheduler says.
+struct SchedulerState {
+  enum class Kind { kRunning, kSucceeded, kFailed };
+  Kind kind = Kind::kRunning;
+  std::string message;  // kFailed: why, naming the node ("worker 1 (host h:p) failed: ...")
+};
+
+struct SupervisorHooks {
+  // Consulted every tick while the job runs; empty: no scheduler.
+  std::function<SchedulerState()> scheduler;
+  // Called when a child ends by itself (not stopped by the supervisor).
+  std::function<void(const ChildSpec&, const ChildResult&)> on_exit;
 };
 
 struct Outcome {
   int exit_code = 0;
-  std::string reason;  // why the job stopped ("" on success)
+  std::string reason;                     // the root cause ("" on success)
+  std::vector<std::string> consequences;  // later failures, in observed order
   std::vector<ChildResult> children;
 };
-
-// Consulted every tick while the job runs; returns (exit code, reason) to fail
-// the job (e.g. the embedded scheduler reported a failure).
-using Watch = std::function<std::optional<std::pair<int, std::string>>()>;
 
 // Runs `children` to completion as described above. A child that cannot be
 // started (program not found, fork failed) fails the job with exit code 127
 // after the ones already started are stopped. Throws IoError only when a log
-// file cannot be created (before anything starts).
+// file cannot be created or the guardian cannot start (before anything starts).
 Outcome supervise(SignalGuard& signals, std::vector<ChildSpec> children,
-                  const SupervisorSettings& settings, const Watch& watch = {});
+                  const SupervisorSettings& settings, const SupervisorHooks& hooks = {});
 
 // "SIGKILL" (or "signal 42" for one without a name).
 std::string signal_name(int sig);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "net/hello.h"
 #include "net/transport.h"
@@ -37,11 +38,17 @@ struct Transport::Conn {
   ConnId id = 0;
   Fd fd;
   PeerInfo peer;
+  SockAddr remote;  // the socket's remote address (accepted connections)
   // Written by the I/O thread; read by senders too.
   std::atomic<State> state{State::kHandshake};
-  Nonce nonce{};  // acceptor side of the hello
+  // The authenticated peer's node id (net/node_id.h), written into the
+  // sender field of every message delivered from this connection.
+  uint32_t peer_id = 0;
+  // Acceptor side of the hello (I/O thread only).
+  Nonce nonce{};
   std::chrono::steady_clock::time_point handshake_deadline;
-  bool close_after_flush = false;
+  bool hello_seen = false;    // the hello arrived; anything more before the ack is an error
+  std::optional<Hello> held;  // a hello waiting until this node has a rank to prove
 
   // Send side.
   std::mutex send_mu;
@@ -64,7 +71,10 @@ struct Transport::Conn {
   bool in_payload = false;
   std::byte* dst = nullptr;
   size_t got = 0;
-  Buffer buf;                        // pooled destination when nothing was posted
+  // Pooled destination when nothing was posted. It grows as bytes arrive
+  // (never sized from the header alone), so a peer that announces a huge
+  // payload and sends nothing costs nothing.
+  Buffer buf;
   std::optional<PostedRecv> active;  // the posted receive being filled
   bool discard = false;              // payload read then dropped (oversize for its post)
 

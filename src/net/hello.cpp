@@ -1,6 +1,7 @@
 #include "net/hello.h"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
@@ -14,17 +15,18 @@ namespace pushpull::net {
 
 std::vector<std::byte> encode(const Challenge& c) {
   Writer w;
-  w.u<uint16_t>(c.version).str(c.job_id).bytes(c.nonce);
+  w.u<uint16_t>(c.version).bytes(c.job_tag).bytes(c.nonce);
   return w.take();
 }
 std::vector<std::byte> encode(const Hello& h) {
   Writer w;
   w.u<uint16_t>(h.version)
-      .str(h.job_id)
+      .bytes(h.job_tag)
       .u<uint8_t>(static_cast<uint8_t>(h.role))
       .u<int32_t>(h.rank)
       .str(h.host)
       .u<int32_t>(h.port)
+      .bytes(h.nonce)
       .bytes(h.proof);
   return w.take();
 }
@@ -33,7 +35,8 @@ std::vector<std::byte> encode(const HelloAck& a) {
   w.u<uint8_t>(a.accepted ? 1 : 0)
       .str(a.reason)
       .u<uint8_t>(static_cast<uint8_t>(a.role))
-      .u<int32_t>(a.rank);
+      .u<int32_t>(a.rank)
+      .bytes(a.proof);
   return w.take();
 }
 
@@ -44,23 +47,26 @@ Status malformed(const char* what) {
 bool valid_role(uint8_t r) {
   return r <= static_cast<uint8_t>(Role::kWorker);
 }
+// Longest refusal reason an ack carries (keeps the ack under kMaxHandshakeBytes).
+constexpr size_t kMaxReason = 700;
 }  // namespace
 
 Status decode(std::span<const std::byte> in, Challenge* out) {
   Reader r(in);
   out->version = r.u<uint16_t>();
-  out->job_id = r.str();
+  r.bytes(out->job_tag);
   r.bytes(out->nonce);
   return r.ok() && r.at_end() ? Status{} : malformed("challenge");
 }
 Status decode(std::span<const std::byte> in, Hello* out) {
   Reader r(in);
   out->version = r.u<uint16_t>();
-  out->job_id = r.str();
+  r.bytes(out->job_tag);
   auto role = r.u<uint8_t>();
   out->rank = r.u<int32_t>();
-  out->host = r.str();
+  out->host = r.str(kMaxHelloHost);
   out->port = r.u<int32_t>();
+  r.bytes(out->nonce);
   r.bytes(out->proof);
   if (!r.ok() || !r.at_end() || !valid_role(role)) return malformed("hello");
   out->role = static_cast<Role>(role);
@@ -69,9 +75,10 @@ Status decode(std::span<const std::byte> in, Hello* out) {
 Status decode(std::span<const std::byte> in, HelloAck* out) {
   Reader r(in);
   out->accepted = r.u<uint8_t>() != 0;
-  out->reason = r.str();
+  out->reason = r.str(kMaxHandshakeBytes);
   auto role = r.u<uint8_t>();
   out->rank = r.u<int32_t>();
+  r.bytes(out->proof);
   if (!r.ok() || !r.at_end() || !valid_role(role)) return malformed("hello ack");
   out->role = static_cast<Role>(role);
   return {};
@@ -87,12 +94,29 @@ Nonce random_nonce() {
   return n;
 }
 
-Proof compute_proof(const std::string& secret, const Nonce& nonce, const std::string& job_id,
-                    Role role, int32_t rank) {
+JobTag job_tag(const std::string& job_id) {
+  static constexpr char kLabel[] = "pushpull job id\n";
+  JobTag t{};
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  unsigned int len = 0;
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, kLabel, sizeof kLabel - 1);
+  EVP_DigestUpdate(ctx, job_id.data(), job_id.size());
+  EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(t.data()), &len);
+  EVP_MD_CTX_free(ctx);
+  return t;
+}
+
+Proof compute_proof(const std::string& secret, const ProofInput& in) {
   Proof p{};
   if (secret.empty()) return p;
   Writer w;
-  w.bytes(nonce).str(job_id).u<uint8_t>(static_cast<uint8_t>(role)).u<int32_t>(rank);
+  w.str(in.direction == Direction::kConnector ? "pushpull v2 connector" : "pushpull v2 acceptor")
+      .bytes(in.acceptor_nonce)
+      .bytes(in.connector_nonce)
+      .str(in.job_id)
+      .u<uint8_t>(static_cast<uint8_t>(in.role))
+      .u<int32_t>(in.rank);
   unsigned int len = 0;
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
        reinterpret_cast<const unsigned char*>(w.data().data()), w.data().size(),
@@ -104,23 +128,30 @@ bool proof_equal(const Proof& a, const Proof& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-std::string check_hello(const Hello& h, const Nonce& nonce, uint16_t my_version,
+bool verify_proof(const std::string& secret, const ProofInput& input, const Proof& proof) {
+  return secret.empty() || proof_equal(proof, compute_proof(secret, input));
+}
+
+std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
                         const std::string& my_job_id, const std::string& secret) {
+  std::string reason;
   if (h.version != my_version)
-    return fmt::format(
+    reason = fmt::format(
         "protocol version mismatch: the connecting node speaks version {}, this "
         "node version {}; run the same pushpull release everywhere",
         h.version, my_version);
-  if (h.job_id != my_job_id)
-    return fmt::format(
-        "job id mismatch: the connecting node belongs to job '{}', this node to "
-        "job '{}'; check PUSHPULL_JOB_ID and the scheduler address",
-        h.job_id, my_job_id);
-  if (!secret.empty() &&
-      !proof_equal(h.proof, compute_proof(secret, nonce, h.job_id, h.role, h.rank)))
-    return "authentication failed: the connecting node does not know this job's secret; set the "
-           "same PUSHPULL_JOB_SECRET on every node";
-  return {};
+  else if (CRYPTO_memcmp(h.job_tag.data(), job_tag(my_job_id).data(), h.job_tag.size()) != 0)
+    reason =
+        "job id mismatch: the connecting node belongs to another job; check PUSHPULL_JOB_ID and "
+        "the scheduler address";
+  else if (!verify_proof(
+               secret, {Direction::kConnector, acceptor_nonce, h.nonce, my_job_id, h.role, h.rank},
+               h.proof))
+    reason =
+        "authentication failed: the connecting node does not know this job's secret; set the "
+        "same PUSHPULL_JOB_SECRET on every node";
+  if (reason.size() > kMaxReason) reason.resize(kMaxReason);
+  return reason;
 }
 
 }  // namespace pushpull::net

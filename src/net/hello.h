@@ -1,13 +1,27 @@
-// The handshake at the start of every connection.
+// The handshake at the start of every connection: mutual authentication
+// bound to identity.
 //
-//   acceptor  -> connector  Challenge {version, job id, 32-byte random nonce}
-//   connector -> acceptor   Hello {version, job id, role, rank, advertised host+port,
-//                                  HMAC-SHA256(secret, nonce | job id | role | rank)}
-//   acceptor  -> connector  HelloAck {accepted?, reason, acceptor role, rank}
+//   acceptor  -> connector  Challenge {version, job tag, acceptor nonce}
+//   connector -> acceptor   Hello {version, job tag, role, rank, advertised host+port,
+//                                  connector nonce, connector proof}
+//   acceptor  -> connector  HelloAck {accepted?, reason, acceptor role, rank, acceptor proof}
 //
-// The proof is checked only when the acceptor has a job secret; then a hello
-// without the right proof is refused. A wrong protocol version or job id is
-// refused too. The refused side gets the reason in the ack and does not retry.
+// Nonces are 32 fresh random bytes (RAND_bytes) per connection and side. The
+// job tag is SHA-256 of the job id (the id itself never travels in clear).
+// A proof is HMAC-SHA256(job secret, direction label | acceptor nonce |
+// connector nonce | job id | prover's role | prover's rank): it binds both
+// nonces (no replay), the direction (a connector's proof cannot be reflected
+// as an acceptor's) and the prover's claimed identity (a proof for worker 1
+// does not admit worker 2). The acceptor checks the connector's proof before
+// accepting; the connector checks the acceptor's proof in the ack before it
+// uses the connection. Without a secret proofs are all zeros and only the
+// version and job tag are checked (net/peer_policy.h then limits peers to
+// loopback). The refused side gets the reason in the ack and does not retry.
+//
+// This authenticates who is at the other end when the connection opens; it
+// does not encrypt or sign the traffic that follows (an attacker on the path
+// can still read it or take over an open connection).
+//
 // Thread safety: pure functions.
 #pragma once
 
@@ -24,20 +38,30 @@ namespace pushpull::net {
 
 using Nonce = std::array<std::byte, 32>;
 using Proof = std::array<std::byte, 32>;
+using JobTag = std::array<std::byte, 32>;
+
+// Longest advertised host name a hello may carry.
+inline constexpr size_t kMaxHelloHost = 255;
+// The largest hello: the acceptor's cap on input before authentication.
+inline constexpr size_t kMaxHelloBytes = 2 + 32 + 1 + 4 + (4 + kMaxHelloHost) + 4 + 32 + 32;
+// Upper bound of any handshake payload (challenge, hello, ack with its
+// reason): the connector's cap on what an acceptor sends before the ack.
+inline constexpr size_t kMaxHandshakeBytes = 1024;
 
 struct Challenge {
   uint16_t version = 0;
-  std::string job_id;
-  Nonce nonce{};
+  JobTag job_tag{};
+  Nonce nonce{};  // the acceptor's
 };
 
 struct Hello {
   uint16_t version = 0;
-  std::string job_id;
+  JobTag job_tag{};
   Role role = Role::kNone;
   int32_t rank = -1;
   std::string host;  // the connector's advertised listening address
   int32_t port = 0;
+  Nonce nonce{};  // the connector's
   Proof proof{};
 };
 
@@ -46,6 +70,7 @@ struct HelloAck {
   std::string reason;
   Role role = Role::kNone;
   int32_t rank = -1;
+  Proof proof{};  // the acceptor's (zeros when refused)
 };
 
 std::vector<std::byte> encode(const Challenge& c);
@@ -56,14 +81,32 @@ Status decode(std::span<const std::byte> in, Hello* out);
 Status decode(std::span<const std::byte> in, HelloAck* out);
 
 Nonce random_nonce();
-// HMAC-SHA256(secret, nonce | job_id | role | rank); all zeros when secret is empty.
-Proof compute_proof(const std::string& secret, const Nonce& nonce, const std::string& job_id,
-                    Role role, int32_t rank);
+JobTag job_tag(const std::string& job_id);
+
+// Who proves: the side that connected or the side that accepted.
+enum class Direction : uint8_t { kConnector = 1, kAcceptor = 2 };
+
+// What a proof is about: both nonces, the job and the prover's identity.
+struct ProofInput {
+  Direction direction = Direction::kConnector;
+  Nonce acceptor_nonce{};
+  Nonce connector_nonce{};
+  std::string job_id;
+  Role role = Role::kNone;  // the prover's
+  int32_t rank = -1;        // the prover's
+};
+
+// HMAC-SHA256(secret, input); all zeros when `secret` is empty. Used by the
+// Transport's hello and by the collectives' data streams.
+Proof compute_proof(const std::string& secret, const ProofInput& input);
 // Constant-time comparison.
 bool proof_equal(const Proof& a, const Proof& b);
+// True when `proof` is right for `input` (always true without a secret).
+bool verify_proof(const std::string& secret, const ProofInput& input, const Proof& proof);
 
-// The acceptor's decision: empty when accepted, else the reason to send back.
-std::string check_hello(const Hello& h, const Nonce& nonce, uint16_t my_version,
+// The acceptor's decision on a decoded hello: empty when accepted, else the
+// reason to send back. `acceptor_nonce` is the one of its challenge.
+std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
                         const std::string& my_job_id, const std::string& secret);
 
 }  // namespace pushpull::net

@@ -40,8 +40,8 @@
 
 namespace pushpull::net {
 
-inline constexpr uint32_t kMagic = 0x48535050;  // bytes "PPSH"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint32_t kMagic = 0x48535050;   // bytes "PPSH"
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: mutual hello (net/hello.h)
 inline constexpr size_t kHeaderBytes = 64;
 
 namespace msg {

@@ -41,6 +41,7 @@ Transport::~Transport() {
 }
 
 int Transport::listen(const std::string& host, int port) {
+  warn_insecure_once(config_.net);
   listen_fd_ = listen_on(host, port);
   port_ = local_port(listen_fd_.get());
   epoll_event ev{};
@@ -71,10 +72,13 @@ void Transport::set_close_handler(CloseHandler h) {
   on_close_ = std::move(h);
 }
 void Transport::set_identity(Role role, int32_t rank, uint32_t sender_id) {
-  std::lock_guard lock(mu_);
-  role_ = role;
-  rank_ = rank;
-  sender_ = sender_id;
+  {
+    std::lock_guard lock(mu_);
+    role_ = role;
+    rank_ = rank;
+    sender_ = sender_id;
+  }
+  wake();  // held hellos may be answered now
 }
 void Transport::set_advertised_address(const std::string& host, int port) {
   std::lock_guard lock(mu_);
@@ -189,10 +193,21 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   auto fail = [&](const std::string& what) -> ConnId {
     throw IoError(fmt::format("handshake with {} failed: {}", where, what));
   };
-  HeaderBytes hb;
-  if (!read_all(fd.get(), hb.data(), hb.size(), hs_deadline, &error)) return fail(error);
-  Header h;
-  Status st = decode_header(hb, 4096, &h, config_.protocol_version);
+  // Reads one handshake message of type `type` (at most kMaxHandshakeBytes).
+  auto read_message = [&](uint16_t type, Header* h, std::vector<std::byte>* payload) -> Status {
+    HeaderBytes hb;
+    if (!read_all(fd.get(), hb.data(), hb.size(), hs_deadline, &error))
+      return {ErrorCode::kIoError, error};
+    if (Status st = decode_header(hb, kMaxHandshakeBytes, h, config_.protocol_version); !st)
+      return st;
+    if (h->type != type)
+      return {ErrorCode::kProtocolError,
+              fmt::format("expected handshake message type {}, got {}", type, h->type)};
+    payload->resize(h->payload_bytes);
+    if (!read_all(fd.get(), payload->data(), payload->size(), hs_deadline, &error))
+      return {ErrorCode::kIoError, error};
+    return {};
+  };
   Hello hello;
   {
     std::lock_guard lock(mu_);
@@ -202,41 +217,52 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     hello.port = adv_port_;
   }
   hello.version = config_.protocol_version;
-  hello.job_id = config_.net.job_id;
-  auto send_hello = [&](const Nonce& nonce) {
+  hello.job_tag = job_tag(config_.net.job_id);
+  hello.nonce = random_nonce();
+  auto send_hello = [&](const Nonce& acceptor_nonce) {
     hello.proof =
-        compute_proof(config_.net.job_secret, nonce, hello.job_id, hello.role, hello.rank);
+        compute_proof(config_.net.job_secret, {Direction::kConnector, acceptor_nonce, hello.nonce,
+                                               config_.net.job_id, hello.role, hello.rank});
     auto payload = encode(hello);
     Header out = stamp(Header{.type = msg::kHello}, payload.size());
     auto ob = encode_header(out);
     return write_all(fd.get(), ob.data(), ob.size(), hs_deadline, &error) &&
            write_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error);
   };
-  if (!st) {
-    // Say hello anyway so the acceptor logs the mismatch too, then fail.
+  Header h;
+  std::vector<std::byte> payload;
+  Status st = read_message(msg::kChallenge, &h, &payload);
+  if (!st && st.code() == ErrorCode::kProtocolError) {
+    // E.g. another protocol version. Say hello anyway so the acceptor logs
+    // the mismatch too, then fail without retrying.
     send_hello(Nonce{});
     throw ProtocolError(fmt::format("node at {} refused: {}", where, st.message()));
   }
-  if (h.type != msg::kChallenge)
-    return fail(fmt::format("expected a challenge, got type {}", h.type));
-  std::vector<std::byte> payload(h.payload_bytes);
-  if (!read_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error)) return fail(error);
+  if (!st) return fail(st.message());
   Challenge ch;
   if (Status s = decode(payload, &ch); !s) return fail(s.message());
   if (!send_hello(ch.nonce)) return fail(error);
-  if (!read_all(fd.get(), hb.data(), hb.size(), hs_deadline, &error))
-    return fail(fmt::format("{} (the peer closed the connection during the hello)", error));
-  if (Status s = decode_header(hb, 4096, &h, config_.protocol_version); !s)
-    return fail(s.message());
-  payload.resize(h.payload_bytes);
-  if (h.type != msg::kHelloAck ||
-      !read_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error))
-    return fail("no hello ack");
+  if (Status s = read_message(msg::kHelloAck, &h, &payload); !s)
+    return fail(
+        s.code() == ErrorCode::kIoError
+            ? fmt::format("{} (the peer closed the connection during the hello)", s.message())
+            : s.message());
   HelloAck ack;
   if (Status s = decode(payload, &ack); !s) return fail(s.message());
   if (!ack.accepted) {
     PP_ERROR("node at {} refused our connection: {}", where, ack.reason);
     throw ProtocolError(fmt::format("node at {} refused the connection: {}", where, ack.reason));
+  }
+  // Mutual: the acceptor proves it knows the secret too, for the identity it claims.
+  if (!verify_proof(
+          config_.net.job_secret,
+          {Direction::kAcceptor, ch.nonce, hello.nonce, config_.net.job_id, ack.role, ack.rank},
+          ack.proof)) {
+    PP_ERROR("node at {} failed to authenticate; closing the connection", where);
+    throw ProtocolError(fmt::format(
+        "authentication failed: the node at {} does not know this job's secret (it claims to "
+        "be {} {}); it is not a member of this job, or PUSHPULL_JOB_SECRET differs",
+        where, role_name(ack.role), ack.rank));
   }
 
   auto c = std::make_shared<Conn>();
@@ -244,6 +270,7 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   tune_socket(fd.get(), config_.net.socket_buffer_bytes);
   c->peer.role = ack.role;
   c->peer.rank = ack.rank;
+  c->peer_id = node_id(ack.role, ack.rank);
   c->peer.host = host;
   c->peer.port = port;
   c->peer.address = peer_address(fd.get());

@@ -2,8 +2,24 @@
 //
 // One Transport per node. It owns a listening socket, every connection of the
 // node, and one I/O thread running an epoll loop over all of them. Every
-// connection starts with the hello of net/hello.h; only connections that pass
-// it reach the upper layers.
+// connection starts with the mutual hello of net/hello.h; only connections
+// that pass it reach the upper layers.
+//
+// Strangers. An accepted connection that has not authenticated yet is served
+// concurrently with all others, has its own deadline (min(connect_timeout,
+// handshake_timeout)) and may send at most one hello (kMaxHandshakeBytes).
+// When it fails, times out or goes away it is closed and logged (at most one
+// line per peer address every few seconds) and never reaches the connect or
+// close handlers, so a stranger cannot fail a job. Without a job secret only
+// peers on this machine may authenticate (net/peer_policy.h). A (role,
+// rank >= 0) that already has an open accepted connection here cannot be
+// claimed again. With TransportConfig::hold_hellos_until_ranked, a node
+// whose rank is still -1 holds incoming hellos until set_identity() gives it
+// a rank, so connectors always learn a ranked identity.
+//
+// Identity. The `sender` field of every delivered message (handlers and
+// posted receives) is net::node_id() of the connection's authenticated peer,
+// whatever the peer wrote there.
 //
 // Sending. send() queues header + payload as one writev straight from the
 // caller's buffer (no copy); the caller keeps the buffer alive and unchanged
@@ -25,8 +41,11 @@
 //
 // Errors. Malformed input (bad magic/version, oversize length, unknown type,
 // garbage) closes only that connection, logs a ProtocolError and the node
-// keeps serving the others. A closed connection fails its queued sends and
-// posted receives with the reason and calls the close handler.
+// keeps serving the others. So does an exception thrown by a handler, a
+// connect handler or a completion on the I/O thread (logged as an error). A
+// closed connection fails its queued sends and posted receives with the
+// reason and calls the close handler. When accept() runs out of descriptors
+// or memory the listener pauses (100 ms doubling to 1 s) instead of spinning.
 //
 // Threading. Handlers, the connect handler and the close handler run on the
 // I/O thread: they must not block (hand long work to another thread); they
@@ -55,7 +74,10 @@
 #include <vector>
 
 #include "net/buffer_pool.h"
+#include "net/hello.h"
 #include "net/message.h"
+#include "net/node_id.h"
+#include "net/peer_policy.h"
 #include "net/socket.h"
 #include "pushpull/error.h"
 #include "pushpull/options.h"
@@ -103,6 +125,11 @@ struct TransportConfig {
   uint16_t protocol_version = kProtocolVersion;
   // Log label of the I/O thread, e.g. "worker 0".
   std::string label;
+  // While this node's rank is -1 (a cluster node before the scheduler's
+  // address book), hold incoming hellos and answer them once set_identity()
+  // gives it a rank, so connectors learn a ranked, proven identity. Off: answer
+  // at once with whatever identity is set.
+  bool hold_hellos_until_ranked = false;
 };
 
 class Transport {
@@ -113,7 +140,8 @@ class Transport {
   Transport& operator=(const Transport&) = delete;
 
   // Binds the listening socket (setup only). `host` empty: all IPv4
-  // addresses. Returns the bound port (a free one when `port` is 0).
+  // addresses (see bind_host_for() in net/peer_policy.h). Returns the bound
+  // port (a free one when `port` is 0).
   int listen(const std::string& host, int port);
   int port() const { return port_; }
 
@@ -124,6 +152,7 @@ class Transport {
   // After a connection that passed its hello closed for any reason other than stop().
   void set_close_handler(CloseHandler h);
   // What this node says about itself in hellos and headers (thread-safe).
+  // Releases hellos held while this server or worker had no rank.
   void set_identity(Role role, int32_t rank, uint32_t sender_id);
   void set_advertised_address(const std::string& host, int port);
 
@@ -174,7 +203,15 @@ class Transport {
   void on_header(Conn& c);
   void finish_message(Conn& c);
   void on_hello(Conn& c, Message&& m);
-  void send_hello_ack(Conn& c, const std::string& reason);
+  void answer_hello(Conn& c, const Hello& hello);
+  void release_held_hellos();
+  void send_hello_ack(Conn& c, const std::string& reason, const Hello* hello);
+  void refuse_stranger(Conn& c, const std::string& reason, bool tell);
+  std::string refusal_for(const Conn& c);
+  std::byte* payload_room(Conn& c, size_t* room);
+  bool run_guarded(Conn* c, const char* what, const std::function<void()>& f);
+  void pause_listener(int error);
+  void resume_listener_if_due();
   void flush(Conn& c);
   void close_conn(Conn& c, const Status& why, bool notify);
   void arm_output(Conn& c);
@@ -206,6 +243,17 @@ class Transport {
   uint32_t sender_ = 0;
   std::string adv_host_;
   int adv_port_ = 0;
+
+  // I/O thread only.
+  RefusalLog refusals_;
+  bool listen_paused_ = false;
+  std::chrono::steady_clock::time_point listen_resume_{};
+  Millis accept_backoff_{100};
+  std::chrono::steady_clock::time_point accept_log_next_{};
+  uint64_t accept_failures_ = 0;          // since the last accept-failure log line
+  size_t held_count_ = 0;                 // connections with a held hello
+  std::vector<std::string> local_hosts_;  // this machine's addresses (peer policy)
+  std::chrono::steady_clock::time_point local_hosts_at_{};
 
   std::vector<std::shared_ptr<Conn>> graveyard_;  // closed this loop turn (guarded by mu_)
   std::atomic<int64_t> queued_{0};                // sends not yet completed (for drain)

@@ -4,11 +4,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "net/address.h"
 #include "net/conn.h"
 #include "pushpull/log.h"
 
@@ -19,15 +21,32 @@ bool transport_write_queue(int fd, std::deque<SendOp>& q, std::vector<SendOp>& c
 namespace {
 constexpr size_t kDirectRead = 16 << 10;  // payload rest read straight into place above this
 constexpr size_t kReadBudget = 8 << 20;   // per wakeup per connection, for fairness
-constexpr uint64_t kHandshakeMax = 4096;  // payload cap before a peer is authenticated
+// A payload buffer starts at this size and grows 16x as bytes arrive, so a
+// header alone never makes the node allocate more than this, memory stays
+// within 16x of what the peer really sent, and the growth copies stay small
+// (256 KiB for a 4 MiB PS chunk, 4.25 MiB for 64 MiB).
+constexpr size_t kFirstChunk = 256 << 10;
+constexpr size_t kGrowth = 16;
+constexpr Millis kMaxAcceptBackoff{1000};
+
+bool out_of_resources(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
 }  // namespace
 
 void Transport::loop() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (!stopping_) {
-    // The timeout only serves the handshake deadlines; otherwise this blocks.
-    int n = epoll_wait(epoll_fd_.get(), events, kMaxEvents, 500);
+    // The timeout only serves the handshake deadlines and a paused listener;
+    // otherwise this blocks.
+    int timeout_ms = 500;
+    if (listen_paused_) {
+      auto left =
+          std::chrono::duration_cast<Millis>(listen_resume_ - std::chrono::steady_clock::now());
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, timeout_ms));
+    }
+    int n = epoll_wait(epoll_fd_.get(), events, kMaxEvents, timeout_ms);
     if (n < 0 && errno != EINTR) {
       PP_ERROR("epoll_wait failed: {}", std::strerror(errno));
       break;
@@ -64,9 +83,13 @@ void Transport::loop() {
     for (auto& [id, why] : closing)
       if (auto c = find(id)) close_conn(*c, why, true);
     for (auto& c : expired) {
-      PP_WARN("closing connection from {}: no hello within the connect timeout", c->peer.address);
-      close_conn(*c, {ErrorCode::kTimeout, "no hello"}, false);
+      refuse_stranger(*c,
+                      c->held ? "this node got no rank from the scheduler in time to answer"
+                              : "no hello within the handshake timeout",
+                      false);
     }
+    release_held_hellos();
+    resume_listener_if_due();
     std::vector<std::shared_ptr<Conn>> dead;
     {
       std::lock_guard lock(mu_);
@@ -83,25 +106,34 @@ void Transport::loop() {
 }
 
 void Transport::accept_all() {
-  while (true) {
-    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  while (!listen_paused_) {
+    SockAddr remote;
+    remote.len = sizeof remote.storage;
+    int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&remote.storage), &remote.len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        PP_WARN("accept failed: {}", std::strerror(errno));
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (out_of_resources(err)) return pause_listener(err);
+      PP_WARN("accept failed: {}", std::strerror(err));
       return;
     }
+    accept_backoff_ = Millis{100};
     auto c = std::make_shared<Conn>();
     c->fd = Fd(fd);
+    c->remote = remote;
     tune_socket(fd, config_.net.socket_buffer_bytes);
-    c->peer.address = peer_address(fd);
+    c->peer.address = remote.to_string();
     c->nonce = random_nonce();
-    c->handshake_deadline = std::chrono::steady_clock::now() + config_.net.connect_timeout;
+    c->handshake_deadline = std::chrono::steady_clock::now() +
+                            std::min(config_.net.connect_timeout, config_.net.handshake_timeout);
     add_conn(c);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c.get();
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
-    Challenge ch{config_.protocol_version, config_.net.job_id, c->nonce};
+    Challenge ch{config_.protocol_version, job_tag(config_.net.job_id), c->nonce};
     auto payload = encode(ch);
     SendOp op;
     op.header = encode_header(stamp(Header{.type = msg::kChallenge}, payload.size()));
@@ -113,18 +145,55 @@ void Transport::accept_all() {
   }
 }
 
+// Out of descriptors or memory: the pending connection stays in the backlog
+// and the listener stays readable, so keep polling it and the loop spins.
+// Stop watching it for a while instead (connections already open go on),
+// doubling the pause up to a second, and log once per pause at most.
+void Transport::pause_listener(int error) {
+  auto now = std::chrono::steady_clock::now();
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
+  listen_paused_ = true;
+  listen_resume_ = now + accept_backoff_;
+  ++accept_failures_;
+  if (now >= accept_log_next_) {
+    PP_ERROR(
+        "cannot accept connections: {} ({} time(s) since the last report); pausing accepts for "
+        "{} ms; raise the open-files limit (ulimit -n) if this persists",
+        std::strerror(error), accept_failures_, accept_backoff_.count());
+    accept_failures_ = 0;
+    accept_log_next_ = now + kMaxAcceptBackoff;
+  }
+  accept_backoff_ = std::min(accept_backoff_ * 2, kMaxAcceptBackoff);
+}
+
+void Transport::resume_listener_if_due() {
+  if (!listen_paused_ || std::chrono::steady_clock::now() < listen_resume_) return;
+  listen_paused_ = false;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &listen_fd_;
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
+}
+
 void Transport::on_readable(Conn& c) {
   size_t budget = kReadBudget;
   auto fail_io = [&](ssize_t r) {
-    if (r == 0)
-      close_conn(c, {ErrorCode::kIoError, "connection closed by the peer"}, true);
+    Status why = r == 0 ? Status{ErrorCode::kIoError, "connection closed by the peer"}
+                        : Status{ErrorCode::kIoError,
+                                 fmt::format("receive failed: {}", std::strerror(errno))};
+    if (c.state == Conn::State::kHandshake)
+      refuse_stranger(c, fmt::format("gone before authenticating ({})", why.message()), false);
     else
-      close_conn(c, {ErrorCode::kIoError, fmt::format("receive failed: {}", std::strerror(errno))},
-                 true);
+      close_conn(c, why, true);
   };
   while (budget > 0 && c.state != Conn::State::kClosed) {
     if (c.in_payload && c.st_begin == c.st_end && c.payload_left() >= kDirectRead) {
-      ssize_t r = ::recv(c.fd.get(), c.dst + c.got, c.payload_left(), MSG_DONTWAIT);
+      size_t room = 0;
+      std::byte* dst = payload_room(c, &room);
+      // A dropped payload (oversize for its post) goes through the empty staging area.
+      ssize_t r = dst != nullptr ? ::recv(c.fd.get(), dst, room, MSG_DONTWAIT)
+                                 : ::recv(c.fd.get(), c.staging.get(),
+                                          std::min(room, Conn::kStaging), MSG_DONTWAIT);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return fail_io(r);
@@ -151,8 +220,10 @@ void Transport::on_readable(Conn& c) {
         c.st_begin += take;
         if (c.hdr_got == kHeaderBytes) on_header(c);
       } else {
-        size_t take = std::min(avail, c.payload_left());
-        std::memcpy(c.dst + c.got, c.staging.get() + c.st_begin, take);
+        size_t room = 0;
+        std::byte* dst = payload_room(c, &room);
+        size_t take = std::min(avail, room);
+        if (dst != nullptr) std::memcpy(dst, c.staging.get() + c.st_begin, take);
         c.got += take;
         c.st_begin += take;
         if (c.payload_left() == 0) finish_message(c);
@@ -161,15 +232,43 @@ void Transport::on_readable(Conn& c) {
   }
 }
 
+// Where the next payload bytes go and how many fit there (> 0 while the
+// payload is incomplete); nullptr when they are to be dropped.
+std::byte* Transport::payload_room(Conn& c, size_t* room) {
+  const size_t left = c.payload_left();
+  if (c.discard) {
+    *room = left;
+    return nullptr;
+  }
+  if (c.active) {
+    *room = left;
+    return c.dst + c.got;
+  }
+  if (c.got == c.buf.size()) {
+    // Grow by kGrowth (at least kFirstChunk), never past the announced size.
+    const size_t total = c.hdr.payload_bytes;
+    size_t next = std::min<uint64_t>(total, std::max(kFirstChunk, c.got * kGrowth));
+    Buffer bigger = pool_.acquire(next);
+    if (c.got > 0) std::memcpy(bigger.data(), c.buf.data(), c.got);
+    c.buf = std::move(bigger);
+    c.dst = c.buf.data();
+  }
+  *room = std::min(left, c.buf.size() - c.got);
+  return c.dst + c.got;
+}
+
 void Transport::on_header(Conn& c) {
   c.hdr_got = 0;
   const bool handshake = c.state == Conn::State::kHandshake;
-  Status st = decode_header(c.hdr_bytes, handshake ? kHandshakeMax : config_.net.max_message_bytes,
+  Status st = decode_header(c.hdr_bytes, handshake ? kMaxHelloBytes : config_.net.max_message_bytes,
                             &c.hdr, config_.protocol_version);
-  if (st && handshake && c.hdr.type != msg::kHello)
+  if (st && handshake && (c.hdr.type != msg::kHello || c.hello_seen))
     st = {ErrorCode::kProtocolError,
-          fmt::format("expected a hello, got message type {}", c.hdr.type)};
+          c.hello_seen ? std::string("sent more than one hello")
+                       : fmt::format("expected a hello, got message type {}", c.hdr.type)};
   if (st && !handshake) {
+    // The authenticated identity, whatever the peer wrote.
+    c.hdr.sender = c.peer_id;
     // A posted receive takes the message; otherwise its type needs a handler.
     std::lock_guard lock(c.recv_mu);
     RecvMatch m{c.hdr.type, c.hdr.request_id, c.hdr.key};
@@ -185,26 +284,45 @@ void Transport::on_header(Conn& c) {
   if (!st) {
     if (handshake) {
       // Tell the connector why before closing, so both sides log the reason.
-      PP_WARN("refused connection from {}: {}", c.peer.address, st.message());
-      send_hello_ack(c, st.message());
-      close_conn(c, st, false);
+      refuse_stranger(c, st.message(), true);
       return;
     }
     PP_ERROR("ProtocolError from {}: {}; closing that connection", c.peer.describe(), st.message());
     close_conn(c, st, true);
     return;
   }
+  if (handshake) c.hello_seen = true;
   c.in_payload = true;
   c.got = 0;
   c.discard = false;
-  if (c.active && c.hdr.payload_bytes <= c.active->capacity) {
+  c.buf.reset();
+  c.dst = nullptr;
+  if (c.active && c.hdr.payload_bytes <= c.active->capacity)
     c.dst = c.active->dst;
-  } else {
+  else
     c.discard = c.active.has_value();
-    c.buf = pool_.acquire(c.hdr.payload_bytes);
-    c.dst = c.buf.data();
-  }
   if (c.hdr.payload_bytes == 0) finish_message(c);
+}
+
+// Runs `f` (a handler or completion on the I/O thread); an exception closes
+// connection `c` (when given) with a logged error instead of ending the
+// process. Returns false when `f` threw.
+bool Transport::run_guarded(Conn* c, const char* what, const std::function<void()>& f) {
+  std::string error;
+  try {
+    f();
+    return true;
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "unknown exception";
+  }
+  std::string who = c != nullptr ? c->peer.describe() : std::string("a peer");
+  PP_ERROR("{} for {} threw: {}; closing that connection", what, who, error);
+  if (c != nullptr)
+    close_conn(*c, {ErrorCode::kInternal, fmt::format("{} threw on this node: {}", what, error)},
+               true);
+  return false;
 }
 
 void Transport::finish_message(Conn& c) {
@@ -213,30 +331,46 @@ void Transport::finish_message(Conn& c) {
     PostedRecv p = std::move(*c.active);
     c.active.reset();
     if (c.discard) {
-      c.buf.reset();
-      p.done({ErrorCode::kProtocolError,
-              fmt::format("message of type {} from {} has {} bytes, more than the {} posted",
-                          c.hdr.type, c.peer.describe(), c.hdr.payload_bytes, p.capacity)},
-             c.hdr);
+      Status why{ErrorCode::kProtocolError,
+                 fmt::format("message of type {} from {} has {} bytes, more than the {} posted",
+                             c.hdr.type, c.peer.describe(), c.hdr.payload_bytes, p.capacity)};
+      run_guarded(&c, "a receive completion", [&] { p.done(why, c.hdr); });
     } else {
-      p.done(Status{}, c.hdr);
+      run_guarded(&c, "a receive completion", [&] { p.done(Status{}, c.hdr); });
     }
     return;
   }
+  if (c.hdr.payload_bytes == 0) c.buf.reset();
   Message m{c.id, c.hdr, std::move(c.buf)};
   if (c.state == Conn::State::kHandshake) return on_hello(c, std::move(m));
-  if (auto h = handler(c.hdr.type)) (*h)(std::move(m));
+  if (auto h = handler(c.hdr.type))
+    run_guarded(&c, fmt::format("the handler of message type {}", c.hdr.type).c_str(),
+                [&] { (*h)(std::move(m)); });
 }
 
-// Answers a hello: accepted (empty `reason`) or refused and why, so both
-// sides log the reason. Runs on the I/O thread.
-void Transport::send_hello_ack(Conn& c, const std::string& reason) {
-  HelloAck ack{reason.empty(), reason, Role::kNone, -1};
+// Closes a connection that has not authenticated: logged rate-limited per
+// peer address, never reported to the close handler. `tell`: send the reason
+// in a refusing ack first, so an honest but misconfigured peer learns why.
+void Transport::refuse_stranger(Conn& c, const std::string& reason, bool tell) {
+  if (c.state != Conn::State::kHandshake) return;
+  if (tell) send_hello_ack(c, reason, nullptr);
+  refusals_.note(host_of(c.remote),
+                 fmt::format("refused connection from {}: {}", c.peer.address, reason));
+  close_conn(c, {ErrorCode::kProtocolError, reason}, false);
+}
+
+// Answers a hello: accepted (empty `reason`; `hello` is the accepted one and
+// the ack carries this node's proof) or refused and why. Runs on the I/O thread.
+void Transport::send_hello_ack(Conn& c, const std::string& reason, const Hello* hello) {
+  HelloAck ack{reason.empty(), reason, Role::kNone, -1, {}};
   {
     std::lock_guard lock(mu_);  // set_identity() may run concurrently
     ack.role = role_;
     ack.rank = rank_;
   }
+  if (ack.accepted && hello != nullptr)
+    ack.proof = compute_proof(config_.net.job_secret, {Direction::kAcceptor, c.nonce, hello->nonce,
+                                                       config_.net.job_id, ack.role, ack.rank});
   auto payload = encode(ack);
   SendOp op;
   op.header = encode_header(stamp(Header{.type = msg::kHelloAck}, payload.size()));
@@ -247,19 +381,69 @@ void Transport::send_hello_ack(Conn& c, const std::string& reason) {
   enqueue(c, std::move(op), true);
 }
 
+// Why a peer at this connection's address may not even try (peer policy).
+std::string Transport::refusal_for(const Conn& c) {
+  if (!config_.net.job_secret.empty() || config_.net.allow_insecure) return {};
+  std::string why = peer_refusal(c.remote, config_.net, local_hosts_);
+  auto now = std::chrono::steady_clock::now();
+  if (!why.empty() && now - local_hosts_at_ > std::chrono::seconds(5)) {
+    // Interfaces may have changed (or were never read): look again, at most every 5 s.
+    local_hosts_.clear();
+    for (const auto& i : list_interfaces())
+      local_hosts_.push_back(i.address);
+    local_hosts_at_ = now;
+    why = peer_refusal(c.remote, config_.net, local_hosts_);
+  }
+  return why;
+}
+
 void Transport::on_hello(Conn& c, Message&& m) {
   Hello hello;
   Status st = decode(std::span<const std::byte>(m.payload.data(), m.payload.size()), &hello);
-  std::string reason = st ? check_hello(hello, c.nonce, config_.protocol_version,
-                                        config_.net.job_id, config_.net.job_secret)
-                          : st.message();
-  send_hello_ack(c, reason);
+  std::string reason = refusal_for(c);
+  if (reason.empty() && !st) reason = st.message();
+  if (reason.empty())
+    reason = check_hello(hello, c.nonce, config_.protocol_version, config_.net.job_id,
+                         config_.net.job_secret);
   if (!reason.empty()) {
-    PP_WARN("refused connection from {} ({} {}): {}", c.peer.address, role_name(hello.role),
-            hello.rank, reason);
-    close_conn(c, {ErrorCode::kProtocolError, reason}, false);
+    if (st)
+      reason =
+          fmt::format("{} (it claimed to be {} {})", reason, role_name(hello.role), hello.rank);
+    return refuse_stranger(c, reason, true);
+  }
+  bool hold;
+  {
+    std::lock_guard lock(mu_);
+    hold = config_.hold_hellos_until_ranked && rank_ < 0;
+  }
+  if (hold) {
+    c.held = std::move(hello);
+    held_count_++;
     return;
   }
+  answer_hello(c, hello);
+}
+
+// Accepts an authenticated hello unless its identity is taken.
+void Transport::answer_hello(Conn& c, const Hello& hello) {
+  std::string taken;
+  if (hello.role != Role::kNone && hello.rank >= 0) {
+    std::lock_guard lock(mu_);
+    for (auto& [id, other] : conns_)
+      if (other.get() != &c && other->state == Conn::State::kOpen && !other->peer.outgoing &&
+          other->peer.role == hello.role && other->peer.rank == hello.rank)
+        taken = fmt::format(
+            "{} {} is already connected to this node (from {}); a second connection claiming "
+            "the same identity is refused",
+            role_name(hello.role), hello.rank, other->peer.address);
+  }
+  if (!taken.empty()) {
+    PP_ERROR("refused connection from {}: {}", c.peer.address, taken);
+    send_hello_ack(c, taken, nullptr);
+    close_conn(c, {ErrorCode::kProtocolError, taken}, false);
+    return;
+  }
+  send_hello_ack(c, {}, &hello);
   ConnectHandler h;
   {
     std::lock_guard lock(mu_);  // peer() reads it from other threads
@@ -269,8 +453,26 @@ void Transport::on_hello(Conn& c, Message&& m) {
     c.peer.port = hello.port;
     h = on_connect_;
   }
+  c.peer_id = node_id(hello.role, hello.rank);
   c.state = Conn::State::kOpen;
-  if (h) h(c.id, c.peer);
+  if (h) run_guarded(&c, "the connect handler", [&] { h(c.id, c.peer); });
+}
+
+void Transport::release_held_hellos() {
+  if (held_count_ == 0) return;
+  std::vector<std::shared_ptr<Conn>> ready;
+  {
+    std::lock_guard lock(mu_);
+    if (rank_ < 0) return;
+    for (auto& [id, c] : conns_)
+      if (c->held && c->state == Conn::State::kHandshake) ready.push_back(c);
+  }
+  for (auto& c : ready) {
+    Hello hello = std::move(*c->held);
+    c->held.reset();
+    --held_count_;
+    answer_hello(*c, hello);
+  }
 }
 
 void Transport::flush(Conn& c) {
@@ -285,19 +487,28 @@ void Transport::flush(Conn& c) {
       arm_output(c);
     }
   }
+  const int err = errno;
   for (auto& op : completed) {
     --queued_;
-    if (op.done) op.done(Status{});
+    if (op.done) run_guarded(&c, "a send completion", [&] { op.done(Status{}); });
   }
-  if (!ok)
-    close_conn(c, {ErrorCode::kIoError, fmt::format("send failed: {}", std::strerror(errno))},
-               true);
+  if (!ok && c.state != Conn::State::kClosed) {
+    Status why{ErrorCode::kIoError, fmt::format("send failed: {}", std::strerror(err))};
+    if (c.state == Conn::State::kHandshake)
+      refuse_stranger(c, why.message(), false);
+    else
+      close_conn(c, why, true);
+  }
 }
 
 void Transport::close_conn(Conn& c, const Status& why, bool notify) {
   if (c.state == Conn::State::kClosed) return;
   const bool was_open = c.state == Conn::State::kOpen;
   c.state = Conn::State::kClosed;
+  if (c.held) {
+    c.held.reset();
+    --held_count_;
+  }
   std::deque<SendOp> sends;
   std::vector<PostedRecv> recvs;
   {
@@ -307,7 +518,7 @@ void Transport::close_conn(Conn& c, const Status& why, bool notify) {
     transport_write_queue(c.fd.get(), c.queue, completed);
     for (auto& op : completed) {
       --queued_;
-      if (op.done) op.done(Status{});
+      if (op.done) run_guarded(nullptr, "a send completion", [&] { op.done(Status{}); });
     }
     c.closed = true;
     c.close_status = why;
@@ -334,13 +545,15 @@ void Transport::close_conn(Conn& c, const Status& why, bool notify) {
   Status failure = why.is_ok() ? Status{ErrorCode::kIoError, "connection closed"} : why;
   Status peer_failure{failure.code(), fmt::format("connection to {} closed: {}", c.peer.describe(),
                                                   failure.message())};
+  // Completions and the close handler may throw: log, and go on closing.
   for (auto& op : sends) {
     --queued_;
-    if (op.done) op.done(peer_failure);
+    if (op.done) run_guarded(nullptr, "a send completion", [&] { op.done(peer_failure); });
   }
   for (auto& r : recvs)
-    r.done(peer_failure, Header{});
-  if (notify && was_open && on_close) on_close(c.id, c.peer, why);
+    run_guarded(nullptr, "a receive completion", [&] { r.done(peer_failure, Header{}); });
+  if (notify && was_open && on_close)
+    run_guarded(nullptr, "the close handler", [&] { on_close(c.id, c.peer, why); });
 }
 
 }  // namespace pushpull::net

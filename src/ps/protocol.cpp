@@ -1,63 +1,60 @@
 #include "ps/protocol.h"
 
-#include <cstring>
+#include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
+
+#include "net/wire.h"
 
 namespace pushpull::ps {
 
 std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value) {
-  size_t n = std::min<size_t>(name.size(), 0xffff);
-  std::vector<std::byte> out(2 + n + value.size());
-  out[0] = static_cast<std::byte>(n & 0xff);
-  out[1] = static_cast<std::byte>(n >> 8);
-  std::memcpy(out.data() + 2, name.data(), n);
-  if (!value.empty()) std::memcpy(out.data() + 2 + n, value.data(), value.size());
-  return out;
+  net::Writer w;
+  w.reserve(2 + std::min(name.size(), kMaxKeyName) + value.size());
+  w.str<uint16_t>(name.substr(0, kMaxKeyName)).bytes(value);
+  return w.take();
 }
 
 Status decode_init(std::span<const std::byte> in, std::string* name,
                    std::span<const std::byte>* value) {
-  if (in.size() < 2) return Status(ErrorCode::kProtocolError, "init payload shorter than 2 bytes");
-  size_t n = static_cast<size_t>(in[0]) | (static_cast<size_t>(in[1]) << 8);
-  if (in.size() < 2 + n)
-    return Status(ErrorCode::kProtocolError,
-                  fmt::format("init payload of {} bytes cannot hold a {}-byte name", in.size(), n));
-  name->assign(reinterpret_cast<const char*>(in.data() + 2), n);
-  *value = in.subspan(2 + n);
+  net::Reader r(in);
+  std::string n = r.str<uint16_t>(kMaxKeyName);
+  std::span<const std::byte> v = r.rest();
+  if (!r.ok())
+    return Status(
+        ErrorCode::kProtocolError,
+        fmt::format("init payload of {} bytes does not start with a key name", in.size()));
+  *name = std::move(n);
+  *value = v;
   return Status::ok();
 }
 
-namespace {
-void put_i64(std::byte* p, int64_t v) {
-  auto u = static_cast<uint64_t>(v);
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<std::byte>(u >> (8 * i));
-}
-int64_t get_i64(const std::byte* p) {
-  uint64_t u = 0;
-  for (int i = 0; i < 8; ++i)
-    u |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return static_cast<int64_t>(u);
-}
-}  // namespace
-
 std::vector<std::byte> encode_ranges(const std::vector<Range>& ranges) {
-  std::vector<std::byte> out(ranges.size() * 16);
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    put_i64(out.data() + 16 * i, ranges[i].begin);
-    put_i64(out.data() + 16 * i + 8, ranges[i].count);
-  }
-  return out;
+  net::Writer w;
+  w.reserve(ranges.size() * kRangeBytes);
+  for (const Range& r : ranges)
+    w.u<int64_t>(r.begin).u<int64_t>(r.count);
+  return w.take();
 }
 
 Status decode_ranges(std::span<const std::byte> in, std::vector<Range>* ranges) {
-  if (in.size() % 16 != 0)
+  if (in.size() % kRangeBytes != 0)
     return Status(ErrorCode::kProtocolError,
                   fmt::format("pull payload of {} bytes is not a list of ranges", in.size()));
-  ranges->resize(in.size() / 16);
-  for (size_t i = 0; i < ranges->size(); ++i)
-    (*ranges)[i] = Range{get_i64(in.data() + 16 * i), get_i64(in.data() + 16 * i + 8)};
+  net::Reader r(in);
+  std::vector<Range> out;
+  out.reserve(in.size() / kRangeBytes);
+  while (r.ok() && !r.at_end()) {
+    Range x{r.u<int64_t>(), r.u<int64_t>()};
+    if (x.begin < 0 || x.count < 0 || x.count > std::numeric_limits<int64_t>::max() - x.begin)
+      return Status(ErrorCode::kProtocolError,
+                    fmt::format("pull range (begin {}, count {}) is negative or overflows", x.begin,
+                                x.count));
+    out.push_back(x);
+  }
+  if (!r.done()) return Status(ErrorCode::kProtocolError, "malformed pull ranges");
+  *ranges = std::move(out);
   return Status::ok();
 }
 

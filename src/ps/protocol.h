@@ -7,7 +7,8 @@
 //                               2-bit compressed (payload = f32 threshold +
 //                               words), else the slice's bytes
 //   kPull     worker -> server  key; payload empty (the whole slice) or
-//                               (i64 begin, i64 count) element ranges
+//                               (i64 begin, i64 count) element ranges,
+//                               relative to the slice
 //   kReply    server -> worker  request_id, key; payload = pulled bytes, or
 //                               empty for an acknowledgement
 //   kError    server -> worker  request_id, key; flags = ErrorCode; payload =
@@ -52,13 +53,22 @@ enum class Command : uint64_t {
   kLoadStates = 4,    // payload: states saved by kSaveStates of the same server
 };
 
+// Longest key name carried by kInit (longer names are cut by the encoder).
+inline constexpr size_t kMaxKeyName = 4096;
+// One kPull range: i64 begin, i64 count.
+inline constexpr size_t kRangeBytes = 16;
+
+// Payload codecs (net/wire.h, little-endian). Decoders are pure functions of
+// the bytes: ProtocolError on malformed input, outputs untouched then.
+
 // kInit payload.
 std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value);
 // Splits a kInit payload; ProtocolError when malformed.
 Status decode_init(std::span<const std::byte> in, std::string* name,
                    std::span<const std::byte>* value);
 
-// kPull payload.
+// kPull payload. Decoding rejects negative ranges and begin + count
+// overflowing int64; whether a range lies inside the value is the store's check.
 std::vector<std::byte> encode_ranges(const std::vector<Range>& ranges);
 Status decode_ranges(std::span<const std::byte> in, std::vector<Range>* ranges);
 

@@ -1,16 +1,21 @@
 #include "ps/server.h"
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "ps/protocol.h"
+#include "pushpull/checked.h"
 #include "pushpull/log.h"
 
 namespace pushpull::ps {
 
 namespace {
+// Largest slice begin / element count a request may name.
+constexpr uint64_t kMaxElements = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
 int default_threads(int configured) {
   if (configured > 0) return configured;
   int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -19,13 +24,73 @@ int default_threads(int configured) {
 }  // namespace
 
 Server::Server(cluster::Node& node)
-    : node_(node), threads_(default_threads(node.options().kvstore.server_threads)) {
+    : node_(node),
+      threads_(default_threads(node.options().kvstore.server_threads)),
+      gate_(std::make_shared<Gate>()) {
   set_mode(true);
-  node_.set_handler(msg::kFirst, msg::kLast,
-                    [this](net::Message&& m) { on_message(std::move(m)); });
+  // The handler outlives this Server inside the node's transport: it reaches
+  // the Server only through the gate, which ~Server closes first. The whole PS
+  // type range is ours, so an unknown PS type is answered, not a closed link.
+  node_.set_handler(net::msg::kPsFirst, net::msg::kPsLast, [gate = gate_, this](net::Message&& m) {
+    if (!gate->enter()) return;  // the server is going away: drop the request
+    struct Leave {
+      Gate& g;
+      ~Leave() { g.leave(); }
+    } leave{*gate};
+    on_message_guarded(std::move(m));
+  });
 }
 
-Server::~Server() = default;
+Server::~Server() {
+  // Stop deliveries and wait out the one in progress, so no I/O-thread call
+  // holds the store or this Server past this point; then drain the store
+  // (its queued work still answers through node_, which outlives us).
+  gate_->close();
+  std::shared_ptr<ServerStore> last;
+  {
+    std::lock_guard lock(mu_);
+    last = std::move(store_);
+  }
+  last.reset();
+}
+
+bool Server::Gate::enter() {
+  std::lock_guard lock(mu);
+  if (closed) return false;
+  ++active;
+  return true;
+}
+
+void Server::Gate::leave() {
+  std::lock_guard lock(mu);
+  if (--active == 0) cv.notify_all();
+}
+
+void Server::Gate::close() {
+  std::unique_lock lock(mu);
+  closed = true;
+  cv.wait(lock, [&] { return active == 0; });
+}
+
+void Server::on_message_guarded(net::Message&& m) {
+  // A bad request is answered with an error and never escapes onto the I/O
+  // thread (where an exception would end the process).
+  cluster::NodeAddress from = cluster::Node::sender(m.header);
+  RequestMeta meta{from.rank, m.header.request_id, m.header.key};
+  try {
+    on_message(std::move(m));
+  } catch (...) {
+    Status st = Status::from_current_exception();
+    PP_WARN("parameter-server request from {} failed: {}", from.describe(), st.to_string());
+    if (from.role != Role::kWorker) return;
+    try {
+      reply(meta, st, DType::kUInt8, {});
+    } catch (...) {
+      PP_WARN("could not answer {}: {}", from.describe(),
+              Status::from_current_exception().to_string());
+    }
+  }
+}
 
 void Server::set_mode(bool sync) {
   ServerStoreConfig config{node_.num_workers(), sync, threads_, 0};
@@ -64,12 +129,24 @@ void Server::on_message(net::Message&& m) {
     PP_WARN("ignoring parameter-server message type {} from {}", m.header.type, from.describe());
     return;
   }
+  if (from.rank < 0 || from.rank >= node_.num_workers()) {
+    PP_WARN("ignoring parameter-server message type {} from unknown {}", m.header.type,
+            from.describe());
+    return;
+  }
   RequestMeta meta{from.rank, m.header.request_id, m.header.key};
   auto reject = [&](const Status& s) { reply(meta, s, DType::kUInt8, {}); };
   if (m.header.type == msg::kCommand) return on_command(meta, std::move(m));
-  if (!is_valid_dtype(static_cast<uint8_t>(m.header.dtype)) && m.header.type != msg::kPull)
+  const bool dtype_ok =
+      m.header.dtype <= 0xff && is_valid_dtype(static_cast<uint8_t>(m.header.dtype));
+  if (!dtype_ok && m.header.type != msg::kPull)
     return reject(Status(ErrorCode::kProtocolError, fmt::format("bad dtype {}", m.header.dtype)));
   auto dtype = static_cast<DType>(m.header.dtype);
+  // Slice begin and element count travel as u64; a slice of a real value fits int64.
+  if (m.header.offset > kMaxElements || m.header.length > kMaxElements)
+    return reject(Status(ErrorCode::kProtocolError,
+                         fmt::format("slice (begin {}, count {}) of key id {} is out of range",
+                                     m.header.offset, m.header.length, m.header.key)));
   const PartId part{m.header.key, static_cast<int64_t>(m.header.offset)};
   auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
   std::shared_ptr<ServerStore> s = store();
@@ -80,7 +157,8 @@ void Server::on_message(net::Message&& m) {
       if (Status st = decode_init({owner->data(), owner->size()}, &name, &value); !st)
         return reject(st);
       auto count = static_cast<int64_t>(m.header.length);
-      if (value.size() != static_cast<size_t>(count) * dtype_size(dtype))
+      size_t want = 0;
+      if (!checked_bytes(count, dtype_size(dtype), &want) || value.size() != want)
         return reject(Status(ErrorCode::kProtocolError,
                              fmt::format("init of key {}: {} bytes for {} elements of {}", name,
                                          value.size(), count, dtype_name(dtype))));
@@ -119,7 +197,18 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
       if (text != "sync" && text != "async")
         return reply(meta, Status(ErrorCode::kInvalidArgument, "mode must be sync or async"),
                      DType::kUInt8, {});
-      if ((text == "sync") != s->sync()) set_mode(text == "sync");
+      if ((text == "sync") != s->sync()) {
+        // A fresh store drops every key: only worker 0, and only before the
+        // first init (as DistStore does), may switch.
+        if (meta.worker != 0 || s->has_keys())
+          return reply(meta,
+                       Status(ErrorCode::kInvalidArgument,
+                              fmt::format("worker {} asked to switch the servers to {} mode; only "
+                                          "worker 0 may, before any key is initialised",
+                                          meta.worker, text)),
+                       DType::kUInt8, {});
+        set_mode(text == "sync");
+      }
       return reply(meta, Status::ok(), DType::kUInt8, {});
     case Command::kSetOptimizer:
       try {
@@ -143,13 +232,20 @@ void run_server(Options options) {
   options.cluster.barrier_timeout = Millis(int64_t{30} * 24 * 3600 * 1000);  // 30 days
   cluster::Node node(options);
   Server server(node);
-  node.start();
-  PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
-          node.num_workers());
-  // Serve until every worker has left; leaving only then keeps the server
-  // under the scheduler's heartbeat watch for the whole job.
-  node.wait_for_workers();
-  node.shutdown();
+  try {
+    node.start();
+    PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
+            node.num_workers());
+    // Serve until every worker has left; leaving only then keeps the server
+    // under the scheduler's heartbeat watch for the whole job.
+    node.wait_for_workers();
+    node.shutdown();
+  } catch (...) {
+    // A failure: no handler may run while `server` is destroyed (the gate
+    // covers requests; this also stops failure callbacks and heartbeats).
+    node.stop_delivery();
+    throw;
+  }
 }
 
 }  // namespace pushpull::ps

@@ -8,10 +8,20 @@
 // Threading: request decoding runs on the node's I/O thread and only queues
 // work on the store's threads (KVStoreOptions::server_threads, default
 // min(cores, 4)); answers are sent from those threads.
-// Ownership: the Server borrows the Node, which must outlive it.
+// A malformed or impossible request (bad dtype, sizes that overflow, ranges
+// outside the value, an exception from the store) is answered with an error
+// to that worker and logged; the server keeps serving.
+//
+// Ownership: the Server borrows the Node, which must outlive it. The node's
+// I/O thread may still deliver requests while the Server is destroyed (a job
+// failing): the destructor first closes a gate that every delivery passes,
+// waits for the one in progress, and only then destroys the store, so no
+// delivery ever touches a destroyed store or Server.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 
 #include "cluster/node.h"
 #include "ps/server_store.h"
@@ -29,6 +39,19 @@ class Server : public ServerResponder {
              std::span<const std::byte> data, std::shared_ptr<void> owner = nullptr) override;
 
  private:
+  // Deliveries from the I/O thread enter the gate; close() refuses new ones
+  // and waits until those inside have left.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    int active = 0;
+    bool closed = false;
+    bool enter();
+    void leave();
+    void close();
+  };
+
+  void on_message_guarded(net::Message&& m);
   void on_message(net::Message&& m);
   void on_command(const RequestMeta& meta, net::Message&& m);
   void set_mode(bool sync);
@@ -37,6 +60,7 @@ class Server : public ServerResponder {
   int threads_;
   std::mutex mu_;  // guards store_ replacement (set_mode before any key exists)
   std::shared_ptr<ServerStore> store_;
+  std::shared_ptr<Gate> gate_;
   std::shared_ptr<ServerStore> store() {
     std::lock_guard lock(mu_);
     return store_;

@@ -1,5 +1,6 @@
 #include "ps/server_store.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "compress/two_bit.h"
+#include "pushpull/checked.h"
 #include "pushpull/kernels.h"
 #include "pushpull/log.h"
 
@@ -48,6 +50,7 @@ struct ServerStore::Entry {
   std::vector<int64_t> received;          // per worker: pushes received
   std::vector<int64_t> applied;           // per worker: pushes applied
   std::deque<HeldPush> held;              // pushes for the next round
+  std::vector<int> held_by;               // per worker: pushes in `held`
   std::vector<RequestMeta> round_pushes;  // acknowledged when the round is applied
   struct WaitingPull {
     RequestMeta meta;
@@ -77,6 +80,11 @@ ServerStore::Entry* ServerStore::find(const PartId& part) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(part);
   return it == entries_.end() ? nullptr : it->second.get();
+}
+
+bool ServerStore::has_keys() const {
+  std::lock_guard lock(mu_);
+  return !entries_.empty();
 }
 
 std::shared_ptr<Optimizer> ServerStore::optimizer() const {
@@ -111,6 +119,7 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
       e->pushed.assign(config_.num_workers, 0);
       e->received.assign(config_.num_workers, 0);
       e->applied.assign(config_.num_workers, 0);
+      e->held_by.assign(config_.num_workers, 0);
       entries_.emplace(part, std::move(e));
     }
     responder_.reply(m, Status::ok(), DType::kFloat32, {});
@@ -136,11 +145,18 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
                             fmt::format("dist_async push to key {} before set_optimizer: an "
                                         "asynchronous store needs an optimizer on the servers",
                                         e->name)));
-    e->received[m.worker]++;
     if (config_.sync && e->pushed[m.worker]) {  // this worker is a round ahead: hold it
+      if (e->held_by[m.worker] >= config_.max_queued_per_worker)
+        return fail(m, Status(ErrorCode::kProtocolError,
+                              fmt::format("push to key {}: worker {} already has {} pushes held "
+                                          "for later rounds",
+                                          e->name, m.worker, e->held_by[m.worker])));
+      e->received[m.worker]++;
+      e->held_by[m.worker]++;
       e->held.push_back({m, grad, compressed});
       return;
     }
+    e->received[m.worker]++;
     try {
       apply_push(*e, grad, compressed);
     } catch (...) {
@@ -237,6 +253,7 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
       e.held.push_back(std::move(h));
       continue;
     }
+    e.held_by[h.meta.worker]--;
     try {
       apply_push(e, h.grad, h.compressed);
     } catch (...) {
@@ -275,12 +292,23 @@ void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<
     responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, e.value.owner);
     return;
   }
-  auto gathered = std::make_shared<std::vector<std::byte>>();
-  for (const Range& r : ranges) {
-    if (r.begin < 0 || r.count < 0 || r.begin + r.count > v.numel())
+  // Ranges are distinct rows (the worker deduplicates), so a reply is never
+  // larger than the value: more is a request for unbounded memory.
+  int64_t total = 0;
+  for (const Range& r : ranges)
+    if (r.count < 0 || !checked_add(total, r.count, &total) || total > v.numel())
       return fail(m, Status(ErrorCode::kInvalidArgument,
-                            fmt::format("pull of key {}: range [{}, {}) is outside its {} elements",
-                                        e.name, r.begin, r.begin + r.count, v.numel())));
+                            fmt::format("pull of key {}: {} ranges ask for more than its {} "
+                                        "elements",
+                                        e.name, ranges.size(), v.numel())));
+  auto gathered = std::make_shared<std::vector<std::byte>>();
+  gathered->reserve(static_cast<size_t>(total) * esize);
+  for (const Range& r : ranges) {
+    if (!range_inside(r.begin, r.count, v.numel()))
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("pull of key {}: range (begin {}, count {}) is outside "
+                                        "its {} elements",
+                                        e.name, r.begin, r.count, v.numel())));
     gathered->insert(gathered->end(), base + r.begin * esize, base + (r.begin + r.count) * esize);
   }
   responder_.reply(m, Status::ok(), v.dtype, *gathered, gathered);
@@ -296,6 +324,13 @@ void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ran
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("pull from unknown worker {}", m.worker)));
     if (e->applied[m.worker] < e->received[m.worker]) {
+      auto queued =
+          std::count_if(e->waiting.begin(), e->waiting.end(),
+                        [&](const Entry::WaitingPull& w) { return w.meta.worker == m.worker; });
+      if (queued >= config_.max_queued_per_worker)
+        return fail(m, Status(ErrorCode::kProtocolError,
+                              fmt::format("pull of key {}: worker {} already has {} pulls waiting",
+                                          e->name, m.worker, queued)));
       e->waiting.push_back({m, ranges, e->received[m.worker]});
       return;
     }

@@ -17,6 +17,8 @@
 //  - async mode: every push is applied at once; an optimizer is required.
 //  - pulls may ask for element ranges only (row_sparse_pull).
 //  - pushes may be 2-bit compressed: payload = float32 threshold + words.
+//  - bounded: ServerStoreConfig::max_queued_per_worker held pushes and
+//    waiting pulls per worker and part; ranges are checked without overflow.
 //
 // Copies: the first push of a round is adopted as the round's sum (no copy)
 // when its dtype is the sum's; without an optimizer the sum then becomes the
@@ -92,6 +94,11 @@ struct ServerStoreConfig {
   bool sync = true;
   int threads = 1;
   int server_rank = 0;  // for messages
+  // Memory bound: per worker and part, at most this many pushes held for a
+  // later round (sync mode) and as many pulls waiting for its pushes; one
+  // more is refused with ProtocolError (a worker cannot be that far ahead
+  // unless it ignores its acknowledgements).
+  int max_queued_per_worker = 64;
 };
 
 class ServerStore {
@@ -117,6 +124,9 @@ class ServerStore {
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
   bool sync() const { return config_.sync; }
+  // Whether any key was initialised (queued inits that have not run yet do
+  // not count).
+  bool has_keys() const;
 
  private:
   struct Entry;

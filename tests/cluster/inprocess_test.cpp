@@ -163,6 +163,29 @@ TEST(Cluster, ADeadNodeFailsEveryoneWithItsName) {
   EXPECT_EQ(sent.get_future().get().code(), ErrorCode::kPeerFailure);
 }
 
+// Teardown order: after stop_delivery() no handler or failure callback of
+// the node runs, so an upper layer may destroy what they use.
+TEST(Cluster, NoHandlerRunsAfterStopDelivery) {
+  constexpr uint16_t kPing = 201;
+  std::atomic<int> pings{0};
+  InProcessCluster::Config cfg;
+  cfg.servers = 1;
+  cfg.workers = 2;
+  cfg.setup = [&](Node& n) { n.set_handler(kPing, kPing, [&pings](net::Message&&) { ++pings; }); };
+  InProcessCluster c(cfg);
+  ASSERT_TRUE(c.worker(0).send_copy(Role::kServer, 0, {.type = kPing}, nullptr, 0).is_ok());
+  ASSERT_TRUE(test::wait_until([&] { return pings.load() == 1; }));
+  c.server(0).stop_delivery();
+  c.server(0).stop_delivery();  // idempotent
+  c.worker(0).send_copy(Role::kServer, 0, {.type = kPing}, nullptr, 0);
+  // The server's connections closed: the others fail; the server hears nothing.
+  ASSERT_TRUE(test::wait_until([&] { return !c.worker(1).failure().is_ok(); }));
+  EXPECT_NE(c.worker(1).failure().message().find("server 0"), std::string::npos)
+      << c.worker(1).failure().message();
+  EXPECT_EQ(pings.load(), 1);
+  EXPECT_TRUE(c.server(0).failure().is_ok()) << "nothing ran on the stopped node";
+}
+
 TEST(Cluster, WrongSecretIsRefusedAtOnce) {
   InProcessCluster::Config cfg;
   cfg.servers = 1;

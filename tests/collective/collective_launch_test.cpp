@@ -172,10 +172,72 @@ TEST(CollectiveProcesses, AKilledRankIsAPeerFailureEverywhere) {
     }
     EXPECT_EQ(*code, 3) << ps[static_cast<size_t>(r)]->output();
     EXPECT_THAT(ps[static_cast<size_t>(r)]->output(), HasSubstr("ERROR PeerFailure"));
-    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(), HasSubstr("is gone"));
+    // Every survivor blames the rank that was killed.
+    EXPECT_THAT(ps[static_cast<size_t>(r)]->output(),
+                HasSubstr("collective: rank 2 (host 127.0.0.1:"));
   }
   // PUSHPULL_TIMEOUT is 20 s; a closed connection is noticed far sooner.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+// A SIGSTOPped rank keeps its connections open and sends nothing: only the
+// heartbeats among the ranks reveal it. Every other rank's pending allreduce
+// fails with PeerFailure naming the stopped rank within the heartbeat
+// timeout plus 2 s (plus slack for a loaded machine).
+class StoppedRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(StoppedRank, IsDetectedByHeartbeatsAndNamedEverywhere) {
+  const int n = 3, victim = GetParam(), port = test::free_port();
+  auto ps = start_probes(n, {"--victim", std::to_string(victim), "--after", "20", "--stop", "1"},
+                         [&](int r) {
+                           auto env = torchrun_env(r, n, port);
+                           env["PUSHPULL_HEARTBEAT_TIMEOUT_MS"] = "1500";
+                           env["PUSHPULL_HEARTBEAT_INTERVAL_MS"] = "100";
+                           return env;
+                         });
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    auto code = ps[static_cast<size_t>(r)]->wait(std::chrono::seconds(30));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " hangs:\n" << ps[r]->output();
+    EXPECT_EQ(*code, 3) << ps[static_cast<size_t>(r)]->output();
+    const std::string out = ps[static_cast<size_t>(r)]->output();
+    EXPECT_THAT(out, HasSubstr(fmt::format("collective: rank {} (host 127.0.0.1:", victim)));
+    EXPECT_THAT(out, HasSubstr("no heartbeat for"));
+    // "ERROR PeerFailure <ms since the last good op> ...": within 1.5 s + 2 s,
+    // with 3 s of slack for a busy machine.
+    auto at = out.find("ERROR PeerFailure ");
+    ASSERT_NE(at, std::string::npos) << out;
+    EXPECT_LT(std::stoll(out.substr(at + 18)), 1500 + 2000 + 3000) << out;
+  }
+  ps[static_cast<size_t>(victim)]->signal(SIGKILL);
+  EXPECT_TRUE(ps[static_cast<size_t>(victim)]->wait(std::chrono::seconds(10)).has_value());
+}
+
+// Rank 0 coordinates; rank 1 is an ordinary member.
+INSTANTIATE_TEST_SUITE_P(Victims, StoppedRank, ::testing::Values(0, 1));
+
+// The same in a cluster job (`launch -s 1`): the scheduler's heartbeats
+// catch the stopped worker and its verdict fails the mesh's operations.
+TEST(CollectiveProcesses, AStoppedWorkerOfAClusterJobIsNamedByTheScheduler) {
+  auto r = run_launcher(
+      {"-n", "3", "-s", "1", "--timeout", "30", "--server-command", bin("pushpull") + " server",
+       bin("collective_probe"), "--victim", "1", "--after", "20", "--stop", "1"},
+      std::chrono::seconds(60), [](pid_t, const std::string&) {}, "",
+      {"/usr/bin/env", "PUSHPULL_HEARTBEAT_TIMEOUT_MS=1500", "PUSHPULL_HEARTBEAT_INTERVAL_MS=100"});
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  for (const std::string w : {"worker 0", "worker 2"}) {
+    auto lines = lines_from(r.out, w);
+    int errors = 0;
+    for (const auto& l : lines) {
+      if (l.rfind("ERROR ", 0) != 0) continue;
+      ++errors;
+      EXPECT_THAT(l, HasSubstr("ERROR PeerFailure"));
+      EXPECT_THAT(l, HasSubstr("worker 1 (host 127.0.0.1:"));
+      EXPECT_THAT(l, HasSubstr("no heartbeat for"));
+      EXPECT_LT(std::stoll(l.substr(18)), 1500 + 2000 + 3000) << l;
+    }
+    EXPECT_EQ(errors, 1) << w << ":\n" << r.out << r.err;
+  }
 }
 
 TEST(CollectiveProcesses, Mpirun) {

@@ -5,8 +5,9 @@
 // locally (every rank's input is a known function of (rank, index)), and prints:
 //   PLACE rank=R size=N local_rank=L local_size=S mode=M
 //   PASS <number of checks>          (exit 0)   or   FAIL <what>  (exit 1)
-// --victim R --after K: rank R kills itself (SIGKILL) after K allreduces,
-// the others keep allreducing until an error and print
+// --victim R --after K: rank R kills itself (SIGKILL; --stop 1: stops itself
+// with SIGSTOP, as if hung) after K allreduces, the others keep allreducing
+// until an error (--elements N: allreduces of N floats, default 1024) and print
 //   ERROR <PeerFailure|Timeout|...> <ms since the victim's last op> <message>
 // exiting 3 on PeerFailure, 4 otherwise.
 #include <signal.h>
@@ -153,12 +154,12 @@ void run_ops(const std::vector<std::string>& dtypes, const std::vector<int64_t>&
   cl::join();
 }
 
-int run_victim(int victim, int after) {
+int run_victim(int victim, int after, bool stop, int64_t elements) {
   const int rank = cl::rank();
-  Array a = input(DType::kFloat32, rank, 1024);
+  Array a = input(DType::kFloat32, rank, elements);
   auto last = std::chrono::steady_clock::now();
   for (int step = 0;; ++step) {
-    if (rank == victim && step == after) raise(SIGKILL);
+    if (rank == victim && step == after) raise(stop ? SIGSTOP : SIGKILL);
     try {
       cl::allreduce(fmt::format("step.{}", step % 4), a.view());
       last = std::chrono::steady_clock::now();
@@ -181,19 +182,23 @@ int run_victim(int victim, int after) {
 int main(int argc, char** argv) {
   std::string dtypes = "float32", sizes = "0,1,7,1000";
   int victim = -1, after = 0;
+  bool stop = false;
+  int64_t elements = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--dtypes") dtypes = v;
     if (k == "--sizes") sizes = v;
     if (k == "--victim") victim = std::stoi(v);
     if (k == "--after") after = std::stoi(v);
+    if (k == "--stop") stop = v == "1";
+    if (k == "--elements") elements = std::stoll(v);
   }
   try {
     cl::init();
     fmt::print("PLACE rank={} size={} local_rank={} local_size={} mode={}\n", cl::rank(),
                cl::size(), cl::local_rank(), cl::local_size(), cl::default_session().mode());
     std::fflush(stdout);
-    if (victim >= 0) return run_victim(victim, after);
+    if (victim >= 0) return run_victim(victim, after, stop, elements);
     std::vector<int64_t> ns;
     for (const auto& s : split(sizes))
       ns.push_back(std::stoll(s));

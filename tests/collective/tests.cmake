@@ -3,8 +3,9 @@
 add_executable(collective_probe ${CMAKE_CURRENT_LIST_DIR}/collective_probe.cpp)
 target_link_libraries(collective_probe PRIVATE pushpull_collective)
 
-# The launch-only CLI (tests/launch/tests.cmake) and the KVStore example run
-# by collective_launch_test.
+# The launch-only CLI (tests/launch/tests.cmake), the full CLI (its `server`)
+# and the KVStore example run by collective_launch_test.
 if(TARGET collective_launch_test)
-  add_dependencies(collective_launch_test collective_probe pushpull_launch_cli kvstore_basics)
+  add_dependencies(collective_launch_test collective_probe pushpull_launch_cli kvstore_basics
+                   pushpull_cli)
 endif()

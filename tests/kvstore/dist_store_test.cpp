@@ -8,6 +8,7 @@
 #include "kvstore/store_checks.h"
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -193,6 +194,40 @@ TEST(DistStore, OptimizerStatesSurviveARestartOfTheJob) {
       },
       1000);
   std::filesystem::remove(path);
+}
+
+TEST(DistStore, CorruptOptimizerStateFilesAreRefusedBeforeAnythingIsSent) {
+  std::string base = ::testing::TempDir() + "/pushpull-bad-states-" + std::to_string(getpid());
+  auto file = [&](const std::string& name, std::initializer_list<int> bytes) {
+    std::string path = base + name;
+    std::ofstream f(path, std::ios::binary);
+    for (int b : bytes)
+      f.put(static_cast<char>(b));
+    return path;
+  };
+  // Magic "PPDS", version 1, 1 server, then a blob length far past the file.
+  const std::string huge =
+      file(".huge", {'P', 'P',  'D',  'S',  1,    0,    0,    0,    1,    0,  0,
+                     0,   0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 'x'});
+  const std::string trailing = file(
+      ".trailing", {'P', 'P', 'D', 'S', 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'x', 'y'});
+  const std::string cut = file(".cut", {'P', 'P', 'D', 'S', 1, 0});
+  run_job(1, 1, "dist_sync", [&](KVStore& kv) {
+    kv.init(1, Array::full(Shape{3}, 1.0).view());
+    kv.set_optimizer(OptimizerSpec::parse("sgd:learning_rate=0.1,momentum=0.9"));
+    for (const auto& path : {huge, trailing, cut}) {
+      try {
+        kv.load_optimizer_states(path);
+        ADD_FAILURE() << path << " was accepted";
+      } catch (const IoError& e) {
+        EXPECT_NE(std::string(e.what()).find("not a distributed optimizer-state"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  });
+  for (const auto& path : {huge, trailing, cut})
+    std::filesystem::remove(path);
 }
 
 TEST(DistStore, BadInputIsRejectedOnTheWorkerThatMadeIt) {

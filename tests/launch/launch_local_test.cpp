@@ -31,6 +31,14 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
   const std::string job = probes["worker 0"].env["PUSHPULL_JOB_ID"];
   ASSERT_GT(std::stoi(port), 0);
   EXPECT_THAT(job, ::testing::StartsWith("pp-"));
+  // A fresh per-job secret (128 bits, hex), the same for every process; the
+  // probes print it, so it is checked and then left out of the comparisons.
+  const std::string secret = probes["worker 0"].env["PUSHPULL_JOB_SECRET"];
+  EXPECT_THAT(secret, ::testing::MatchesRegex("[0-9a-f]{32}"));
+  for (auto& [label, p] : probes) {
+    EXPECT_EQ(p.env["PUSHPULL_JOB_SECRET"], secret) << label;
+    p.env.erase("PUSHPULL_JOB_SECRET");
+  }
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE("worker " + std::to_string(i));
     auto& e = probes["worker " + std::to_string(i)].env;
@@ -278,7 +286,9 @@ TEST(LaunchLocal, ANodeFailureIsReportedWithItsExitCode) {
                          "--server-command", node, "--", node, "--fail-rank", "1"},
                         60s);
   EXPECT_EQ(r.code, 3) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("job failed: worker 1 failed with exit code 3"));
+  EXPECT_THAT(
+      r.err, ::testing::ContainsRegex(
+                 "job failed: worker 1 \\(pid [0-9]+, host 127\\.0\\.0\\.1\\) exited with code 3"));
 }
 
 }  // namespace

@@ -166,6 +166,12 @@ TEST_F(SshHosts, TwoHostJobWithSyncedDirectory) {
     server_end += std::to_string(port(h));
     EXPECT_THAT(p.env["SSH_CONNECTION"], ::testing::EndsWith(server_end));
   }
+  // The launcher's fresh job secret reached both hosts (over ssh's stdin).
+  const std::string secret = probes["worker 0"].env["PUSHPULL_JOB_SECRET"];
+  EXPECT_THAT(secret, ::testing::MatchesRegex("[0-9a-f]{32}"));
+  for (auto& [label, p] : probes)
+    EXPECT_EQ(p.env["PUSHPULL_JOB_SECRET"], secret) << label;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr(secret)));
   EXPECT_EQ(probes["worker 1"].env["RANK"], "1");
   EXPECT_EQ(probes["worker 1"].env["LOCAL_RANK"], "0");
   EXPECT_EQ(probes["worker 1"].env["LOCAL_WORLD_SIZE"], "1");

@@ -1,5 +1,10 @@
 // Units of the launcher: hostfile parsing, placement, variables, command
 // builders, line splitting.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,6 +12,7 @@
 #include "launch/hostfile.h"
 #include "launch/line_splitter.h"
 #include "launch/plan.h"
+#include "launch/root_cause.h"
 #include "pushpull/error.h"
 
 namespace pushpull::launch {
@@ -48,7 +54,24 @@ TEST(Hostfile, BadLinesNameTheirLineNumber) {
   EXPECT_THAT(error_of("fe80::1\n"), HasSubstr("brackets"));
   EXPECT_THAT(error_of("a:\n"), HasSubstr("empty ssh port"));
   EXPECT_THAT(error_of("a;rm\n"), HasSubstr("contains the character ';'"));
+  EXPECT_THAT(error_of("-oProxyCommand=touch\n"), HasSubstr("starts with '-'"));
+  EXPECT_THAT(error_of("-oProxyCommand=touch:22\n"), HasSubstr("starts with '-'"));
+  EXPECT_THAT(error_of("a$(id)\n"), HasSubstr("contains the character '$'"));
+  EXPECT_THAT(error_of("a`id`\n"), HasSubstr("contains the character '`'"));
+  EXPECT_THAT(error_of("a'b\n"), HasSubstr("contains the character '''"));
+  EXPECT_THAT(error_of("a|b\n"), HasSubstr("contains the character '|'"));
+  EXPECT_THAT(error_of("root@-oProxy\n"), HasSubstr("after the user name"));
   EXPECT_THAT(error_of("# nothing\n\n"), HasSubstr("lists no host"));
+}
+
+TEST(Hostfile, AcceptsNamesUsersAndAddresses) {
+  EXPECT_EQ(check_host_name("node-1.example.org"), "");
+  EXPECT_EQ(check_host_name("me@node_2"), "");
+  EXPECT_EQ(check_host_name("fe80::1"), "");
+  EXPECT_EQ(check_host_name("[fe80::1]"), "");
+  EXPECT_NE(check_host_name(""), "");
+  EXPECT_NE(check_host_name("a b"), "");
+  EXPECT_NE(check_host_name("a\nb"), "");
 }
 
 TEST(Hostfile, UnreadableFileSaysWhy) {
@@ -182,8 +205,8 @@ TEST(Commands, SshCommandExportsEnvCdsAndKillsTheGroupOnEof) {
   cfg.ssh_options = {"-i", "/k/id"};
   auto plan = make_plan(cfg, {"10.0.0.1", 4567});
   auto argv = ssh_argv(cfg, plan[0]);
-  EXPECT_THAT(argv, ElementsAre("ssh", "-o", "BatchMode=yes", "-p", "2200", "-i", "/k/id", "a",
-                                ::testing::StartsWith("sh -c '")));
+  EXPECT_THAT(argv, ElementsAre("ssh", "-o", "BatchMode=yes", "-p", "2200", "-i", "/k/id", "--",
+                                "a", ::testing::StartsWith("sh -c '")));
   auto script = remote_script(cfg.workdir, plan[0].env, plan[0].argv, 5);
   EXPECT_THAT(script, HasSubstr("cd '/data/job dir' ||"));
   EXPECT_THAT(script, HasSubstr("export DMLC_ROLE=server\n"));
@@ -258,6 +281,229 @@ TEST(LineSplitter, JoinsPiecesAndSplitsLines) {
   EXPECT_THAT(got, ElementsAre("abc", "de", "", "f0123456"));
   s.flush(emit);
   EXPECT_THAT(got, ElementsAre("abc", "de", "", "f0123456", "789"));
+}
+
+}  // namespace
+}  // namespace pushpull::launch
+
+namespace pushpull::launch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(Secrets, SensitiveNamesAreMasked) {
+  for (const char* name : {"PUSHPULL_JOB_SECRET", "HF_TOKEN", "db_password", "MY_PASSWD", "Token"})
+    EXPECT_EQ(masked_value(name, "s3cr3t"), "<hidden>") << name;
+  EXPECT_EQ(masked_value("PUSHPULL_JOB_ID", "job7"), "job7");
+  EXPECT_EQ(masked_value("PATH", "/bin"), "/bin");
+}
+
+LaunchConfig secret_config() {
+  LaunchConfig c = two_host_config();
+  c.job_secret = "0123456789abcdef0123456789abcdef";
+  c.env.push_back({"API_TOKEN", "t0k'en $(x)"});
+  return c;
+}
+
+TEST(Secrets, SshReadsThemFromStdinNeverFromTheCommandLine) {
+  auto cfg = secret_config();
+  cfg.workdir = "/w";
+  auto plan = make_plan(cfg, {"10.0.0.1", 4567});
+  EXPECT_EQ(plan[1].env.at("PUSHPULL_JOB_SECRET"), cfg.job_secret);
+  auto argv = ssh_argv(cfg, plan[1]);
+  for (const auto& a : argv) {
+    EXPECT_THAT(a, Not(HasSubstr(cfg.job_secret)));
+    EXPECT_THAT(a, Not(HasSubstr("t0k")));
+  }
+  auto script = remote_script(cfg.workdir, plan[1].env, plan[1].argv, 5);
+  EXPECT_THAT(script, HasSubstr("IFS= read -r API_TOKEN ||"));
+  EXPECT_THAT(script, HasSubstr("IFS= read -r PUSHPULL_JOB_SECRET ||"));
+  EXPECT_THAT(script, HasSubstr("export PUSHPULL_JOB_SECRET\n"));
+  // In name order, one line each.
+  EXPECT_EQ(ssh_stdin(plan[1].env), "t0k'en $(x)\n" + cfg.job_secret + "\n");
+  EXPECT_THROW(ssh_stdin({{"X_SECRET", "two\nlines"}}), InvalidArgument);
+}
+
+TEST(Secrets, MpirunForwardsThemByNameOnly) {
+  auto cfg = secret_config();
+  auto argv = mpirun_argv(cfg, {"10.0.0.1", 4567}, false);
+  auto joined = shell_join(argv);
+  EXPECT_THAT(joined, Not(HasSubstr(cfg.job_secret)));
+  EXPECT_THAT(joined, Not(HasSubstr("t0k")));
+  EXPECT_THAT(joined, HasSubstr("-x PUSHPULL_JOB_SECRET -x"));
+  EXPECT_THAT(joined, HasSubstr("-x API_TOKEN -x"));
+  auto env = launcher_env(cfg, {"10.0.0.1", 4567});
+  EXPECT_EQ(env.at("PUSHPULL_JOB_SECRET"), cfg.job_secret);
+  EXPECT_EQ(env.at("API_TOKEN"), "t0k'en $(x)");
+  EXPECT_EQ(env.count("DMLC_ROLE"), 0u);
+  cfg.env_server.push_back({"API_TOKEN", "another"});
+  EXPECT_THROW(launcher_env(cfg, {"10.0.0.1", 4567}), InvalidArgument);
+}
+
+TEST(Secrets, SrunKeepsThemOutOfTheMultiProgFile) {
+  auto cfg = secret_config();
+  cfg.launcher = LauncherKind::kSlurm;
+  cfg.hosts.clear();
+  auto c = srun_command(cfg, {"10.0.0.1", 4567}, "/w/job.conf");
+  EXPECT_THAT(c.multi_prog, Not(HasSubstr(cfg.job_secret)));
+  EXPECT_THAT(c.multi_prog, Not(HasSubstr("TOKEN")));
+  EXPECT_THAT(c.multi_prog, HasSubstr("DMLC_ROLE=worker"));
+}
+
+// The remote script, run by a real sh as ssh's remote side would: hostile
+// values stay values.
+TEST(Commands, RemoteScriptQuotesEveryValue) {
+  char tmpl[] = "/tmp/pp-quote-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  std::string workdir = dir + "/it's $(touch pwned-cd) `touch pwned-tick` dir";
+  ASSERT_EQ(system(("mkdir -p " + shell_quote(workdir)).c_str()), 0);
+  std::string done = dir + "/done";
+  std::map<std::string, std::string> env = {
+      {"PLAIN", "a b 'c' \"d\" $(touch pwned-env)\nsecond line"},
+      {"JOB_SECRET", "s e'c\"r$(touch pwned-secret)t"},
+      {"DONE", done},
+  };
+  std::vector<std::string> argv = {
+      "sh", "-c", "printf '%s|' \"$PWD\" \"$PLAIN\" \"$JOB_SECRET\" \"$1\"; : > \"$DONE\"", "sh",
+      "x; touch pwned-arg $(touch pwned-arg2)"};
+  std::string script = remote_script(workdir, env, argv, 1);
+  std::string out_path = dir + "/out", stdin_path = dir + "/stdin";
+  std::ofstream(stdin_path) << ssh_stdin(env);
+  // Like ssh's channel: the credentials, then stdin stays open until the end
+  // (its end of file would stop the program).
+  std::string feed = "{ cat " + shell_quote(stdin_path) + "; while [ ! -e " + shell_quote(done) +
+                     " ]; do sleep 0.02; done; }";
+  std::string cmd = "cd " + shell_quote(dir) + " && " + feed + " | sh -c " + shell_quote(script) +
+                    " > " + shell_quote(out_path);
+  ASSERT_EQ(system(cmd.c_str()), 0) << script;
+  std::ifstream in(out_path);
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(out, workdir + "|" + env["PLAIN"] + "|" + env["JOB_SECRET"] + "|" + argv[4] + "|");
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir))
+    EXPECT_THAT(e.path().filename().string(), Not(::testing::StartsWith("pwned")))
+        << "a value ran as a command";
+  std::filesystem::remove_all(dir);
+}
+
+// A failed child in the root-cause tests.
+ChildState child(std::string label, bool ended, bool exited, int code) {
+  ChildState c;
+  c.label = std::move(label);
+  c.host = "127.0.0.1";
+  c.pid = 100;
+  c.ended = ended;
+  c.exited = exited;
+  c.code = code;
+  return c;
+}
+
+FailureEvent child_event(size_t i) {
+  return {FailureEvent::Kind::kChild, i, ""};
+}
+FailureEvent scheduler_event(std::string m) {
+  return {FailureEvent::Kind::kScheduler, 0, std::move(m)};
+}
+
+TEST(RootCause, ASignalBeatsTheExitsItCaused) {
+  // server 0 is reaped first (exit 1), then worker 1 (SIGKILL).
+  std::vector<ChildState> c = {child("server 0", true, true, 1), child("worker 0", false, false, 0),
+                               child("worker 1", true, false, 9)};
+  auto r = find_root_cause(c, {child_event(0), child_event(2)});
+  EXPECT_EQ(r.exit_code, 137);
+  EXPECT_EQ(r.reason, "worker 1 (pid 100, host 127.0.0.1) was killed by signal 9 (SIGKILL)");
+  EXPECT_THAT(r.consequences, ElementsAre("server 0 exited with code 1"));
+}
+
+TEST(RootCause, TheSchedulersVerdictBeatsLaterExits) {
+  // worker 1 was stopped (SIGSTOP): the heartbeats caught it; the others
+  // exit because of it, one of them with a code other than 1.
+  std::vector<ChildState> c = {child("server 0", true, true, 3), child("worker 0", true, true, 1),
+                               child("worker 1", false, false, 0)};
+  auto r = find_root_cause(
+      c, {scheduler_event("worker 1 (host 127.0.0.1:4000) failed: no heartbeat for 5000 ms"),
+          child_event(0), child_event(1)});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.reason,
+            "worker 1 (pid 100, host 127.0.0.1) failed (reported by the scheduler): no heartbeat "
+            "for 5000 ms");
+  EXPECT_THAT(r.consequences,
+              ElementsAre("server 0 exited with code 3", "worker 0 exited with code 1"));
+}
+
+TEST(RootCause, APeerFailureLineNamesTheVictim) {
+  // server 0's exit is seen before the scheduler says anything; its output
+  // blamed worker 1, which the heartbeats caught.
+  std::vector<ChildState> c = {child("server 0", true, true, 1),
+                               child("worker 1", false, false, 0)};
+  c[0].blames = "worker 1";
+  c[0].blame_line = "PeerFailure: worker 1 (host 127.0.0.1:4000) failed: no heartbeat";
+  auto r = find_root_cause(c, {child_event(0)});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.reason, ::testing::StartsWith("worker 1 (pid 100, host 127.0.0.1) failed (reported "
+                                              "by server 0): no heartbeat"));
+  EXPECT_THAT(r.consequences, ElementsAre("server 0 exited with code 1"));
+}
+
+TEST(RootCause, TheNamedNodesOwnExitGivesTheCode) {
+  // The scheduler saw worker 1's connection close before worker 1 was reaped.
+  std::vector<ChildState> c = {child("worker 0", true, true, 1), child("worker 1", true, true, 3)};
+  auto r = find_root_cause(c, {scheduler_event("worker 1 (host h:1) failed: its connection closed"),
+                               child_event(0), child_event(1)});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.reason, "worker 1 (pid 100, host 127.0.0.1) exited with code 3");
+  EXPECT_THAT(r.consequences, ElementsAre("worker 0 exited with code 1"));
+}
+
+TEST(RootCause, AWorkerThatExitedZeroWhileOthersWaited) {
+  std::vector<ChildState> c = {child("worker 0", false, false, 0),
+                               child("worker 1", true, true, 0)};
+  auto r = find_root_cause(
+      c, {scheduler_event("worker 1 (host :0) failed: its process exited (code 0) without joining "
+                          "the job, while registered workers wait for it to register")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.reason,
+              ::testing::StartsWith("worker 1 (pid 100, host 127.0.0.1) failed (reported "
+                                    "by the scheduler, exited with code 0): its process"));
+}
+
+TEST(RootCause, ASpecificCodeBeatsTheGenericOne) {
+  std::vector<ChildState> c = {child("worker 0", true, true, 1), child("worker 1", true, true, 3)};
+  auto r = find_root_cause(c, {child_event(0), child_event(1)});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.reason, HasSubstr("worker 1"));
+}
+
+TEST(RootCause, ASchedulerFailureNamingNoChild) {
+  std::vector<ChildState> c = {child("worker 0", false, false, 0)};
+  auto r = find_root_cause(c, {scheduler_event("only 0 of 1 servers registered within 100 ms")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.reason, "the scheduler reported: only 0 of 1 servers registered within 100 ms");
+}
+
+TEST(RootCause, ARelayedSchedulerVerdictBeatsTheExitThatRelayedIt) {
+  // The scheduler's own report is not in yet; worker 0 relays it and exits 1.
+  std::vector<ChildState> c = {child("worker 0", true, true, 1)};
+  c[0].blames = blamed_in(
+      "[pushpull E] PeerFailure: the scheduler ended the job: only 1 of 2 workers registered");
+  c[0].blame_line = "PeerFailure: the scheduler ended the job: only 1 of 2 workers registered";
+  EXPECT_EQ(c[0].blames, "scheduler");
+  auto r = find_root_cause(c, {child_event(0)});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.reason, "the scheduler reported: only 1 of 2 workers registered");
+  EXPECT_THAT(r.consequences, ElementsAre("worker 0 exited with code 1"));
+}
+
+TEST(RootCause, NodeNames) {
+  EXPECT_EQ(node_named_in("PeerFailure: worker 12 (host 1.2.3.4:5) failed: x"), "worker 12");
+  EXPECT_EQ(node_named_in("server: PeerFailure: server 0 (host h:1) failed"), "server 0");
+  EXPECT_EQ(node_named_in("the worker 3 said hello"), std::nullopt);
+  EXPECT_EQ(node_named_in("worker 1 (not registered; host unknown) failed"), "worker 1");
+  EXPECT_EQ(node_named_in("scheduler (host h:1) failed"), std::nullopt);
+  EXPECT_EQ(blamed_in("server: PeerFailure: worker 2 (host h:1) failed: x"), "worker 2");
+  EXPECT_EQ(blamed_in("worker 2 (host h:1) failed: x"), "");
+  EXPECT_EQ(blamed_in("PeerFailure: scheduler (host h:1) failed: closed"), "");
 }
 
 }  // namespace

@@ -2,8 +2,14 @@
 // Joins the job described by its environment (as every pushpull program
 // does, through Options::from_env), prints
 // "NODE <role> <rank> of <servers>+<workers>", runs a barrier of the
-// workers and leaves in order.
-// --fail-rank R: worker R exits 3 right after joining instead.
+// workers and leaves in order. A failure prints "node failed: <ErrorCode>:
+// <message>" (e.g. a PeerFailure naming the node that failed) and exits 1.
+//   --fail-rank R      worker R fails right after joining, as --fail-how says:
+//   --fail-how exit3   exits 3 (the default)
+//              kill9   kills itself with SIGKILL
+//              stop    stops itself with SIGSTOP (the heartbeats must notice)
+#include <signal.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -13,8 +19,11 @@
 
 int main(int argc, char** argv) {
   int fail_rank = -1;
-  for (int i = 1; i + 1 < argc; ++i)
+  std::string how = "exit3";
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--fail-rank") fail_rank = std::atoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--fail-how") how = argv[i + 1];
+  }
   try {
     auto options = pushpull::Options::from_env();
     pushpull::cluster::Node node(options);
@@ -22,12 +31,17 @@ int main(int argc, char** argv) {
     std::printf("NODE %s %d of %d+%d\n", std::string(pushpull::role_name(node.role())).c_str(),
                 node.rank(), node.num_servers(), node.num_workers());
     std::fflush(stdout);
-    if (node.role() == pushpull::Role::kWorker && node.rank() == fail_rank) std::_Exit(3);
+    if (node.role() == pushpull::Role::kWorker && node.rank() == fail_rank) {
+      if (how == "kill9") raise(SIGKILL);
+      if (how == "stop") raise(SIGSTOP);
+      if (how == "exit3") std::_Exit(3);
+    }
     // Workers only: a real `pushpull server` joins no barrier of ours.
     if (node.role() == pushpull::Role::kWorker) node.barrier(pushpull::cluster::Group::kWorkers);
     node.shutdown();
   } catch (const pushpull::Error& e) {
-    std::fprintf(stderr, "node failed: %s\n", e.what());
+    std::fprintf(stderr, "node failed: %s: %s\n",
+                 std::string(pushpull::error_code_name(e.code())).c_str(), e.what());
     return 1;
   }
   return 0;

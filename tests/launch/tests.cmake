@@ -14,7 +14,8 @@ add_executable(pushpull_launch_cli ${CMAKE_SOURCE_DIR}/tools/launch.cpp
 target_include_directories(pushpull_launch_cli PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tools)
 target_link_libraries(pushpull_launch_cli PRIVATE pushpull_launch CLI11::CLI11)
 
-foreach(t launch_local_test launch_ssh_test launch_mpi_test launch_cli_test)
+foreach(t launch_local_test launch_ssh_test launch_mpi_test launch_cli_test launch_liveness_test
+    launch_security_test)
   if(TARGET ${t})
     add_dependencies(${t} launch_probe launch_node_probe pushpull_launch_cli)
   endif()

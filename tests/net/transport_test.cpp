@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "fixture.h"
 #include "net/hello.h"
 #include "net/transport.h"
 #include "support/ports.h"
@@ -20,59 +21,14 @@ namespace pushpull::net {
 namespace {
 
 using namespace std::chrono_literals;
+using test::config;
+using test::RawClient;
+using test::Sink;
 using test::wait_until;
 
-constexpr uint16_t kData = 200, kReply = 201, kBlock = 202;
-
-TransportConfig config(Role role, int rank, std::string secret = "", std::string job = "job") {
-  TransportConfig c;
-  c.role = role;
-  c.rank = rank;
-  c.net.job_id = job;
-  c.net.job_secret = secret;
-  c.net.connect_timeout = 3s;
-  c.label = fmt::format("{} {}", role_name(role), rank);
-  return c;
-}
-
-// A server-side transport that records what arrives.
-struct Sink {
-  explicit Sink(TransportConfig c) : t(std::move(c)) {
-    t.listen("127.0.0.1", 0);
-    t.set_connect_handler([this](ConnId id, const PeerInfo& p) {
-      std::lock_guard l(mu);
-      peers.emplace_back(id, p);
-    });
-    t.set_close_handler([this](ConnId, const PeerInfo&, const Status& s) {
-      std::lock_guard l(mu);
-      closes.push_back(s);
-    });
-    t.set_handler(kData, kData, [this](Message&& m) {
-      std::lock_guard l(mu);
-      got.push_back(std::move(m));
-    });
-    t.start();
-  }
-  // Stop the I/O thread before the members its handlers use go away.
-  ~Sink() { t.stop(); }
-  size_t count() {
-    std::lock_guard l(mu);
-    return got.size();
-  }
-  size_t npeers() {
-    std::lock_guard l(mu);
-    return peers.size();
-  }
-  size_t ncloses() {
-    std::lock_guard l(mu);
-    return closes.size();
-  }
-  Transport t;
-  std::mutex mu;
-  std::vector<Message> got;
-  std::vector<std::pair<ConnId, PeerInfo>> peers;
-  std::vector<Status> closes;
-};
+using test::kBlock;
+using test::kData;
+using test::kReply;
 
 TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
   Sink a(config(Role::kServer, 0));
@@ -291,59 +247,6 @@ TEST(Transport, Ipv6Loopback) {
   b.send_copy(c, Header{.type = kData}, "v6", 2);
   EXPECT_TRUE(wait_until([&] { return got == 1; }));
 }
-
-// Raw-socket clients for garbage tests.
-class RawClient {
- public:
-  explicit RawClient(int port) {
-    std::string err;
-    fd_ = connect_once(resolve("127.0.0.1", port), 2s, &err);
-    EXPECT_TRUE(fd_.valid()) << err;
-  }
-  void hello() {
-    auto deadline = std::chrono::steady_clock::now() + 5s;
-    std::string err;
-    HeaderBytes hb;
-    ASSERT_TRUE(read_all(fd_.get(), hb.data(), hb.size(), deadline, &err)) << err;
-    Header h;
-    ASSERT_TRUE(decode_header(hb, 4096, &h).is_ok());
-    std::vector<std::byte> p(h.payload_bytes);
-    ASSERT_TRUE(read_all(fd_.get(), p.data(), p.size(), deadline, &err));
-    Challenge ch;
-    ASSERT_TRUE(decode(p, &ch).is_ok());
-    Hello hello{kProtocolVersion, "job", Role::kWorker, 7, "127.0.0.1", 1, {}};
-    auto payload = encode(hello);
-    write(Header{.type = msg::kHello, .payload_bytes = payload.size()}, payload);
-    ASSERT_TRUE(read_all(fd_.get(), hb.data(), hb.size(), deadline, &err));
-    ASSERT_TRUE(decode_header(hb, 4096, &h).is_ok());
-    p.resize(h.payload_bytes);
-    ASSERT_TRUE(read_all(fd_.get(), p.data(), p.size(), deadline, &err));
-    HelloAck ack;
-    ASSERT_TRUE(decode(p, &ack).is_ok());
-    ASSERT_TRUE(ack.accepted) << ack.reason;
-  }
-  void write(const Header& h, std::span<const std::byte> payload) {
-    auto hb = encode_header(h);
-    raw(hb.data(), hb.size());
-    raw(payload.data(), payload.size());
-  }
-  void raw(const void* p, size_t n) {
-    std::string err;
-    write_all(fd_.get(), p, n, std::chrono::steady_clock::now() + 5s, &err);
-  }
-  // True when the node closed the connection (EOF) within the timeout.
-  bool closed_by_peer(std::chrono::milliseconds timeout = 5s) {
-    char buf[4096];
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string err;
-    while (read_all(fd_.get(), buf, 1, deadline, &err)) {
-    }
-    return err.find("closed") != std::string::npos || err.find("reset") != std::string::npos;
-  }
-
- private:
-  Fd fd_;
-};
 
 TEST(Transport, GarbageClosesOnlyThatConnection) {
   Sink a(config(Role::kServer, 0));

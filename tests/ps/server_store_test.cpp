@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 #include <map>
@@ -220,6 +221,52 @@ TEST_F(ServerStoreTest, BadRequestsGetErrorsAndChangeNothing) {
   EXPECT_EQ(rec_.get(nopull).status.code(), ErrorCode::kNotFound);
   for (float v : rec_.floats(p))
     EXPECT_EQ(v, 1.0f);  // the bad push did not open a round
+}
+
+TEST_F(ServerStoreTest, OverflowingOrOversizedPullRangesAreRefused) {
+  make(1, true);
+  init(9, Array::full(Shape{4, 2}, 1.0));
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  // begin + count overflows int64 (it used to wrap negative and pass the check).
+  uint64_t wrap = pull(0, 9, {{1, max}});
+  uint64_t far = pull(0, 9, {{max, 1}});
+  uint64_t negative = pull(0, 9, {{-1, 2}});
+  // Inside the value each, but together more than the value: unbounded replies.
+  std::vector<Range> many(5, Range{0, 8});
+  uint64_t too_much = pull(0, 9, many);
+  uint64_t fine = pull(0, 9, {{2, 4}});
+  idle();
+  for (uint64_t id : {wrap, far, negative, too_much})
+    EXPECT_EQ(rec_.get(id).status.code(), ErrorCode::kInvalidArgument) << id;
+  EXPECT_EQ(rec_.floats(fine).size(), 4u);
+}
+
+TEST_F(ServerStoreTest, HeldPushesAndWaitingPullsAreBoundedPerWorker) {
+  ServerStoreConfig config{2, true, 1, 0};
+  config.max_queued_per_worker = 3;
+  store_ = std::make_unique<ServerStore>(config, rec_);
+  init(10, Array::full(Shape{2}, 0.0));
+  std::vector<uint64_t> pushes, pulls;
+  for (int i = 0; i < 5; ++i)  // 1 in the open round, 3 held, 1 over the cap
+    pushes.push_back(push(0, 10, Array::full(Shape{2}, 1.0)));
+  for (int i = 0; i < 4; ++i)  // 3 wait for worker 0's pushes, 1 over the cap
+    pulls.push_back(pull(0, 10));
+  idle();
+  EXPECT_EQ(rec_.get(pushes[4]).status.code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(rec_.get(pulls[3]).status.code(), ErrorCode::kProtocolError);
+  EXPECT_FALSE(rec_.has(pulls[0]));
+  for (int i = 0; i < 4; ++i)
+    push(1, 10, Array::full(Shape{2}, 2.0));
+  idle();
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(rec_.get(pushes[static_cast<size_t>(i)]).status.is_ok());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(rec_.floats(pulls[static_cast<size_t>(i)])[0], 3.0f);  // round 4: 1 + 2
+  // The refused push was not counted: worker 0 can go on.
+  uint64_t again = push(0, 10, Array::full(Shape{2}, 1.0));
+  push(1, 10, Array::full(Shape{2}, 1.0));
+  idle();
+  EXPECT_TRUE(rec_.get(again).status.is_ok());
 }
 
 TEST_F(ServerStoreTest, APulledValueInFlightIsNotChangedByTheNextRound) {

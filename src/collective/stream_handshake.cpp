@@ -1,0 +1,205 @@
+#include "collective/stream_handshake.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "net/peer_policy.h"
+#include "pushpull/log.h"
+
+namespace pushpull::collective {
+namespace {
+
+constexpr size_t kNonceBytes = std::tuple_size_v<net::Nonce>;
+constexpr size_t kHelloBytes = 8 + kNonceBytes + std::tuple_size_v<net::Proof>;
+
+void put(std::byte* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+uint64_t get(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+net::ProofInput input(const StreamAuth& auth, net::Direction d, const net::Nonce& acceptor_nonce,
+                      const net::Nonce& connector_nonce, int prover_rank) {
+  return {d, acceptor_nonce, connector_nonce, auth.job_id, Role::kWorker, prover_rank};
+}
+
+// A connection to the listener that has not proved who it is yet.
+struct Pending {
+  net::Fd fd;
+  std::string address;
+  std::string host;
+  Clock::time_point deadline;
+  net::Nonce nonce{};
+  std::byte in[kHelloBytes];
+  size_t got = 0;
+};
+
+bool send_now(int fd, const void* data, size_t n) {
+  // A fresh socket's send buffer always takes these few bytes at once.
+  ssize_t r = ::send(fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return r == static_cast<ssize_t>(n);
+}
+
+}  // namespace
+
+std::string StreamAuth::key() const {
+  return job_secret + std::string(reinterpret_cast<const char*>(token.data()), token.size());
+}
+
+std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
+                                    Clock::time_point deadline, Millis handshake_timeout,
+                                    const std::string& what) {
+  std::vector<net::Fd> fds(static_cast<size_t>(size));
+  std::vector<Pending> pending;
+  net::RefusalLog log;
+  const std::string key = auth.key();
+  int expected = size - 1 - rank;
+  auto pause_until = Clock::time_point{};
+  auto drop = [&](size_t i, const std::string& why) {
+    log.note(pending[i].host, fmt::format("{}: dropped a data stream connection from {}: {}", what,
+                                          pending[i].address, why));
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+  while (expected > 0) {
+    auto now = Clock::now();
+    if (now >= deadline) {
+      std::vector<int> missing;
+      for (int q = rank + 1; q < size; ++q)
+        if (!fds[static_cast<size_t>(q)].valid()) missing.push_back(q);
+      throw Timeout(fmt::format("{}: rank(s) {} did not open their data stream in time", what,
+                                fmt::join(missing, ", ")));
+    }
+    // Expired handshakes go; the rest and the listener are polled together.
+    for (size_t i = pending.size(); i-- > 0;)
+      if (now >= pending[i].deadline) drop(i, "no handshake within the handshake timeout");
+    auto wake = deadline;
+    for (auto& p : pending)
+      wake = std::min(wake, p.deadline);
+    const bool listening = now >= pause_until;
+    if (!listening) wake = std::min(wake, pause_until);
+    std::vector<pollfd> pfds;
+    pfds.push_back({listening ? listener : -1, POLLIN, 0});
+    for (auto& p : pending)
+      pfds.push_back({p.fd.get(), POLLIN, 0});
+    auto left = std::chrono::duration_cast<Millis>(wake - now).count() + 1;
+    int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(left, 0)));
+    if (n < 0 && errno != EINTR)
+      throw IoError(fmt::format("{}: poll failed: {}", what, std::strerror(errno)));
+    if (n <= 0) continue;
+    // Handshakes first (indexes shift when one is dropped, so walk backwards).
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (pfds[i + 1].revents == 0) continue;
+      Pending& p = pending[i];
+      ssize_t r = ::recv(p.fd.get(), p.in + p.got, kHelloBytes - p.got, MSG_DONTWAIT);
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (r <= 0) {
+        drop(i, r == 0 ? "closed before the handshake" : std::strerror(errno));
+        continue;
+      }
+      p.got += static_cast<size_t>(r);
+      if (p.got < kHelloBytes) continue;
+      const uint64_t q = get(p.in);
+      net::Nonce theirs;
+      net::Proof proof;
+      std::memcpy(theirs.data(), p.in + 8, theirs.size());
+      std::memcpy(proof.data(), p.in + 8 + theirs.size(), proof.size());
+      if (q <= static_cast<uint64_t>(rank) || q >= static_cast<uint64_t>(size)) {
+        drop(i, fmt::format("claims rank {}, not one of {}..{}", q, rank + 1, size - 1));
+        continue;
+      }
+      const int qr = static_cast<int>(q);
+      if (!net::verify_proof(key, input(auth, net::Direction::kConnector, p.nonce, theirs, qr),
+                             proof)) {
+        drop(i, fmt::format("failed to prove it is rank {} of this job", q));
+        continue;
+      }
+      if (fds[q].valid()) {
+        drop(i, fmt::format("rank {} already has its data stream", q));
+        continue;
+      }
+      net::Proof mine =
+          net::compute_proof(key, input(auth, net::Direction::kAcceptor, p.nonce, theirs, rank));
+      if (!send_now(p.fd.get(), mine.data(), mine.size())) {
+        drop(i, "could not answer the handshake");
+        continue;
+      }
+      fds[q] = std::move(p.fd);
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      --expected;
+    }
+    if (!listening || pfds[0].revents == 0) continue;
+    while (true) {
+      net::SockAddr remote;
+      remote.len = sizeof remote.storage;
+      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&remote.storage), &remote.len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+          // Stop polling the listener for a while instead of spinning on it.
+          PP_WARN("{}: cannot accept a data stream: {}; retrying in 100 ms", what,
+                  std::strerror(err));
+          pause_until = Clock::now() + Millis(100);
+        }
+        break;
+      }
+      Pending p;
+      p.fd = net::Fd(fd);
+      p.address = remote.to_string();
+      p.host = net::host_of(remote);
+      p.deadline = std::min(deadline, Clock::now() + handshake_timeout);
+      p.nonce = net::random_nonce();
+      if (!send_now(fd, p.nonce.data(), p.nonce.size())) continue;
+      pending.push_back(std::move(p));
+    }
+  }
+  return fds;
+}
+
+net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank,
+                       int peer, Clock::time_point deadline, const std::string& what) {
+  std::string error;
+  const std::string where = net::format_address(host, port);
+  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+  net::Fd fd = net::connect_once(net::resolve(host, port), std::max(left, Millis(1)), &error);
+  auto fail = [&](const std::string& why) {
+    return IoError(fmt::format("{}: cannot open the data stream to rank {} at {}: {}", what, peer,
+                               where, why));
+  };
+  if (!fd.valid()) throw fail(error);
+  const std::string key = auth.key();
+  net::Nonce theirs;
+  if (!net::read_all(fd.get(), theirs.data(), theirs.size(), deadline, &error)) throw fail(error);
+  net::Nonce mine = net::random_nonce();
+  std::byte hello[kHelloBytes];
+  put(hello, static_cast<uint64_t>(rank));
+  std::memcpy(hello + 8, mine.data(), mine.size());
+  net::Proof proof =
+      net::compute_proof(key, input(auth, net::Direction::kConnector, theirs, mine, rank));
+  std::memcpy(hello + 8 + mine.size(), proof.data(), proof.size());
+  if (!net::write_all(fd.get(), hello, sizeof hello, deadline, &error)) throw fail(error);
+  net::Proof answer;
+  if (!net::read_all(fd.get(), answer.data(), answer.size(), deadline, &error))
+    throw fail(fmt::format("{} (refused?)", error));
+  if (!net::verify_proof(key, input(auth, net::Direction::kAcceptor, theirs, mine, peer), answer))
+    throw ProtocolError(fmt::format(
+        "{}: the listener at {} failed to prove it is rank {} of this job; refusing its data "
+        "stream",
+        what, where, peer));
+  return fd;
+}
+
+}  // namespace pushpull::collective

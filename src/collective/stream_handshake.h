@@ -1,0 +1,52 @@
+// The handshake of the collectives' direct data streams (tcp_streams.h),
+// with the same proof as the net hello (net/hello.h compute_proof):
+//
+//   acceptor  -> connector  acceptor nonce (32 bytes)
+//   connector -> acceptor   rank (u64 LE), connector nonce (32), connector proof (32)
+//   acceptor  -> connector  acceptor proof (32)
+//
+// The proof key is the job secret followed by a random per-listener token
+// that the acceptor sent to the connecting rank over the authenticated net
+// connection, so without a job secret only members that were told the token
+// can take a stream. Both sides prove (as worker <rank>), so neither a
+// stranger nor a member claiming another rank gets a stream.
+//
+// accept_streams() serves every pending connection at once, each with its own
+// deadline, so a silent or slow connection to the port cannot make a real
+// rank miss its deadline; a failed or timed-out connection is dropped and
+// logged (rate-limited) and never fails the group.
+//
+// Thread safety: free functions; each call uses only its own sockets.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "collective/transport.h"
+#include "net/hello.h"
+#include "net/socket.h"
+
+namespace pushpull::collective {
+
+struct StreamAuth {
+  std::string job_id;
+  std::string job_secret;
+  net::Nonce token{};  // the acceptor's listener token
+  std::string key() const;
+};
+
+// Accepts one stream from each rank in (rank, size) on the non-blocking
+// listening socket `listener`. Returns the sockets by rank (invalid below and
+// at `rank`). Throws Timeout naming the missing ranks at `deadline`.
+std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
+                                    Clock::time_point deadline, Millis handshake_timeout,
+                                    const std::string& what);
+
+// Opens the stream from `rank` to `peer` at host:port. Throws IoError when
+// the connection or the handshake fails, ProtocolError when the acceptor
+// does not prove it is `peer`.
+net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank,
+                       int peer, Clock::time_point deadline, const std::string& what);
+
+}  // namespace pushpull::collective

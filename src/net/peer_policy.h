@@ -1,0 +1,61 @@
+// Who may connect, where to listen, and how refusals are logged.
+//
+// Without a job secret nothing authenticates a peer, so a node accepts
+// peers on this machine only (127.0.0.0/8, ::1, its own interface
+// addresses) and says so once, unless
+// NetOptions::allow_insecure (PUSHPULL_ALLOW_INSECURE=1). A node listens on
+// the address it advertises, never on every address unless asked
+// (NetOptions::bind_any / PUSHPULL_BIND_ANY=1, or a wildcard advertised host).
+//
+// Thread safety: the free functions are pure (warn_insecure_once() logs once
+// per process, from any thread). RefusalLog is used by one thread (a
+// Transport's I/O thread, or one setup routine).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "net/socket.h"
+#include "pushpull/options.h"
+
+namespace pushpull::net {
+
+// 127.0.0.0/8, ::1 and IPv4-mapped ::ffff:127.0.0.0/104.
+bool is_loopback(const SockAddr& a);
+// The address without its port ("10.0.0.2", "::1"), for logs and rate limits.
+std::string host_of(const SockAddr& a);
+
+// Empty when a peer at `peer` may go on to authenticate, else why not (sent
+// to the peer in the hello ack and logged). `local_hosts` are this machine's
+// own addresses (list_interfaces()): a connection from one of them comes from
+// this machine too (a node that advertises its LAN address connects from it).
+std::string peer_refusal(const SockAddr& peer, const NetOptions& opts,
+                         const std::vector<std::string>& local_hosts = {});
+// The one loud warning of a node without a secret (once per process).
+void warn_insecure_once(const NetOptions& opts);
+
+// Where to listen to serve the advertised `host`: a wildcard ("" for IPv4,
+// "::" for IPv6) when `bind_any` or `host` is empty, "0.0.0.0" or "::";
+// "localhost" binds 127.0.0.1; any other host binds itself.
+std::string bind_host_for(const std::string& host, bool bind_any);
+
+// Logs refused or failed unauthenticated connections: at most one line per
+// peer address per `interval`, the next line saying how many were not logged.
+class RefusalLog {
+ public:
+  explicit RefusalLog(std::chrono::milliseconds interval = std::chrono::seconds(5))
+      : interval_(interval) {}
+  void note(const std::string& peer_host, const std::string& message);
+
+ private:
+  struct Entry {
+    std::chrono::steady_clock::time_point last;
+    uint64_t suppressed = 0;
+  };
+  std::chrono::milliseconds interval_;
+  std::unordered_map<std::string, Entry> entries_;
+};
+
+}  // namespace pushpull::net

@@ -1,0 +1,198 @@
+// The collectives' data-stream handshake (stream_handshake.h) and the
+// rendezvous against strangers: silent connections do not delay real ranks,
+// a wrong token, a proof for another rank, an out-of-range or duplicate rank
+// and an impostor listener are refused, and a bad hello at the rendezvous
+// closes only its own connection.
+#include "collective/stream_handshake.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/socket.h>
+
+#include <future>
+#include <thread>
+
+#include "collective/bootstrap.h"
+#include "collective/rendezvous.h"
+#include "net/transport.h"
+#include "support/ports.h"
+
+namespace pushpull::collective {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+StreamAuth auth(const std::string& secret = "s3cret") {
+  StreamAuth a{"job", secret, net::random_nonce()};
+  return a;
+}
+
+net::Fd raw_connect(int port) {
+  std::string err;
+  net::Fd fd = net::connect_once(net::resolve("127.0.0.1", port), 2s, &err);
+  EXPECT_TRUE(fd.valid()) << err;
+  return fd;
+}
+
+TEST(StreamAuth, SilentConnectionsDoNotDelayRealRanks) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  const int port = net::local_port(listener.get());
+  StreamAuth a = auth();
+  std::vector<net::Fd> silent;
+  for (int i = 0; i < 16; ++i)
+    silent.push_back(raw_connect(port));
+  auto deadline = Clock::now() + 10s;
+  std::vector<std::future<net::Fd>> ranks;
+  for (int q = 1; q <= 2; ++q)
+    ranks.push_back(std::async(std::launch::async, [&, q] {
+      return connect_stream("127.0.0.1", port, a, q, 0, deadline, "test");
+    }));
+  auto t0 = Clock::now();
+  auto fds = accept_streams(listener.get(), a, 0, 3, deadline, 5s, "test");
+  EXPECT_LT(Clock::now() - t0, 4s);  // well before the silent ones' 5 s handshake deadline
+  EXPECT_TRUE(fds[1].valid());
+  EXPECT_TRUE(fds[2].valid());
+  for (auto& r : ranks)
+    EXPECT_TRUE(r.get().valid());
+}
+
+TEST(StreamAuth, WrongTokenForeignRankAndDuplicatesAreDroppedNotFatal) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  const int port = net::local_port(listener.get());
+  StreamAuth a = auth();
+  auto deadline = Clock::now() + 10s;
+  auto accepted = std::async(std::launch::async, [&] {
+    return accept_streams(listener.get(), a, 0, 3, deadline, 2s, "test");
+  });
+  auto refused = [&](const StreamAuth& who, int rank) {
+    try {
+      connect_stream("127.0.0.1", port, who, rank, 0, Clock::now() + 3s, "test");
+      return false;
+    } catch (const IoError&) {
+      return true;  // dropped: no answer
+    }
+  };
+  StreamAuth stranger = a;
+  stranger.token = net::random_nonce();
+  EXPECT_TRUE(refused(stranger, 1));
+  StreamAuth no_secret = a;
+  no_secret.job_secret = "";
+  EXPECT_TRUE(refused(no_secret, 1));
+  EXPECT_TRUE(refused(a, 5));  // out of range
+  EXPECT_TRUE(refused(a, 0));  // the acceptor's own rank
+  net::Fd real = connect_stream("127.0.0.1", port, a, 1, 0, deadline, "test");
+  EXPECT_TRUE(real.valid());
+  EXPECT_TRUE(refused(a, 1));  // rank 1 again
+  net::Fd two = connect_stream("127.0.0.1", port, a, 2, 0, deadline, "test");
+  auto fds = accepted.get();
+  EXPECT_TRUE(fds[1].valid());
+  EXPECT_TRUE(fds[2].valid());
+}
+
+TEST(StreamAuth, AProofForAnotherRankIsRefused) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  const int port = net::local_port(listener.get());
+  StreamAuth a = auth();
+  auto deadline = Clock::now() + 2s;
+  auto accepted = std::async(std::launch::async, [&] {
+    return accept_streams(listener.get(), a, 0, 3, deadline, 1s, "test");
+  });
+  // Claims rank 2 with a proof made for rank 1.
+  net::Fd fd = raw_connect(port);
+  std::string err;
+  net::Nonce theirs;
+  ASSERT_TRUE(net::read_all(fd.get(), theirs.data(), theirs.size(), deadline, &err)) << err;
+  net::Nonce mine = net::random_nonce();
+  net::Proof proof = net::compute_proof(
+      a.key(), {net::Direction::kConnector, theirs, mine, a.job_id, Role::kWorker, 1});
+  std::byte hello[72] = {};
+  hello[0] = std::byte{2};
+  std::memcpy(hello + 8, mine.data(), mine.size());
+  std::memcpy(hello + 40, proof.data(), proof.size());
+  ASSERT_TRUE(net::write_all(fd.get(), hello, sizeof hello, deadline, &err));
+  char c;
+  EXPECT_FALSE(net::read_all(fd.get(), &c, 1, deadline, &err));  // closed, no answer
+  try {
+    accepted.get();
+    ADD_FAILURE() << "no rank connected, yet the accept succeeded";
+  } catch (const Timeout& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank(s) 1, 2"));
+  }
+}
+
+TEST(StreamAuth, ConnectorRefusesAnImpostorListener) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  net::set_nonblocking(listener.get(), false);
+  const int port = net::local_port(listener.get());
+  std::thread impostor([&] {
+    net::Fd fd(::accept(listener.get(), nullptr, nullptr));
+    std::string err;
+    auto deadline = Clock::now() + 5s;
+    net::Nonce n = net::random_nonce();
+    net::write_all(fd.get(), n.data(), n.size(), deadline, &err);
+    std::byte hello[72];
+    net::read_all(fd.get(), hello, sizeof hello, deadline, &err);
+    net::Proof reflected;
+    std::memcpy(reflected.data(), hello + 40, reflected.size());  // the connector's own proof
+    net::write_all(fd.get(), reflected.data(), reflected.size(), deadline, &err);
+    char c;
+    net::read_all(fd.get(), &c, 1, deadline, &err);
+  });
+  EXPECT_THROW(connect_stream("127.0.0.1", port, auth(), 1, 0, Clock::now() + 5s, "test"),
+               ProtocolError);
+  impostor.join();
+}
+
+RendezvousConfig rv(int rank, int size, int port) {
+  RendezvousConfig c;
+  c.net.job_id = "rv-auth-" + std::to_string(port);
+  c.net.connect_timeout = 5s;
+  c.rank = rank;
+  c.size = size;
+  c.master_addr = "127.0.0.1";
+  c.master_port = port;
+  c.host = "127.0.0.1";
+  c.port = 1000 + rank;
+  c.timeout = 8s;
+  return c;
+}
+
+TEST(RendezvousAuth, ABadHelloClosesOnlyItsConnection) {
+  const int port = test::free_port();
+  auto host = std::async(std::launch::async, [&] { return rendezvous(rv(0, 2, port)); });
+  // Strangers that passed the net hello (no secret, loopback) but claim an
+  // out-of-range rank, a rank other than their identity, or send garbage.
+  auto stranger = [&](int identity, std::vector<std::byte> hello) {
+    net::TransportConfig tc;
+    tc.net = rv(0, 2, port).net;
+    tc.role = Role::kWorker;
+    tc.rank = identity;
+    net::Transport t(tc);
+    std::promise<std::string> refused;
+    t.set_handler(kBookType, kRefuseType, [&](net::Message&& m) {
+      if (m.header.type == kRefuseType)
+        refused.set_value(
+            std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
+    });
+    t.start();
+    net::ConnId c = t.connect("127.0.0.1", port, 5s);
+    t.send_copy(c, net::Header{.type = kHelloType}, hello.data(), hello.size());
+    auto f = refused.get_future();
+    EXPECT_EQ(f.wait_for(5s), std::future_status::ready);
+    return f.get();
+  };
+  EXPECT_THAT(stranger(7, encode_hello(7, 2, "127.0.0.1", 1)), HasSubstr("out of range"));
+  EXPECT_THAT(stranger(3, encode_hello(1, 2, "127.0.0.1", 1)),
+              HasSubstr("not the rank it connected as"));
+  EXPECT_THAT(stranger(4, {std::byte{1}, std::byte{2}}), HasSubstr("malformed"));
+  // The real rank 1 still completes the rendezvous.
+  AddressList book = rendezvous(rv(1, 2, port));
+  ASSERT_EQ(book.size(), 2u);
+  EXPECT_EQ(book[1].second, 1001);
+  EXPECT_EQ(host.get().size(), 2u);
+}
+
+}  // namespace
+}  // namespace pushpull::collective

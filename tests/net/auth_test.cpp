@@ -1,0 +1,486 @@
+// Secure by default at the net layer: mutual authentication bound to
+// identity (wrong-secret acceptors, replayed, reflected and re-targeted
+// proofs), duplicate identities, the authenticated sender, strangers that
+// stay silent, disconnect or send too much, handler exceptions, the
+// no-secret peer policy, bind addresses, held hellos and accept() running
+// out of descriptors.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "fixture.h"
+#include "net/node_id.h"
+#include "net/peer_policy.h"
+#include "support/wait.h"
+
+namespace pushpull::net {
+namespace {
+
+using namespace std::chrono_literals;
+using test::config;
+using test::RawClient;
+using test::Sink;
+using test::wait_until;
+
+using test::kData;
+
+// A fake acceptor on a raw socket: sends a challenge, reads the hello and
+// answers with an ack whose proof `forge` makes from the hello it got.
+class FakeAcceptor {
+ public:
+  using Forge = std::function<Proof(const Challenge&, const Hello&)>;
+  explicit FakeAcceptor(Forge forge) : forge_(std::move(forge)) {
+    listener_ = listen_on("127.0.0.1", 0);
+    set_nonblocking(listener_.get(), false);
+    port_ = local_port(listener_.get());
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeAcceptor() {
+    ::shutdown(listener_.get(), SHUT_RDWR);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    Fd fd(::accept(listener_.get(), nullptr, nullptr));
+    if (!fd.valid()) return;
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    std::string err;
+    Challenge ch{kProtocolVersion, job_tag("job"), random_nonce()};
+    send(fd.get(), msg::kChallenge, encode(ch), deadline);
+    HeaderBytes hb;
+    Header h;
+    if (!read_all(fd.get(), hb.data(), hb.size(), deadline, &err)) return;
+    if (!decode_header(hb, kMaxHandshakeBytes, &h).is_ok()) return;
+    std::vector<std::byte> p(h.payload_bytes);
+    if (!read_all(fd.get(), p.data(), p.size(), deadline, &err)) return;
+    Hello hello;
+    if (!decode(p, &hello).is_ok()) return;
+    HelloAck ack{true, "", Role::kServer, 0, forge_(ch, hello)};
+    send(fd.get(), msg::kHelloAck, encode(ack), deadline);
+    char c;
+    read_all(fd.get(), &c, 1, deadline, &err);  // until the connector hangs up
+  }
+  static void send(int fd, uint16_t type, const std::vector<std::byte>& payload,
+                   std::chrono::steady_clock::time_point deadline) {
+    std::string err;
+    auto hb = encode_header(Header{.type = type, .payload_bytes = payload.size()});
+    write_all(fd, hb.data(), hb.size(), deadline, &err);
+    write_all(fd, payload.data(), payload.size(), deadline, &err);
+  }
+  Forge forge_;
+  Fd listener_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+void expect_connector_refuses(const FakeAcceptor::Forge& forge) {
+  FakeAcceptor fake(forge);
+  Transport b(config(Role::kWorker, 1, "right"));
+  b.start();
+  try {
+    b.connect("127.0.0.1", fake.port());
+    FAIL() << "the connector accepted an acceptor that did not prove the secret";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("authentication failed"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(b.connections().empty());
+}
+
+TEST(Auth, ConnectorRefusesAnAcceptorWithTheWrongSecret) {
+  expect_connector_refuses([](const Challenge& ch, const Hello& h) {
+    return compute_proof("wrong",
+                         {Direction::kAcceptor, ch.nonce, h.nonce, "job", Role::kServer, 0});
+  });
+  expect_connector_refuses([](const Challenge&, const Hello&) { return Proof{}; });
+}
+
+TEST(Auth, ConnectorRefusesItsOwnProofReflected) {
+  // The connector's proof is for the other direction: handing it back fails.
+  expect_connector_refuses([](const Challenge&, const Hello& h) { return h.proof; });
+}
+
+TEST(Auth, AcceptorRefusesAReplayedHello) {
+  Sink a(config(Role::kServer, 0, "s3cret"));
+  Hello recorded;
+  {  // A legitimate exchange, recorded by an eavesdropper.
+    RawClient r(a.t.port());
+    recorded = RawClient::make_hello(r.challenge(), "s3cret", Role::kWorker, 1);
+    r.send_hello(recorded);
+    ASSERT_TRUE(r.ack().accepted);
+  }
+  EXPECT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  RawClient replay(a.t.port());
+  (void)replay.challenge();  // a fresh nonce the recorded proof does not cover
+  replay.send_hello(recorded);
+  HelloAck ack = replay.ack();
+  EXPECT_FALSE(ack.accepted);
+  EXPECT_NE(ack.reason.find("authentication failed"), std::string::npos) << ack.reason;
+  EXPECT_TRUE(replay.closed_by_peer());
+  EXPECT_EQ(a.npeers(), 1u);
+}
+
+TEST(Auth, AcceptorRefusesAProofForAnotherIdentity) {
+  Sink a(config(Role::kServer, 0, "s3cret"));
+  RawClient r(a.t.port());
+  Hello h = RawClient::make_hello(r.challenge(), "s3cret", Role::kWorker, 1);
+  h.rank = 2;  // claims worker 2 with worker 1's proof
+  r.send_hello(h);
+  HelloAck ack = r.ack();
+  EXPECT_FALSE(ack.accepted);
+  EXPECT_NE(ack.reason.find("authentication failed"), std::string::npos) << ack.reason;
+  RawClient s(a.t.port());
+  Hello g = RawClient::make_hello(s.challenge(), "s3cret", Role::kWorker, 1);
+  g.role = Role::kServer;  // same rank, another role
+  s.send_hello(g);
+  EXPECT_FALSE(s.ack().accepted);
+  EXPECT_EQ(a.npeers(), 0u);
+}
+
+TEST(Auth, AcceptorProvesItsIdentityToTheConnector) {
+  Sink a(config(Role::kServer, 3, "s3cret"));
+  Transport b(config(Role::kWorker, 1, "s3cret"));
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  auto p = b.peer(c);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->role, Role::kServer);
+  EXPECT_EQ(p->rank, 3);
+}
+
+TEST(Auth, ADuplicateIdentityIsRefusedUntilTheFirstLeaves) {
+  Sink a(config(Role::kServer, 0, "s3cret"));
+  auto first = std::make_unique<RawClient>(a.t.port());
+  first->hello("s3cret", Role::kWorker, 4);
+  EXPECT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  {
+    RawClient second(a.t.port());
+    second.send_hello(RawClient::make_hello(second.challenge(), "s3cret", Role::kWorker, 4));
+    HelloAck ack = second.ack();
+    EXPECT_FALSE(ack.accepted);
+    EXPECT_NE(ack.reason.find("already connected"), std::string::npos) << ack.reason;
+    EXPECT_TRUE(second.closed_by_peer());
+  }
+  first.reset();
+  EXPECT_TRUE(wait_until([&] { return a.ncloses() == 1; }));
+  RawClient again(a.t.port());
+  again.hello("s3cret", Role::kWorker, 4);
+  EXPECT_TRUE(wait_until([&] { return a.npeers() == 2; }));
+}
+
+TEST(Auth, SenderIsTheAuthenticatedIdentity) {
+  Sink a(config(Role::kServer, 0, "s3cret"));
+  RawClient r(a.t.port());
+  r.hello("s3cret", Role::kWorker, 5);
+  // Claims to be the scheduler in the header.
+  r.write(Header{.type = kData, .sender = node_id(Role::kScheduler, 0), .payload_bytes = 1},
+          std::vector<std::byte>{std::byte{1}});
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+  std::lock_guard l(a.mu);
+  EXPECT_EQ(a.got[0].header.sender, node_id(Role::kWorker, 5));
+  auto [role, rank] = node_of_id(a.got[0].header.sender);
+  EXPECT_EQ(role, Role::kWorker);
+  EXPECT_EQ(rank, 5);
+}
+
+TEST(Auth, SilentStrangersDoNotDelayARealPeerAndNeverReachTheCloseHandler) {
+  auto cfg = config(Role::kServer, 0, "s3cret");
+  cfg.net.handshake_timeout = 3s;
+  Sink a(cfg);
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < 64; ++i)
+    silent.push_back(std::make_unique<RawClient>(a.t.port()));
+  Transport b(config(Role::kWorker, 0, "s3cret"));
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  // Served while every stranger is still pending (none expired yet): read the
+  // challenge, then nothing more has come (no EOF).
+  for (auto& s : silent) {
+    (void)s->challenge();
+    char byte;
+    EXPECT_LT(::recv(s->fd(), &byte, 1, MSG_DONTWAIT), 0);
+  }
+  // The strangers are closed at their own deadline.
+  for (auto& s : silent)
+    EXPECT_TRUE(s->closed_by_peer(10s));
+  {  // others just connect and leave, or send garbage and leave
+    for (int i = 0; i < 20; ++i) {
+      RawClient r(a.t.port());
+      if (i % 2) r.raw("garbage!", 8);
+    }
+  }
+  b.send_copy(c, Header{.type = kData}, "x", 1);
+  EXPECT_TRUE(wait_until([&] { return a.count() == 1; }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(a.npeers(), 1u);
+  EXPECT_EQ(a.ncloses(), 0u);
+}
+
+TEST(Auth, OversizePreAuthenticationInputIsClosed) {
+  Sink a(config(Role::kServer, 0, "s3cret"));
+  RawClient r(a.t.port());
+  (void)r.challenge();
+  r.write(Header{.type = msg::kHello, .payload_bytes = kMaxHelloBytes + 1}, {});
+  HelloAck ack = r.ack();  // told why
+  EXPECT_FALSE(ack.accepted);
+  EXPECT_TRUE(r.closed_by_peer());
+  // A hello whose header is fine but whose host is too long.
+  RawClient t(a.t.port());
+  Hello big = RawClient::make_hello(t.challenge(), "s3cret", Role::kWorker, 2);
+  big.host.assign(kMaxHelloHost + 1, 'x');
+  t.send_hello(big);
+  EXPECT_FALSE(t.ack().accepted);
+  // The largest valid hello fits the cap.
+  RawClient u(a.t.port());
+  Hello largest = RawClient::make_hello(u.challenge(), "s3cret", Role::kWorker, 3);
+  largest.host.assign(kMaxHelloHost, 'h');
+  EXPECT_EQ(encode(largest).size(), kMaxHelloBytes);
+  u.send_hello(largest);
+  EXPECT_TRUE(u.ack().accepted);
+  EXPECT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  EXPECT_EQ(a.ncloses(), 0u);
+}
+
+TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
+  std::atomic<int> ok{0};
+  Transport srv(config(Role::kServer, 0, "s3cret"));
+  srv.listen("127.0.0.1", 0);
+  std::mutex mu;
+  std::vector<Status> closes;
+  srv.set_handler(kData, kData, [&](Message&& m) {
+    if (m.payload.size() == 4) throw std::runtime_error("bad input");
+    ++ok;
+  });
+  srv.set_close_handler([&](ConnId, const PeerInfo&, const Status& s) {
+    std::lock_guard l(mu);
+    closes.push_back(s);
+    throw std::logic_error("the close handler throws too");
+  });
+  srv.start();
+  Transport good(config(Role::kWorker, 0, "s3cret")), bad(config(Role::kWorker, 1, "s3cret"));
+  good.start();
+  bad.start();
+  ConnId g = good.connect("127.0.0.1", srv.port());
+  ConnId b = bad.connect("127.0.0.1", srv.port());
+  bad.send_copy(b, Header{.type = kData}, "boom", 4);
+  ASSERT_TRUE(wait_until([&] {
+    std::lock_guard l(mu);
+    return closes.size() == 1;
+  }));
+  {
+    std::lock_guard l(mu);
+    EXPECT_EQ(closes[0].code(), ErrorCode::kInternal);
+    EXPECT_NE(closes[0].message().find("bad input"), std::string::npos);
+  }
+  good.send_copy(g, Header{.type = kData}, "x", 1);
+  EXPECT_TRUE(wait_until([&] { return ok == 1; }));
+  // A connect handler that throws closes that connection only.
+  Transport srv2(config(Role::kServer, 1, "s3cret"));
+  srv2.listen("127.0.0.1", 0);
+  srv2.set_connect_handler([](ConnId, const PeerInfo&) { throw std::runtime_error("nope"); });
+  srv2.start();
+  Transport c(config(Role::kWorker, 2, "s3cret"));
+  c.start();
+  (void)c.connect("127.0.0.1", srv2.port());
+  EXPECT_TRUE(wait_until([&] { return srv2.connections().empty(); }));
+  (void)c.connect("127.0.0.1", srv2.port());  // still serving
+}
+
+TEST(Auth, WithoutASecretOnlyThisMachineMayConnect) {
+  NetOptions open;
+  EXPECT_TRUE(peer_refusal(resolve("127.0.0.1", 1), open).empty());
+  EXPECT_TRUE(peer_refusal(resolve("127.4.5.6", 1), open).empty());
+  EXPECT_TRUE(peer_refusal(resolve("::1", 1), open).empty());
+  EXPECT_TRUE(peer_refusal(resolve("::ffff:127.0.0.1", 1), open).empty());
+  std::string why = peer_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_NE(why.find("PUSHPULL_JOB_SECRET"), std::string::npos) << why;
+  EXPECT_NE(why.find("10.1.2.3"), std::string::npos) << why;
+  EXPECT_FALSE(peer_refusal(resolve("fd00::7", 1), open).empty());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).empty());  // our own
+  EXPECT_TRUE(peer_refusal(resolve("::ffff:10.1.2.3", 1), open, {"10.1.2.3"}).empty());
+  NetOptions secret;
+  secret.job_secret = "s";
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), secret).empty());
+  NetOptions insecure;
+  insecure.allow_insecure = true;
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), insecure).empty());
+  EXPECT_TRUE(is_loopback(resolve("127.0.0.1", 1)));
+  EXPECT_FALSE(is_loopback(resolve("128.0.0.1", 1)));
+}
+
+TEST(Auth, PolicyOptionsComeFromTheEnvironment) {
+  Environment env(std::map<std::string, std::string>{{"PUSHPULL_ALLOW_INSECURE", "1"},
+                                                     {"PUSHPULL_BIND_ANY", "true"},
+                                                     {"PUSHPULL_HANDSHAKE_TIMEOUT_MS", "250"}});
+  Options o = Options::from_env(env);
+  EXPECT_TRUE(o.net.allow_insecure);
+  EXPECT_TRUE(o.net.bind_any);
+  EXPECT_EQ(o.net.handshake_timeout, Millis(250));
+  Options d = Options::from_env(Environment());
+  EXPECT_FALSE(d.net.allow_insecure);
+  EXPECT_FALSE(d.net.bind_any);
+  EXPECT_THROW(Options::from_env(Environment(
+                   std::map<std::string, std::string>{{"PUSHPULL_ALLOW_INSECURE", "maybe"}})),
+               InvalidArgument);
+}
+
+TEST(Auth, BindWhereAdvertised) {
+  EXPECT_EQ(bind_host_for("127.0.0.1", false), "127.0.0.1");
+  EXPECT_EQ(bind_host_for("127.0.1.1", false), "127.0.1.1");
+  EXPECT_EQ(bind_host_for("localhost", false), "127.0.0.1");
+  EXPECT_EQ(bind_host_for("::1", false), "::1");
+  EXPECT_EQ(bind_host_for("10.0.0.5", false), "10.0.0.5");
+  EXPECT_EQ(bind_host_for("fd00::5", false), "fd00::5");
+  EXPECT_EQ(bind_host_for("10.0.0.5", true), "");
+  EXPECT_EQ(bind_host_for("fd00::5", true), "::");
+  EXPECT_EQ(bind_host_for("", false), "");
+  EXPECT_EQ(bind_host_for("0.0.0.0", false), "");
+  EXPECT_EQ(bind_host_for("::", false), "::");
+}
+
+TEST(Auth, AnUnrankedNodeHoldsHellosUntilItHasARank) {
+  auto cfg = config(Role::kWorker, -1, "s3cret");
+  cfg.hold_hellos_until_ranked = true;
+  Transport a(cfg);
+  a.listen("127.0.0.1", 0);
+  a.start();
+  Transport b(config(Role::kWorker, 1, "s3cret"));
+  b.start();
+  auto fut = std::async(std::launch::async, [&] { return b.connect("127.0.0.1", a.port()); });
+  EXPECT_EQ(fut.wait_for(300ms), std::future_status::timeout);
+  a.set_identity(Role::kWorker, 0, node_id(Role::kWorker, 0));
+  ASSERT_EQ(fut.wait_for(5s), std::future_status::ready);
+  auto p = b.peer(fut.get());
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->rank, 0);
+}
+
+TEST(Auth, ALargeMessageGrowsItsBufferAsBytesArrive) {
+  Sink a(config(Role::kServer, 0, "s3cret"));
+  Transport b(config(Role::kWorker, 0, "s3cret"));
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  std::vector<uint8_t> big((5 << 20) + 13);
+  for (size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<uint8_t>(i * 7 + 3);
+  b.send(c, Header{.type = kData}, big.data(), big.size(), nullptr);
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+  std::lock_guard l(a.mu);
+  ASSERT_EQ(a.got[0].payload.size(), big.size());
+  EXPECT_EQ(std::memcmp(a.got[0].payload.data(), big.data(), big.size()), 0);
+}
+
+TEST(Auth, RefusalLogIsRateLimitedPerAddress) {
+  std::fflush(stderr);
+  char path[] = "/tmp/pushpull_refusal_logXXXXXX";
+  int file = mkstemp(path);
+  ASSERT_GE(file, 0);
+  int saved = dup(2);
+  dup2(file, 2);
+  {
+    RefusalLog log(10s);
+    for (int i = 0; i < 1000; ++i)
+      log.note("10.0.0.1", "refused a stranger");
+    log.note("10.0.0.2", "refused another");
+  }
+  dup2(saved, 2);
+  ::close(saved);
+  ::close(file);
+  std::ifstream in(path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);)
+    ++lines;
+  std::remove(path);
+  EXPECT_EQ(lines, 2);
+}
+
+// Open descriptors of this process.
+int open_fds() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr)
+      ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// The child of AcceptPausesWhenOutOfDescriptors; returns its exit code.
+int out_of_descriptors_child(const std::string& log_path) {
+  FILE* log = std::freopen(log_path.c_str(), "w", stderr);
+  if (log == nullptr) return 10;
+  Transport a(config(Role::kServer, 0, "s3cret"));
+  a.listen("127.0.0.1", 0);
+  a.start();
+  Transport b(config(Role::kWorker, 0, "s3cret"));
+  b.start();
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  rlimit low = lim;
+  low.rlim_cur = static_cast<rlim_t>(open_fds() + 40);
+  if (setrlimit(RLIMIT_NOFILE, &low) != 0) return 11;
+  SockAddr addr = resolve("127.0.0.1", a.port());
+  std::vector<int> clients;
+  for (int i = 0; i < 200; ++i) {
+    int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) break;
+    clients.push_back(s);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&addr.storage), addr.len) != 0) break;
+  }
+  std::this_thread::sleep_for(200ms);
+  timespec t0{}, t1{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+  std::this_thread::sleep_for(1s);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+  double cpu = static_cast<double>(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+  for (int s : clients)
+    ::close(s);  // frees descriptors (and lets us read the log)
+  std::fflush(stderr);
+  int lines = 0;
+  {
+    std::ifstream in(log_path);
+    for (std::string line; std::getline(in, line);)
+      lines += line.find("cannot accept") != std::string::npos;
+  }
+  if (lines == 0) return 12;  // never ran out: the test did not test anything
+  if (cpu > 0.3) return 13;
+  if (lines > 5) return 14;
+  try {
+    ConnId c = b.connect("127.0.0.1", a.port(), 5s);
+    if (!b.peer(c)) return 15;
+  } catch (const std::exception&) {
+    return 16;
+  }
+  return 0;
+}
+
+TEST(Auth, AcceptPausesWhenOutOfDescriptors) {
+  char path[] = "/tmp/pushpull_emfile_logXXXXXX";
+  int file = mkstemp(path);
+  ASSERT_GE(file, 0);
+  ::close(file);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(out_of_descriptors_child(path));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::ifstream in(path);
+  std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  // 12: never hit EMFILE, 13: spun (CPU), 14: logged too much, 15/16: no recovery.
+  EXPECT_EQ(WEXITSTATUS(status), 0) << log.substr(0, 4000);
+}
+
+}  // namespace
+}  // namespace pushpull::net

@@ -1,0 +1,157 @@
+// Transport test fixtures: a config for loopback tests, a Sink that records
+// what arrives, and a hand-driven RawClient that speaks the hello byte by
+// byte (so tests can replay, reflect or forge it) and then raw frames.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "net/hello.h"
+#include "net/message.h"
+#include "net/socket.h"
+#include "net/transport.h"
+
+namespace pushpull::test {
+
+using namespace pushpull::net;
+
+// Message types of the tests (the free range).
+inline constexpr uint16_t kData = 200, kReply = 201, kBlock = 202;
+
+inline TransportConfig config(Role role, int rank, std::string secret = "",
+                              std::string job = "job") {
+  TransportConfig c;
+  c.role = role;
+  c.rank = rank;
+  c.net.job_id = job;
+  c.net.job_secret = secret;
+  c.net.connect_timeout = std::chrono::seconds(3);
+  c.label = fmt::format("{} {}", role_name(role), rank);
+  return c;
+}
+
+// A server-side transport that records what arrives.
+struct Sink {
+  explicit Sink(TransportConfig c) : t(std::move(c)) {
+    t.listen("127.0.0.1", 0);
+    t.set_connect_handler([this](ConnId id, const PeerInfo& p) {
+      std::lock_guard l(mu);
+      peers.emplace_back(id, p);
+    });
+    t.set_close_handler([this](ConnId, const PeerInfo&, const Status& s) {
+      std::lock_guard l(mu);
+      closes.push_back(s);
+    });
+    t.set_handler(kData, kData, [this](Message&& m) {
+      std::lock_guard l(mu);
+      got.push_back(std::move(m));
+    });
+    t.start();
+  }
+  // Stop the I/O thread before the members its handlers use go away.
+  ~Sink() { t.stop(); }
+  size_t count() {
+    std::lock_guard l(mu);
+    return got.size();
+  }
+  size_t npeers() {
+    std::lock_guard l(mu);
+    return peers.size();
+  }
+  size_t ncloses() {
+    std::lock_guard l(mu);
+    return closes.size();
+  }
+  Transport t;
+  std::mutex mu;
+  std::vector<Message> got;
+  std::vector<std::pair<ConnId, PeerInfo>> peers;
+  std::vector<Status> closes;
+};
+
+class RawClient {
+ public:
+  explicit RawClient(int port, const std::string& host = "127.0.0.1") {
+    std::string err;
+    fd_ = connect_once(resolve(host, port), std::chrono::seconds(2), &err);
+    EXPECT_TRUE(fd_.valid()) << err;
+  }
+  // Reads the acceptor's challenge.
+  Challenge challenge() {
+    Challenge ch;
+    auto p = read_message(msg::kChallenge);
+    EXPECT_TRUE(decode(p, &ch).is_ok());
+    return ch;
+  }
+  // Sends `hello` as is.
+  void send_hello(const Hello& hello) {
+    auto payload = encode(hello);
+    write(Header{.type = msg::kHello, .payload_bytes = payload.size()}, payload);
+  }
+  // A well-formed hello for (role, rank) answering `ch` with `secret`.
+  static Hello make_hello(const Challenge& ch, const std::string& secret, Role role, int rank,
+                          const std::string& job = "job") {
+    Hello h{kProtocolVersion, job_tag(job), role, rank, "127.0.0.1", 1, random_nonce(), {}};
+    h.proof = compute_proof(secret, {Direction::kConnector, ch.nonce, h.nonce, job, role, rank});
+    return h;
+  }
+  HelloAck ack() {
+    HelloAck a;
+    auto p = read_message(msg::kHelloAck);
+    EXPECT_TRUE(decode(p, &a).is_ok());
+    return a;
+  }
+  // The whole hello as worker 7 (or `role`/`rank`); expects acceptance.
+  void hello(const std::string& secret = "", Role role = Role::kWorker, int rank = 7) {
+    Challenge ch = challenge();
+    send_hello(make_hello(ch, secret, role, rank));
+    HelloAck a = ack();
+    ASSERT_TRUE(a.accepted) << a.reason;
+  }
+  std::vector<std::byte> read_message(uint16_t type) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    std::string err;
+    HeaderBytes hb;
+    if (!read_all(fd_.get(), hb.data(), hb.size(), deadline, &err)) {
+      ADD_FAILURE() << "no message: " << err;
+      return {};
+    }
+    Header h;
+    EXPECT_TRUE(decode_header(hb, kMaxHandshakeBytes, &h).is_ok());
+    EXPECT_EQ(h.type, type);
+    std::vector<std::byte> p(h.payload_bytes);
+    EXPECT_TRUE(read_all(fd_.get(), p.data(), p.size(), deadline, &err)) << err;
+    return p;
+  }
+  void write(const Header& h, std::span<const std::byte> payload) {
+    auto hb = encode_header(h);
+    raw(hb.data(), hb.size());
+    raw(payload.data(), payload.size());
+  }
+  void raw(const void* p, size_t n) {
+    std::string err;
+    write_all(fd_.get(), p, n, std::chrono::steady_clock::now() + std::chrono::seconds(5), &err);
+  }
+  // True when the node closed the connection (EOF) within the timeout.
+  bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    char buf[4096];
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string err;
+    while (read_all(fd_.get(), buf, 1, deadline, &err)) {
+    }
+    return err.find("closed") != std::string::npos || err.find("reset") != std::string::npos;
+  }
+  int fd() const { return fd_.get(); }
+
+ private:
+  Fd fd_;
+};
+
+}  // namespace pushpull::test

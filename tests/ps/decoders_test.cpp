@@ -1,0 +1,156 @@
+// Every decoder of the PS and cluster messages (net/wire.h underneath): round
+// trips, and truncated, garbage, huge-count or overflowing input is rejected
+// with a ProtocolError status (never a throw, never a read past the input:
+// run under the ASan build to check the latter).
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <random>
+
+#include "cluster/protocol.h"
+#include "net/wire.h"
+#include "ps/protocol.h"
+
+namespace pushpull {
+namespace {
+
+std::vector<std::byte> random_bytes(std::mt19937& rng, size_t max) {
+  std::vector<std::byte> b(rng() % (max + 1));
+  for (auto& x : b)
+    x = static_cast<std::byte>(rng());
+  return b;
+}
+
+// Feeds every prefix of `good` and many random inputs to `decode`.
+template <typename Decode>
+void reject_prefixes_and_garbage(const std::vector<std::byte>& good, Decode decode) {
+  for (size_t n = 0; n < good.size(); ++n) {
+    Status s = decode(std::span<const std::byte>(good.data(), n));
+    if (!s.is_ok()) {
+      EXPECT_EQ(s.code(), ErrorCode::kProtocolError) << s.to_string();
+    }
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 5000; ++i) {
+    auto b = random_bytes(rng, 64);
+    Status s = decode(b);
+    if (!s.is_ok()) {
+      EXPECT_EQ(s.code(), ErrorCode::kProtocolError) << s.to_string();
+    }
+  }
+}
+
+TEST(PsInit, RoundTripsAndRejectsTruncatedNames) {
+  std::vector<std::byte> value(12, std::byte{7});
+  auto b = ps::encode_init("weight", value);
+  std::string name;
+  std::span<const std::byte> v;
+  ASSERT_TRUE(ps::decode_init(b, &name, &v).is_ok());
+  EXPECT_EQ(name, "weight");
+  EXPECT_EQ(v.size(), 12u);
+  // A name length larger than the payload.
+  auto lying = b;
+  lying[0] = std::byte{0xff};
+  EXPECT_EQ(ps::decode_init(lying, &name, &v).code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(ps::decode_init({}, &name, &v).code(), ErrorCode::kProtocolError);
+  reject_prefixes_and_garbage(b, [](std::span<const std::byte> in) {
+    std::string n;
+    std::span<const std::byte> val;
+    Status s = ps::decode_init(in, &n, &val);
+    if (s.is_ok()) {
+      EXPECT_LE(n.size() + 2 + val.size(), in.size());
+    }
+    return s;
+  });
+}
+
+TEST(PsRanges, RoundTripAndRejectNegativeOrOverflowing) {
+  std::vector<ps::Range> ranges{{0, 3}, {10, 2}};
+  auto b = ps::encode_ranges(ranges);
+  std::vector<ps::Range> out;
+  ASSERT_TRUE(ps::decode_ranges(b, &out).is_ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].begin, 10);
+  EXPECT_EQ(out[1].count, 2);
+
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  for (auto bad : {ps::Range{1, max}, ps::Range{-1, 1}, ps::Range{0, -5}, ps::Range{max, 1}}) {
+    EXPECT_EQ(ps::decode_ranges(ps::encode_ranges({bad}), &out).code(), ErrorCode::kProtocolError)
+        << bad.begin << " " << bad.count;
+  }
+  b.pop_back();
+  EXPECT_EQ(ps::decode_ranges(b, &out).code(), ErrorCode::kProtocolError);
+  reject_prefixes_and_garbage(ps::encode_ranges(ranges), [](std::span<const std::byte> in) {
+    std::vector<ps::Range> r;
+    return ps::decode_ranges(in, &r);
+  });
+}
+
+cluster::NodeAddress addr(Role role, int rank) {
+  return {role, rank, "10.0.0." + std::to_string(rank + 1), 9000 + rank};
+}
+
+TEST(ClusterProtocol, RoundTrips) {
+  cluster::NodeAddress me;
+  int32_t pref = 0;
+  ASSERT_TRUE(
+      cluster::decode_register(cluster::encode_register(addr(Role::kWorker, 3), 3), &me, &pref)
+          .is_ok());
+  EXPECT_EQ(me.host, "10.0.0.4");
+  EXPECT_EQ(pref, 3);
+
+  cluster::AddressBook book;
+  book.scheduler = addr(Role::kScheduler, 0);
+  book.servers = {addr(Role::kServer, 0)};
+  book.workers = {addr(Role::kWorker, 0), addr(Role::kWorker, 1)};
+  cluster::AddressBook got;
+  int32_t rank = -1;
+  ASSERT_TRUE(cluster::decode_book(cluster::encode_book(1, book), &rank, &got).is_ok());
+  EXPECT_EQ(rank, 1);
+  ASSERT_EQ(got.workers.size(), 2u);
+  EXPECT_EQ(got.workers[1].port, 9001);
+
+  std::string reason;
+  ASSERT_TRUE(
+      cluster::decode_dead(cluster::encode_dead(addr(Role::kServer, 0), "gone"), &me, &reason)
+          .is_ok());
+  EXPECT_EQ(reason, "gone");
+}
+
+TEST(ClusterProtocol, BookWithAHugeCountIsRejectedBeforeAllocating) {
+  net::Writer w;
+  w.u<int32_t>(0);
+  w.u<uint8_t>(1).u<int32_t>(0).str("h").u<int32_t>(1);  // scheduler
+  w.u<uint32_t>(999999);                                 // servers: far more than follow
+  cluster::AddressBook book;
+  int32_t rank;
+  EXPECT_EQ(cluster::decode_book(w.data(), &rank, &book).code(), ErrorCode::kProtocolError);
+  EXPECT_TRUE(book.servers.empty());
+}
+
+TEST(ClusterProtocol, TruncatedAndGarbageInputIsRejected) {
+  cluster::AddressBook book;
+  book.scheduler = addr(Role::kScheduler, 0);
+  book.servers = {addr(Role::kServer, 0)};
+  book.workers = {addr(Role::kWorker, 0)};
+  reject_prefixes_and_garbage(cluster::encode_book(0, book), [](std::span<const std::byte> in) {
+    cluster::AddressBook b;
+    int32_t r;
+    return cluster::decode_book(in, &r, &b);
+  });
+  reject_prefixes_and_garbage(cluster::encode_register(addr(Role::kServer, 1), -1),
+                              [](std::span<const std::byte> in) {
+                                cluster::NodeAddress a;
+                                int32_t p;
+                                return cluster::decode_register(in, &a, &p);
+                              });
+  reject_prefixes_and_garbage(cluster::encode_dead(addr(Role::kWorker, 2), "crashed"),
+                              [](std::span<const std::byte> in) {
+                                cluster::NodeAddress a;
+                                std::string why;
+                                return cluster::decode_dead(in, &a, &why);
+                              });
+}
+
+}  // namespace
+}  // namespace pushpull
