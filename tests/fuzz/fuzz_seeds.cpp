@@ -121,8 +121,8 @@ void collective_seeds(const fs::path& root) {
   collective::Spec b = s;
   b.type = collective::OpType::kBroadcast;
   b.root = 1;
-  co.add(0 | (2 << 1), collective::encode(collective::Announce{{s, b}, {}, false}));
-  co.add(0 | (2 << 1), collective::encode(collective::Announce{{}, {0, 1}, true}));
+  co.add(0 | (2 << 2), collective::encode(collective::Announce{{s, b}, {}, false}));
+  co.add(0 | (2 << 2), collective::encode(collective::Announce{{}, {0, 1}, true}));
   collective::Response exec;
   exec.tensors = {{"grad.0", 0, true, s}, {"grad.1", 1, false, {}}};
   exec.joined = {2};
@@ -133,7 +133,7 @@ void collective_seeds(const fs::path& root) {
   collective::Response gather;
   gather.tensors = {{"ag", collective::kNoCacheId, true, s}};
   gather.rows = {1, 2, 3};
-  co.add(1 | (2 << 1), collective::encode(std::vector<collective::Response>{exec, err, gather}));
+  co.add(1 | (2 << 2), collective::encode(std::vector<collective::Response>{exec, err, gather}));
 
   Corpus rv(root, "fuzz_rendezvous");
   rv.add(0, collective::encode_hello(1, 3, "10.0.0.2", 9100));
