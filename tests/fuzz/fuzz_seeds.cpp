@@ -16,6 +16,7 @@
 #include "net/message.h"
 #include "net/wire.h"
 #include "ps/protocol.h"
+#include "pushpull/optimizer.h"
 
 namespace fs = std::filesystem;
 using namespace pushpull;
@@ -113,6 +114,17 @@ void ps_store_seeds(const fs::path& root) {
   }
 }
 
+void optimizer_seeds(const fs::path& root) {
+  Corpus op(root, "fuzz_optimizer_states");
+  const char* specs[] = {"sgd:learning_rate=0.1,momentum=0.9", "adam", "rmsprop", "adagrad"};
+  for (uint8_t i = 0; i < 4; ++i) {
+    auto opt = create_optimizer(OptimizerSpec::parse(specs[i]));
+    Array w = Array::full(Shape{4}, 1.0), g = Array::full(Shape{4}, 0.5);
+    opt->update(Key(1), w.view(), g.view());
+    op.add(i, opt->save_states());
+  }
+}
+
 void collective_seeds(const fs::path& root) {
   Corpus co(root, "fuzz_collective_messages");
   collective::Spec s;
@@ -152,6 +164,7 @@ int main(int argc, char** argv) {
   cluster_seeds(root);
   ps_seeds(root);
   ps_store_seeds(root);
+  optimizer_seeds(root);
   collective_seeds(root);
   return 0;
 }
