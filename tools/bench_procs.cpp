@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "launch/launcher.h"
 #include "pushpull/error.h"
 
 extern char** environ;
@@ -25,7 +26,21 @@ ProcessGroup::~ProcessGroup() {
   if (out_fd_ >= 0) ::close(out_fd_);
 }
 
+// The benchmark is the launcher of its processes: like `pushpull launch`, it
+// gives them one job secret (through the environment only), so pushpull's
+// nodes authenticate each other also when they run in network namespaces.
+static void ensure_job_secret() {
+  static const bool done = [] {
+    const char* s = std::getenv("PUSHPULL_JOB_SECRET");
+    if (s == nullptr || *s == '\0')
+      ::setenv("PUSHPULL_JOB_SECRET", launch::make_job_secret().c_str(), 1);
+    return true;
+  }();
+  (void)done;
+}
+
 void ProcessGroup::start(const std::vector<std::string>& argv) {
+  ensure_job_secret();
   int pipe_fds[2] = {-1, -1};
   const bool capture = pids_.empty();
   if (capture && ::pipe2(pipe_fds, O_CLOEXEC) != 0)

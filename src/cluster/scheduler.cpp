@@ -370,7 +370,15 @@ void Scheduler::process_exited(Role role, int rank, int exit_code, int signal) {
     return;
   }
   if (role != Role::kWorker) {
-    fail(who, "its process exited (code 0) before it registered with the scheduler");
+    // A server that ends cleanly without registering ran a program that does
+    // not use the scheduler (e.g. one script for every role): harmless unless
+    // registered nodes are waiting for it.
+    if (!nodes_.empty())
+      fail(who,
+           "its process exited (code 0) before it registered, while registered nodes wait "
+           "for it");
+    else
+      PP_INFO("{} {} exited (code 0) without joining the job", role_name(role), rank);
     return;
   }
   if (exited_unregistered_.empty()) first_unregistered_exit_ = clock_.now();

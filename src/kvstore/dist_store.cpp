@@ -55,17 +55,24 @@ DistStore::DistStore(std::string type, const Options& options)
   node_->set_handler(ps::msg::kFirst, ps::msg::kLast,
                      [this](net::Message&& m) { on_message(std::move(m)); });
   node_->on_peer_failure([this](const Status& s) { on_failure(s); });
-  node_->start();
-  Status mode;
-  if (rank() == 0) {
-    try {
-      command_all(static_cast<uint64_t>(ps::Command::kSetMode), {sync_ ? "sync" : "async"});
-    } catch (...) {
-      mode = Status::from_current_exception();
+  try {
+    node_->start();
+    Status mode;
+    if (rank() == 0) {
+      try {
+        command_all(static_cast<uint64_t>(ps::Command::kSetMode), {sync_ ? "sync" : "async"});
+      } catch (...) {
+        mode = Status::from_current_exception();
+      }
     }
+    node_->barrier(cluster::Group::kWorkers);
+    mode.raise();
+  } catch (...) {
+    // No destructor runs for a constructor that throws, and the members the
+    // handlers use go before node_: stop every handler and callback first.
+    node_->stop_delivery();
+    throw;
   }
-  node_->barrier(cluster::Group::kWorkers);
-  mode.raise();
   PP_DEBUG("{} worker {} of {} ready ({} servers)", type_, rank(), num_workers(),
            node_->num_servers());
 }

@@ -27,8 +27,9 @@ std::string make_job_id() {
   return fmt::format("pp-{}-{:08x}{:08x}", getpid(), rd(), rd());
 }
 
-// 128 random bits, hex.
-std::string make_secret() {
+}  // namespace
+
+std::string make_job_secret() {
   unsigned char bytes[16];
   if (RAND_bytes(bytes, sizeof bytes) != 1)
     throw IoError("cannot generate the job secret: OpenSSL's RAND_bytes failed");
@@ -37,6 +38,8 @@ std::string make_secret() {
     hex += fmt::format("{:02x}", b);
   return hex;
 }
+
+namespace {
 
 std::vector<std::string> merged_env(const Environment& base,
                                     const std::map<std::string, std::string>& overrides) {
@@ -221,7 +224,7 @@ void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
     secret = kv.second;
     return true;
   });
-  cfg.job_secret = secret ? *secret : make_secret();
+  cfg.job_secret = secret ? *secret : make_job_secret();
   bool one_host = cfg.launcher != LauncherKind::kSlurm && is_loopback_host(cfg.host_ip);
   for (const auto& h : cfg.hosts)
     one_host = one_host && is_loopback_host(h.host);

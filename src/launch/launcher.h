@@ -57,4 +57,8 @@ std::optional<std::string> interface_ipv4_address(const std::string& name);
 // "localhost", "::1" or an address in 127.0.0.0/8.
 bool is_loopback_host(std::string_view host);
 
+// A fresh job secret: 128 bits from OpenSSL's RAND_bytes, as hex. Throws
+// IoError when the generator fails.
+std::string make_job_secret();
+
 }  // namespace pushpull::launch

@@ -163,6 +163,17 @@ TEST(ProcessExit, WorkersThatNeverJoinEndTheJobAndStopTheServers) {
   EXPECT_TRUE(j.finish().is_ok());
 }
 
+// One program for every role that never uses the scheduler (MXNet-style
+// scripts run as servers too): clean exits in any order end the job well.
+TEST(ProcessExit, ProcessesThatNeverJoinEndTheJobWellWhateverTheirRole) {
+  Job j(job(2, 2));
+  j.scheduler.process_exited(Role::kServer, 1, 0, 0);
+  j.scheduler.process_exited(Role::kWorker, 0, 0, 0);
+  j.scheduler.process_exited(Role::kServer, 0, 0, 0);
+  j.scheduler.process_exited(Role::kWorker, 1, 0, 0);
+  EXPECT_TRUE(j.finish().is_ok());
+}
+
 TEST(ProcessExit, AWorkerExitingWhileOthersWaitForItFailsNamingIt) {
   Job j(job(1, 2));
   j.add(Role::kServer, 0);

@@ -11,6 +11,7 @@
 #include "collective/coordinator.h"
 #include "collective/tcp_transport.h"
 #include "pushpull/collective.h"
+#include "tcp_group.h"
 
 namespace pushpull::collective {
 namespace {
@@ -160,20 +161,7 @@ TEST(Stall, ShutdownFailsTheTensorNamingTheStalledRanks) {
 // ---- the TcpTransport's detector, ranks as threads ------------------------
 
 std::vector<std::unique_ptr<TcpTransport>> connect_group(int n) {
-  NetOptions net;
-  net.connect_timeout = Millis(5000);
-  std::vector<std::unique_ptr<TcpTransport>> ts;
-  std::vector<std::pair<std::string, int>> book;
-  for (int r = 0; r < n; ++r) {
-    ts.push_back(std::make_unique<TcpTransport>(r, n, net));
-    book.emplace_back("127.0.0.1", ts.back()->port());
-  }
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] { ts[r]->connect_all(book); });
-  for (auto& t : th)
-    t.join();
-  return ts;
+  return testing::connect_tcp_group(n);
 }
 
 LivenessConfig fast(bool detect = true) {

@@ -15,6 +15,7 @@
 #include "collective/tcp_streams.h"
 #include "collective/tcp_transport.h"
 #include "harness.h"
+#include "tcp_group.h"
 
 namespace pushpull::collective {
 namespace {
@@ -23,20 +24,7 @@ using testing::make_input;
 using testing::reference;
 
 std::vector<std::unique_ptr<TcpTransport>> connect_group(int n) {
-  NetOptions net;
-  net.connect_timeout = Millis(10000);
-  std::vector<std::unique_ptr<TcpTransport>> ts;
-  std::vector<std::pair<std::string, int>> book;
-  for (int r = 0; r < n; ++r) {
-    ts.push_back(std::make_unique<TcpTransport>(r, n, net));
-    book.emplace_back("127.0.0.1", ts.back()->port());
-  }
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] { ts[r]->connect_all(book); });
-  for (auto& t : th)
-    t.join();
-  return ts;
+  return testing::connect_tcp_group(n, Millis(10000));
 }
 
 // fn(rank, ctx) on n threads over one connected group; rethrows the first error.
