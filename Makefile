@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize chaos package plots
+.PHONY: all deps configure build test demo bench format clean sanitize chaos fuzz package plots
 
 all: build
 
@@ -42,6 +42,18 @@ CHAOS_FLAGS  ?=
 chaos: deps
 	@$(MAKE) --no-print-directory build
 	/usr/bin/python3 tests/chaos/chaos.py --build-dir $(BUILD_DIR) --trials $(CHAOS_TRIALS) $(CHAOS_FLAGS)
+
+# libFuzzer targets of every wire decoder (tests/fuzz/) over a clang
+# ASan+UBSan build in build-fuzz/, 10^7 executions each (FUZZ_RUNS=N to change;
+# FUZZ_SECONDS=S also bounds each target's time).
+fuzz: deps
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DPUSHPULL_SANITIZE=fuzzer-no-link,address,undefined -DPUSHPULL_FUZZ=ON \
+	  -DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF \
+	  -DPUSHPULL_BUILD_BENCHMARKS=OFF
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+	tests/fuzz/run.sh build-fuzz $${FUZZ_RUNS:-10000000} $(JOBS) $${FUZZ_SECONDS:-0}
 
 demo: deps
 	@$(MAKE) --no-print-directory build

@@ -1,0 +1,170 @@
+// Writes the seed corpora of the fuzz targets from real encodings:
+//   fuzz_seeds OUTDIR   ->  OUTDIR/<target>/seed-<n>
+// Each seed is the target's selector byte (which decoder) followed by what
+// the repository's own encoder produces, so the fuzzers start from valid
+// messages and mutate from there.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "collective/messages.h"
+#include "collective/rendezvous.h"
+#include "net/hello.h"
+#include "net/message.h"
+#include "net/wire.h"
+#include "ps/protocol.h"
+#include "pushpull/optimizer.h"
+
+namespace fs = std::filesystem;
+using namespace pushpull;
+
+namespace {
+
+class Corpus {
+ public:
+  Corpus(fs::path root, std::string target) : dir_(root / target) { fs::create_directories(dir_); }
+  template <typename Bytes>
+  void add(uint8_t selector, const Bytes& bytes) {
+    std::ofstream f(dir_ / ("seed-" + std::to_string(n_++)), std::ios::binary);
+    f.put(static_cast<char>(selector));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  }
+
+ private:
+  fs::path dir_;
+  int n_ = 0;
+};
+
+void net_seeds(const fs::path& root) {
+  Corpus header(root, "fuzz_net_header");
+  for (uint16_t type : {net::msg::kHello, uint16_t{17}, uint16_t{65}, uint16_t{130}}) {
+    net::Header h{.type = type,
+                  .sender = 9,
+                  .request_id = 7,
+                  .key = 3,
+                  .length = 4000,
+                  .payload_bytes = 4000};
+    header.add(0, net::encode_header(h));
+    header.add(1, net::encode_header(h));
+  }
+  Corpus hs(root, "fuzz_net_handshake");
+  net::Challenge c;
+  c.version = net::kProtocolVersion;
+  c.nonce = net::random_nonce();
+  hs.add(0, net::encode(c));
+  net::Hello h;
+  h.version = net::kProtocolVersion;
+  h.role = Role::kWorker;
+  h.rank = 1;
+  h.host = "10.0.0.2";
+  h.port = 9000;
+  hs.add(1, net::encode(h));
+  hs.add(2, net::encode(net::HelloAck{true, "", Role::kServer, 0}));
+  hs.add(2, net::encode(net::HelloAck{false, "authentication failed", Role::kNone, -1}));
+}
+
+void cluster_seeds(const fs::path& root) {
+  Corpus cl(root, "fuzz_cluster_messages");
+  cluster::NodeAddress w{Role::kWorker, 1, "10.0.0.2", 9000};
+  cl.add(0, cluster::encode_register(w, -1));
+  cl.add(0, cluster::encode_register(w, 3));
+  cluster::AddressBook book;
+  book.scheduler = {Role::kScheduler, 0, "10.0.0.1", 9091};
+  book.servers = {{Role::kServer, 0, "10.0.0.3", 9001}, {Role::kServer, 1, "10.0.0.4", 9002}};
+  book.workers = {w, {Role::kWorker, 0, "::1", 9003}};
+  cl.add(1, cluster::encode_book(1, book));
+  cl.add(2, cluster::encode_dead(w, "connection closed"));
+}
+
+void ps_seeds(const fs::path& root) {
+  Corpus ps(root, "fuzz_ps_messages");
+  std::vector<std::byte> value(64, std::byte{1});
+  ps.add(0, ps::encode_init("weight", value));
+  ps.add(0, ps::encode_init("", {}));
+  ps.add(1, ps::encode_ranges({{0, 10}, {20, 5}}));
+  ps.add(1, ps::encode_ranges({}));
+}
+
+// One request record of fuzz_ps_store.
+void ps_record(net::Writer& w, uint8_t op, uint8_t worker, DType dtype, uint8_t flags, uint64_t key,
+               int64_t offset, int64_t length, const std::vector<std::byte>& payload) {
+  w.u<uint8_t>(op).u<uint8_t>(worker).u<uint8_t>(static_cast<uint8_t>(dtype)).u<uint8_t>(flags);
+  w.u<uint64_t>(key).u<int64_t>(offset).u<int64_t>(length);
+  w.u<uint16_t>(static_cast<uint16_t>(payload.size())).bytes(payload);
+}
+
+void ps_store_seeds(const fs::path& root) {
+  Corpus st(root, "fuzz_ps_store");
+  std::vector<std::byte> value(16, std::byte{0});
+  std::vector<std::byte> grad(16, std::byte{0x3f});
+  std::vector<std::byte> words(8, std::byte{0x55});  // 2-bit: threshold + one word
+  for (uint8_t workers : {0, 1}) {
+    net::Writer w;
+    ps_record(w, 0, 0, DType::kFloat32, 0, 1, 0, 4, ps::encode_init("w", value));
+    for (uint8_t k = 0; k <= workers; ++k)
+      ps_record(w, 1, k, DType::kFloat32, 0, 1, 0, 4, grad);
+    ps_record(w, 1, 0, DType::kFloat32, 1, 1, 0, 4, words);
+    ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, {});
+    ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, ps::encode_ranges({{1, 2}}));
+    st.add(workers, w.data());
+  }
+}
+
+void optimizer_seeds(const fs::path& root) {
+  Corpus op(root, "fuzz_optimizer_states");
+  const char* specs[] = {"sgd:learning_rate=0.1,momentum=0.9", "adam", "rmsprop", "adagrad"};
+  for (uint8_t i = 0; i < 4; ++i) {
+    auto opt = create_optimizer(OptimizerSpec::parse(specs[i]));
+    Array w = Array::full(Shape{4}, 1.0), g = Array::full(Shape{4}, 0.5);
+    opt->update(Key(1), w.view(), g.view());
+    op.add(i, opt->save_states());
+  }
+}
+
+void collective_seeds(const fs::path& root) {
+  Corpus co(root, "fuzz_collective_messages");
+  collective::Spec s;
+  s.name = "grad.0";
+  s.shape = Shape{2, 3};
+  collective::Spec b = s;
+  b.type = collective::OpType::kBroadcast;
+  b.root = 1;
+  co.add(0 | (2 << 2), collective::encode(collective::Announce{{s, b}, {}, false}));
+  co.add(0 | (2 << 2), collective::encode(collective::Announce{{}, {0, 1}, true}));
+  collective::Response exec;
+  exec.tensors = {{"grad.0", 0, true, s}, {"grad.1", 1, false, {}}};
+  exec.joined = {2};
+  collective::Response err;
+  err.kind = collective::Response::Kind::kError;
+  err.code = ErrorCode::kInvalidArgument;
+  err.message = "mismatched shapes";
+  collective::Response gather;
+  gather.tensors = {{"ag", collective::kNoCacheId, true, s}};
+  gather.rows = {1, 2, 3};
+  co.add(1 | (2 << 2), collective::encode(std::vector<collective::Response>{exec, err, gather}));
+
+  Corpus rv(root, "fuzz_rendezvous");
+  rv.add(0, collective::encode_hello(1, 3, "10.0.0.2", 9100));
+  rv.add(1, collective::encode_book({{"10.0.0.1", 9100}, {"10.0.0.2", 9101}, {"::1", 9102}}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_seeds OUTDIR\n");
+    return 2;
+  }
+  fs::path root = argv[1];
+  net_seeds(root);
+  cluster_seeds(root);
+  ps_seeds(root);
+  ps_store_seeds(root);
+  optimizer_seeds(root);
+  collective_seeds(root);
+  return 0;
+}

@@ -1,0 +1,24 @@
+# The adversary suite (tests/security/adversary.py, label "security"): real
+# jobs started by `pushpull launch`, attacked on every listening port while
+# they run. Run it alone with `ctest -L security`.
+add_executable(adversary_ps_worker ${CMAKE_CURRENT_LIST_DIR}/adversary_ps_worker.cpp)
+target_link_libraries(adversary_ps_worker PRIVATE pushpull)
+add_executable(adversary_allreduce_worker ${CMAKE_CURRENT_LIST_DIR}/adversary_allreduce_worker.cpp)
+target_link_libraries(adversary_allreduce_worker PRIVATE pushpull_collective)
+
+find_program(PUSHPULL_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+if(NOT PUSHPULL_PYTHON3)
+  find_program(PUSHPULL_PYTHON3 NAMES python3)
+endif()
+if(PUSHPULL_PYTHON3)
+  foreach(job ps collective)
+    foreach(secret explicit generated)
+      add_test(NAME security.${job}.${secret}_secret
+               COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/adversary.py
+                       --bin-dir ${CMAKE_BINARY_DIR}/bin --job ${job} --secret ${secret})
+      # One at a time (each floods with thousands of connections), two cores' worth.
+      set_tests_properties(security.${job}.${secret}_secret PROPERTIES LABELS security TIMEOUT 240
+                           RESOURCE_LOCK pushpull_adversary PROCESSORS 2)
+    endforeach()
+  endforeach()
+endif()
