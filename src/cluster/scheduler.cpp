@@ -223,6 +223,11 @@ void Scheduler::assign_ranks() {
       out[static_cast<size_t>(e->addr.rank)] = e->addr;
   }
   for (auto& [id, e] : nodes_) {
+    // The connection is that node from now on: its messages carry this rank
+    // and nobody else can connect claiming it.
+    if (!transport_->bind_peer_rank(id, e.addr.rank))
+      PP_WARN("{} {} said hello with another rank; its connection keeps that identity",
+              role_name(e.addr.role), e.addr.rank);
     auto p = encode_book(e.addr.rank, book);
     transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
   }

@@ -42,8 +42,9 @@ struct Transport::Conn {
   // Written by the I/O thread; read by senders too.
   std::atomic<State> state{State::kHandshake};
   // The authenticated peer's node id (net/node_id.h), written into the
-  // sender field of every message delivered from this connection.
-  uint32_t peer_id = 0;
+  // sender field of every message delivered from this connection: set at the
+  // hello and by bind_peer_rank() (any thread), read by the I/O thread.
+  std::atomic<uint32_t> peer_id{0};
   // Acceptor side of the hello (I/O thread only).
   Nonce nonce{};
   std::chrono::steady_clock::time_point handshake_deadline;

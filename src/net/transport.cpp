@@ -137,6 +137,17 @@ std::optional<PeerInfo> Transport::peer(ConnId conn) const {
   return it->second->peer;
 }
 
+bool Transport::bind_peer_rank(ConnId conn, int32_t rank) {
+  std::lock_guard lock(mu_);
+  auto it = conns_.find(conn);
+  if (it == conns_.end() || rank < 0) return false;
+  Conn& c = *it->second;
+  if (c.peer.rank >= 0) return c.peer.rank == rank;
+  c.peer.rank = rank;
+  c.peer_id = node_id(c.peer.role, rank);
+  return true;
+}
+
 std::vector<ConnId> Transport::connections() const {
   std::lock_guard lock(mu_);
   std::vector<ConnId> ids;

@@ -188,6 +188,12 @@ class Transport {
   // Waits until every queued send has been written; false at the deadline.
   bool drain(Millis timeout);
 
+  // Binds an accepted connection whose peer said hello without a rank (a node
+  // registering with the scheduler) to the rank the upper layer assigned it:
+  // from then on its messages carry that identity and a second connection
+  // claiming the same (role, rank) is refused. False when the connection is
+  // gone or already has another rank. Thread-safe.
+  bool bind_peer_rank(ConnId conn, int32_t rank);
   std::optional<PeerInfo> peer(ConnId conn) const;
   std::vector<ConnId> connections() const;
   BufferPool& pool() { return pool_; }

@@ -178,6 +178,34 @@ TEST(Auth, ADuplicateIdentityIsRefusedUntilTheFirstLeaves) {
   EXPECT_TRUE(wait_until([&] { return a.npeers() == 2; }));
 }
 
+// A node registering with the scheduler says hello without a rank; once the
+// scheduler assigns one, the connection is that identity: a second connection
+// claiming it is refused and the first one's messages carry it.
+TEST(Auth, ARankBoundAfterTheHelloCannotBeClaimedAgain) {
+  Sink a(config(Role::kScheduler, 0, "s3cret"));
+  RawClient first(a.t.port());
+  first.hello("s3cret", Role::kWorker, -1);
+  ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  ConnId id;
+  {
+    std::lock_guard l(a.mu);
+    id = a.peers[0].first;
+  }
+  EXPECT_TRUE(a.t.bind_peer_rank(id, 0));
+  EXPECT_TRUE(a.t.bind_peer_rank(id, 0));   // idempotent
+  EXPECT_FALSE(a.t.bind_peer_rank(id, 1));  // never rebound
+  EXPECT_EQ(a.t.peer(id)->rank, 0);
+  RawClient insider(a.t.port());
+  insider.send_hello(RawClient::make_hello(insider.challenge(), "s3cret", Role::kWorker, 0));
+  HelloAck ack = insider.ack();
+  EXPECT_FALSE(ack.accepted);
+  EXPECT_NE(ack.reason.find("already connected"), std::string::npos) << ack.reason;
+  first.write(Header{.type = kData, .payload_bytes = 1}, std::vector<std::byte>{std::byte{1}});
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+  std::lock_guard l(a.mu);
+  EXPECT_EQ(a.got[0].header.sender, node_id(Role::kWorker, 0));
+}
+
 TEST(Auth, SenderIsTheAuthenticatedIdentity) {
   Sink a(config(Role::kServer, 0, "s3cret"));
   RawClient r(a.t.port());
