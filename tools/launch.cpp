@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch`: starts a job's scheduler (in this process), servers and
 // workers on this host or on the hosts of a hostfile. See docs/launch.md.
 #include <signal.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Overflow-checked size arithmetic for counts, offsets and byte sizes that
 // come from a peer or a user (element count * dtype size, begin + count,
 // offset + length). Every function reports overflow instead of wrapping.

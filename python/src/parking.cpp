@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parking lot of bindings.h: arrays of operations whose wait timed out or
 // whose handle went away early, kept until the operation is over.
 #include <functional>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An injectable monotonic clock for the liveness logic (heartbeats, failure
 // detectors, stall inspection), so their unit tests drive time by hand instead
 // of sleeping and asserting on elapsed wall time.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The testable pieces of failure detection, shared by the cluster layer
 // (scheduler <-> nodes) and the collectives' mesh detector. They hold no
 // threads and do no I/O: their owners feed them events and the time (from a

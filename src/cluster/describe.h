@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How failure messages name a node: "worker 2 (host 10.0.0.2:9000)", or
 // "worker 2 (not registered; host unknown)" for a node the scheduler never
 // heard from (its process exited before it registered).

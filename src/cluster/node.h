@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Node: a server or worker of a job, as an object (no globals: a scheduler,
 // servers and workers can all live as threads of one process).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cluster control messages (types 16..63 of net/message.h) and their payloads.
 //
 //   kRegister     node -> scheduler   {role, preferred rank, host, port}

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scheduler: the rendezvous and control node of a job (ps-lite's scheduler).
 //
 // Servers and workers register with it; once num_servers + num_workers nodes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collective algorithms over a Transport, run by one thread per rank (the
 // engine's background thread, or a test's rank thread). Every rank calls the
 // same function with the same `op_id`, sizes, dtype and op; `op_id` keeps the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bootstrap: builds this process's collective Transport (a TcpTransport with a
 // full mesh among the ranks) from the Options of a job, however it was
 // started. Used by collective::Session (include/pushpull/collective.h) and so

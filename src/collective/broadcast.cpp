@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Broadcast (binomial tree for small messages, pipelined chain for large
 // ones) and the dissemination barrier.
 #include <algorithm>

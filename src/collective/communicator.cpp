@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public Communicator: argument checks, then the engine.
 #include <algorithm>
 

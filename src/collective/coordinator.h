@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rank 0's negotiation state (no threads, no I/O: the engine feeds it
 // submissions and sends what poll() returns), and the response cache every
 // rank keeps.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine thread: control traffic, negotiation, failure handling. The
 // execution of agreed responses is in execute.cpp.
 #include "collective/engine.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Communicator::Impl: the background engine behind include/pushpull/collective.h.
 //
 // One thread per communicator owns all communication. User calls enqueue an

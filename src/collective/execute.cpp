@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Executing the responses rank 0 agreed on: every rank runs the same list in
 // the same order, numbering the ops identically (next_op_id_), and a rank that
 // has joined takes part with the identity (or no rows) in place of data.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recursive halving-doubling allreduce (Rabenseifner) for small messages:
 // log2(n) latency terms instead of the ring's 2(n-1); at most
 // kFullExchangeBytes, recursive doubling (log2(n) whole-vector exchanges).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ranks as threads in one process: an InProcessFabric connects `size`
 // endpoints; a message is one memcpy from the sender's buffer straight into
 // the receiver's posted destination, done by whichever side posts second

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MASTER_ADDR rendezvous of the collective bootstrap (see bootstrap.h for
 // the protocol and its message types): rank 0 hosts, the others connect,
 // every rank leaves with every rank's (host, port).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ring reduce-scatter / allgather / allreduce, pipelined in segments.
 //
 // Step t of the reduce-scatter sends block (r-t-1) to the right neighbour and

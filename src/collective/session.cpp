@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Session (bootstrap + Communicator) and the Horovod-style free functions over
 // the one process-default session (see collective.h for why it exists).
 #include <mutex>

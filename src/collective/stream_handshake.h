@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The handshake of the collectives' direct data streams (tcp_streams.h),
 // with the same proof as the net hello (net/hello.h compute_proof):
 //

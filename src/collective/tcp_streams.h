@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Direct data streams of a TcpTransport, driven by the thread that runs a
 // collective algorithm (no I/O thread, no hand-off per message).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The collective Transport over TCP (src/net): one net::Transport per rank,
 // one connection per pair of ranks (the higher rank connects to the lower).
 //

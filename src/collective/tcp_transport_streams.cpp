@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TcpTransport::setup_streams: opens the direct data streams (tcp_streams.h)
 // after the net connections are up.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The point-to-point interface the collective algorithms and the engine run
 // on (Gloo's model: a per-rank context with asynchronous send/recv between
 // ranks). Implementations: InProcessFabric (ranks as threads, memcpy; tests)

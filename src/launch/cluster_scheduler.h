@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cluster layer's Scheduler behind the launcher's EmbeddedScheduler
 // interface: bound on the launcher's main thread (so the port handed to the
 // children is already listening), run() on a thread of its own.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Command builders: how each launcher turns a plan into the programs the
 // supervisor starts on this host (the processes themselves for `local`, one
 // ssh client per remote process for `ssh`, one mpirun or srun for `mpi` and

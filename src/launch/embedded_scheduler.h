@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The seam between the launcher and the cluster layer's scheduler.
 //
 // `pushpull launch` runs the scheduler inside its own process: it binds the

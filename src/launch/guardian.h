@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The guardian of a job's process groups: a small process forked by the
 // supervisor that kills every group it was told about if the launcher dies
 // without cleaning up (SIGKILL, a crash). PR_SET_PDEATHSIG only reaches the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hostfile parsing for `pushpull launch -H FILE`.
 //
 // Format, one host per line:   host[:sshport] [slots=K]

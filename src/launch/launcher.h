@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch`: runs a whole job (scheduler in this process, servers
 // and workers as child processes on this host or others) and reports how it
 // ended. See docs/launch.md for the user-facing contract.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Splits a byte stream into whole lines, so output read from a child's pipe
 // in arbitrary chunks is printed one complete line at a time (never a
 // fragment of one process's line glued to another's).

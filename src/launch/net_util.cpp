@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small address helpers of the launcher (the net layer is above it).
 #include <arpa/inet.h>
 #include <ifaddrs.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `pushpull launch` runs: the job description (LaunchConfig), the
 // placement of every process on a host (make_plan) and the environment each
 // process gets (process_env).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which failure caused a failed job: the launcher's final line names the
 // root cause and lists the later failures as its consequences.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Starting one child process for the supervisor: fork + execve with its own
 // process group, PR_SET_PDEATHSIG(SIGKILL), pipes for stdout and stderr and
 // (for ssh clients) stdin, all other fds closed on exec.

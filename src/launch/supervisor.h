@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The process supervisor of `pushpull launch`: starts every child in its own
 // process group, prints their output line by line with a "[worker 3] "
 // prefix (and copies it to per-process log files), and turns the first

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which address a node advertises to the others (ps-lite's rules):
 //   1. NetOptions::node_host when set (DMLC_NODE_HOST / PUSHPULL_NODE_HOST);
 //   2. else the first address of the interface named NetOptions::interface

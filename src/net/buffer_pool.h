@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reusable receive buffers, so the hot path does not allocate per message.
 //
 // Buffers come in power-of-two size classes from 256 B to 64 MiB; a released

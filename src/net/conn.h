@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal: one connection's state inside a Transport (see transport.h).
 // Receive-side fields belong to the I/O thread; send-side fields are guarded
 // by send_mu (user threads write directly when the queue is empty); posted

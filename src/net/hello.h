@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The handshake at the start of every connection: mutual authentication
 // bound to identity.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wire format of every pushpull message: a fixed 64-byte little-endian header
 // followed by `payload_bytes` bytes of payload.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "net/peer_policy.h"
 
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Who may connect, where to listen, and how refusals are logged.
 //
 // Without a job secret nothing authenticates a peer, so a node accepts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RAII file descriptors and the socket calls pushpull needs (IPv4 and IPv6).
 //
 // Ownership: Fd owns one descriptor and closes it in its destructor; it is

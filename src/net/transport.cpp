@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transport: setup, connect + hello (connector side), send and post_recv.
 // The epoll loop itself is in transport_loop.cpp.
 #include <sys/epoll.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transport: framed messages over TCP between pushpull nodes.
 //
 // One Transport per node. It owns a listening socket, every connection of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transport: the I/O thread (epoll loop, accept + acceptor side of the hello,
 // the receive state machine, flushing send queues, closing).
 #include <sys/epoll.h>

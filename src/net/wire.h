@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one payload codec of pushpull: every message body and header is written
 // with Writer / SpanWriter and read with Reader, little-endian, field by field
 // (never by copying a struct), so the format is the same on every host.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which server owns which part of which key (MXNet / ps-lite placement).
 //
 // A value with fewer elements than the big-array bound lives whole on one

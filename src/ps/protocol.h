@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameter-server messages (types 64..127 of net/message.h).
 //
 //   kInit     worker -> server  key = key id, offset/length = slice begin/count

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Server: one parameter server of a job, on the network.
 //
 // It installs the PS message handlers on a cluster Node (a server node), feeds

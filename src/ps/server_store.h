@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parameter server's store: the state machine behind MXNet's dist_sync and
 // dist_async semantics, independent of the network (the networked server in
 // server.h feeds it requests and sends what it answers; tests drive it

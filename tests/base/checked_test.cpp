@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Overflow-checked size math (pushpull/checked.h) and the shapes built on it.
 #include "pushpull/checked.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A scheduler + 2 servers + 3 workers as threads of this process.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cluster_node: a test-only program that plays one role of a job from the
 // DMLC_* / PUSHPULL_* environment, for the multi-process and fault tests.
 //   scheduler: runs a Scheduler; prints "PORT <n>"; exits 0 when every node

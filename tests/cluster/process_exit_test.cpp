@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scheduler::process_exited: what the launcher reports when a node's process
 // ends, with a scheduler and nodes as threads of this process.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Multi-process jobs on loopback (scheduler, servers and workers as real
 // processes of cluster_node) and fault tests: SIGKILL a worker, a server, the
 // scheduler; SIGSTOP a server. Every other process must report a PeerFailure

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The algorithms alone (no engine) over the in-process transport, every world
 // size 1..8, against references computed locally.
 #include "collective/algorithms.h"

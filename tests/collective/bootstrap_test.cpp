@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bootstrap and Session, ranks as threads of this process over real TCP on
 // loopback: the MASTER_ADDR rendezvous, the scheduler's address book, a world
 // of one, the free functions, and the failure cases (a missing rank, a rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collectives as processes: through `pushpull launch` (its test build,
 // pushpull_launch_cli, the same tools/launch.cpp), torchrun-style environment
 // variables without the launcher, Slurm's variables, and a real mpirun. The

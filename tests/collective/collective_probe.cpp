@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A rank of a multi-process collective test: bootstraps through the
 // Horovod-style free functions (collective::init() from the environment, as
 // `pushpull launch -s 0`, torchrun, mpirun or srun set it), runs every op on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine and the public API over the in-process transport: every op and
 // dtype at world sizes 1..8, negotiation, fusion, mismatch, stalls, join and
 // dead ranks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A group of Communicators as threads in one process.
 #pragma once
 

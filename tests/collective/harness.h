@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helpers: ranks as threads over an InProcessFabric, and deterministic
 // inputs with exactly representable reductions in every dtype.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Failure detection: the clock-driven pieces (no sleeping, a manual clock),
 // the coordinator's stall timers (explicit times), and the TcpTransport's
 // detector with ranks as threads on loopback (a silent rank stands for a

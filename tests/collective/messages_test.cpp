@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine's control messages (collective/messages.h) on net/wire.h: round
 // trips, and truncated, garbage, huge-count or overflowing-shape input is a
 // ProtocolError (never a read past the input: run under ASan to check that).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The collectives' data-stream handshake (stream_handshake.h) and the
 // rendezvous against strangers: silent connections do not delay real ranks,
 // a wrong token, a proof for another rank, an out-of-range or duplicate rank

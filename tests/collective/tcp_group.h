@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helper: n TcpTransports on loopback, as threads of this process, fully
 // connected (every rank listens, the book is exchanged, connect_all runs on a
 // thread per rank). Ownership: the caller owns the returned transports.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The direct data streams of TcpTransport (tcp_streams.h) under the
 // algorithms, ranks as threads with real sockets on loopback: every
 // algorithm's stream path against local references (sizes that take the

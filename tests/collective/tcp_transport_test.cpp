@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The collective engine over real TCP on loopback (src/net), ranks as
 // threads: data ops against local references, and a closed rank turning
 // into PeerFailure on the others.

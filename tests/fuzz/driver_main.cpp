@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Plain driver for the fuzz targets when libFuzzer is not used (the g++
 // build): runs every file of the given corpus directories, then mutated
 // copies of them (bit flips, byte changes, inserted and removed bytes, large

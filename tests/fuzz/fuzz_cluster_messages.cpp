@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the cluster control payloads (cluster/protocol.h): register,
 // address book, peer dead. Whatever decodes re-encodes to as many bytes.
 #include "cluster/protocol.h"

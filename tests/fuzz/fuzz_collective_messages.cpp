@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the collective engine's control messages
 // (collective/messages.h): a rank's announce and rank 0's responses, through
 // the Status-returning decoders (what decodes re-encodes to as many bytes)

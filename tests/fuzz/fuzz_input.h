@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared helpers of the fuzz targets (tests/fuzz/fuzz_*.cpp).
 //
 // Input layout of every target: byte 0 picks one of the target's decoders,

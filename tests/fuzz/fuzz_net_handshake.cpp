@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the handshake messages (net/hello.h): challenge, hello, ack.
 // A hello that decodes re-encodes to as many bytes as it came in.
 #include "fuzz_input.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: optimizer states as a worker's kLoadStates command carries
 // them to a server (Optimizer::load_states, src/optim/state_io.cpp). Bad
 // bytes must throw pushpull::Error and change nothing; an optimizer that

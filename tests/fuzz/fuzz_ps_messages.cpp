@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the parameter-server payloads (ps/protocol.h): init (name +
 // value) and pull ranges. What decodes lies inside the input.
 #include "fuzz_input.h"

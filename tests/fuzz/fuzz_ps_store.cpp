@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the parameter server's request handling behind the decoders:
 // a sequence of init / push (plain or 2-bit compressed) / pull requests with
 // attacker-chosen keys, offsets, dtypes, lengths and ranges, fed to a

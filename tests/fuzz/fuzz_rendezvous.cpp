@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the collective rendezvous messages (collective/rendezvous.h):
 // a rank's hello and rank 0's address book. Whatever decodes re-encodes to
 // as many bytes.

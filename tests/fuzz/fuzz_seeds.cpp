@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpora of the fuzz targets from real encodings:
 //   fuzz_seeds OUTDIR   ->  OUTDIR/<target>/seed-<n>
 // Each seed is the target's selector byte (which decoder) followed by what

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers of the launcher's multi-process tests: run `pushpull launch` (the
 // test build of it) as a child with a deadline, capture its output, parse
 // what the probes printed, and check that processes are gone.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `pushpull` CLI with only its `launch` subcommand, for the launch tests:
 // the same tools/launch.cpp code, built without the layers other work is
 // still changing.

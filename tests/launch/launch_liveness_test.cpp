@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch` when processes fail: the final line names the root
 // cause (not a node that failed because of it), the exit code is the
 // victim's, the job ends soon after a process exits early, and no process

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch` on one host: real processes, real signals.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

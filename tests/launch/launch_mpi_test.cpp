@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch --launcher mpi`: a real OpenMPI mpirun on this host.
 #include <unistd.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch` and its credentials and command lines: the job secret
 // reaches every process through its environment only (ssh: stdin; mpirun:
 // `-x NAME`; srun: its environment), never a command line, the plan or the

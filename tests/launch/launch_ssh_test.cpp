@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `pushpull launch` over ssh: two "hosts" are network namespaces, each with
 // Debian's sshd on its own address; the launcher runs in a third namespace
 // that holds the bridge. Everything (namespaces, keys, sshd) is made by the

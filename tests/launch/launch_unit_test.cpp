@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Units of the launcher: hostfile parsing, placement, variables, command
 // builders, line splitting.
 #include <cstdlib>

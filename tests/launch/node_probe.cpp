@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // launch_node_probe: a real cluster node for the launcher's end-to-end tests.
 // Joins the job described by its environment (as every pushpull program
 // does, through Options::from_env), prints

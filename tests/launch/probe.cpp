@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // launch_probe: a test program for `pushpull launch`. It reports what the
 // launcher gave it and can be told to fail in the ways the tests need.
 //

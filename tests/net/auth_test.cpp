@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Secure by default at the net layer: mutual authentication bound to
 // identity (wrong-secret acceptors, replayed, reflected and re-targeted
 // proofs), duplicate identities, the authenticated sender, strangers that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transport test fixtures: a config for loopback tests, a Sink that records
 // what arrives, and a hand-driven RawClient that speaks the hello byte by
 // byte (so tests can replay, reflect or forge it) and then raw frames.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Framing: header encoding is explicit little-endian and validated.
 #include <gtest/gtest.h>
 

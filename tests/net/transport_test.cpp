@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transport over loopback: hello, send/receive, posted receives, priority,
 // refusals, limits and garbage from raw sockets.
 #include <gtest/gtest.h>

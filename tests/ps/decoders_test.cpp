@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every decoder of the PS and cluster messages (net/wire.h underneath): round
 // trips, and truncated, garbage, huge-count or overflowing input is rejected
 // with a ProtocolError status (never a throw, never a read past the input:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The networked parameter server (ps/server.h) in an in-process cluster:
 // crafted requests a worker could send (sizes that overflow, ranges past the
 // value, bad dtypes and types, garbage payloads) get error replies and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rank program of the adversary suite's collective job
 // (tests/security/adversary.py, run with `pushpull launch -s 0`): allreduces
 // a small and a large float32 tensor for --rounds rounds, --sleep-ms apart,

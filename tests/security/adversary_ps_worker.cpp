@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Worker program of the adversary suite's parameter-server job
 // (tests/security/adversary.py): a dist_sync worker that pushes and pulls a
 // small and a large key for --rounds rounds, --sleep-ms apart, while the
