@@ -17,7 +17,8 @@
 // uses them at a time (lock_streams()); post_send/post_recv keep going over
 // net, so the engine's control traffic never mixes with them.
 //
-// Failure detection (start_liveness, after connect_all): a thread of its own
+// Failure detection (start_liveness, after connect_all; in
+// tcp_transport_liveness.cpp): a thread of its own
 // sends a small heartbeat (kHeartbeatType) to every peer every
 // heartbeat_interval over the net connections; any message from a peer counts
 // as a sign of life, and a peer silent for heartbeat_timeout is declared dead
@@ -68,11 +69,18 @@
 
 namespace pushpull::collective {
 
+// Data messages over the net connections (type 128).
+inline constexpr uint16_t kDataType = net::msg::kCollectiveFirst;
+
 // Message types of the failure detector (net's collective range; see
 // bootstrap.h for the others).
 inline constexpr uint16_t kHeartbeatType = 133;
 inline constexpr uint16_t kVerdictType = 134;
 inline constexpr uint16_t kByeType = 135;  // close() without a failure: not a suspect
+// Heartbeats, verdicts and goodbyes jump ahead of queued data on a connection.
+inline constexpr int kUrgentPriority = 1 << 20;
+// A verdict's text is cut to this (a bound for the receiver too).
+inline constexpr size_t kMaxVerdictBytes = 4096;
 
 struct LivenessConfig {
   // Heartbeats and the silence limit; detect = false only holds suspects
