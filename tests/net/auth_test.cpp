@@ -282,10 +282,12 @@ TEST(Auth, OversizePreAuthenticationInputIsClosed) {
 
 TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
   std::atomic<int> ok{0};
-  Transport srv(config(Role::kServer, 0, "s3cret"));
-  srv.listen("127.0.0.1", 0);
+  // Declared before srv: its I/O thread may run the close handler (which uses
+  // them) until srv is destroyed, when `good` and `bad` go away first.
   std::mutex mu;
   std::vector<Status> closes;
+  Transport srv(config(Role::kServer, 0, "s3cret"));
+  srv.listen("127.0.0.1", 0);
   srv.set_handler(kData, kData, [&](Message&& m) {
     if (m.payload.size() == 4) throw std::runtime_error("bad input");
     ++ok;
