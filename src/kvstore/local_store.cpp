@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kvstore/local_store.h"
 
+#include "compress/settings.h"
 #include "kvstore/validate.h"
 
 #include <algorithm>
@@ -260,25 +261,13 @@ void LocalStore::load_optimizer_states(const std::string& path) {
 }
 
 void LocalStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
-  for (const auto& [k, v] : params) {
-    if (k == "type") {
-      if (v != "none" && v != "1bit" && v != "2bit")
-        throw InvalidArgument(
-            fmt::format("gradient compression type '{}' is unknown; valid: none, 1bit, 2bit", v));
-    } else if (k == "threshold") {
-      char* end = nullptr;
-      double t = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(t > 0))
-        throw InvalidArgument(
-            fmt::format("gradient compression threshold '{}' is not a positive number", v));
-    } else {
-      throw InvalidArgument(
-          fmt::format("gradient compression parameter '{}' is unknown; valid: type, threshold", k));
-    }
-  }
-  PP_DEBUG("kvstore {}: gradient compression only applies to distributed stores; ignored", type_);
-  std::unique_lock lock(mu_);
-  compression_ = params;
+  const compress::Settings settings = compress::parse_settings(params);  // the one parser
+  if (settings.enabled())
+    throw InvalidArgument(fmt::format(
+        "gradient compression '{}' on a '{}' store: nothing leaves this process, so there is "
+        "nothing to compress; use a distributed store (dist_sync, dist_async, "
+        "dist_sync_allreduce), or type 'none'",
+        settings.to_string(), type_));
 }
 
 }  // namespace pushpull

@@ -181,11 +181,18 @@ TEST_P(KVStoreTest, RowSparsePull) {
   EXPECT_THROW(kv->row_sparse_pull(0, o1.view(), ArrayView(frows, {1})), InvalidArgument);
 }
 
-TEST_P(KVStoreTest, GradientCompressionIsCheckedThenIgnored) {
-  kv->set_gradient_compression({{"type", "2bit"}, {"threshold", "0.5"}});
+TEST_P(KVStoreTest, GradientCompressionIsRefusedClearly) {
+  // Nothing leaves the process: a compression type is an error, not ignored.
+  try {
+    kv->set_gradient_compression({{"type", "2bit"}, {"threshold", "0.5"}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("nothing leaves this process"));
+  }
   EXPECT_THROW(kv->set_gradient_compression({{"type", "3bit"}}), InvalidArgument);
   EXPECT_THROW(kv->set_gradient_compression({{"threshold", "-1"}}), InvalidArgument);
   EXPECT_THROW(kv->set_gradient_compression({{"ratio", "1"}}), InvalidArgument);
+  kv->set_gradient_compression({{"type", "none"}});
   kv->init(1, Array::full({2}, 0));
   Array g = Array::full({2}, 0.3), out({2}, DType::kFloat32);
   kv->pushpull(1, g, out);
