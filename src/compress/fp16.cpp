@@ -10,25 +10,40 @@ namespace pushpull::compress {
 
 namespace {
 constexpr float kHalfMax = 65504.0f;
-}
+constexpr size_t kBlock = 1024;  // on the stack; the bulk converters vectorise
+}  // namespace
 
 void Fp16Codec::compress(const float* grad, float* residual, std::byte* out, size_t n) const {
-  for (size_t i = 0; i < n; ++i) {
-    const float x = residual[i] + grad[i];
-    // Beyond float16's range the excess stays in the residual (no infinity
-    // is sent, and none poisons the residual). NaN passes through as NaN.
-    const float clamped = std::clamp(x, -kHalfMax, kHalfMax);
-    const uint16_t h = float_to_half(x != x ? x : clamped);
-    residual[i] = x != x ? 0.0f : x - half_to_float(h);  // a NaN is sent once, not kept
-    std::memcpy(out + 2 * i, &h, 2);
+  alignas(64) float x[kBlock], back[kBlock];
+  alignas(64) uint16_t h[kBlock];
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t k = std::min(kBlock, n - at);
+    for (size_t i = 0; i < k; ++i) {
+      const float v = residual[at + i] + grad[at + i];
+      // Beyond float16's range the excess stays in the residual (no infinity
+      // is sent or kept); NaN passes through as NaN.
+      x[i] = v != v ? v : std::clamp(v, -kHalfMax, kHalfMax);
+      residual[at + i] = v;
+    }
+    float_to_half(x, h, k);
+    half_to_float(h, back, k);
+    for (size_t i = 0; i < k; ++i) {
+      const float v = residual[at + i];
+      residual[at + i] = v != v ? 0.0f : v - back[i];  // a NaN is sent once, not kept
+    }
+    std::memcpy(out + 2 * at, h, 2 * k);
   }
 }
 
 void Fp16Codec::decompress_add(const std::byte* in, float* acc, size_t n) const {
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, in + 2 * i, 2);
-    acc[i] += half_to_float(h);
+  alignas(64) uint16_t h[kBlock];
+  alignas(64) float v[kBlock];
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t k = std::min(kBlock, n - at);
+    std::memcpy(h, in + 2 * at, 2 * k);
+    half_to_float(h, v, k);
+    for (size_t i = 0; i < k; ++i)
+      acc[at + i] += v[i];
   }
 }
 
