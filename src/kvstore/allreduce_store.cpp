@@ -102,27 +102,6 @@ void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayV
   int_keys_ = keys.front().is_int();
 }
 
-void AllreduceStore::apply_grad(Entry& e, const ArrayView& grad, const Apply* apply) {
-  const DType dt = e.value.dtype();
-  const size_t n = static_cast<size_t>(e.value.numel());
-  if (apply && apply->optimizer) {
-    // float32 gradient for 16-bit weights, as the local store gives it.
-    apply->optimizer->update(e.key, e.value.view(), grad);
-    return;
-  }
-  if (!apply || !apply->updater) {
-    if (n) convert(dt, e.value.data(), grad.dtype, grad.data, n);  // a copy unless 16-bit
-    return;
-  }
-  if (grad.dtype == dt) {
-    apply->updater(e.key, grad, e.value.view());
-    return;
-  }
-  Array rounded(e.value.shape(), dt);  // 16-bit: the updater sees the key's dtype
-  if (n) convert(dt, rounded.data(), grad.dtype, grad.data, n);
-  apply->updater(e.key, rounded.view(), e.value.view());
-}
-
 void AllreduceStore::copy_out(const Entry& e, const ArrayList& outs) {
   const size_t n = static_cast<size_t>(e.value.numel());
   if (n == 0) return;
@@ -195,7 +174,7 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
           const size_t count = static_cast<size_t>(g.numel());
           if (decode && count)  // the float16 sum back into the reduce dtype
             convert(g.dtype(), g.data(), DType::kFloat16, ep->half[slot].data(), count);
-          apply_grad(*ep, g.view(), apply.get());
+          kv::apply_update(apply.get(), ep->key, g.view(), ep->value.view(), ep->rounded);
           if (pull_to) copy_out(*ep, *pull_to);
           mine->finish();
         } catch (...) {

@@ -109,6 +109,7 @@ class AllreduceStore final : public KVStore {
     // Per slot: the reduced gradient and the completion of the push using it.
     std::array<Array, kSlots> grad;
     std::array<Array, kSlots> half;  // fp16 compression: what travels on the ring
+    Array rounded;                   // the sum rounded for an updater (16-bit keys)
     std::array<std::shared_ptr<Completion>, kSlots> busy;
   };
   using Apply = kv::UpdateRule;
@@ -120,7 +121,6 @@ class AllreduceStore final : public KVStore {
                 std::shared_ptr<const Apply> apply,
                 std::shared_ptr<compress::Compressor> compressor,
                 const std::shared_ptr<Completion>& done);
-  static void apply_grad(Entry& e, const ArrayView& grad, const Apply* apply);
   static void copy_out(const Entry& e, const ArrayList& outs);
 
   const std::string type_;

@@ -193,7 +193,6 @@ void LocalStore::do_push(Entry& e, const ArrayList& vals, const Apply* apply) {
   }
   // The sum of the pushed arrays; 16-bit values are summed in float32.
   ArrayView summed = vals[0];
-  bool summed_f32 = false;
   if (vals.size() > 1) {
     if (!half) {
       ensure(e.sum, shape, dt);
@@ -210,23 +209,9 @@ void LocalStore::do_push(Entry& e, const ArrayList& vals, const Apply* apply) {
         reduce_sum(DType::kFloat32, e.sum32.data(), e.tmp32.data(), n);
       }
       summed = e.sum32.view();
-      summed_f32 = true;
     }
   }
-  if (apply && apply->optimizer) {
-    // The optimizer takes a float32 gradient for 16-bit weights: no rounding.
-    apply->optimizer->update(e.key, e.value.view(), summed);
-    return;
-  }
-  if (summed_f32) {  // round once to the key's dtype
-    ensure(e.sum, shape, dt);
-    convert(dt, e.sum.data(), DType::kFloat32, e.sum32.data(), n);
-    summed = e.sum.view();
-  }
-  if (has_apply)
-    apply->updater(e.key, summed, e.value.view());
-  else
-    copy(dt, e.value.data(), summed.data, n);
+  kv::apply_update(apply, e.key, summed, e.value.view(), e.sum);
 }
 
 void LocalStore::do_pull(Entry& e, const ArrayList& outs) {
