@@ -15,6 +15,10 @@
 // so they share the machine's load; rows are named pushpull_<S>s_<type>.
 // GB/s stays 2 x size / time (what the model moved); "wire" lines give the
 // bytes one worker sent and received per pushpull and their ratio to none.
+//
+// --netns N (root): the same, as processes on N network-namespace hosts
+// with links shaped to --rate (bench_ps_netns.h): a server and a worker per
+// host, the scheduler on host 0.
 #include <chrono>
 #include <mutex>
 
@@ -22,6 +26,7 @@
 
 #include "bench_common.h"
 #include "bench_iperf.h"
+#include "bench_ps_netns.h"
 #include "commands.h"
 #include "compress/compressor.h"
 #include "kvstore/inprocess_job.h"
@@ -40,6 +45,10 @@ struct Settings {
   int iters = 10;
   int iperf_seconds = 2;
   std::string compression = "none";
+  int netns = 0;
+  std::string rate = "1gbit";
+  bool ps_node = false;  // internal: one node of a --netns job
+  std::string ps_out;
 };
 
 // The compression types of --compression, checked by the stores' parser.
@@ -123,8 +132,56 @@ std::vector<std::vector<double>> measure(int workers, int servers,
   return out;
 }
 
+void print_wire(const std::vector<compress::Settings>& types, const std::vector<uint64_t>& sizes,
+                const std::vector<int>& servers, const Options& defaults) {
+  for (int s : servers)
+    for (uint64_t size : sizes)
+      for (const auto& c : types) {
+        const uint64_t b = wire_bytes(c, size, s, defaults);
+        std::printf(
+            "wire %s %ds size %llu: %llu bytes per worker per pushpull (push %llu + "
+            "pull %llu); push = %.4f of none's\n",
+            std::string(compress::type_name(c.type)).c_str(), s,
+            static_cast<unsigned long long>(size), static_cast<unsigned long long>(b),
+            static_cast<unsigned long long>(b - size), static_cast<unsigned long long>(size),
+            static_cast<double>(b - size) / static_cast<double>(size));
+      }
+}
+
+void run_netns(const Settings& st) {
+  PsNetnsArgs a;
+  a.hosts = st.netns;
+  a.rate = st.rate;
+  a.sizes = parse_sizes(st.sizes);
+  a.iters = st.iters;
+  std::vector<compress::Settings> types = parse_compression(st.compression);
+  for (const auto& t : types)
+    a.compressions.emplace_back(compress::type_name(t.type));
+  double goodput = 0;
+  auto rows = run_ps_netns(a, &goodput);
+  BenchTable table(st.flags);
+  for (const auto& r : rows) {
+    double gbps = 2.0 * static_cast<double>(r.bytes) / (r.median_us * 1e-6) / 1e9;
+    table.add({fmt::format("pushpull_{}s_{}", a.hosts, r.compression), a.hosts, r.bytes,
+               r.median_us, gbps, gbps});
+  }
+  table.print(fmt::format(
+      "Parameter server push+pull per worker, {} network-namespace hosts (a server and a worker "
+      "each), links shaped to {} (iperf3 goodput {:.3f} Gbit/s); GB/s = 2 x size / time",
+      a.hosts, a.rate.empty() ? "nothing" : a.rate, goodput / 1e9));
+  if (!st.flags.csv()) print_wire(types, a.sizes, {a.hosts}, Options{});
+}
+
 void run(const Settings& st) {
   set_log_level(LogLevel::kWarning);
+  if (st.ps_node) {
+    std::vector<std::string> comps;
+    for (const auto& t : parse_compression(st.compression))
+      comps.emplace_back(compress::type_name(t.type));
+    run_ps_node(parse_sizes(st.sizes), comps, st.iters, st.ps_out);
+    return;
+  }
+  if (st.netns > 0) return run_netns(st);
   BenchTable table(st.flags);
   std::vector<uint64_t> sizes = parse_sizes(st.sizes);
   const std::vector<compress::Settings> types = parse_compression(st.compression);
@@ -142,20 +199,8 @@ void run(const Settings& st) {
         }
     }
   }
-  if (types.size() > 1 || types[0].enabled()) {
-    for (int s : parse_ints(st.servers))
-      for (uint64_t size : sizes)
-        for (const auto& c : types) {
-          const uint64_t b = wire_bytes(c, size, s, defaults);
-          std::printf(
-              "wire %s %ds size %llu: %llu bytes per worker per pushpull (push %llu + "
-              "pull %llu); push = %.4f of none's\n",
-              std::string(compress::type_name(c.type)).c_str(), s,
-              static_cast<unsigned long long>(size), static_cast<unsigned long long>(b),
-              static_cast<unsigned long long>(b - size), static_cast<unsigned long long>(size),
-              static_cast<double>(b - size) / static_cast<double>(size));
-        }
-  }
+  if (types.size() > 1 || types[0].enabled())
+    print_wire(types, sizes, parse_ints(st.servers), defaults);
   if (st.flags.peers()) {
     std::vector<double> rates;
     double moved = 0, took = 0;
@@ -198,6 +243,15 @@ void register_bench_ps(CLI::App& bench) {
         }
         return std::string();
       });
+  cmd->add_option("--netns", settings->netns,
+                  "Run on this many network-namespace hosts (needs root) instead of loopback; "
+                  "-n/-s are ignored (one server and one worker per host)")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--rate", settings->rate,
+                  "With --netns: tc tbf rate of every link ('' = unshaped)")
+      ->capture_default_str();
+  cmd->add_flag("--ps-node", settings->ps_node)->group("");  // internal
+  cmd->add_option("--ps-out", settings->ps_out)->group("");
   cmd->add_option("--iperf-seconds", settings->iperf_seconds, "Length of each iperf3 run")
       ->check(CLI::Range(1, 60));
   cmd->callback([settings] { run(*settings); });
