@@ -110,17 +110,20 @@ def _raw(tensor):
     return t if bits is None else t.view(bits)
 
 
-def _scale_(tensor, factor):
-    """tensor *= factor in place; integers are scaled in float64 and cast back
-    (truncating), 16-bit floats in float32, as Horovod does."""
-    if factor == 1.0:
+def _scale_(tensor, factor, divisor=1):
+    """tensor *= factor / divisor in place; integers are scaled in float64 and
+    cast back (truncating), 16-bit floats in float32, as Horovod does. The
+    divisor divides (9 / 3 is exactly 3; 9 * (1 / 3) truncates to 2)."""
+    if factor == 1.0 and divisor == 1:
         return tensor
     if tensor.dtype == torch.bool:
         raise InvalidArgument('pushpull.torch: prescale/postscale of a bool tensor')
     if tensor.dtype in (torch.float32, torch.float64):
-        return tensor.mul_(factor)
+        if factor != 1.0:
+            tensor.mul_(factor)
+        return tensor.div_(divisor) if divisor != 1 else tensor
     wide = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else torch.float64
-    return tensor.copy_(tensor.to(wide) * factor)
+    return tensor.copy_(tensor.to(wide) * factor / divisor)
 
 
 def _scope(process_set, what):
@@ -181,17 +184,20 @@ def synchronize(handle, timeout=None):
 # ---- allreduce -------------------------------------------------------------------
 
 
-def _reduce_plan(reduction, dtype, postscale_factor, set_size, what):
-    """(engine reduction, postscale) for a reduction over a set: Average is a
-    sum divided by the set's size (as Horovod: a joined rank counts as zeros),
-    bool reduces as int32 0/1 (sum, max: or; min, product: and)."""
+def _reduce_plan(reduction, dtype, set_size, what, scales=(1.0, 1.0)):
+    """(engine reduction, divisor of the result) for a reduction over a set:
+    Average is a sum divided by the set's size (as Horovod: a joined rank
+    counts as zeros); bool reduces as int32 0/1 (sum, max: or; min, product:
+    and)."""
+    if dtype == torch.bool and tuple(scales) != (1.0, 1.0):
+        raise InvalidArgument('pushpull.torch: %s: prescale/postscale of a bool tensor' % what)
     if reduction == Average:
         if dtype == torch.bool:
             raise InvalidArgument('pushpull.torch: %s: op=Average of a bool tensor' % what)
-        return Sum, postscale_factor / set_size
+        return Sum, set_size
     if dtype == torch.bool:
-        return (Max if reduction in (Sum, Max) else Min), postscale_factor
-    return reduction, postscale_factor
+        return (Max if reduction in (Sum, Max) else Min), 1
+    return reduction, 1
 
 
 def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscale_factor,
@@ -200,7 +206,8 @@ def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscal
     _check(tensor, 'allreduce tensor')
     members, prefix, n = _scope(process_set, 'allreduce')
     name = _auto_name('allreduce', name, prefix)
-    reduction, post = _reduce_plan(reduction, tensor.dtype, postscale_factor, n, 'allreduce')
+    reduction, divisor = _reduce_plan(reduction, tensor.dtype, n, 'allreduce',
+                                      (prescale_factor, postscale_factor))
     if tensor.dtype in _WIDENED:
         work = tensor.detach().to(torch.int32)
         _scale_(work, prescale_factor)
@@ -208,7 +215,7 @@ def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscal
 
         def finish(op_, timeout):
             op_.wait(timeout)
-            _scale_(work, post)
+            _scale_(work, postscale_factor, divisor)
             output.detach().copy_(work)
             return output
         return Handle(h, output, finish)
@@ -223,7 +230,7 @@ def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscal
 
     def finish(op_, timeout):
         op_.wait(timeout)
-        _scale_(output.detach(), post)
+        _scale_(output.detach(), postscale_factor, divisor)
         return output
     return Handle(h, output, finish)
 
@@ -420,7 +427,8 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     members, prefix, n = _scope(process_set, 'reducescatter')
     name = _auto_name('reducescatter', name, prefix)
     dtype = tensor.dtype
-    reduction, post = _reduce_plan(reduction, dtype, postscale_factor, n, 'reducescatter')
+    reduction, divisor = _reduce_plan(reduction, dtype, n, 'reducescatter',
+                                      (prescale_factor, postscale_factor))
     if dtype in _WIDENED:
         source = tensor.detach().to(torch.int32)
         _scale_(source, prescale_factor)
@@ -433,8 +441,8 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     def finish(op_, timeout):
         out = _from_numpy(op_.output(timeout), source.dtype)
         if dtype in _WIDENED:
-            return _scale_(out, post).to(dtype)
-        return _scale_(out, post)
+            return _scale_(out, postscale_factor, divisor).to(dtype)
+        return _scale_(out, postscale_factor, divisor)
     return Handle(h, None, finish)
 
 

@@ -128,20 +128,23 @@ def add_process_set(process_set):
         raise InvalidArgument('add_process_set: the global process set is always registered')
     if process_set.process_set_id is not None:
         raise InvalidArgument('add_process_set: %r is already registered' % (process_set,))
-    bad = [r for r in process_set._ranks if r < 0 or r >= _c.size()]
-    if bad:
-        raise InvalidArgument('add_process_set: ranks %s are not ranks of the job (size %d)'
-                              % (bad, _c.size()))
     with _lock:
-        same = [ps for ps in _table.values() if ps.ranks == process_set.ranks]
         new_id = _next_id[0]
-    if same:
-        raise InvalidArgument('add_process_set: a process set with ranks %s is already '
-                              'registered (id %d)' % (process_set.ranks, same[0].process_set_id))
+    # Agreement first, so that the checks below (deterministic given the same
+    # ranks and the same table) fail on every rank alike.
     if not _agree('process_set.add.%d' % new_id, process_set._ranks):
         raise InvalidArgument(
             'add_process_set: the ranks passed different process sets (this rank: %s); every '
             'rank must add the same sets in the same order' % process_set._ranks)
+    bad = [r for r in process_set._ranks if r < 0 or r >= _c.size()]
+    if bad:
+        raise InvalidArgument('add_process_set: %s are not ranks of the job (size %d)'
+                              % (bad, _c.size()))
+    with _lock:
+        same = [ps for ps in _table.values() if ps.ranks == process_set.ranks]
+    if same:
+        raise InvalidArgument('add_process_set: a process set with ranks %s is already '
+                              'registered (id %d)' % (process_set.ranks, same[0].process_set_id))
     with _lock:
         _next_id[0] += 1
         process_set.process_set_id = new_id
