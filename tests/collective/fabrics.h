@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test helper: the same algorithm cases over every transport. A Fabrics
+// object runs fn(rank, transport) on n threads over the in-process transport
+// or over TcpTransports on loopback (with their direct streams, the fast path
+// the engine takes). TCP groups are connected once per world size and reused
+// by later runs of the same object (connecting is the slow part); the object
+// owns them and closes them when destroyed.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective/inprocess_transport.h"
+#include "tcp_group.h"
+
+namespace pushpull::collective::testing {
+
+enum class Kind { kInProcess, kTcp };
+
+inline std::string kind_name(Kind k) {
+  return k == Kind::kInProcess ? "InProcess" : "Tcp";
+}
+
+class Fabrics {
+ public:
+  explicit Fabrics(Kind kind) : kind_(kind) {}
+
+  void run(int n, const std::function<void(int, Transport&)>& fn) {
+    std::vector<Transport*> eps;
+    std::unique_ptr<InProcessFabric> fabric;
+    std::vector<std::unique_ptr<Transport>> owned;
+    if (kind_ == Kind::kInProcess) {
+      fabric = std::make_unique<InProcessFabric>(n);
+      for (int r = 0; r < n; ++r) {
+        owned.push_back(fabric->endpoint(r));
+        eps.push_back(owned.back().get());
+      }
+    } else {
+      auto& group = tcp_[n];
+      if (group.empty()) group = connect_tcp_group(n);
+      for (auto& t : group)
+        eps.push_back(t.get());
+    }
+    std::exception_ptr first;
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          fn(r, *eps[static_cast<size_t>(r)]);
+        } catch (...) {
+          std::lock_guard lock(mu);
+          if (!first) first = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads)
+      t.join();
+    if (first) {
+      tcp_.erase(n);  // a failed run may leave messages in flight: never reuse it
+      std::rethrow_exception(first);
+    }
+  }
+
+ private:
+  Kind kind_;
+  std::map<int, std::vector<std::unique_ptr<TcpTransport>>> tcp_;
+};
+
+}  // namespace pushpull::collective::testing
