@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The algorithms alone (no engine), every world size 1..8, against
 // references computed locally; the same cases over every transport
-// (fabrics.h: in-process, TCP with its direct streams).
+// (fabrics.h: in-process, TCP with its direct streams, shared memory).
 #include "collective/algorithms.h"
 
 #include <gtest/gtest.h>
@@ -184,7 +184,7 @@ TEST_P(Algorithms, BarrierNoRankLeavesBeforeAllArrive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryTransport, Algorithms,
-                         ::testing::Values(Kind::kInProcess, Kind::kTcp),
+                         ::testing::Values(Kind::kInProcess, Kind::kTcp, Kind::kShm),
                          [](const auto& info) { return testing::kind_name(info.param); });
 
 TEST(Transport, ClosedPeerFailsPendingReceive) {
