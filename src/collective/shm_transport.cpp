@@ -459,11 +459,16 @@ struct ShmTransport::Impl {
           ++it;
           continue;
         }
-        for (auto& e : it->second)
-          if (e->claim) done.emplace_back(std::move(e->claim->cb), why);
-        it = early.erase(it);
+        // Complete early messages stay: a receive posted later still gets
+        // them (the peer sent them before it went). One still arriving is lost.
+        auto& q = it->second;
+        if (!q.empty() && !q.back()->complete) {
+          if (q.back()->claim) done.emplace_back(std::move(q.back()->claim->cb), why);
+          early_bytes[static_cast<size_t>(p)] -= q.back()->buf.size();
+          q.pop_back();
+        }
+        it = q.empty() ? early.erase(it) : std::next(it);
       }
-      early_bytes[static_cast<size_t>(p)] = 0;
     }
     Incoming& in = incoming[static_cast<size_t>(p)];
     if (in.target) done.emplace_back(std::move(in.target->cb), why);
@@ -538,7 +543,9 @@ struct ShmTransport::Impl {
 
   // ---- posting -------------------------------------------------------------------
 
-  bool check_post(int peer, Completion& cb) {
+  // `peer_too`: also refuse when the peer is gone (a receive first looks for
+  // what the peer sent before it went).
+  bool check_post(int peer, Completion& cb, bool peer_too = true) {
     Status st;
     if (peer < 0 || peer >= size || peer == rank) {
       st = Status(
@@ -548,7 +555,7 @@ struct ShmTransport::Impl {
       std::lock_guard lock(mu);
       if (closed)
         st = *closed;
-      else if (dead[static_cast<size_t>(peer)])
+      else if (peer_too && dead[static_cast<size_t>(peer)])
         st = *dead[static_cast<size_t>(peer)];
     }
     if (st.is_ok()) return true;
@@ -578,7 +585,7 @@ struct ShmTransport::Impl {
   }
 
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion cb) {
-    if (!check_post(peer, cb)) return;
+    if (!check_post(peer, cb, false)) return;
     RecvOp r{static_cast<char*>(dst), bytes, std::move(cb)};
     std::unique_lock lock(mu);
     auto it = early.find({peer, tag});
@@ -610,6 +617,12 @@ struct ShmTransport::Impl {
         r.cb(Status::ok());
         return;
       }
+    }
+    if (dead[static_cast<size_t>(peer)]) {
+      Status st = *dead[static_cast<size_t>(peer)];
+      lock.unlock();
+      r.cb(st);
+      return;
     }
     posted[{peer, tag}].push_back(std::move(r));
   }
