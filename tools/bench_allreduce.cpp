@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `pushpull bench allreduce`: float32 sum allreduce on loopback, pushpull's
-// TCP ring next to Open MPI's MPI_Allreduce (over TCP and over its default
-// shared-memory transport) and Gloo's ring allreduce over TCP, in the same
+// TCP ring (and its ring over shared memory, `pushpull_shm`) next to Open MPI's MPI_Allreduce (over
+// TCP and over its default shared-memory transport) and Gloo's ring allreduce over TCP, in the same
 // run, on the same sizes, every implementation as one process per rank.
 //
 // For each n and size: the median over iterations of the slowest rank's time
@@ -101,6 +101,31 @@ std::string host_of(const NetnsLab* lab, int r) {
 std::vector<Impl> implementations(bool peers, bool netns) {
   std::vector<Impl> out;
   const std::string bin = self_dir();
+  auto pushpull_ranks = [](std::string transport) {
+    return [transport](ProcessGroup& g, int n, const std::string& dir,
+                       const std::vector<std::string>& tail, const NetnsLab* lab) {
+      for (int r = 0; r < n; ++r) {
+        std::vector<std::string> argv = {self_exe(),
+                                         "bench",
+                                         "allreduce",
+                                         "--worker-rank",
+                                         std::to_string(r),
+                                         "--worker-size",
+                                         std::to_string(n),
+                                         "--worker-host",
+                                         host_of(lab, r),
+                                         "--rendezvous",
+                                         dir,
+                                         "--worker-transport",
+                                         transport};
+        for (const auto& x : tail)
+          argv.push_back(x == "--iters" ? "--worker-iters" : x);
+        g.start(in_host(lab, r, argv));
+      }
+    };
+  };
+  // Shared memory only between ranks of one host (not across namespaces).
+  if (!netns) out.push_back({"pushpull_shm", pushpull_ranks("shm")});
   out.push_back({"pushpull", [](ProcessGroup& g, int n, const std::string& dir,
                                 const std::vector<std::string>& tail, const NetnsLab* lab) {
                    for (int r = 0; r < n; ++r) {
@@ -279,6 +304,9 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--rendezvous", cfg->worker.rendezvous_dir)->group("");
   cmd->add_option("--worker-iters", cfg->worker_iters)->group("");
   cmd->add_option("--worker-host", cfg->worker.host)->group("");
+  cmd->add_option("--worker-transport", cfg->worker.transport)
+      ->group("")
+      ->check(CLI::IsMember({"tcp", "shm"}));
   cmd->callback([cfg, cmd] {
     if (cfg->worker.rank >= 0) {
       WorkerArgs w = cfg->worker;

@@ -18,6 +18,7 @@ struct WorkerArgs {
   std::vector<uint64_t> sizes;  // bytes
   std::vector<int> iters;       // per size
   int warmup = 2;
+  std::string transport = "tcp";  // or "shm": collective::ShmTransport (one host)
 };
 
 // Runs one rank (blocking); rank 0 prints "result <bytes> <median_us>" lines.
