@@ -68,6 +68,16 @@ void copy_result(const Array& a, const at::Tensor& to, int64_t offset_elements =
   to.copy_(detail::wrap(base, to.numel(), to).view(to.sizes()));
 }
 
+// An allgather's result: `ranks` rows of `n` elements (the engine checked
+// that every rank passed n).
+const Array& check_gathered(const Array& all, int64_t n, int64_t ranks) {
+  if (all.numel() != n * ranks) {
+    throw Internal(fmt::format("pushpull ProcessGroup: allgather returned {} elements, not {} x {}",
+                               all.numel(), ranks, n));
+  }
+  return all;
+}
+
 void check_root(int64_t root, int size, const char* what) {
   if (root < 0 || root >= size) {
     throw Unsupported(fmt::format("pushpull ProcessGroup: {}: root rank {} is not in 0..{}", what,
@@ -184,8 +194,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::allreduce(std::vector<at::T
   const Reduction op = reduction_of(opts.reduceOp, "allreduce");
   if (t.numel() == 0) return done_now(c10d::OpType::ALLREDUCE, tensors);
   const at::Tensor buf = contiguous(t);
-  const std::string sig =
-      fmt::format("allreduce.{}.{}.{}", dtype_str(t), t.numel(), reduction_name(op));
+  const std::string sig = fmt::format("allreduce.{}.{}", dtype_str(t), reduction_name(op));
   return launch(c10d::OpType::ALLREDUCE, "pushpull:all_reduce", "allreduce of " + describe(t),
                 tensors, {t, buf}, tensors, [&]() -> Submitted {
                   const std::string name = next_name(sig);
@@ -213,8 +222,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::allreduce_coalesced(
         std::vector<Handle> handles;
         for (size_t i = 0; i < bufs.size(); ++i) {
           if (bufs[i].numel() == 0) continue;
-          const std::string name = next_name(fmt::format("allreduce.{}.{}.{}", dtype_str(bufs[i]),
-                                                         bufs[i].numel(), reduction_name(op)));
+          const std::string name =
+              next_name(fmt::format("allreduce.{}.{}", dtype_str(bufs[i]), reduction_name(op)));
           handles.push_back(session_->communicator().allreduce_async(name, flat_view(bufs[i]), op));
           remember(name, handles.back());
         }
@@ -238,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::broadcast(std::vector<at::T
   if (t.numel() == 0) return done_now(c10d::OpType::BROADCAST, tensors);
   const at::Tensor buf = contiguous(t);
   const int root = static_cast<int>(opts.rootRank);
-  const std::string sig = fmt::format("broadcast.{}.{}.{}", dtype_str(t), t.numel(), root);
+  const std::string sig = fmt::format("broadcast.{}.{}", dtype_str(t), root);
   return launch(c10d::OpType::BROADCAST, "pushpull:broadcast", "broadcast of " + describe(t),
                 tensors, {t, buf}, tensors, [&]() -> Submitted {
                   const std::string name = next_name(sig);
@@ -260,7 +269,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::reduce(std::vector<at::Tens
   const bool root = opts.rootRank == rank_;
   const at::Tensor buf = root ? contiguous(t) : t.contiguous().clone();
   const std::string sig =
-      fmt::format("reduce.{}.{}.{}.{}", dtype_str(t), t.numel(), reduction_name(op), opts.rootRank);
+      fmt::format("reduce.{}.{}.{}", dtype_str(t), reduction_name(op), opts.rootRank);
   return launch(c10d::OpType::REDUCE, "pushpull:reduce", "reduce of " + describe(t), tensors,
                 {t, buf}, tensors, [&]() -> Submitted {
                   const std::string name = next_name(sig);
@@ -292,16 +301,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::allgather(
   const at::Tensor buf = contiguous(in);
   std::vector<at::Tensor> keep = outs;
   keep.push_back(buf);
-  const std::string sig = fmt::format("allgather.{}.{}", dtype_str(in), in.numel());
+  const std::string sig = fmt::format("allgather.{}", dtype_str(in));
   return launch(c10d::OpType::ALLGATHER, "pushpull:all_gather", "allgather of " + describe(in),
                 inputs, keep, outs, [&]() -> Submitted {
                   const std::string name = next_name(sig);
                   auto session = session_;
-                  Handle h = session->communicator().allgather_async(name, flat_view(buf));
+                  Handle h = session->communicator().allgather_async(name, detail::row_view(buf));
                   remember(name, h);
                   const int64_t n = in.numel();
                   return {{h}, [session, h, outs, n] {
                             Array all = session->communicator().take_output(h, Millis(0));
+                            check_gathered(all, n, static_cast<int64_t>(outs.size()));
                             for (size_t r = 0; r < outs.size(); ++r)
                               copy_result(all, outs[r], static_cast<int64_t>(r) * n);
                           }};
@@ -321,15 +331,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::_allgather_base(
   if (input.numel() == 0) return done_now(c10d::OpType::_ALLGATHER_BASE, {output});
   const at::Tensor buf = contiguous(input);
   const at::Tensor out = output;
-  const std::string sig = fmt::format("allgather.{}.{}", dtype_str(input), input.numel());
+  const std::string sig = fmt::format("allgather.{}", dtype_str(input));
   return launch(c10d::OpType::_ALLGATHER_BASE, "pushpull:_all_gather_base",
                 "allgather of " + describe(input), {input}, {out, buf}, {out}, [&]() -> Submitted {
                   const std::string name = next_name(sig);
                   auto session = session_;
-                  Handle h = session->communicator().allgather_async(name, flat_view(buf));
+                  Handle h = session->communicator().allgather_async(name, detail::row_view(buf));
                   remember(name, h);
-                  return {{h}, [session, h, out] {
-                            copy_result(session->communicator().take_output(h, Millis(0)), out);
+                  const int64_t ranks = size_;
+                  return {{h}, [session, h, out, ranks] {
+                            copy_result(
+                                check_gathered(session->communicator().take_output(h, Millis(0)),
+                                               out.numel() / ranks, ranks),
+                                out);
                           }};
                 });
 }
@@ -361,16 +375,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::gather(
   const at::Tensor buf = contiguous(in);
   std::vector<at::Tensor> keep = outs;
   keep.push_back(buf);
-  const std::string sig = fmt::format("gather.{}.{}.{}", dtype_str(in), in.numel(), opts.rootRank);
+  const std::string sig = fmt::format("gather.{}.{}", dtype_str(in), opts.rootRank);
   return launch(c10d::OpType::GATHER, "pushpull:gather", "gather of " + describe(in), inputs, keep,
                 outs, [&]() -> Submitted {
                   const std::string name = next_name(sig);
                   auto session = session_;
-                  Handle h = session->communicator().allgather_async(name, flat_view(buf));
+                  Handle h = session->communicator().allgather_async(name, detail::row_view(buf));
                   remember(name, h);
-                  const int64_t n = in.numel();
-                  return {{h}, [session, h, outs, n] {
+                  const int64_t n = in.numel(), ranks = size_;
+                  return {{h}, [session, h, outs, n, ranks] {
                             Array all = session->communicator().take_output(h, Millis(0));
+                            check_gathered(all, n, ranks);
                             for (size_t r = 0; r < outs.size(); ++r)
                               copy_result(all, outs[r], static_cast<int64_t>(r) * n);
                           }};
@@ -398,8 +413,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::reduce_scatter(
   if (out.numel() == 0) return done_now(c10d::OpType::REDUCE_SCATTER, outputs);
   // Rank r's block of the concatenation is exactly its numel elements.
   const at::Tensor buf = at::cat(flat);
-  const std::string sig =
-      fmt::format("reduce_scatter.{}.{}.{}", dtype_str(out), buf.numel(), reduction_name(op));
+  const std::string sig = fmt::format("reduce_scatter.{}.{}", dtype_str(out), reduction_name(op));
   return launch(c10d::OpType::REDUCE_SCATTER, "pushpull:reduce_scatter",
                 "reduce_scatter of " + describe(out), inputs[0], {out, buf}, outputs,
                 [&]() -> Submitted {
@@ -427,8 +441,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::_reduce_scatter_base(
   if (output.numel() == 0) return done_now(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   const at::Tensor buf = contiguous(input);
   const at::Tensor out = output;
-  const std::string sig =
-      fmt::format("reduce_scatter.{}.{}.{}", dtype_str(out), buf.numel(), reduction_name(op));
+  const std::string sig = fmt::format("reduce_scatter.{}.{}", dtype_str(out), reduction_name(op));
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pushpull:_reduce_scatter_base",
                 "reduce_scatter of " + describe(input), {input}, {out, buf}, {out},
                 [&]() -> Submitted {
@@ -465,18 +478,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::alltoall_base(
   const at::Tensor buf = contiguous(input);
   const at::Tensor out = output;
   const int64_t block = input.numel() / size_;
-  const std::string sig = fmt::format("alltoall.{}.{}", dtype_str(input), input.numel());
+  const std::string sig = fmt::format("alltoall.{}", dtype_str(input));
   return launch(
       c10d::OpType::ALLTOALL_BASE, "pushpull:all_to_all", "all_to_all of " + describe(input),
       {input}, {out, buf}, {out}, [&]() -> Submitted {
         const std::string name = next_name(sig);
         auto session = session_;
-        Handle h = session->communicator().allgather_async(name, flat_view(buf));
+        Handle h = session->communicator().allgather_async(name, detail::row_view(buf));
         remember(name, h);
         const int64_t n = input.numel(), me = rank_, ranks = size_;
         return {
             {h}, [session, h, out, n, block, me, ranks] {
               Array all = session->communicator().take_output(h, Millis(0));
+              check_gathered(all, n, ranks);
               at::Tensor gathered = detail::wrap(all.data(), n * ranks, out);
               at::Tensor mine = gathered.view({ranks, ranks, block}).select(1, me).reshape({-1});
               out.copy_(mine.view(out.sizes()));
@@ -506,17 +520,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::alltoall(std::vector<at::Te
   const at::Tensor buf = at::cat(flat);
   std::vector<at::Tensor> keep = outputs;
   keep.push_back(buf);
-  const std::string sig = fmt::format("alltoall.{}.{}", dtype_str(buf), buf.numel());
+  const std::string sig = fmt::format("alltoall.{}", dtype_str(buf));
   const std::vector<at::Tensor> outs = outputs;
   return launch(c10d::OpType::ALLTOALL, "pushpull:all_to_all",
                 "all_to_all of " + describe(inputs[0]), inputs, keep, outs, [&]() -> Submitted {
                   const std::string name = next_name(sig);
                   auto session = session_;
-                  Handle h = session->communicator().allgather_async(name, flat_view(buf));
+                  Handle h = session->communicator().allgather_async(name, detail::row_view(buf));
                   remember(name, h);
                   const int64_t me = rank_, ranks = size_;
                   return {{h}, [session, h, outs, block, me, ranks] {
                             Array all = session->communicator().take_output(h, Millis(0));
+                            check_gathered(all, block * ranks, ranks);
                             // Rank j's input block `me` is at (j * ranks + me) * block.
                             for (int64_t j = 0; j < ranks; ++j)
                               copy_result(all, outs[static_cast<size_t>(j)],

@@ -22,10 +22,11 @@
 // Every call returns at once with a PushpullWork (work.h).
 //
 // Op names: the engine matches ops by name; a c10d op is named by its kind,
-// dtype, element count and reduction/root plus a slot (0..kSlots-1) counted
-// per such signature, so the names are the same on every rank (c10d calls
-// are made in the same order everywhere) and repeat from step to step (the
-// engine's response cache then serves them).
+// dtype and reduction/root plus a slot (0..kSlots-1) counted per such
+// signature, so the names agree on every rank (c10d calls are made in the
+// same order everywhere) and repeat from step to step. Sizes are not part
+// of the name: ranks passing different sizes get the engine's
+// InvalidArgument naming every rank's shape, not a hang.
 //
 // Thread safety: every method may be called from any thread (c10d requires
 // the ranks to issue collectives in the same order). Ownership: owns its

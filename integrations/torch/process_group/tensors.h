@@ -3,8 +3,9 @@
 // engine can reduce, how they are refused (a RuntimeError in Python naming
 // the operation, the tensor and what to do), and tensors as ArrayViews.
 //
-// Every view is one-dimensional (numel elements): c10d collectives match
-// tensors by element count, and a flat view has no dimension limit.
+// Views are flat (numel elements, or one row of them for allgathers): c10d
+// collectives match tensors by element count, and a flat view has no
+// dimension limit.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -100,6 +101,14 @@ inline void check_same(const at::Tensor& t, const at::Tensor& ref, const std::st
 // A flat view of a contiguous CPU tensor of an engine dtype.
 inline ArrayView flat_view(const at::Tensor& t) {
   return ArrayView(t.data_ptr(), *engine_dtype(t.scalar_type()), Shape{t.numel()}, Device::cpu());
+}
+
+// A one-row view (1, numel) for allgathers: the engine then checks that
+// every rank passed the same number of elements (all but the first
+// dimension must agree) instead of concatenating different sizes.
+inline ArrayView row_view(const at::Tensor& t) {
+  return ArrayView(t.data_ptr(), *engine_dtype(t.scalar_type()), Shape{1, t.numel()},
+                   Device::cpu());
 }
 
 // A tensor over `data` (not owned) with `like`'s dtype and `numel` elements.
