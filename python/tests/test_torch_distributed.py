@@ -95,6 +95,14 @@ def test_refusals_are_runtime_errors_and_the_group_survives_them():
     assert 'submitted differently' in out
 
 
+def test_an_operation_some_rank_never_calls_times_out():
+    from torch_launch import run_job
+    code, out = run_job([sys.executable, WORKER, 'timeout'], 2, 120,
+                        extra_env={'PG_TEST_TIMEOUT_S': '3'})
+    assert code == 0, out
+    assert 'PASS timeout rank 0 of 2' in out and 'PASS timeout rank 1 of 2' in out, out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))

@@ -199,6 +199,17 @@ def case_collectives():
     dist.barrier()
     w = dist.barrier(async_op=True)
     w.wait()
+
+    # A subgroup with this backend: its own mesh among ranks 0 and n-1.
+    members = [0, n - 1]
+    sub = dist.new_group(members, backend='pushpull')
+    if r in members:
+        assert dist.get_backend(sub) == 'pushpull'
+        t = torch.full((3,), float(r + 1))
+        dist.all_reduce(t, group=sub)
+        assert (t == 1 + n).all(), f'subgroup all_reduce: {t}'
+        dist.broadcast(t, src=n - 1, group=sub)
+    dist.barrier()
     say(f'PASS collectives rank {r} of {n}')
 
 
@@ -329,6 +340,22 @@ def case_killed(victim):
     raise AssertionError('training went on after a rank died')
 
 
+def case_timeout():
+    """Rank 1 never calls the all_reduce: rank 0's fails with Timeout after the
+    process group's timeout (PG_TEST_TIMEOUT_S), not a hang."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    if r == 0:
+        start = time.monotonic()
+        text = expect_runtime_error('timeout', lambda: dist.all_reduce(torch.ones(3)),
+                                    'did not complete within')
+        took = time.monotonic() - start
+        say(f'rank 0 after {took:.1f} s: {text}')
+        assert took < 60, took
+    else:
+        time.sleep(3 * float(os.environ['PG_TEST_TIMEOUT_S']))  # alive, silent
+    say(f'PASS timeout rank {r} of {n}')
+
+
 def main():
     case = sys.argv[1]
     timeout_s = float(os.environ.get('PG_TEST_TIMEOUT_S', '120'))
@@ -341,6 +368,8 @@ def main():
         case_ddp(sys.argv[2])
     elif case == 'errors':
         case_errors()
+    elif case == 'timeout':
+        case_timeout()
     elif case == 'killed':
         case_killed(int(sys.argv[2]))
     else:
