@@ -132,6 +132,21 @@ class BufferState : public State {
 void run(State& state, const std::function<void()>& fn, const std::function<void()>& reset,
          int max_resets = 0);
 
+// run() over the process-default session (collective::init()): re-forming
+// is shutdown() + init(), which asks the launcher for the next round. The
+// C++ form of Python's @pushpull.torch.elastic.run.
+void run_default(State& state, const std::function<void()>& fn);
+
+// This process's view of an elastic job (`pushpull launch --min-workers ...`
+// sets PUSHPULL_ELASTIC_ADDR); all 0 / false elsewhere. Thread-safe.
+bool is_elastic_worker();
+// The newest host change the launcher announced, and the one the current
+// round already includes (State::check_host_updates reads the first).
+uint64_t announced_hosts_stamp();
+uint64_t round_hosts_stamp();
+// The current round (1, 2, ...; 0 before the first).
+uint64_t current_round();
+
 // True for the errors run() treats as a member's failure (Horovod's
 // HorovodInternalError): PeerFailure (a member died, was declared dead by
 // the launcher, or its connection broke).

@@ -14,6 +14,7 @@
 
 #include "net/address.h"
 #include "net/transport.h"
+#include "pushpull/elastic.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective::elastic {
@@ -243,6 +244,23 @@ Client* existing_process_client() {
   Slot& s = slot();
   std::lock_guard lock(s.mu);
   return s.client.get();
+}
+
+bool is_elastic_worker() {
+  const char* a = std::getenv("PUSHPULL_ELASTIC_ADDR");
+  return a != nullptr && *a != '\0';
+}
+uint64_t announced_hosts_stamp() {
+  Client* c = existing_process_client();
+  return c ? c->hosts_stamp() : 0;
+}
+uint64_t round_hosts_stamp() {
+  Client* c = existing_process_client();
+  return c ? c->round_hosts_stamp() : 0;
+}
+uint64_t current_round() {
+  Client* c = existing_process_client();
+  return c ? c->round() : 0;
 }
 
 Bootstrapped bootstrap_elastic(const Options& o) {

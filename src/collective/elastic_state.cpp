@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The elastic state machine (include/pushpull/elastic.h).
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -36,7 +37,7 @@ void State::check_host_updates() {
   // Every rank must raise at the same commit, but the launcher's notice
   // reaches the ranks at different times: agree on the newest stamp any rank
   // has seen (a max-allreduce, where Horovod broadcasts rank 0's).
-  int64_t stamp = static_cast<int64_t>(announced_.load());
+  int64_t stamp = static_cast<int64_t>(std::max(announced_.load(), announced_hosts_stamp()));
   ArrayView v(&stamp, DType::kInt64, Shape{1});
   // One fixed name: a member that just joined counts from zero.
   comm().allreduce("elastic.hosts", v, Reduction::kMax);
@@ -49,7 +50,7 @@ void State::check_host_updates() {
 }
 
 void State::agree_host_stamp() {
-  int64_t stamp = static_cast<int64_t>(agreed_);
+  int64_t stamp = static_cast<int64_t>(std::max(agreed_, round_hosts_stamp()));
   ArrayView v(&stamp, DType::kInt64, Shape{1});
   comm().allreduce("elastic.hosts", v, Reduction::kMax);
   agreed_ = static_cast<uint64_t>(stamp);
@@ -124,6 +125,13 @@ void run(State& state, const std::function<void()>& fn, const std::function<void
     }
     state.on_reset();
   }
+}
+
+void run_default(State& state, const std::function<void()>& fn) {
+  run(state, fn, [] {
+    collective::shutdown();
+    collective::init();
+  });
 }
 
 }  // namespace pushpull::collective::elastic

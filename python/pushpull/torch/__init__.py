@@ -124,6 +124,9 @@ def __getattr__(name):
     if name == 'Trainer':
         from .trainer import Trainer
         return Trainer
+    if name == 'elastic':  # hvd.elastic.run, hvd.elastic.TorchState (docs/elastic.md)
+        import importlib
+        return importlib.import_module('.elastic', __name__)
     raise AttributeError("module 'pushpull.torch' has no attribute %r" % name)
 
 
@@ -135,6 +138,6 @@ __all__ = [
     'broadcast_async', 'broadcast_async_', 'reducescatter', 'barrier', 'join', 'poll',
     'synchronize', 'broadcast_parameters', 'broadcast_optimizer_state', 'broadcast_object',
     'allgather_object', 'DistributedOptimizer', 'Compression', 'Compressor', 'NoneCompressor',
-    'FP16Compressor', 'Trainer', 'mpi_threads_supported', 'mpi_enabled', 'mpi_built',
+    'FP16Compressor', 'Trainer', 'elastic', 'mpi_threads_supported', 'mpi_enabled', 'mpi_built',
     'gloo_enabled', 'gloo_built', 'nccl_built', 'cuda_built', 'rocm_built',
 ]
