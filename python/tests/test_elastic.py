@@ -130,3 +130,34 @@ def test_kills_below_min_workers_fail_with_a_clear_message():
     assert len(r['kills']) == 2
     assert 'fewer than --min-workers 2' in r.get('failure', ''), r
     assert 'SIGKILL' in r['failure'], r
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--min-workers', '3', '--max-workers', '2'], '--min-workers 3 is more than --max-workers 2'),
+    (['--min-np', '1', '-s', '1'], 'collective-only'),
+    (['--max-np', '2', '--elastic-timeout', '0'], '--elastic-timeout must be positive'),
+    (['--host-discovery-script', 'exit 4'], 'exit code 4'),
+])
+def test_launcher_rejects_bad_elastic_options(args, message):
+    import subprocess
+    exe = os.path.join(BUILD, 'bin', 'pushpull')
+    if not os.path.exists(exe):
+        pytest.skip('build/bin/pushpull not built')
+    r = subprocess.run([exe, 'launch'] + args + ['--', 'true'], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r
+    assert message in r.stderr, r.stderr
+
+
+def test_elastic_job_of_plain_commands_succeeds():
+    """Any program may run elastic; workers that exit 0 end the job."""
+    import subprocess
+    exe = os.path.join(BUILD, 'bin', 'pushpull')
+    if not os.path.exists(exe):
+        pytest.skip('build/bin/pushpull not built')
+    r = subprocess.run([exe, 'launch', '--min-np', '2', '--max-np', '3', '--', 'sh', '-c',
+                        'echo id=$PUSHPULL_ELASTIC_ID'], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r
+    assert sorted(l.split('] ')[1] for l in r.stdout.splitlines() if 'id=' in l) == \
+        ['id=0', 'id=1', 'id=2']
