@@ -21,6 +21,9 @@ inline void add_elastic_options(CLI::App* cmd, launch::ElasticConfig& e) {
                   "Elastic: seconds between runs of the discovery script (3)");
   cmd->add_option("--elastic-timeout", e.elastic_timeout_s,
                   "Elastic: seconds to wait for at least --min-workers (600)");
+  cmd->add_option("--rejoin-timeout", e.rejoin_timeout_s,
+                  "Elastic: seconds the members of a round have to re-form after the first "
+                  "did, before the others count as hung (10)");
   // --max-restarts may also be registered by the non-elastic restart policy;
   // one option serves both (elastic_restarts reads it).
   if (cmd->get_option_no_throw("--max-restarts") == nullptr)

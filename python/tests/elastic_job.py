@@ -26,8 +26,10 @@ SUMMARY = re.compile(r'elastic summary: test accuracy ([0-9.]+) steps (\d+) size
 
 def run_job(build, workers=4, min_workers=2, kill_at=(), add_at=None, max_steps=100, epochs=1,
             commit_every=10, heartbeat_ms=10000, elastic_timeout=30, timeout=600, extra=(),
-            log=None):
-    """kill_at: steps at which one worker (a non-zero rank, the highest alive) is SIGKILLed.
+            log=None, victim=None, sig=signal.SIGKILL, second_after=None):
+    """kill_at: steps at which one worker gets `sig` (SIGKILL): rank `victim`, or the highest
+    non-zero rank alive (victim None). second_after: seconds after the first fault at which
+    the highest non-zero rank left gets SIGKILL too (a failure while the group re-forms).
     add_at: the step after which the discovery file gets one more slot."""
     tmp = tempfile.mkdtemp(prefix='pp-elastic-')
     hosts = os.path.join(tmp, 'hosts')
@@ -63,6 +65,7 @@ def run_job(build, workers=4, min_workers=2, kill_at=(), add_at=None, max_steps=
             m = PID.match(line)
             if m:
                 pids[m.group(1)] = int(m.group(2))
+                report.setdefault('all_pids', []).append(int(m.group(2)))
             m = STEP.match(line)
             if m:
                 wid, step, size, rank, t = m.group(1), int(m.group(2)), int(m.group(3)), \
@@ -77,14 +80,29 @@ def run_job(build, workers=4, min_workers=2, kill_at=(), add_at=None, max_steps=
                         k['recovery_s'] = round(t - k['t'], 3)
                 if pending and step >= pending[0] and rank == 0:
                     pending.pop(0)
-                    alive = [(r, w) for w, r in rank_of.items() if w in pids and r > 0]
+                    if victim is None:
+                        alive = [(r, w) for w, r in rank_of.items() if w in pids and r > 0]
+                    else:
+                        alive = [(r, w) for w, r in rank_of.items() if w in pids and r == victim]
                     if alive:
-                        r, victim = max(alive)
-                        os.kill(pids[victim], signal.SIGKILL)
-                        report['kills'].append({'worker': victim, 'rank': r, 'at_step': step,
-                                                't': time.time(), 'size_before': size})
-                        del pids[victim]
-                        del rank_of[victim]
+                        r, who = max(alive)
+                        os.kill(pids[who], sig)
+                        report['kills'].append({'worker': who, 'rank': r, 'at_step': step,
+                                                't': time.time(), 'size_before': size,
+                                                'signal': int(sig)})
+                        report.setdefault('victim_pids', []).append(pids[who])
+                        del pids[who]
+                        del rank_of[who]
+                        if second_after is not None:
+                            def second(size=size):
+                                rest = [(r2, w) for w, r2 in rank_of.items() if w in pids and r2 > 0]
+                                if rest:
+                                    r2, w2 = max(rest)
+                                    os.kill(pids[w2], signal.SIGKILL)
+                                    report['kills'].append({'worker': w2, 'rank': r2,
+                                                            't': time.time(), 'size_before': size,
+                                                            'signal': int(signal.SIGKILL)})
+                            threading.Timer(second_after, second).start()
                 if add_at is not None and report['added_at'] is None and step >= add_at \
                         and size < workers:
                     with open(hosts, 'w') as f:

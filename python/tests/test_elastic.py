@@ -16,8 +16,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import elastic_job  # noqa: E402
 
-BUILD = os.environ.get('PUSHPULL_BUILD_DIR',
-                       os.path.join(os.path.dirname(os.path.dirname(HERE)), 'build'))
+BUILD = os.environ.get('PUSHPULL_BUILD_DIR') or (
+    os.path.dirname(os.environ['PUSHPULL_BIN_DIR']) if os.environ.get('PUSHPULL_BIN_DIR')
+    else os.path.join(os.path.dirname(os.path.dirname(HERE)), 'build'))
 
 
 @pytest.fixture

@@ -422,10 +422,8 @@ int Driver::run() {
   sc.bind_host = cfg_.bind_any ? "" : cfg_.host_ip;
   sc.port = cfg_.port;
   sc.min_workers = ec_.min_workers;
-  if (cfg_.timeout_s > 0) {
-    sc.startup_window = Millis(static_cast<int64_t>(cfg_.timeout_s * 1000 * 2));
-    sc.member_window = std::max(Millis(30000), Millis(static_cast<int64_t>(cfg_.timeout_s * 2000)));
-  }
+  if (cfg_.timeout_s > 0) sc.startup_window = Millis(static_cast<int64_t>(cfg_.timeout_s * 2000));
+  sc.member_window = Millis(static_cast<int64_t>(ec_.rejoin_timeout_s * 1000));
   server_ = std::make_unique<ce::RendezvousServer>(sc);
   server_addr_ = fmt::format("{}:{}", cfg_.host_ip, server_->port());
   PP_INFO("elastic: rendezvous at {}; {}..{} workers", server_addr_, ec_.min_workers,
@@ -514,6 +512,7 @@ void prepare_elastic(LaunchConfig& cfg, ElasticConfig& ec, const LaunchContext& 
   if (ec.min_workers < 0 || ec.max_workers < 0) bad("--min-workers/--max-workers must be >= 1");
   if (ec.elastic_timeout_s <= 0) bad("--elastic-timeout must be positive");
   if (ec.max_restarts < 0) bad("--max-restarts must not be negative");
+  if (ec.rejoin_timeout_s <= 0) bad("--rejoin-timeout must be positive");
   // No cap given: -n workers on this host or -H's slots; with a discovery
   // script, as many as it offers slots.
   if (ec.max_workers == 0)

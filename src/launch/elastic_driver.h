@@ -41,6 +41,9 @@ struct ElasticConfig {
   double discovery_interval_s = 3;
   double elastic_timeout_s = 600;
   int max_restarts = 0;
+  // After the first member of a round asks to re-form, how long the others
+  // have to follow before they count as hung and are killed.
+  double rejoin_timeout_s = 10;
   bool enabled() const { return min_workers > 0 || max_workers > 0 || !discovery_script.empty(); }
 };
 
