@@ -83,7 +83,7 @@ void NetnsLab::start_guardian(int id, int hosts) {
   guardian_pid_ = pid;
 }
 
-NetnsLab::NetnsLab(int hosts, const std::string& rate) {
+NetnsLab::NetnsLab(int hosts, const std::string& rate, int queue_ms) {
   const int id = static_cast<int>(::getpid());
   const std::string subnet = fmt::format("10.{}.{}", 200 + id % 50, (id / 50) % 250);
   hub_ = fmt::format("ppb{}hub", id);
@@ -105,8 +105,8 @@ NetnsLab::NetnsLab(int hosts, const std::string& rate) {
     if (!rate.empty())
       must(
           fmt::format("ip netns exec {} tc qdisc add dev {} root tbf rate {} burst 256kb latency "
-                      "50ms",
-                      ns, dev, rate));
+                      "{}ms",
+                      ns, dev, rate, queue_ms));
   };
   for (int h = 0; h < hosts; ++h) {
     std::string ns = ns_name(id, h), veth = fmt::format("vh{}", h);

@@ -25,8 +25,10 @@ namespace pushpull::cli {
 
 class NetnsLab {
  public:
-  // `rate` as tc takes it ("1gbit"); empty: unshaped.
-  NetnsLab(int hosts, const std::string& rate);
+  // `rate` as tc takes it ("1gbit"); empty: unshaped. `queue_ms`: tbf's
+  // latency, the longest a packet may wait in a port's queue (the switch
+  // buffer; 50 ms at 1 Gbit/s is 6 MB, deeper than most switches give a port).
+  NetnsLab(int hosts, const std::string& rate, int queue_ms = 50);
   ~NetnsLab();
   NetnsLab(const NetnsLab&) = delete;
   NetnsLab& operator=(const NetnsLab&) = delete;

@@ -16,6 +16,7 @@
 
 #include "bench_common.h"
 #include "bench_iperf.h"
+#include "bench_scaling.h"
 #include "commands.h"
 #include "kvstore/inprocess_job.h"
 
@@ -31,6 +32,11 @@ struct Settings {
   std::string sizes = "4K,64K,1M,16M,64M";
   int iters = 10;
   int iperf_seconds = 2;
+  // --netns H: H worker hosts and the servers on hosts of their own (bench_scaling_ps.cpp).
+  int netns = 0;
+  std::string rate = "1gbit";
+  int repeats = 1;
+  int queue_ms = 50;
 };
 
 std::vector<int> parse_ints(const std::string& text) {
@@ -117,7 +123,39 @@ void register_bench_ps(CLI::App& bench) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--iperf-seconds", settings->iperf_seconds, "Length of each iperf3 run")
       ->check(CLI::Range(1, 60));
-  cmd->callback([settings] { run(*settings); });
+  cmd->add_option("--netns", settings->netns,
+                  "Workers on H network-namespace hosts, each server on a host of its own, links "
+                  "shaped to --rate, next to the ring allreduce (needs root); -n is ignored")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--rate", settings->rate, "With --netns: tc tbf rate of every link")
+      ->capture_default_str();
+  cmd->add_option("--queue-ms", settings->queue_ms,
+                  "With --netns: tbf latency, the longest a packet queues at a port")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--repeats", settings->repeats,
+                  "With --netns: interleaved runs; rows are medians")
+      ->check(CLI::Range(1, 100));
+  cmd->callback([settings, cmd] {
+    if (settings->netns > 0) {
+      PsNetnsSettings p;
+      p.workers = settings->netns;
+      p.servers.clear();
+      for (int s : parse_ints(cmd->count("--servers") ? settings->servers : "1,2,4,8"))
+        p.servers.push_back(s);
+      p.rate = settings->rate;
+      p.queue_ms = settings->queue_ms;
+      p.iters = cmd->count("--iters") ? settings->iters : 5;
+      p.repeats = settings->repeats;
+      p.ring = settings->flags.peers();
+      p.csv = settings->flags.csv();
+      for (uint64_t b : parse_sizes(cmd->count("--sizes") ? settings->sizes : "40M")) {
+        p.bytes = b;
+        run_ps_netns(p);
+      }
+      return;
+    }
+    run(*settings);
+  });
 }
 
 }  // namespace pushpull::cli

@@ -34,6 +34,7 @@ namespace {
 struct Config {
   int netns = 0;
   std::string rate = "500mbit";
+  int queue_ms = 50;
   double grad_mb = 5;
   std::string workers = "1,2,4,8";
   std::string servers = "1,2,4,8";
@@ -100,7 +101,7 @@ void run_study(Config cfg) {
     if (has("colocated")) specs.push_back({"pushpull_ps", n, n, true});
   }
 
-  NetnsLab lab(cfg.netns + max_s, cfg.rate);
+  NetnsLab lab(cfg.netns + max_s, cfg.rate, cfg.queue_ms);
   const double goodput = lab.goodput_bps(2);
   FILE* info = cfg.flags.csv() ? stderr : stdout;
   const double mb = static_cast<double>(step.grad_bytes) / 1e6;
@@ -155,30 +156,29 @@ void run_study(Config cfg) {
   const double base_sps = 1e3 / base_ms;
   std::fprintf(info, "# baseline (1 worker, no communication): %.1f ms/step; load average %s\n",
                base_ms, load_average().c_str());
-  if (cfg.flags.csv()) {
+  // The full table (wait, CPU, per-server bytes) always; in csv mode on
+  // stderr, with the csv on stdout.
+  FILE* tab = cfg.flags.csv() ? stderr : stdout;
+  if (cfg.flags.csv())
     std::printf("impl,workers,servers,placement,step_ms,steps_per_s,efficiency\n");
-  } else {
-    std::printf("%-14s %7s %7s %-10s %9s %11s %10s %9s %6s %s\n", "impl", "workers", "servers",
-                "placement", "step_ms", "steps_per_s", "efficiency", "wait_ms", "cpu",
-                "server MB/step in+out (min..max)");
-  }
+  std::fprintf(tab, "%-14s %7s %7s %-10s %9s %11s %10s %9s %6s %s\n", "impl", "workers", "servers",
+               "placement", "step_ms", "steps_per_s", "efficiency", "wait_ms", "cpu",
+               "server MB/step in+out (min..max)");
   for (const Row& r : rows) {
     if (r.step_ms.empty()) continue;
     const double ms = median(r.step_ms);
     const double sps = r.spec.workers * 1e3 / ms;
     const double eff = sps / (r.spec.workers * base_sps);
-    if (cfg.flags.csv()) {
+    if (cfg.flags.csv())
       std::printf("%s,%d,%d,%s,%.2f,%.4f,%.4f\n", r.spec.impl.c_str(), r.spec.workers,
                   r.spec.servers, placement_of(r.spec).c_str(), ms, sps, eff);
-    } else {
-      std::string servers_mb =
-          r.server_max_mb.empty()
-              ? ""
-              : fmt::format("{:.1f}..{:.1f}", median(r.server_min_mb), median(r.server_max_mb));
-      std::printf("%-14s %7d %7d %-10s %9.1f %11.3f %9.1f%% %9.1f %5.0f%% %s\n",
-                  r.spec.impl.c_str(), r.spec.workers, r.spec.servers, placement_of(r.spec).c_str(),
-                  ms, sps, eff * 100, median(r.wait_ms), median(r.cpu) * 100, servers_mb.c_str());
-    }
+    std::string servers_mb =
+        r.server_max_mb.empty()
+            ? ""
+            : fmt::format("{:.1f}..{:.1f}", median(r.server_min_mb), median(r.server_max_mb));
+    std::fprintf(tab, "%-14s %7d %7d %-10s %9.1f %11.3f %9.1f%% %9.1f %5.0f%% %s\n",
+                 r.spec.impl.c_str(), r.spec.workers, r.spec.servers, placement_of(r.spec).c_str(),
+                 ms, sps, eff * 100, median(r.wait_ms), median(r.cpu) * 100, servers_mb.c_str());
   }
   std::fflush(stdout);
 }
@@ -197,6 +197,10 @@ void register_bench_scaling(CLI::App& bench) {
       ->check(CLI::Range(0, 16));
   cmd->add_option("--rate", cfg->rate, "tc tbf rate of every link ('' = unshaped)")
       ->capture_default_str();
+  cmd->add_option("--queue-ms", cfg->queue_ms,
+                  "tbf latency: the longest a packet may queue at a port (the switch buffer)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("--grad-mb", cfg->grad_mb, "Gradient size per step in MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 4096.0));

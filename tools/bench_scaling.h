@@ -88,6 +88,7 @@ struct PsNetnsSettings {
   std::vector<int> servers = {1, 2, 4, 8};
   uint64_t bytes = 40ull << 20;
   std::string rate = "1gbit";
+  int queue_ms = 50;  // tbf latency of every port (NetnsLab)
   int iters = 5;
   int warmup = 1;
   int repeats = 1;
