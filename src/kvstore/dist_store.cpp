@@ -233,10 +233,12 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       k->id = key_id(keys[i]);
       k->shape = values[i].shape;
       k->dtype = values[i].dtype;
-      int64_t chunk =
-          std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(dtype_size(k->dtype)));
-      k->slices = ps::chunk(
-          ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_), chunk);
+      const auto esize = static_cast<int64_t>(dtype_size(k->dtype));
+      auto placed = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
+      // At least 16 chunks per slice, of 256 KiB .. chunk_bytes (ps::chunk_count says why).
+      int64_t chunk = ps::chunk_count(placed, std::max<int64_t>(1, chunk_bytes_ / esize),
+                                      std::max<int64_t>(1, (256 << 10) / esize), 16);
+      k->slices = ps::chunk(placed, chunk);
       made.push_back(k.get());
       keys_.emplace(keys[i], std::move(k));
     }
@@ -270,7 +272,8 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
 }
 
 void DistStore::push_key(KeyInfo& k, const ArrayList& values,
-                         const std::shared_ptr<Completion>& done, int priority) {
+                         const std::shared_ptr<Completion>& done, int priority,
+                         const std::function<void(const ps::Slice&)>& after_slice) {
   const size_t n = static_cast<size_t>(k.shape.numel());
   const size_t esize = dtype_size(k.dtype);
   std::shared_ptr<compress::Compressor> compressor;
@@ -335,6 +338,7 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       request(s.server, h, src + s.begin * esize, static_cast<size_t>(s.count) * esize, buf, done,
               priority);
     }
+    if (after_slice) after_slice(s);
   }
 }
 
@@ -409,6 +413,11 @@ KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
   }
   auto done = std::make_shared<Completion>(static_cast<int>(parts));
   for (size_t i = 0; i < ks.size(); ++i) {
+    if (!values.empty() && !outs.empty()) {  // each slice's pull right behind its push
+      push_key(*ks[i], values[i], done, priority,
+               [&](const ps::Slice& s) { pull_slice(*ks[i], s, outs[i], done, priority); });
+      continue;
+    }
     if (!values.empty()) push_key(*ks[i], values[i], done, priority);
     if (!outs.empty())
       for (const auto& s : ks[i]->slices)

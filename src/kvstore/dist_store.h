@@ -99,8 +99,11 @@ class DistStore final : public KVStore {
   // Posts the reply's destination, then sends the pull.
   void pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
                   const std::shared_ptr<Completion>& done, int priority);
+  // `after_slice` (pushpull) runs after each slice's push is queued: the
+  // pull of that slice goes right behind it, so the server answers slice j
+  // while slice j+1 still arrives (push and pull overlap on the links).
   void push_key(KeyInfo& k, const ArrayList& values, const std::shared_ptr<Completion>& done,
-                int priority);
+                int priority, const std::function<void(const ps::Slice&)>& after_slice = {});
   // Sends a command to every server and waits for all answers.
   // `payloads`: one for all servers, or one per server.
   void command_all(uint64_t command, const std::vector<std::string>& payloads,
