@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `pushpull bench allreduce`: float32 sum allreduce on loopback, pushpull's
-// TCP ring next to Open MPI's MPI_Allreduce (over TCP and over its default
-// shared-memory transport) and Gloo's ring allreduce over TCP, in the same
+// TCP ring (and its ring over shared memory, `pushpull_shm`) next to Open MPI's MPI_Allreduce (over
+// TCP and over its default shared-memory transport) and Gloo's ring allreduce over TCP, in the same
 // run, on the same sizes, every implementation as one process per rank.
 //
 // For each n and size: the median over iterations of the slowest rank's time
@@ -112,28 +112,37 @@ std::vector<Impl> implementations(bool peers, bool netns,
                                   const std::vector<std::string>& compressions) {
   std::vector<Impl> out;
   const std::string bin = self_dir();
+  // One pushpull rank group: `transport` is "tcp" or "shm", `comp` "none" or
+  // a codec the worker applies inside the timing.
+  auto pushpull_ranks = [](std::string transport, std::string comp) {
+    return [transport, comp](ProcessGroup& g, int n, const std::string& dir,
+                             const std::vector<std::string>& tail, const NetnsLab* lab) {
+      for (int r = 0; r < n; ++r) {
+        std::vector<std::string> argv = {self_exe(),
+                                         "bench",
+                                         "allreduce",
+                                         "--worker-rank",
+                                         std::to_string(r),
+                                         "--worker-size",
+                                         std::to_string(n),
+                                         "--worker-host",
+                                         host_of(lab, r),
+                                         "--rendezvous",
+                                         dir,
+                                         "--worker-transport",
+                                         transport,
+                                         "--worker-compression",
+                                         comp};
+        for (const auto& x : tail)
+          argv.push_back(x == "--iters" ? "--worker-iters" : x);
+        g.start(in_host(lab, r, argv));
+      }
+    };
+  };
+  // Shared memory only between ranks of one host (not across namespaces).
+  if (!netns) out.push_back({"pushpull_shm", pushpull_ranks("shm", "none")});
   for (const std::string& comp : compressions)
-    out.push_back({comp == "none" ? "pushpull" : "pushpull_" + comp,
-                   [comp](ProcessGroup& g, int n, const std::string& dir,
-                          const std::vector<std::string>& tail, const NetnsLab* lab) {
-                     for (int r = 0; r < n; ++r) {
-                       std::vector<std::string> argv = {self_exe(),
-                                                        "bench",
-                                                        "allreduce",
-                                                        "--worker-rank",
-                                                        std::to_string(r),
-                                                        "--worker-size",
-                                                        std::to_string(n),
-                                                        "--worker-host",
-                                                        host_of(lab, r),
-                                                        "--rendezvous",
-                                                        dir};
-                       for (const auto& x : tail)
-                         argv.push_back(x == "--iters" ? "--worker-iters" : x);
-                       argv.insert(argv.end(), {"--worker-compression", comp});
-                       g.start(in_host(lab, r, argv));
-                     }
-                   }});
+    out.push_back({comp == "none" ? "pushpull" : "pushpull_" + comp, pushpull_ranks("tcp", comp)});
   if (!peers) return out;
   const std::string mpi = bin + "/pp_mpi_allreduce", gloo = bin + "/pp_gloo_allreduce";
   if (netns) {
@@ -313,6 +322,9 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--rendezvous", cfg->worker.rendezvous_dir)->group("");
   cmd->add_option("--worker-iters", cfg->worker_iters)->group("");
   cmd->add_option("--worker-host", cfg->worker.host)->group("");
+  cmd->add_option("--worker-transport", cfg->worker.transport)
+      ->group("")
+      ->check(CLI::IsMember({"tcp", "shm"}));
   cmd->add_option("--worker-compression", cfg->worker.compression)->group("");
   cmd->callback([cfg, cmd] {
     if (cfg->worker.rank >= 0) {

@@ -9,6 +9,10 @@
 // matches bench/peers/common.h: per iteration a barrier, then the allreduce (float32 sum, in place)
 // timed on every rank; the slowest rank's time per iteration (a max-allreduce of the times after
 // the loop); rank 0 prints "result <bytes> <median_us>" per size.
+//
+// With --worker-transport shm the ranks use collective::ShmTransport instead
+// (one host), their segments named after the rendezvous directory (fresh and
+// random per run).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +24,7 @@
 #include "bench_allreduce.h"
 #include "bench_common.h"
 #include "collective/algorithms.h"
+#include "collective/shm_transport.h"
 #include "collective/tcp_transport.h"
 #include "compress/compressor.h"
 #include "pushpull/options.h"
@@ -75,8 +80,20 @@ void check_sum(const std::vector<float>& buf, int n) {
 int run_allreduce_worker(const WorkerArgs& a) {
   Options opts = Options::from_env();
   opts.net.connect_timeout = Millis(30000);
-  collective::TcpTransport t(a.rank, a.size, opts.net, a.host, 0);
-  t.connect_all(rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, t.port(), Millis(30000)));
+  std::unique_ptr<collective::Transport> transport;
+  if (a.transport == "shm") {
+    collective::ShmOptions so;
+    so.connect_timeout = Millis(30000);
+    const std::string prefix =
+        "pushpull-bench-" + std::filesystem::path(a.rendezvous_dir).filename().string();
+    transport = std::make_unique<collective::ShmTransport>(a.rank, a.size, prefix, so);
+  } else {
+    auto tcp = std::make_unique<collective::TcpTransport>(a.rank, a.size, opts.net, a.host, 0);
+    tcp->connect_all(
+        rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, tcp->port(), Millis(30000)));
+    transport = std::move(tcp);
+  }
+  collective::Transport& t = *transport;
 
   std::vector<char> scratch;
   collective::AlgoContext ctx{t};
