@@ -27,6 +27,14 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
     auto it = std::find(chain.backups.begin(), chain.backups.end(), me);
     if (it != chain.backups.end()) backups.assign(it + 1, chain.backups.end());
   }
+  // At the job's start a backup's connection may still be coming up (this
+  // runs on a store thread, never the I/O thread).
+  std::erase_if(backups, [&](int b) {
+    if (node_.wait_connected(Role::kServer, b, node_.options().cluster.startup_timeout))
+      return false;
+    PP_ERROR("no connection to server {}: replica not sent", b);
+    return true;
+  });
   if (backups.empty()) return false;
   uint64_t id;
   {

@@ -71,8 +71,9 @@ struct Job {
                                               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}};
     if (replicas >= 0) env["PUSHPULL_PS_REPLICAS"] = std::to_string(replicas);
     proc = std::make_unique<test::ChildProcess>(
-        std::vector<std::string>{bin("pushpull"), "launch", "-n", "3", "-s", "3", "--timeout",
-                                 "60", "--server-command", server, "--",
+        // (no --timeout: it would set the heartbeat timeout too)
+        std::vector<std::string>{bin("pushpull"), "launch", "-n", "3", "-s", "3",
+                                 "--server-command", server, "--",
                                  bin("ps_failover_worker"), mode, std::to_string(rounds), "20"},
         env);
   }
@@ -99,6 +100,7 @@ void expect_success(Job& job, int rounds) {
   ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job.proc->output();
   std::string out = job.proc->output();
   EXPECT_EQ(*code, 0) << out;
+  if (std::getenv("PUSHPULL_TEST_VERBOSE")) std::fprintf(stderr, "%s\n", out.c_str());
   for (int w = 0; w < 3; ++w)
     EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
   EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
