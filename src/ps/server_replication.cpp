@@ -14,19 +14,17 @@ namespace pushpull::ps {
 
 bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
                        std::function<void()> done) {
-  cluster::Placement placement = node_.placement();
   const int me = node_.rank();
-  cluster::ReplicaChain chain = cluster::replica_chain(
-      state->home >= 0 ? state->home : me, node_.num_servers(), node_.ps_replicas(),
-      placement.dead);
-  // The live servers after this one in the part's chain.
-  std::vector<int> backups;
-  if (chain.primary == me) {
-    backups = chain.backups;
-  } else {
+  auto live_backups = [&](const std::vector<bool>& dead) {
+    cluster::ReplicaChain chain = cluster::replica_chain(
+        state->home >= 0 ? state->home : me, node_.num_servers(), node_.ps_replicas(), dead);
+    // The live servers after this one in the part's chain.
+    if (chain.primary == me) return chain.backups;
     auto it = std::find(chain.backups.begin(), chain.backups.end(), me);
-    if (it != chain.backups.end()) backups.assign(it + 1, chain.backups.end());
-  }
+    return it == chain.backups.end() ? std::vector<int>{}
+                                     : std::vector<int>(it + 1, chain.backups.end());
+  };
+  std::vector<int> backups = live_backups(node_.placement().dead);
   // At the job's start a backup's connection may still be coming up (this
   // runs on a store thread, never the I/O thread).
   std::erase_if(backups, [&](int b) {
@@ -35,10 +33,14 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
     PP_ERROR("no connection to server {}: replica not sent", b);
     return true;
   });
-  if (backups.empty()) return false;
   uint64_t id;
   {
+    // Decided under the lock on_placement takes: a backup declared dead
+    // after this point is removed from `waiting` by on_placement.
     std::lock_guard lock(repl_mu_);
+    std::vector<int> live = live_backups(dead_);
+    std::erase_if(backups, [&](int b) { return std::find(live.begin(), live.end(), b) == live.end(); });
+    if (backups.empty()) return false;
     id = next_replication_++;
     outgoing_[id] = Outgoing{backups, std::move(done)};
   }
@@ -158,6 +160,7 @@ void Server::on_placement(const cluster::Placement& p) {
   std::deque<net::Message> ready;
   {
     std::lock_guard lock(repl_mu_);
+    dead_ = p.dead;
     for (auto it = outgoing_.begin(); it != outgoing_.end();) {
       auto& w = it->second.waiting;
       w.erase(std::remove_if(w.begin(), w.end(),

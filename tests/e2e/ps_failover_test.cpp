@@ -77,13 +77,16 @@ struct Job {
                                  bin("ps_failover_worker"), mode, std::to_string(rounds), "20"},
         env);
   }
-  // Waits until worker 0 finished round `round` (false at the deadline).
+  // Waits until worker 0 finished round `round`; at the deadline stops the
+  // launcher (so its whole output, with the report, is there) and fails.
   bool wait_round(int round, std::chrono::seconds limit = 60s) {
     auto until = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < until) {
       if (last_round(proc->output()) >= round) return true;
       std::this_thread::sleep_for(5ms);
     }
+    proc->signal(SIGTERM);
+    proc->wait(20s);
     return false;
   }
   void signal_server(int rank, int sig) {
