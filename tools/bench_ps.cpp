@@ -9,6 +9,9 @@
 // worker pushed and pulled (2 x size: a push and a pull each move the array
 // once). Single-stream iperf3 in the same run is the ceiling for 1 worker x
 // 1 server. Sizes above the big-array bound are split over all servers.
+// `--replicas 0,1` measures each job once per replication setting
+// (PUSHPULL_PS_REPLICAS), one after the other in the same run, labelled
+// pushpull_Ks_rR: the cost of the servers' backups (docs/ps.md).
 #include <chrono>
 #include <mutex>
 
@@ -31,6 +34,7 @@ struct Settings {
   std::string sizes = "4K,64K,1M,16M,64M";
   int iters = 10;
   int iperf_seconds = 2;
+  std::string replicas;  // "" = the default setting, unlabelled
 };
 
 std::vector<int> parse_ints(const std::string& text) {
@@ -42,9 +46,10 @@ std::vector<int> parse_ints(const std::string& text) {
 
 // Median seconds per pushpull (slowest worker) for each size.
 std::vector<double> measure(int workers, int servers, const std::vector<uint64_t>& sizes,
-                            int iters) {
+                            int iters, int replicas = -1) {
   InProcessJob job{servers, workers, "dist_sync", Options{}};
   job.options.log_level = LogLevel::kWarning;
+  job.options.cluster.ps_replicas = replicas;
   std::mutex mu;
   // per size, per iteration: the slowest worker's time
   std::vector<std::vector<double>> slowest(sizes.size(), std::vector<double>(iters, 0.0));
@@ -76,10 +81,16 @@ void run(const Settings& st) {
   std::vector<uint64_t> sizes = parse_sizes(st.sizes);
   for (int s : parse_ints(st.servers)) {
     for (int w : parse_ints(st.workers)) {
-      std::vector<double> secs = measure(w, s, sizes, st.iters);
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[i] / 1e9;
-        table.add({fmt::format("pushpull_{}s", s), w, sizes[i], secs[i] * 1e6, gbps, gbps});
+      std::vector<int> replica_list{-1};
+      if (!st.replicas.empty()) replica_list = parse_ints(st.replicas);
+      for (int r : replica_list) {
+        std::vector<double> secs = measure(w, s, sizes, st.iters, r);
+        std::string label = r < 0 ? fmt::format("pushpull_{}s", s)
+                                  : fmt::format("pushpull_{}s_r{}", s, r);
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[i] / 1e9;
+          table.add({label, w, sizes[i], secs[i] * 1e6, gbps, gbps});
+        }
       }
     }
   }
@@ -117,6 +128,9 @@ void register_bench_ps(CLI::App& bench) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--iperf-seconds", settings->iperf_seconds, "Length of each iperf3 run")
       ->check(CLI::Range(1, 60));
+  cmd->add_option("--replicas", settings->replicas,
+                  "Backups per key range to compare, e.g. 0,1 (PUSHPULL_PS_REPLICAS; needs "
+                  "at least 2 servers)");
   cmd->callback([settings] { run(*settings); });
 }
 
