@@ -45,8 +45,8 @@ std::vector<int> parse_ints(const std::string& text) {
 }
 
 // Median seconds per pushpull (slowest worker) for each size.
-std::vector<double> measure(int workers, int servers, const std::vector<uint64_t>& sizes,
-                            int iters, int replicas = -1) {
+std::vector<double> measure(int workers, int servers, const std::vector<uint64_t>& sizes, int iters,
+                            int replicas = -1) {
   InProcessJob job{servers, workers, "dist_sync", Options{}};
   job.options.log_level = LogLevel::kWarning;
   job.options.cluster.ps_replicas = replicas;
@@ -85,8 +85,8 @@ void run(const Settings& st) {
       if (!st.replicas.empty()) replica_list = parse_ints(st.replicas);
       for (int r : replica_list) {
         std::vector<double> secs = measure(w, s, sizes, st.iters, r);
-        std::string label = r < 0 ? fmt::format("pushpull_{}s", s)
-                                  : fmt::format("pushpull_{}s_r{}", s, r);
+        std::string label =
+            r < 0 ? fmt::format("pushpull_{}s", s) : fmt::format("pushpull_{}s_r{}", s, r);
         for (size_t i = 0; i < sizes.size(); ++i) {
           double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[i] / 1e9;
           table.add({label, w, sizes[i], secs[i] * 1e6, gbps, gbps});

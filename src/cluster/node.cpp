@@ -380,8 +380,8 @@ net::ConnId Node::conn(Role role, int rank) const {
   if (role == Role::kScheduler) return scheduler_;
   if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
       placement_.dead[static_cast<size_t>(rank)])
-    throw PeerFailure(fmt::format("server {} was failed over (placement epoch {})", rank,
-                                  placement_.epoch));
+    throw PeerFailure(
+        fmt::format("server {} was failed over (placement epoch {})", rank, placement_.epoch));
   auto it = peers_.find({role, rank});
   if (it == peers_.end())
     throw NotFound(
@@ -393,11 +393,15 @@ net::ConnId Node::conn(Role role, int rank) const {
 
 bool Node::wait_connected(Role role, int rank, Millis timeout) {
   std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] {
-    return !failure_.is_ok() || stop_heartbeat_ || peers_.count({role, rank}) != 0 ||
-           (role == Role::kServer && static_cast<size_t>(rank) < placement_.dead.size() &&
-            placement_.dead[static_cast<size_t>(rank)]);
-  }) && failure_.is_ok() && peers_.count({role, rank}) != 0;
+  return cv_.wait_for(lock, timeout,
+                      [&] {
+                        return !failure_.is_ok() || stop_heartbeat_ ||
+                               peers_.count({role, rank}) != 0 ||
+                               (role == Role::kServer &&
+                                static_cast<size_t>(rank) < placement_.dead.size() &&
+                                placement_.dead[static_cast<size_t>(rank)]);
+                      }) &&
+         failure_.is_ok() && peers_.count({role, rank}) != 0;
 }
 
 void Node::send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,

@@ -303,10 +303,9 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       size_t esize = dtype_size(k.dtype);
       auto* base = static_cast<const std::byte*>(values[i].data);
       for (const ps::Slice& s : k.slices) {
-        auto payload = std::make_shared<std::vector<std::byte>>(
-            ps::encode_init(k.key.to_string(),
-                            {base + s.begin * esize, static_cast<size_t>(s.count) * esize},
-                            s.server));
+        auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_init(
+            k.key.to_string(), {base + s.begin * esize, static_cast<size_t>(s.count) * esize},
+            s.server));
         net::Header h{.type = ps::msg::kInit,
                       .key = k.id,
                       .dtype = static_cast<uint32_t>(k.dtype),

@@ -91,8 +91,8 @@ class DistStore final : public KVStore {
     std::vector<ps::Slice> slices;  // server slices cut into chunks
     std::mutex residual_mu;         // 2-bit compression's error feedback
     std::vector<float> residual;
-    std::mutex seq_mu;                 // guards push_seq
-    std::vector<uint64_t> push_seq;    // per slice: pushes sent (the next one's number - 1)
+    std::mutex seq_mu;               // guards push_seq
+    std::vector<uint64_t> push_seq;  // per slice: pushes sent (the next one's number - 1)
   };
   struct Pending;
   using OnData = std::function<void(const std::byte* data, size_t n)>;

@@ -39,7 +39,8 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
     // after this point is removed from `waiting` by on_placement.
     std::lock_guard lock(repl_mu_);
     std::vector<int> live = live_backups(dead_);
-    std::erase_if(backups, [&](int b) { return std::find(live.begin(), live.end(), b) == live.end(); });
+    std::erase_if(backups,
+                  [&](int b) { return std::find(live.begin(), live.end(), b) == live.end(); });
     if (backups.empty()) return false;
     id = next_replication_++;
     outgoing_[id] = Outgoing{backups, std::move(done)};
@@ -96,8 +97,8 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
     }
     case msg::kReplicaMeta: {
       ReplicaState state;
-      Status st = decode_replica_meta({m.payload.data(), m.payload.size()}, node_.num_workers(),
-                                      &state);
+      Status st =
+          decode_replica_meta({m.payload.data(), m.payload.size()}, node_.num_workers(), &state);
       if (!st) {
         PP_WARN("bad replica metadata from server {}: {}", from.rank, st.to_string());
         return;
@@ -133,8 +134,8 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
         return;
       }
       auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
-      state.value = Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}),
-                            owner};
+      state.value =
+          Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
       PartId part{h.key, static_cast<int64_t>(h.offset)};
       int primary = from.rank;
       store()->install_replica(part, std::move(state), [this, ack, primary](const Status& s) {
@@ -186,9 +187,10 @@ void Server::on_placement(const cluster::Placement& p) {
       (epoch_of_flags(m.header.flags) <= p.epoch % kWrap ? ready : later).push_back(std::move(m));
     future_ = std::move(later);
   }
-  PP_WARN("server {}: placement epoch {}; {} replications completed by it, {} held requests "
-          "replayed",
-          node_.rank(), p.epoch, finished.size(), ready.size());
+  PP_WARN(
+      "server {}: placement epoch {}; {} replications completed by it, {} held requests "
+      "replayed",
+      node_.rank(), p.epoch, finished.size(), ready.size());
   for (auto& f : finished)
     f();
   for (auto& m : ready)

@@ -63,8 +63,8 @@ int last_round(const std::string& out) {
 struct Job {
   Job(const std::string& dir, const std::string& mode, int rounds, int replicas = -1)
       : pids(dir + "/servers") {
-    std::string server = "sh -c 'echo $PUSHPULL_RANK $$ >> " + pids + "; exec " +
-                         bin("pushpull") + " server'";
+    std::string server =
+        "sh -c 'echo $PUSHPULL_RANK $$ >> " + pids + "; exec " + bin("pushpull") + " server'";
     std::map<std::string, std::string> env = {{"PUSHPULL_BIGARRAY_BOUND", "1000"},
                                               {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
                                               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
@@ -73,8 +73,8 @@ struct Job {
     proc = std::make_unique<test::ChildProcess>(
         // (no --timeout: it would set the heartbeat timeout too)
         std::vector<std::string>{bin("pushpull"), "launch", "-n", "3", "-s", "3",
-                                 "--server-command", server, "--",
-                                 bin("ps_failover_worker"), mode, std::to_string(rounds), "20"},
+                                 "--server-command", server, "--", bin("ps_failover_worker"), mode,
+                                 std::to_string(rounds), "20"},
         env);
   }
   // Waits until worker 0 finished round `round`; at the deadline stops the
@@ -118,8 +118,8 @@ void kill_at_random_rounds(const std::string& mode, int sig) {
   for (int t = 0; t < trials(); ++t) {
     int at = std::uniform_int_distribution<int>(1, rounds - 10)(rng);
     int victim = std::uniform_int_distribution<int>(0, 2)(rng);
-    SCOPED_TRACE(fmt::format("trial {}: server {} gets signal {} after round {}", t, victim, sig,
-                             at));
+    SCOPED_TRACE(
+        fmt::format("trial {}: server {} gets signal {} after round {}", t, victim, sig, at));
     TempDir dir;
     Job job(dir.path, mode, rounds);
     ASSERT_TRUE(job.wait_round(at)) << job.proc->output();

@@ -126,8 +126,7 @@ TEST(Replication, APromotedBackupContinuesAndDropsReSentPushes) {
   primary_r.release(1);
   for (uint64_t round = 1; round <= 2; ++round) {
     primary.push({0, 10 * round}, kPart, floats({1, 1}), false, static_cast<uint32_t>(round));
-    primary.push({1, 10 * round + 1}, kPart, floats({2, 2}), false,
-                 static_cast<uint32_t>(round));
+    primary.push({1, 10 * round + 1}, kPart, floats({2, 2}), false, static_cast<uint32_t>(round));
     primary_r.release(round + 1);
     ASSERT_TRUE(primary_r.wait_reply(10 * round + 1));
   }
