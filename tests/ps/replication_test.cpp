@@ -14,6 +14,7 @@
 #include "cluster/protocol.h"
 #include "ps/protocol.h"
 #include "ps/server_store.h"
+#include "pushpull/optimizer.h"
 
 namespace pushpull::ps {
 namespace {
@@ -212,6 +213,25 @@ TEST(Replication, AReplicaThatDoesNotFitIsRefused) {
   std::unique_lock lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 5s, [&] { return done; }));
   EXPECT_EQ(got.code(), ErrorCode::kProtocolError);
+}
+
+TEST(Replication, OneKeysOptimizerStatesMoveAlone) {
+  auto spec = OptimizerSpec::parse("sgd:learning_rate=0.1,momentum=0.9");
+  auto a = create_optimizer(spec), b = create_optimizer(spec);
+  Array w = Array::full(Shape{4}, 1.0), g = Array::full(Shape{4}, 1.0);
+  a->update(Key(1), w.view(), g.view());
+  a->update(Key(2), w.view(), g.view());
+  a->update(Key(2), w.view(), g.view());
+  b->update(Key(3), w.view(), g.view());
+  b->merge_states(a->save_key_states(Key(2)));
+  EXPECT_EQ(b->update_count(Key(2)), 2);
+  EXPECT_EQ(b->update_count(Key(1)), 0) << "only key 2 was sent";
+  EXPECT_EQ(b->update_count(Key(3)), 1) << "merging keeps the other keys";
+  std::string none = a->save_key_states(Key(9));
+  b->merge_states(none);
+  EXPECT_EQ(b->num_keys(), 2u);
+  none.back() = static_cast<char>(none.back() ^ 1);
+  EXPECT_THROW(b->merge_states(none), IoError) << "checksummed like a state file";
 }
 
 TEST(Replication, ChainsAndLostRanges) {
