@@ -13,7 +13,8 @@
 // - init: every worker records the keys' shapes; worker 0 sends the values;
 //   then a barrier, so a pull anywhere afterwards sees them.
 // - push: the worker sums its devices' arrays (float32 for 16-bit types),
-//   optionally 2-bit compresses with a per-key residual, and sends each slice
+//   optionally compresses it (2bit, 1bit, fp16; compress/compressor.h, with
+//   a residual per key and device), and sends each slice
 //   to its server (small values: one server by key hash; big values: split
 //   over all servers, sent in parallel). A push completes when the server
 //   applied its round.
@@ -42,6 +43,7 @@
 #include <unordered_map>
 
 #include "cluster/node.h"
+#include "compress/compressor.h"
 #include "ps/placement.h"
 #include "pushpull/kvstore.h"
 
@@ -88,9 +90,7 @@ class DistStore final : public KVStore {
     uint64_t id = 0;
     Shape shape;
     DType dtype = DType::kFloat32;
-    std::vector<ps::Slice> slices;  // server slices cut into chunks
-    std::mutex residual_mu;         // 2-bit compression's error feedback
-    std::vector<float> residual;
+    std::vector<ps::Slice> slices;   // server slices cut into chunks
     std::mutex seq_mu;               // guards push_seq
     std::vector<uint64_t> push_seq;  // per slice: pushes sent (the next one's number - 1)
   };
@@ -112,8 +112,11 @@ class DistStore final : public KVStore {
   // Posts the reply's destination, then sends the pull.
   void pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
                   const std::shared_ptr<Completion>& done, int priority);
+  // `after_slice` (pushpull) runs after each slice's push is queued: the
+  // pull of that slice goes right behind it, so the server answers slice j
+  // while slice j+1 still arrives (push and pull overlap on the links).
   void push_key(KeyInfo& k, const ArrayList& values, const std::shared_ptr<Completion>& done,
-                int priority);
+                int priority, const std::function<void(const ps::Slice&)>& after_slice = {});
   // Sends a command to every server and waits for all answers.
   // `payloads`: one for all servers, or one per server.
   void command_all(uint64_t command, const std::vector<std::string>& payloads,
@@ -136,7 +139,8 @@ class DistStore final : public KVStore {
   std::optional<bool> int_keys_;
   std::unordered_map<uint64_t, std::unique_ptr<Pending>> pending_;
   Status failure_;
-  std::optional<float> compression_threshold_;
+  // Null without compression; pushes capture the current one (residuals inside).
+  std::shared_ptr<compress::Compressor> compressor_;
   int replicas_ = 0;
   cluster::Placement placement_;
 
