@@ -139,6 +139,11 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
       PartId part{h.key, static_cast<int64_t>(h.offset)};
       int primary = from.rank;
       store()->install_replica(part, std::move(state), [this, ack, primary](const Status& s) {
+        // Runs on a store thread. At the job's start the primary's message
+        // may arrive before this node recorded its connection to it: wait
+        // for that (an acknowledgement lost here would hold the round forever).
+        if (!node_.wait_connected(Role::kServer, primary, node_.options().cluster.startup_timeout))
+          PP_WARN("no connection to server {}: replica not acknowledged", primary);
         net::Header a = ack;
         if (s.is_ok()) {
           node_.send_copy(Role::kServer, primary, a, nullptr, 0);

@@ -61,7 +61,8 @@ int last_round(const std::string& out) {
 }
 
 struct Job {
-  Job(const std::string& dir, const std::string& mode, int rounds, int replicas = -1)
+  Job(const std::string& dir, const std::string& mode, int rounds, int replicas = -1,
+      int sleep_ms = 20)
       : pids(dir + "/servers") {
     std::string server =
         "sh -c 'echo $PUSHPULL_RANK $$ >> " + pids + "; exec " + bin("pushpull") + " server'";
@@ -74,7 +75,7 @@ struct Job {
         // (no --timeout: it would set the heartbeat timeout too)
         std::vector<std::string>{bin("pushpull"), "launch", "-n", "3", "-s", "3",
                                  "--server-command", server, "--", bin("ps_failover_worker"), mode,
-                                 std::to_string(rounds), "20"},
+                                 std::to_string(rounds), std::to_string(sleep_ms)},
         env);
   }
   // Waits until worker 0 finished round `round`; at the deadline stops the
@@ -114,14 +115,17 @@ void expect_success(Job& job, int rounds) {
 void kill_at_random_rounds(const std::string& mode, int sig) {
   std::random_device rd;
   std::mt19937 rng(rd());
-  const int rounds = 40;
   for (int t = 0; t < trials(); ++t) {
+    // Odd trials pause 20 ms between rounds (the kill lands between rounds
+    // mostly); even ones do not (it lands inside a round: pending pushes
+    // and pulls are re-sent, replications interrupted).
+    const int sleep_ms = t % 2 ? 20 : 0, rounds = t % 2 ? 40 : 200;
     int at = std::uniform_int_distribution<int>(1, rounds - 10)(rng);
     int victim = std::uniform_int_distribution<int>(0, 2)(rng);
     SCOPED_TRACE(
         fmt::format("trial {}: server {} gets signal {} after round {}", t, victim, sig, at));
     TempDir dir;
-    Job job(dir.path, mode, rounds);
+    Job job(dir.path, mode, rounds, -1, sleep_ms);
     ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
     job.signal_server(victim, sig);
     expect_success(job, rounds);
