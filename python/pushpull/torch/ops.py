@@ -420,6 +420,10 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     """Starts a reducescatter: the reduction (default Average) of every member's
     tensor, split along dim 0; member i of the set gets part i (the first
     ``rows % size`` members one row more)."""
+    if isinstance(name, _c.Reduction):
+        raise InvalidArgument(
+            'pushpull.torch: reducescatter(tensor, name=None, ..., op=...): pass op by keyword '
+            '(Horovod\'s order has name second)')
     reduction = _resolve_op(None, op)
     _check(tensor, 'reducescatter tensor')
     if tensor.dim() == 0:
