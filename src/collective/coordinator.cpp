@@ -205,10 +205,17 @@ std::vector<Response> Coordinator::poll(Clock::time_point now, std::vector<Stall
     // Errors go out at once; ready items keep their own schedule below.
     if (ready_.empty()) return out;
   }
+  // Waiting only helps small allreduces (they may fuse with ones still being
+  // submitted). Anything else ready sends the whole batch at once: a large
+  // allreduce (runs alone, from its own memory), another op (never fused), an
+  // error, or a completed join.
   size_t ready_bytes = 0;
-  for (const auto& i : ready_)
+  bool urgent = false;
+  for (const auto& i : ready_) {
     ready_bytes += i.spec.bytes();
-  bool due = pending_.empty() ||
+    urgent = urgent || !fusible(i);
+  }
+  bool due = urgent || pending_.empty() ||
              now - ready_.front().ready_at >= seconds(opts_.cycle_time_ms / 1000) ||
              ready_bytes >= opts_.fusion_threshold_bytes;
   if (!due) return out;
@@ -223,12 +230,11 @@ std::vector<Response> Coordinator::poll(Clock::time_point now, std::vector<Stall
     r.tensors.push_back(tensor_of(item.spec));
     size_t bytes = item.spec.bytes();
     size_t j = i + 1;
-    if (item.spec.type == OpType::kAllreduce) {
+    if (fusible(item)) {
       while (j < ready_.size()) {
         const Item& nx = ready_[j];
-        if (nx.response.kind != Response::Kind::kExecute || nx.spec.type != OpType::kAllreduce ||
-            nx.spec.dtype != item.spec.dtype || nx.spec.reduction != item.spec.reduction ||
-            nx.response.joined != r.joined ||
+        if (!fusible(nx) || nx.spec.dtype != item.spec.dtype ||
+            nx.spec.reduction != item.spec.reduction || nx.response.joined != r.joined ||
             bytes + nx.spec.bytes() > opts_.fusion_threshold_bytes)
           break;
         bytes += nx.spec.bytes();
@@ -241,6 +247,11 @@ std::vector<Response> Coordinator::poll(Clock::time_point now, std::vector<Stall
   }
   ready_.clear();
   return out;
+}
+
+bool Coordinator::fusible(const Item& item) const {
+  return item.response.kind == Response::Kind::kExecute && item.spec.type == OpType::kAllreduce &&
+         item.spec.bytes() < kZeroCopyAllreduceBytes;
 }
 
 Clock::time_point Coordinator::next_deadline(Clock::time_point now) const {

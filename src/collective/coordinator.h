@@ -9,8 +9,14 @@
 // every rank's signature), then handed out in the order they became ready;
 // consecutive allreduces with the same dtype, reduction and joined ranks are
 // fused up to fusion_threshold_bytes. To give more tensors a chance to fuse,
-// a ready tensor waits up to cycle_time_ms while other tensors are partly
-// submitted; with nothing else in flight it goes out at once.
+// a ready small allreduce waits up to cycle_time_ms while other tensors are
+// partly submitted; with nothing else in flight it goes out at once.
+// Allreduces of kZeroCopyAllreduceBytes and more are never fused and never
+// wait: fusing them would save one message latency but cost two copies of
+// the tensor (into and out of the fusion buffer), and holding them back
+// delays the overlap of communication with the rest of the backward pass.
+// Other ops (never fused) do not wait either; whatever else is ready goes out
+// with them, in the order it became ready.
 //
 // Thread safety: none; owned and used by the engine thread.
 #pragma once
@@ -43,6 +49,9 @@ class ResponseCache {
   std::unordered_map<std::string, uint32_t> by_name_;
 };
 
+// From this size an allreduce runs alone, in place in the caller's buffer.
+inline constexpr uint64_t kZeroCopyAllreduceBytes = uint64_t{1} << 20;
+
 class Coordinator {
  public:
   Coordinator(int size, const CollectiveOptions& opts, ResponseCache& cache);
@@ -73,6 +82,8 @@ class Coordinator {
   void check_all(Clock::time_point now);
   static const Spec* first_spec(const Pending& p);
   ResponseTensor tensor_of(const Spec& s);
+  // A small allreduce: may be fused with the next ready ones, and may wait.
+  bool fusible(const Item& item) const;
   Clock::duration seconds(double s) const;
 
   int size_;

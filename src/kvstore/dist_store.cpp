@@ -9,7 +9,7 @@
 #include "base/executor.h"
 #include "base/metrics.h"
 #include "base/timeline.h"
-#include "compress/two_bit.h"
+#include "compress/compressor.h"
 #include "kvstore/validate.h"
 #include "ps/protocol.h"
 #include "pushpull/kernels.h"
@@ -273,17 +273,18 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
                          const std::shared_ptr<Completion>& done, int priority) {
   const size_t n = static_cast<size_t>(k.shape.numel());
   const size_t esize = dtype_size(k.dtype);
-  std::optional<float> threshold;
+  std::shared_ptr<compress::Compressor> compressor;
   {
     std::lock_guard lock(mu_);
-    threshold = compression_threshold_;
+    compressor = compressor_;
   }
-  const bool compress = threshold && is_floating(k.dtype);
+  // Integer keys travel as they are (set_gradient_compression says so).
+  if (!is_floating(k.dtype)) compressor.reset();
   const std::byte* src = static_cast<const std::byte*>(values[0].data);
   std::shared_ptr<net::Buffer> buf;
   std::vector<float> sum32;  // float32 sum when 16-bit or compressing
-  if (values.size() > 1 || compress) {
-    if (is_half(k.dtype) || compress) {
+  if (values.size() > 1 || compressor) {
+    if (is_half(k.dtype) || compressor) {
       sum32.resize(n);
       convert(DType::kFloat32, sum32.data(), k.dtype, values[0].data, n);
       std::vector<float> tmp(values.size() > 1 ? n : 0);
@@ -292,7 +293,7 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
         reduce_sum(DType::kFloat32, sum32.data(), tmp.data(), n);
       }
     }
-    if (!compress) {
+    if (!compressor) {
       buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(n * esize));
       if (is_half(k.dtype)) {
         convert(k.dtype, buf->data(), DType::kFloat32, sum32.data(), n);
@@ -304,32 +305,30 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       src = buf->data();
     }
   }
-  uint64_t base_offset = 0;
-  if (compress) {  // one buffer: per slice, threshold then words
+  if (compressor) {  // one buffer: each slice's wire form, in slice order
     size_t total = 0;
     for (const auto& s : k.slices)
-      total += 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+      total += compressor->encoded_bytes(static_cast<size_t>(s.count));
     buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
-    compress::TwoBitCodec codec(*threshold);
-    std::lock_guard lock(k.residual_mu);
-    if (k.residual.size() != n) k.residual.assign(n, 0.0f);
+    // The residual belongs to the key and the device the sum was formed on.
+    const int device = values[0].device.id;
     std::byte* out = buf->data();
     for (const auto& s : k.slices) {
-      std::memcpy(out, &*threshold, 4);
-      codec.compress(sum32.data() + s.begin, k.residual.data() + s.begin,
-                     reinterpret_cast<uint32_t*>(out + 4), static_cast<size_t>(s.count));
-      out += 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+      const auto at = static_cast<size_t>(s.begin), count = static_cast<size_t>(s.count);
+      compressor->encode(k.id, device, n, at, sum32.data() + at, count, out);
+      out += compressor->encoded_bytes(count);
     }
   }
+  uint64_t base_offset = 0;
   for (const auto& s : k.slices) {
     net::Header h{.type = ps::msg::kPush,
-                  .flags = compress ? ps::msg::kFlagCompressed : 0u,
+                  .flags = compressor ? ps::msg::kFlagCompressed : 0u,
                   .key = k.id,
                   .dtype = static_cast<uint32_t>(k.dtype),
                   .offset = static_cast<uint64_t>(s.begin),
                   .length = static_cast<uint64_t>(s.count)};
-    if (compress) {
-      size_t bytes = 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+    if (compressor) {
+      size_t bytes = compressor->encoded_bytes(static_cast<size_t>(s.count));
       request(s.server, h, buf->data() + base_offset, bytes, buf, done, priority);
       base_offset += bytes;
     } else {

@@ -13,7 +13,8 @@
 // - init: every worker records the keys' shapes; worker 0 sends the values;
 //   then a barrier, so a pull anywhere afterwards sees them.
 // - push: the worker sums its devices' arrays (float32 for 16-bit types),
-//   optionally 2-bit compresses with a per-key residual, and sends each slice
+//   optionally compresses it (2bit, 1bit, fp16; compress/compressor.h, with
+//   a residual per key and device), and sends each slice
 //   to its server (small values: one server by key hash; big values: split
 //   over all servers, sent in parallel). A push completes when the server
 //   applied its round.
@@ -37,6 +38,7 @@
 #include <unordered_map>
 
 #include "cluster/node.h"
+#include "compress/compressor.h"
 #include "ps/placement.h"
 #include "pushpull/kvstore.h"
 
@@ -84,8 +86,6 @@ class DistStore final : public KVStore {
     Shape shape;
     DType dtype = DType::kFloat32;
     std::vector<ps::Slice> slices;  // server slices cut into chunks
-    std::mutex residual_mu;         // 2-bit compression's error feedback
-    std::vector<float> residual;
   };
   struct Pending;
   using OnData = std::function<void(const std::byte* data, size_t n)>;
@@ -123,7 +123,8 @@ class DistStore final : public KVStore {
   std::optional<bool> int_keys_;
   std::unordered_map<uint64_t, std::unique_ptr<Pending>> pending_;
   Status failure_;
-  std::optional<float> compression_threshold_;
+  // Null without compression; pushes capture the current one (residuals inside).
+  std::shared_ptr<compress::Compressor> compressor_;
 
   std::atomic<uint64_t> next_request_{1};
 };

@@ -5,8 +5,9 @@
 //                               (elements), dtype; payload = u16 name length,
 //                               name, then the slice's bytes
 //   kPush     worker -> server  key, offset, length, dtype; flags bit 0 =
-//                               2-bit compressed (payload = f32 threshold +
-//                               words), else the slice's bytes
+//                               compressed (payload = compress/compressor.h
+//                               wire form: header + codec bytes), else the
+//                               slice's bytes
 //   kPull     worker -> server  key; payload empty (the whole slice) or
 //                               (i64 begin, i64 count) element ranges,
 //                               relative to the slice

@@ -10,7 +10,7 @@
 
 #include "base/metrics.h"
 #include "base/timeline.h"
-#include "compress/two_bit.h"
+#include "compress/compressor.h"
 #include "pushpull/checked.h"
 #include "pushpull/kernels.h"
 #include "pushpull/log.h"
@@ -184,22 +184,18 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
     if (e.merged32.empty()) e.merged32 = Array(v.shape, DType::kFloat32);
     e.merged = Payload{e.merged32.view(), nullptr};
   }
-  if (compressed) {
-    size_t need = 4 + compress::TwoBitCodec::compressed_bytes(n);
-    if (grad.view.nbytes() != need)
-      throw InvalidArgument(fmt::format("compressed push to key {} has {} bytes, expected {}",
-                                        e.name, grad.view.nbytes(), need));
+  if (compressed) {  // any type of compress/compressor.h: decoded into the float32 sum
     if (e.merged_dtype != DType::kFloat32)
-      throw InvalidArgument(fmt::format("2bit compression needs a floating-point key; {} holds {}",
-                                        e.name, dtype_name(v.dtype)));
-    float threshold;
-    std::memcpy(&threshold, grad.view.data, 4);
-    compress::TwoBitCodec codec(threshold);
-    auto* words =
-        reinterpret_cast<const uint32_t*>(static_cast<const std::byte*>(grad.view.data) + 4);
+      throw InvalidArgument(
+          fmt::format("gradient compression needs a floating-point key; {} holds {}", e.name,
+                      dtype_name(v.dtype)));
     if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, DType::kFloat32);
     if (first) std::memset(e.merged.view.data, 0, n * sizeof(float));
-    codec.decompress_add(words, e.merged.view.as<float>(), n);
+    Status decoded =
+        compress::decode_add({static_cast<const std::byte*>(grad.view.data), grad.view.nbytes()},
+                             e.merged.view.as<float>(), n);
+    if (!decoded.is_ok())
+      throw ProtocolError(fmt::format("push to key {}: {}", e.name, decoded.message()));
     return;
   }
   if (first && e.merged_dtype == v.dtype) {

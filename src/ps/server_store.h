@@ -17,7 +17,8 @@
 //    round").
 //  - async mode: every push is applied at once; an optimizer is required.
 //  - pulls may ask for element ranges only (row_sparse_pull).
-//  - pushes may be 2-bit compressed: payload = float32 threshold + words.
+//  - pushes may be compressed (compress/compressor.h wire form: 2bit, 1bit,
+//    fp16): decoded into the round's float32 sum; pulls answer uncompressed.
 //  - bounded: ServerStoreConfig::max_queued_per_worker held pushes and
 //    waiting pulls per worker and part; ranges are checked without overflow.
 //

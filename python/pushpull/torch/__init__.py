@@ -164,6 +164,9 @@ def __getattr__(name):
     if name == 'Trainer':
         from .trainer import Trainer
         return Trainer
+    if name == 'elastic':  # hvd.elastic.run, hvd.elastic.TorchState (docs/elastic.md)
+        import importlib
+        return importlib.import_module('.elastic', __name__)
     raise AttributeError("module 'pushpull.torch' has no attribute %r" % name)
 
 
@@ -182,5 +185,5 @@ __all__ = [
     'add_process_set', 'remove_process_set', 'global_process_set', 'HorovodInternalError',
     'mpi_threads_supported', 'mpi_enabled', 'mpi_built', 'gloo_enabled', 'gloo_built',
     'nccl_built', 'ddl_built', 'ccl_built', 'cuda_built', 'rocm_built', 'start_timeline',
-    'stop_timeline',
+    'stop_timeline', 'elastic',
 ]
