@@ -462,6 +462,7 @@ def case_optimizer(n, r):
             hvd.HorovodInternalError, RuntimeError):
         raise AssertionError('HorovodInternalError')
     expect_error(lambda: hvd.start_timeline('/tmp/x.json'), ValueError, 'PUSHPULL_TIMELINE')
+    expect_error(lambda: hvd.SyncBatchNorm(4), ValueError, 'CUDA')
     expect_error(lambda: hvd.init(comm=[0, 1]), ValueError, 'comm=')
     if hvd.is_initialized() is not True or hvd.cross_size() < 1:
         raise AssertionError('is_initialized / cross_size')
