@@ -26,10 +26,10 @@ from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allred
                       grouped_reducescatter, grouped_reducescatter_async)
 from .ops import (Adasum, Average, Handle, Max, Min, Product, Sum, allgather, allgather_async,
                   allreduce, allreduce_, allreduce_async, allreduce_async_, barrier, broadcast,
-                  broadcast_, broadcast_async, broadcast_async_, join, poll, reducescatter,
-                  reducescatter_async, synchronize)
+                  broadcast_, broadcast_async, broadcast_async_, join, poll, synchronize)
 from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .reducescatter import reducescatter, reducescatter_async
 from .sparse import sparse_allreduce_async
 
 # Horovod's exception names. HorovodInternalError is what a collective raises
