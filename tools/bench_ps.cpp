@@ -27,6 +27,7 @@
 #include "bench_common.h"
 #include "bench_iperf.h"
 #include "bench_ps_netns.h"
+#include "bench_scaling.h"
 #include "commands.h"
 #include "compress/compressor.h"
 #include "kvstore/inprocess_job.h"
@@ -45,9 +46,16 @@ struct Settings {
   int iters = 10;
   int iperf_seconds = 2;
   std::string compression = "none";
+  // --netns H: H worker hosts; with --placement dedicated (the default) each
+  // server on a host of its own next to the ring allreduce
+  // (bench_scaling_ps.cpp); with colocated a server and a worker per host,
+  // every --compression interleaved (bench_ps_netns.cpp).
   int netns = 0;
+  std::string placement = "dedicated";
   std::string rate = "1gbit";
-  bool ps_node = false;  // internal: one node of a --netns job
+  int repeats = 1;
+  int queue_ms = 50;
+  bool ps_node = false;  // internal: one node of a colocated --netns job
   std::string ps_out;
 };
 
@@ -243,18 +251,53 @@ void register_bench_ps(CLI::App& bench) {
         }
         return std::string();
       });
-  cmd->add_option("--netns", settings->netns,
-                  "Run on this many network-namespace hosts (needs root) instead of loopback; "
-                  "-n/-s are ignored (one server and one worker per host)")
-      ->check(CLI::Range(0, 16));
-  cmd->add_option("--rate", settings->rate,
-                  "With --netns: tc tbf rate of every link ('' = unshaped)")
-      ->capture_default_str();
   cmd->add_flag("--ps-node", settings->ps_node)->group("");  // internal
   cmd->add_option("--ps-out", settings->ps_out)->group("");
   cmd->add_option("--iperf-seconds", settings->iperf_seconds, "Length of each iperf3 run")
       ->check(CLI::Range(1, 60));
-  cmd->callback([settings] { run(*settings); });
+  cmd->add_option("--netns", settings->netns,
+                  "Workers on H network-namespace hosts with links shaped to --rate (needs "
+                  "root); -n is ignored. See --placement")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--placement", settings->placement,
+                  "With --netns: 'dedicated' (each server on a host of its own, -s counts, next "
+                  "to the ring allreduce) or 'colocated' (a server and a worker per host, every "
+                  "--compression interleaved)")
+      ->check(CLI::IsMember({"dedicated", "colocated"}))
+      ->capture_default_str();
+  cmd->add_option("--rate", settings->rate,
+                  "With --netns: tc tbf rate of every link ('' = unshaped)")
+      ->capture_default_str();
+  cmd->add_option("--queue-ms", settings->queue_ms,
+                  "With --netns: tbf latency, the longest a packet queues at a port")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--repeats", settings->repeats,
+                  "With --netns: interleaved runs; rows are medians")
+      ->check(CLI::Range(1, 100));
+  cmd->callback([settings, cmd] {
+    if (settings->netns > 0 && settings->placement == "dedicated" && !settings->ps_node) {
+      if (settings->compression != "none")
+        throw CLI::ValidationError("--compression",
+                                   "with --netns, compression rows need --placement colocated");
+      PsNetnsSettings p;
+      p.workers = settings->netns;
+      p.servers.clear();
+      for (int s : parse_ints(cmd->count("--servers") ? settings->servers : "1,2,4,8"))
+        p.servers.push_back(s);
+      p.rate = settings->rate;
+      p.queue_ms = settings->queue_ms;
+      p.iters = cmd->count("--iters") ? settings->iters : 5;
+      p.repeats = settings->repeats;
+      p.ring = settings->flags.peers();
+      p.csv = settings->flags.csv();
+      for (uint64_t b : parse_sizes(cmd->count("--sizes") ? settings->sizes : "40M")) {
+        p.bytes = b;
+        run_ps_netns(p);
+      }
+      return;
+    }
+    run(*settings);
+  });
 }
 
 }  // namespace pushpull::cli

@@ -33,7 +33,7 @@ void DistStore::command_all(uint64_t command, const std::vector<std::string>& pa
       on_data = [answers, s](const std::byte* d, size_t n) {
         (*answers)[static_cast<size_t>(s)].assign(reinterpret_cast<const char*>(d), n);
       };
-    request(s, h, text->data(), text->size(), text, done, 0, std::move(on_data));
+    request(s, h, text->data(), text->size(), text, done, 0, std::move(on_data), true);
   }
   done->wait_for(wait_timeout()).raise();
 }
