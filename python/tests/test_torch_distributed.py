@@ -19,10 +19,12 @@ import types
 import pytest
 
 torch = pytest.importorskip('torch')
-try:
-    import pushpull.torch.distributed as ppd
-except ImportError as e:  # built without libtorch: nothing to test
-    pytest.skip(f'pushpull.torch.distributed unavailable: {e}', allow_module_level=True)
+import importlib.util  # noqa: E402
+
+if importlib.util.find_spec('pushpull._pushpull_torch_pg') is None:  # built without libtorch
+    pytest.skip('pushpull._pushpull_torch_pg was not built (no libtorch found by CMake)',
+                allow_module_level=True)
+import pushpull.torch.distributed as ppd  # noqa: E402  (an ABI mismatch fails here, loudly)
 
 from torch_launch import HERE
 
