@@ -9,6 +9,10 @@
 // matches bench/peers/common.h: per iteration a barrier, then the allreduce (float32 sum, in place)
 // timed on every rank; the slowest rank's time per iteration (a max-allreduce of the times after
 // the loop); rank 0 prints "result <bytes> <median_us>" per size.
+//
+// With --worker-transport shm the ranks use collective::ShmTransport instead
+// (one host), their segments named after the rendezvous directory (fresh and
+// random per run).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,7 +24,9 @@
 #include "bench_allreduce.h"
 #include "bench_common.h"
 #include "collective/algorithms.h"
+#include "collective/shm_transport.h"
 #include "collective/tcp_transport.h"
+#include "compress/compressor.h"
 #include "pushpull/options.h"
 
 namespace pushpull::cli {
@@ -74,8 +80,20 @@ void check_sum(const std::vector<float>& buf, int n) {
 int run_allreduce_worker(const WorkerArgs& a) {
   Options opts = Options::from_env();
   opts.net.connect_timeout = Millis(30000);
-  collective::TcpTransport t(a.rank, a.size, opts.net, a.host, 0);
-  t.connect_all(rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, t.port(), Millis(30000)));
+  std::unique_ptr<collective::Transport> transport;
+  if (a.transport == "shm") {
+    collective::ShmOptions so;
+    so.connect_timeout = Millis(30000);
+    const std::string prefix =
+        "pushpull-bench-" + std::filesystem::path(a.rendezvous_dir).filename().string();
+    transport = std::make_unique<collective::ShmTransport>(a.rank, a.size, prefix, so);
+  } else {
+    auto tcp = std::make_unique<collective::TcpTransport>(a.rank, a.size, opts.net, a.host, 0);
+    tcp->connect_all(
+        rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, tcp->port(), Millis(30000)));
+    transport = std::move(tcp);
+  }
+  collective::Transport& t = *transport;
 
   std::vector<char> scratch;
   collective::AlgoContext ctx{t};
@@ -84,16 +102,31 @@ int run_allreduce_worker(const WorkerArgs& a) {
   ctx.small_allreduce_bytes = opts.collective.small_allreduce_bytes;
   ctx.scratch = &scratch;
   uint64_t op_id = 0;
+  const compress::Settings comp = compress::parse_settings({{"type", a.compression}});
+  if (comp.quantises())
+    throw InvalidArgument("bench allreduce: a ring cannot sum 1bit/2bit codes; use none or fp16");
   for (size_t s = 0; s < a.sizes.size(); ++s) {
     const size_t count = std::max<uint64_t>(1, a.sizes[s] / 4);
     std::vector<float> buf(count, static_cast<float>(a.rank));
+    // fp16: what travels, and the gradient it is made from each iteration.
+    const std::vector<float> grad(comp.enabled() ? count : 0, static_cast<float>(a.rank));
+    std::vector<uint16_t> half(comp.enabled() ? count : 0);
+    std::unique_ptr<compress::Compressor> compressor;
+    if (comp.enabled()) compressor = std::make_unique<compress::Compressor>(comp);
     std::vector<double> us;
     for (int it = 0; it < a.warmup + a.iters[s]; ++it) {
       ctx.op_id = ++op_id;
       collective::barrier(ctx);
       ctx.op_id = ++op_id;
       auto t0 = Clock::now();
-      collective::allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+      if (compressor) {
+        compressor->encode_raw(0, 0, count, 0, grad.data(), count,
+                               reinterpret_cast<std::byte*>(half.data()));
+        collective::allreduce(ctx, half.data(), count, DType::kFloat16, ReduceOp::kSum);
+        half_to_float(half.data(), buf.data(), count);
+      } else {
+        collective::allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+      }
       auto t1 = Clock::now();
       if (it >= a.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       if (it == 0) check_sum(buf, a.size);

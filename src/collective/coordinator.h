@@ -3,13 +3,20 @@
 // submissions and sends what poll() returns), and the response cache every
 // rank keeps.
 //
-// A tensor is ready once every rank has submitted it or has joined. Ready
+// A tensor is ready once every rank has submitted it or has joined (for a
+// process set: every member; the other ranks take part as joined ranks do). Ready
 // tensors are checked for agreement (mismatch -> an error response naming
 // every rank's signature), then handed out in the order they became ready;
 // consecutive allreduces with the same dtype, reduction and joined ranks are
 // fused up to fusion_threshold_bytes. To give more tensors a chance to fuse,
-// a ready tensor waits up to cycle_time_ms while other tensors are partly
-// submitted; with nothing else in flight it goes out at once.
+// a ready small allreduce waits up to cycle_time_ms while other tensors are
+// partly submitted; with nothing else in flight it goes out at once.
+// Allreduces of kZeroCopyAllreduceBytes and more are never fused and never
+// wait: fusing them would save one message latency but cost two copies of
+// the tensor (into and out of the fusion buffer), and holding them back
+// delays the overlap of communication with the rest of the backward pass.
+// Other ops (never fused) do not wait either; whatever else is ready goes out
+// with them, in the order it became ready.
 //
 // Thread safety: none; owned and used by the engine thread.
 #pragma once
@@ -42,6 +49,9 @@ class ResponseCache {
   std::unordered_map<std::string, uint32_t> by_name_;
 };
 
+// From this size an allreduce runs alone, in place in the caller's buffer.
+inline constexpr uint64_t kZeroCopyAllreduceBytes = uint64_t{1} << 20;
+
 class Coordinator {
  public:
   Coordinator(int size, const CollectiveOptions& opts, ResponseCache& cache);
@@ -70,7 +80,10 @@ class Coordinator {
   };
   void check(const std::string& name, Clock::time_point now);
   void check_all(Clock::time_point now);
+  static const Spec* first_spec(const Pending& p);
   ResponseTensor tensor_of(const Spec& s);
+  // A small allreduce: may be fused with the next ready ones, and may wait.
+  bool fusible(const Item& item) const;
   Clock::duration seconds(double s) const;
 
   int size_;
@@ -79,6 +92,7 @@ class Coordinator {
   std::map<std::string, Pending> pending_;
   std::vector<bool> joined_;
   int njoined_ = 0;
+  int last_joined_ = -1;
   std::vector<Item> ready_;
 };
 

@@ -19,7 +19,6 @@
 
 #include "collective/algorithms.h"
 #include "collective/tcp_streams.h"
-#include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
@@ -38,7 +37,7 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
   std::vector<char>& scratch = *ctx.scratch;
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint32_t msg = 0;  // message index within this operation: same sequence on every rank
-  TcpTransport* tcp = stream_transport(ctx.transport);
+  DirectStreams* tcp = stream_transport(ctx.transport);
   std::unique_lock<std::mutex> stream_lock;
   if (tcp) stream_lock = tcp->lock_streams();
   auto exchange = [&](int peer, const char* send, size_t send_bytes, char* recv, size_t recv_bytes,

@@ -11,7 +11,7 @@
 // a window of several posted receives, sending, receiving and reducing
 // overlap.
 //
-// Over a TcpTransport with data streams (tcp_streams.h) the same schedule
+// Over a transport with direct streams (tcp_streams.h) the same schedule
 // runs on the streams instead: the calling thread reads and reduces, and
 // sends itself (small), with a StreamWriter thread (>= kWriterThreadBytes),
 // and reads on a RingReader thread too (>= kReaderThreadBytes); see
@@ -26,13 +26,11 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
 #include "collective/tcp_streams.h"
-#include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
@@ -47,8 +45,9 @@ constexpr size_t kReaderThreadBytes = 16 << 20;
 
 // The reader thread of a large stream ring and its hand-offs with the
 // algorithm thread: `received` units are in place (or in their slot),
-// `reduced` units are done with their slot. Destruction aborts (the reader's
-// pump watches abort_fd) and joins.
+// `reduced` units are done with their slot. It runs on the transport's reader
+// thread (one per transport). Destruction aborts (the reader's pump watches
+// abort_fd) and waits for the job to end.
 struct RingReader {
   std::mutex mu;
   std::condition_variable cv;
@@ -56,9 +55,10 @@ struct RingReader {
   bool abort = false, finished = false;
   std::exception_ptr error;
   int abort_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  std::thread thread;
+  WorkerThread& thread;
+  bool started = false, joined = false;
 
-  RingReader() {
+  explicit RingReader(WorkerThread& t) : thread(t) {
     if (abort_fd < 0) throw IoError("collective: eventfd failed for the ring reader");
   }
   ~RingReader() {
@@ -69,11 +69,12 @@ struct RingReader {
     cv.notify_all();
     uint64_t one = 1;
     [[maybe_unused]] auto r = ::write(abort_fd, &one, sizeof one);
-    if (thread.joinable()) thread.join();
+    if (started && !joined) thread.wait();
     ::close(abort_fd);
   }
   void start(std::function<void()> body) {
-    thread = std::thread([this, body = std::move(body)] {
+    started = true;
+    thread.start([this, body = std::move(body)] {
       try {
         body();
       } catch (...) {
@@ -123,7 +124,8 @@ struct RingReader {
     }
   }
   void join() {
-    thread.join();
+    thread.wait();
+    joined = true;
     if (error) std::rethrow_exception(error);
   }
 };
@@ -183,7 +185,7 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
   const size_t units = static_cast<size_t>(steps) * nseg;
   auto tag = [&](size_t unit) { return op_tag(ctx.op_id, static_cast<uint32_t>(unit)); };
 
-  if (TcpTransport* tcp = stream_transport(ctx.transport)) {
+  if (DirectStreams* tcp = stream_transport(ctx.transport)) {
     // Direct streams: this thread writes to the right neighbour and reads
     // from the left one itself (see tcp_streams.h). The left stream carries
     // the units in order, so every receive can be queued up front and read
@@ -243,7 +245,7 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
     if (writer && max_bytes * static_cast<size_t>(n) >= kReaderThreadBytes) {
       // ... and a reader thread drains the left stream (into place, or into
       // a free scratch slot) while this one reduces or is descheduled.
-      RingReader reader;
+      RingReader reader(tcp->reader_thread());
       pump.watch(reader.abort_fd, [&reader] { reader.check_abort(); });
       reader.start([&] {
         for (size_t u = 0; u < units; ++u) {

@@ -13,8 +13,6 @@
 
 #include <fmt/format.h>
 
-#include "collective/tcp_transport.h"
-
 namespace pushpull::collective {
 namespace {
 
@@ -35,12 +33,7 @@ uint64_t get64(const unsigned char* p) {
 
 }  // namespace
 
-TcpTransport* stream_transport(Transport& t) {
-  auto* tcp = dynamic_cast<TcpTransport*>(&t);
-  return tcp && tcp->has_streams() ? tcp : nullptr;
-}
-
-StreamPump::StreamPump(TcpTransport& t, Millis progress_timeout, std::string what)
+StreamPump::StreamPump(DirectStreams& t, Millis progress_timeout, std::string what)
     : t_(t), timeout_(progress_timeout), what_(std::move(what)) {
   peers_.reserve(2);
 }
@@ -226,7 +219,7 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
   }
 }
 
-StreamWriter::StreamWriter(TcpTransport& t, int peer, std::vector<Msg> msgs,
+StreamWriter::StreamWriter(DirectStreams& t, int peer, std::vector<Msg> msgs,
                            Millis progress_timeout, std::string what)
     : t_(t),
       peer_(peer),
@@ -246,7 +239,14 @@ StreamWriter::StreamWriter(TcpTransport& t, int peer, std::vector<Msg> msgs,
   error_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0 || error_fd_ < 0)
     throw IoError(fmt::format("collective: eventfd failed: {}", std::strerror(errno)));
-  thread_ = std::thread([this] { run(); });
+  try {
+    t_.writer_thread().start([this] { run(); });
+  } catch (...) {
+    ::close(wake_fd_);
+    ::close(error_fd_);
+    throw;
+  }
+  started_ = true;
 }
 
 StreamWriter::~StreamWriter() {
@@ -259,7 +259,7 @@ StreamWriter::~StreamWriter() {
   cv_.notify_all();
   uint64_t one = 1;
   [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof one);
-  thread_.join();
+  if (started_) t_.writer_thread().wait();
   ::close(wake_fd_);
   ::close(error_fd_);
   if (unfinished) ::shutdown(fd_, SHUT_RDWR);

@@ -14,8 +14,8 @@
 // messages on one directed stream come in the order they were sent; a header
 // that is not the expected one is a ProtocolError ("streams out of step").
 //
-// StreamPump is used by one thread at a time (TcpTransport hands it out under
-// its stream lock, see TcpTransport::streams()). Errors throw: PeerFailure
+// StreamPump is used by one thread at a time (the one holding the
+// transport's stream lock, DirectStreams::lock_streams()). Errors throw: PeerFailure
 // naming the peer (closed or reset stream), Timeout when nothing moved for
 // the progress timeout, the transport's closing reason after close().
 #pragma once
@@ -33,20 +33,22 @@
 #include <vector>
 
 #include "collective/transport.h"
+#include "collective/worker_thread.h"
 #include "pushpull/options.h"
-
-// The TcpTransport whose streams an algorithm can use, or nullptr (another
-// transport, or streams not set up): algorithms fall back to post_send/recv.
 
 namespace pushpull::collective {
 
-class TcpTransport;
-TcpTransport* stream_transport(Transport& t);
+// The streams an algorithm can use (Transport::direct_streams()), or nullptr
+// (a transport without them, or not set up): algorithms fall back to
+// post_send/recv.
+inline DirectStreams* stream_transport(Transport& t) {
+  return t.direct_streams();
+}
 
 class StreamPump {
  public:
   // `what` names the operation in timeout messages.
-  StreamPump(TcpTransport& t, Millis progress_timeout, std::string what);
+  StreamPump(DirectStreams& t, Millis progress_timeout, std::string what);
 
   // Queues a message to `peer` (FIFO per peer). The caller keeps `data`
   // alive and unchanged until finish() returned.
@@ -100,7 +102,7 @@ class StreamPump {
   void progress(int read_peer, size_t last, const std::function<bool()>& done);
   [[noreturn]] void fail(const Peer& p, int err, const char* op) const;
 
-  TcpTransport& t_;
+  DirectStreams& t_;
   Millis timeout_;
   std::string what_;
   std::vector<Peer> peers_;  // few: the ring's two neighbours, a partner
@@ -114,10 +116,12 @@ class StreamPump {
 // send-side copy no longer waits behind the reduction. Message i goes out
 // once the caller has release()d it.
 //
-// The caller keeps every message's data alive until finish() returned or the
-// writer was destroyed; destroying an unfinished writer stops it (its stream
-// is shut down: a half-written message would put the peers out of step) and
-// joins the thread. Errors: finish() throws the writer's error (PeerFailure,
+// The sending runs on the transport's writer thread (DirectStreams::
+// writer_thread(), one per transport, not one per operation). The caller
+// keeps every message's data alive until finish() returned or the writer was
+// destroyed; destroying an unfinished writer stops it (its stream is shut
+// down: a half-written message would put the peers out of step) and waits
+// for the thread to let go of it. Errors: finish() throws the writer's error (PeerFailure,
 // Timeout after `progress_timeout` without progress).
 class StreamWriter {
  public:
@@ -126,7 +130,7 @@ class StreamWriter {
     const void* data;
     size_t bytes;
   };
-  StreamWriter(TcpTransport& t, int peer, std::vector<Msg> msgs, Millis progress_timeout,
+  StreamWriter(DirectStreams& t, int peer, std::vector<Msg> msgs, Millis progress_timeout,
                std::string what);
   ~StreamWriter();
   StreamWriter(const StreamWriter&) = delete;
@@ -144,7 +148,7 @@ class StreamWriter {
   void run();
   Status write_all_released(size_t& next, size_t& offset, size_t released);
 
-  TcpTransport& t_;
+  DirectStreams& t_;
   int peer_, fd_;
   std::vector<Msg> msgs_;
   std::vector<std::array<unsigned char, 16>> hdrs_;
@@ -158,7 +162,7 @@ class StreamWriter {
   size_t released_ = 0;
   bool abort_ = false, done_ = false;
   Status error_;
-  std::thread thread_;
+  bool started_ = false;
 };
 
 }  // namespace pushpull::collective

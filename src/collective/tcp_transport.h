@@ -64,6 +64,7 @@
 #include "base/clock.h"
 #include "base/liveness.h"
 #include "collective/transport.h"
+#include "collective/worker_thread.h"
 #include "net/socket.h"
 #include "net/transport.h"
 
@@ -145,8 +146,10 @@ class TcpTransport final : public Transport {
   std::optional<Status> verdict() const;
   std::shared_ptr<VerdictPort> verdict_port() const { return port_; }
 
-  // Data streams (see above). stream_fd: -1 when there is none to `peer`.
+  // Data streams (see above), once connect_all() opened them.
+  DirectStreams* direct_streams() override { return streams_ready_ ? &streams_api_ : nullptr; }
   bool has_streams() const { return streams_ready_; }
+  // -1 when there is no stream to `peer`.
   int stream_fd(int peer) const;
   // Held by an algorithm for the whole of its use of the streams.
   std::unique_lock<std::mutex> lock_streams() { return std::unique_lock(stream_mu_); }
@@ -215,6 +218,29 @@ class TcpTransport final : public Transport {
   std::vector<net::Fd> streams_;            // per peer; set once by connect_all
   std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation
   std::mutex stream_mu_;
+
+  // The DirectStreams face of this transport (a member, not a base class:
+  // rank(), is_closed() ... would otherwise clash with Transport's).
+  class Streams final : public DirectStreams {
+   public:
+    explicit Streams(TcpTransport& t) : t_(t) {}
+    int rank() const override { return t_.rank_; }
+    int stream_fd(int peer) const override { return t_.stream_fd(peer); }
+    std::unique_lock<std::mutex> lock_streams() override { return t_.lock_streams(); }
+    bool is_closed() const override { return t_.is_closed(); }
+    Status stream_error(int peer, const std::string& why, ErrorCode code) override {
+      return t_.stream_error(peer, why, code);
+    }
+    WorkerThread& writer_thread() override { return writer_; }
+    WorkerThread& reader_thread() override { return reader_; }
+
+   private:
+    TcpTransport& t_;
+    // Declared last in TcpTransport, so joined first when it is destroyed;
+    // idle then (every operation waits for its jobs before it returns).
+    WorkerThread writer_, reader_;
+  };
+  Streams streams_api_{*this};
 };
 
 }  // namespace pushpull::collective

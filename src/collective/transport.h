@@ -20,6 +20,12 @@
 //   operations with it fail with PeerFailure, and returns only after every
 //   `done` of this endpoint has run. Later posts fail at once. Idempotent.
 //
+// Optional capability, direct streams (DirectStreams below): a transport
+// may also offer byte streams to its peers that the algorithm thread drives
+// itself (tcp_streams.h), the fast path of the ring, halving-doubling,
+// broadcast and barrier. direct_streams() returns nullptr when it has none;
+// the algorithms then use post_send/post_recv, which every transport has.
+//
 // Thread safety: every method may be called from any thread concurrently.
 #pragma once
 
@@ -30,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 #include "pushpull/error.h"
@@ -39,6 +46,31 @@ namespace pushpull::collective {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 using Completion = std::function<void(const Status&)>;
+
+class WorkerThread;
+
+// Streams to the peers as non-blocking file descriptors, for one operation at
+// a time (lock_streams()), and two threads living as long as the transport
+// that large operations hand their sending and receiving to.
+class DirectStreams {
+ public:
+  virtual ~DirectStreams() = default;
+  virtual int rank() const = 0;
+  // -1 when there is no stream to `peer`.
+  virtual int stream_fd(int peer) const = 0;
+  // Held by an algorithm for the whole of its use of the streams.
+  virtual std::unique_lock<std::mutex> lock_streams() = 0;
+  // True once closed or failed (stream waits end then).
+  virtual bool is_closed() const = 0;
+  // The error to report for a failed stream operation with `peer`: the
+  // transport's closing reason or verdict when there is one, else `code`
+  // naming the peer and `why`. Called by the thread that drives the streams.
+  virtual Status stream_error(int peer, const std::string& why,
+                              ErrorCode code = ErrorCode::kPeerFailure) = 0;
+  // Used under lock_streams() only.
+  virtual WorkerThread& writer_thread() = 0;
+  virtual WorkerThread& reader_thread() = 0;
+};
 
 class Transport {
  public:
@@ -52,6 +84,8 @@ class Transport {
   // Like close(), for a failure of this rank (`why`): a transport that can
   // first tells the peers why, so they blame this rank with the real cause.
   virtual void abort(const Status& why) { close(why); }
+  // The direct-stream capability (see above), or nullptr.
+  virtual DirectStreams* direct_streams() { return nullptr; }
 };
 
 // A waitable completion: what isend/irecv return. Copyable (shared state).

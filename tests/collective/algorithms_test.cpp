@@ -1,21 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
-// The algorithms alone (no engine) over the in-process transport, every world
-// size 1..8, against references computed locally.
+// The algorithms alone (no engine), every world size 1..8, against
+// references computed locally; the same cases over every transport
+// (fabrics.h: in-process, TCP with its direct streams, shared memory).
 #include "collective/algorithms.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 
+#include "fabrics.h"
 #include "harness.h"
 
 namespace pushpull::collective {
 namespace {
 
 using testing::input_value;
+using testing::Kind;
 using testing::make_input;
 using testing::reference;
-using testing::run_ranks;
+
+// Every case below runs once per transport kind.
+class Algorithms : public ::testing::TestWithParam<Kind> {
+ protected:
+  void run_ranks(int n, const std::function<void(int, Transport&)>& fn) { fabrics_.run(n, fn); }
+  testing::Fabrics fabrics_{GetParam()};
+};
 
 enum class Algo { kRing, kHalvingDoubling };
 
@@ -27,9 +36,9 @@ struct Case {
   int64_t count;
 };
 
-void check_allreduce(const Case& c, uint64_t segment_bytes = 4096) {
+void check_allreduce(testing::Fabrics& fabrics, const Case& c, uint64_t segment_bytes = 4096) {
   std::vector<Array> results(static_cast<size_t>(c.n));
-  run_ranks(c.n, [&](int r, Transport& t) {
+  fabrics.run(c.n, [&](int r, Transport& t) {
     std::vector<char> scratch;
     AlgoContext ctx{t};
     ctx.op_id = 3;
@@ -51,7 +60,7 @@ void check_allreduce(const Case& c, uint64_t segment_bytes = 4096) {
   }
 }
 
-TEST(RingAllreduce, EverySizeDtypeOpAndWorld) {
+TEST_P(Algorithms, RingAllreduceEverySizeDtypeOpAndWorld) {
   const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
                           DType::kInt32,   DType::kInt64,   DType::kInt8,     DType::kUInt8};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax};
@@ -60,10 +69,10 @@ TEST(RingAllreduce, EverySizeDtypeOpAndWorld) {
       for (ReduceOp op : ops)
         for (int64_t count :
              {int64_t{0}, int64_t{1}, int64_t{n - 1}, int64_t{3 * n + 1}, int64_t{5003}})
-          check_allreduce({Algo::kRing, n, d, op, count});
+          check_allreduce(fabrics_, {Algo::kRing, n, d, op, count});
 }
 
-TEST(HalvingDoublingAllreduce, EverySizeDtypeOpAndWorld) {
+TEST_P(Algorithms, HalvingDoublingAllreduceEverySizeDtypeOpAndWorld) {
   const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
                           DType::kInt32,   DType::kInt64,   DType::kInt8,     DType::kUInt8};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax};
@@ -72,16 +81,18 @@ TEST(HalvingDoublingAllreduce, EverySizeDtypeOpAndWorld) {
       for (ReduceOp op : ops)
         for (int64_t count :
              {int64_t{0}, int64_t{1}, int64_t{n - 1}, int64_t{3 * n + 1}, int64_t{1001}})
-          check_allreduce({Algo::kHalvingDoubling, n, d, op, count});
+          check_allreduce(fabrics_, {Algo::kHalvingDoubling, n, d, op, count});
 }
 
-TEST(RingAllreduce, LargePipelined) {
+TEST_P(Algorithms, RingAllreduceLargePipelined) {
   // 24 MiB of float32 over 4 ranks with 256 KiB segments; 3 MiB odd-sized at 7.
-  check_allreduce({Algo::kRing, 4, DType::kFloat32, ReduceOp::kSum, (24 << 20) / 4}, 256 << 10);
-  check_allreduce({Algo::kRing, 7, DType::kFloat16, ReduceOp::kSum, (3 << 20) / 2 + 3}, 64 << 10);
+  check_allreduce(fabrics_, {Algo::kRing, 4, DType::kFloat32, ReduceOp::kSum, (24 << 20) / 4},
+                  256 << 10);
+  check_allreduce(fabrics_, {Algo::kRing, 7, DType::kFloat16, ReduceOp::kSum, (3 << 20) / 2 + 3},
+                  64 << 10);
 }
 
-TEST(RingAllgather, VariableBlocks) {
+TEST_P(Algorithms, RingAllgatherVariableBlocks) {
   for (int n = 1; n <= 8; ++n) {
     std::vector<Block> blocks;
     size_t off = 0;
@@ -109,7 +120,7 @@ TEST(RingAllgather, VariableBlocks) {
   }
 }
 
-TEST(RingReduceScatter, EachRankGetsItsBlock) {
+TEST_P(Algorithms, RingReduceScatterEachRankGetsItsBlock) {
   for (int n = 1; n <= 8; ++n) {
     for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{2 * n + 1}, int64_t{10007}}) {
       auto blocks = even_blocks(static_cast<size_t>(count), n);
@@ -132,7 +143,7 @@ TEST(RingReduceScatter, EachRankGetsItsBlock) {
   }
 }
 
-TEST(Broadcast, EveryRootTreeAndChain) {
+TEST_P(Algorithms, BroadcastEveryRootTreeAndChain) {
   for (int n = 1; n <= 8; ++n) {
     for (size_t bytes : {size_t{0}, size_t{1}, size_t{1000}, size_t{300001}}) {
       for (int root = 0; root < n; ++root) {
@@ -158,7 +169,7 @@ TEST(Broadcast, EveryRootTreeAndChain) {
   }
 }
 
-TEST(Barrier, NoRankLeavesBeforeAllArrive) {
+TEST_P(Algorithms, BarrierNoRankLeavesBeforeAllArrive) {
   for (int n = 1; n <= 8; ++n) {
     std::atomic<int> arrived{0};
     run_ranks(n, [&](int, Transport& t) {
@@ -171,6 +182,10 @@ TEST(Barrier, NoRankLeavesBeforeAllArrive) {
     });
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryTransport, Algorithms,
+                         ::testing::Values(Kind::kInProcess, Kind::kTcp, Kind::kShm),
+                         [](const auto& info) { return testing::kind_name(info.param); });
 
 TEST(Transport, ClosedPeerFailsPendingReceive) {
   InProcessFabric fabric(2);

@@ -1,0 +1,109 @@
+"""One worker of `pushpull bench step`: a synthetic data-parallel training step.
+
+    pushpull launch -n 2 -s 0 -- python3 -m pushpull.bench_step --impl hvd --grad-mb 64
+
+Like Horovod's synthetic benchmark: a stack of ``--layers`` square linear
+layers (with biases) holding ``--grad-mb`` MiB of float32 parameters, a random
+batch of ``--batch`` rows, one torch thread; each step is zero_grad, forward,
+backward, the gradient exchange and the optimizer update (SGD). Rank 0 prints
+``result <impl> <median step ms>`` over ``--steps`` timed steps after
+``--warmup`` untimed ones. Implementations:
+
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over torch's gloo
+  backend (rendezvous through a file in ``--store-dir``, which the benchmark
+  makes fresh for each run);
+- ``hvd``: ``pushpull.torch.DistributedOptimizer`` (Horovod's API over the
+  collectives engine);
+- ``trainer``: ``pushpull.torch.Trainer`` over a ``dist_sync`` KVStore (run
+  with ``-s S`` parameter servers); the update runs on the servers.
+
+Every rank runs the same steps; a step ends when the update is applied, so the
+ranks stay in lock step through the exchange and rank 0's median stands for
+the job.
+"""
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+def build_model(grad_mb, layers):
+    # d*d + d floats per layer, `layers` of them, add up to grad_mb MiB.
+    floats = grad_mb * (1 << 20) / 4 / layers
+    d = max(1, int(math.sqrt(floats)))
+    torch.manual_seed(1234)  # the same initial weights on every rank
+    return torch.nn.Sequential(*[torch.nn.Linear(d, d) for _ in range(layers)]), d
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--impl', required=True, choices=['ddp', 'hvd', 'trainer'])
+    ap.add_argument('--grad-mb', type=float, default=64)
+    ap.add_argument('--layers', type=int, default=8)
+    ap.add_argument('--batch', type=int, default=4)
+    ap.add_argument('--steps', type=int, default=15)
+    ap.add_argument('--warmup', type=int, default=3)
+    ap.add_argument('--store-dir', default='')
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rank = int(os.environ.get('RANK', '0'))
+    world = int(os.environ.get('WORLD_SIZE', '1'))
+
+    model, d = build_model(a.grad_mb, a.layers)
+    x = torch.randn(a.batch, d)
+    finish = lambda: None  # noqa: E731
+    if a.impl == 'ddp':
+        import torch.distributed as dist
+        if not a.store_dir:
+            sys.exit('bench_step: --impl ddp needs --store-dir')
+        dist.init_process_group('gloo', init_method='file://' + os.path.join(a.store_dir, 'ddp'),
+                                rank=rank, world_size=world)
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+
+        def step():
+            opt.zero_grad()
+            net(x).sum().backward()
+            opt.step()
+        finish = dist.destroy_process_group
+    elif a.impl == 'hvd':
+        import pushpull.torch as hvd
+        hvd.init()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
+                                       named_parameters=model.named_parameters())
+
+        def step():
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        finish = hvd.shutdown
+    else:
+        import pushpull.kv
+        import pushpull.torch
+        kv = pushpull.kv.create('dist_sync')
+        trainer = pushpull.torch.Trainer(model.named_parameters(), 'sgd', {'learning_rate': 1e-4},
+                                         kvstore=kv)
+
+        def step():
+            model.zero_grad()
+            model(x).sum().backward()
+            trainer.step(a.batch)
+
+    times = []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        step()
+        if i >= a.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    finish()
+    if rank == 0:
+        print('result %s %.4f' % (a.impl, statistics.median(times)), flush=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+// The collective Transport between ranks of one host, over shared memory.
+//
+// Every rank creates one segment (a file under /dev/shm, mode 0600, created
+// exclusively, named `<prefix>.<rank>`) holding a header and one inbound
+// ring per peer; every rank maps every segment. Rank i sends to rank j by
+// copying {tag u64, bytes u64, little-endian} and the payload into ring i of
+// j's segment (single producer, single consumer, head/tail atomics), so a
+// message is one copy in and one copy out, no system call on the data path.
+// Once every peer has mapped a segment its creator unlinks the name, so
+// nothing is left behind when a process dies later.
+//
+// One progress thread per rank writes queued sends into the peers' rings and
+// reads its own rings into the posted receives (FIFO per (peer, tag); a
+// message that arrives before its receive is posted is kept until it is,
+// bounded by kMaxEarlyBytes). Posting a send whose peer has nothing queued
+// copies it into the ring at once from the poster's thread (small messages
+// then skip a thread hand-off). Wake-ups: each segment has a doorbell word; a
+// writer bumps the reader's doorbell and FUTEX_WAKEs it, a reader that freed
+// space bumps the writer's. The progress thread re-checks for a short
+// bounded window (kSpinWindow, yielding) before it sleeps in FUTEX_WAIT, with
+// a timeout so it also notices peers that died without a word (their pid is
+// in their header) or closed (a flag in their header).
+//
+// Semantics are Transport's (transport.h): completions run on the progress
+// thread or the poster's, never under a lock; close() fails everything
+// pending, tells the peers (closed flag), joins the thread. A peer that
+// closed or died fails the operations with it with PeerFailure, after the
+// messages it completed before are delivered. A malformed header from a peer
+// (impossible sizes) is a ProtocolError that fails that peer's operations.
+//
+// Thread safety: every method may be called from any thread concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "collective/transport.h"
+#include "pushpull/options.h"
+
+namespace pushpull::collective {
+
+struct ShmOptions {
+  // Payload bytes of each ring (one per ordered pair of ranks).
+  size_t ring_bytes = size_t{2} << 20;
+  // How long the constructor waits for every peer's segment.
+  Millis connect_timeout{10000};
+  // Messages kept per peer before their receive is posted (bytes).
+  uint64_t max_early_bytes = uint64_t{1} << 30;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  // Creates this rank's segment `<dir>/<prefix>.<rank>` and maps every
+  // peer's (waiting up to connect_timeout for them to appear and for every
+  // peer to map this one). `prefix` must be the same on every rank and
+  // unique to the job (it carries a random token). Throws IoError / Timeout.
+  ShmTransport(int rank, int size, const std::string& prefix, ShmOptions options = {},
+               const std::string& dir = "/dev/shm");
+  ~ShmTransport() override;
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  void post_send(int peer, uint64_t tag, const void* data, size_t bytes, Completion done) override;
+  void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
+  void close(const Status& reason) override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pushpull::collective

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test helper: the same algorithm cases over every transport. A Fabrics
+// object runs fn(rank, transport) on n threads over the in-process transport
+// over TcpTransports on loopback (with their direct streams, the fast path
+// the engine takes) or over ShmTransports. Groups are connected once per world size and reused
+// by later runs of the same object (connecting is the slow part); the object
+// owns them and closes them when destroyed.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <random>
+
+#include <fmt/format.h>
+
+#include "collective/inprocess_transport.h"
+#include "collective/shm_transport.h"
+#include "tcp_group.h"
+
+namespace pushpull::collective::testing {
+
+enum class Kind { kInProcess, kTcp, kShm };
+
+inline std::string kind_name(Kind k) {
+  return k == Kind::kInProcess ? "InProcess" : k == Kind::kTcp ? "Tcp" : "Shm";
+}
+
+// n ShmTransports as threads of this process (their segments under a fresh
+// random prefix; each constructor waits for the others, so one thread each).
+inline std::vector<std::unique_ptr<Transport>> connect_shm_group(int n, ShmOptions o = {}) {
+  std::random_device rd;
+  const std::string prefix = fmt::format("pushpull-test-{:x}{:x}", rd(), rd());
+  std::vector<std::unique_ptr<Transport>> ts(static_cast<size_t>(n));
+  std::vector<std::thread> th;
+  std::exception_ptr first;
+  std::mutex mu;
+  for (int r = 0; r < n; ++r)
+    th.emplace_back([&, r] {
+      try {
+        ts[static_cast<size_t>(r)] = std::make_unique<ShmTransport>(r, n, prefix, o);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : th)
+    t.join();
+  if (first) std::rethrow_exception(first);
+  return ts;
+}
+
+class Fabrics {
+ public:
+  explicit Fabrics(Kind kind) : kind_(kind) {}
+
+  void run(int n, const std::function<void(int, Transport&)>& fn) {
+    std::vector<Transport*> eps;
+    std::unique_ptr<InProcessFabric> fabric;
+    std::vector<std::unique_ptr<Transport>> owned;
+    if (kind_ == Kind::kInProcess) {
+      fabric = std::make_unique<InProcessFabric>(n);
+      for (int r = 0; r < n; ++r) {
+        owned.push_back(fabric->endpoint(r));
+        eps.push_back(owned.back().get());
+      }
+    } else {
+      auto& group = groups_[n];
+      if (group.empty()) {
+        if (kind_ == Kind::kTcp) {
+          for (auto& t : connect_tcp_group(n))
+            group.push_back(std::move(t));
+        } else {
+          // Small rings: messages larger than a ring stream through it.
+          ShmOptions o;
+          o.ring_bytes = 64 << 10;
+          group = connect_shm_group(n, o);
+        }
+      }
+      for (auto& t : group)
+        eps.push_back(t.get());
+    }
+    std::exception_ptr first;
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          fn(r, *eps[static_cast<size_t>(r)]);
+        } catch (...) {
+          std::lock_guard lock(mu);
+          if (!first) first = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads)
+      t.join();
+    if (first) {
+      groups_.erase(n);  // a failed run may leave messages in flight: never reuse it
+      std::rethrow_exception(first);
+    }
+  }
+
+ private:
+  Kind kind_;
+  std::map<int, std::vector<std::unique_ptr<Transport>>> groups_;
+};
+
+}  // namespace pushpull::collective::testing

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// Rank 0's scheduling (Coordinator::poll) at explicit times: which ready
+// tensors wait for the cycle, which go out at once, and which are fused.
+#include <gtest/gtest.h>
+
+#include "collective/coordinator.h"
+
+namespace pushpull::collective {
+namespace {
+
+using namespace std::chrono_literals;
+
+Spec allreduce(const std::string& name, int64_t floats) {
+  Spec s;
+  s.name = name;
+  s.shape = Shape{floats};
+  return s;
+}
+
+CollectiveOptions opts() {
+  CollectiveOptions o;
+  o.cycle_time_ms = 5;
+  o.fusion_threshold_bytes = 64 << 20;
+  return o;
+}
+
+const auto t0 = Clock::time_point{} + 1h;
+constexpr int64_t kLarge = kZeroCopyAllreduceBytes / 4;  // floats
+
+std::vector<Response> poll(Coordinator& c, Clock::time_point now) {
+  std::vector<StallReport> stalls;
+  return c.poll(now, &stalls);
+}
+
+TEST(Scheduling, ASmallReadyTensorWaitsTheCycleWhileAnotherIsPartlySubmitted) {
+  ResponseCache cache;
+  Coordinator c(2, opts(), cache);
+  c.submit(0, allreduce("a", 16), t0);
+  c.submit(1, allreduce("a", 16), t0);
+  c.submit(0, allreduce("b", 16), t0);  // rank 1 has not submitted b yet
+  EXPECT_TRUE(poll(c, t0 + 1ms).empty());
+  EXPECT_EQ(c.next_deadline(t0 + 1ms), t0 + 5ms);
+  c.submit(1, allreduce("b", 16), t0 + 2ms);
+  auto rs = poll(c, t0 + 2ms);  // nothing pending any more: out at once, fused
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].tensors.size(), 2u);
+}
+
+TEST(Scheduling, ALargeReadyTensorGoesOutAtOnceAloneWithTheSmallOnesReady) {
+  ResponseCache cache;
+  Coordinator c(2, opts(), cache);
+  for (int r = 0; r < 2; ++r) {
+    c.submit(r, allreduce("small1", 16), t0);
+    c.submit(r, allreduce("big", kLarge), t0);
+    c.submit(r, allreduce("small2", 16), t0);
+  }
+  c.submit(0, allreduce("later", 16), t0);  // partly submitted: would hold small ones back
+  auto rs = poll(c, t0);
+  ASSERT_EQ(rs.size(), 3u) << "small1 | big alone | small2, in the order they became ready";
+  ASSERT_EQ(rs[0].tensors.size(), 1u);
+  EXPECT_EQ(rs[0].tensors[0].name, "small1");
+  ASSERT_EQ(rs[1].tensors.size(), 1u);
+  EXPECT_EQ(rs[1].tensors[0].name, "big");
+  ASSERT_EQ(rs[2].tensors.size(), 1u);
+  EXPECT_EQ(rs[2].tensors[0].name, "small2");
+}
+
+TEST(Scheduling, LargeTensorsAreNeverFusedWithEachOther) {
+  ResponseCache cache;
+  Coordinator c(2, opts(), cache);
+  for (int r = 0; r < 2; ++r) {
+    c.submit(r, allreduce("x", kLarge), t0);
+    c.submit(r, allreduce("y", kLarge), t0);
+  }
+  auto rs = poll(c, t0);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].tensors.size(), 1u);
+  EXPECT_EQ(rs[1].tensors.size(), 1u);
+}
+
+TEST(Scheduling, AJustSmallerTensorStillFuses) {
+  ResponseCache cache;
+  Coordinator c(2, opts(), cache);
+  for (int r = 0; r < 2; ++r) {
+    c.submit(r, allreduce("x", kLarge - 1), t0);
+    c.submit(r, allreduce("y", kLarge - 1), t0);
+  }
+  auto rs = poll(c, t0);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].tensors.size(), 2u);
+}
+
+TEST(Scheduling, ABroadcastDoesNotWaitTheCycle) {
+  ResponseCache cache;
+  Coordinator c(2, opts(), cache);
+  Spec b = allreduce("bcast", 16);
+  b.type = OpType::kBroadcast;
+  c.submit(0, b, t0);
+  c.submit(1, b, t0);
+  c.submit(0, allreduce("pending", 16), t0);
+  auto rs = poll(c, t0);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].tensors[0].name, "bcast");
+}
+
+}  // namespace
+}  // namespace pushpull::collective

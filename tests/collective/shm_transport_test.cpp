@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// ShmTransport's own behaviour and failure paths (the algorithm cases run
+// over it in algorithms_test): setup leaves no files, foreign segments are
+// refused, a closed peer fails what is pending with it, bad sizes and floods
+// are protocol errors, a missing peer times out.
+#include "collective/shm_transport.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "fabrics.h"
+
+namespace pushpull::collective {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string fresh_prefix() {
+  std::random_device rd;
+  return fmt::format("pushpull-shmtest-{:x}{:x}", rd(), rd());
+}
+
+bool any_file_with(const std::string& prefix) {
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+TEST(ShmTransport, MessagesOfEverySizeArriveInOrderPerTag) {
+  ShmOptions o;
+  o.ring_bytes = 8192;  // most messages below stream through the ring in pieces
+  auto g = testing::connect_shm_group(2, o);
+  std::vector<std::vector<char>> out;
+  std::vector<Request> recvs;
+  const size_t sizes[] = {0, 1, 15, 16, 17, 4096, 8191, 8192, 8193, 100000};
+  for (size_t s : sizes)
+    out.emplace_back(s);
+  // Half the receives posted before the sends, half after (kept early).
+  for (size_t i = 0; i < 5; ++i)
+    recvs.push_back(irecv(*g[1], 0, 7, out[i].data(), out[i].size()));
+  std::vector<std::vector<char>> in;
+  std::vector<Request> sends;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    in.emplace_back(sizes[i]);
+    for (size_t k = 0; k < sizes[i]; ++k)
+      in[i][k] = static_cast<char>(k * 7 + i);
+    sends.push_back(isend(*g[0], 1, 7, in[i].data(), in[i].size()));
+  }
+  for (size_t i = 5; i < std::size(sizes); ++i)
+    recvs.push_back(irecv(*g[1], 0, 7, out[i].data(), out[i].size()));
+  for (auto& r : recvs)
+    r.wait(Clock::now() + 10s, "receive");
+  for (auto& s : sends)
+    s.wait(Clock::now() + 10s, "send");
+  for (size_t i = 0; i < std::size(sizes); ++i)
+    EXPECT_EQ(out[i], in[i]) << "message " << i;
+}
+
+TEST(ShmTransport, SetupLeavesNoFilesBehind) {
+  // connect_shm_group's prefix is random; check the whole family is gone.
+  auto g = testing::connect_shm_group(3);
+  EXPECT_FALSE(any_file_with("pushpull-test-"));
+}
+
+TEST(ShmTransport, ASegmentOthersCanReadIsRefused) {
+  const std::string prefix = fresh_prefix();
+  const std::string peer = fmt::format("/dev/shm/{}.1", prefix);
+  int fd = ::open(peer.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
+  ASSERT_GE(fd, 0);
+  ::fchmod(fd, 0644);
+  ::ftruncate(fd, 1 << 20);
+  ::close(fd);
+  ShmOptions o;
+  o.connect_timeout = 2000ms;
+  try {
+    ShmTransport t(0, 2, prefix, o);
+    ADD_FAILURE() << "accepted a world-readable segment";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("refusing"), std::string::npos) << e.what();
+  }
+  ::unlink(peer.c_str());
+  EXPECT_FALSE(any_file_with(prefix)) << "rank 0's own segment must be removed on failure";
+}
+
+TEST(ShmTransport, AMissingPeerTimesOut) {
+  ShmOptions o;
+  o.connect_timeout = 200ms;
+  const std::string prefix = fresh_prefix();
+  EXPECT_THROW(ShmTransport(0, 2, prefix, o), Timeout);
+  EXPECT_FALSE(any_file_with(prefix));
+}
+
+TEST(ShmTransport, AClosedPeerFailsPendingReceivesAndLaterPosts) {
+  auto g = testing::connect_shm_group(2);
+  char buf[8];
+  auto r = irecv(*g[0], 1, 1, buf, sizeof buf);
+  g[1]->close(Status(ErrorCode::kPeerFailure, "rank 1 test shutdown"));
+  try {
+    r.wait(Clock::now() + 10s, "receive from a closed peer");
+    ADD_FAILURE() << "no error";
+  } catch (const PeerFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 is gone (closed)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(isend(*g[0], 1, 1, buf, sizeof buf).wait(Clock::now() + 10s, "send"), PeerFailure);
+}
+
+TEST(ShmTransport, WhatAPeerSentBeforeClosingIsStillDelivered) {
+  auto g = testing::connect_shm_group(2);
+  int v = 42, got = 0;
+  isend(*g[1], 0, 3, &v, sizeof v).wait(Clock::now() + 10s, "send");
+  g[1]->close(Status(ErrorCode::kPeerFailure, "done"));
+  std::this_thread::sleep_for(150ms);  // rank 0 notices the close meanwhile
+  irecv(*g[0], 1, 3, &got, sizeof got).wait(Clock::now() + 10s, "receive");
+  EXPECT_EQ(got, 42);
+}
+
+TEST(ShmTransport, ASizeMismatchIsAProtocolError) {
+  auto g = testing::connect_shm_group(2);
+  char small[4], big[8] = {};
+  auto r = irecv(*g[1], 0, 5, small, sizeof small);
+  isend(*g[0], 1, 5, big, sizeof big);
+  EXPECT_THROW(r.wait(Clock::now() + 10s, "receive"), ProtocolError);
+}
+
+TEST(ShmTransport, AFloodOfUnclaimedMessagesFailsThatPeer) {
+  ShmOptions o;
+  o.max_early_bytes = 64 << 10;
+  auto g = testing::connect_shm_group(2, o);
+  std::vector<char> chunk(16 << 10);
+  for (int i = 0; i < 8; ++i)
+    isend(*g[0], 1, 9, chunk.data(), chunk.size());
+  char x;
+  auto r = irecv(*g[1], 0, 10, &x, 1);  // never sent: fails with the flood
+  EXPECT_THROW(r.wait(Clock::now() + 10s, "receive"), ProtocolError);
+}
+
+TEST(ShmTransport, CloseFailsEverythingPendingOnThisRank) {
+  auto g = testing::connect_shm_group(2);
+  char buf[4];
+  auto r = irecv(*g[0], 1, 1, buf, sizeof buf);
+  g[0]->close(Status(ErrorCode::kIoError, "closing"));
+  EXPECT_TRUE(r.done());
+  EXPECT_THROW(r.wait(Clock::now() + 1s, "receive"), Error);
+}
+
+}  // namespace
+}  // namespace pushpull::collective

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// `pushpull bench step`: a synthetic data-parallel training step (Horovod's
+// synthetic benchmark, in the shape a PyTorch user sees), pushpull's two
+// PyTorch front ends next to what that user would pick instead, in the same
+// run:
+//
+//   ddp      torch.nn.parallel.DistributedDataParallel, gloo backend
+//   hvd      pushpull.torch.DistributedOptimizer (collectives engine)
+//   trainer  pushpull.torch.Trainer over a dist_sync KVStore, S servers
+//
+// Every implementation is one job of `pushpull launch -n N -s S` running
+// `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
+// builds the model and times the steps). With --repeats R the
+// implementations run R times interleaved (ddp, hvd, trainer, ddp, ...) and a
+// row is the median of the R per-run medians; `vs_ddp` is that median over
+// DDP's median of the same run. The machine is shared and noisy: only
+// compare figures from one run.
+//
+// The Python package is found next to this executable (build/bin ->
+// build/python) unless PYTHONPATH already names one.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "bench_common.h"
+#include "bench_procs.h"
+#include "commands.h"
+#include "pushpull/error.h"
+
+namespace pushpull::cli {
+namespace {
+
+struct Config {
+  std::string ranks = "2";
+  std::string grad_mb = "4,64";
+  std::string impls = "ddp,hvd,trainer";
+  int layers = 8;
+  int batch = 4;
+  int steps = 15;
+  int warmup = 3;
+  int repeats = 3;
+  int servers = 0;  // 0: as many servers as workers
+  int timeout_s = 600;
+  std::string format = "table";
+  std::string python = "/usr/bin/python3";  // where Debian's torch is
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// "result <impl> <ms>" from rank 0, anywhere in the launcher's output.
+bool parse_result(const std::string& out, const std::string& impl, double* ms) {
+  std::istringstream in(out);
+  std::string word;
+  while (in >> word) {
+    if (word != "result") continue;
+    std::string name;
+    double v = 0;
+    if (in >> name >> v && name == impl) {
+      *ms = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// PYTHONPATH with the package built next to this executable in front.
+void export_python_path() {
+  std::filesystem::path pkg = std::filesystem::path(self_dir()).parent_path() / "python";
+  if (!std::filesystem::exists(pkg / "pushpull" / "bench_step.py")) return;
+  std::string path = pkg.string();
+  if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
+  ::setenv("PYTHONPATH", path.c_str(), 1);
+  ::setenv("OMP_NUM_THREADS", "1", 0);
+}
+
+std::string format_mb(double mb) {
+  return mb == static_cast<int64_t>(mb) ? fmt::format("{}", static_cast<int64_t>(mb))
+                                        : fmt::format("{}", mb);
+}
+
+void run_bench(const Config& cfg) {
+  const auto impls = split(cfg.impls);
+  for (const auto& i : impls)
+    if (i != "ddp" && i != "hvd" && i != "trainer")
+      throw InvalidArgument(fmt::format(
+          "bench step: --impls {}: known are ddp, hvd, trainer (the libtorch 'cpp' front end is "
+          "not measured by this benchmark yet)",
+          i));
+  std::vector<double> sizes;
+  for (const auto& s : split(cfg.grad_mb)) {
+    double mb = std::stod(s);
+    if (!(mb > 0)) throw InvalidArgument(fmt::format("bench step: --grad-mb {}: must be > 0", s));
+    sizes.push_back(mb);
+  }
+  std::vector<int> ranks;
+  for (const auto& s : split(cfg.ranks)) {
+    int n = std::stoi(s);
+    if (n < 1 || n > 64) throw InvalidArgument(fmt::format("bench step: -n {}: need 1..64", n));
+    ranks.push_back(n);
+  }
+  export_python_path();
+  const bool csv = cfg.format == "csv";
+  if (csv) std::printf("impl,n,servers,grad_bytes,layers,step_ms,vs_ddp\n");
+  for (int n : ranks) {
+    const int servers = cfg.servers > 0 ? cfg.servers : n;
+    for (double mb : sizes) {
+      std::map<std::string, std::vector<double>> got;
+      for (int rep = 0; rep < cfg.repeats; ++rep) {
+        for (const auto& impl : impls) {
+          TempDir dir;
+          ProcessGroup g;
+          std::vector<std::string> argv = {
+              self_exe(),    "launch",
+              "-n",          std::to_string(n),
+              "-s",          std::to_string(impl == "trainer" ? servers : 0),
+              "--timeout",   std::to_string(cfg.timeout_s),
+              "--",          cfg.python,
+              "-m",          "pushpull.bench_step",
+              "--impl",      impl,
+              "--grad-mb",   format_mb(mb),
+              "--layers",    std::to_string(cfg.layers),
+              "--batch",     std::to_string(cfg.batch),
+              "--steps",     std::to_string(cfg.steps),
+              "--warmup",    std::to_string(cfg.warmup),
+              "--store-dir", dir.path()};
+          g.start(argv);
+          auto res = g.run(std::chrono::seconds(cfg.timeout_s + 30));
+          double ms = 0;
+          if (!res.ok || !parse_result(res.output, impl, &ms)) {
+            std::fprintf(stderr, "bench step: %s n=%d %s MiB failed: %s; its row is missing\n",
+                         impl.c_str(), n, format_mb(mb).c_str(),
+                         res.ok ? "no result line" : res.failure.c_str());
+            continue;
+          }
+          got[impl].push_back(ms);
+        }
+      }
+      const double ddp = got.count("ddp") ? median(got["ddp"]) : 0;
+      if (!csv)
+        std::printf(
+            "\nstep, %d workers, %s MiB of gradients in %d layers, batch %d, median of %d "
+            "steps, median of %d interleaved run(s)\n%-10s %12s %8s\n",
+            n, format_mb(mb).c_str(), cfg.layers, cfg.batch, cfg.steps, cfg.repeats, "impl",
+            "step ms", "vs ddp");
+      for (const auto& impl : impls) {
+        if (!got.count(impl)) continue;
+        const double ms = median(got[impl]);
+        const std::string ratio = ddp > 0 ? fmt::format("{:.3f}", ms / ddp) : "";
+        const std::string name = impl == "trainer" ? fmt::format("trainer_{}s", servers) : impl;
+        if (csv)
+          std::printf(
+              "%s,%d,%d,%llu,%d,%.3f,%s\n", name.c_str(), n, impl == "trainer" ? servers : 0,
+              static_cast<unsigned long long>(mb * (1 << 20)), cfg.layers, ms, ratio.c_str());
+        else
+          std::printf("%-10s %12.2f %8s\n", name.c_str(), ms, ratio.c_str());
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+void register_bench_step(CLI::App& bench) {
+  auto cfg = std::make_shared<Config>();
+  auto* cmd = bench.add_subcommand(
+      "step",
+      "A synthetic training step: torch DDP (gloo) vs pushpull.torch.DistributedOptimizer and "
+      "Trainer");
+  cmd->add_option("-n,--ranks", cfg->ranks, "Numbers of workers, e.g. 2,4")->capture_default_str();
+  cmd->add_option("--grad-mb", cfg->grad_mb, "MiB of gradients (float32), e.g. 1,4,64,256")
+      ->capture_default_str();
+  cmd->add_option("--layers", cfg->layers, "Linear layers the gradients are split over")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--impls", cfg->impls, "Implementations: ddp,hvd,trainer")->capture_default_str();
+  cmd->add_option("--servers", cfg->servers, "Parameter servers for trainer (0: as many as -n)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--batch", cfg->batch, "Rows per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--steps", cfg->steps, "Timed steps per run")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", cfg->warmup, "Untimed steps first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--repeats", cfg->repeats, "Interleaved runs of every implementation")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--timeout", cfg->timeout_s, "Seconds one run may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  cmd->add_option("--python", cfg->python, "Python interpreter")->capture_default_str();
+  cmd->add_option("--format", cfg->format, "table or csv")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"table", "csv"}));
+  cmd->callback([cfg] { run_bench(*cfg); });
+}
+
+}  // namespace pushpull::cli
