@@ -87,6 +87,7 @@ class Server : public ServerResponder {
   std::mutex repl_mu_;  // guards the members below
   uint64_t next_replication_ = 1;
   std::map<uint64_t, Outgoing> outgoing_;
+  std::vector<bool> dead_;  // the placement's dead servers, as on_placement saw it
   // Backup side: metadata waiting for its value, by (primary, request id).
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
   // Worker requests from a newer placement epoch than ours, in arrival order.

@@ -11,9 +11,9 @@
 #include "base/metrics.h"
 #include "base/timeline.h"
 #include "compress/compressor.h"
+#include "ps/protocol.h"
 #include "pushpull/checked.h"
 #include "pushpull/kernels.h"
-#include "ps/protocol.h"
 #include "pushpull/log.h"
 
 namespace pushpull::ps {
@@ -61,9 +61,9 @@ struct ServerStore::Entry {
   std::vector<uint64_t> last_seq;         // per worker: highest push sequence number accepted
   std::vector<uint64_t> applied_seq;      // per worker: highest applied (replicated)
   int home = -1;
-  bool replicating = false;             // waiting for the backups: acks and pulls wait
-  bool from_replica = false;            // made by install_replica (a re-sent init is a no-op)
-  std::vector<RequestMeta> init_acks;   // inits answered when replicated
+  bool replicating = false;            // waiting for the backups: acks and pulls wait
+  bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
+  std::vector<RequestMeta> init_acks;  // inits answered when replicated
   void size_for(int workers) {
     pushed.assign(workers, 0);
     received.assign(workers, 0);
@@ -517,8 +517,7 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
     try {
       if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)
         throw ProtocolError(fmt::format("replica of key {} names {} workers; the job has {}",
-                                        state.name, state.applied_seq.size(),
-                                        config_.num_workers));
+                                        state.name, state.applied_seq.size(), config_.num_workers));
       std::lock_guard lock(mu_);
       auto& slot = entries_[part];
       if (!slot) {
@@ -548,8 +547,7 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
     if (st.is_ok() && !state.optimizer_states.empty()) {
       try {
         if (auto opt = optimizer())
-          opt->merge_states(state.optimizer_states,
-                            fmt::format("replica of key {}", state.name));
+          opt->merge_states(state.optimizer_states, fmt::format("replica of key {}", state.name));
       } catch (...) {
         st = Status::from_current_exception();
       }

@@ -97,8 +97,8 @@ struct Range {
 // One part's state as a primary sends it to its backups.
 struct ReplicaState {
   std::string name;
-  int home = -1;  // the part's server in the fault-free placement
-  Payload value;  // shared with the store: not written while referenced
+  int home = -1;                      // the part's server in the fault-free placement
+  Payload value;                      // shared with the store: not written while referenced
   std::vector<uint64_t> applied_seq;  // per worker: last applied push sequence number
   std::string optimizer_states;       // Optimizer::save_key_states; "" without optimizer
 };
