@@ -345,6 +345,7 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
   // Held pushes open the next round, in arrival order (per worker FIFO).
   std::deque<HeldPush> held = std::move(e.held);
   e.held.clear();
+  bool failed_held = false;
   while (!held.empty()) {
     HeldPush h = std::move(held.front());
     held.pop_front();
@@ -356,7 +357,12 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
     try {
       apply_push(e, h.grad, h.compressed);
     } catch (...) {
-      e.received[h.meta.worker]--;
+      // Answered (with its error), so it counts as finished: a pull that
+      // arrived after it was held waits for `applied` to include it, and
+      // taking it back out of `received` instead would leave that pull
+      // waiting for a push that never comes.
+      e.applied[h.meta.worker]++;
+      failed_held = true;
       fail(h.meta, Status::from_current_exception());
       continue;
     }
@@ -370,6 +376,7 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
       return apply_round(part, e);
     }
   }
+  if (failed_held) answer_ready_pulls(e);
 }
 
 void ServerStore::answer_ready_pulls(Entry& e) {

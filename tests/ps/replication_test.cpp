@@ -117,6 +117,31 @@ TEST(Replication, ARoundIsNeitherAcknowledgedNorPulledBeforeItsBackupsHaveIt) {
   EXPECT_EQ(s.value.view.as<float>()[1], 6.0f);
 }
 
+// A push held while its round was being replicated, and refused when the
+// round finished (here: a malformed compressed push), must not strand a pull
+// the same worker sent after it: the pull waited for that push to finish,
+// and the error is how it finished.
+TEST(Replication, APullAfterAHeldPushThatFailsIsAnswered) {
+  HoldingResponder r;
+  ServerStore store(replicated(1, true), r);
+  store.init({0, 1}, kPart, "w", floats({1, 1}), 0);
+  r.release(1);
+  ASSERT_TRUE(r.wait_reply(1));
+  store.push({0, 2}, kPart, floats({2, 3}), false, 1);  // round 1: replicating
+  auto junk = std::make_shared<std::vector<std::byte>>(3, std::byte{0xff});
+  Payload bad{ArrayView(junk->data(), DType::kUInt8, Shape{3}), junk};
+  store.push({0, 3}, kPart, bad, true, 2);  // held behind the replication
+  store.pull({0, 4}, kPart, {});            // waits for both pushes
+  EXPECT_FALSE(r.wait_reply(4, 100ms));
+  r.release(2);
+  ASSERT_TRUE(r.wait_reply(3));
+  EXPECT_FALSE(r.get(3).first.is_ok()) << "a malformed compressed push was accepted";
+  ASSERT_TRUE(r.wait_reply(4)) << "the pull after the refused push was never answered";
+  EXPECT_TRUE(r.get(4).first.is_ok());
+  EXPECT_EQ(r.get(4).second, (std::vector<float>{2, 3}));
+  EXPECT_TRUE(r.get(2).first.is_ok());
+}
+
 TEST(Replication, APromotedBackupContinuesAndDropsReSentPushes) {
   // The primary: two rounds with the `test` optimizer, replicated.
   HoldingResponder primary_r;
