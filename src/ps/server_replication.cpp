@@ -115,8 +115,12 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
         std::lock_guard lock(repl_mu_);
         auto it = incoming_meta_.find({from.rank, h.request_id});
         if (it == incoming_meta_.end()) {
-          PP_WARN("replica value {} from server {} without its metadata; ignored", h.request_id,
+          // Refused, not ignored: silence would hold the primary's round forever.
+          PP_WARN("replica value {} from server {} without its metadata; refused", h.request_id,
                   from.rank);
+          std::string why = fmt::format("replica value {} without its metadata", h.request_id);
+          net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
+          node_.transport().send_copy(m.conn, err, why.data(), why.size());
           return;
         }
         state = std::move(it->second);
@@ -130,7 +134,7 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
           m.payload.size() != h.length * dtype_size(dtype)) {
         std::string why = fmt::format("replica of key id {}: bad dtype or size", h.key);
         ack.type = msg::kError;
-        node_.send_copy(Role::kServer, from.rank, ack, why.data(), why.size());
+        node_.transport().send_copy(m.conn, ack, why.data(), why.size());
         return;
       }
       auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
@@ -138,20 +142,21 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
           Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
       PartId part{h.key, static_cast<int64_t>(h.offset)};
       int primary = from.rank;
-      store()->install_replica(part, std::move(state), [this, ack, primary](const Status& s) {
-        // Runs on a store thread. At the job's start the primary's message
-        // may arrive before this node recorded its connection to it: wait
-        // for that (an acknowledgement lost here would hold the round forever).
-        if (!node_.wait_connected(Role::kServer, primary, node_.options().cluster.startup_timeout))
-          PP_WARN("no connection to server {}: replica not acknowledged", primary);
+      // The answer goes back on the connection the replica came in on, not
+      // to the primary's rank: at the job's start this node (the connector
+      // to lower ranks) may not have recorded that connection yet, and an
+      // acknowledgement lost that way held the round, or the init, forever.
+      // (A closed connection fails the send: that primary is gone.)
+      net::ConnId back = m.conn;
+      store()->install_replica(part, std::move(state), [this, ack, primary, back](const Status& s) {
         net::Header a = ack;
         if (s.is_ok()) {
-          node_.send_copy(Role::kServer, primary, a, nullptr, 0);
+          node_.transport().send_copy(back, a, nullptr, 0);
           return;
         }
         PP_ERROR("cannot install a replica from server {}: {}", primary, s.to_string());
         a.type = msg::kError;
-        node_.send_copy(Role::kServer, primary, a, s.message().data(), s.message().size());
+        node_.transport().send_copy(back, a, s.message().data(), s.message().size());
       });
       return;
     }
