@@ -64,8 +64,10 @@ void member(int id, ElasticHub& hub, int die_id, int die_at, int steps, std::vec
   std::unique_ptr<Communicator> comm = hub.join(id);
   AllreduceStore kv("dist_sync_allreduce", store_options(),
                     [&]() -> Communicator& { return *comm; });
-  kv.init({Key(0), Key(1)}, {Array::full(Shape{kLen}, id == 0 ? 100.0 : -1.0).view(),
-                             Array::full(Shape{kLen}, id == 0 ? 0.0 : -1.0).view()});
+  // The hub ranks the first round in the order the members asked.
+  const bool first = comm->rank() == 0;
+  kv.init({Key(0), Key(1)}, {Array::full(Shape{kLen}, first ? 100.0 : -1.0).view(),
+                             Array::full(Shape{kLen}, first ? 0.0 : -1.0).view()});
   add_updater(kv);
   Result r;
   el::BufferState state([&]() -> Communicator& { return *comm; });
@@ -152,13 +154,14 @@ TEST(AllreduceStoreElastic, SyncMakesEveryMembersValuesRankZeros) {
       AllreduceStore kv("dist_sync_allreduce", store_options(),
                         [&]() -> Communicator& { return *comm; });
       kv.init(7, Array::full(Shape{kLen}, 0.0).view());
-      kv.set_updater([id](const Key&, const ArrayView& summed, const ArrayView& stored) {
+      const int rank = comm->rank();  // the hub ranks members in the order they asked
+      kv.set_updater([rank](const Key&, const ArrayView& summed, const ArrayView& stored) {
         for (int64_t i = 0; i < stored.shape.numel(); ++i)
           static_cast<float*>(stored.data)[i] =
-              static_cast<const float*>(summed.data)[i] * (id + 1);
+              static_cast<const float*>(summed.data)[i] * (rank + 1);
       });
       kv.push(7, Array::full(Shape{kLen}, 1.0).view());
-      EXPECT_FLOAT_EQ(pull0(kv, 7), 3.f * (id + 1));  // diverged
+      EXPECT_FLOAT_EQ(pull0(kv, 7), 3.f * (rank + 1));  // diverged
       kv.elastic_sync();
       EXPECT_FLOAT_EQ(pull0(kv, 7), 3.f);
       kv.push(7, Array::full(Shape{kLen}, 2.0).view());
