@@ -2,11 +2,13 @@
 #include "ps/server.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "ps/checkpoint.h"
 #include "ps/protocol.h"
 #include "pushpull/checked.h"
 #include "pushpull/log.h"
@@ -16,6 +18,11 @@ namespace pushpull::ps {
 namespace {
 // Largest slice begin / element count a request may name.
 constexpr uint64_t kMaxElements = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
 
 int default_threads(int configured) {
   if (configured > 0) return configured;
@@ -104,9 +111,32 @@ void Server::on_message_guarded(net::Message&& m) {
 void Server::set_mode(bool sync) {
   ServerStoreConfig config{node_.num_workers(), sync, threads_, node_.rank()};
   config.replicate = node_.ps_replicas() > 0;
+  config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
+  if (!config.checkpoint_dir.empty())
+    config.checkpoint_every = std::stoll(env_or("PUSHPULL_CHECKPOINT_EVERY", "0"));
+  config.num_servers = node_.num_servers();
   auto fresh = std::make_shared<ServerStore>(config, *this);
   std::lock_guard lock(mu_);
   store_ = std::move(fresh);
+}
+
+void Server::restore_checkpoint() {
+  const std::string dir = env_or("PUSHPULL_RESUME_DIR");
+  if (dir.empty()) return;
+  std::lock_guard lock(mu_);
+  if (restored_store_ == store_.get()) return;
+  const int64_t round = std::stoll(env_or("PUSHPULL_RESUME_ROUND", "0"));
+  const std::string path = checkpoint_path(dir, round, node_.rank());
+  if (!resume_) {
+    auto c = read_checkpoint(path, {node_.num_servers(), node_.rank(), node_.num_workers()});
+    if (c.round != round)
+      throw IoError(fmt::format("checkpoint '{}': holds round {}, not {}", path, c.round, round));
+    resume_ = std::make_shared<const Checkpoint>(std::move(c));
+    PP_INFO("server {}: resuming from checkpoint {} (round {}, {} parts)", node_.rank(), path,
+            round, resume_->parts.size());
+  }
+  store_->restore(*resume_, path);
+  restored_store_ = store_.get();
 }
 
 void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
@@ -242,6 +272,7 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
                        DType::kUInt8, {});
         set_mode(text == "sync");
       }
+      restore_checkpoint();  // throws: the error goes back to worker 0
       return reply(meta, Status::ok(), DType::kUInt8, {});
     case Command::kSetOptimizer:
       try {
