@@ -115,6 +115,8 @@ void Server::set_mode(bool sync) {
   if (!config.checkpoint_dir.empty())
     config.checkpoint_every = std::stoll(env_or("PUSHPULL_CHECKPOINT_EVERY", "0"));
   config.num_servers = node_.num_servers();
+  if (!sync && config.checkpoint_every > 0)
+    PP_WARN("server {}: dist_async jobs write no checkpoints (rounds are per push)", node_.rank());
   auto fresh = std::make_shared<ServerStore>(config, *this);
   std::lock_guard lock(mu_);
   store_ = std::move(fresh);
@@ -270,6 +272,11 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
                                           "worker 0 may, before any key is initialised",
                                           meta.worker, text)),
                        DType::kUInt8, {});
+        set_mode(text == "sync");
+      } else if (!s->has_keys() && (!env_or("PUSHPULL_CHECKPOINT_DIR").empty() ||
+                                    !env_or("PUSHPULL_RESUME_DIR").empty())) {
+        // The constructor's store predates registration (no rank yet), which
+        // checkpoint files need: a fresh one, as for a mode switch.
         set_mode(text == "sync");
       }
       restore_checkpoint();  // throws: the error goes back to worker 0
