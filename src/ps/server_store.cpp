@@ -612,6 +612,14 @@ void ServerStore::count_round(const PartId& part, Entry& e) {
       ready = std::move(slot);
       pending_checkpoints_.erase(e.rounds);
     }
+    while (pending_checkpoints_.size() > kMaxPendingCheckpoints) {
+      auto oldest = pending_checkpoints_.begin();
+      PP_WARN(
+          "server {}: checkpoint of round {} abandoned: {} of its {} ranges never reached "
+          "that round (is every key pushed every round?)",
+          config_.server_rank, oldest->first, expected - oldest->second->parts.size(), expected);
+      pending_checkpoints_.erase(oldest);
+    }
   }
   if (!ready) return;
   Checkpoint c{config_.num_servers, config_.server_rank, config_.num_workers, e.rounds,

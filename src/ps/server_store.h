@@ -49,6 +49,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -215,7 +216,10 @@ class ServerStore {
   std::string restored_from_;  // the checkpoint's file, for messages
   std::mutex checkpoint_mu_;   // guards pending_checkpoints_
   struct PendingCheckpoint;
-  std::unordered_map<int64_t, std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
+  // By round; at most kMaxPendingCheckpoints (a range that stopped being
+  // pushed must not make every later round's values pile up here).
+  std::map<int64_t, std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
+  static constexpr size_t kMaxPendingCheckpoints = 4;
   ShardedExecutor executor_;  // last: destroyed first, while the rest is alive
 };
 

@@ -159,5 +159,62 @@ TEST(Checkpoint, AStoreWritesEveryNRoundsAndResumesFromIt) {
   EXPECT_EQ(v[3], 3.0f);  // round 4: 1 + 2 (no optimizer: the sum replaces the value)
 }
 
+// Runs rounds `from`..`to` of one worker pushing (round / 4) into key 1 with
+// momentum SGD; returns the pulled value. `restore`: resume from it first.
+std::vector<float> train(ServerStoreConfig config, int from, int to,
+                         const Checkpoint* restore = nullptr) {
+  Recorder rec;
+  ServerStore store(config, rec);
+  if (restore) store.restore(*restore, "F");
+  uint64_t id = 0;
+  store.init({0, ++id}, {1, 0}, "w", payload(Array::full(Shape{3}, 1.0)));
+  store.set_optimizer({0, ++id}, OptimizerSpec::parse("sgd:learning_rate=0.1,momentum=0.9"));
+  for (int round = from; round <= to; ++round)
+    store.push({0, ++id}, {1, 0}, payload(Array::full(Shape{3}, round / 4.0)), false);
+  uint64_t pulled = ++id;
+  store.pull({0, pulled}, {1, 0}, {});
+  store.wait_idle(Millis(10000));
+  std::lock_guard lock(rec.mu_);
+  for (const auto& [rid, r] : rec.replies)
+    EXPECT_TRUE(r.first.is_ok()) << rid << ": " << r.first.to_string();
+  std::vector<float> v(3);
+  EXPECT_EQ(rec.replies[pulled].second.size(), 12u);
+  std::memcpy(v.data(), rec.replies[pulled].second.data(), 12);
+  return v;
+}
+
+TEST(Checkpoint, OptimizerStatesResumeExactly) {
+  TempDir dir;
+  ServerStoreConfig config{1, true, 1, 0};
+  const std::vector<float> uninterrupted = train(config, 1, 7);
+  config.checkpoint_every = 3;
+  config.checkpoint_dir = dir.path;
+  train(config, 1, 4);  // "killed" after round 4: the checkpoint of round 3 stands
+  ASSERT_EQ(last_complete_checkpoint(dir.path, 1), 3);
+  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 3, 0), {1, 0, 1});
+  ASSERT_EQ(c.parts.size(), 1u);
+  EXPECT_FALSE(c.parts[0].optimizer_states.empty());
+  EXPECT_EQ(train(config, 4, 7, &c), uninterrupted);
+  // Rounds continue from the checkpoint's: the resumed store wrote round 6.
+  EXPECT_EQ(last_complete_checkpoint(dir.path, 1), 6);
+}
+
+TEST(Checkpoint, ARangeNeverPushedDoesNotPileUpPendingRounds) {
+  TempDir dir;
+  Recorder rec;
+  ServerStoreConfig config{1, true, 1, 0};
+  config.checkpoint_every = 1;
+  config.checkpoint_dir = dir.path;
+  ServerStore store(config, rec);
+  uint64_t id = 0;
+  store.init({0, ++id}, {1, 0}, "pushed", payload(Array::full(Shape{2}, 1.0)));
+  store.init({0, ++id}, {2, 0}, "frozen", payload(Array::full(Shape{2}, 1.0)));
+  for (int round = 1; round <= 20; ++round)
+    store.push({0, ++id}, {1, 0}, payload(Array::full(Shape{2}, 1.0)), false);
+  store.wait_idle(Millis(10000));
+  // No round is complete (and the store kept at most a few pending).
+  EXPECT_FALSE(last_complete_checkpoint(dir.path, 1).has_value());
+}
+
 }  // namespace
 }  // namespace pushpull::ps
