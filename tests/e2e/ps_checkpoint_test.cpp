@@ -2,8 +2,8 @@
 // Parameter-server checkpoints under the launcher (docs/ps.md,
 // "Checkpoints"): 3 workers x 3 servers (one backup per range, the default)
 // run ps_failover_worker (every pulled value checked in closed form each
-// round) with --checkpoint-every; the whole job is killed (every server
-// SIGKILLed at once; the launcher then ends the workers) and relaunched with
+// round) with --checkpoint-every; the whole job is killed (the launcher
+// SIGKILLed: its guardian SIGKILLs every process it started) and relaunched with
 // --resume: it must continue from the last complete checkpoint and end with
 // exactly the values of an uninterrupted job. A torn or foreign checkpoint
 // file is refused before anything starts, naming the file.
@@ -76,7 +76,7 @@ void expect_all_ok(test::ChildProcess& job) {
 TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
   TempDir dir;
   const std::string ckpt = dir.path + "/ckpt";
-  const int rounds = 40;
+  const int rounds = 80;
   auto job = launch(dir.path, 3, rounds, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
   // Run until a checkpoint is complete and a few rounds beyond it.
   auto until = std::chrono::steady_clock::now() + 90s;
@@ -88,12 +88,23 @@ TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
   }
   ASSERT_TRUE(done.has_value()) << job->output();
   ASSERT_LT(last_round(job->output()), rounds) << "finished before the kill:\n" << job->output();
+  // The launcher SIGKILLed: its guardian SIGKILLs every process of the job.
+  std::vector<int> servers;
   std::ifstream pids(dir.path + "/servers");
   for (int rank, pid; pids >> rank >> pid;)
-    ::kill(pid, SIGKILL);
+    servers.push_back(pid);
+  ASSERT_EQ(servers.size(), 3u) << job->output();
+  job->signal(SIGKILL);
   auto code = job->wait(60s);
   ASSERT_TRUE(code.has_value()) << job->output();
-  EXPECT_NE(*code, 0) << job->output();
+  EXPECT_EQ(*code, 128 + SIGKILL) << job->output();
+  // No old server may still write a checkpoint while the new job reads them.
+  auto gone = std::chrono::steady_clock::now() + 30s;
+  for (int pid : servers)
+    while (::kill(pid, 0) == 0 && std::chrono::steady_clock::now() < gone)
+      std::this_thread::sleep_for(5ms);
+  for (int pid : servers)
+    ASSERT_NE(::kill(pid, 0), 0) << "server " << pid << " survived the launcher";
 
   std::filesystem::remove(dir.path + "/servers");
   auto resumed = launch(dir.path, 3, rounds, {"--resume", ckpt, "--checkpoint-every", "4"});
