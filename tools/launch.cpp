@@ -256,9 +256,10 @@ void register_launch(CLI::App& app) {
   cmd->add_option("--resume", args->resume_dir,
                   "Restart the job from the last complete checkpoint in DIR (workers get "
                   "PUSHPULL_RESUME_ROUND)");
-  add_elastic_options(cmd, args->elastic);
   cmd->add_flag("--dry-run", args->dry_run, "Print the plan and exit without running anything");
   cmd->add_flag("-v,--verbose", c.verbose, "Print the plan and each process's variables");
+  // Last, so a --max-restarts registered above (the restart policy) is shared.
+  add_elastic_options(cmd, args->elastic);
   cmd->callback([args, cmd] {
     args->workers_given = cmd->count("--num-workers") > 0;
     elastic_restarts(cmd, args->elastic, &args->cfg.num_servers);
