@@ -146,5 +146,23 @@ TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
   EXPECT_THAT(torn->output(), HasSubstr("torn")) << torn->output();
 }
 
+TEST(PsCheckpoint, BadCheckpointFlagsExit2BeforeAnythingStarts) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  for (const Case& c : {Case{{"--checkpoint-every", "2"}, "needs --checkpoint-dir"},
+                        Case{{"--resume", dir.path + "/none"}, "does not exist"},
+                        Case{{"--resume", dir.path}, "no complete checkpoint"}}) {
+    auto job = launch(dir.path, 3, 4, c.flags);
+    auto code = job->wait(60s);
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 2) << job->output();
+    EXPECT_THAT(job->output(), HasSubstr(c.says)) << job->output();
+    EXPECT_FALSE(std::filesystem::exists(dir.path + "/servers")) << "a server started";
+  }
+}
+
 }  // namespace
 }  // namespace pushpull
