@@ -255,16 +255,27 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
     if (e.merged32.empty()) e.merged32 = Array(v.shape, DType::kFloat32);
     e.merged = Payload{e.merged32.view(), nullptr};
   }
-  if (compressed) {  // any type of compress/compressor.h: decoded into the float32 sum
-    if (e.merged_dtype != DType::kFloat32)
+  if (compressed) {  // any type of compress/compressor.h: decoded into the sum
+    if (!is_floating(v.dtype))
       throw InvalidArgument(
           fmt::format("gradient compression needs a floating-point key; {} holds {}", e.name,
                       dtype_name(v.dtype)));
-    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, DType::kFloat32);
-    if (first) std::memset(e.merged.view.data, 0, n * sizeof(float));
-    Status decoded =
-        compress::decode_add({static_cast<const std::byte*>(grad.view.data), grad.view.nbytes()},
-                             e.merged.view.as<float>(), n);
+    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, e.merged_dtype);
+    if (first) std::memset(e.merged.view.data, 0, n * dtype_size(e.merged_dtype));
+    const std::span<const std::byte> bytes{static_cast<const std::byte*>(grad.view.data),
+                                           grad.view.nbytes()};
+    Status decoded;
+    if (e.merged_dtype == DType::kFloat32) {
+      decoded = compress::decode_add(bytes, e.merged.view.as<float>(), n);
+    } else {  // float64 keys: decoded in float32, added in float64
+      std::vector<float> part(n, 0.0f);
+      std::vector<double> wide(n);
+      decoded = compress::decode_add(bytes, part.data(), n);
+      if (decoded.is_ok()) {
+        convert(DType::kFloat64, wide.data(), DType::kFloat32, part.data(), n);
+        reduce_sum(DType::kFloat64, e.merged.view.data, wide.data(), n);
+      }
+    }
     if (!decoded.is_ok())
       throw ProtocolError(fmt::format("push to key {}: {}", e.name, decoded.message()));
     return;
