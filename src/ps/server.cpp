@@ -2,6 +2,7 @@
 #include "ps/server.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <limits>
 #include <thread>
@@ -22,6 +23,16 @@ constexpr uint64_t kMaxElements = static_cast<uint64_t>(std::numeric_limits<int6
 std::string env_or(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
   return v ? std::string(v) : fallback;
+}
+
+// A non-negative integer variable (set by `pushpull launch`); absent: 0.
+int64_t env_count(const char* name) {
+  std::string v = env_or(name);
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (!v.empty() && (ec != std::errc() || end != v.data() + v.size() || n < 0))
+    throw InvalidArgument(fmt::format("{}={} is not a non-negative integer", name, v));
+  return n;
 }
 
 int default_threads(int configured) {
@@ -113,7 +124,7 @@ void Server::set_mode(bool sync) {
   config.replicate = node_.ps_replicas() > 0;
   config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
   if (!config.checkpoint_dir.empty())
-    config.checkpoint_every = std::stoll(env_or("PUSHPULL_CHECKPOINT_EVERY", "0"));
+    config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");
   config.num_servers = node_.num_servers();
   if (!sync && config.checkpoint_every > 0)
     PP_WARN("server {}: dist_async jobs write no checkpoints (rounds are per push)", node_.rank());
@@ -126,8 +137,8 @@ void Server::restore_checkpoint() {
   const std::string dir = env_or("PUSHPULL_RESUME_DIR");
   if (dir.empty()) return;
   std::lock_guard lock(mu_);
-  if (restored_store_ == store_.get()) return;
-  const int64_t round = std::stoll(env_or("PUSHPULL_RESUME_ROUND", "0"));
+  if (restored_store_.lock() == store_) return;
+  const int64_t round = env_count("PUSHPULL_RESUME_ROUND");
   const std::string path = checkpoint_path(dir, round, node_.rank());
   if (!resume_) {
     auto c = read_checkpoint(path, {node_.num_servers(), node_.rank(), node_.num_workers()});
@@ -138,7 +149,7 @@ void Server::restore_checkpoint() {
             round, resume_->parts.size());
   }
   store_->restore(*resume_, path);
-  restored_store_ = store_.get();
+  restored_store_ = store_;
 }
 
 void Server::reply(const RequestMeta& to, const Status& status, DType dtype,

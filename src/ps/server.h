@@ -93,8 +93,8 @@ class Server : public ServerResponder {
   int threads_;
   std::mutex mu_;  // guards store_ replacement (set_mode before any key exists)
   std::shared_ptr<ServerStore> store_;
-  std::shared_ptr<const Checkpoint> resume_;  // loaded by restore_checkpoint
-  const ServerStore* restored_store_ = nullptr;
+  std::shared_ptr<const Checkpoint> resume_;   // loaded by restore_checkpoint
+  std::weak_ptr<ServerStore> restored_store_;  // the store resume_ went into
   std::shared_ptr<Gate> gate_;
   std::mutex repl_mu_;  // guards the members below
   uint64_t next_replication_ = 1;
