@@ -52,6 +52,8 @@ void checkpoint_config(LaunchArgs& a) {
     a.checkpoint_dir = a.resume_dir;  // go on checkpointing where we resume from
   if (a.checkpoint_every > 0 && a.checkpoint_dir.empty())
     throw InvalidArgument("--checkpoint-every needs --checkpoint-dir DIR");
+  if (a.checkpoint_every == 0 && !a.checkpoint_dir.empty())
+    throw InvalidArgument("--checkpoint-dir needs --checkpoint-every N (rounds, N >= 1)");
   if ((a.checkpoint_every > 0 || !a.resume_dir.empty()) && c.num_servers < 1)
     throw InvalidArgument("checkpoints are the parameter servers': they need -s >= 1");
   if (a.checkpoint_every > 0) {

@@ -153,6 +153,7 @@ TEST(PsCheckpoint, BadCheckpointFlagsExit2BeforeAnythingStarts) {
     std::string says;
   };
   for (const Case& c : {Case{{"--checkpoint-every", "2"}, "needs --checkpoint-dir"},
+                        Case{{"--checkpoint-dir", dir.path}, "needs --checkpoint-every"},
                         Case{{"--resume", dir.path + "/none"}, "does not exist"},
                         Case{{"--resume", dir.path}, "no complete checkpoint"}}) {
     auto job = launch(dir.path, 3, 4, c.flags);
