@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "ps/checkpoint.h"
@@ -118,6 +119,30 @@ TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
   // The resumed job's first round is the checkpoint's next (checked in closed form).
   EXPECT_THAT(out, HasSubstr(fmt::format("] ROUND {}\n", from + 1))) << out;
   EXPECT_THAT(out, Not(HasSubstr(fmt::format("] ROUND {}\n", from)))) << out;
+}
+
+TEST(PsCheckpoint, AResumedJobStillFailsOverExactly) {
+  // The restored ranges reach their backups (at the init, then every round):
+  // a server killed after the resume fails over with nothing lost.
+  TempDir dir;
+  const std::string ckpt = dir.path + "/ckpt";
+  auto first = launch(dir.path, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
+  expect_all_ok(*first);
+  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 8);
+  std::filesystem::remove(dir.path + "/servers");
+  auto resumed = launch(dir.path, 3, 60, {"--resume", ckpt});
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (last_round(resumed->output()) < 10 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GE(last_round(resumed->output()), 10) << resumed->output();
+  std::ifstream pids(dir.path + "/servers");
+  std::map<int, int> servers;
+  for (int rank, pid; pids >> rank >> pid;)
+    servers[rank] = pid;
+  ASSERT_EQ(servers.count(1), 1u) << resumed->output();
+  ::kill(servers[1], SIGKILL);
+  expect_all_ok(*resumed);
+  EXPECT_THAT(resumed->output(), HasSubstr("fail-over")) << resumed->output();
 }
 
 TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
