@@ -18,6 +18,12 @@
 // Ordering guarantees (tested in tests/collective/elastic_state_test.cpp):
 //   failure:        restore() -> reset() -> callbacks (registration order) -> sync() -> fn
 //   hosts updated:  reset() -> callbacks -> sync() (skipped when skip_sync) -> fn
+// Participants (below, e.g. a dist_sync_allreduce KVStore) follow along:
+//   commit():       save() -> elastic_save() -> check_host_updates()
+//   failure:        elastic_abandon() -> restore() -> elastic_restore() -> reset()
+//                   -> elastic_rebind() -> callbacks -> sync() -> elastic_sync() -> fn
+//   hosts updated:  elastic_abandon() -> reset() -> elastic_rebind() -> callbacks
+//                   -> sync() (if not skip_sync) -> elastic_sync() -> fn
 //
 // Thread safety: a State is used by the training thread only;
 // on_hosts_updated() may be called from any thread (it only records a stamp).
@@ -51,6 +57,27 @@ class HostsUpdatedInterrupt : public std::runtime_error {
 
 // The communicator the state agrees through (the current round's).
 using CommunicatorFn = std::function<Communicator&()>;
+
+// Something outside a State that holds values bound to the group and must
+// follow its re-formation (a dist_sync_allreduce KVStore: it keeps its own
+// copy of every value). State::add_participant joins it; run() and commit()
+// call these at the points listed at the top of this file, from the training
+// thread. Collective ones (elastic_sync) run on every member in the same order.
+class Participant {
+ public:
+  virtual ~Participant() = default;
+  // Saved copy <- live values (commit()).
+  virtual void elastic_save() = 0;
+  // The group is about to re-form: stop using its communicator and fail
+  // (abandon) every operation pending on it, so that it may be destroyed.
+  virtual void elastic_abandon() = 0;
+  // Live values <- saved copy (after a member's failure, once abandoned).
+  virtual void elastic_restore() = 0;
+  // The group re-formed: bind to the new communicator (new size and ranks).
+  virtual void elastic_rebind() = 0;
+  // Every member's live and saved values <- rank 0's. Collective.
+  virtual void elastic_sync() = 0;
+};
 
 // Horovod's State: what a worker must carry across a re-formation.
 class State {
@@ -86,6 +113,12 @@ class State {
   // the next check_host_updates raises on every rank or on none. Collective.
   void agree_host_stamp();
 
+  // Joins `p` to this state (not owned: it must stay alive while joined,
+  // or leave with remove_participant first). Participants are called in
+  // the order they joined.
+  void add_participant(Participant& p);
+  void remove_participant(Participant& p);
+
  protected:
   Communicator& comm() { return comm_(); }
 
@@ -94,6 +127,8 @@ class State {
   std::vector<std::function<void()>> reset_callbacks_;
   std::atomic<uint64_t> announced_{0};  // newest stamp recorded by on_hosts_updated
   uint64_t agreed_ = 0;                 // newest stamp every rank agreed on
+  std::vector<Participant*> participants_;
+  friend void run(State&, const std::function<void()>&, const std::function<void()>&, int);
 };
 
 // State of named byte blobs (a C++ program's parameters, optimizer slots,

@@ -14,7 +14,18 @@ State::State(CommunicatorFn comm) : comm_(std::move(comm)) {}
 
 void State::commit() {
   save();
+  for (Participant* p : participants_)
+    p->elastic_save();
   check_host_updates();
+}
+
+void State::add_participant(Participant& p) {
+  if (std::find(participants_.begin(), participants_.end(), &p) == participants_.end())
+    participants_.push_back(&p);
+}
+
+void State::remove_participant(Participant& p) {
+  std::erase(participants_, &p);
 }
 
 void State::register_reset_callbacks(std::vector<std::function<void()>> callbacks) {
@@ -96,16 +107,26 @@ void run(State& state, const std::function<void()>& fn, const std::function<void
   for (int resets = 0;; ++resets) {
     try {
       if (!skip_sync) state.sync();
+      // Always: a participant's operations abandoned mid-flight may have
+      // been applied on some members and not on others.
+      for (Participant* p : state.participants_)
+        p->elastic_sync();
       state.agree_host_stamp();
       fn();
       return;
     } catch (const HostsUpdatedInterrupt& e) {
       PP_INFO("elastic: {}", e.what());
       skip_sync = e.skip_sync();
+      for (Participant* p : state.participants_)
+        p->elastic_abandon();
     } catch (const std::exception& e) {
       if (!is_member_failure(e)) throw;
       PP_WARN("elastic: a member failed ({}); restoring the last commit and re-forming", e.what());
+      for (Participant* p : state.participants_)
+        p->elastic_abandon();
       state.restore();
+      for (Participant* p : state.participants_)
+        p->elastic_restore();
       skip_sync = false;
     }
     if (max_resets > 0 && resets + 1 > max_resets)
@@ -123,6 +144,8 @@ void run(State& state, const std::function<void()>& fn, const std::function<void
         if (max_resets > 0 && ++resets + 1 > max_resets) throw;
       }
     }
+    for (Participant* p : state.participants_)
+      p->elastic_rebind();
     state.on_reset();
   }
 }

@@ -47,6 +47,23 @@ AllreduceStore::AllreduceStore(std::string type, const Options& options,
   if (!comm_) throw InvalidArgument(fmt::format("'{}' store: no communicator given", type_));
 }
 
+AllreduceStore::AllreduceStore(std::string type, const Options& options,
+                               collective::elastic::CommunicatorFn follow)
+    : KVStore(options.kvstore.wait_timeout),
+      type_(std::move(type)),
+      follow_(std::move(follow)),
+      exec_(engine_threads(options.kvstore.engine_threads), "pp-kv-allreduce") {
+  if (!follow_) throw InvalidArgument(fmt::format("'{}' store: no communicator given", type_));
+  comm_ = &follow_();
+}
+
+collective::Communicator& AllreduceStore::comm() const {
+  if (!comm_)
+    throw PeerFailure(fmt::format(
+        "'{}' store: the group failed and this store has not been re-bound to a new one", type_));
+  return *comm_;
+}
+
 AllreduceStore::~AllreduceStore() {
   try {
     wait_all();
@@ -54,8 +71,9 @@ AllreduceStore::~AllreduceStore() {
     PP_WARN("{} store closing after an error: {}", type_, e.what());
   }
   // The applies still queued (after an error) fail fast once the
-  // communicator is shut; the executor drains before the entries go.
-  comm_->shutdown();
+  // communicator is shut; the executor drains before the entries go. A
+  // borrowed communicator is its owner's to shut.
+  if (comm_ && !follow_) comm_->shutdown();
 }
 
 std::vector<AllreduceStore::Entry*> AllreduceStore::entries_for(const char* op,
@@ -80,6 +98,7 @@ void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayV
                    [&](const Key& k) { return entries_.count(k) != 0; });
   }
   // Worker 0's values reach everyone; every worker's copy takes them.
+  collective::Communicator& c = comm();
   std::vector<std::unique_ptr<Entry>> made;
   std::vector<collective::Handle> handles;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -89,11 +108,14 @@ void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayV
     e->value = Array::copy_of(values[i]);
     e->shard = mix_hash(keys[i].hash());
     e->id = next_id_++;
-    handles.push_back(comm_->broadcast_async(e->name + ".init", e->value.view(), 0));
+    handles.push_back(c.broadcast_async(e->name + ".init", e->value.view(), 0));
     made.push_back(std::move(e));
   }
   for (const auto& h : handles)
-    comm_->wait(h, wait_timeout());
+    c.wait(h, wait_timeout());
+  if (follow_)  // elastic: a failure before the first commit goes back to these
+    for (auto& e : made)
+      e->saved = Array::copy_of(e->value.view());
   std::unique_lock lock(mu_);
   for (auto& e : made) {
     Key k = e->key;
@@ -156,8 +178,11 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
                              static_cast<std::byte*>(h.data()));
     on_the_ring = h.view();
   }
-  collective::Handle h = comm_->allreduce_async(fmt::format("{}#{}", e.name, slot), on_the_ring,
-                                                collective::Reduction::kSum);
+  // The apply keeps the communicator it was submitted on: an elastic
+  // re-formation re-binds comm_ only after every apply has run.
+  collective::Communicator* c = &comm();
+  collective::Handle h = c->allreduce_async(fmt::format("{}#{}", e.name, slot), on_the_ring,
+                                            collective::Reduction::kSum);
   ++e.pushes;
   auto mine = std::make_shared<Completion>(1);
   e.busy[slot] = mine;
@@ -167,9 +192,9 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
   const bool decode = compressor != nullptr;
   exec_.submit(
       e.shard,
-      [this, ep, h, slot, mine, decode, apply = std::move(apply), pull_to = std::move(pull_to)] {
+      [this, c, ep, h, slot, mine, decode, apply = std::move(apply), pull_to = std::move(pull_to)] {
         try {
-          comm_->wait(h, wait_timeout());
+          c->wait(h, wait_timeout());
           Array& g = ep->grad[slot];
           const size_t count = static_cast<size_t>(g.numel());
           if (decode && count)  // the float16 sum back into the reduce dtype
@@ -276,7 +301,7 @@ void AllreduceStore::wait_all() {
 
 void AllreduceStore::barrier() {
   wait_all();
-  comm_->barrier();
+  comm().barrier();
 }
 
 void AllreduceStore::set_updater(Updater updater) {

@@ -35,9 +35,22 @@
 // workers that push keys in different orders from deadlocking.
 //
 // Failure: a dead worker fails every pending and later operation with
-// PeerFailure (from the communicator). Ownership: owns its communicator (and
-// the Session that bootstrapped it), values, optimizer and threads.
-// Thread safety: as KVStore.
+// PeerFailure (from the communicator).
+//
+// Elastic jobs (include/pushpull/elastic.h, docs/elastic.md): a store built
+// over a CommunicatorFn follows whatever communicator it returns, and is an
+// elastic::Participant: joined to the elastic State (State::add_participant,
+// or pushpull::elastic_track_store), commit() saves a copy of every value; a
+// re-formation shuts the old communicator (abandoning pending operations with
+// PeerFailure), puts the saved copy back after a member's failure, re-binds to
+// the new communicator (new size and ranks) and re-syncs every value from the
+// new rank 0. Every member must hold the same keys (init before run()).
+//
+// Ownership: owns its communicator (and the Session that bootstrapped it),
+// values, optimizer and threads; over a CommunicatorFn the communicators are
+// borrowed (never shut down by the destructor).
+// Thread safety: as KVStore; the elastic_* calls come from the training
+// thread, with no operation of this store in flight from other threads.
 #pragma once
 
 #include "kvstore/update_rule.h"
@@ -54,11 +67,12 @@
 #include "base/executor.h"
 #include "compress/compressor.h"
 #include "pushpull/collective.h"
+#include "pushpull/elastic.h"
 #include "pushpull/kvstore.h"
 
 namespace pushpull {
 
-class AllreduceStore final : public KVStore {
+class AllreduceStore final : public KVStore, public collective::elastic::Participant {
  public:
   // Bootstraps a collective::Session from `options` (a job with a scheduler,
   // or the MASTER_ADDR rendezvous; see collective.h).
@@ -66,6 +80,10 @@ class AllreduceStore final : public KVStore {
   // Over a given communicator (tests: ranks as threads).
   AllreduceStore(std::string type, const Options& options,
                  std::unique_ptr<collective::Communicator> comm);
+  // Over the communicator `follow` returns, asked again at every
+  // re-formation (elastic jobs: the default session's, or a test's group).
+  AllreduceStore(std::string type, const Options& options,
+                 collective::elastic::CommunicatorFn follow);
   ~AllreduceStore() override;
 
   using KVStore::init;
@@ -91,10 +109,19 @@ class AllreduceStore final : public KVStore {
   void load_optimizer_states(const std::string& path) override;
   void set_gradient_compression(const std::map<std::string, std::string>& params) override;
 
-  int rank() const override { return comm_->rank(); }
-  int num_workers() const override { return comm_->size(); }
+  int rank() const override { return comm().rank(); }
+  int num_workers() const override { return comm().size(); }
   void barrier() override;
   const std::string& type() const override { return type_; }
+
+  // collective::elastic::Participant (see the top of this file).
+  void elastic_save() override;
+  void elastic_abandon() override;
+  void elastic_restore() override;
+  void elastic_rebind() override;
+  void elastic_sync() override;
+  // True when built over a CommunicatorFn (able to re-bind).
+  bool follows_group() const { return static_cast<bool>(follow_); }
 
  private:
   static constexpr int kSlots = 4;
@@ -103,6 +130,7 @@ class AllreduceStore final : public KVStore {
     uint64_t id = 0;   // this store's number for the key (compression residuals)
     std::string name;  // "kv.<key>"
     Array value;
+    Array saved;  // elastic: the value at the last commit (empty before one)
     uint64_t shard = 0;
     std::mutex submit_mu;  // orders submissions (names) of this key's pushes
     uint64_t pushes = 0;   // guarded by submit_mu
@@ -122,12 +150,15 @@ class AllreduceStore final : public KVStore {
                 std::shared_ptr<compress::Compressor> compressor,
                 const std::shared_ptr<Completion>& done);
   static void copy_out(const Entry& e, const ArrayList& outs);
+  // The bound communicator; Internal while none is (abandoned, not re-bound).
+  collective::Communicator& comm() const;
 
   const std::string type_;
   std::unique_ptr<collective::Session> session_;  // null when given a communicator
   std::unique_ptr<collective::Communicator> own_comm_;
-  collective::Communicator* comm_ = nullptr;
-  mutable std::shared_mutex mu_;  // guards entries_' structure, int_keys_
+  collective::elastic::CommunicatorFn follow_;  // set: comm_ is borrowed from it
+  collective::Communicator* comm_ = nullptr;    // null once abandoned
+  mutable std::shared_mutex mu_;                // guards entries_' structure, int_keys_
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::optional<bool> int_keys_;
   kv::UpdateRuleSlot rule_;

@@ -64,6 +64,14 @@ std::unique_ptr<KVStore> make_dist(std::string_view type, const Options& options
 std::unique_ptr<KVStore> make_allreduce(std::string_view type, const Options& options) {
   if (options.cluster.role == Role::kServer || options.cluster.role == Role::kScheduler)
     serve_role_and_exit(options);
+  // An elastic worker's group is the default session, re-formed by
+  // elastic::run_default: the store follows it (elastic_track_store).
+  if (collective::elastic::is_elastic_worker()) {
+    if (!collective::is_initialized()) collective::init(options);
+    return std::make_unique<AllreduceStore>(
+        std::string(type), options,
+        []() -> collective::Communicator& { return collective::default_session().communicator(); });
+  }
   return std::make_unique<AllreduceStore>(std::string(type), options);
 }
 

@@ -61,6 +61,53 @@ TEST(ElasticState, FailureRestoresThenResetsThenCallbacksThenSyncs) {
   EXPECT_EQ(log, want);
 }
 
+// Records the participant's calls into the same log.
+class RecordingParticipant : public Participant {
+ public:
+  explicit RecordingParticipant(std::vector<std::string>* log) : log_(log) {}
+  void elastic_save() override { log_->push_back("p.save"); }
+  void elastic_abandon() override { log_->push_back("p.abandon"); }
+  void elastic_restore() override { log_->push_back("p.restore"); }
+  void elastic_rebind() override { log_->push_back("p.rebind"); }
+  void elastic_sync() override { log_->push_back("p.sync"); }
+
+ private:
+  std::vector<std::string>* log_;
+};
+
+TEST(ElasticState, ParticipantsFollowCommitFailureAndHostChange) {
+  auto comm = world_of_one();
+  std::vector<std::string> log;
+  RecordingState state([&]() -> Communicator& { return *comm; }, &log);
+  RecordingParticipant p(&log);
+  state.add_participant(p);
+  state.add_participant(p);  // once only
+  state.register_reset_callbacks({[&] { log.push_back("cb"); }});
+  int calls = 0;
+  run(
+      state,
+      [&] {
+        log.push_back("fn");
+        if (++calls == 1) {
+          state.commit();
+          throw PeerFailure("rank 3 died");
+        }
+        if (calls == 2) throw HostsUpdatedInterrupt(true);
+      },
+      [&] { log.push_back("reset"); });
+  // A commit, then a failure; then a host change with skip_sync (the
+  // participant still syncs).
+  const std::vector<std::string> want = {
+      "sync",      "p.sync", "fn",       "save", "p.save", "p.abandon", "restore",
+      "p.restore", "reset",  "p.rebind", "cb",   "sync",   "p.sync",    "fn",
+      "p.abandon", "reset",  "p.rebind", "cb",   "p.sync", "fn"};
+  EXPECT_EQ(log, want);
+  state.remove_participant(p);
+  log.clear();
+  state.commit();
+  EXPECT_EQ(log, (std::vector<std::string>{"save"}));
+}
+
 TEST(ElasticState, OtherErrorsEndTheLoopWithoutRestoring) {
   auto comm = world_of_one();
   std::vector<std::string> log;
