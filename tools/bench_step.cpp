@@ -7,6 +7,7 @@
 //   ddp      torch.nn.parallel.DistributedDataParallel, gloo backend
 //   hvd      pushpull.torch.DistributedOptimizer (collectives engine)
 //   trainer  pushpull.torch.Trainer over a dist_sync KVStore, S servers
+//   hvd_shm  hvd with PUSHPULL_SHM=1 (collective data through shared memory)
 //
 // Every implementation is one job of `pushpull launch -n N -s S` running
 // `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
@@ -94,10 +95,10 @@ std::string format_mb(double mb) {
 void run_bench(const Config& cfg) {
   const auto impls = split(cfg.impls);
   for (const auto& i : impls)
-    if (i != "ddp" && i != "hvd" && i != "trainer")
+    if (i != "ddp" && i != "hvd" && i != "trainer" && i != "hvd_shm")
       throw InvalidArgument(fmt::format(
-          "bench step: --impls {}: known are ddp, hvd, trainer (the libtorch 'cpp' front end is "
-          "not measured by this benchmark yet)",
+          "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer (the libtorch 'cpp' "
+          "front end is not measured by this benchmark yet)",
           i));
   std::vector<double> sizes;
   for (const auto& s : split(cfg.grad_mb)) {
@@ -122,14 +123,16 @@ void run_bench(const Config& cfg) {
         for (const auto& impl : impls) {
           TempDir dir;
           ProcessGroup g;
+          const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
           std::vector<std::string> argv = {
               self_exe(),    "launch",
               "-n",          std::to_string(n),
               "-s",          std::to_string(impl == "trainer" ? servers : 0),
               "--timeout",   std::to_string(cfg.timeout_s),
+              "--env",       impl == "hvd_shm" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
               "--",          cfg.python,
               "-m",          "pushpull.bench_step",
-              "--impl",      impl,
+              "--impl",      script_impl,
               "--grad-mb",   format_mb(mb),
               "--layers",    std::to_string(cfg.layers),
               "--batch",     std::to_string(cfg.batch),
@@ -139,7 +142,7 @@ void run_bench(const Config& cfg) {
           g.start(argv);
           auto res = g.run(std::chrono::seconds(cfg.timeout_s + 30));
           double ms = 0;
-          if (!res.ok || !parse_result(res.output, impl, &ms)) {
+          if (!res.ok || !parse_result(res.output, script_impl, &ms)) {
             std::fprintf(stderr, "bench step: %s n=%d %s MiB failed: %s; its row is missing\n",
                          impl.c_str(), n, format_mb(mb).c_str(),
                          res.ok ? "no result line" : res.failure.c_str());
@@ -186,7 +189,8 @@ void register_bench_step(CLI::App& bench) {
   cmd->add_option("--layers", cfg->layers, "Linear layers the gradients are split over")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--impls", cfg->impls, "Implementations: ddp,hvd,trainer")->capture_default_str();
+  cmd->add_option("--impls", cfg->impls, "Implementations: ddp,hvd,hvd_shm,trainer")
+      ->capture_default_str();
   cmd->add_option("--servers", cfg->servers, "Parameter servers for trainer (0: as many as -n)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
