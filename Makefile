@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize chaos fuzz package plots
+.PHONY: all deps configure build test demo bench format clean sanitize chaos fuzz package plots scaling
 
 all: build
 
@@ -62,6 +62,19 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory build
 	scripts/bench.sh $(BUILD_DIR)
+
+# The scaling study on network-namespace hosts (docs/scaling.md; needs root,
+# about 15 min): the reference setting into bench/results/scaling.csv (the
+# full table, with waits, CPU and per-server bytes, in scaling.txt), push+pull
+# of 40 MiB over 8 workers and 1/2/4/8 server hosts in ps_netns.csv, figures.
+SCALING_FLAGS ?= --netns 8 --rate 500mbit --grad-mb 5 --layers 16 --compute-ms 400 --repeats 3
+scaling: deps
+	@$(MAKE) --no-print-directory build
+	PUSHPULL_LOG_LEVEL=warning $(BUILD_DIR)/bin/pushpull bench scaling $(SCALING_FLAGS) --format csv \
+	  > bench/results/scaling.csv 2> bench/results/scaling.txt
+	PUSHPULL_LOG_LEVEL=warning $(BUILD_DIR)/bin/pushpull bench ps --netns 8 --rate 1gbit --repeats 3 \
+	  > bench/results/ps_netns.txt
+	/usr/bin/python3 scripts/plot.py --out docs/img bench/results/scaling.csv
 
 # The .deb of `cmake --install` (CPack): $(BUILD_DIR)/package/pushpull_<version>_<arch>.deb.
 package: build

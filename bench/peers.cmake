@@ -21,6 +21,12 @@ if(PUSHPULL_GLOO AND PUSHPULL_GLOO_INCLUDE AND PUSHPULL_HIREDIS AND PUSHPULL_IBV
   target_link_libraries(pp_gloo_allreduce PRIVATE ${PUSHPULL_GLOO} ${PUSHPULL_HIREDIS}
                                                   ${PUSHPULL_IBVERBS} Threads::Threads)
   add_dependencies(pushpull_cli pp_gloo_allreduce)
+  # `pushpull bench scaling`'s Gloo peer: the simulated training step over Gloo's ring.
+  add_executable(pp_gloo_step ${CMAKE_CURRENT_SOURCE_DIR}/peers/gloo_step.cpp)
+  target_include_directories(pp_gloo_step PRIVATE ${PUSHPULL_GLOO_INCLUDE})
+  target_link_libraries(pp_gloo_step PRIVATE ${PUSHPULL_GLOO} ${PUSHPULL_HIREDIS} ${PUSHPULL_IBVERBS}
+                                             Threads::Threads)
+  add_dependencies(pushpull_cli pp_gloo_step)
 else()
   message(STATUS "pushpull: Gloo not found; bench allreduce runs without it")
 endif()

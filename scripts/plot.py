@@ -11,6 +11,10 @@ Two kinds of CSV are understood, told apart by their header:
   the median time per operation the same way (log-log).
 * step time against workers (workers,step_ms[,mode]), e.g. from a scaling run:
   FILE.png plots step time against the number of workers, one line per mode.
+* `pushpull bench scaling --format csv`
+  (impl,workers,servers,placement,step_ms,steps_per_s,efficiency): FILE.png
+  plots scaling efficiency against workers, FILE_step.png the step time, one
+  line per configuration (ring, or PS with its servers and placement).
 
 Needs matplotlib (Debian: python3-matplotlib, in scripts/deps.sh). Output is
 deterministic (no timestamps in the PNGs) so regenerated figures only differ
@@ -25,6 +29,7 @@ import sys
 
 BENCH_COLUMNS = ['impl', 'n', 'bytes', 'median_us', 'algbw_GBps', 'busbw_GBps']
 SCALING_COLUMNS = ['workers', 'step_ms']
+STUDY_COLUMNS = ['impl', 'workers', 'servers', 'placement', 'step_ms', 'steps_per_s', 'efficiency']
 
 
 def size_label(nbytes):
@@ -114,6 +119,47 @@ def plot_scaling(plt, title, rows, out_stem):
     return [path]
 
 
+def study_label(r):
+    if r['placement'] == 'dedicated':
+        return f"{r['impl']}, {r['servers']} server host(s)"
+    if r['placement'] == 'colocated':
+        return f"{r['impl']}, co-located servers"
+    return r['impl']
+
+
+def plot_study(plt, title, rows, out_stem):
+    """Scaling efficiency and step time against workers, a line per configuration."""
+    lines = collections.defaultdict(list)
+    for r in rows:
+        lines[study_label(r)].append((int(r['workers']), 100 * float(r['efficiency']),
+                                      float(r['step_ms'])))
+    written = []
+    for suffix, column, ylabel in (('', 1, 'scaling efficiency (%)'), ('_step', 2, 'step time (ms)')):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        workers = set()
+        for label, points in sorted(lines.items()):
+            points.sort()
+            workers.update(p[0] for p in points)
+            style = '--' if 'colocated' in label else '-'
+            ax.plot([p[0] for p in points], [p[column] for p in points], style, marker='o',
+                    label=label)
+        if column == 1:
+            ax.axhline(100, linestyle=':', color='gray')
+        ax.set_xscale('log', base=2)
+        ax.set_xticks(sorted(workers))
+        ax.set_xticklabels([str(w) for w in sorted(workers)])
+        ax.set_xlabel('workers')
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize='x-small')
+        path = f'{out_stem}{suffix}.png'
+        save(fig, path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--out', default='docs/img', help='folder for the PNGs (made if missing)')
@@ -138,6 +184,8 @@ def main(argv=None):
             status = 1
         elif all(c in header for c in BENCH_COLUMNS):
             plot_bench(plt, stem, rows, out_stem)
+        elif all(c in header for c in STUDY_COLUMNS):
+            plot_study(plt, stem, rows, out_stem)
         elif all(c in header for c in SCALING_COLUMNS):
             plot_scaling(plt, stem, rows, out_stem)
         else:

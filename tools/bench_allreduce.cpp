@@ -48,7 +48,17 @@ struct Config {
   BenchFlags flags;
   WorkerArgs worker;
   std::string worker_sizes, worker_iters;
+  std::string compression = "none";  // pushpull rows: "none,fp16" times both
 };
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    out.push_back(item);
+  return out;
+}
 
 std::string join_list(const auto& v) {
   std::string s;
@@ -98,12 +108,15 @@ std::string host_of(const NetnsLab* lab, int r) {
   return lab ? lab->address(r) : std::string("127.0.0.1");
 }
 
-std::vector<Impl> implementations(bool peers, bool netns) {
+std::vector<Impl> implementations(bool peers, bool netns,
+                                  const std::vector<std::string>& compressions) {
   std::vector<Impl> out;
   const std::string bin = self_dir();
-  auto pushpull_ranks = [](std::string transport) {
-    return [transport](ProcessGroup& g, int n, const std::string& dir,
-                       const std::vector<std::string>& tail, const NetnsLab* lab) {
+  // One pushpull rank group: `transport` is "tcp" or "shm", `comp` "none" or
+  // a codec the worker applies inside the timing.
+  auto pushpull_ranks = [](std::string transport, std::string comp) {
+    return [transport, comp](ProcessGroup& g, int n, const std::string& dir,
+                             const std::vector<std::string>& tail, const NetnsLab* lab) {
       for (int r = 0; r < n; ++r) {
         std::vector<std::string> argv = {self_exe(),
                                          "bench",
@@ -117,7 +130,9 @@ std::vector<Impl> implementations(bool peers, bool netns) {
                                          "--rendezvous",
                                          dir,
                                          "--worker-transport",
-                                         transport};
+                                         transport,
+                                         "--worker-compression",
+                                         comp};
         for (const auto& x : tail)
           argv.push_back(x == "--iters" ? "--worker-iters" : x);
         g.start(in_host(lab, r, argv));
@@ -125,26 +140,9 @@ std::vector<Impl> implementations(bool peers, bool netns) {
     };
   };
   // Shared memory only between ranks of one host (not across namespaces).
-  if (!netns) out.push_back({"pushpull_shm", pushpull_ranks("shm")});
-  out.push_back({"pushpull", [](ProcessGroup& g, int n, const std::string& dir,
-                                const std::vector<std::string>& tail, const NetnsLab* lab) {
-                   for (int r = 0; r < n; ++r) {
-                     std::vector<std::string> argv = {self_exe(),
-                                                      "bench",
-                                                      "allreduce",
-                                                      "--worker-rank",
-                                                      std::to_string(r),
-                                                      "--worker-size",
-                                                      std::to_string(n),
-                                                      "--worker-host",
-                                                      host_of(lab, r),
-                                                      "--rendezvous",
-                                                      dir};
-                     for (const auto& x : tail)
-                       argv.push_back(x == "--iters" ? "--worker-iters" : x);
-                     g.start(in_host(lab, r, argv));
-                   }
-                 }});
+  if (!netns) out.push_back({"pushpull_shm", pushpull_ranks("shm", "none")});
+  for (const std::string& comp : compressions)
+    out.push_back({comp == "none" ? "pushpull" : "pushpull_" + comp, pushpull_ranks("tcp", comp)});
   if (!peers) return out;
   const std::string mpi = bin + "/pp_mpi_allreduce", gloo = bin + "/pp_gloo_allreduce";
   if (netns) {
@@ -210,7 +208,8 @@ void run_bench(const Config& cfg) {
     lab = std::make_unique<NetnsLab>(cfg.netns, cfg.rate);
     goodput = lab->goodput_bps(2);
   }
-  const auto impls = implementations(cfg.flags.peers(), lab != nullptr);
+  const auto impls =
+      implementations(cfg.flags.peers(), lab != nullptr, split_list(cfg.compression));
   BenchTable table(cfg.flags);
   for (int n : ranks) {
     // impl -> bytes -> one median per repeat.
@@ -256,6 +255,12 @@ void run_bench(const Config& cfg) {
                     : fmt::format("allreduce float32 sum, n = {} ranks on loopback, median of {} "
                                   "repeat(s)",
                                   n, cfg.repeats));
+    if (cfg.compression != "none" && !cfg.flags.csv())
+      for (const std::string& comp : split_list(cfg.compression))
+        for (uint64_t bytes : sizes)  // a ring rank sends 2(n-1)/n of the buffer
+          std::printf("wire %s %s: %.0f bytes sent per rank per allreduce\n", comp.c_str(),
+                      format_bytes(bytes).c_str(),
+                      2.0 * (n - 1) / n * static_cast<double>(bytes) / (comp == "fp16" ? 2 : 1));
     if (lab && goodput > 0 && !cfg.flags.csv()) {
       for (const auto& impl : impls)
         for (uint64_t bytes : sizes) {
@@ -297,6 +302,19 @@ void register_bench_allreduce(CLI::App& bench) {
       ->check(CLI::Range(0, 16));
   cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
       ->capture_default_str();
+  cmd->add_option("--compression", cfg->compression,
+                  "pushpull rows to time: none, fp16 (float16 on the ring, with a residual), "
+                  "e.g. none,fp16")
+      ->capture_default_str()
+      ->check([](const std::string& v) {
+        for (const auto& c : split_list(v))
+          if (c != "none" && c != "fp16")
+            return fmt::format(
+                "'{}': a ring sums values on the way, so only none and fp16 "
+                "(1bit/2bit codes cannot be summed; see docs/kvstore.md)",
+                c);
+        return std::string();
+      });
   add_bench_flags(cmd, &cfg->flags);
   // Internal: one pushpull rank, started by the benchmark itself.
   cmd->add_option("--worker-rank", cfg->worker.rank)->group("");
@@ -307,6 +325,7 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--worker-transport", cfg->worker.transport)
       ->group("")
       ->check(CLI::IsMember({"tcp", "shm"}));
+  cmd->add_option("--worker-compression", cfg->worker.compression)->group("");
   cmd->callback([cfg, cmd] {
     if (cfg->worker.rank >= 0) {
       WorkerArgs w = cfg->worker;

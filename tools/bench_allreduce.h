@@ -19,6 +19,9 @@ struct WorkerArgs {
   std::vector<int> iters;       // per size
   int warmup = 2;
   std::string transport = "tcp";  // or "shm": collective::ShmTransport (one host)
+  // "none", or "fp16": the float32 gradient is fp16-compressed (with a
+  // residual), allreduced as float16 and decoded back, all inside the timing.
+  std::string compression = "none";
 };
 
 // Runs one rank (blocking); rank 0 prints "result <bytes> <median_us>" lines.

@@ -26,6 +26,7 @@
 #include "collective/algorithms.h"
 #include "collective/shm_transport.h"
 #include "collective/tcp_transport.h"
+#include "compress/compressor.h"
 #include "pushpull/options.h"
 
 namespace pushpull::cli {
@@ -101,16 +102,31 @@ int run_allreduce_worker(const WorkerArgs& a) {
   ctx.small_allreduce_bytes = opts.collective.small_allreduce_bytes;
   ctx.scratch = &scratch;
   uint64_t op_id = 0;
+  const compress::Settings comp = compress::parse_settings({{"type", a.compression}});
+  if (comp.quantises())
+    throw InvalidArgument("bench allreduce: a ring cannot sum 1bit/2bit codes; use none or fp16");
   for (size_t s = 0; s < a.sizes.size(); ++s) {
     const size_t count = std::max<uint64_t>(1, a.sizes[s] / 4);
     std::vector<float> buf(count, static_cast<float>(a.rank));
+    // fp16: what travels, and the gradient it is made from each iteration.
+    const std::vector<float> grad(comp.enabled() ? count : 0, static_cast<float>(a.rank));
+    std::vector<uint16_t> half(comp.enabled() ? count : 0);
+    std::unique_ptr<compress::Compressor> compressor;
+    if (comp.enabled()) compressor = std::make_unique<compress::Compressor>(comp);
     std::vector<double> us;
     for (int it = 0; it < a.warmup + a.iters[s]; ++it) {
       ctx.op_id = ++op_id;
       collective::barrier(ctx);
       ctx.op_id = ++op_id;
       auto t0 = Clock::now();
-      collective::allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+      if (compressor) {
+        compressor->encode_raw(0, 0, count, 0, grad.data(), count,
+                               reinterpret_cast<std::byte*>(half.data()));
+        collective::allreduce(ctx, half.data(), count, DType::kFloat16, ReduceOp::kSum);
+        half_to_float(half.data(), buf.data(), count);
+      } else {
+        collective::allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+      }
       auto t1 = Clock::now();
       if (it >= a.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       if (it == 0) check_sum(buf, a.size);

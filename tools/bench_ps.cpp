@@ -9,6 +9,16 @@
 // worker pushed and pulled (2 x size: a push and a pull each move the array
 // once). Single-stream iperf3 in the same run is the ceiling for 1 worker x
 // 1 server. Sizes above the big-array bound are split over all servers.
+//
+// --compression none,fp16,2bit,1bit: each size is timed with every listed
+// gradient compression (docs/kvstore.md), interleaved within each iteration
+// so they share the machine's load; rows are named pushpull_<S>s_<type>.
+// GB/s stays 2 x size / time (what the model moved); "wire" lines give the
+// bytes one worker sent and received per pushpull and their ratio to none.
+//
+// --netns N (root): the same, as processes on N network-namespace hosts
+// with links shaped to --rate (bench_ps_netns.h): a server and a worker per
+// host, the scheduler on host 0.
 #include <chrono>
 #include <mutex>
 
@@ -16,8 +26,12 @@
 
 #include "bench_common.h"
 #include "bench_iperf.h"
+#include "bench_ps_netns.h"
+#include "bench_scaling.h"
 #include "commands.h"
+#include "compress/compressor.h"
 #include "kvstore/inprocess_job.h"
+#include "ps/placement.h"
 
 namespace pushpull::cli {
 namespace {
@@ -31,7 +45,47 @@ struct Settings {
   std::string sizes = "4K,64K,1M,16M,64M";
   int iters = 10;
   int iperf_seconds = 2;
+  std::string compression = "none";
+  // --netns H: H worker hosts; with --placement dedicated (the default) each
+  // server on a host of its own next to the ring allreduce
+  // (bench_scaling_ps.cpp); with colocated a server and a worker per host,
+  // every --compression interleaved (bench_ps_netns.cpp).
+  int netns = 0;
+  std::string placement = "dedicated";
+  std::string rate = "1gbit";
+  int repeats = 1;
+  int queue_ms = 50;
+  bool ps_node = false;  // internal: one node of a colocated --netns job
+  std::string ps_out;
 };
+
+// The compression types of --compression, checked by the stores' parser.
+std::vector<compress::Settings> parse_compression(const std::string& text) {
+  std::vector<compress::Settings> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    std::string name = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    out.push_back(compress::parse_settings({{"type", name}}));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+// Payload bytes one worker sends (push) and receives (pull) per pushpull of
+// `bytes` float32 bytes, with the store's placement and chunking over
+// `servers` servers (a compressed part carries its own header).
+uint64_t wire_bytes(const compress::Settings& c, uint64_t bytes, int servers, const Options& o) {
+  if (!c.enabled()) return 2 * bytes;
+  compress::Compressor comp(c);
+  const auto n = static_cast<int64_t>(bytes / 4);
+  uint64_t push = 0;
+  for (const auto& part : ps::chunk(ps::place(0, n, servers, o.kvstore.bigarray_bound),
+                                    std::max<int64_t>(1, o.kvstore.chunk_bytes / 4)))
+    push += comp.encoded_bytes(static_cast<size_t>(part.count));
+  return push + bytes;
+}
 
 std::vector<int> parse_ints(const std::string& text) {
   std::vector<int> out;
@@ -40,49 +94,121 @@ std::vector<int> parse_ints(const std::string& text) {
   return out;
 }
 
-// Median seconds per pushpull (slowest worker) for each size.
-std::vector<double> measure(int workers, int servers, const std::vector<uint64_t>& sizes,
-                            int iters) {
+// Median seconds per pushpull (slowest worker), per compression and size.
+std::vector<std::vector<double>> measure(int workers, int servers,
+                                         const std::vector<uint64_t>& sizes, int iters,
+                                         const std::vector<compress::Settings>& types) {
   InProcessJob job{servers, workers, "dist_sync", Options{}};
   job.options.log_level = LogLevel::kWarning;
   std::mutex mu;
-  // per size, per iteration: the slowest worker's time
-  std::vector<std::vector<double>> slowest(sizes.size(), std::vector<double>(iters, 0.0));
+  // per type and size, per iteration: the slowest worker's time
+  std::vector<std::vector<std::vector<double>>> slowest(
+      types.size(),
+      std::vector<std::vector<double>>(sizes.size(), std::vector<double>(iters, 0.0)));
+  auto params = [](const compress::Settings& c) {
+    std::map<std::string, std::string> p{{"type", std::string(compress::type_name(c.type))}};
+    return p;
+  };
   run_inprocess_job(job, [&](KVStore& kv) {
     for (size_t s = 0; s < sizes.size(); ++s) {
       int64_t n = static_cast<int64_t>(sizes[s] / 4);
       Array grad = Array::full(Shape{n}, 1.0), out(Shape{n}, DType::kFloat32);
-      kv.init(static_cast<int64_t>(s), grad.view());
-      kv.pushpull(static_cast<int64_t>(s), grad.view(), out.view());  // warm-up: pools, pages
+      auto key = [&](size_t t) { return static_cast<int64_t>(s * types.size() + t); };
+      for (size_t t = 0; t < types.size(); ++t) {
+        kv.init(key(t), grad.view());
+        kv.set_gradient_compression(params(types[t]));
+        kv.pushpull(key(t), grad.view(), out.view());  // warm-up: pools, pages
+      }
       for (int i = 0; i < iters; ++i) {
-        kv.barrier();
-        auto t0 = Clock::now();
-        kv.pushpull(static_cast<int64_t>(s), grad.view(), out.view());
-        double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-        std::lock_guard lock(mu);
-        slowest[s][static_cast<size_t>(i)] = std::max(slowest[s][static_cast<size_t>(i)], secs);
+        for (size_t t = 0; t < types.size(); ++t) {  // interleaved: the same load for each
+          kv.set_gradient_compression(params(types[t]));
+          kv.barrier();
+          auto t0 = Clock::now();
+          kv.pushpull(key(t), grad.view(), out.view());
+          double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+          std::lock_guard lock(mu);
+          double& slot = slowest[t][s][static_cast<size_t>(i)];
+          slot = std::max(slot, secs);
+        }
       }
     }
   });
-  std::vector<double> out;
-  for (auto& v : slowest)
-    out.push_back(median(v));
+  std::vector<std::vector<double>> out(types.size());
+  for (size_t t = 0; t < types.size(); ++t)
+    for (auto& v : slowest[t])
+      out[t].push_back(median(v));
   return out;
+}
+
+void print_wire(const std::vector<compress::Settings>& types, const std::vector<uint64_t>& sizes,
+                const std::vector<int>& servers, const Options& defaults) {
+  for (int s : servers)
+    for (uint64_t size : sizes)
+      for (const auto& c : types) {
+        const uint64_t b = wire_bytes(c, size, s, defaults);
+        std::printf(
+            "wire %s %ds size %llu: %llu bytes per worker per pushpull (push %llu + "
+            "pull %llu); push = %.4f of none's\n",
+            std::string(compress::type_name(c.type)).c_str(), s,
+            static_cast<unsigned long long>(size), static_cast<unsigned long long>(b),
+            static_cast<unsigned long long>(b - size), static_cast<unsigned long long>(size),
+            static_cast<double>(b - size) / static_cast<double>(size));
+      }
+}
+
+void run_netns(const Settings& st) {
+  PsNetnsArgs a;
+  a.hosts = st.netns;
+  a.rate = st.rate;
+  a.sizes = parse_sizes(st.sizes);
+  a.iters = st.iters;
+  std::vector<compress::Settings> types = parse_compression(st.compression);
+  for (const auto& t : types)
+    a.compressions.emplace_back(compress::type_name(t.type));
+  double goodput = 0;
+  auto rows = run_ps_netns(a, &goodput);
+  BenchTable table(st.flags);
+  for (const auto& r : rows) {
+    double gbps = 2.0 * static_cast<double>(r.bytes) / (r.median_us * 1e-6) / 1e9;
+    table.add({fmt::format("pushpull_{}s_{}", a.hosts, r.compression), a.hosts, r.bytes,
+               r.median_us, gbps, gbps});
+  }
+  table.print(fmt::format(
+      "Parameter server push+pull per worker, {} network-namespace hosts (a server and a worker "
+      "each), links shaped to {} (iperf3 goodput {:.3f} Gbit/s); GB/s = 2 x size / time",
+      a.hosts, a.rate.empty() ? "nothing" : a.rate, goodput / 1e9));
+  if (!st.flags.csv()) print_wire(types, a.sizes, {a.hosts}, Options{});
 }
 
 void run(const Settings& st) {
   set_log_level(LogLevel::kWarning);
+  if (st.ps_node) {
+    std::vector<std::string> comps;
+    for (const auto& t : parse_compression(st.compression))
+      comps.emplace_back(compress::type_name(t.type));
+    run_ps_node(parse_sizes(st.sizes), comps, st.iters, st.ps_out);
+    return;
+  }
+  if (st.netns > 0) return run_netns(st);
   BenchTable table(st.flags);
   std::vector<uint64_t> sizes = parse_sizes(st.sizes);
+  const std::vector<compress::Settings> types = parse_compression(st.compression);
+  const Options defaults;
   for (int s : parse_ints(st.servers)) {
     for (int w : parse_ints(st.workers)) {
-      std::vector<double> secs = measure(w, s, sizes, st.iters);
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[i] / 1e9;
-        table.add({fmt::format("pushpull_{}s", s), w, sizes[i], secs[i] * 1e6, gbps, gbps});
-      }
+      auto secs = measure(w, s, sizes, st.iters, types);
+      for (size_t t = 0; t < types.size(); ++t)
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[t][i] / 1e9;
+          std::string impl = fmt::format("pushpull_{}s", s);
+          if (types.size() > 1 || types[t].enabled())
+            impl += fmt::format("_{}", compress::type_name(types[t].type));
+          table.add({impl, w, sizes[i], secs[t][i] * 1e6, gbps, gbps});
+        }
     }
   }
+  if (types.size() > 1 || types[0].enabled())
+    print_wire(types, sizes, parse_ints(st.servers), defaults);
   if (st.flags.peers()) {
     std::vector<double> rates;
     double moved = 0, took = 0;
@@ -115,9 +241,63 @@ void register_bench_ps(CLI::App& bench) {
   cmd->add_option("--sizes", settings->sizes, "Array sizes in bytes, e.g. 4K..64M");
   cmd->add_option("--iters", settings->iters, "Timed iterations per size (median reported)")
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--compression", settings->compression,
+                  "Gradient compressions to time, e.g. none,fp16,2bit,1bit")
+      ->check([](const std::string& v) {
+        try {
+          parse_compression(v);
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      });
+  cmd->add_flag("--ps-node", settings->ps_node)->group("");  // internal
+  cmd->add_option("--ps-out", settings->ps_out)->group("");
   cmd->add_option("--iperf-seconds", settings->iperf_seconds, "Length of each iperf3 run")
       ->check(CLI::Range(1, 60));
-  cmd->callback([settings] { run(*settings); });
+  cmd->add_option("--netns", settings->netns,
+                  "Workers on H network-namespace hosts with links shaped to --rate (needs "
+                  "root); -n is ignored. See --placement")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--placement", settings->placement,
+                  "With --netns: 'dedicated' (each server on a host of its own, -s counts, next "
+                  "to the ring allreduce) or 'colocated' (a server and a worker per host, every "
+                  "--compression interleaved)")
+      ->check(CLI::IsMember({"dedicated", "colocated"}))
+      ->capture_default_str();
+  cmd->add_option("--rate", settings->rate,
+                  "With --netns: tc tbf rate of every link ('' = unshaped)")
+      ->capture_default_str();
+  cmd->add_option("--queue-ms", settings->queue_ms,
+                  "With --netns: tbf latency, the longest a packet queues at a port")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--repeats", settings->repeats,
+                  "With --netns: interleaved runs; rows are medians")
+      ->check(CLI::Range(1, 100));
+  cmd->callback([settings, cmd] {
+    if (settings->netns > 0 && settings->placement == "dedicated" && !settings->ps_node) {
+      if (settings->compression != "none")
+        throw CLI::ValidationError("--compression",
+                                   "with --netns, compression rows need --placement colocated");
+      PsNetnsSettings p;
+      p.workers = settings->netns;
+      p.servers.clear();
+      for (int s : parse_ints(cmd->count("--servers") ? settings->servers : "1,2,4,8"))
+        p.servers.push_back(s);
+      p.rate = settings->rate;
+      p.queue_ms = settings->queue_ms;
+      p.iters = cmd->count("--iters") ? settings->iters : 5;
+      p.repeats = settings->repeats;
+      p.ring = settings->flags.peers();
+      p.csv = settings->flags.csv();
+      for (uint64_t b : parse_sizes(cmd->count("--sizes") ? settings->sizes : "40M")) {
+        p.bytes = b;
+        run_ps_netns(p);
+      }
+      return;
+    }
+    run(*settings);
+  });
 }
 
 }  // namespace pushpull::cli

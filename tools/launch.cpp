@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <climits>
 #include <cstdio>
@@ -14,8 +15,10 @@
 
 #include "commands.h"
 #include "launch/cluster_scheduler.h"
+#include "launch/elastic_driver.h"
 #include "launch/host_list.h"
 #include "launch/launcher.h"
+#include "launch_elastic.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 
@@ -31,6 +34,7 @@ struct LaunchArgs {
   std::string timeline;    // --timeline-filename
   int nproc_per_node = 0;  // per-node mode (--nnodes)
   bool workers_given = false;
+  launch::ElasticConfig elastic;  // --min-workers/--max-workers/...: docs/elastic.md
 };
 
 // torchrun's per-node mode: checks the options and turns --nproc-per-node
@@ -129,7 +133,10 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
     if (!a.timeline.empty()) cfg.env.emplace_back("PUSHPULL_TIMELINE", a.timeline);
     cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
     cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
-    launch::prepare(cfg, ctx);
+    if (a.elastic.enabled())
+      launch::prepare_elastic(cfg, a.elastic, ctx);
+    else
+      launch::prepare(cfg, ctx);
   } catch (const InvalidArgument& e) {
     fmt::print(stderr, "pushpull launch: {}\n", e.what());
     return 2;
@@ -137,6 +144,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
   if (cfg.verbose) set_log_level(LogLevel::kDebug);
   // The launcher reports a closed stdout itself; it must not die of SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
+  if (a.elastic.enabled()) return launch::run_elastic(cfg, a.elastic, ctx);
   ctx.scheduler_factory = launch::cluster_scheduler_factory();
   return launch::run_launch(cfg, ctx);
 }
@@ -196,10 +204,16 @@ void register_launch(CLI::App& app) {
   cmd->add_option("command", args->command, "The worker program and its arguments")
       ->expected(1, -1)
       ->allow_extra_args();
+  add_elastic_options(cmd, args->elastic);
   cmd->add_flag("--dry-run", args->dry_run, "Print the plan and exit without running anything");
   cmd->add_flag("-v,--verbose", c.verbose, "Print the plan and each process's variables");
   cmd->callback([args, cmd] {
     args->workers_given = cmd->count("--num-workers") > 0;
+    elastic_restarts(cmd, args->elastic, &args->cfg.num_servers);
+    if (args->elastic.enabled() && !args->workers_given) {
+      args->workers_given = true;  // -n defaults to --max-workers (else --min-workers)
+      args->cfg.num_workers = std::max({1, args->elastic.max_workers, args->elastic.min_workers});
+    }
     if (args->cfg.num_servers < 0)
       args->cfg.num_servers = args->cfg.nnodes > 0 ? 0 : args->cfg.num_workers;
     int code = run(*args, args->command);

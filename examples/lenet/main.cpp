@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,9 @@ struct Args {
   int log_every = 200;
   int threads = 0;
   std::string model = "mxnet";
-  std::string mode = "kvstore";  // or "horovod"
+  std::string mode = "kvstore";       // or "horovod"
+  std::string compression = "none";   // gradient compression type (docs/kvstore.md)
+  std::string compression_threshold;  // for 1bit / 2bit; empty: the default
 };
 
 // conv 5x5 -> relu -> pool 2 -> conv 5x5 -> relu -> pool 2 -> dense -> relu -> dense 10.
@@ -139,6 +142,9 @@ int run(const Args& a) {
     session = std::make_unique<pushpull::collective::Session>(pushpull::Options::from_env());
   } else {
     kv = pushpull::create_kvstore(a.kvstore, pushpull::Options::from_env());
+    std::map<std::string, std::string> compression{{"type", a.compression}};
+    if (!a.compression_threshold.empty()) compression["threshold"] = a.compression_threshold;
+    kv->set_gradient_compression(compression);  // before the first push
   }
   const int rank = horovod ? session->rank() : kv->rank();
   const int workers = horovod ? session->size() : kv->num_workers();
@@ -335,6 +341,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--model", a.model, "mxnet (20/50 filters, 500 hidden) or small (6/16, 120)")
       ->capture_default_str();
+  app.add_option("--compression", a.compression,
+                 "Gradient compression of the store: none, 2bit, 1bit, fp16")
+      ->capture_default_str();
+  app.add_option("--compression-threshold", a.compression_threshold,
+                 "Threshold of 2bit / 1bit compression (default 0.5)");
   app.add_option("--mode", a.mode,
                  "kvstore (Trainer over --kvstore) or horovod (DistributedOptimizer over the "
                  "collectives; launch with -s 0)")

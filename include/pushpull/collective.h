@@ -30,7 +30,8 @@
 //   average, 1 for product, +max/lowest for min/max), zero rows to an
 //   allgather, and receiving (and dropping) broadcasts. Average divides by the
 //   number of ranks that contributed, not by size(). join() returns once every
-//   rank has joined. A broadcast whose root has joined fails.
+//   rank has joined, with the rank that joined last. A broadcast whose root
+//   has joined fails.
 // - Average of integer dtypes truncates toward zero. 16-bit floats are reduced
 //   in float32 and rounded back at each step of the algorithm.
 //
@@ -117,10 +118,17 @@ class Communicator {
   int local_rank() const;
   int local_size() const;
 
+  // Process sets (Horovod's): the `members` argument of the ops below lists
+  // the ranks taking part (any order; empty: every rank). Only they submit the
+  // op; this rank must be one of them (else InvalidArgument at once). The
+  // other ranks relay and contribute as a joined rank does, from their
+  // background threads, without calling anything. Every member must pass the
+  // same members under a name. A reduce_scatter splits among the members.
+  //
   // output = reduction of every rank's input (same shape and dtype; output
   // may be input for in place).
   Handle allreduce_async(std::string name, ArrayView input, ArrayView output,
-                         Reduction op = Reduction::kSum);
+                         Reduction op = Reduction::kSum, std::vector<int> members = {});
   Handle allreduce_async(std::string name, ArrayView inout, Reduction op = Reduction::kSum) {
     return allreduce_async(std::move(name), inout, inout, op);
   }
@@ -130,22 +138,24 @@ class Communicator {
     allreduce(std::move(name), inout, inout, op);
   }
   // data on every rank becomes root's data (in place).
-  Handle broadcast_async(std::string name, ArrayView data, int root);
+  Handle broadcast_async(std::string name, ArrayView data, int root, std::vector<int> members = {});
   void broadcast(std::string name, ArrayView data, int root);
   // Concatenation of every rank's input along the first dimension, in rank
   // order (first dimensions may differ; the others must match; a scalar
   // counts as one row). Result via take_output().
-  Handle allgather_async(std::string name, ArrayView input);
+  Handle allgather_async(std::string name, ArrayView input, std::vector<int> members = {});
   Array allgather(std::string name, ArrayView input);
   // The reduction of every rank's input, split along the first dimension:
   // rank r gets rows [r*q + min(r, m), ...) with q = rows / size, m = rows %
   // size (the first m ranks one row more). Result via take_output().
-  Handle reduce_scatter_async(std::string name, ArrayView input, Reduction op = Reduction::kSum);
+  Handle reduce_scatter_async(std::string name, ArrayView input, Reduction op = Reduction::kSum,
+                              std::vector<int> members = {});
   Array reduce_scatter(std::string name, ArrayView input, Reduction op = Reduction::kSum);
   Handle barrier_async();
   void barrier();
   Handle join_async();
-  void join();
+  // Returns the rank that joined last (as Horovod's join).
+  int join();
 
   // True once the operation completed (successfully or not).
   bool poll(const Handle& h) const;

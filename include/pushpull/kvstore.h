@@ -110,9 +110,12 @@ class KVStore {
   // optimizer; IoError naming the file when it cannot be read or is corrupt.
   virtual void save_optimizer_states(const std::string& path) = 0;
   virtual void load_optimizer_states(const std::string& path) = 0;
-  // MXNet's gradient compression: {"type": "none"|"1bit"|"2bit", "threshold":
-  // "0.5"}. Only distributed stores compress; local stores check the
-  // parameters and otherwise ignore them.
+  // MXNet's gradient compression: {"type": "none"|"2bit"|"1bit"|"fp16",
+  // "threshold": "0.5"} (threshold for 1bit/2bit only), with error feedback.
+  // dist_sync/dist_async compress every type of push to the servers;
+  // dist_sync_allreduce takes fp16 only; local stores refuse any type but
+  // none (nothing travels). InvalidArgument for bad or refused settings, the
+  // same text on every store (docs/kvstore.md "Gradient compression").
   virtual void set_gradient_compression(const std::map<std::string, std::string>& params) = 0;
 
   virtual int rank() const = 0;

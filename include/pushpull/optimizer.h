@@ -87,6 +87,11 @@ class Optimizer {
   // InvalidArgument for states of another optimizer.
   std::string save_states() const;
   void load_states(std::string_view bytes, std::string_view source = "<memory>");
+  // One key's states in the same format (no key in it when `key` has none),
+  // and the inverse that replaces only the keys present in `bytes` (the
+  // parameter servers replicate one key range at a time this way).
+  std::string save_key_states(const Key& key) const;
+  void merge_states(std::string_view bytes, std::string_view source = "<memory>");
   // To a file (written to PATH.tmp, then renamed) / from a file.
   void save_states_to_file(const std::string& path) const;
   void load_states_from_file(const std::string& path);
@@ -108,6 +113,8 @@ class Optimizer {
 
  private:
   KeyState& state_for(const Key& key);
+  std::string save_some(const Key* only) const;
+  void load_some(std::string_view bytes, std::string_view source, bool merge);
   OptimizerSpec spec_;
   bool multi_precision_;
   mutable std::mutex mu_;  // guards the map's structure, not the states

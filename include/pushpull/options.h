@@ -102,6 +102,10 @@ struct ClusterOptions {
   Millis barrier_timeout{600000};
   // Rank the launcher assigned (-1: assigned by the scheduler). PUSHPULL_RANK.
   int preferred_rank = -1;
+  // Parameter-server backups per key range (docs/ps.md, "Fault tolerance"):
+  // -1 = the default (1 when there are at least 2 servers), 0 = off; at most
+  // servers - 1 are used. PUSHPULL_PS_REPLICAS.
+  int ps_replicas = -1;
 };
 
 struct KVStoreOptions {

@@ -238,8 +238,10 @@ class KVStore:
     set_updater = _set_updater
 
     def set_gradient_compression(self, compression_params):
-        """``{'type': '2bit', 'threshold': 0.5}`` (or '1bit', 'none'); dist stores
-        compress pushes with a per-key residual, local stores only check it."""
+        """``{'type': '2bit', 'threshold': 0.5}`` (or '1bit', 'fp16', 'none'), parsed by
+        the C++ parser (same errors). dist_sync/dist_async compress pushes with a
+        residual per key; dist_sync_allreduce takes 'fp16' only; local stores
+        refuse anything but 'none' (nothing travels)."""
         if not isinstance(compression_params, dict):
             raise InvalidArgument('set_gradient_compression: expected a dict such as '
                                   "{'type': '2bit', 'threshold': 0.5}")

@@ -7,6 +7,7 @@
 //   kv_bindings.cpp         bind_kv          KVStore, OptimizerSpec (pushpull.kv)
 //   collective_bindings.cpp bind_collective  Horovod-style collectives (pushpull.torch)
 //   parking.cpp             bind_parking     arrays of timed-out operations, kept until done
+//   elastic_bindings.cpp    bind_elastic     elastic jobs' round and host changes
 //
 // The array bridge (arrays.cpp) turns any numpy array or torch tensor into a
 // pushpull::ArrayView WITHOUT linking libtorch: through the buffer protocol,
@@ -37,6 +38,7 @@ void bind_errors(py::module_& m);
 void bind_arrays(py::module_& m);
 void bind_kv(py::module_& m);
 void bind_collective(py::module_& m);
+void bind_elastic(py::module_& m);
 
 // A view of a Python array plus the reference that keeps its memory alive
 // (the object itself, a held Py_buffer, or the consumed DLPack tensor).

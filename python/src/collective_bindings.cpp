@@ -150,44 +150,52 @@ class PyHandle {
   bool taken_ = false;
 };
 
+// Ops go to the default session's communicator (the free functions have no
+// process-set argument); default_session() throws when not initialised.
+coll::Communicator& comm() {
+  return coll::default_session().communicator();
+}
+
 std::unique_ptr<PyHandle> allreduce_async(std::string name, py::object input, py::object output,
-                                          coll::Reduction op) {
+                                          coll::Reduction op, std::vector<int> members) {
   KeepAlive keep;
   coll::Handle h;
   if (output.is_none() || output.is(input)) {
     Pinned p = pin(input, /*writable=*/true, fmt::format("allreduce '{}' tensor", name));
     keep.push_back(std::move(p.keep_alive));
-    h = coll::allreduce_async(std::move(name), p.view, op);
+    h = comm().allreduce_async(std::move(name), p.view, p.view, op, std::move(members));
   } else {
     Pinned in = pin(input, /*writable=*/false, fmt::format("allreduce '{}' input", name));
     Pinned out = pin(output, /*writable=*/true, fmt::format("allreduce '{}' output", name));
     keep.push_back(std::move(in.keep_alive));
     keep.push_back(std::move(out.keep_alive));
-    h = coll::allreduce_async(std::move(name), in.view, out.view, op);
+    h = comm().allreduce_async(std::move(name), in.view, out.view, op, std::move(members));
   }
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), false);
 }
 
-std::unique_ptr<PyHandle> broadcast_async(std::string name, py::object data, int root) {
+std::unique_ptr<PyHandle> broadcast_async(std::string name, py::object data, int root,
+                                          std::vector<int> members) {
   Pinned p = pin(data, /*writable=*/true, fmt::format("broadcast '{}' tensor", name));
-  coll::Handle h = coll::broadcast_async(std::move(name), p.view, root);
+  coll::Handle h = comm().broadcast_async(std::move(name), p.view, root, std::move(members));
   KeepAlive keep;
   keep.push_back(std::move(p.keep_alive));
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), false);
 }
 
-std::unique_ptr<PyHandle> allgather_async(std::string name, py::object input) {
+std::unique_ptr<PyHandle> allgather_async(std::string name, py::object input,
+                                          std::vector<int> members) {
   Pinned p = pin(input, /*writable=*/false, fmt::format("allgather '{}' input", name));
-  coll::Handle h = coll::allgather_async(std::move(name), p.view);
+  coll::Handle h = comm().allgather_async(std::move(name), p.view, std::move(members));
   KeepAlive keep;
   keep.push_back(std::move(p.keep_alive));
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), true);
 }
 
 std::unique_ptr<PyHandle> reduce_scatter_async(std::string name, py::object input,
-                                               coll::Reduction op) {
+                                               coll::Reduction op, std::vector<int> members) {
   Pinned p = pin(input, /*writable=*/false, fmt::format("reduce_scatter '{}' input", name));
-  coll::Handle h = coll::reduce_scatter_async(std::move(name), p.view, op);
+  coll::Handle h = comm().reduce_scatter_async(std::move(name), p.view, op, std::move(members));
   KeepAlive keep;
   keep.push_back(std::move(p.keep_alive));
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), true);
@@ -245,20 +253,24 @@ void bind_collective(py::module_& m) {
       "mode", [] { return std::string(coll::default_session().mode()); },
       "'single', 'cluster' or 'rendezvous': how the group was found.");
 
+  // members: a process set's ranks (empty: every rank); see Communicator.
+  const auto all = std::vector<int>{};
   c.def("allreduce_async", &allreduce_async, py::arg("name"), py::arg("input"),
         py::arg("output") = py::none(), py::arg("op") = coll::Reduction::kSum,
+        py::arg("members") = all,
         "output = reduction of every rank's input; output None (or input) means in place.");
   c.def("broadcast_async", &broadcast_async, py::arg("name"), py::arg("data"), py::arg("root"),
-        "data on every rank becomes root's (in place).");
+        py::arg("members") = all, "data on every rank becomes root's (in place).");
   c.def("allgather_async", &allgather_async, py::arg("name"), py::arg("input"),
+        py::arg("members") = all,
         "Concatenation along the first dimension in rank order; result via output().");
   c.def("reduce_scatter_async", &reduce_scatter_async, py::arg("name"), py::arg("input"),
-        py::arg("op") = coll::Reduction::kSum);
+        py::arg("op") = coll::Reduction::kSum, py::arg("members") = all);
 
   c.def(
       "allreduce",
       [](std::string name, py::object input, py::object output, coll::Reduction op) {
-        allreduce_async(std::move(name), std::move(input), std::move(output), op)
+        allreduce_async(std::move(name), std::move(input), std::move(output), op, {})
             ->wait(std::nullopt);
       },
       py::arg("name"), py::arg("input"), py::arg("output") = py::none(),
@@ -266,19 +278,20 @@ void bind_collective(py::module_& m) {
   c.def(
       "broadcast",
       [](std::string name, py::object data, int root) {
-        broadcast_async(std::move(name), std::move(data), root)->wait(std::nullopt);
+        broadcast_async(std::move(name), std::move(data), root, {})->wait(std::nullopt);
       },
       py::arg("name"), py::arg("data"), py::arg("root"));
   c.def(
       "allgather",
       [](std::string name, py::object input) {
-        return allgather_async(std::move(name), std::move(input))->output(std::nullopt);
+        return allgather_async(std::move(name), std::move(input), {})->output(std::nullopt);
       },
       py::arg("name"), py::arg("input"));
   c.def(
       "reduce_scatter",
       [](std::string name, py::object input, coll::Reduction op) {
-        return reduce_scatter_async(std::move(name), std::move(input), op)->output(std::nullopt);
+        return reduce_scatter_async(std::move(name), std::move(input), op, {})
+            ->output(std::nullopt);
       },
       py::arg("name"), py::arg("input"), py::arg("op") = coll::Reduction::kSum);
   c.def("barrier", [] {
@@ -288,11 +301,12 @@ void bind_collective(py::module_& m) {
   c.def(
       "join",
       [] {
+        coll::Communicator& c = comm();
         py::gil_scoped_release nogil;
-        coll::join();
+        return c.join();
       },
       "This rank is out of data: until every rank joined it contributes the identity "
-      "to the others' ops. Returns once every rank joined.");
+      "to the others' ops. Returns once every rank joined, with the rank that joined last.");
 }
 
 }  // namespace pushpull::python

@@ -14,5 +14,6 @@ PYBIND11_MODULE(_pushpull, m) {
   pushpull::python::bind_parking(m);
 #ifdef PUSHPULL_PYTHON_COLLECTIVE
   pushpull::python::bind_collective(m);
+  pushpull::python::bind_elastic(m);
 #endif
 }

@@ -180,10 +180,15 @@ def test_row_sparse_pull(kv):
     assert a.sum() == value[1].sum() and (b == 0).all()
 
 
-def test_gradient_compression_is_checked_locally(kv):
-    kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
-    with pytest.raises(pushpull.InvalidArgument):
+def test_gradient_compression_is_refused_locally(kv):
+    # Nothing leaves the process: the C++ parser's errors, then a clear refusal.
+    with pytest.raises(pushpull.InvalidArgument, match='nothing leaves this process'):
+        kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
+    with pytest.raises(pushpull.InvalidArgument, match="type '3bit' is unknown"):
         kv.set_gradient_compression({'type': '3bit'})
+    with pytest.raises(pushpull.InvalidArgument, match='must be positive'):
+        kv.set_gradient_compression({'type': '2bit', 'threshold': -1})
+    kv.set_gradient_compression({'type': 'none'})
 
 
 def test_async_variants(kv):

@@ -165,6 +165,7 @@ Options Options::from_env(const Environment& env) {
   r.millis({"PUSHPULL_STARTUP_TIMEOUT_MS"}, &c.startup_timeout);
   r.millis({"PUSHPULL_BARRIER_TIMEOUT_MS"}, &c.barrier_timeout);
   r.integer({"PUSHPULL_RANK"}, &c.preferred_rank);
+  r.integer({"PUSHPULL_PS_REPLICAS"}, &c.ps_replicas);
 
   KVStoreOptions& k = o.kvstore;
   r.integer({"PUSHPULL_BIGARRAY_BOUND", "MXNET_KVSTORE_BIGARRAY_BOUND"}, &k.bigarray_bound);
@@ -219,6 +220,7 @@ void Options::validate() const {
   check(cluster.heartbeat_interval.count() > 0, "heartbeat interval must be positive");
   check(cluster.heartbeat_timeout > cluster.heartbeat_interval,
         "heartbeat timeout must be longer than the heartbeat interval");
+  check(cluster.ps_replicas >= -1, "PUSHPULL_PS_REPLICAS must be 0 or more");
   check(kvstore.bigarray_bound > 0,
         "big-array bound must be positive (MXNET_KVSTORE_BIGARRAY_BOUND)");
   check(kvstore.chunk_bytes >= 4096, "PUSHPULL_PS_CHUNK_BYTES must be at least 4096");

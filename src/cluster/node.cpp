@@ -14,7 +14,8 @@ namespace pushpull::cluster {
 Node::Node(Options options, const ClockSource& clock)
     : options_(std::move(options)),
       clock_(clock),
-      scheduler_silence_(clock, options_.cluster.heartbeat_timeout) {
+      scheduler_silence_(clock, options_.cluster.heartbeat_timeout),
+      replicas_(cluster::ps_replicas(options_.cluster.ps_replicas, options_.cluster.num_servers)) {
   Role r = options_.cluster.role;
   if (r != Role::kServer && r != Role::kWorker)
     throw InvalidArgument(
@@ -59,6 +60,48 @@ int Node::rank() const {
 Status Node::failure() const {
   std::lock_guard lock(mu_);
   return failure_;
+}
+
+Placement Node::placement() const {
+  std::lock_guard lock(mu_);
+  return placement_;
+}
+
+uint64_t Node::placement_epoch() const {
+  std::lock_guard lock(mu_);
+  return placement_.epoch;
+}
+
+void Node::on_placement(std::function<void(const Placement&)> callback) {
+  std::lock_guard lock(mu_);
+  placement_callbacks_.push_back(std::move(callback));
+}
+
+void Node::apply_placement(Placement p) {
+  std::vector<std::function<void(const Placement&)>> callbacks;
+  std::vector<net::ConnId> gone;
+  {
+    std::lock_guard lock(mu_);
+    if (p.epoch <= placement_.epoch) return;
+    p.dead.resize(static_cast<size_t>(num_servers()), false);
+    for (int s = 0; s < num_servers(); ++s) {
+      if (!p.dead[static_cast<size_t>(s)]) continue;
+      auto it = peers_.find({Role::kServer, s});
+      if (it != peers_.end()) {
+        gone.push_back(it->second);
+        peers_.erase(it);
+      }
+    }
+    placement_ = p;
+    callbacks = placement_callbacks_;
+  }
+  // A stopped server that wakes up later must not reach us: its connection
+  // is closed (the scheduler closed it too).
+  for (net::ConnId id : gone)
+    transport_->close(id, {ErrorCode::kPeerFailure, "the server was failed over"});
+  PP_WARN("{} {}: parameter-server placement epoch {}", role_name(role()), rank(), p.epoch);
+  for (auto& cb : callbacks)
+    cb(p);
 }
 
 void Node::set_handler(uint16_t first, uint16_t last, net::Handler handler) {
@@ -128,6 +171,10 @@ void Node::start() {
     targets = book_.servers;
     for (int w = 0; w < my_rank; ++w)
       targets.push_back(book_.workers[static_cast<size_t>(w)]);
+  } else if (replicas_ > 0) {
+    // Replication: every server connects to every server of lower rank.
+    for (int s = 0; s < my_rank; ++s)
+      targets.push_back(book_.servers[static_cast<size_t>(s)]);
   }
   for (const auto& t : targets) {
     net::ConnId id = transport_->connect(t.host, t.port);
@@ -136,6 +183,7 @@ void Node::start() {
   }
   size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
                                             : static_cast<size_t>(c.num_workers);
+  if (role() == Role::kServer && replicas_ > 0) expected += static_cast<size_t>(c.num_servers - 1);
   std::unique_lock lock(mu_);
   wait_for(lock, c.startup_timeout, "connecting to every peer",
            [&] { return peers_.size() >= expected; });
@@ -222,6 +270,14 @@ void Node::on_control(net::Message&& m) {
       workers_done_ = true;
       cv_.notify_all();
       return;
+    case msg::kPlacement: {
+      Placement p;
+      Status s = decode_placement(payload, &p);
+      lock.unlock();
+      if (!s) return fail(s);
+      apply_placement(std::move(p));
+      return;
+    }
     case msg::kPeerDead:
     case msg::kAbort: {
       NodeAddress who;
@@ -266,6 +322,13 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
   // period before blaming this peer. The transport has already failed every
   // send and posted receive of this connection.
   if (!suspect_.is_ok()) return;
+  if (p.role == Role::kServer && replicas_ > 0) {
+    // A server may be failed over: the scheduler decides (kPlacement or
+    // kPeerDead). Requests to it stay pending until then.
+    PP_WARN("connection to {} closed ({}); waiting for the scheduler's verdict", p.describe(),
+            why.message());
+    return;
+  }
   suspect_ = {ErrorCode::kPeerFailure,
               fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
                           "network",
@@ -313,6 +376,10 @@ net::ConnId Node::conn(Role role, int rank) const {
   std::lock_guard lock(mu_);
   if (!failure_.is_ok()) failure_.raise();
   if (role == Role::kScheduler) return scheduler_;
+  if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
+      placement_.dead[static_cast<size_t>(rank)])
+    throw PeerFailure(fmt::format("server {} was failed over (placement epoch {})", rank,
+                                  placement_.epoch));
   auto it = peers_.find({role, rank});
   if (it == peers_.end())
     throw NotFound(

@@ -97,6 +97,18 @@ class Node {
   // OK while the job is healthy.
   Status failure() const;
 
+  // Parameter-server fail-over (docs/ps.md, "Fault tolerance"). With
+  // ps_replicas() > 0 the servers are connected to each other too, and a
+  // server's death does not fail the job by itself: the scheduler decides,
+  // and either fails it (no replica left) or publishes a new placement
+  // (kPlacement), which every on_placement callback receives (on the I/O
+  // thread, in epoch order, after the node stopped using that server:
+  // conn() to a dead server throws).
+  int ps_replicas() const { return replicas_; }
+  Placement placement() const;
+  uint64_t placement_epoch() const;
+  void on_placement(std::function<void(const Placement&)> callback);
+
   // Servers: blocks until every worker has left the job (the scheduler says
   // so), up to barrier_timeout; throws the job's failure. A server calls it
   // before shutdown() so it stays under the heartbeat watch while it serves.
@@ -125,6 +137,7 @@ class Node {
   void on_connect(net::ConnId id, const net::PeerInfo& p);
   void on_close(net::ConnId id, const net::PeerInfo& p, const Status& why);
   void fail(Status why);
+  void apply_placement(Placement p);
   void heartbeat_loop();
   Millis suspect_grace() const;
   // Waits on cv_ until pred() or failure or deadline; throws failure/Timeout.
@@ -153,6 +166,9 @@ class Node {
   Status suspect_;
   ClockSource::time_point suspect_deadline_;
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
+  const int replicas_;
+  Placement placement_;
+  std::vector<std::function<void(const Placement&)>> placement_callbacks_;
   bool leaving_ = false;
   bool shutdown_ = false;
   bool workers_done_ = false;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cluster/protocol.h"
 
+#include <algorithm>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -124,6 +125,52 @@ Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string*
   if (!get(r, who)) return bad("peer dead");
   *reason = r.str(kMaxReason);
   return r.done() ? Status{} : bad("peer dead");
+}
+
+int ps_replicas(int configured, int num_servers) {
+  if (num_servers < 2) return 0;
+  int r = configured < 0 ? 1 : configured;
+  return std::min(r, num_servers - 1);
+}
+
+ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead) {
+  ReplicaChain c;
+  for (int i = 0; i <= replicas && num_servers > 0; ++i) {
+    int s = (home + i) % num_servers;
+    if (static_cast<size_t>(s) < dead.size() && dead[static_cast<size_t>(s)]) continue;
+    if (c.primary < 0)
+      c.primary = s;
+    else
+      c.backups.push_back(s);
+  }
+  return c;
+}
+
+int first_lost_home(int num_servers, int replicas, const std::vector<bool>& dead) {
+  for (int h = 0; h < num_servers; ++h)
+    if (replica_chain(h, num_servers, replicas, dead).primary < 0) return h;
+  return -1;
+}
+
+std::vector<std::byte> encode_placement(const Placement& p) {
+  net::Writer w;
+  w.u<uint64_t>(p.epoch).u<uint32_t>(static_cast<uint32_t>(p.dead.size()));
+  for (bool d : p.dead)
+    w.u<uint8_t>(d ? 1 : 0);
+  return w.take();
+}
+
+Status decode_placement(std::span<const std::byte> in, Placement* p) {
+  net::Reader r(in);
+  Placement out;
+  out.epoch = r.u<uint64_t>();
+  uint32_t n = r.u<uint32_t>();
+  if (!r.ok() || n > kMaxNodes) return bad("placement");
+  for (uint32_t i = 0; i < n && r.ok(); ++i)
+    out.dead.push_back(r.u<uint8_t>() != 0);
+  if (!r.done()) return bad("placement");
+  *p = std::move(out);
+  return Status{};
 }
 
 }  // namespace pushpull::cluster

@@ -15,6 +15,10 @@
 //                                     the node found the job failed (e.g. the
 //                                     collectives' detector); the scheduler ends
 //                                     the job with that reason (kAbort)
+//   kPlacement    scheduler -> node   {epoch, dead servers}: a server died and
+//                                     every key range it held has a live
+//                                     backup, which is now its primary
+//                                     (parameter-server fail-over, docs/ps.md)
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -41,7 +45,8 @@ inline constexpr uint16_t kLeave = 23;
 inline constexpr uint16_t kShutdown = 24;
 inline constexpr uint16_t kWorkersDone = 25;
 inline constexpr uint16_t kFailureReport = 26;
-inline constexpr uint16_t kLast = 26;
+inline constexpr uint16_t kPlacement = 27;
+inline constexpr uint16_t kLast = 27;
 }  // namespace msg
 
 // Barrier groups (bit set; kAll = servers and workers, not the scheduler).
@@ -75,6 +80,35 @@ std::vector<std::byte> encode_register(const NodeAddress& me, int32_t preferred_
 Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* preferred_rank);
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book);
 Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book);
+// Parameter-server placement: which servers are gone. Epoch 0 is the job's
+// start (no server dead); every fail-over increments it.
+struct Placement {
+  uint64_t epoch = 0;
+  std::vector<bool> dead;  // index = server rank
+};
+
+// Backups per key range a job uses: `configured` (PUSHPULL_PS_REPLICAS; -1 =
+// the default, 1 when there are at least 2 servers), at most servers - 1.
+int ps_replicas(int configured, int num_servers);
+
+// The replica chain of a key range whose home (its server in the fault-free
+// placement) is `home`: servers home, home+1, ..., home+replicas (mod S).
+// `primary` is the first live one, `backups` the live ones after it; primary
+// is -1 when every server of the chain is dead (the range is lost).
+struct ReplicaChain {
+  int primary = -1;
+  std::vector<int> backups;
+};
+ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead);
+
+// The first home whose whole chain is dead, or -1 when every range has a
+// live server.
+int first_lost_home(int num_servers, int replicas, const std::vector<bool>& dead);
+
+std::vector<std::byte> encode_placement(const Placement& p);
+// Refuses malformed bytes and absurd server counts.
+Status decode_placement(std::span<const std::byte> in, Placement* p);
+
 std::vector<std::byte> encode_dead(const NodeAddress& who, const std::string& reason);
 Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string* reason);
 

@@ -33,7 +33,9 @@ std::string describe_exit(int exit_code, int signal) {
 Scheduler::Scheduler(Options options, const ClockSource& clock)
     : options_(std::move(options)),
       clock_(clock),
-      silence_(clock, options_.cluster.heartbeat_timeout) {
+      silence_(clock, options_.cluster.heartbeat_timeout),
+      replicas_(ps_replicas(options_.cluster.ps_replicas, options_.cluster.num_servers)) {
+  placement_.dead.assign(static_cast<size_t>(std::max(0, options_.cluster.num_servers)), false);
   net::TransportConfig tc;
   tc.net = options_.net;
   tc.role = Role::kScheduler;
@@ -75,7 +77,8 @@ int Scheduler::group_size(Group g) const {
   if (static_cast<uint8_t>(g) & static_cast<uint8_t>(Group::kWorkers))
     n += options_.cluster.num_workers;
   if (static_cast<uint8_t>(g) & static_cast<uint8_t>(Group::kServers))
-    n += options_.cluster.num_servers;
+    n += options_.cluster.num_servers -
+         static_cast<int>(std::count(placement_.dead.begin(), placement_.dead.end(), true));
   return n;
 }
 
@@ -240,12 +243,53 @@ void Scheduler::on_close(net::ConnId id, const net::PeerInfo&, const Status& why
   std::lock_guard lock(mu_);
   auto it = nodes_.find(id);
   if (it == nodes_.end() || it->second.left || finished_) return;
+  lose(id, fmt::format("its connection closed ({}); it crashed, was killed or lost the network",
+                       why.message()));
+}
+
+void Scheduler::lose(net::ConnId id, const std::string& reason) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return;
   NodeAddress who = it->second.addr;
   if (who.rank < 0) who.rank = it->second.preferred;
   silence_.forget(id);
   nodes_.erase(it);
-  fail(who, fmt::format("its connection closed ({}); it crashed, was killed or lost the network",
-                        why.message()));
+  const int servers = options_.cluster.num_servers;
+  if (who.role != Role::kServer || replicas_ == 0 || !complete_ || !failure_.is_ok() ||
+      who.rank < 0 || who.rank >= servers) {
+    fail(who, reason);
+    return;
+  }
+  placement_.dead[static_cast<size_t>(who.rank)] = true;
+  if (int home = first_lost_home(servers, replicas_, placement_.dead); home >= 0) {
+    std::string chain;
+    for (int i = 0; i <= replicas_; ++i)
+      chain += fmt::format("{}{}", i ? ", " : "", (home + i) % servers);
+    fail(who, fmt::format("{}; no replica left: the key ranges placed on server {} lived on "
+                          "servers {} (PUSHPULL_PS_REPLICAS={}), all dead",
+                          reason, home, chain, replicas_));
+    return;
+  }
+  placement_.epoch++;
+  PP_WARN("fail-over: {} failed: {}; its key ranges move to their backups (placement epoch {})",
+          describe_node(who), reason, placement_.epoch);
+  // A stopped server that wakes up later must not serve anyone: it is told
+  // to abort, and its connection is closed.
+  auto bye = encode_dead(who, "this server was failed over: " + reason);
+  broadcast(msg::kPlacement, encode_placement(placement_));
+  transport_->send_copy(id, net::Header{.type = msg::kAbort}, bye.data(), bye.size());
+  transport_->close(id, {ErrorCode::kPeerFailure, "failed over"});
+}
+
+bool Scheduler::failed_over(Role role, int rank) const {
+  std::lock_guard lock(mu_);
+  return role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
+         placement_.dead[static_cast<size_t>(rank)];
+}
+
+uint64_t Scheduler::placement_epoch() const {
+  std::lock_guard lock(mu_);
+  return placement_.epoch;
 }
 
 void Scheduler::fail(const NodeAddress& who, const std::string& reason) {
@@ -284,11 +328,9 @@ void Scheduler::check_timers() {
   if (auto expired = silence_.first_expired()) {
     auto it = nodes_.find(expired->first);
     if (it != nodes_.end()) {
-      NodeAddress who = it->second.addr;
-      if (who.rank < 0) who.rank = it->second.preferred;
-      fail(who, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
-                            "unreachable",
-                            expired->second.count(), c.heartbeat_timeout.count()));
+      lose(expired->first, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung "
+                                       "or unreachable",
+                                       expired->second.count(), c.heartbeat_timeout.count()));
       return;
     }
     silence_.forget(expired->first);
@@ -363,12 +405,22 @@ void Scheduler::process_exited(Role role, int rank, int exit_code, int signal) {
              describe_exit(exit_code, signal));
     return;
   }
+  if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
+      placement_.dead[static_cast<size_t>(rank)]) {
+    PP_INFO("server {} (failed over) {}", rank, describe_exit(exit_code, signal));
+    return;
+  }
   Entry* e = find_node(role, rank);
   if (e && e->left) return;  // it left in order: its exit is the normal end
   NodeAddress who = e ? e->addr : NodeAddress{role, rank, "", 0};
   if (who.rank < 0) who.rank = rank;
   if (exit_code != 0 || signal > 0) {
-    fail(who, fmt::format("its process {}", describe_exit(exit_code, signal)));
+    std::string why = fmt::format("its process {}", describe_exit(exit_code, signal));
+    if (e) {
+      for (auto& [id, n] : nodes_)
+        if (&n == e) return lose(id, why);
+    }
+    fail(who, why);
     return;
   }
   if (e) {

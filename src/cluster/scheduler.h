@@ -26,6 +26,14 @@
 // such an exit fails the job naming that worker (the others would wait for it
 // forever).
 //
+// Parameter-server fail-over: with ps_replicas(...) > 0 (PUSHPULL_PS_REPLICAS),
+// a server that dies after registration completed (connection closed,
+// silent, its process ended) does not fail the job while every key range
+// still has a live server in its replica chain: the scheduler marks it dead,
+// closes its connection, increments the placement epoch and broadcasts
+// kPlacement to every other node. When a range has no live server left the
+// job fails as before, naming the servers of that range.
+//
 // Root cause: the job's status is the first failure recorded; later failures
 // (nodes exiting because of it) are consequences and only logged.
 //
@@ -79,6 +87,11 @@ class Scheduler {
   void process_exited(Role role, int rank, int exit_code, int signal);
   // How many nodes have registered so far (tests, progress reports).
   int registered() const;
+  // Whether server `rank` (launcher rank) was failed over: its end does not
+  // end the job (the launcher keeps the others running).
+  bool failed_over(Role role, int rank) const;
+  // The current placement epoch (0 until a fail-over).
+  uint64_t placement_epoch() const;
 
  private:
   struct Entry {
@@ -90,6 +103,9 @@ class Scheduler {
   void on_close(net::ConnId id, const net::PeerInfo& peer, const Status& why);
   void assign_ranks();                                           // mu_ held
   void fail(const NodeAddress& who, const std::string& reason);  // mu_ held
+  // A registered node is gone (mu_ held; its entry is still in nodes_): a
+  // server fails over when it can, anything else fails the job.
+  void lose(net::ConnId id, const std::string& reason);
   void abort_job(Status why);                                    // mu_ held
   void broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key = 0,
                  uint64_t request_id = 0);  // mu_ held
@@ -117,6 +133,8 @@ class Scheduler {
   // Workers (launcher rank) that exited 0 before registering, and when the
   // first did (the 2 s grace for the others to follow).
   std::set<int> exited_unregistered_;
+  const int replicas_;
+  Placement placement_;
   ClockSource::time_point first_unregistered_exit_{};
 };
 

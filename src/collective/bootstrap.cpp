@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "collective/elastic_client.h"
 #include "collective/inprocess_transport.h"
 #include "collective/rendezvous.h"
 #include "collective/tcp_transport.h"
@@ -21,6 +22,8 @@ namespace {
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
+
+}  // namespace
 
 // The mesh's own NetOptions: connecting may take as long as startup.
 NetOptions mesh_net(const Options& o) {
@@ -59,6 +62,8 @@ void set_local(const Options& o, const std::vector<std::pair<std::string, int>>&
   out->local_rank = o.collective.local_rank >= 0 ? o.collective.local_rank : lr;
   out->local_size = o.collective.local_size >= 0 ? o.collective.local_size : ls;
 }
+
+namespace {
 
 Bootstrapped from_cluster(const Options& o) {
   struct Ports {
@@ -188,6 +193,8 @@ std::string_view bootstrap_mode_name(BootstrapMode m) {
       return "cluster";
     case BootstrapMode::kRendezvous:
       return "rendezvous";
+    case BootstrapMode::kElastic:
+      return "elastic";
   }
   return "invalid";
 }
@@ -207,6 +214,7 @@ BootstrapMode bootstrap_mode(const Options& o) {
   if (role == Role::kServer || role == Role::kScheduler)
     throw InvalidArgument(fmt::format(
         "collectives run among the workers; this process is a {} (DMLC_ROLE)", role_name(role)));
+  if (elastic::client_config_from_env(o)) return BootstrapMode::kElastic;
   if (role == Role::kWorker && o.cluster.num_servers >= 1) return BootstrapMode::kCluster;
   const CollectiveOptions& c = o.collective;
   if (c.rank < 0 && c.size < 0) {
@@ -239,6 +247,8 @@ Bootstrapped bootstrap(const Options& options) {
       return from_cluster(options);
     case BootstrapMode::kRendezvous:
       return from_rendezvous(options);
+    case BootstrapMode::kElastic:
+      return elastic::bootstrap_elastic(options);
     case BootstrapMode::kSingle:
       break;
   }

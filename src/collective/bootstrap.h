@@ -59,8 +59,12 @@ inline constexpr uint16_t kHelloType = 130;
 inline constexpr uint16_t kBookType = 131;
 inline constexpr uint16_t kRefuseType = 132;
 
-enum class BootstrapMode { kSingle, kCluster, kRendezvous };
-std::string_view bootstrap_mode_name(BootstrapMode m);  // "single", "cluster", "rendezvous"
+// kElastic: a worker of `pushpull launch --min-workers/--max-workers`
+// (PUSHPULL_ELASTIC_ADDR set): the launcher's rendezvous places it in a round
+// (elastic_client.h).
+enum class BootstrapMode { kSingle, kCluster, kRendezvous, kElastic };
+// "single", "cluster", "rendezvous", "elastic"
+std::string_view bootstrap_mode_name(BootstrapMode m);
 
 struct Bootstrapped {
   BootstrapMode mode = BootstrapMode::kSingle;
@@ -81,6 +85,15 @@ BootstrapMode bootstrap_mode(const Options& options);
 
 // Builds the transport. Blocks up to options.cluster.startup_timeout.
 Bootstrapped bootstrap(const Options& options);
+
+// The pieces every mode shares (elastic_client.cpp builds its mesh with them):
+// the mesh's NetOptions (connecting may take as long as startup), its failure
+// detector settings, and local_rank / local_size from the options or the book.
+NetOptions mesh_net(const Options& o);
+struct LivenessConfig;
+LivenessConfig mesh_liveness(const Options& o, bool cluster);
+void set_local(const Options& o, const std::vector<std::pair<std::string, int>>& book, int rank,
+               Bootstrapped* out);
 
 // Counts local_rank / local_size among the ranks of `hosts` with hosts[rank]'s value.
 std::pair<int, int> local_of(const std::vector<std::string>& hosts, int rank);

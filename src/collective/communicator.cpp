@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "collective/engine.h"
 
@@ -53,6 +54,23 @@ void check_name(const std::string& name) {
         "collective: op name '{}' is empty or starts with '__' (reserved); name each op", name));
 }
 
+// A process set's members: sorted, unique ranks of the group including this
+// rank (empty: every rank).
+std::vector<int32_t> checked_members(std::vector<int> members, int rank, int size,
+                                     const std::string& name) {
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  if (!members.empty() && (members.front() < 0 || members.back() >= size))
+    throw InvalidArgument(
+        fmt::format("collective: '{}': process set rank {} is not a rank of the group (size {})",
+                    name, members.front() < 0 ? members.front() : members.back(), size));
+  if (!members.empty() && !std::binary_search(members.begin(), members.end(), rank))
+    throw InvalidArgument(
+        fmt::format("collective: '{}': rank {} is not in the process set [{}] it submitted to",
+                    name, rank, fmt::join(members, ", ")));
+  return {members.begin(), members.end()};
+}
+
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommunicatorOptions options) {
@@ -79,47 +97,77 @@ int Communicator::local_size() const {
 }
 
 Handle Communicator::allreduce_async(std::string name, ArrayView input, ArrayView output,
-                                     Reduction op) {
+                                     Reduction op, std::vector<int> members) {
   check_name(name);
   check_view(input, "input", name);
   check_view(output, "output", name);
   if (input.dtype != output.dtype || !(input.shape == output.shape))
     throw InvalidArgument(fmt::format("collective: allreduce '{}': output {} differs from input {}",
                                       name, output.describe(), input.describe()));
-  Spec s{std::move(name), OpType::kAllreduce, input.dtype, op, 0, input.shape};
+  Spec s{name,
+         OpType::kAllreduce,
+         input.dtype,
+         op,
+         0,
+         input.shape,
+         checked_members(std::move(members), rank(), size(), name)};
   return impl_->submit(std::move(s), input, output);
 }
 void Communicator::allreduce(std::string name, ArrayView input, ArrayView output, Reduction op) {
   wait(allreduce_async(std::move(name), input, output, op));
 }
 
-Handle Communicator::broadcast_async(std::string name, ArrayView data, int root) {
+Handle Communicator::broadcast_async(std::string name, ArrayView data, int root,
+                                     std::vector<int> members) {
   check_name(name);
   check_view(data, "data", name);
   if (root < 0 || root >= size())
     throw InvalidArgument(fmt::format("collective: broadcast '{}': root {} is not a rank (size {})",
                                       name, root, size()));
-  Spec s{std::move(name), OpType::kBroadcast, data.dtype, Reduction::kSum, root, data.shape};
+  Spec s{name,
+         OpType::kBroadcast,
+         data.dtype,
+         Reduction::kSum,
+         root,
+         data.shape,
+         checked_members(std::move(members), rank(), size(), name)};
+  if (!s.includes(root))
+    throw InvalidArgument(
+        fmt::format("collective: broadcast '{}': root {} is not in the process set [{}]", s.name,
+                    root, fmt::join(s.members, ", ")));
   return impl_->submit(std::move(s), data, data);
 }
 void Communicator::broadcast(std::string name, ArrayView data, int root) {
   wait(broadcast_async(std::move(name), data, root));
 }
 
-Handle Communicator::allgather_async(std::string name, ArrayView input) {
+Handle Communicator::allgather_async(std::string name, ArrayView input, std::vector<int> members) {
   check_name(name);
   check_view(input, "input", name);
-  Spec s{std::move(name), OpType::kAllgather, input.dtype, Reduction::kSum, 0, input.shape};
+  Spec s{name,
+         OpType::kAllgather,
+         input.dtype,
+         Reduction::kSum,
+         0,
+         input.shape,
+         checked_members(std::move(members), rank(), size(), name)};
   return impl_->submit(std::move(s), input, input);
 }
 Array Communicator::allgather(std::string name, ArrayView input) {
   return take_output(allgather_async(std::move(name), input));
 }
 
-Handle Communicator::reduce_scatter_async(std::string name, ArrayView input, Reduction op) {
+Handle Communicator::reduce_scatter_async(std::string name, ArrayView input, Reduction op,
+                                          std::vector<int> members) {
   check_name(name);
   check_view(input, "input", name);
-  Spec s{std::move(name), OpType::kReduceScatter, input.dtype, op, 0, input.shape};
+  Spec s{name,
+         OpType::kReduceScatter,
+         input.dtype,
+         op,
+         0,
+         input.shape,
+         checked_members(std::move(members), rank(), size(), name)};
   return impl_->submit(std::move(s), input, input);
 }
 Array Communicator::reduce_scatter(std::string name, ArrayView input, Reduction op) {
@@ -134,7 +182,8 @@ Handle Communicator::barrier_async() {
          DType::kUInt8,
          Reduction::kSum,
          0,
-         Shape{}};
+         Shape{},
+         {}};
   return impl_->submit(std::move(s), ArrayView(), ArrayView());
 }
 void Communicator::barrier() {
@@ -144,8 +193,11 @@ void Communicator::barrier() {
 Handle Communicator::join_async() {
   return impl_->join();
 }
-void Communicator::join() {
-  wait(join_async());
+int Communicator::join() {
+  Handle h = join_async();
+  wait(h);
+  std::lock_guard lock(h.state_->mu);
+  return h.state_->value;
 }
 
 bool Communicator::poll(const Handle& h) const {

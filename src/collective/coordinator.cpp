@@ -38,6 +38,12 @@ void ResponseCache::record(uint32_t id, const Spec& s) {
 Coordinator::Coordinator(int size, const CollectiveOptions& opts, ResponseCache& cache)
     : size_(size), opts_(opts), cache_(cache), joined_(static_cast<size_t>(size), false) {}
 
+const Spec* Coordinator::first_spec(const Pending& p) {
+  for (const auto& s : p.specs)
+    if (s) return &*s;
+  throw ProtocolError("collective: a pending tensor without a submission");  // cannot happen
+}
+
 Clock::duration Coordinator::seconds(double s) const {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
@@ -46,6 +52,9 @@ void Coordinator::submit(int rank, Spec spec, Clock::time_point now) {
   if (spec.root < 0 || spec.root >= size_)
     throw InvalidArgument(fmt::format("collective: tensor '{}': root {} is not a rank (size {})",
                                       spec.name, spec.root, size_));
+  if (!spec.includes(rank))
+    throw ProtocolError(fmt::format(
+        "collective: rank {} submitted tensor '{}' of a process set without it", rank, spec.name));
   auto [it, fresh] = pending_.try_emplace(spec.name);
   Pending& p = it->second;
   if (fresh) {
@@ -72,11 +81,13 @@ void Coordinator::join(int rank, Clock::time_point now) {
   if (!joined_[static_cast<size_t>(rank)]) {
     joined_[static_cast<size_t>(rank)] = true;
     ++njoined_;
+    last_joined_ = rank;
   }
   check_all(now);
   if (njoined_ == size_) {
     Item item;
     item.response.kind = Response::Kind::kJoinDone;
+    item.response.joined.push_back(last_joined_);  // join() returns it (as Horovod)
     item.ready_at = now;
     ready_.push_back(std::move(item));
     std::fill(joined_.begin(), joined_.end(), false);
@@ -96,8 +107,10 @@ void Coordinator::check(const std::string& name, Clock::time_point now) {
   auto it = pending_.find(name);
   if (it == pending_.end()) return;
   Pending& p = it->second;
+  const Spec* any = first_spec(p);
   for (int r = 0; r < size_; ++r)
-    if (!p.specs[static_cast<size_t>(r)] && !joined_[static_cast<size_t>(r)]) return;
+    if (!p.specs[static_cast<size_t>(r)] && !joined_[static_cast<size_t>(r)] && any->includes(r))
+      return;
   Item item;
   item.ready_at = now;
   const Spec* first = nullptr;
@@ -111,8 +124,10 @@ void Coordinator::check(const std::string& name, Clock::time_point now) {
     std::vector<std::string> each;
     for (int r = 0; r < size_; ++r) {
       const auto& s = p.specs[static_cast<size_t>(r)];
-      each.push_back(s ? fmt::format("rank {}: {}", r, s->describe())
-                       : fmt::format("rank {}: joined", r));
+      if (s)
+        each.push_back(fmt::format("rank {}: {}", r, s->describe()));
+      else if (joined_[static_cast<size_t>(r)])
+        each.push_back(fmt::format("rank {}: joined", r));
     }
     item.response.kind = Response::Kind::kError;
     item.response.code = ErrorCode::kInvalidArgument;
@@ -161,8 +176,9 @@ std::vector<Response> Coordinator::poll(Clock::time_point now, std::vector<Stall
     Pending& p = it->second;
     auto age = now - p.first;
     std::vector<int> missing;
+    const Spec* any = first_spec(p);
     for (int r = 0; r < size_; ++r)
-      if (!p.specs[static_cast<size_t>(r)] && !joined_[static_cast<size_t>(r)])
+      if (!p.specs[static_cast<size_t>(r)] && !joined_[static_cast<size_t>(r)] && any->includes(r))
         missing.push_back(r);
     double waited = std::chrono::duration<double>(age).count();
     if (opts_.stall_shutdown_seconds > 0 && age >= seconds(opts_.stall_shutdown_seconds)) {

@@ -3,7 +3,8 @@
 // submissions and sends what poll() returns), and the response cache every
 // rank keeps.
 //
-// A tensor is ready once every rank has submitted it or has joined. Ready
+// A tensor is ready once every rank has submitted it or has joined (for a
+// process set: every member; the other ranks take part as joined ranks do). Ready
 // tensors are checked for agreement (mismatch -> an error response naming
 // every rank's signature), then handed out in the order they became ready;
 // consecutive allreduces with the same dtype, reduction and joined ranks are
@@ -79,6 +80,7 @@ class Coordinator {
   };
   void check(const std::string& name, Clock::time_point now);
   void check_all(Clock::time_point now);
+  static const Spec* first_spec(const Pending& p);
   ResponseTensor tensor_of(const Spec& s);
   // A small allreduce: may be fused with the next ready ones, and may wait.
   bool fusible(const Item& item) const;
@@ -90,6 +92,7 @@ class Coordinator {
   std::map<std::string, Pending> pending_;
   std::vector<bool> joined_;
   int njoined_ = 0;
+  int last_joined_ = -1;
   std::vector<Item> ready_;
 };
 

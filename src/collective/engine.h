@@ -40,6 +40,7 @@ struct HandleState {
   bool done = false;
   Status status;
   Array output;
+  int value = -1;  // join: the rank that joined last
   void complete(Status st);
 };
 }  // namespace detail

@@ -49,6 +49,24 @@ Shape with_rows(const Shape& s, int64_t rows) {
   return Shape(std::span<const int64_t>(dims));
 }
 
+// even_blocks over the members of spec's process set (every rank when it
+// has none); the other ranks get empty blocks.
+std::vector<Block> member_blocks(const Spec& spec, size_t rows, int size) {
+  if (spec.members.empty()) return even_blocks(rows, size);
+  auto parts = even_blocks(rows, static_cast<int>(spec.members.size()));
+  std::vector<Block> blocks(static_cast<size_t>(size));
+  size_t next = 0, offset = 0;
+  for (int r = 0; r < size; ++r) {
+    if (next < spec.members.size() && spec.members[next] == r) {
+      blocks[static_cast<size_t>(r)] = parts[next++];
+      offset = blocks[static_cast<size_t>(r)].offset + blocks[static_cast<size_t>(r)].count;
+    } else {
+      blocks[static_cast<size_t>(r)] = Block{offset, 0};
+    }
+  }
+  return blocks;
+}
+
 }  // namespace
 
 Communicator::Impl::LocalOp* Communicator::Impl::find(const std::string& name) {
@@ -112,7 +130,13 @@ void Communicator::Impl::execute_one(Response& r) {
       h = std::move(join_handle_);
       join_handle_.reset();
     }
-    if (h) h->complete(Status::ok());
+    if (h) {
+      {
+        std::lock_guard lock(h->mu);
+        h->value = r.joined.empty() ? -1 : r.joined[0];
+      }
+      h->complete(Status::ok());
+    }
     return;
   }
   if (r.tensors.empty()) throw ProtocolError("collective: response without tensors");
@@ -235,7 +259,7 @@ void Communicator::Impl::run_reduce_scatter(const Response& r, const Spec& spec,
   const ReduceOp kop = kernel_op(spec.reduction);
   const int64_t rows = rows_of(spec.shape);
   const int64_t row_elems = row_elems_of(spec.shape);
-  auto blocks = even_blocks(static_cast<size_t>(rows), size_);
+  auto blocks = member_blocks(spec, static_cast<size_t>(rows), size_);
   const int64_t my_rows = static_cast<int64_t>(blocks[static_cast<size_t>(rank_)].count);
   for (auto& b : blocks) {
     b.offset *= static_cast<size_t>(row_elems);

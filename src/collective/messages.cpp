@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/messages.h"
 
+#include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "net/wire.h"
 #include "pushpull/checked.h"
@@ -16,7 +18,7 @@ constexpr size_t kMaxName = size_t{1} << 16;
 constexpr size_t kMaxMessage = size_t{1} << 20;
 
 // Smallest encodings, for Reader::count's check against the remaining input.
-constexpr size_t kMinSpecBytes = 4 + 3 + 4 + 1;
+constexpr size_t kMinSpecBytes = 4 + 3 + 4 + 1 + 4;
 constexpr size_t kMinTensorBytes = 4 + 4 + 1;
 constexpr size_t kMinResponseBytes = 1 + 4 + 4 + 4 + 4 + 4;
 
@@ -29,6 +31,9 @@ void put_spec(net::Writer& w, const Spec& s) {
   w.u<uint8_t>(static_cast<uint8_t>(s.shape.ndim()));
   for (int i = 0; i < s.shape.ndim(); ++i)
     w.u<int64_t>(s.shape[i]);
+  w.u<uint32_t>(static_cast<uint32_t>(s.members.size()));
+  for (int32_t m : s.members)
+    w.u<int32_t>(m);
 }
 
 std::string as_string(std::vector<std::byte>&& b) {
@@ -79,6 +84,18 @@ struct Decoder {
     if (!Shape::checked_numel(used, &numel) || !checked_bytes(numel, dtype_size(s->dtype), &bytes))
       return fail("shape too large");
     s->shape = Shape(used);
+    // Members: strictly increasing ranks of this group (bounded by size).
+    s->members.clear();
+    for (size_t i = 0, n = r.count(static_cast<size_t>(size), 4); i < n && r.ok(); ++i) {
+      int32_t m = r.u<int32_t>();
+      if (!r.ok()) return false;
+      if (m < 0 || m >= size || (!s->members.empty() && m <= s->members.back()))
+        return fail(fmt::format("process set member {}", m));
+      s->members.push_back(m);
+    }
+    if (!r.ok()) return false;
+    if (!s->members.empty() && !s->includes(s->root) && s->type == OpType::kBroadcast)
+      return fail(fmt::format("broadcast root {} outside its process set", s->root));
     return true;
   }
 };
@@ -103,11 +120,15 @@ std::string_view op_type_name(OpType t) {
 
 bool operator==(const Spec& a, const Spec& b) {
   return a.name == b.name && a.type == b.type && a.dtype == b.dtype && a.reduction == b.reduction &&
-         a.root == b.root && a.shape == b.shape;
+         a.root == b.root && a.shape == b.shape && a.members == b.members;
+}
+
+bool Spec::includes(int rank) const {
+  return members.empty() || std::binary_search(members.begin(), members.end(), rank);
 }
 
 bool Spec::compatible(const Spec& o) const {
-  if (name != o.name || type != o.type || dtype != o.dtype) return false;
+  if (name != o.name || type != o.type || dtype != o.dtype || members != o.members) return false;
   switch (type) {
     case OpType::kAllreduce:
     case OpType::kReduceScatter:
@@ -131,6 +152,7 @@ std::string Spec::describe() const {
   if (type == OpType::kAllreduce || type == OpType::kReduceScatter)
     s += fmt::format(" {}", reduction_name(reduction));
   if (type == OpType::kBroadcast) s += fmt::format(" root {}", root);
+  if (!members.empty()) s += fmt::format(" ranks [{}]", fmt::join(members, ", "));
   return s;
 }
 

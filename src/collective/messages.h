@@ -37,6 +37,13 @@ struct Spec {
   Reduction reduction = Reduction::kSum;
   int32_t root = 0;
   Shape shape;
+  // A process set (Horovod's): the ranks taking part, sorted, without
+  // duplicates; empty means every rank. The others take part in the algorithm
+  // as a joined rank does (identity, zero rows), without submitting.
+  std::vector<int32_t> members;
+
+  // Whether `rank` takes part (a member, or every rank when members is empty).
+  bool includes(int rank) const;
 
   // numel * dtype size; throws InvalidArgument on overflow (decoded specs
   // never overflow: the decoder rejects them).

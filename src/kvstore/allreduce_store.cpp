@@ -88,6 +88,7 @@ void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayV
     e->name = "kv." + keys[i].to_string();
     e->value = Array::copy_of(values[i]);
     e->shard = mix_hash(keys[i].hash());
+    e->id = next_id_++;
     handles.push_back(comm_->broadcast_async(e->name + ".init", e->value.view(), 0));
     made.push_back(std::move(e));
   }
@@ -101,27 +102,6 @@ void AllreduceStore::init(const std::vector<Key>& keys, const std::vector<ArrayV
   int_keys_ = keys.front().is_int();
 }
 
-void AllreduceStore::apply_grad(Entry& e, const ArrayView& grad, const Apply* apply) {
-  const DType dt = e.value.dtype();
-  const size_t n = static_cast<size_t>(e.value.numel());
-  if (apply && apply->optimizer) {
-    // float32 gradient for 16-bit weights, as the local store gives it.
-    apply->optimizer->update(e.key, e.value.view(), grad);
-    return;
-  }
-  if (!apply || !apply->updater) {
-    if (n) convert(dt, e.value.data(), grad.dtype, grad.data, n);  // a copy unless 16-bit
-    return;
-  }
-  if (grad.dtype == dt) {
-    apply->updater(e.key, grad, e.value.view());
-    return;
-  }
-  Array rounded(e.value.shape(), dt);  // 16-bit: the updater sees the key's dtype
-  if (n) convert(dt, rounded.data(), grad.dtype, grad.data, n);
-  apply->updater(e.key, rounded.view(), e.value.view());
-}
-
 void AllreduceStore::copy_out(const Entry& e, const ArrayList& outs) {
   const size_t n = static_cast<size_t>(e.value.numel());
   if (n == 0) return;
@@ -131,6 +111,7 @@ void AllreduceStore::copy_out(const Entry& e, const ArrayList& outs) {
 
 void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList* outs,
                               std::shared_ptr<const Apply> apply,
+                              std::shared_ptr<compress::Compressor> compressor,
                               const std::shared_ptr<Completion>& done) {
   std::lock_guard lock(e.submit_mu);
   const uint64_t seq = e.pushes;
@@ -141,6 +122,7 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
   }
   const DType dt = e.value.dtype(), wire = wire_dtype(dt);
   const size_t n = static_cast<size_t>(e.value.numel());
+  if (!is_floating(dt)) compressor.reset();  // integer keys travel as they are
   Array& g = e.grad[slot];
   if (g.empty() || g.dtype() != wire || !(g.shape() == e.value.shape()))
     g = Array(e.value.shape(), wire);
@@ -158,7 +140,23 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
       }
     }
   }
-  collective::Handle h = comm_->allreduce_async(fmt::format("{}#{}", e.name, slot), g.view(),
+  ArrayView on_the_ring = g.view();
+  if (compressor) {  // fp16 (the only type a ring can sum): half the bytes on the wire
+    Array& h = e.half[slot];
+    if (h.empty() || !(h.shape() == e.value.shape())) h = Array(e.value.shape(), DType::kFloat16);
+    std::vector<float> g32;
+    const float* f32 = g.as<float>();
+    if (wire != DType::kFloat32 && n) {
+      g32.resize(n);
+      convert(DType::kFloat32, g32.data(), wire, g.data(), n);
+      f32 = g32.data();
+    }
+    if (n)
+      compressor->encode_raw(e.id, values[0].device.id, n, 0, f32, n,
+                             static_cast<std::byte*>(h.data()));
+    on_the_ring = h.view();
+  }
+  collective::Handle h = comm_->allreduce_async(fmt::format("{}#{}", e.name, slot), on_the_ring,
                                                 collective::Reduction::kSum);
   ++e.pushes;
   auto mine = std::make_shared<Completion>(1);
@@ -166,12 +164,17 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
   std::optional<ArrayList> pull_to;
   if (outs) pull_to = *outs;
   Entry* ep = &e;
+  const bool decode = compressor != nullptr;
   exec_.submit(
       e.shard,
-      [this, ep, h, slot, mine, apply = std::move(apply), pull_to = std::move(pull_to)] {
+      [this, ep, h, slot, mine, decode, apply = std::move(apply), pull_to = std::move(pull_to)] {
         try {
           comm_->wait(h, wait_timeout());
-          apply_grad(*ep, ep->grad[slot].view(), apply.get());
+          Array& g = ep->grad[slot];
+          const size_t count = static_cast<size_t>(g.numel());
+          if (decode && count)  // the float16 sum back into the reduce dtype
+            convert(g.dtype(), g.data(), DType::kFloat16, ep->half[slot].data(), count);
+          kv::apply_update(apply.get(), ep->key, g.view(), ep->value.view(), ep->rounded);
           if (pull_to) copy_out(*ep, *pull_to);
           mine->finish();
         } catch (...) {
@@ -200,14 +203,16 @@ KVHandle AllreduceStore::pushpull_async(const std::vector<Key>& keys,
       kv::check_list(op, type_, es[i]->key, held.shape, held.dtype, outs[i], "output");
   }
   std::shared_ptr<const Apply> apply;
+  std::shared_ptr<compress::Compressor> compressor;
   {
     std::shared_lock lock(mu_);
     apply = rule_.get();
+    compressor = compressor_;
   }
   auto done = std::make_shared<Completion>(static_cast<int>(es.size()));
   for (size_t i = 0; i < es.size(); ++i) {
     try {
-      push_key(*es[i], values[i], outs.empty() ? nullptr : &outs[i], apply, done);
+      push_key(*es[i], values[i], outs.empty() ? nullptr : &outs[i], apply, compressor, done);
     } catch (...) {
       // Keys already submitted complete on their own; this and later ones fail.
       Status s = Status::from_current_exception();
@@ -293,16 +298,17 @@ void AllreduceStore::load_optimizer_states(const std::string& path) {
 }
 
 void AllreduceStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
-  for (const auto& [k, v] : params) {
-    if (k != "type" && k != "threshold")
-      throw InvalidArgument(
-          fmt::format("unknown gradient compression parameter '{}'; valid: type, threshold", k));
-    if (k == "type" && v != "none")
-      throw InvalidArgument(fmt::format(
-          "gradient compression '{}' is not supported by the '{}' store (only 'none'); use "
-          "dist_sync with servers for 2-bit compression",
-          v, type_));
-  }
+  const compress::Settings settings = compress::parse_settings(params);  // the one parser
+  if (settings.quantises())
+    throw InvalidArgument(fmt::format(
+        "gradient compression '{}' is not supported by the '{}' store: a ring sums values on the "
+        "way, and {}-quantised values cannot be summed without decoding them at every hop (an "
+        "allgather of every worker's codes would cost num_workers times the compressed size); "
+        "use 'fp16' here, or dist_sync with servers for 1bit/2bit",
+        settings.to_string(), type_, compress::type_name(settings.type)));
+  auto compressor = settings.enabled() ? std::make_shared<compress::Compressor>(settings) : nullptr;
+  std::unique_lock lock(mu_);
+  compressor_ = std::move(compressor);  // new settings start from zero residuals
 }
 
 }  // namespace pushpull

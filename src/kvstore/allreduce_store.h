@@ -20,7 +20,11 @@
 // - set_updater / set_optimizer are local: call them on every worker alike.
 //   save/load_optimizer_states use the local optimizer (identical on every
 //   worker), in the local store's file format.
-// - Gradient compression is not supported (only type "none").
+// - Gradient compression: "fp16" sends float16 on the ring (the engine sums
+//   in float32 at each step and rounds back), with a float32 residual per key
+//   and device carrying each worker's rounding error to its next push;
+//   every worker must set the same compression. "1bit"/"2bit" are refused
+//   (quantised codes cannot be summed on the way; see docs/kvstore.md).
 // - barrier waits for this worker's operations, then for every worker.
 //
 // How: a push submits its allreduce from the calling thread at once, named
@@ -48,6 +52,7 @@
 #include <string>
 
 #include "base/executor.h"
+#include "compress/compressor.h"
 #include "pushpull/collective.h"
 #include "pushpull/kvstore.h"
 
@@ -95,6 +100,7 @@ class AllreduceStore final : public KVStore {
   static constexpr int kSlots = 4;
   struct Entry {
     Key key;
+    uint64_t id = 0;   // this store's number for the key (compression residuals)
     std::string name;  // "kv.<key>"
     Array value;
     uint64_t shard = 0;
@@ -102,6 +108,8 @@ class AllreduceStore final : public KVStore {
     uint64_t pushes = 0;   // guarded by submit_mu
     // Per slot: the reduced gradient and the completion of the push using it.
     std::array<Array, kSlots> grad;
+    std::array<Array, kSlots> half;  // fp16 compression: what travels on the ring
+    Array rounded;                   // the sum rounded for an updater (16-bit keys)
     std::array<std::shared_ptr<Completion>, kSlots> busy;
   };
   using Apply = kv::UpdateRule;
@@ -110,8 +118,9 @@ class AllreduceStore final : public KVStore {
   // Sums `values`, submits the allreduce and queues its apply (+ the pull
   // into `outs` when given) on the key's shard; finishes one part of `done`.
   void push_key(Entry& e, const ArrayList& values, const ArrayList* outs,
-                std::shared_ptr<const Apply> apply, const std::shared_ptr<Completion>& done);
-  static void apply_grad(Entry& e, const ArrayView& grad, const Apply* apply);
+                std::shared_ptr<const Apply> apply,
+                std::shared_ptr<compress::Compressor> compressor,
+                const std::shared_ptr<Completion>& done);
   static void copy_out(const Entry& e, const ArrayList& outs);
 
   const std::string type_;
@@ -122,6 +131,8 @@ class AllreduceStore final : public KVStore {
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::optional<bool> int_keys_;
   kv::UpdateRuleSlot rule_;
+  std::shared_ptr<compress::Compressor> compressor_;  // guarded by mu_; null: none
+  std::atomic<uint64_t> next_id_{0};
   ShardedExecutor exec_;  // last: drained first on destruction
 };
 

@@ -9,7 +9,7 @@
 #include "base/executor.h"
 #include "base/metrics.h"
 #include "base/timeline.h"
-#include "compress/two_bit.h"
+#include "compress/compressor.h"
 #include "kvstore/validate.h"
 #include "ps/protocol.h"
 #include "pushpull/kernels.h"
@@ -38,6 +38,9 @@ struct DistStore::Pending {
   int server = 0;
   std::optional<net::RecvMatch> posted;
   OnData on_data;
+  bool command = false;
+  // Sends this request again (a new request id) to the current primary.
+  std::function<void()> resend;
 };
 
 DistStore::DistStore(std::string type, const Options& options)
@@ -58,6 +61,8 @@ DistStore::DistStore(std::string type, const Options& options)
   node_->set_handler(ps::msg::kFirst, ps::msg::kLast,
                      [this](net::Message&& m) { on_message(std::move(m)); });
   node_->on_peer_failure([this](const Status& s) { on_failure(s); });
+  replicas_ = node_->ps_replicas();
+  node_->on_placement([this](const cluster::Placement& p) { on_placement(p); });
   try {
     node_->start();
     Status mode;
@@ -115,20 +120,35 @@ std::vector<DistStore::KeyInfo*> DistStore::infos(const char* op, const std::vec
 
 // ---- requests and replies -------------------------------------------------
 
-void DistStore::request(int server, net::Header h, const void* data, size_t n,
+int DistStore::primary_of(int home) const {
+  if (replicas_ == 0) return home;
+  int p = cluster::replica_chain(home, node_->num_servers(), replicas_, placement_.dead).primary;
+  return p < 0 ? home : p;  // none left: the scheduler fails the job
+}
+
+void DistStore::request(int home, net::Header h, const void* data, size_t n,
                         std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
-                        int priority, OnData on_data) {
+                        int priority, OnData on_data, bool command) {
   uint64_t rid = next_request_++;
+  auto resend = [this, home, h, data, n, keep_alive, done, priority, on_data, command] {
+    request(home, h, data, n, keep_alive, done, priority, on_data, command);
+  };
   h.request_id = rid;
   PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, n);  // metrics hook
   PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), h.type == ps::msg::kPush ? "PUSH" : "REQUEST",
                           rid, static_cast<int64_t>(h.key),
                           static_cast<int64_t>(n));  // timeline hook
+  int server;
   {
     std::lock_guard lock(mu_);
     if (!failure_.is_ok()) return done->finish(failure_);
-    pending_[rid] =
-        std::make_unique<Pending>(Pending{done, server, std::nullopt, std::move(on_data)});
+    if (command && static_cast<size_t>(home) < placement_.dead.size() &&
+        placement_.dead[static_cast<size_t>(home)])
+      return done->finish(Status::ok());  // failed over: nothing of it is left to command
+    server = command ? home : primary_of(home);
+    h.flags |= ps::epoch_flags(placement_.epoch);
+    pending_[rid] = std::make_unique<Pending>(
+        Pending{done, server, std::nullopt, std::move(on_data), command, std::move(resend)});
   }
   node_->send(
       Role::kServer, server, h, data, n,
@@ -218,6 +238,35 @@ void DistStore::on_failure(const Status& s) {
     p->done->finish(s);
 }
 
+void DistStore::on_placement(const cluster::Placement& p) {
+  std::vector<std::pair<uint64_t, std::unique_ptr<Pending>>> moved;
+  {
+    std::lock_guard lock(mu_);
+    if (p.epoch <= placement_.epoch) return;
+    placement_ = p;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      size_t s = static_cast<size_t>(it->second->server);
+      if (s < p.dead.size() && p.dead[s]) {
+        moved.emplace_back(it->first, std::move(it->second));
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // In request order, so each key's pushes and pulls keep their order.
+  std::sort(moved.begin(), moved.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  PP_WARN("worker {}: placement epoch {}: re-sending {} requests to the new primaries", rank(),
+          p.epoch, moved.size());
+  for (auto& [rid, pending] : moved) {
+    PP_TIMELINE_ASYNC_END(timeline::process_node(), rid);  // timeline hook
+    if (pending->command)
+      pending->done->finish(Status::ok());  // that server is gone with its state
+    else
+      pending->resend();
+  }
+}
+
 // ---- init, push, pull ------------------------------------------------------
 
 void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>& values) {
@@ -233,10 +282,13 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       k->id = key_id(keys[i]);
       k->shape = values[i].shape;
       k->dtype = values[i].dtype;
-      int64_t chunk =
-          std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(dtype_size(k->dtype)));
-      k->slices = ps::chunk(
-          ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_), chunk);
+      const auto esize = static_cast<int64_t>(dtype_size(k->dtype));
+      auto placed = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
+      // At least 16 chunks per slice, of 256 KiB .. chunk_bytes (ps::chunk_count says why).
+      int64_t chunk = ps::chunk_count(placed, std::max<int64_t>(1, chunk_bytes_ / esize),
+                                      std::max<int64_t>(1, (256 << 10) / esize), 16);
+      k->slices = ps::chunk(placed, chunk);
+      k->push_seq.assign(k->slices.size(), 0);
       made.push_back(k.get());
       keys_.emplace(keys[i], std::move(k));
     }
@@ -254,7 +306,8 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       auto* base = static_cast<const std::byte*>(values[i].data);
       for (const ps::Slice& s : k.slices) {
         auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_init(
-            k.key.to_string(), {base + s.begin * esize, static_cast<size_t>(s.count) * esize}));
+            k.key.to_string(), {base + s.begin * esize, static_cast<size_t>(s.count) * esize},
+            s.server));
         net::Header h{.type = ps::msg::kInit,
                       .key = k.id,
                       .dtype = static_cast<uint32_t>(k.dtype),
@@ -270,20 +323,22 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
 }
 
 void DistStore::push_key(KeyInfo& k, const ArrayList& values,
-                         const std::shared_ptr<Completion>& done, int priority) {
+                         const std::shared_ptr<Completion>& done, int priority,
+                         const std::function<void(const ps::Slice&)>& after_slice) {
   const size_t n = static_cast<size_t>(k.shape.numel());
   const size_t esize = dtype_size(k.dtype);
-  std::optional<float> threshold;
+  std::shared_ptr<compress::Compressor> compressor;
   {
     std::lock_guard lock(mu_);
-    threshold = compression_threshold_;
+    compressor = compressor_;
   }
-  const bool compress = threshold && is_floating(k.dtype);
+  // Integer keys travel as they are (set_gradient_compression says so).
+  if (!is_floating(k.dtype)) compressor.reset();
   const std::byte* src = static_cast<const std::byte*>(values[0].data);
   std::shared_ptr<net::Buffer> buf;
   std::vector<float> sum32;  // float32 sum when 16-bit or compressing
-  if (values.size() > 1 || compress) {
-    if (is_half(k.dtype) || compress) {
+  if (values.size() > 1 || compressor) {
+    if (is_half(k.dtype) || compressor) {
       sum32.resize(n);
       convert(DType::kFloat32, sum32.data(), k.dtype, values[0].data, n);
       std::vector<float> tmp(values.size() > 1 ? n : 0);
@@ -292,7 +347,7 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
         reduce_sum(DType::kFloat32, sum32.data(), tmp.data(), n);
       }
     }
-    if (!compress) {
+    if (!compressor) {
       buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(n * esize));
       if (is_half(k.dtype)) {
         convert(k.dtype, buf->data(), DType::kFloat32, sum32.data(), n);
@@ -304,38 +359,45 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       src = buf->data();
     }
   }
-  uint64_t base_offset = 0;
-  if (compress) {  // one buffer: per slice, threshold then words
+  if (compressor) {  // one buffer: each slice's wire form, in slice order
     size_t total = 0;
     for (const auto& s : k.slices)
-      total += 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+      total += compressor->encoded_bytes(static_cast<size_t>(s.count));
     buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
-    compress::TwoBitCodec codec(*threshold);
-    std::lock_guard lock(k.residual_mu);
-    if (k.residual.size() != n) k.residual.assign(n, 0.0f);
+    // The residual belongs to the key and the device the sum was formed on.
+    const int device = values[0].device.id;
     std::byte* out = buf->data();
     for (const auto& s : k.slices) {
-      std::memcpy(out, &*threshold, 4);
-      codec.compress(sum32.data() + s.begin, k.residual.data() + s.begin,
-                     reinterpret_cast<uint32_t*>(out + 4), static_cast<size_t>(s.count));
-      out += 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+      const auto at = static_cast<size_t>(s.begin), count = static_cast<size_t>(s.count);
+      compressor->encode(k.id, device, n, at, sum32.data() + at, count, out);
+      out += compressor->encoded_bytes(count);
     }
   }
-  for (const auto& s : k.slices) {
+  uint64_t base_offset = 0;
+  std::vector<uint64_t> seqs(k.slices.size());
+  {
+    // Each slice's pushes are numbered (the server drops one it applied).
+    std::lock_guard lock(k.seq_mu);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      seqs[i] = ++k.push_seq[i];
+  }
+  for (size_t i = 0; i < k.slices.size(); ++i) {
+    const ps::Slice& s = k.slices[i];
     net::Header h{.type = ps::msg::kPush,
-                  .flags = compress ? ps::msg::kFlagCompressed : 0u,
+                  .flags = compressor ? ps::msg::kFlagCompressed : 0u,
                   .key = k.id,
-                  .dtype = static_cast<uint32_t>(k.dtype),
+                  .dtype = ps::dtype_field(static_cast<uint32_t>(k.dtype), seqs[i]),
                   .offset = static_cast<uint64_t>(s.begin),
                   .length = static_cast<uint64_t>(s.count)};
-    if (compress) {
-      size_t bytes = 4 + compress::TwoBitCodec::compressed_bytes(s.count);
+    if (compressor) {
+      size_t bytes = compressor->encoded_bytes(static_cast<size_t>(s.count));
       request(s.server, h, buf->data() + base_offset, bytes, buf, done, priority);
       base_offset += bytes;
     } else {
       request(s.server, h, src + s.begin * esize, static_cast<size_t>(s.count) * esize, buf, done,
               priority);
     }
+    if (after_slice) after_slice(s);
   }
 }
 
@@ -349,14 +411,21 @@ void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs
   PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, bytes);  // metrics hook
   PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), "PULL", rid, static_cast<int64_t>(k.id),
                           static_cast<int64_t>(bytes));  // timeline hook
+  int server;
+  uint64_t epoch;
   {
     std::lock_guard lock(mu_);
     if (!failure_.is_ok()) return done->finish(failure_);
-    pending_[rid] = std::make_unique<Pending>(Pending{done, s.server, match, {}});
+    server = primary_of(s.server);
+    epoch = placement_.epoch;
+    pending_[rid] = std::make_unique<Pending>(
+        Pending{done, server, match, {}, false, [this, &k, s, outs, done, priority] {
+                  pull_slice(k, s, outs, done, priority);
+                }});
   }
   auto* dst = static_cast<std::byte*>(outs[0].data) + at;
   Status posted = node_->post_recv(
-      Role::kServer, s.server, match, dst, bytes,
+      Role::kServer, server, match, dst, bytes,
       [this, rid, outs, at, bytes](const Status& st, const net::Header& h) {
         Status result = st;
         if (result.is_ok() && h.payload_bytes != bytes)
@@ -371,14 +440,18 @@ void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs
       });
   if (!posted.is_ok()) return finish(rid, posted);
   net::Header h{.type = ps::msg::kPull,
+                .flags = ps::epoch_flags(epoch),
                 .request_id = rid,
                 .key = k.id,
                 .dtype = static_cast<uint32_t>(k.dtype),
                 .offset = static_cast<uint64_t>(s.begin),
                 .length = static_cast<uint64_t>(s.count)};
-  Status sent = node_->send_copy(Role::kServer, s.server, h, nullptr, 0, priority);
+  Status sent = node_->send_copy(Role::kServer, server, h, nullptr, 0, priority);
   if (!sent.is_ok()) {
-    node_->transport().cancel_recv(node_->conn(Role::kServer, s.server), match);
+    try {
+      node_->transport().cancel_recv(node_->conn(Role::kServer, server), match);
+    } catch (...) {  // that server is gone: its posted receive went with it
+    }
     finish(rid, sent);
   }
 }
@@ -410,6 +483,11 @@ KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
   }
   auto done = std::make_shared<Completion>(static_cast<int>(parts));
   for (size_t i = 0; i < ks.size(); ++i) {
+    if (!values.empty() && !outs.empty()) {  // each slice's pull right behind its push
+      push_key(*ks[i], values[i], done, priority,
+               [&](const ps::Slice& s) { pull_slice(*ks[i], s, outs[i], done, priority); });
+      continue;
+    }
     if (!values.empty()) push_key(*ks[i], values[i], done, priority);
     if (!outs.empty())
       for (const auto& s : ks[i]->slices)

@@ -13,7 +13,8 @@
 // - init: every worker records the keys' shapes; worker 0 sends the values;
 //   then a barrier, so a pull anywhere afterwards sees them.
 // - push: the worker sums its devices' arrays (float32 for 16-bit types),
-//   optionally 2-bit compresses with a per-key residual, and sends each slice
+//   optionally compresses it (2bit, 1bit, fp16; compress/compressor.h, with
+//   a residual per key and device), and sends each slice
 //   to its server (small values: one server by key hash; big values: split
 //   over all servers, sent in parallel). A push completes when the server
 //   applied its round.
@@ -24,7 +25,12 @@
 //   waiting to be sent.
 //
 // Failure: when a server, worker or the scheduler dies, every pending and
-// later operation fails with the cluster's PeerFailure naming it.
+// later operation fails with the cluster's PeerFailure naming it — except a
+// server that was failed over (replication, docs/ps.md "Fault tolerance"):
+// then every request pending on it is re-sent, in order, to the new primary
+// of its key range, and later requests go there. Requests carry the
+// placement epoch; pushes carry a per-part sequence number, so the new
+// primary drops a push it already applied.
 // Thread safety: as KVStore. Ownership: owns its Node (threads, sockets).
 #pragma once
 
@@ -37,6 +43,7 @@
 #include <unordered_map>
 
 #include "cluster/node.h"
+#include "compress/compressor.h"
 #include "ps/placement.h"
 #include "pushpull/kvstore.h"
 
@@ -83,24 +90,33 @@ class DistStore final : public KVStore {
     uint64_t id = 0;
     Shape shape;
     DType dtype = DType::kFloat32;
-    std::vector<ps::Slice> slices;  // server slices cut into chunks
-    std::mutex residual_mu;         // 2-bit compression's error feedback
-    std::vector<float> residual;
+    std::vector<ps::Slice> slices;   // server slices cut into chunks
+    std::mutex seq_mu;               // guards push_seq
+    std::vector<uint64_t> push_seq;  // per slice: pushes sent (the next one's number - 1)
   };
   struct Pending;
   using OnData = std::function<void(const std::byte* data, size_t n)>;
 
   KeyInfo& info(const char* op, const Key& key) const;
   std::vector<KeyInfo*> infos(const char* op, const std::vector<Key>& keys, size_t lists) const;
-  // Sends one request to `server`; `done` gets one finish() when answered.
-  void request(int server, net::Header h, const void* data, size_t n,
+  // Sends one request to the current primary of the key range whose home is
+  // `home` (a command: to server `home` itself, answered OK at once when it
+  // was failed over); `done` gets one finish() when answered.
+  void request(int home, net::Header h, const void* data, size_t n,
                std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
-               int priority, OnData on_data = {});
+               int priority, OnData on_data = {}, bool command = false);
+  // The server that serves key ranges placed on `home` now (mu_ held).
+  int primary_of(int home) const;
+  // A new placement: re-sends what was pending on the dead servers.
+  void on_placement(const cluster::Placement& p);
   // Posts the reply's destination, then sends the pull.
   void pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
                   const std::shared_ptr<Completion>& done, int priority);
+  // `after_slice` (pushpull) runs after each slice's push is queued: the
+  // pull of that slice goes right behind it, so the server answers slice j
+  // while slice j+1 still arrives (push and pull overlap on the links).
   void push_key(KeyInfo& k, const ArrayList& values, const std::shared_ptr<Completion>& done,
-                int priority);
+                int priority, const std::function<void(const ps::Slice&)>& after_slice = {});
   // Sends a command to every server and waits for all answers.
   // `payloads`: one for all servers, or one per server.
   void command_all(uint64_t command, const std::vector<std::string>& payloads,
@@ -123,7 +139,10 @@ class DistStore final : public KVStore {
   std::optional<bool> int_keys_;
   std::unordered_map<uint64_t, std::unique_ptr<Pending>> pending_;
   Status failure_;
-  std::optional<float> compression_threshold_;
+  // Null without compression; pushes capture the current one (residuals inside).
+  std::shared_ptr<compress::Compressor> compressor_;
+  int replicas_ = 0;
+  cluster::Placement placement_;
 
   std::atomic<uint64_t> next_request_{1};
 };

@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include "base/executor.h"
-#include "compress/two_bit.h"
 #include "kvstore/dist_store.h"
 #include "net/wire.h"
 #include "ps/protocol.h"
@@ -34,7 +33,7 @@ void DistStore::command_all(uint64_t command, const std::vector<std::string>& pa
       on_data = [answers, s](const std::byte* d, size_t n) {
         (*answers)[static_cast<size_t>(s)].assign(reinterpret_cast<const char*>(d), n);
       };
-    request(s, h, text->data(), text->size(), text, done, 0, std::move(on_data));
+    request(s, h, text->data(), text->size(), text, done, 0, std::move(on_data), true);
   }
   done->wait_for(wait_timeout()).raise();
 }
@@ -114,31 +113,10 @@ void DistStore::load_optimizer_states(const std::string& path) {
 }
 
 void DistStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
-  auto type = params.find("type");
-  std::string t = type == params.end() ? "none" : type->second;
-  std::optional<float> threshold;
-  if (t == "2bit") {
-    float v = 0.5f;
-    if (auto it = params.find("threshold"); it != params.end()) {
-      try {
-        v = std::stof(it->second);
-      } catch (...) {
-        throw InvalidArgument(
-            fmt::format("gradient compression threshold '{}' is not a number", it->second));
-      }
-    }
-    compress::TwoBitCodec check(v);  // InvalidArgument unless > 0
-    threshold = v;
-  } else if (t != "none") {
-    throw InvalidArgument(
-        fmt::format("gradient compression type '{}' is not supported; use '2bit' or 'none'", t));
-  }
-  for (const auto& [k, v] : params)
-    if (k != "type" && k != "threshold")
-      throw InvalidArgument(
-          fmt::format("unknown gradient compression parameter '{}'; valid: type, threshold", k));
+  compress::Settings settings = compress::parse_settings(params);
+  auto compressor = settings.enabled() ? std::make_shared<compress::Compressor>(settings) : nullptr;
   std::lock_guard lock(mu_);
-  compression_threshold_ = threshold;
+  compressor_ = std::move(compressor);  // new settings start from zero residuals
 }
 
 }  // namespace pushpull

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kvstore/local_store.h"
 
+#include "compress/settings.h"
 #include "kvstore/validate.h"
 
 #include <algorithm>
@@ -192,7 +193,6 @@ void LocalStore::do_push(Entry& e, const ArrayList& vals, const Apply* apply) {
   }
   // The sum of the pushed arrays; 16-bit values are summed in float32.
   ArrayView summed = vals[0];
-  bool summed_f32 = false;
   if (vals.size() > 1) {
     if (!half) {
       ensure(e.sum, shape, dt);
@@ -209,23 +209,9 @@ void LocalStore::do_push(Entry& e, const ArrayList& vals, const Apply* apply) {
         reduce_sum(DType::kFloat32, e.sum32.data(), e.tmp32.data(), n);
       }
       summed = e.sum32.view();
-      summed_f32 = true;
     }
   }
-  if (apply && apply->optimizer) {
-    // The optimizer takes a float32 gradient for 16-bit weights: no rounding.
-    apply->optimizer->update(e.key, e.value.view(), summed);
-    return;
-  }
-  if (summed_f32) {  // round once to the key's dtype
-    ensure(e.sum, shape, dt);
-    convert(dt, e.sum.data(), DType::kFloat32, e.sum32.data(), n);
-    summed = e.sum.view();
-  }
-  if (has_apply)
-    apply->updater(e.key, summed, e.value.view());
-  else
-    copy(dt, e.value.data(), summed.data, n);
+  kv::apply_update(apply, e.key, summed, e.value.view(), e.sum);
 }
 
 void LocalStore::do_pull(Entry& e, const ArrayList& outs) {
@@ -260,25 +246,13 @@ void LocalStore::load_optimizer_states(const std::string& path) {
 }
 
 void LocalStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
-  for (const auto& [k, v] : params) {
-    if (k == "type") {
-      if (v != "none" && v != "1bit" && v != "2bit")
-        throw InvalidArgument(
-            fmt::format("gradient compression type '{}' is unknown; valid: none, 1bit, 2bit", v));
-    } else if (k == "threshold") {
-      char* end = nullptr;
-      double t = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(t > 0))
-        throw InvalidArgument(
-            fmt::format("gradient compression threshold '{}' is not a positive number", v));
-    } else {
-      throw InvalidArgument(
-          fmt::format("gradient compression parameter '{}' is unknown; valid: type, threshold", k));
-    }
-  }
-  PP_DEBUG("kvstore {}: gradient compression only applies to distributed stores; ignored", type_);
-  std::unique_lock lock(mu_);
-  compression_ = params;
+  const compress::Settings settings = compress::parse_settings(params);  // the one parser
+  if (settings.enabled())
+    throw InvalidArgument(fmt::format(
+        "gradient compression '{}' on a '{}' store: nothing leaves this process, so there is "
+        "nothing to compress; use a distributed store (dist_sync, dist_async, "
+        "dist_sync_allreduce), or type 'none'",
+        settings.to_string(), type_));
 }
 
 }  // namespace pushpull

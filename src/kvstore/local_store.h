@@ -78,7 +78,6 @@ class LocalStore final : public KVStore {
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::optional<bool> int_keys_;  // set by the first init
   kv::UpdateRuleSlot rule_;
-  std::map<std::string, std::string> compression_;
   ShardedExecutor exec_;
 };
 

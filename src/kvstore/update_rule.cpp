@@ -4,8 +4,31 @@
 #include <fmt/format.h>
 
 #include "pushpull/error.h"
+#include "pushpull/kernels.h"
 
 namespace pushpull::kv {
+
+void apply_update(const UpdateRule* rule, const Key& key, const ArrayView& summed,
+                  const ArrayView& stored, Array& rounded) {
+  const size_t n = static_cast<size_t>(stored.numel());
+  if (rule && rule->optimizer) {
+    rule->optimizer->update(key, stored, summed);
+    return;
+  }
+  if (!rule || !rule->updater) {
+    if (n) convert(stored.dtype, stored.data, summed.dtype, summed.data, n);
+    return;
+  }
+  if (summed.dtype == stored.dtype) {
+    rule->updater(key, summed, stored);
+    return;
+  }
+  // 16-bit values: the updater sees the sum rounded once to the key's dtype.
+  if (rounded.empty() || rounded.dtype() != stored.dtype || !(rounded.shape() == stored.shape))
+    rounded = Array(stored.shape, stored.dtype);
+  if (n) convert(stored.dtype, rounded.data(), summed.dtype, summed.data, n);
+  rule->updater(key, rounded.view(), stored);
+}
 
 void UpdateRuleSlot::set_updater(Updater updater) {
   auto rule = updater ? std::make_shared<const UpdateRule>(UpdateRule{std::move(updater), nullptr})

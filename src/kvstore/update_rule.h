@@ -19,6 +19,16 @@ struct UpdateRule {
   std::shared_ptr<Optimizer> optimizer;
 };
 
+// Applies a push's sum to a key's stored value, the same way in every store
+// that updates locally: with an optimizer, optimizer->update(key, stored,
+// summed) (summed may be float32 for 16-bit values: no rounding before the
+// update); with an updater, updater(key, summed rounded to the key's dtype,
+// stored); without a rule (null), the sum (converted to the key's dtype)
+// replaces the value. `rounded` is scratch for the rounding (reused).
+// summed and stored have the same shape; summed's dtype is the key's or float32.
+void apply_update(const UpdateRule* rule, const Key& key, const ArrayView& summed,
+                  const ArrayView& stored, Array& rounded);
+
 class UpdateRuleSlot {
  public:
   // A null updater clears the rule (pushes then replace the value).

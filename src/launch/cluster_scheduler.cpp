@@ -62,6 +62,10 @@ class ClusterScheduler final : public EmbeddedScheduler {
     }
   }
 
+  bool failed_over(Role role, int rank) noexcept override {
+    return scheduler_ && scheduler_->failed_over(role, rank);
+  }
+
  private:
   Options options_;
   std::unique_ptr<cluster::Scheduler> scheduler_;

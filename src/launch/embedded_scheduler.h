@@ -45,6 +45,9 @@ class EmbeddedScheduler {
   // naming it (nonzero code, signal, or exit 0 while others wait for it), or
   // ends the job when every worker exited 0 without joining. No-throw.
   virtual void process_exited(Role role, int rank, int exit_code, int signal) noexcept = 0;
+  // Whether node (role, rank) was failed over (a parameter server whose
+  // ranges moved to their backups): its end does not end the job.
+  virtual bool failed_over(Role, int) noexcept { return false; }
 };
 
 // Makes a scheduler for a job described by `node_options` (role scheduler,

@@ -335,6 +335,9 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
         scheduler->process_exited(spec.role, spec.rank, r.exited ? r.code : 0,
                                   r.exited ? 0 : r.code);
     };
+    hooks.survivable = [&](const ChildSpec& spec, const ChildResult&) {
+      return scheduler->failed_over(spec.role, spec.rank);
+    };
   }
   auto outcome = supervise(signals, child_specs(cfg, ctx, rv, plan), settings, hooks);
   if (cfg.launcher == LauncherKind::kSlurm)

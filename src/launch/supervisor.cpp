@@ -303,6 +303,11 @@ class Job {
       PP_DEBUG("{} (pid {}) ended with {}", c.spec.label, c.pid, how);
       return;
     }
+    if (hooks_.survivable && hooks_.survivable(c.spec, c.result)) {
+      PP_WARN("{} (pid {}) ended with {}; the job goes on without it (failed over)", c.spec.label,
+              c.pid, how);
+      return;
+    }
     if (!c.spec.essential && essentials_done()) {
       PP_WARN("{} (pid {}) ended with {} after every worker finished", c.spec.label, c.pid, how);
       return;

@@ -108,6 +108,9 @@ struct SupervisorHooks {
   std::function<SchedulerState()> scheduler;
   // Called when a child ends by itself (not stopped by the supervisor).
   std::function<void(const ChildSpec&, const ChildResult&)> on_exit;
+  // Called (after on_exit) for a child that failed by itself: true when the
+  // job survives its end (a parameter server that was failed over).
+  std::function<bool(const ChildSpec&, const ChildResult&)> survivable;
 };
 
 struct Outcome {

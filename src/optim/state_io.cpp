@@ -71,13 +71,31 @@ class Reader {
 }  // namespace
 
 std::string Optimizer::save_states() const {
+  return save_some(nullptr);
+}
+
+std::string Optimizer::save_key_states(const Key& key) const {
+  return save_some(&key);
+}
+
+void Optimizer::load_states(std::string_view bytes, std::string_view source) {
+  load_some(bytes, source, false);
+}
+
+void Optimizer::merge_states(std::string_view bytes, std::string_view source) {
+  load_some(bytes, source, true);
+}
+
+std::string Optimizer::save_some(const Key* only) const {
   std::lock_guard lock(mu_);
   std::string out(kMagic, sizeof kMagic);
   put(out, kVersion);
   put(out, static_cast<uint32_t>(spec_.name.size()));
   out += spec_.name;
-  put(out, static_cast<uint64_t>(states_.size()));
+  uint64_t n = only ? static_cast<uint64_t>(states_.count(*only)) : states_.size();
+  put(out, n);
   for (const auto& [key, st] : states_) {
+    if (only && !(key == *only)) continue;
     put(out, static_cast<uint8_t>(key.is_int() ? 0 : 1));
     if (key.is_int()) {
       put(out, key.as_int());
@@ -100,7 +118,7 @@ std::string Optimizer::save_states() const {
   return out;
 }
 
-void Optimizer::load_states(std::string_view bytes, std::string_view source) {
+void Optimizer::load_some(std::string_view bytes, std::string_view source, bool merge) {
   Reader r(bytes, source);
   if (std::memcmp(r.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
     r.corrupt("bad magic number: not a pushpull optimizer state file");
@@ -169,7 +187,12 @@ void Optimizer::load_states(std::string_view bytes, std::string_view source) {
   }
   if (body.left() != 0) body.corrupt(fmt::format("{} unexpected bytes at the end", body.left()));
   std::lock_guard lock(mu_);
-  states_ = std::move(loaded);
+  if (!merge) {
+    states_ = std::move(loaded);
+    return;
+  }
+  for (auto& [key, st] : loaded)
+    states_[key] = std::move(st);
 }
 
 void Optimizer::save_states_to_file(const std::string& path) const {

@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ps/placement.h"
 
+#include <algorithm>
+
 namespace pushpull::ps {
 
 int server_of(uint64_t key_id, int num_servers) {
-  // splitmix64 finaliser: consecutive keys spread evenly over the servers.
+  // Integer keys round-robin (MXNet's choice too): a model's parameters are
+  // usually numbered 0..P-1, and a hash left 16 equal layers on 8 servers
+  // 3,3,3,3,1,1,1,1, so the busiest server link carried 1.5x its share.
+  if (key_id < (1ull << 63)) return static_cast<int>(key_id % static_cast<uint64_t>(num_servers));
+  // String keys (already a hash, top bit set): the splitmix64 finaliser.
   uint64_t z = key_id + 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -40,6 +46,15 @@ std::vector<Slice> chunk(const std::vector<Slice>& slices, int64_t max_count) {
     }
   }
   return out;
+}
+
+int64_t chunk_count(const std::vector<Slice>& slices, int64_t max_count, int64_t min_count,
+                    int min_pieces) {
+  int64_t largest = 0;
+  for (const Slice& s : slices)
+    largest = std::max(largest, s.count);
+  int64_t want = largest / std::max(1, min_pieces);
+  return std::max<int64_t>(1, std::min(max_count, std::max(min_count, want)));
 }
 
 uint64_t string_key_id(std::string_view name) {

@@ -2,7 +2,8 @@
 // Which server owns which part of which key (MXNet / ps-lite placement).
 //
 // A value with fewer elements than the big-array bound lives whole on one
-// server, chosen by a hash of the key. A value with at least that many is cut
+// server: integer key k on server k mod S (consecutive keys round-robin), a
+// string key on a server chosen by a hash of its id. A value with at least that many is cut
 // into one contiguous slice per server (slice i of S: elements
 // [i*n/S, (i+1)*n/S)), so its parts move to and from all servers in parallel.
 // Every worker computes the same placement from (key id, element count,
@@ -35,6 +36,18 @@ std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_
 // one big value travels as several messages that the server can sum and
 // answer while the rest is still arriving.
 std::vector<Slice> chunk(const std::vector<Slice>& slices, int64_t max_count);
+
+// Elements per chunk for a value placed as `slices`: small enough that the
+// largest slice travels in at least `min_pieces` chunks, never below
+// `min_count` nor above `max_count` (the configured chunk size). Why: a
+// server answers a chunk once every worker's push of it arrived, so the
+// push->reply pipeline fills and drains in about one chunk per connection;
+// with k servers sharing a worker's link that costs k x chunk / bandwidth,
+// which must stay a small share of the value's time (measured across
+// shaped links: 4 MiB chunks made a 40 MiB push+pull over 4 servers take
+// 1.5-1.7x its bound, 16 pieces per slice about 1.1x).
+int64_t chunk_count(const std::vector<Slice>& slices, int64_t max_count, int64_t min_count,
+                    int min_pieces);
 
 // The server of a small value.
 int server_of(uint64_t key_id, int num_servers);

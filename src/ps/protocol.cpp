@@ -10,17 +10,30 @@
 
 namespace pushpull::ps {
 
-std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value) {
+uint64_t unwrap_seq(uint32_t low, uint64_t near) {
+  uint64_t base = near - near % kWrap;
+  uint64_t best = base + low;
+  for (uint64_t c : {best + kWrap, best >= kWrap ? best - kWrap : best}) {
+    uint64_t d_best = best > near ? best - near : near - best;
+    uint64_t d_c = c > near ? c - near : near - c;
+    if (d_c < d_best) best = c;
+  }
+  return best;
+}
+
+std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value,
+                                   int32_t home) {
   net::Writer w;
-  w.reserve(2 + std::min(name.size(), kMaxKeyName) + value.size());
-  w.str<uint16_t>(name.substr(0, kMaxKeyName)).bytes(value);
+  w.reserve(6 + std::min(name.size(), kMaxKeyName) + value.size());
+  w.str<uint16_t>(name.substr(0, kMaxKeyName)).u<int32_t>(home).bytes(value);
   return w.take();
 }
 
 Status decode_init(std::span<const std::byte> in, std::string* name,
-                   std::span<const std::byte>* value) {
+                   std::span<const std::byte>* value, int32_t* home) {
   net::Reader r(in);
   std::string n = r.str<uint16_t>(kMaxKeyName);
+  int32_t h = r.u<int32_t>();
   std::span<const std::byte> v = r.rest();
   if (!r.ok())
     return Status(
@@ -28,6 +41,34 @@ Status decode_init(std::span<const std::byte> in, std::string* name,
         fmt::format("init payload of {} bytes does not start with a key name", in.size()));
   *name = std::move(n);
   *value = v;
+  if (home) *home = h;
+  return Status::ok();
+}
+
+std::vector<std::byte> encode_replica_meta(const ReplicaState& s) {
+  net::Writer w;
+  w.str<uint16_t>(std::string_view(s.name).substr(0, kMaxKeyName)).u<int32_t>(s.home);
+  w.u<uint32_t>(static_cast<uint32_t>(s.applied_seq.size()));
+  for (uint64_t a : s.applied_seq)
+    w.u<uint64_t>(a);
+  w.str<uint64_t>(s.optimizer_states);
+  return w.take();
+}
+
+Status decode_replica_meta(std::span<const std::byte> in, int max_workers, ReplicaState* s) {
+  net::Reader r(in);
+  ReplicaState out;
+  out.name = r.str<uint16_t>(kMaxKeyName);
+  out.home = r.u<int32_t>();
+  uint32_t n = r.u<uint32_t>();
+  if (!r.ok() || n > static_cast<uint32_t>(std::max(0, max_workers)))
+    return Status(ErrorCode::kProtocolError,
+                  fmt::format("replica of a part names {} workers; the job has {}", n, max_workers));
+  for (uint32_t i = 0; i < n && r.ok(); ++i)
+    out.applied_seq.push_back(r.u<uint64_t>());
+  out.optimizer_states = r.str<uint64_t>(in.size());
+  if (!r.done()) return Status(ErrorCode::kProtocolError, "malformed replica metadata");
+  *s = std::move(out);
   return Status::ok();
 }
 

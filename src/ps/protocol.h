@@ -5,8 +5,9 @@
 //                               (elements), dtype; payload = u16 name length,
 //                               name, then the slice's bytes
 //   kPush     worker -> server  key, offset, length, dtype; flags bit 0 =
-//                               2-bit compressed (payload = f32 threshold +
-//                               words), else the slice's bytes
+//                               compressed (payload = compress/compressor.h
+//                               wire form: header + codec bytes), else the
+//                               slice's bytes
 //   kPull     worker -> server  key; payload empty (the whole slice) or
 //                               (i64 begin, i64 count) element ranges,
 //                               relative to the slice
@@ -16,6 +17,19 @@
 //                               the message
 //   kCommand  worker -> server  key = Command; payload as below; answered by
 //                               kReply (with data for kSaveStates) or kError
+//   kReplicaMeta  primary -> backup  request_id, key, offset/length = the
+//                               part's begin/count, dtype; payload =
+//                               encode_replica_meta (name, home, per-worker
+//                               applied sequence numbers, optimizer states)
+//   kReplicaValue primary -> backup  same request_id; payload = the value
+//                               (answered by kReply with that request_id
+//                               once installed)
+//
+// Requests from workers carry the sender's placement epoch in flags bits
+// 8..31 (mod 2^24); a server holds a request whose epoch it has not reached
+// yet until the scheduler's kPlacement arrives. A kPush carries its sequence
+// number (the worker's push count for that part, from 1, mod 2^24) in dtype
+// bits 8..31; 0 = none. A kInit payload carries the part's home server.
 //
 // Ordering: one connection per (worker, server) pair, and the transport keeps
 // the order of equal-priority messages, so a worker's push and later pull of a
@@ -42,10 +56,29 @@ inline constexpr uint16_t kPull = 66;
 inline constexpr uint16_t kReply = 67;
 inline constexpr uint16_t kError = 68;
 inline constexpr uint16_t kCommand = 69;
+inline constexpr uint16_t kReplicaMeta = 70;
+inline constexpr uint16_t kReplicaValue = 71;
 inline constexpr uint16_t kFirst = 64;
-inline constexpr uint16_t kLast = 69;
+inline constexpr uint16_t kLast = 71;
 inline constexpr uint32_t kFlagCompressed = 1;
 }  // namespace msg
+
+// Header bits of worker requests (see above).
+inline constexpr uint64_t kWrap = uint64_t{1} << 24;
+inline uint32_t epoch_flags(uint64_t epoch) {
+  return static_cast<uint32_t>(epoch % kWrap) << 8;
+}
+inline uint64_t epoch_of_flags(uint32_t flags) {
+  return flags >> 8;
+}
+inline uint32_t dtype_field(uint32_t dtype, uint64_t seq) {
+  return dtype | static_cast<uint32_t>(seq % kWrap) << 8;
+}
+inline uint32_t seq_of_dtype(uint32_t field) {
+  return field >> 8;
+}
+// The full sequence number whose low 24 bits are `low`, nearest to `near`.
+uint64_t unwrap_seq(uint32_t low, uint64_t near);
 
 enum class Command : uint64_t {
   kSetMode = 1,       // payload "sync" or "async"
@@ -62,11 +95,18 @@ inline constexpr size_t kRangeBytes = 16;
 // Payload codecs (net/wire.h, little-endian). Decoders are pure functions of
 // the bytes: ProtocolError on malformed input, outputs untouched then.
 
-// kInit payload.
-std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value);
+// kInit payload: u16 name length, name, i32 home server (-1: unknown), value.
+std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value,
+                                   int32_t home = -1);
 // Splits a kInit payload; ProtocolError when malformed.
 Status decode_init(std::span<const std::byte> in, std::string* name,
-                   std::span<const std::byte>* value);
+                   std::span<const std::byte>* value, int32_t* home = nullptr);
+
+// kReplicaMeta payload: u16 name length, name, i32 home, u32 workers, i64
+// applied sequence number per worker, u64 length + optimizer states.
+// Decoding refuses more than `max_workers` workers.
+std::vector<std::byte> encode_replica_meta(const ReplicaState& s);
+Status decode_replica_meta(std::span<const std::byte> in, int max_workers, ReplicaState* s);
 
 // kPull payload. Decoding rejects negative ranges and begin + count
 // overflowing int64; whether a range lies inside the value is the store's check.

@@ -29,6 +29,14 @@ Server::Server(cluster::Node& node)
       threads_(default_threads(node.options().kvstore.server_threads)),
       gate_(std::make_shared<Gate>()) {
   set_mode(true);
+  node_.on_placement([gate = gate_, this](const cluster::Placement& p) {
+    if (!gate->enter()) return;
+    struct Leave {
+      Gate& g;
+      ~Leave() { g.leave(); }
+    } leave{*gate};
+    on_placement(p);
+  });
   // The handler outlives this Server inside the node's transport: it reaches
   // the Server only through the gate, which ~Server closes first. The whole PS
   // type range is ours, so an unknown PS type is answered, not a closed link.
@@ -94,7 +102,8 @@ void Server::on_message_guarded(net::Message&& m) {
 }
 
 void Server::set_mode(bool sync) {
-  ServerStoreConfig config{node_.num_workers(), sync, threads_, 0};
+  ServerStoreConfig config{node_.num_workers(), sync, threads_, node_.rank()};
+  config.replicate = node_.ps_replicas() > 0;
   auto fresh = std::make_shared<ServerStore>(config, *this);
   std::lock_guard lock(mu_);
   store_ = std::move(fresh);
@@ -126,6 +135,9 @@ void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
 
 void Server::on_message(net::Message&& m) {
   cluster::NodeAddress from = cluster::Node::sender(m.header);
+  if (from.role == Role::kServer && node_.ps_replicas() > 0 && from.rank >= 0 &&
+      from.rank < node_.num_servers() && from.rank != node_.rank())
+    return on_server_message(from, std::move(m));
   if (from.role != Role::kWorker) {
     PP_WARN("ignoring parameter-server message type {} from {}", m.header.type, from.describe());
     return;
@@ -135,9 +147,24 @@ void Server::on_message(net::Message&& m) {
             from.describe());
     return;
   }
+  if (node_.ps_replicas() > 0) {
+    // A worker that already knows a newer placement: wait for the scheduler's
+    // word to us (it is on its way) so we know which ranges we now lead.
+    uint64_t want = epoch_of_flags(m.header.flags);
+    if (want > node_.placement_epoch() % kWrap) {
+      std::lock_guard lock(repl_mu_);
+      if (want > node_.placement_epoch() % kWrap) {
+        future_.push_back(std::move(m));
+        return;
+      }
+    }
+  }
   RequestMeta meta{from.rank, m.header.request_id, m.header.key};
   auto reject = [&](const Status& s) { reply(meta, s, DType::kUInt8, {}); };
   if (m.header.type == msg::kCommand) return on_command(meta, std::move(m));
+  // A push's dtype field carries its sequence number in bits 8..31.
+  const uint32_t seq = m.header.type == msg::kPush ? seq_of_dtype(m.header.dtype) : 0;
+  if (m.header.type == msg::kPush) m.header.dtype &= 0xff;
   const bool dtype_ok =
       m.header.dtype <= 0xff && is_valid_dtype(static_cast<uint8_t>(m.header.dtype));
   if (!dtype_ok && m.header.type != msg::kPull)
@@ -155,8 +182,13 @@ void Server::on_message(net::Message&& m) {
     case msg::kInit: {
       std::string name;
       std::span<const std::byte> value;
-      if (Status st = decode_init({owner->data(), owner->size()}, &name, &value); !st)
+      int32_t home = -1;
+      if (Status st = decode_init({owner->data(), owner->size()}, &name, &value, &home); !st)
         return reject(st);
+      if (home < -1 || home >= node_.num_servers())
+        return reject(Status(ErrorCode::kProtocolError,
+                             fmt::format("init of key {}: home server {} is not one of the {}",
+                                         name, home, node_.num_servers())));
       auto count = static_cast<int64_t>(m.header.length);
       size_t want = 0;
       if (!checked_bytes(count, dtype_size(dtype), &want) || value.size() != want)
@@ -164,7 +196,7 @@ void Server::on_message(net::Message&& m) {
                              fmt::format("init of key {}: {} bytes for {} elements of {}", name,
                                          value.size(), count, dtype_name(dtype))));
       ArrayView view(const_cast<std::byte*>(value.data()), dtype, Shape{count});
-      s->init(meta, part, std::move(name), Payload{view, owner});
+      s->init(meta, part, std::move(name), Payload{view, owner}, home);
       return;
     }
     case msg::kPush: {
@@ -174,7 +206,7 @@ void Server::on_message(net::Message&& m) {
       if (!compressed && owner->size() % dtype_size(dtype) != 0)
         return reject(Status(ErrorCode::kProtocolError, "push payload is not whole elements"));
       ArrayView view(owner->data(), compressed ? DType::kUInt8 : dtype, Shape{n});
-      s->push(meta, part, Payload{view, owner}, compressed);
+      s->push(meta, part, Payload{view, owner}, compressed, seq);
       return;
     }
     case msg::kPull: {

@@ -13,6 +13,15 @@
 // outside the value, an exception from the store) is answered with an error
 // to that worker and logged; the server keeps serving.
 //
+// Replication (docs/ps.md, "Fault tolerance"): with node.ps_replicas() > 0
+// the store replicates every init and round; replicate() sends the part's
+// state to the live backups of its chain (kReplicaMeta + kReplicaValue, the
+// value zero-copy) and calls back when each has acknowledged it or was
+// declared dead (a new placement). As a backup, the server installs what a
+// primary sends and acknowledges it. Worker requests stamped with a newer
+// placement epoch than this server knows are held until the scheduler's
+// kPlacement arrives (then replayed in order).
+//
 // Ownership: the Server borrows the Node, which must outlive it. The node's
 // I/O thread may still deliver requests while the Server is destroyed (a job
 // failing): the destructor first closes a gate that every delivery passes,
@@ -21,6 +30,8 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -38,8 +49,19 @@ class Server : public ServerResponder {
 
   void reply(const RequestMeta& to, const Status& status, DType dtype,
              std::span<const std::byte> data, std::shared_ptr<void> owner = nullptr) override;
+  bool replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
+                 std::function<void()> done) override;
 
  private:
+  // A replication in flight: the backups that have not acknowledged it.
+  struct Outgoing {
+    std::vector<int> waiting;
+    std::function<void()> done;
+  };
+  void on_server_message(const cluster::NodeAddress& from, net::Message&& m);
+  void on_placement(const cluster::Placement& p);
+  // Acknowledgement (or death) of `backup` for replication `id`.
+  void replica_acked(uint64_t id, int backup);
   // Deliveries from the I/O thread enter the gate; close() refuses new ones
   // and waits until those inside have left.
   struct Gate {
@@ -62,6 +84,13 @@ class Server : public ServerResponder {
   std::mutex mu_;  // guards store_ replacement (set_mode before any key exists)
   std::shared_ptr<ServerStore> store_;
   std::shared_ptr<Gate> gate_;
+  std::mutex repl_mu_;  // guards the members below
+  uint64_t next_replication_ = 1;
+  std::map<uint64_t, Outgoing> outgoing_;
+  // Backup side: metadata waiting for its value, by (primary, request id).
+  std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
+  // Worker requests from a newer placement epoch than ours, in arrival order.
+  std::deque<net::Message> future_;
   std::shared_ptr<ServerStore> store() {
     std::lock_guard lock(mu_);
     return store_;

@@ -10,9 +10,10 @@
 
 #include "base/metrics.h"
 #include "base/timeline.h"
-#include "compress/two_bit.h"
+#include "compress/compressor.h"
 #include "pushpull/checked.h"
 #include "pushpull/kernels.h"
+#include "ps/protocol.h"
 #include "pushpull/log.h"
 
 namespace pushpull::ps {
@@ -23,6 +24,7 @@ struct HeldPush {
   RequestMeta meta;
   Payload grad;
   bool compressed;
+  uint64_t seq;  // full sequence number, 0 = none
 };
 
 uint64_t shard_of(const PartId& p) {
@@ -55,12 +57,28 @@ struct ServerStore::Entry {
   std::deque<HeldPush> held;              // pushes for the next round
   std::vector<int> held_by;               // per worker: pushes in `held`
   std::vector<RequestMeta> round_pushes;  // acknowledged when the round is applied
+  std::vector<uint64_t> round_seqs;       // their sequence numbers (0 = none)
+  std::vector<uint64_t> last_seq;         // per worker: highest push sequence number accepted
+  std::vector<uint64_t> applied_seq;      // per worker: highest applied (replicated)
+  int home = -1;
+  bool replicating = false;             // waiting for the backups: acks and pulls wait
+  bool from_replica = false;            // made by install_replica (a re-sent init is a no-op)
+  std::vector<RequestMeta> init_acks;   // inits answered when replicated
+  void size_for(int workers) {
+    pushed.assign(workers, 0);
+    received.assign(workers, 0);
+    applied.assign(workers, 0);
+    held_by.assign(workers, 0);
+    last_seq.assign(workers, 0);
+    applied_seq.assign(workers, 0);
+  }
   struct WaitingPull {
     RequestMeta meta;
     std::vector<Range> ranges;
     int64_t needs_applied;
   };
   std::vector<WaitingPull> waiting;
+  Status round_status;  // the update's outcome, told to the round's pushers
 
   // Makes `value` exclusively ours before writing it.
   void own_value() {
@@ -99,11 +117,23 @@ void ServerStore::fail(const RequestMeta& m, const Status& s) {
   responder_.reply(m, s, DType::kFloat32, {});
 }
 
-void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payload value) {
-  executor_.submit(shard_of(part), [this, m, part, name = std::move(name), value]() mutable {
+void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payload value,
+                       int home) {
+  executor_.submit(shard_of(part), [this, m, part, name = std::move(name), value, home]() mutable {
+    Entry* made = nullptr;
     {
       std::lock_guard lock(mu_);
       auto it = entries_.find(part);
+      if (it != entries_.end() && it->second->from_replica && it->second->name == name) {
+        // Worker 0 re-sent its init after a fail-over: this backup has it.
+        Entry& e = *it->second;
+        if (e.replicating) {
+          e.init_acks.push_back(m);
+        } else {
+          responder_.reply(m, Status::ok(), DType::kFloat32, {});
+        }
+        return;
+      }
       if (it != entries_.end()) {
         std::string what = it->second->name == name
                                ? fmt::format("key {} is already initialised", name)
@@ -119,18 +149,19 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
       if (value.view.nbytes())
         std::memcpy(e->value.view.data, value.view.data, value.view.nbytes());
       e->merged_dtype = is_half(e->value.view.dtype) ? DType::kFloat32 : e->value.view.dtype;
-      e->pushed.assign(config_.num_workers, 0);
-      e->received.assign(config_.num_workers, 0);
-      e->applied.assign(config_.num_workers, 0);
-      e->held_by.assign(config_.num_workers, 0);
+      e->size_for(config_.num_workers);
+      e->home = home >= 0 ? home : config_.server_rank;
+      made = e.get();
       entries_.emplace(part, std::move(e));
     }
-    responder_.reply(m, Status::ok(), DType::kFloat32, {});
+    made->init_acks.push_back(m);
+    publish(part, *made);
   });
 }
 
-void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool compressed) {
-  executor_.submit(shard_of(part), [this, m, part, grad = std::move(grad), compressed] {
+void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool compressed,
+                       uint32_t seq24) {
+  executor_.submit(shard_of(part), [this, m, part, grad = std::move(grad), compressed, seq24] {
     Entry* e = find(part);
     if (!e)
       return fail(m, Status(ErrorCode::kNotFound,
@@ -148,7 +179,23 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
                             fmt::format("dist_async push to key {} before set_optimizer: an "
                                         "asynchronous store needs an optimizer on the servers",
                                         e->name)));
-    if (config_.sync && e->pushed[m.worker]) {  // this worker is a round ahead: hold it
+    uint64_t seq = 0;
+    if (seq24 != 0) {
+      seq = unwrap_seq(seq24, e->last_seq[m.worker] + 1);
+      if (seq <= e->applied_seq[m.worker]) {
+        // Applied (and replicated) already: a worker re-sent the push of an
+        // unfinished round after a fail-over. Counting it again would be wrong.
+        PP_DEBUG("duplicate push {} of key {} from worker {} dropped", seq, e->name, m.worker);
+        return responder_.reply(m, Status::ok(), DType::kFloat32, {});
+      }
+      if (seq <= e->last_seq[m.worker])
+        return fail(m, Status(ErrorCode::kProtocolError,
+                              fmt::format("push {} of key {} from worker {} arrived twice", seq,
+                                          e->name, m.worker)));
+      e->last_seq[m.worker] = seq;
+    }
+    // This worker is a round ahead, or the round is being replicated: hold it.
+    if ((config_.sync && e->pushed[m.worker]) || e->replicating) {
       if (e->held_by[m.worker] >= config_.max_queued_per_worker)
         return fail(m, Status(ErrorCode::kProtocolError,
                               fmt::format("push to key {}: worker {} already has {} pushes held "
@@ -156,7 +203,7 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
                                           e->name, m.worker, e->held_by[m.worker])));
       e->received[m.worker]++;
       e->held_by[m.worker]++;
-      e->held.push_back({m, grad, compressed});
+      e->held.push_back({m, grad, compressed, seq});
       return;
     }
     e->received[m.worker]++;
@@ -168,6 +215,7 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
     }
     e->pushed[m.worker] = 1;
     e->round_pushes.push_back(m);
+    e->round_seqs.push_back(seq);
     // Async: every push is a round of its own.
     if (!config_.sync || ++e->pushed_this_round == config_.num_workers) apply_round(part, *e);
   });
@@ -184,22 +232,18 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
     if (e.merged32.empty()) e.merged32 = Array(v.shape, DType::kFloat32);
     e.merged = Payload{e.merged32.view(), nullptr};
   }
-  if (compressed) {
-    size_t need = 4 + compress::TwoBitCodec::compressed_bytes(n);
-    if (grad.view.nbytes() != need)
-      throw InvalidArgument(fmt::format("compressed push to key {} has {} bytes, expected {}",
-                                        e.name, grad.view.nbytes(), need));
+  if (compressed) {  // any type of compress/compressor.h: decoded into the float32 sum
     if (e.merged_dtype != DType::kFloat32)
-      throw InvalidArgument(fmt::format("2bit compression needs a floating-point key; {} holds {}",
-                                        e.name, dtype_name(v.dtype)));
-    float threshold;
-    std::memcpy(&threshold, grad.view.data, 4);
-    compress::TwoBitCodec codec(threshold);
-    auto* words =
-        reinterpret_cast<const uint32_t*>(static_cast<const std::byte*>(grad.view.data) + 4);
+      throw InvalidArgument(
+          fmt::format("gradient compression needs a floating-point key; {} holds {}", e.name,
+                      dtype_name(v.dtype)));
     if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, DType::kFloat32);
     if (first) std::memset(e.merged.view.data, 0, n * sizeof(float));
-    codec.decompress_add(words, e.merged.view.as<float>(), n);
+    Status decoded =
+        compress::decode_add({static_cast<const std::byte*>(grad.view.data), grad.view.nbytes()},
+                             e.merged.view.as<float>(), n);
+    if (!decoded.is_ok())
+      throw ProtocolError(fmt::format("push to key {}: {}", e.name, decoded.message()));
     return;
   }
   if (first && e.merged_dtype == v.dtype) {
@@ -242,11 +286,48 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
     PP_ERROR("update of key {} failed: {}", e.name, status.to_string());
   }
   e.merged = Payload{};  // release an adopted push buffer back to its pool
+  e.round_status = status;
+  for (size_t i = 0; i < e.round_pushes.size(); ++i)
+    if (status.is_ok() && e.round_seqs[i] > 0)
+      e.applied_seq[e.round_pushes[i].worker] = e.round_seqs[i];
+  publish(part, e);
+}
+
+void ServerStore::publish(const PartId& part, Entry& e) {
+  if (config_.replicate) {
+    auto state = std::make_shared<ReplicaState>();
+    state->name = e.name;
+    state->home = e.home;
+    state->value = e.value;
+    state->applied_seq = e.applied_seq;
+    if (auto opt = optimizer()) state->optimizer_states = opt->save_key_states(state_key(part));
+    e.replicating = true;
+    bool waiting = responder_.replicate(part, std::move(state), [this, part] {
+      executor_.submit(shard_of(part), [this, part] {
+        if (Entry* e = find(part)) {
+          e->replicating = false;
+          finish_round(part, *e);
+        }
+      });
+    });
+    if (waiting) return;
+    e.replicating = false;
+  }
+  finish_round(part, e);
+}
+
+void ServerStore::finish_round(const PartId& part, Entry& e) {
+  for (const RequestMeta& m : e.init_acks)
+    responder_.reply(m, Status::ok(), DType::kFloat32, {});
+  e.init_acks.clear();
+  Status status = std::move(e.round_status);
+  e.round_status = Status();
   for (const RequestMeta& m : e.round_pushes) {
     e.applied[m.worker]++;
     responder_.reply(m, status, DType::kFloat32, {});
   }
   e.round_pushes.clear();
+  e.round_seqs.clear();
   std::fill(e.pushed.begin(), e.pushed.end(), 0);
   e.pushed_this_round = 0;
   answer_ready_pulls(e);
@@ -270,7 +351,9 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
     }
     e.pushed[h.meta.worker] = 1;
     e.round_pushes.push_back(h.meta);
-    if (++e.pushed_this_round == config_.num_workers) {
+    e.round_seqs.push_back(h.seq);
+    // Async: every push is a round of its own.
+    if (!config_.sync || ++e.pushed_this_round == config_.num_workers) {
       for (auto& rest : held)
         e.held.push_back(std::move(rest));
       return apply_round(part, e);
@@ -279,6 +362,7 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
 }
 
 void ServerStore::answer_ready_pulls(Entry& e) {
+  if (e.replicating) return;
   auto waiting = std::move(e.waiting);
   e.waiting.clear();
   for (auto& w : waiting) {
@@ -332,7 +416,7 @@ void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ran
     if (m.worker < 0 || m.worker >= config_.num_workers)
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("pull from unknown worker {}", m.worker)));
-    if (e->applied[m.worker] < e->received[m.worker]) {
+    if (e->applied[m.worker] < e->received[m.worker] || e->replicating) {
       auto queued =
           std::count_if(e->waiting.begin(), e->waiting.end(),
                         [&](const Entry::WaitingPull& w) { return w.meta.worker == m.worker; });
@@ -412,6 +496,54 @@ void ServerStore::load_states(const RequestMeta& m, std::string bytes) {
       return fail(m, Status::from_current_exception());
     }
     responder_.reply(m, Status::ok(), DType::kUInt8, {});
+  });
+}
+
+void ServerStore::install_replica(PartId part, ReplicaState state,
+                                  std::function<void(const Status&)> done) {
+  executor_.submit(shard_of(part), [this, part, state = std::move(state), done = std::move(done)] {
+    Status st;
+    try {
+      if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)
+        throw ProtocolError(fmt::format("replica of key {} names {} workers; the job has {}",
+                                        state.name, state.applied_seq.size(),
+                                        config_.num_workers));
+      std::lock_guard lock(mu_);
+      auto& slot = entries_[part];
+      if (!slot) {
+        slot = std::make_unique<Entry>();
+        slot->size_for(config_.num_workers);
+      } else if (slot->value.view.dtype != state.value.view.dtype ||
+                 slot->value.view.numel() != state.value.view.numel()) {
+        throw InvalidArgument(fmt::format("replica of key {} is {}; this server holds {}",
+                                          state.name, state.value.view.describe(),
+                                          slot->value.view.describe()));
+      }
+      Entry& e = *slot;
+      e.name = state.name;
+      e.home = state.home;
+      e.from_replica = true;
+      e.value = state.value;  // adopted: the received buffer is the value
+      e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
+      e.applied_seq = state.applied_seq;
+      e.last_seq = state.applied_seq;
+      // A promoted backup starts with no round open: what it holds is what
+      // every worker's acknowledged pushes made.
+      for (int w = 0; w < config_.num_workers; ++w)
+        e.received[w] = e.applied[w];
+    } catch (...) {
+      st = Status::from_current_exception();
+    }
+    if (st.is_ok() && !state.optimizer_states.empty()) {
+      try {
+        if (auto opt = optimizer())
+          opt->merge_states(state.optimizer_states,
+                            fmt::format("replica of key {}", state.name));
+      } catch (...) {
+        st = Status::from_current_exception();
+      }
+    }
+    done(st);
   });
 }
 

@@ -17,9 +17,21 @@
 //    round").
 //  - async mode: every push is applied at once; an optimizer is required.
 //  - pulls may ask for element ranges only (row_sparse_pull).
-//  - pushes may be 2-bit compressed: payload = float32 threshold + words.
+//  - pushes may be compressed (compress/compressor.h wire form: 2bit, 1bit,
+//    fp16): decoded into the round's float32 sum; pulls answer uncompressed.
 //  - bounded: ServerStoreConfig::max_queued_per_worker held pushes and
 //    waiting pulls per worker and part; ranges are checked without overflow.
+//  - replication (ServerStoreConfig::replicate, docs/ps.md "Fault
+//    tolerance"): after an init or a round, the part's state (value,
+//    optimizer state, per-worker applied sequence numbers) goes to the
+//    responder's replicate(); until every live backup has it, the round's
+//    pushes are not acknowledged, no pull is answered and later pushes are
+//    held, so nothing a worker saw can be lost with this server. A backup
+//    installs such a state with install_replica() and is then, for that part,
+//    a primary in waiting: promotion needs no step of its own.
+//  - duplicates: a push carrying a sequence number that was already applied
+//    (a worker re-sending the unfinished round to a promoted backup) is
+//    acknowledged without being counted again.
 //
 // Copies: the first push of a round is adopted as the round's sum (no copy)
 // when its dtype is the sum's; without an optimizer the sum then becomes the
@@ -36,6 +48,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -81,6 +94,15 @@ struct Range {
   int64_t count = 0;
 };
 
+// One part's state as a primary sends it to its backups.
+struct ReplicaState {
+  std::string name;
+  int home = -1;  // the part's server in the fault-free placement
+  Payload value;  // shared with the store: not written while referenced
+  std::vector<uint64_t> applied_seq;  // per worker: last applied push sequence number
+  std::string optimizer_states;       // Optimizer::save_key_states; "" without optimizer
+};
+
 class ServerResponder {
  public:
   virtual ~ServerResponder() = default;
@@ -88,6 +110,15 @@ class ServerResponder {
   // `owner` is held; with a null owner only during the call.
   virtual void reply(const RequestMeta& to, const Status& status, DType dtype,
                      std::span<const std::byte> data, std::shared_ptr<void> owner = nullptr) = 0;
+  // Sends `state` of `part` to its live backups. Returns false when there
+  // are none (`done` is then not called); else `done` runs once, on any
+  // thread, when every live backup has installed it (or died). Must not
+  // call back into the store synchronously.
+  virtual bool replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
+                         std::function<void()> done) {
+    (void)part, (void)state, (void)done;
+    return false;
+  }
 };
 
 struct ServerStoreConfig {
@@ -100,6 +131,8 @@ struct ServerStoreConfig {
   // more is refused with ProtocolError (a worker cannot be that far ahead
   // unless it ignores its acknowledgements).
   int max_queued_per_worker = 64;
+  // Whether inits and rounds are replicated (ServerResponder::replicate).
+  bool replicate = false;
 };
 
 class ServerStore {
@@ -111,8 +144,10 @@ class ServerStore {
 
   // `name` is the key as the user wrote it (for messages and to detect
   // string-key id collisions).
-  void init(const RequestMeta& m, PartId part, std::string name, Payload value);
-  void push(const RequestMeta& m, PartId part, Payload grad, bool compressed);
+  // `home`: the part's server in the fault-free placement (-1: this one).
+  void init(const RequestMeta& m, PartId part, std::string name, Payload value, int home = -1);
+  // `seq`: the push's sequence number mod 2^24 (protocol.h), 0 = none.
+  void push(const RequestMeta& m, PartId part, Payload grad, bool compressed, uint32_t seq = 0);
   // Empty `ranges`: the whole part; else element ranges relative to the part.
   void pull(const RequestMeta& m, PartId part, std::vector<Range> ranges);
   // Installs the optimizer for every later round (state of an earlier
@@ -121,6 +156,10 @@ class ServerStore {
   // Answers with the optimizer's serialised states (after earlier updates).
   void save_states(const RequestMeta& m);
   void load_states(const RequestMeta& m, std::string bytes);
+  // A backup: replaces the part's state with the primary's (creating the
+  // part when new); `done` runs on the store's thread once installed, with
+  // an error when the state does not fit (e.g. another dtype).
+  void install_replica(PartId part, ReplicaState state, std::function<void(const Status&)> done);
 
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
@@ -133,6 +172,10 @@ class ServerStore {
   struct Entry;
   Entry* find(const PartId& part);
   void apply_round(const PartId& part, Entry& e);
+  // After an update: replicates, then finish_round (at once without backups).
+  void publish(const PartId& part, Entry& e);
+  // Acknowledges the round, answers pulls, opens the next round.
+  void finish_round(const PartId& part, Entry& e);
   void apply_push(Entry& e, const Payload& grad, bool compressed);
   void answer_ready_pulls(Entry& e);
   void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);

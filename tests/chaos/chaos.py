@@ -353,6 +353,9 @@ def run_trial(t, cfg):
     cwd = tempfile.mkdtemp(prefix=f'trial-{t.index}-', dir=cfg.work_dir)
     env = dict(os.environ)
     env['PUSHPULL_HEARTBEAT_TIMEOUT_MS'] = str(cfg.heartbeat_ms)
+    # The chaos trials check that a failure ends the job naming its cause;
+    # parameter-server fail-over (replicas) would keep it running.
+    env.setdefault('PUSHPULL_PS_REPLICAS', '0')
     env['PYTHONPATH'] = os.pathsep.join([os.path.join(cfg.build_dir, 'python'),
                                          env.get('PYTHONPATH', '')])
     for kv in cfg.env:

@@ -24,3 +24,11 @@ add_test(NAME chaos.link_cut
                  --build-dir ${CMAKE_BINARY_DIR})
 set_tests_properties(chaos.link_cut PROPERTIES LABELS chaos TIMEOUT 240 RUN_SERIAL TRUE
                      SKIP_RETURN_CODE 77)
+
+# Elastic trials (docs/elastic.md): faults an elastic job must survive
+# (tests/chaos/elastic_chaos.py; 5 fixed trials, about 4 minutes).
+add_test(NAME chaos.elastic_sample
+         COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/elastic_chaos.py --sample
+                 --build-dir ${CMAKE_BINARY_DIR})
+set_tests_properties(chaos.elastic_sample PROPERTIES LABELS chaos TIMEOUT 900 RUN_SERIAL TRUE
+                     SKIP_RETURN_CODE 77)

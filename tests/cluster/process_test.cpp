@@ -34,6 +34,9 @@ class Job {
         {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", std::to_string(kHeartbeatTimeout.count())},
         {"PUSHPULL_STARTUP_TIMEOUT_MS", "30000"},
         {"PUSHPULL_LOG_LEVEL", "warning"},
+        // Without parameter-server replicas a dead server fails the job (the
+        // fail-over is tested in tests/e2e/ps_failover_test.cpp).
+        {"PUSHPULL_PS_REPLICAS", "0"},
         {"DMLC_PS_ROOT_PORT", "0"},
         {"DMLC_ROLE", "scheduler"},
     };

@@ -79,7 +79,9 @@ struct HandJob {
                                               {"DMLC_NODE_HOST", "127.0.0.1"},
                                               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
                                               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"},
-                                              {"PUSHPULL_STARTUP_TIMEOUT_MS", "30000"}};
+                                              {"PUSHPULL_STARTUP_TIMEOUT_MS", "30000"},
+                                              // no backups: a dead server fails the job
+                                              {"PUSHPULL_PS_REPLICAS", "0"}};
     auto with_role = [&](const char* role) {
       auto e = env;
       e["DMLC_ROLE"] = role;
@@ -142,7 +144,8 @@ TEST(PsJobFault, LauncherStopsTheJobWhenAServerDies) {
   std::string server = "sh -c 'echo $$ >> " + pids + "; exec " + bin("pushpull") + " server'";
   test::ChildProcess job({bin("pushpull"), "launch", "-n", "2", "-s", "2", "--timeout", "5",
                           "--server-command", server, "--", bin("ps_loop_worker"),
-                          dir.path + "/stop"});
+                          dir.path + "/stop"},
+                         {{"PUSHPULL_PS_REPLICAS", "0"}});  // no backups: the job fails
   auto ready = std::chrono::steady_clock::now() + 30s;
   while (std::chrono::steady_clock::now() < ready &&
          job.output().find("READY worker 1") == std::string::npos)

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string>
 
 namespace pushpull::ps {
 namespace {
@@ -25,6 +26,36 @@ TEST(Placement, KeysSpreadOverServers) {
   ASSERT_EQ(per_server.size(), 3u);
   for (auto [server, n] : per_server)
     EXPECT_GT(n, 70) << "server " << server;
+}
+
+TEST(Placement, ConsecutiveIntegerKeysAreBalancedExactly) {
+  // 16 equal layers on 8 servers: 2 each, so every server link carries its share.
+  for (int servers : {1, 2, 4, 8}) {
+    std::map<int, int> per_server;
+    for (uint64_t k = 0; k < 16; ++k)
+      per_server[server_of(k, servers)]++;
+    ASSERT_EQ(per_server.size(), static_cast<size_t>(servers));
+    for (auto [server, n] : per_server)
+      EXPECT_EQ(n, 16 / servers) << servers << " servers, server " << server;
+  }
+  std::map<int, int> strings;  // string keys still spread (by hash)
+  for (int i = 0; i < 300; ++i)
+    strings[server_of(string_key_id("layer" + std::to_string(i)), 3)]++;
+  ASSERT_EQ(strings.size(), 3u);
+  for (auto [server, n] : strings)
+    EXPECT_GT(n, 70) << "server " << server;
+}
+
+TEST(Placement, ChunkCountGivesEverySliceEnoughPieces) {
+  // 40 MiB of float32 over 4 servers: 10 MiB slices, 16 pieces of 640 KiB.
+  auto four = place(1, 10 << 20, 4, 1000000);
+  EXPECT_EQ(chunk_count(four, 1 << 20, 64 << 10, 16), (10 << 20) / 4 / 16);
+  // Never above the configured chunk, never below the floor.
+  EXPECT_EQ(chunk_count(place(1, 64 << 20, 1, 1000000), 1 << 20, 64 << 10, 16), 1 << 20);
+  EXPECT_EQ(chunk_count(place(1, 1000, 1, 1000000), 1 << 20, 64 << 10, 16), 64 << 10);
+  EXPECT_EQ(chunk_count(place(1, 0, 2, 1), 1 << 20, 0, 16), 1);
+  auto c = chunk(four, chunk_count(four, 1 << 20, 64 << 10, 16));
+  EXPECT_EQ(c.size(), 64u);
 }
 
 TEST(Placement, BigValuesAreSplitEvenlyOverAllServers) {

@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "compress/two_bit.h"
+#include "compress/compressor.h"
 
 namespace pushpull::ps {
 namespace {
@@ -175,20 +175,30 @@ TEST_F(ServerStoreTest, AsyncNeedsAnOptimizerAndAppliesEachPush) {
 TEST_F(ServerStoreTest, CompressedPushesAreDecodedAndSummed) {
   make(2, true);
   init(6, Array::full(Shape{20}, 0.0));
-  compress::TwoBitCodec codec(0.5f);
   for (int w = 0; w < 2; ++w) {
-    std::vector<float> g(20, w == 0 ? 0.6f : -0.2f), r(20, 0.0f);
-    Array wire(Shape{static_cast<int64_t>(4 + compress::TwoBitCodec::compressed_bytes(20))},
-               DType::kUInt8);
-    float t = 0.5f;
-    std::memcpy(wire.data(), &t, 4);
-    codec.compress(g.data(), r.data(), reinterpret_cast<uint32_t*>(wire.as<uint8_t>() + 4), 20);
+    compress::Compressor codec(compress::Settings{compress::Type::k2Bit, 0.5f});
+    std::vector<float> g(20, w == 0 ? 0.6f : -0.2f);
+    Array wire(Shape{static_cast<int64_t>(codec.encoded_bytes(20))}, DType::kUInt8);
+    codec.encode(6, 0, 20, 0, g.data(), 20, static_cast<std::byte*>(wire.data()));
     push(w, 6, std::move(wire), true);
   }
   uint64_t p = pull(0, 6);
   idle();
   for (float v : rec_.floats(p))
     EXPECT_EQ(v, 0.5f);  // +t from worker 0, 0 from worker 1
+}
+
+// A malformed compressed push is refused (error reply) and changes nothing.
+TEST_F(ServerStoreTest, MalformedCompressedPushIsRefused) {
+  make(1, true);
+  init(9, Array::full(Shape{20}, 2.0));
+  Array junk = Array::full(Shape{11}, 3.0, DType::kUInt8);  // no valid header
+  uint64_t bad = push(0, 9, std::move(junk), true);
+  uint64_t p = pull(0, 9);
+  idle();
+  EXPECT_EQ(rec_.get(bad).status.code(), ErrorCode::kProtocolError);
+  for (float v : rec_.floats(p))
+    EXPECT_EQ(v, 2.0f);
 }
 
 TEST_F(ServerStoreTest, RangePullsGatherRows) {

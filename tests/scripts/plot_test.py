@@ -28,6 +28,13 @@ dist_sync,2,24.5
 horovod,1,19.0
 horovod,2,22.0
 """
+STUDY = """impl,workers,servers,placement,step_ms,steps_per_s,efficiency
+pushpull_ring,1,0,none,401.0,2.4938,0.9975
+pushpull_ring,2,0,none,405.0,4.9383,0.9877
+pushpull_ps,1,2,dedicated,402.0,2.4876,0.9950
+pushpull_ps,2,2,dedicated,410.0,4.8780,0.9756
+pushpull_ps,2,2,colocated,420.0,4.7619,0.9524
+"""
 
 
 def main():
@@ -38,15 +45,17 @@ def main():
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in (('allreduce.csv', BENCH), ('scaling.csv', SCALING),
-                           ('bad.csv', 'a,b\n1,2\n')):
+                           ('study.csv', STUDY), ('bad.csv', 'a,b\n1,2\n')):
             with open(os.path.join(tmp, name), 'w') as f:
                 f.write(text)
         out = os.path.join(tmp, 'img')
         good = subprocess.run([sys.executable, PLOT, '--out', out,
-                               os.path.join(tmp, 'allreduce.csv'), os.path.join(tmp, 'scaling.csv')],
+                               os.path.join(tmp, 'allreduce.csv'), os.path.join(tmp, 'scaling.csv'),
+                               os.path.join(tmp, 'study.csv')],
                               capture_output=True, text=True, timeout=120)
         assert good.returncode == 0, good.stderr
-        for png in ('allreduce.png', 'allreduce_time.png', 'scaling.png'):
+        for png in ('allreduce.png', 'allreduce_time.png', 'scaling.png', 'study.png',
+                    'study_step.png'):
             path = os.path.join(out, png)
             with open(path, 'rb') as f:
                 assert f.read(8) == b'\x89PNG\r\n\x1a\n', f'{png} is not a PNG'

@@ -31,44 +31,48 @@ def _named_tensors(params):
     return items
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=None):
     """Overwrites every tensor of ``params`` (model.state_dict() or
-    model.named_parameters()) with root_rank's, in place. Every rank must pass
-    the same names and shapes."""
-    handles = [ops.broadcast_async_(p, root_rank, name='broadcast_parameters.%s' % name)
+    model.named_parameters()) with root_rank's, in place. Every rank (of
+    ``process_set``) must pass the same names and shapes."""
+    handles = [ops.broadcast_async_(p, root_rank, name='broadcast_parameters.%s' % name,
+                                    process_set=process_set)
                for name, p in _named_tensors(params) if p is not None]
     for h in handles:
         ops.synchronize(h)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
-    """Returns root_rank's ``obj`` (pickled) on every rank."""
-    name = ops._auto_name('broadcast_object', name)
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns root_rank's ``obj`` (pickled) on every rank (of ``process_set``)."""
+    _, prefix, _ = ops._scope(process_set, 'broadcast_object')  # errors before anything is sent
+    name = ops._auto_name('broadcast_object', name, prefix)[len(prefix):]
     if ops._c.rank() == root_rank:
         payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         size = torch.tensor([len(payload)], dtype=torch.int64)
     else:
         payload = None
         size = torch.zeros(1, dtype=torch.int64)
-    ops.broadcast_(size, root_rank, name=name + '.size')
+    ops.broadcast_(size, root_rank, name=name + '.size', process_set=process_set)
     if payload is not None:
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else \
             torch.zeros(0, dtype=torch.uint8)
     else:
         buf = torch.zeros(int(size.item()), dtype=torch.uint8)
-    ops.broadcast_(buf, root_rank, name=name + '.data')
+    ops.broadcast_(buf, root_rank, name=name + '.data', process_set=process_set)
     if payload is not None:
         return obj
     return pickle.loads(buf.numpy().tobytes())
 
 
-def allgather_object(obj, name=None):
-    """Returns the list of every rank's ``obj``, in rank order."""
-    name = ops._auto_name('allgather_object', name)
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's (of ``process_set``) ``obj``, in rank order."""
+    _, prefix, _ = ops._scope(process_set, 'allgather_object')
+    name = ops._auto_name('allgather_object', name, prefix)[len(prefix):]
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sizes = ops.allgather(torch.tensor([len(payload)], dtype=torch.int64), name=name + '.size')
+    sizes = ops.allgather(torch.tensor([len(payload)], dtype=torch.int64), name=name + '.size',
+                          process_set=process_set)
     data = ops.allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8),
-                         name=name + '.data').numpy().tobytes()
+                         name=name + '.data', process_set=process_set).numpy().tobytes()
     out, offset = [], 0
     for n in sizes.tolist():
         out.append(pickle.loads(data[offset:offset + n]))
@@ -76,7 +80,7 @@ def allgather_object(obj, name=None):
     return out
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     """Makes every rank's optimizer state (hyperparameters and per-parameter
     buffers such as momentum) root_rank's. Unlike Horovod, ranks whose state is
     still empty need no dummy step: root's state_dict is sent whole (one pickled
@@ -86,11 +90,14 @@ def broadcast_optimizer_state(optimizer, root_rank):
         raise InvalidArgument(
             'broadcast_optimizer_state: expected a torch.optim.Optimizer, got %s'
             % type(optimizer).__name__)
+    _, prefix, _ = ops._scope(process_set, 'broadcast_optimizer_state')
     state = optimizer.state_dict() if ops._c.rank() == root_rank else None
     buffer = io.BytesIO()
     if state is not None:
         torch.save(state, buffer)
     blob = broadcast_object(buffer.getvalue() if state is not None else None, root_rank,
-                            name=ops._auto_name('broadcast_optimizer_state', None))
+                            name=ops._auto_name('broadcast_optimizer_state', None,
+                                                prefix)[len(prefix):],
+                            process_set=process_set)
     if ops._c.rank() != root_rank:
         optimizer.load_state_dict(torch.load(io.BytesIO(blob)))

@@ -38,27 +38,34 @@ class _Unsupported:
 # Horovod's Adasum has no implementation here; passing it is an InvalidArgument.
 Adasum = _Unsupported('Adasum')
 
-_SUPPORTED_DTYPES = {
+# The engine's dtypes (include/pushpull/dtype.h).
+_NATIVE = {
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
     torch.int32, torch.int64, torch.int8, torch.uint8,
 }
+# The others Horovod accepts on CPU: reduced in int32 (copies), moved as the
+# bits of a native dtype of the same size (no copy).
+_WIDENED = {torch.int16, torch.bool}
+_BITS = {torch.int16: torch.float16, torch.bool: torch.uint8}
 
 _counters = {}
 _counters_lock = threading.Lock()
 
 
-def _auto_name(kind, name):
+def _auto_name(kind, name, prefix=''):
+    """The op's engine name: ``prefix`` scopes it to a process set."""
     if name is not None:
-        return str(name)
+        return prefix + str(name)
     with _counters_lock:
-        counter = _counters.setdefault(kind, itertools.count())
-        return '%s.noname.%d' % (kind, next(counter))
+        counter = _counters.setdefault((kind, prefix), itertools.count())
+        return '%s%s.noname.%d' % (prefix, kind, next(counter))
 
 
 def _resolve_op(average, op):
     if op is Adasum:
         raise InvalidArgument(
-            'pushpull.torch: op=Adasum is not supported; use op=Average (or Sum)')
+            'pushpull.torch: op=Adasum is not supported (Horovod implements it for MPI and '
+            'NCCL builds only); use op=Average (or Sum)')
     if average is not None:
         if op is not None:
             raise InvalidArgument(
@@ -81,10 +88,13 @@ def _check(tensor, what):
         raise InvalidArgument(
             'pushpull.torch: %s is on %s; %s tensors are not supported yet; call .cpu()'
             % (what, tensor.device, tensor.device.type.upper()))
-    if tensor.dtype not in _SUPPORTED_DTYPES:
+    if tensor.is_sparse:
         raise InvalidArgument(
-            'pushpull.torch: %s has dtype %s, which is not supported; use float32, float16, '
-            'bfloat16, float64, int32, int64, int8 or uint8' % (what, tensor.dtype))
+            'pushpull.torch: %s is sparse; use sparse_allreduce_async or .to_dense()' % what)
+    if tensor.dtype not in _NATIVE and tensor.dtype not in _WIDENED:
+        raise InvalidArgument(
+            'pushpull.torch: %s has dtype %s, which is not supported; use uint8, int8, int16, '
+            'int32, int64, float16, bfloat16, float32, float64 or bool' % (what, tensor.dtype))
     if not tensor.is_contiguous():
         raise InvalidArgument(
             'pushpull.torch: %s is not contiguous (shape %s, strides %s); call .contiguous() '
@@ -93,8 +103,33 @@ def _check(tensor, what):
 
 def _raw(tensor):
     # DLPack refuses tensors that require grad; the engine writes raw memory,
-    # outside autograd, exactly as Horovod's C++ ops do.
-    return tensor.detach()
+    # outside autograd, exactly as Horovod's C++ ops do. int16 and bool travel
+    # as the bits of a same-sized native dtype (data movement only).
+    t = tensor.detach()
+    bits = _BITS.get(t.dtype)
+    return t if bits is None else t.view(bits)
+
+
+def _scale_(tensor, factor, divisor=1):
+    """tensor *= factor / divisor in place; integers are scaled in float64 and
+    cast back (truncating), 16-bit floats in float32, as Horovod does. The
+    divisor divides (9 / 3 is exactly 3; 9 * (1 / 3) truncates to 2)."""
+    if factor == 1.0 and divisor == 1:
+        return tensor
+    if tensor.dtype == torch.bool:
+        raise InvalidArgument('pushpull.torch: prescale/postscale of a bool tensor')
+    if tensor.dtype in (torch.float32, torch.float64):
+        if factor != 1.0:
+            tensor.mul_(factor)
+        return tensor.div_(divisor) if divisor != 1 else tensor
+    wide = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else torch.float64
+    return tensor.copy_(tensor.to(wide) * factor / divisor)
+
+
+def _scope(process_set, what):
+    """(members, name prefix, set size) of the op's process set."""
+    from .process_sets import _resolve
+    return _resolve(process_set, what)
 
 
 class Handle:
@@ -115,6 +150,22 @@ class Handle:
         return '<pushpull.torch.Handle %r done=%s>' % (self._op.name, self._op.done())
 
 
+class _Group:
+    """Several engine operations behind one Handle (grouped ops, alltoall)."""
+
+    __slots__ = ('name', 'ops')
+
+    def __init__(self, name, ops):
+        self.name, self.ops = name, list(ops)
+
+    def done(self):
+        return all(op.done() for op in self.ops)
+
+    def wait(self, timeout=None):
+        for op in self.ops:
+            op.wait(timeout)
+
+
 def poll(handle):
     """True once the operation is done (``synchronize`` then returns at once)."""
     return handle._op.done()
@@ -133,37 +184,64 @@ def synchronize(handle, timeout=None):
 # ---- allreduce -------------------------------------------------------------------
 
 
-def _scaled(output, postscale_factor):
-    def finish(op, timeout):
-        op.wait(timeout)
-        if postscale_factor != 1.0:
-            output.mul_(postscale_factor)
-        return output
-    return finish
+def _reduce_plan(reduction, dtype, set_size, what, scales=(1.0, 1.0)):
+    """(engine reduction, divisor of the result) for a reduction over a set:
+    Average is a sum divided by the set's size (as Horovod: a joined rank
+    counts as zeros); bool reduces as int32 0/1 (sum, max: or; min, product:
+    and)."""
+    if dtype == torch.bool and tuple(scales) != (1.0, 1.0):
+        raise InvalidArgument('pushpull.torch: %s: prescale/postscale of a bool tensor' % what)
+    if reduction == Average:
+        if dtype == torch.bool:
+            raise InvalidArgument('pushpull.torch: %s: op=Average of a bool tensor' % what)
+        return Sum, set_size
+    if dtype == torch.bool:
+        return (Max if reduction in (Sum, Max) else Min), 1
+    return reduction, 1
 
 
-def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscale_factor):
+def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscale_factor,
+                    process_set=None):
     reduction = _resolve_op(average, op)
     _check(tensor, 'allreduce tensor')
-    name = _auto_name('allreduce', name)
+    members, prefix, n = _scope(process_set, 'allreduce')
+    name = _auto_name('allreduce', name, prefix)
+    reduction, divisor = _reduce_plan(reduction, tensor.dtype, n, 'allreduce',
+                                      (prescale_factor, postscale_factor))
+    if tensor.dtype in _WIDENED:
+        work = tensor.detach().to(torch.int32)
+        _scale_(work, prescale_factor)
+        h = _c.allreduce_async(name, work, None, reduction, members)
+
+        def finish(op_, timeout):
+            op_.wait(timeout)
+            _scale_(work, postscale_factor, divisor)
+            output.detach().copy_(work)
+            return output
+        return Handle(h, output, finish)
     source = tensor
     if prescale_factor != 1.0:
         if output is tensor:  # in place: scale the tensor itself
-            tensor.mul_(prescale_factor)
+            _scale_(tensor.detach(), prescale_factor)
         else:
-            source = tensor * prescale_factor
+            source = _scale_(tensor.detach().clone(), prescale_factor)
     out_arg = None if output is source else _raw(output)
-    h = _c.allreduce_async(name, _raw(source), out_arg, reduction)
-    return Handle(h, output, _scaled(output, postscale_factor))
+    h = _c.allreduce_async(name, _raw(source), out_arg, reduction, members)
+
+    def finish(op_, timeout):
+        op_.wait(timeout)
+        _scale_(output.detach(), postscale_factor, divisor)
+        return output
+    return Handle(h, output, finish)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     """Starts an out-of-place allreduce; ``synchronize(handle)`` returns the result."""
-    _no_process_set(process_set)
     _check(tensor, 'allreduce tensor')
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscale_factor)
+    return _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscale_factor,
+                           process_set)
 
 
 def _differentiable(tensor):
@@ -175,32 +253,35 @@ class _AllreduceFn(torch.autograd.Function):
     (Horovod's HorovodAllreduce)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.args = (name, op, prescale_factor, postscale_factor)
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.args = (name, op, prescale_factor, postscale_factor, process_set)
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
         return synchronize(_allreduce_impl(tensor, out, None, name, op, prescale_factor,
-                                           postscale_factor))
+                                           postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        name, op, pre, post = ctx.args
+        name, op, pre, post, process_set = ctx.args
         if op not in (Sum, Average):
             raise InvalidArgument('pushpull.torch: allreduce with op=%s has no gradient' % op)
         grad = grad.contiguous()
         out = torch.empty_like(grad)
-        return (synchronize(_allreduce_impl(grad, out, None, name + '.grad', op, pre, post)),
-                None, None, None, None)
+        return (synchronize(_allreduce_impl(grad, out, None, name + '.grad', op, pre, post,
+                                            process_set)),
+                None, None, None, None, None)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=None):
-    """Returns the reduction (default: average) of ``tensor`` over all ranks.
-    Differentiable when ``tensor`` requires grad (Sum and Average)."""
+    """Returns the reduction (default: average) of ``tensor`` over the ranks of
+    ``process_set`` (default: all). Differentiable when ``tensor`` requires
+    grad (Sum and Average)."""
     if compression is None and _differentiable(tensor):
-        _no_process_set(process_set)
         _check(tensor, 'allreduce tensor')
-        return _AllreduceFn.apply(tensor, _auto_name('allreduce', name),
-                                  _resolve_op(average, op), prescale_factor, postscale_factor)
+        _, prefix, _ = _scope(process_set, 'allreduce')
+        return _AllreduceFn.apply(tensor, _auto_name('allreduce', name, prefix)[len(prefix):],
+                                  _resolve_op(average, op), prescale_factor, postscale_factor,
+                                  process_set)
     if compression is not None:
         compressed, ctx = compression.compress(tensor)
         out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
@@ -213,8 +294,8 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None):
     """Starts an in-place allreduce of ``tensor``."""
-    _no_process_set(process_set)
-    return _allreduce_impl(tensor, tensor, average, name, op, prescale_factor, postscale_factor)
+    return _allreduce_impl(tensor, tensor, average, name, op, prescale_factor, postscale_factor,
+                           process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -224,69 +305,72 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-def grouped_allreduce(tensors, average=None, name=None, op=None, process_set=None):
-    """Allreduces a list of tensors (fused by the engine); returns the results."""
-    base = _auto_name('grouped_allreduce', name)
-    handles = [allreduce_async(t, average, '%s.%d' % (base, i), op, process_set=process_set)
-               for i, t in enumerate(tensors)]
-    return [synchronize(h) for h in handles]
-
-
 # ---- allgather / broadcast / reducescatter ------------------------------------
 
 
 def _from_numpy(array, dtype):
+    """A result array of the engine as a tensor of `dtype` (no copy)."""
     if dtype == torch.bfloat16:
         # The bindings return bfloat16 as uint16 bits, which torch 1.13's
         # from_numpy refuses; int16 has the same size.
         return torch.from_numpy(array.view('int16')).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    t = torch.from_numpy(array)
+    return t if t.dtype == dtype else t.view(dtype)  # int16, bool: their bits
 
 
 def allgather_async(tensor, name=None, process_set=None):
     """Starts an allgather (concatenation along dim 0 in rank order)."""
-    _no_process_set(process_set)
     _check(tensor, 'allgather tensor')
+    members, prefix, _ = _scope(process_set, 'allgather')
     dtype = tensor.dtype
-    h = _c.allgather_async(_auto_name('allgather', name), _raw(tensor))
+    h = _c.allgather_async(_auto_name('allgather', name, prefix), _raw(tensor), members)
 
     def finish(op, timeout):
         return _from_numpy(op.output(timeout), dtype)
     return Handle(h, None, finish)
 
 
+def _set_rank(process_set):
+    return _c.rank() if process_set is None else process_set.rank()
+
+
 class _AllgatherFn(torch.autograd.Function):
     """Backward: the averaged gradient's rows of this rank (as Horovod)."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.name = name
+    def forward(ctx, tensor, name, process_set):
+        ctx.name, ctx.process_set = name, process_set
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        return synchronize(allgather_async(tensor, name))
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad')
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), name=ctx.name + '.rows')
-        offset = int(rows[:_c.rank()].sum().item())
-        return grad.narrow(0, offset, ctx.rows), None
+        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad',
+                         process_set=ctx.process_set)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), name=ctx.name + '.rows',
+                         process_set=ctx.process_set)
+        offset = int(rows[:_set_rank(ctx.process_set)].sum().item())
+        return grad.narrow(0, offset, ctx.rows), None, None
 
 
 def allgather(tensor, name=None, process_set=None):
     """Concatenation of every rank's tensor along dim 0 (first dims may differ).
     Differentiable when ``tensor`` requires grad."""
     if _differentiable(tensor) and tensor.dim() > 0:
-        _no_process_set(process_set)
         _check(tensor, 'allgather tensor')
-        return _AllgatherFn.apply(tensor, _auto_name('allgather', name))
+        _, prefix, _ = _scope(process_set, 'allgather')
+        return _AllgatherFn.apply(tensor, _auto_name('allgather', name, prefix)[len(prefix):],
+                                  process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
-    """Starts an in-place broadcast of root_rank's ``tensor``."""
-    _no_process_set(process_set)
+    """Starts an in-place broadcast of root_rank's ``tensor`` (root_rank is a
+    rank of the job, and a member of ``process_set``)."""
     _check(tensor, 'broadcast tensor')
-    h = _c.broadcast_async(_auto_name('broadcast', name), _raw(tensor), int(root_rank))
+    members, prefix, _ = _scope(process_set, 'broadcast')
+    h = _c.broadcast_async(_auto_name('broadcast', name, prefix), _raw(tensor), int(root_rank),
+                           members)
     return Handle(h, tensor)
 
 
@@ -298,63 +382,122 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts an out-of-place broadcast; ``synchronize`` returns root_rank's tensor."""
     _check(tensor, 'broadcast tensor')
-    return broadcast_async_(tensor.clone(memory_format=torch.contiguous_format), root_rank,
-                            name, process_set)
+    return broadcast_async_(tensor.detach().clone(memory_format=torch.contiguous_format),
+                            root_rank, name, process_set)
 
 
 class _BroadcastFn(torch.autograd.Function):
     """Backward: the averaged gradient on the root, zeros elsewhere (as Horovod)."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root, ctx.name = root_rank, name
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.name, ctx.process_set = root_rank, name, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad')
+        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad',
+                         process_set=ctx.process_set)
         if _c.rank() != ctx.root:
             grad = torch.zeros_like(grad)
-        return grad, None, None
+        return grad, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Returns a copy of root_rank's ``tensor`` (``tensor`` is unchanged).
     Differentiable when ``tensor`` requires grad."""
     if _differentiable(tensor):
-        _no_process_set(process_set)
         _check(tensor, 'broadcast tensor')
-        return _BroadcastFn.apply(tensor, int(root_rank), _auto_name('broadcast', name))
+        _, prefix, _ = _scope(process_set, 'broadcast')
+        return _BroadcastFn.apply(tensor, int(root_rank),
+                                  _auto_name('broadcast', name, prefix)[len(prefix):],
+                                  process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def reducescatter(tensor, op=None, name=None, process_set=None):
-    """Reduction of every rank's tensor, split along dim 0 (rank r gets part r)."""
-    _no_process_set(process_set)
+def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts a reducescatter: the reduction (default Average) of every member's
+    tensor, split along dim 0; member i of the set gets part i (the first
+    ``rows % size`` members one row more)."""
     reduction = _resolve_op(None, op)
     _check(tensor, 'reducescatter tensor')
-    h = _c.reduce_scatter_async(_auto_name('reducescatter', name), _raw(tensor), reduction)
+    if tensor.dim() == 0:
+        raise InvalidArgument('pushpull.torch: reducescatter of a scalar (0-d tensor)')
+    members, prefix, n = _scope(process_set, 'reducescatter')
+    name = _auto_name('reducescatter', name, prefix)
     dtype = tensor.dtype
-    return synchronize(Handle(h, None, lambda op_, timeout: _from_numpy(op_.output(timeout),
-                                                                        dtype)))
+    reduction, divisor = _reduce_plan(reduction, dtype, n, 'reducescatter',
+                                      (prescale_factor, postscale_factor))
+    if dtype in _WIDENED:
+        source = tensor.detach().to(torch.int32)
+        _scale_(source, prescale_factor)
+    elif prescale_factor != 1.0:
+        source = _scale_(tensor.detach().clone(), prescale_factor)
+    else:
+        source = _raw(tensor)
+    h = _c.reduce_scatter_async(name, source, reduction, members)
+
+    def finish(op_, timeout):
+        out = _from_numpy(op_.output(timeout), source.dtype)
+        if dtype in _WIDENED:
+            return _scale_(out, postscale_factor, divisor).to(dtype)
+        return _scale_(out, postscale_factor, divisor)
+    return Handle(h, None, finish)
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    """Backward: the gathered gradient, scaled as the forward pass scaled."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, pre, post):
+        ctx.args = (name, op, process_set, pre, post)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
+
+    @staticmethod
+    def backward(ctx, grad):
+        name, op, process_set, pre, post = ctx.args
+        if op not in (Sum, Average):
+            raise InvalidArgument('pushpull.torch: reducescatter with op=%s has no gradient' % op)
+        n = process_set.size() if process_set is not None else _c.size()
+        factor = pre * post / (n if op == Average else 1)
+        full = allgather(grad.contiguous(), name=name + '.grad', process_set=process_set)
+        return full * factor, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=None, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduction (default Average) of every rank's tensor, split along dim 0
+    (rank i of the set gets part i). Differentiable (Sum and Average)."""
+    if compression is not None:
+        compressed, ctx = compression.compress(tensor)
+        out = reducescatter(compressed, name, None, op, process_set, prescale_factor,
+                            postscale_factor)
+        return compression.decompress(out, ctx)
+    if _differentiable(tensor):
+        _check(tensor, 'reducescatter tensor')
+        _, prefix, _ = _scope(process_set, 'reducescatter')
+        return _ReducescatterFn.apply(
+            tensor, _auto_name('reducescatter', name, prefix)[len(prefix):],
+            _resolve_op(None, op), process_set, prescale_factor, postscale_factor)
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                           postscale_factor))
 
 
 def barrier(process_set=None):
-    """Blocks until every rank reached the barrier."""
-    _no_process_set(process_set)
-    _c.barrier()
+    """Blocks until every rank of the set (default: all) reached the barrier."""
+    members, prefix, _ = _scope(process_set, 'barrier')
+    if not members:
+        _c.barrier()
+        return
+    synchronize(allreduce_async_(torch.zeros(1), name=_auto_name('barrier', None, prefix)[
+        len(prefix):], op=Sum, process_set=process_set))
 
 
 def join(device=-1):
-    """This rank is out of data. Until every rank joined, the others' ops proceed
-    with it contributing nothing (Average divides by the ranks that contributed).
-    Returns once every rank joined. Unlike Horovod it returns None, not the rank
-    that joined last."""
+    """This rank is out of data. Until every rank joined, the others' ops
+    proceed with it contributing zeros (Average still divides by the set's
+    size, as in Horovod) and no rows to allgathers. Returns, once every rank
+    joined, the rank that joined last."""
     del device  # CPU only
-    _c.join()
-
-
-def _no_process_set(process_set):
-    if process_set is not None:
-        raise InvalidArgument(
-            'pushpull.torch: process sets are not supported; every op runs over all ranks')
+    return _c.join()

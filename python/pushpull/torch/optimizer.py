@@ -18,17 +18,22 @@ import torch
 from pushpull._pushpull import InvalidArgument
 from . import ops
 from .compression import Compression
+from .sparse import sparse_allreduce_async
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor):
+                 gradient_predivide_factor, sparse_as_dense, process_set):
         super(self.__class__, self).__init__(params)
         self._compression = compression
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        ops._scope(process_set, 'DistributedOptimizer')  # a registered set with this rank
         self.backward_passes_per_step = backward_passes_per_step
         if op is ops.Adasum:
             raise InvalidArgument(
-                'DistributedOptimizer: op=Adasum is not supported; use op=Average (or Sum)')
+                'DistributedOptimizer: op=Adasum is not supported (Horovod implements it for MPI '
+                'and NCCL builds only); use op=Average (or Sum)')
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise InvalidArgument(
                 'DistributedOptimizer: gradient_predivide_factor needs op=Average')
@@ -39,7 +44,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # Horovod's split of the average: sum g/f, then multiply by f/size.
             self.op = ops.Sum
             self._prescale = 1.0 / gradient_predivide_factor
-            self._postscale = gradient_predivide_factor / ops._c.size()
+            self._postscale = gradient_predivide_factor / self._set_size()
 
         all_params = [p for group in self.param_groups for p in group['params']]
         if named_parameters is not None:
@@ -69,8 +74,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._allreduce_delay = {}
         self._synchronized = False
         self._should_synchronize = True
-        if ops._c.size() > 1:
+        if self._set_size() > 1:
             self._register_hooks()
+
+    def _set_size(self):
+        return ops._c.size() if self._process_set is None else self._process_set.size()
 
     # ---- hooks ------------------------------------------------------------------
 
@@ -108,10 +116,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # Unused this step on this rank: contribute zeros so every rank
             # submits the same names.
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        compressed, ctx = self._compression.compress(p.grad)
-        handle = ops.allreduce_async_(compressed, name=self._parameter_names[p], op=self.op,
+        name = self._parameter_names[p]
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                # Horovod's allgather path: indices and values of every rank.
+                if self.op not in (ops.Average, ops.Sum):
+                    raise InvalidArgument('DistributedOptimizer: sparse gradients need op=Average '
+                                          'or Sum (or sparse_as_dense=True)')
+                return sparse_allreduce_async(grad, name=name, op=self.op,
+                                              process_set=self._process_set), 'sparse'
+            grad = p.grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
+        handle = ops.allreduce_async_(compressed, name=name, op=self.op,
                                       prescale_factor=self._prescale,
-                                      postscale_factor=self._postscale)
+                                      postscale_factor=self._postscale,
+                                      process_set=self._process_set)
         return handle, ctx
 
     # ---- Horovod's public methods -------------------------------------------------
@@ -119,7 +139,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits for every gradient's allreduce (starting those whose hooks did
         not fire) and writes the averaged gradients into ``p.grad``."""
-        if ops._c.size() == 1:
+        if self._set_size() == 1:
             self._synchronized = True
             return
         for p in self._requires_update - set(self._handles):
@@ -130,6 +150,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, (handle, ctx) in self._handles.items():
             output = ops.synchronize(handle)
             self._allreduce_delay[p] = self.backward_passes_per_step
+            if ctx == 'sparse':
+                p.grad = output.coalesce()
+                continue
             grad = self._compression.decompress(output, ctx)
             if grad is not p.grad:
                 p.grad.copy_(grad)
@@ -148,9 +171,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn('optimizer.step() called after optimizer.synchronize() without '
-                              'skip_synchronize(): the gradients are allreduced again. Use '
-                              '"with optimizer.skip_synchronize(): optimizer.step()".')
+                # Horovod's text (scripts and tests match on it).
+                warnings.warn('optimizer.step() called without optimizer.skip_synchronize() '
+                              'context after optimizer.synchronize(). This can cause training '
+                              'slowdown. You may want to consider using '
+                              'optimizer.skip_synchronize() context if you use '
+                              'optimizer.synchronize() in your code.')
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -172,11 +198,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     over all ranks, as horovod.torch.DistributedOptimizer.
 
     ``num_groups`` / ``groups`` are accepted for compatibility and ignored: the
-    engine fuses whatever is ready at once. Sparse gradients are not supported."""
+    engine fuses whatever is ready at once. Sparse gradients are allgathered
+    (indices and values), or densified and allreduced with ``sparse_as_dense``.
+    ``process_set``: the gradients are averaged over that set's ranks only."""
     del num_groups, groups
-    if sparse_as_dense:
-        raise InvalidArgument('DistributedOptimizer: sparse gradients are not supported')
-    ops._no_process_set(process_set)
     if backward_passes_per_step < 1:
         raise InvalidArgument('DistributedOptimizer: backward_passes_per_step must be >= 1')
     # A subclass of the optimizer's own class (as Horovod does), so isinstance
@@ -184,4 +209,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor)
+               op, gradient_predivide_factor, sparse_as_dense, process_set)

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "meet.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pushpull/error.h"
+#include "pushpull/options.h"
+
+namespace pushpull::torch_pg {
+namespace {
+
+// A free TCP port, kept bound (not listening, SO_REUSEADDR) while alive: the
+// Session's listener (also SO_REUSEADDR) can bind it, nobody else is handed it.
+class PortReservation {
+ public:
+  PortReservation() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      throw IoError(fmt::format("pushpull ProcessGroup: no free port for the rendezvous: {}",
+                                std::strerror(e)));
+    }
+    port_ = ntohs(a.sin_port);
+  }
+  ~PortReservation() { ::close(fd_); }
+  PortReservation(const PortReservation&) = delete;
+  PortReservation& operator=(const PortReservation&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// The TCPStore under any PrefixStores, or nullptr.
+c10d::TCPStore* tcp_store_of(c10d::Store* s) {
+  for (int depth = 0; s != nullptr && depth < 16; ++depth) {
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(s)) return tcp;
+    auto* prefix = dynamic_cast<c10d::PrefixStore*>(s);
+    if (prefix == nullptr) return nullptr;
+    s = prefix->getUnderlyingStore().get();
+  }
+  return nullptr;
+}
+
+// Where rank 0 hosts the rendezvous: an address the other ranks reach it at.
+std::string meeting_host(const Options& o, c10d::Store* store) {
+  if (!o.collective.master_addr.empty()) return o.collective.master_addr;
+  if (auto* tcp = tcp_store_of(store)) return tcp->getHost();
+  return "127.0.0.1";  // file:// or hash stores: one host
+}
+
+std::vector<uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+
+}  // namespace
+
+std::shared_ptr<collective::Session> meet(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                          int size) {
+  Options o = Options::from_env();
+  // The group is exactly the c10d group: no scheduler, its rank and size.
+  o.cluster.role = Role::kNone;
+  o.cluster.num_servers = 0;
+  const bool whole_world = o.collective.size == size;
+  o.collective.rank = rank;
+  o.collective.size = size;
+  if (!whole_world) {  // a subgroup: count local ranks among its members' hosts
+    o.collective.local_rank = -1;
+    o.collective.local_size = -1;
+  }
+  if (size == 1) {
+    o.collective.master_addr.clear();
+    o.collective.master_port = 0;
+    return std::make_shared<collective::Session>(o);
+  }
+
+  std::unique_ptr<PortReservation> reserved;
+  if (rank == 0) {
+    const std::string host = meeting_host(o, store.get());
+    reserved = std::make_unique<PortReservation>();
+    o.collective.master_addr = host;
+    o.collective.master_port = reserved->port();
+    store->set(kRendezvousKey, bytes(fmt::format("{} {}", host, reserved->port())));
+  } else {
+    try {
+      store->wait({kRendezvousKey}, o.cluster.startup_timeout);
+    } catch (const std::exception& e) {
+      throw Timeout(fmt::format(
+          "pushpull ProcessGroup: rank {} of {} waited {} ms for rank 0 to publish pushpull's "
+          "rendezvous address in the torch.distributed store (key '{}'): {}; is rank 0 running "
+          "and using the 'pushpull' backend too? (PUSHPULL_STARTUP_TIMEOUT_MS)",
+          rank, size, o.cluster.startup_timeout.count(), kRendezvousKey, e.what()));
+    }
+    const std::vector<uint8_t> value = store->get(kRendezvousKey);
+    std::istringstream in(std::string(value.begin(), value.end()));
+    std::string host;
+    int port = 0;
+    if (!(in >> host >> port) || port <= 0 || port > 65535) {
+      throw ProtocolError(fmt::format(
+          "pushpull ProcessGroup: malformed rendezvous address '{}' in the store (key '{}')",
+          std::string(value.begin(), value.end()), kRendezvousKey));
+    }
+    o.collective.master_addr = host;
+    o.collective.master_port = port;
+  }
+  auto session = std::make_shared<collective::Session>(o);
+  if (rank == 0) {
+    try {
+      store->deleteKey(kRendezvousKey);  // every rank has met: a later group starts afresh
+    } catch (const std::exception&) {
+      // Some stores cannot delete; a stale key is replaced by the next set().
+    }
+  }
+  return session;
+}
+
+}  // namespace pushpull::torch_pg

@@ -1,0 +1,42 @@
+"""Sparse allreduce (Horovod's sparse_allreduce_async): the indices and values
+of every rank's sparse COO tensor are allgathered; the result is their
+(uncoalesced) concatenation, which torch sums on coalescing."""
+
+import torch
+
+from pushpull._pushpull import InvalidArgument
+
+from . import ops
+
+
+def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
+    """Starts the allreduce of a sparse COO tensor (op Average or Sum). The
+    handle works with ``synchronize`` and may also be called (as Horovod's)."""
+    reduction = ops._resolve_op(None, op)
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise InvalidArgument('sparse_allreduce_async: expected a sparse COO tensor')
+    if reduction not in (ops.Average, ops.Sum):
+        raise InvalidArgument('sparse_allreduce_async: op must be Average or Sum')
+    _, prefix, n = ops._scope(process_set, 'sparse_allreduce')
+    base = ops._auto_name('sparse_allreduce', name, prefix)[len(prefix):]
+    # Allgather concatenates along dim 0: indices travel transposed (nnz, ndim).
+    indices = tensor._indices().t().contiguous()
+    values = tensor._values().contiguous()
+    h_idx = ops.allgather_async(indices, base + '.indices', process_set)
+    h_val = ops.allgather_async(values, base + '.values', process_set)
+
+    def finish(group, timeout):
+        idx = ops.synchronize(h_idx, timeout)
+        val = ops.synchronize(h_val, timeout)
+        if reduction == ops.Average:
+            val = val / n if val.dtype.is_floating_point else torch.div(val, n,
+                                                                          rounding_mode='trunc')
+        return torch.sparse_coo_tensor(idx.t(), val, tensor.size())
+    return _SparseHandle(ops._Group(base, [h_idx._op, h_val._op]), None, finish)
+
+
+class _SparseHandle(ops.Handle):
+    __slots__ = ()
+
+    def __call__(self):
+        return ops.synchronize(self)

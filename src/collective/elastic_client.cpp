@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "collective/elastic_client.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "net/address.h"
+#include "net/transport.h"
+#include "pushpull/elastic.h"
+#include "pushpull/log.h"
+
+namespace pushpull::collective::elastic {
+
+struct Client::Impl {
+  explicit Impl(ClientConfig c) : cfg(std::move(c)), net(transport_config(cfg)) {}
+
+  static net::TransportConfig transport_config(const ClientConfig& c) {
+    net::TransportConfig t;
+    t.net = c.net;
+    t.role = Role::kWorker;
+    t.rank = -1;
+    t.label = fmt::format("elastic worker {}", c.worker_id);
+    return t;
+  }
+
+  ClientConfig cfg;
+  net::Transport net;
+  net::ConnId conn{};
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Assignment> assigned;
+  std::optional<Status> declined;
+  std::optional<Status> gone;  // the launcher's connection closed
+  uint64_t stamp = 0, round_stamp = 0, round = 0;
+  std::shared_ptr<VerdictPort> mesh;
+  bool waiting = false;
+};
+
+Client::Client(ClientConfig config) : impl_(std::make_shared<Impl>(std::move(config))) {
+  Impl& s = *impl_;
+  std::weak_ptr<Impl> weak = impl_;
+  s.net.set_handler(kAssignType, kHostsType, [weak](net::Message&& m) {
+    auto self = weak.lock();
+    if (!self) return;
+    std::unique_lock lock(self->mu);
+    switch (m.header.type) {
+      case kAssignType: {
+        Assignment a;
+        if (Status d = decode(m.payload.data(), m.payload.size(), &a); !d.is_ok()) {
+          self->declined = d;
+        } else {
+          self->assigned = std::move(a);
+        }
+        self->cv.notify_all();
+        return;
+      }
+      case kDeclineType: {
+        std::string why(reinterpret_cast<const char*>(m.payload.data()),
+                        std::min<size_t>(m.payload.size(), 4096));
+        auto code = static_cast<ErrorCode>(m.header.flags);
+        // A decline ends the elastic loop: never a member failure.
+        if (code == ErrorCode::kPeerFailure || code == ErrorCode::kOk) code = ErrorCode::kInternal;
+        self->declined = Status(code, why);
+        self->cv.notify_all();
+        return;
+      }
+      case kMemberGoneType: {
+        MemberGone g;
+        if (!decode(m.payload.data(), m.payload.size(), &g).is_ok()) return;
+        if (g.round != self->round || !self->mesh) return;  // another round's news
+        auto port = self->mesh;
+        lock.unlock();
+        port->deliver(Status(ErrorCode::kPeerFailure, g.why));
+        return;
+      }
+      case kHostsType: {
+        uint64_t stamp = 0;
+        if (!decode_stamp(m.payload.data(), m.payload.size(), &stamp).is_ok()) return;
+        self->stamp = std::max(self->stamp, stamp);
+        return;
+      }
+      default:
+        return;
+    }
+  });
+  s.net.set_close_handler([weak](net::ConnId, const net::PeerInfo&, const Status& why) {
+    auto self = weak.lock();
+    if (!self) return;
+    std::unique_lock lock(self->mu);
+    self->gone = Status(ErrorCode::kInternal,
+                        fmt::format("elastic: the connection to the launcher's rendezvous at "
+                                    "{}:{} closed ({}); the launcher is gone",
+                                    self->cfg.server_host, self->cfg.server_port, why.message()));
+    self->cv.notify_all();
+    auto port = self->mesh;
+    lock.unlock();
+    if (port) port->deliver(Status(ErrorCode::kPeerFailure, self->gone->message()));
+  });
+  s.net.start();
+  s.conn = s.net.connect(s.cfg.server_host, s.cfg.server_port);
+}
+
+Client::~Client() {
+  impl_->net.stop();
+}
+
+Assignment Client::join(const std::string& host, int port, Millis timeout) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    if (s.gone) throw Internal(s.gone->message());
+    s.assigned.reset();
+    s.declined.reset();
+    s.mesh.reset();
+  }
+  auto req = encode(JoinRequest{s.cfg.worker_id, host, port});
+  if (Status st = s.net.send_copy(s.conn, net::Header{.type = kJoinType}, req.data(), req.size());
+      !st.is_ok())
+    throw Internal(
+        fmt::format("elastic: cannot reach the launcher's rendezvous: {}", st.message()));
+  std::unique_lock lock(s.mu);
+  bool ok = s.cv.wait_for(lock, timeout, [&] { return s.assigned || s.declined || s.gone; });
+  if (s.declined) s.declined->raise();
+  if (s.assigned) {
+    Assignment a = std::move(*s.assigned);
+    s.assigned.reset();
+    s.round = a.round;
+    s.round_stamp = a.hosts_stamp;
+    s.stamp = std::max(s.stamp, a.hosts_stamp);
+    return a;
+  }
+  if (s.gone) throw Internal(s.gone->message());
+  (void)ok;
+  throw Timeout(
+      fmt::format("elastic: worker {} waited {} ms for a place in a round "
+                  "(--elastic-timeout); too few workers?",
+                  s.cfg.worker_id, timeout.count()));
+}
+
+void Client::attach(uint64_t round, std::shared_ptr<VerdictPort> port) {
+  std::lock_guard lock(impl_->mu);
+  if (round == impl_->round) impl_->mesh = std::move(port);
+}
+
+uint64_t Client::hosts_stamp() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stamp;
+}
+uint64_t Client::round_hosts_stamp() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->round_stamp;
+}
+uint64_t Client::round() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->round;
+}
+
+std::optional<ClientConfig> client_config_from_env(const Options& options) {
+  const char* addr = std::getenv("PUSHPULL_ELASTIC_ADDR");
+  if (addr == nullptr || *addr == '\0') return std::nullopt;
+  ClientConfig c;
+  c.net = options.net;
+  std::string a = addr;
+  auto colon = a.rfind(':');
+  int port = 0;
+  if (colon != std::string::npos) port = std::atoi(a.c_str() + colon + 1);
+  if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535)
+    throw InvalidArgument(
+        fmt::format("PUSHPULL_ELASTIC_ADDR='{}' is not host:port (set by `pushpull launch "
+                    "--min-workers/--max-workers`)",
+                    a));
+  c.server_host = a.substr(0, colon);
+  c.server_port = port;
+  const char* id = std::getenv("PUSHPULL_ELASTIC_ID");
+  if (id == nullptr || *id == '\0')
+    throw InvalidArgument("PUSHPULL_ELASTIC_ADDR is set but PUSHPULL_ELASTIC_ID is not");
+  c.worker_id = id;
+  return c;
+}
+
+namespace {
+
+struct Slot {
+  std::mutex mu;
+  std::unique_ptr<Client> client;
+};
+Slot& slot() {
+  static Slot s;
+  return s;
+}
+
+Millis elastic_timeout() {
+  const char* t = std::getenv("PUSHPULL_ELASTIC_TIMEOUT");
+  double s = t ? std::atof(t) : 0;
+  return Millis(static_cast<int64_t>((s > 0 ? s : 600) * 1000));
+}
+
+// A free TCP port on `host` now (the mesh binds it a moment later; the
+// round's book must name it before the mesh, whose rank it fixes, exists).
+int free_port(const std::string& host) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw IoError("elastic: socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  (void)host;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw IoError("elastic: cannot find a free port for the mesh");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+Client* process_client(const Options& options) {
+  Slot& s = slot();
+  std::lock_guard lock(s.mu);
+  if (!s.client) {
+    auto cfg = client_config_from_env(options);
+    if (!cfg) return nullptr;
+    s.client = std::make_unique<Client>(std::move(*cfg));
+  }
+  return s.client.get();
+}
+
+Client* existing_process_client() {
+  Slot& s = slot();
+  std::lock_guard lock(s.mu);
+  return s.client.get();
+}
+
+bool is_elastic_worker() {
+  const char* a = std::getenv("PUSHPULL_ELASTIC_ADDR");
+  return a != nullptr && *a != '\0';
+}
+uint64_t announced_hosts_stamp() {
+  Client* c = existing_process_client();
+  return c ? c->hosts_stamp() : 0;
+}
+uint64_t round_hosts_stamp() {
+  Client* c = existing_process_client();
+  return c ? c->round_hosts_stamp() : 0;
+}
+uint64_t current_round() {
+  Client* c = existing_process_client();
+  return c ? c->round() : 0;
+}
+
+Bootstrapped bootstrap_elastic(const Options& o) {
+  Client* client = process_client(o);
+  if (client == nullptr) throw InvalidArgument("elastic bootstrap without PUSHPULL_ELASTIC_ADDR");
+  auto cfg = client_config_from_env(o);
+  std::string host;
+  if (!o.net.node_host.empty())
+    host = o.net.node_host;
+  else if (is_loopback(cfg->server_host))
+    host = "127.0.0.1";
+  else
+    host = net::choose_host(o.net);
+  const int port = free_port(host);
+  Assignment a = client->join(host, port, elastic_timeout());
+  PP_INFO("elastic: worker {} is rank {} of {} in round {}", cfg->worker_id, a.rank, a.size(),
+          a.round);
+  NetOptions mesh = mesh_net(o);
+  mesh.job_id = round_job_id(o.net.job_id, a.round);
+  // Every member of the round is running already: connecting is quick, and
+  // a member that died meanwhile must not hold the others for the startup
+  // timeout.
+  mesh.connect_timeout = std::min(mesh.connect_timeout, o.cluster.heartbeat_timeout + Millis(5000));
+  auto tcp = std::make_unique<TcpTransport>(a.rank, a.size(), mesh,
+                                            bind_host_for(host, o.net.bind_any), port);
+  client->attach(a.round, tcp->verdict_port());
+  try {
+    tcp->connect_all(a.book);
+  } catch (const Timeout& e) {
+    // A member of the round did not connect (it died meanwhile): a member
+    // failure, so the elastic loop re-forms.
+    throw PeerFailure(fmt::format("elastic: round {}: {}", a.round, e.what()));
+  }
+  tcp->start_liveness(mesh_liveness(o, false));
+  Bootstrapped out;
+  out.mode = BootstrapMode::kElastic;
+  out.book = a.book;
+  // LOCAL_RANK from the launcher describes the first round only: count.
+  Options counted = o;
+  counted.collective.local_rank = -1;
+  counted.collective.local_size = -1;
+  set_local(counted, out.book, a.rank, &out);
+  out.transport = std::move(tcp);
+  return out;
+}
+
+}  // namespace pushpull::collective::elastic

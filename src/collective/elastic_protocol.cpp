@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "collective/elastic_protocol.h"
+
+#include <fmt/format.h>
+
+#include "net/wire.h"
+
+namespace pushpull::collective::elastic {
+namespace {
+
+constexpr size_t kMaxMembers = 1 << 16;
+constexpr size_t kMaxText = 4096;
+
+Status malformed(const char* what) {
+  return {ErrorCode::kProtocolError, fmt::format("elastic rendezvous: malformed {}", what)};
+}
+
+}  // namespace
+
+std::vector<std::byte> encode(const JoinRequest& j) {
+  net::Writer w;
+  w.str(j.worker_id).str(j.host).u<int32_t>(j.port);
+  return w.take();
+}
+
+Status decode(const std::byte* data, size_t n, JoinRequest* out) {
+  net::Reader r({data, n});
+  out->worker_id = r.str(256);
+  out->host = r.str(256);
+  out->port = r.u<int32_t>();
+  if (!r.done() || out->worker_id.empty() || out->port <= 0 || out->port > 65535)
+    return malformed("join request");
+  return {};
+}
+
+std::vector<std::byte> encode(const Assignment& a) {
+  net::Writer w;
+  w.u<uint64_t>(a.round).u<int32_t>(a.rank).u<uint64_t>(a.hosts_stamp);
+  w.u<uint32_t>(static_cast<uint32_t>(a.book.size()));
+  for (const auto& [h, p] : a.book)
+    w.str(h).u<int32_t>(p);
+  return w.take();
+}
+
+Status decode(const std::byte* data, size_t n, Assignment* out) {
+  net::Reader r({data, n});
+  out->round = r.u<uint64_t>();
+  out->rank = r.u<int32_t>();
+  out->hosts_stamp = r.u<uint64_t>();
+  size_t count = r.count(kMaxMembers, 8);
+  out->book.clear();
+  for (size_t i = 0; i < count && r.ok(); ++i) {
+    std::string h = r.str(256);
+    int p = r.u<int32_t>();
+    out->book.emplace_back(std::move(h), p);
+  }
+  if (!r.done() || count == 0 || out->rank < 0 || out->rank >= static_cast<int>(count))
+    return malformed("assignment");
+  return {};
+}
+
+std::vector<std::byte> encode(const MemberGone& g) {
+  net::Writer w;
+  w.u<uint64_t>(g.round).str(g.why.substr(0, kMaxText));
+  return w.take();
+}
+
+Status decode(const std::byte* data, size_t n, MemberGone* out) {
+  net::Reader r({data, n});
+  out->round = r.u<uint64_t>();
+  out->why = r.str(kMaxText);
+  return r.done() ? Status{} : malformed("member-gone notice");
+}
+
+std::vector<std::byte> encode_stamp(uint64_t stamp) {
+  net::Writer w;
+  w.u<uint64_t>(stamp);
+  return w.take();
+}
+
+Status decode_stamp(const std::byte* data, size_t n, uint64_t* stamp) {
+  net::Reader r({data, n});
+  *stamp = r.u<uint64_t>();
+  return r.done() ? Status{} : malformed("hosts notice");
+}
+
+std::string round_job_id(const std::string& job_id, uint64_t round) {
+  return fmt::format("{}#elastic-round-{}", job_id, round);
+}
+
+}  // namespace pushpull::collective::elastic

@@ -1,0 +1,8 @@
+# `pushpull bench scaling` / `bench ps --netns` on network-namespace hosts
+# (included from tests/CMakeLists.txt): a short run of 2 worker hosts, the CSV
+# checked, and the namespaces gone afterwards, also when the benchmark is
+# killed mid-run. Skips (exit 77) unless root with network namespaces.
+add_test(NAME bench_scaling_netns
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/scaling_netns_test.py ${PROJECT_BINARY_DIR}/bin)
+set_tests_properties(bench_scaling_netns PROPERTIES LABELS bench TIMEOUT 600 SKIP_RETURN_CODE 77
+                     RUN_SERIAL TRUE)

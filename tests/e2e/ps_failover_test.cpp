@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter-server fail-over under the launcher (docs/ps.md, "Fault
+// tolerance"): 3 workers x 3 servers, one backup per key range (the default);
+// a server is SIGKILLed (or SIGSTOPped) at a random round and the job must
+// finish with every pulled value exactly in closed form (ps_failover_worker
+// checks each round). Without a replica left the job fails naming the
+// range's servers.
+//
+// PUSHPULL_FAILOVER_TRIALS (default 2) random kill points per SIGKILL test;
+// the `failover-long` target runs 20.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "support/process.h"
+
+namespace pushpull {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+std::string bin(const std::string& name) {
+  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
+}
+
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "pp-failover-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// Server pids by launcher rank (the wrapper writes "rank pid").
+std::map<int, int> read_servers(const std::string& file) {
+  std::ifstream in(file);
+  std::map<int, int> pids;
+  for (int r, p; in >> r >> p;)
+    pids[r] = p;
+  return pids;
+}
+
+int trials() {
+  const char* t = std::getenv("PUSHPULL_FAILOVER_TRIALS");
+  return t ? std::max(1, std::atoi(t)) : 2;
+}
+
+int last_round(const std::string& out) {
+  auto at = out.rfind("ROUND ");
+  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
+}
+
+struct Job {
+  Job(const std::string& dir, const std::string& mode, int rounds, int replicas = -1)
+      : pids(dir + "/servers") {
+    std::string server = "sh -c 'echo $PUSHPULL_RANK $$ >> " + pids + "; exec " +
+                         bin("pushpull") + " server'";
+    std::map<std::string, std::string> env = {{"PUSHPULL_BIGARRAY_BOUND", "1000"},
+                                              {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
+                                              {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
+                                              {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}};
+    if (replicas >= 0) env["PUSHPULL_PS_REPLICAS"] = std::to_string(replicas);
+    proc = std::make_unique<test::ChildProcess>(
+        std::vector<std::string>{bin("pushpull"), "launch", "-n", "3", "-s", "3", "--timeout",
+                                 "60", "--server-command", server, "--",
+                                 bin("ps_failover_worker"), mode, std::to_string(rounds), "20"},
+        env);
+  }
+  // Waits until worker 0 finished round `round` (false at the deadline).
+  bool wait_round(int round, std::chrono::seconds limit = 60s) {
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (last_round(proc->output()) >= round) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+  void signal_server(int rank, int sig) {
+    auto servers = read_servers(pids);
+    ASSERT_EQ(servers.count(rank), 1u) << proc->output();
+    ::kill(servers[rank], sig);
+  }
+  std::string pids;
+  std::unique_ptr<test::ChildProcess> proc;
+};
+
+void expect_success(Job& job, int rounds) {
+  auto code = job.proc->wait(120s);
+  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job.proc->output();
+  std::string out = job.proc->output();
+  EXPECT_EQ(*code, 0) << out;
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+  EXPECT_THAT(out, HasSubstr("fail-over")) << out;
+  (void)rounds;
+}
+
+void kill_at_random_rounds(const std::string& mode, int sig) {
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  const int rounds = 40;
+  for (int t = 0; t < trials(); ++t) {
+    int at = std::uniform_int_distribution<int>(1, rounds - 10)(rng);
+    int victim = std::uniform_int_distribution<int>(0, 2)(rng);
+    SCOPED_TRACE(fmt::format("trial {}: server {} gets signal {} after round {}", t, victim, sig,
+                             at));
+    TempDir dir;
+    Job job(dir.path, mode, rounds);
+    ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
+    job.signal_server(victim, sig);
+    expect_success(job, rounds);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(PsFailover, SyncServerKilledAtRandomRoundsPullsClosedForm) {
+  kill_at_random_rounds("sync", SIGKILL);
+}
+
+TEST(PsFailover, SyncServerStoppedPullsClosedForm) {
+  TempDir dir;
+  Job job(dir.path, "sync", 30);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  job.signal_server(1, SIGSTOP);
+  expect_success(job, 30);
+}
+
+TEST(PsFailover, AsyncServerKilledKeepsTheExactTotal) {
+  kill_at_random_rounds("async", SIGKILL);
+}
+
+TEST(PsFailover, NoReplicaLeftFailsNamingTheRangesServers) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400);
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  job.signal_server(0, SIGKILL);
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
+  job.signal_server(1, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_NE(*code, 0) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("no replica left")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("servers 0, 1")) << job.proc->output();
+}
+
+TEST(PsFailover, WithoutReplicasAServerDeathFailsTheJob) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, 0);
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  job.signal_server(2, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_EQ(*code, 137) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), Not(HasSubstr("fail-over"))) << job.proc->output();
+}
+
+}  // namespace
+}  // namespace pushpull

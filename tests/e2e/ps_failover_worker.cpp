@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test program for the parameter-server fail-over tests (ps_failover_test):
+// a worker that trains K rounds on three keys with MXNet's `test` optimizer
+// (weight += rescale_grad * grad) and checks every value in closed form.
+//
+//   ps_failover_worker MODE ROUNDS SLEEP_MS
+//     MODE sync:  each round, pushpull of every key; the value pulled after
+//                 round k must be exactly 1 + N(N+1)/2 * rate * k
+//     MODE async: K pushes, then a barrier and one pull: exactly the total
+//
+// Worker r pushes (r + 1) everywhere; rate = 0.5; values start at 1. Keys:
+// "small32" (float32, 10 elements), "small16" (float16, 10), "big" (float32,
+// 6000 elements: split over the servers with PUSHPULL_BIGARRAY_BOUND=1000,
+// and chunked with a small PUSHPULL_PS_CHUNK_BYTES). Prints "ROUND k" after
+// each round (worker 0), "OK worker r" at the end and exits 0; a wrong value
+// prints "WRONG ..." and exits 4; an error "ERROR <type>: <msg>" and exits 3.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pushpull/error.h"
+#include "pushpull/kvstore.h"
+
+using namespace pushpull;
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fmt::print(stderr, "usage: ps_failover_worker sync|async ROUNDS SLEEP_MS\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const int rounds = std::stoi(argv[2]);
+  const int sleep_ms = std::stoi(argv[3]);
+  const double rate = 0.5;
+  try {
+    auto options = Options::from_env();
+    set_log_level(options.log_level);
+    auto kv = create_kvstore(mode == "async" ? "dist_async" : "dist_sync", options);
+    const int n = kv->num_workers(), r = kv->rank();
+    std::vector<std::string> names = {"small32", "small16", "big"};
+    std::vector<Array> values, grads;
+    values.push_back(Array::full(Shape{10}, 1.0));
+    values.push_back(Array::full(Shape{10}, 1.0, DType::kFloat16));
+    values.push_back(Array::full(Shape{6000}, 1.0));
+    for (auto& v : values)
+      grads.push_back(Array::full(v.shape(), r + 1.0, v.dtype()));
+    std::vector<Key> keys(names.begin(), names.end());
+    std::vector<ArrayView> views, gviews;
+    for (size_t i = 0; i < values.size(); ++i) {
+      views.push_back(values[i].view());
+      gviews.push_back(grads[i].view());
+    }
+    kv->init(keys, views);
+    kv->set_optimizer(OptimizerSpec::parse(fmt::format("test:rescale_grad={}", rate)));
+    auto check = [&](int k) {
+      const double want = 1.0 + n * (n + 1) / 2.0 * rate * k;
+      for (size_t i = 0; i < values.size(); ++i)
+        for (int64_t e = 0; e < values[i].numel(); ++e)
+          if (double got = get_element(values[i].view(), e); got != want) {
+            fmt::print("WRONG worker {} key {} element {} after round {}: {} != {}\n", r,
+                       names[i], e, k, got, want);
+            std::fflush(stdout);
+            return false;
+          }
+      return true;
+    };
+    for (int k = 1; k <= rounds; ++k) {
+      if (mode == "async") {
+        for (size_t i = 0; i < keys.size(); ++i)
+          kv->push(keys[i], gviews[i]);
+      } else {
+        for (size_t i = 0; i < keys.size(); ++i)
+          kv->pushpull(keys[i], gviews[i], views[i]);
+        if (!check(k)) return 4;
+      }
+      if (r == 0) {
+        fmt::print("ROUND {}\n", k);
+        std::fflush(stdout);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    }
+    if (mode == "async") {
+      kv->wait_all();
+      kv->barrier();
+      for (size_t i = 0; i < keys.size(); ++i)
+        kv->pull(keys[i], views[i]);
+      if (!check(rounds)) return 4;
+    }
+    fmt::print("OK worker {}\n", r);
+    std::fflush(stdout);
+  } catch (const Error& e) {
+    fmt::print("ERROR {}: {}\n", error_code_name(e.code()), e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  return 0;
+}
