@@ -72,8 +72,10 @@ scaling: deps
 	@$(MAKE) --no-print-directory build
 	PUSHPULL_LOG_LEVEL=warning $(BUILD_DIR)/bin/pushpull bench scaling $(SCALING_FLAGS) --format csv \
 	  > bench/results/scaling.csv 2> bench/results/scaling.txt
-	PUSHPULL_LOG_LEVEL=warning $(BUILD_DIR)/bin/pushpull bench ps --netns 8 --rate 1gbit --repeats 3 \
-	  > bench/results/ps_netns.txt
+	PUSHPULL_LOG_LEVEL=warning $(BUILD_DIR)/bin/pushpull bench ps --netns 4 -s 4 --rate 1gbit \
+	  --sizes 40M --repeats 3 > bench/results/ps_netns.txt
+	PUSHPULL_LOG_LEVEL=warning $(BUILD_DIR)/bin/pushpull bench ps --netns 8 --rate 250mbit \
+	  --sizes 10M --iters 3 >> bench/results/ps_netns.txt
 	/usr/bin/python3 scripts/plot.py --out docs/img bench/results/scaling.csv
 
 # The .deb of `cmake --install` (CPack): $(BUILD_DIR)/package/pushpull_<version>_<arch>.deb.

@@ -140,7 +140,7 @@ def plot_study(plt, title, rows, out_stem):
         for label, points in sorted(lines.items()):
             points.sort()
             workers.update(p[0] for p in points)
-            style = '--' if 'colocated' in label else '-'
+            style = '--' if 'co-located' in label else '-'
             ax.plot([p[0] for p in points], [p[column] for p in points], style, marker='o',
                     label=label)
         if column == 1:

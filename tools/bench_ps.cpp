@@ -10,6 +10,10 @@
 // once). Single-stream iperf3 in the same run is the ceiling for 1 worker x
 // 1 server. Sizes above the big-array bound are split over all servers.
 //
+// --replicas 0,1: each job is measured once per replication setting
+// (PUSHPULL_PS_REPLICAS, docs/ps.md "Fault tolerance"), one after the other
+// in the same run; rows are named pushpull_<S>s_r<R>.
+//
 // --compression none,fp16,2bit,1bit: each size is timed with every listed
 // gradient compression (docs/kvstore.md), interleaved within each iteration
 // so they share the machine's load; rows are named pushpull_<S>s_<type>.
@@ -57,6 +61,7 @@ struct Settings {
   int queue_ms = 50;
   bool ps_node = false;  // internal: one node of a colocated --netns job
   std::string ps_out;
+  std::string replicas;  // --replicas: "" = the default setting, unlabelled
 };
 
 // The compression types of --compression, checked by the stores' parser.
@@ -97,9 +102,11 @@ std::vector<int> parse_ints(const std::string& text) {
 // Median seconds per pushpull (slowest worker), per compression and size.
 std::vector<std::vector<double>> measure(int workers, int servers,
                                          const std::vector<uint64_t>& sizes, int iters,
-                                         const std::vector<compress::Settings>& types) {
+                                         const std::vector<compress::Settings>& types,
+                                         int replicas = -1) {
   InProcessJob job{servers, workers, "dist_sync", Options{}};
   job.options.log_level = LogLevel::kWarning;
+  job.options.cluster.ps_replicas = replicas;
   std::mutex mu;
   // per type and size, per iteration: the slowest worker's time
   std::vector<std::vector<std::vector<double>>> slowest(
@@ -196,15 +203,20 @@ void run(const Settings& st) {
   const Options defaults;
   for (int s : parse_ints(st.servers)) {
     for (int w : parse_ints(st.workers)) {
-      auto secs = measure(w, s, sizes, st.iters, types);
-      for (size_t t = 0; t < types.size(); ++t)
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[t][i] / 1e9;
-          std::string impl = fmt::format("pushpull_{}s", s);
-          if (types.size() > 1 || types[t].enabled())
-            impl += fmt::format("_{}", compress::type_name(types[t].type));
-          table.add({impl, w, sizes[i], secs[t][i] * 1e6, gbps, gbps});
-        }
+      std::vector<int> replica_list{-1};
+      if (!st.replicas.empty()) replica_list = parse_ints(st.replicas);
+      for (int r : replica_list) {
+        auto secs = measure(w, s, sizes, st.iters, types, r);
+        for (size_t t = 0; t < types.size(); ++t)
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[t][i] / 1e9;
+            std::string impl = fmt::format("pushpull_{}s", s);
+            if (types.size() > 1 || types[t].enabled())
+              impl += fmt::format("_{}", compress::type_name(types[t].type));
+            if (r >= 0) impl += fmt::format("_r{}", r);
+            table.add({impl, w, sizes[i], secs[t][i] * 1e6, gbps, gbps});
+          }
+      }
     }
   }
   if (types.size() > 1 || types[0].enabled())
@@ -241,6 +253,9 @@ void register_bench_ps(CLI::App& bench) {
   cmd->add_option("--sizes", settings->sizes, "Array sizes in bytes, e.g. 4K..64M");
   cmd->add_option("--iters", settings->iters, "Timed iterations per size (median reported)")
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--replicas", settings->replicas,
+                  "Backups per key range to compare, e.g. 0,1 (PUSHPULL_PS_REPLICAS; needs at "
+                  "least 2 servers)");
   cmd->add_option("--compression", settings->compression,
                   "Gradient compressions to time, e.g. none,fp16,2bit,1bit")
       ->check([](const std::string& v) {

@@ -8,13 +8,15 @@
 //   hvd      pushpull.torch.DistributedOptimizer (collectives engine)
 //   trainer  pushpull.torch.Trainer over a dist_sync KVStore, S servers
 //   hvd_shm  hvd with PUSHPULL_SHM=1 (collective data through shared memory)
+//   ddp-gloo      DDP over gloo (python/pushpull/bench_step_ddp.py)
+//   ddp-pushpull  DDP over the torch.distributed backend "pushpull"
 //
 // Every implementation is one job of `pushpull launch -n N -s S` running
 // `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
 // builds the model and times the steps). With --repeats R the
 // implementations run R times interleaved (ddp, hvd, trainer, ddp, ...) and a
 // row is the median of the R per-run medians; `vs_ddp` is that median over
-// DDP's median of the same run. The machine is shared and noisy: only
+// DDP's (ddp, else ddp-gloo) median of the same run. The machine is shared and noisy: only
 // compare figures from one run.
 //
 // The Python package is found next to this executable (build/bin ->
@@ -95,10 +97,11 @@ std::string format_mb(double mb) {
 void run_bench(const Config& cfg) {
   const auto impls = split(cfg.impls);
   for (const auto& i : impls)
-    if (i != "ddp" && i != "hvd" && i != "trainer" && i != "hvd_shm")
+    if (i != "ddp" && i != "hvd" && i != "trainer" && i != "hvd_shm" && i != "ddp-gloo" &&
+        i != "ddp-pushpull")
       throw InvalidArgument(fmt::format(
-          "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer (the libtorch 'cpp' "
-          "front end is not measured by this benchmark yet)",
+          "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer, ddp-gloo, ddp-pushpull "
+          "(the libtorch 'cpp' front end is not measured by this benchmark yet)",
           i));
   std::vector<double> sizes;
   for (const auto& s : split(cfg.grad_mb)) {
@@ -124,6 +127,9 @@ void run_bench(const Config& cfg) {
           TempDir dir;
           ProcessGroup g;
           const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
+          // DDP over a torch.distributed backend: bench_step_ddp.py.
+          const std::string module =
+              impl.starts_with("ddp-") ? "pushpull.bench_step_ddp" : "pushpull.bench_step";
           std::vector<std::string> argv = {
               self_exe(),    "launch",
               "-n",          std::to_string(n),
@@ -131,7 +137,7 @@ void run_bench(const Config& cfg) {
               "--timeout",   std::to_string(cfg.timeout_s),
               "--env",       impl == "hvd_shm" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
               "--",          cfg.python,
-              "-m",          "pushpull.bench_step",
+              "-m",          module,
               "--impl",      script_impl,
               "--grad-mb",   format_mb(mb),
               "--layers",    std::to_string(cfg.layers),
@@ -151,7 +157,8 @@ void run_bench(const Config& cfg) {
           got[impl].push_back(ms);
         }
       }
-      const double ddp = got.count("ddp") ? median(got["ddp"]) : 0;
+      const char* base = got.count("ddp") ? "ddp" : "ddp-gloo";
+      const double ddp = got.count(base) ? median(got[base]) : 0;
       if (!csv)
         std::printf(
             "\nstep, %d workers, %s MiB of gradients in %d layers, batch %d, median of %d "
@@ -168,7 +175,7 @@ void run_bench(const Config& cfg) {
               "%s,%d,%d,%llu,%d,%.3f,%s\n", name.c_str(), n, impl == "trainer" ? servers : 0,
               static_cast<unsigned long long>(mb * (1 << 20)), cfg.layers, ms, ratio.c_str());
         else
-          std::printf("%-10s %12.2f %8s\n", name.c_str(), ms, ratio.c_str());
+          std::printf("%-12s %12.2f %8s\n", name.c_str(), ms, ratio.c_str());
       }
       std::fflush(stdout);
     }
@@ -189,7 +196,8 @@ void register_bench_step(CLI::App& bench) {
   cmd->add_option("--layers", cfg->layers, "Linear layers the gradients are split over")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--impls", cfg->impls, "Implementations: ddp,hvd,hvd_shm,trainer")
+  cmd->add_option("--impls", cfg->impls,
+                  "Implementations: ddp,hvd,hvd_shm,trainer,ddp-gloo,ddp-pushpull")
       ->capture_default_str();
   cmd->add_option("--servers", cfg->servers, "Parameter servers for trainer (0: as many as -n)")
       ->capture_default_str()

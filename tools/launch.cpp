@@ -19,6 +19,7 @@
 #include "launch/host_list.h"
 #include "launch/launcher.h"
 #include "launch_elastic.h"
+#include "ps/checkpoint.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 
@@ -34,8 +35,53 @@ struct LaunchArgs {
   std::string timeline;    // --timeline-filename
   int nproc_per_node = 0;  // per-node mode (--nnodes)
   bool workers_given = false;
-  launch::ElasticConfig elastic;  // --min-workers/--max-workers/...: docs/elastic.md
+  launch::ElasticConfig elastic;           // --min-workers/--max-workers/...: docs/elastic.md
+  std::string checkpoint_dir, resume_dir;  // docs/ps.md "Checkpoints"
+  int64_t checkpoint_every = 0;
 };
+
+// --checkpoint-dir/--checkpoint-every/--resume: checks them and passes them
+// to the servers (and the resumed round to every process) in the
+// environment. --resume validates every file of the last complete
+// checkpoint first, so a torn or foreign file stops the job before it
+// starts. Throws InvalidArgument.
+void checkpoint_config(LaunchArgs& a) {
+  auto& c = a.cfg;
+  if (a.checkpoint_every < 0) throw InvalidArgument("--checkpoint-every must be >= 0");
+  if (!a.resume_dir.empty() && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
+    a.checkpoint_dir = a.resume_dir;  // go on checkpointing where we resume from
+  if (a.checkpoint_every > 0 && a.checkpoint_dir.empty())
+    throw InvalidArgument("--checkpoint-every needs --checkpoint-dir DIR");
+  if (a.checkpoint_every == 0 && !a.checkpoint_dir.empty())
+    throw InvalidArgument("--checkpoint-dir needs --checkpoint-every N (rounds, N >= 1)");
+  if ((a.checkpoint_every > 0 || !a.resume_dir.empty()) && c.num_servers < 1)
+    throw InvalidArgument("checkpoints are the parameter servers': they need -s >= 1");
+  if (a.checkpoint_every > 0) {
+    c.env_server.emplace_back("PUSHPULL_CHECKPOINT_DIR",
+                              std::filesystem::absolute(a.checkpoint_dir).string());
+    c.env_server.emplace_back("PUSHPULL_CHECKPOINT_EVERY", std::to_string(a.checkpoint_every));
+  }
+  if (a.resume_dir.empty()) return;
+  std::optional<int64_t> round;
+  try {
+    round = ps::last_complete_checkpoint(a.resume_dir, c.num_servers);
+    if (!round)
+      throw InvalidArgument(fmt::format(
+          "--resume {}: no complete checkpoint for {} servers there (a round-* directory with "
+          "server-0..{}.ppckpt)",
+          a.resume_dir, c.num_servers, c.num_servers - 1));
+    for (int s = 0; s < c.num_servers; ++s)
+      ps::read_checkpoint(ps::checkpoint_path(a.resume_dir, *round, s),
+                          {c.num_servers, s, c.num_workers});
+  } catch (const IoError& e) {
+    throw InvalidArgument(fmt::format("--resume {}: {}", a.resume_dir, e.what()));
+  }
+  c.env_server.emplace_back("PUSHPULL_RESUME_DIR",
+                            std::filesystem::absolute(a.resume_dir).string());
+  c.env.emplace_back("PUSHPULL_RESUME_ROUND", std::to_string(*round));
+  fmt::print(stderr, "pushpull launch: resuming from round {} ({})\n", *round,
+             ps::checkpoint_path(a.resume_dir, *round, 0));
+}
 
 // torchrun's per-node mode: checks the options and turns --nproc-per-node
 // into this node's worker count. Throws InvalidArgument.
@@ -133,6 +179,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
     if (!a.timeline.empty()) cfg.env.emplace_back("PUSHPULL_TIMELINE", a.timeline);
     cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
     cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
+    checkpoint_config(a);
     if (a.elastic.enabled())
       launch::prepare_elastic(cfg, a.elastic, ctx);
     else
@@ -204,9 +251,17 @@ void register_launch(CLI::App& app) {
   cmd->add_option("command", args->command, "The worker program and its arguments")
       ->expected(1, -1)
       ->allow_extra_args();
-  add_elastic_options(cmd, args->elastic);
+  cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
+                  "Servers write checkpoints of their key ranges here (docs/ps.md)");
+  cmd->add_option("--checkpoint-every", args->checkpoint_every,
+                  "Write a checkpoint every N dist_sync rounds (with --checkpoint-dir)");
+  cmd->add_option("--resume", args->resume_dir,
+                  "Restart the job from the last complete checkpoint in DIR (workers get "
+                  "PUSHPULL_RESUME_ROUND)");
   cmd->add_flag("--dry-run", args->dry_run, "Print the plan and exit without running anything");
   cmd->add_flag("-v,--verbose", c.verbose, "Print the plan and each process's variables");
+  // Last, so a --max-restarts registered above (the restart policy) is shared.
+  add_elastic_options(cmd, args->elastic);
   cmd->callback([args, cmd] {
     args->workers_given = cmd->count("--num-workers") > 0;
     elastic_restarts(cmd, args->elastic, &args->cfg.num_servers);

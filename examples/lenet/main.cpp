@@ -16,12 +16,17 @@
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "pushpull/data/idx.h"
 #include "pushpull/data/sampler.h"
@@ -29,6 +34,7 @@
 #include "pushpull/kvstore.h"
 #include "pushpull/options.h"
 #include "pushpull/torch/distributed_optimizer.h"
+#include "pushpull/torch/elastic.h"
 #include "pushpull/torch/replicas.h"
 #include "pushpull/torch/trainer.h"
 
@@ -56,6 +62,8 @@ struct Args {
   std::string mode = "kvstore";       // or "horovod"
   std::string compression = "none";   // gradient compression type (docs/kvstore.md)
   std::string compression_threshold;  // for 1bit / 2bit; empty: the default
+  bool elastic = false;               // --mode horovod under `pushpull launch --min-workers ...`
+  int commit_every = 20;              // --elastic: steps between commits
 };
 
 // conv 5x5 -> relu -> pool 2 -> conv 5x5 -> relu -> pool 2 -> dense -> relu -> dense 10.
@@ -309,6 +317,99 @@ int run(const Args& a) {
   return 0;
 }
 
+// --mode horovod --elastic: Horovod's elastic recipe (docs/elastic.md). The
+// state (weights, optimizer, epoch, samples done this epoch over all ranks,
+// steps) is committed every --commit-every steps; after a re-formation the
+// rest of the epoch's permutation is split among the new ranks. Lines
+// "elastic step N size S rank R t=T" and a final "elastic summary: test
+// accuracy A ..." (python/tests/elastic_job.py reads them).
+int run_elastic(const Args& a) {
+  namespace el = pushpull::torch::elastic;
+  namespace hvd = pushpull::collective;
+  if (a.mode != "horovod" || a.devices != 1)
+    throw pushpull::InvalidArgument("--elastic needs --mode horovod and one device per worker");
+  const auto wall0 = Clock::now();
+  hvd::init();
+  fmt::print("elastic worker pid {} rank {} size {}\n", getpid(), hvd::rank(), hvd::size());
+  std::fflush(stdout);
+  pushpull::torch::configure_torch_threads(1, a.threads);
+  const Split train = load_split(a.data_dir, "train");
+  const Split test = load_split(a.data_dir, "t10k");
+  torch::manual_seed(static_cast<uint64_t>(a.seed));
+  std::vector<LeNet> models{make_lenet(a.model)};
+  LeNet& model = models[0];
+  torch::optim::SGD sgd(model->parameters(),
+                        torch::optim::SGDOptions(a.lr).momentum(a.momentum).weight_decay(a.wd));
+  el::ElasticDistributedOptimizer opt(sgd, pushpull::torch::named(model->named_parameters()));
+  int64_t epoch = 0, done = 0, epoch_steps = 0, steps = 0;
+  el::TorchState state(*model, sgd);
+  state.add_value("epoch", &epoch);
+  state.add_value("done", &done);
+  state.add_value("epoch_steps", &epoch_steps);
+  state.add_value("steps", &steps);
+  state.track(opt);
+  state.register_reset_callbacks({[] {
+    fmt::print("elastic reset: rank {} of {}\n", hvd::rank(), hvd::size());
+    std::fflush(stdout);
+  }});
+  pushpull::torch::ReplicaRunner runner(1);
+  const int64_t bs = a.batch_size;
+  el::run(state, [&] {
+    while (epoch < a.epochs) {
+      const int64_t rank = hvd::rank(), size = hvd::size();
+      // The epoch's permutation (the same everywhere), minus what is done.
+      std::vector<int64_t> perm(static_cast<size_t>(train.size()));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::mt19937_64 rng(a.seed + static_cast<uint64_t>(epoch));
+      std::shuffle(perm.begin(), perm.end(), rng);
+      // Each step takes the next size x bs samples of the permutation, rank r
+      // every size-th from r: after a re-formation the rest of the epoch is
+      // split among the new ranks from the committed position.
+      while (!(a.max_batches > 0 && epoch_steps >= a.max_batches) &&
+             train.size() - done >= size * bs) {
+        std::vector<int64_t> idx(static_cast<size_t>(bs));
+        for (int64_t i = 0; i < bs; ++i)
+          idx[static_cast<size_t>(i)] = perm[static_cast<size_t>(done + i * size + rank)];
+        auto it = torch::from_blob(idx.data(), {bs}, torch::kInt64);
+        auto x = train.x.index_select(0, it), y = train.y.index_select(0, it);
+        auto loss = F::cross_entropy(model->forward(x), y);
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        done += size * bs;
+        ++steps;
+        ++epoch_steps;
+        if (steps % a.log_every == 0) {
+          fmt::print(
+              "elastic step {} size {} rank {} t={:.3f} loss {:.4f}\n", steps, size, rank,
+              std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                  .count(),
+              loss.item<double>());
+          std::fflush(stdout);
+        }
+        if (steps % a.commit_every == 0) state.commit();
+      }
+      if (rank == 0) {
+        const double acc = test_accuracy(models, runner, test, a.test_limit);
+        fmt::print("elastic epoch {} test accuracy {:.4f} size {}\n", epoch, acc, size);
+        std::fflush(stdout);
+      }
+      ++epoch;
+      done = 0;
+      epoch_steps = 0;
+      state.commit();
+    }
+  });
+  if (hvd::rank() == 0) {
+    const double acc = test_accuracy(models, runner, test, a.test_limit);
+    fmt::print("elastic summary: test accuracy {:.4f} steps {} size {} time {:.1f} s\n", acc, steps,
+               hvd::size(), seconds_since(wall0));
+    std::fflush(stdout);
+  }
+  hvd::shutdown();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -350,8 +451,15 @@ int main(int argc, char** argv) {
                  "kvstore (Trainer over --kvstore) or horovod (DistributedOptimizer over the "
                  "collectives; launch with -s 0)")
       ->capture_default_str();
+  app.add_flag("--elastic", a.elastic,
+               "With --mode horovod: Horovod's elastic recipe, under `pushpull launch "
+               "--min-workers A --max-workers B` (docs/elastic.md)");
+  app.add_option("--commit-every", a.commit_every, "--elastic: steps between commits")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (a.elastic) return run_elastic(a);
     return run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lenet: error: %s\n", e.what());

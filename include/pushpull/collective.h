@@ -269,7 +269,8 @@ Array allgather(std::string name, ArrayView input);
 Handle reduce_scatter_async(std::string name, ArrayView input, Reduction op = Reduction::kSum);
 Array reduce_scatter(std::string name, ArrayView input, Reduction op = Reduction::kSum);
 void barrier();
-void join();
+// The rank that joined last.
+int join();
 bool poll(const Handle& h);
 void wait(const Handle& h, std::optional<Millis> timeout = std::nullopt);
 Array take_output(const Handle& h, std::optional<Millis> timeout = std::nullopt);

@@ -150,8 +150,10 @@ class PyHandle {
   bool taken_ = false;
 };
 
-// Ops go to the default session's communicator (the free functions have no
-// process-set argument); default_session() throws when not initialised.
+// Process-set ops go to the default session's communicator (the free
+// functions have no members argument); default_session() throws when not
+// initialised. Ops over every rank keep using the free functions, which hold
+// the session for the duration of the call.
 coll::Communicator& comm() {
   return coll::default_session().communicator();
 }
@@ -163,13 +165,17 @@ std::unique_ptr<PyHandle> allreduce_async(std::string name, py::object input, py
   if (output.is_none() || output.is(input)) {
     Pinned p = pin(input, /*writable=*/true, fmt::format("allreduce '{}' tensor", name));
     keep.push_back(std::move(p.keep_alive));
-    h = comm().allreduce_async(std::move(name), p.view, p.view, op, std::move(members));
+    h = members.empty()
+            ? coll::allreduce_async(std::move(name), p.view, op)
+            : comm().allreduce_async(std::move(name), p.view, p.view, op, std::move(members));
   } else {
     Pinned in = pin(input, /*writable=*/false, fmt::format("allreduce '{}' input", name));
     Pinned out = pin(output, /*writable=*/true, fmt::format("allreduce '{}' output", name));
     keep.push_back(std::move(in.keep_alive));
     keep.push_back(std::move(out.keep_alive));
-    h = comm().allreduce_async(std::move(name), in.view, out.view, op, std::move(members));
+    h = members.empty()
+            ? coll::allreduce_async(std::move(name), in.view, out.view, op)
+            : comm().allreduce_async(std::move(name), in.view, out.view, op, std::move(members));
   }
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), false);
 }
@@ -177,7 +183,9 @@ std::unique_ptr<PyHandle> allreduce_async(std::string name, py::object input, py
 std::unique_ptr<PyHandle> broadcast_async(std::string name, py::object data, int root,
                                           std::vector<int> members) {
   Pinned p = pin(data, /*writable=*/true, fmt::format("broadcast '{}' tensor", name));
-  coll::Handle h = comm().broadcast_async(std::move(name), p.view, root, std::move(members));
+  coll::Handle h = members.empty()
+                       ? coll::broadcast_async(std::move(name), p.view, root)
+                       : comm().broadcast_async(std::move(name), p.view, root, std::move(members));
   KeepAlive keep;
   keep.push_back(std::move(p.keep_alive));
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), false);
@@ -186,7 +194,9 @@ std::unique_ptr<PyHandle> broadcast_async(std::string name, py::object data, int
 std::unique_ptr<PyHandle> allgather_async(std::string name, py::object input,
                                           std::vector<int> members) {
   Pinned p = pin(input, /*writable=*/false, fmt::format("allgather '{}' input", name));
-  coll::Handle h = comm().allgather_async(std::move(name), p.view, std::move(members));
+  coll::Handle h = members.empty()
+                       ? coll::allgather_async(std::move(name), p.view)
+                       : comm().allgather_async(std::move(name), p.view, std::move(members));
   KeepAlive keep;
   keep.push_back(std::move(p.keep_alive));
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), true);
@@ -195,7 +205,9 @@ std::unique_ptr<PyHandle> allgather_async(std::string name, py::object input,
 std::unique_ptr<PyHandle> reduce_scatter_async(std::string name, py::object input,
                                                coll::Reduction op, std::vector<int> members) {
   Pinned p = pin(input, /*writable=*/false, fmt::format("reduce_scatter '{}' input", name));
-  coll::Handle h = comm().reduce_scatter_async(std::move(name), p.view, op, std::move(members));
+  coll::Handle h = members.empty() ? coll::reduce_scatter_async(std::move(name), p.view, op)
+                                   : comm().reduce_scatter_async(std::move(name), p.view, op,
+                                                                 std::move(members));
   KeepAlive keep;
   keep.push_back(std::move(p.keep_alive));
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), true);
@@ -301,9 +313,8 @@ void bind_collective(py::module_& m) {
   c.def(
       "join",
       [] {
-        coll::Communicator& c = comm();
         py::gil_scoped_release nogil;
-        return c.join();
+        return coll::join();
       },
       "This rank is out of data: until every rank joined it contributes the identity "
       "to the others' ops. Returns once every rank joined, with the rank that joined last.");

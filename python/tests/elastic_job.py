@@ -26,7 +26,7 @@ SUMMARY = re.compile(r'elastic summary: test accuracy ([0-9.]+) steps (\d+) size
 
 def run_job(build, workers=4, min_workers=2, kill_at=(), add_at=None, max_steps=100, epochs=1,
             commit_every=10, heartbeat_ms=10000, elastic_timeout=30, timeout=600, extra=(),
-            log=None, victim=None, sig=signal.SIGKILL, second_after=None):
+            log=None, victim=None, sig=signal.SIGKILL, second_after=None, program='python'):
     """kill_at: steps at which one worker gets `sig` (SIGKILL): rank `victim`, or the highest
     non-zero rank alive (victim None). second_after: seconds after the first fault at which
     the highest non-zero rank left gets SIGKILL too (a failure while the group re-forms).
@@ -44,10 +44,16 @@ def run_job(build, workers=4, min_workers=2, kill_at=(), add_at=None, max_steps=
     env['PUSHPULL_HEARTBEAT_TIMEOUT_MS'] = str(heartbeat_ms)
     cmd = [os.path.join(build, 'bin', 'pushpull'), 'launch', '--min-workers', str(min_workers),
            '--max-workers', str(workers + 1), '--host-discovery-script', script,
-           '--discovery-interval', '1', '--elastic-timeout', str(elastic_timeout)] + list(extra) + [
-               '/usr/bin/python3', os.path.join(ROOT, 'examples', 'python', 'elastic_lenet.py'),
-               '--epochs', str(epochs), '--max-steps', str(max_steps), '--commit-every',
-               str(commit_every), '--test-limit', '2000']
+           '--discovery-interval', '1', '--elastic-timeout', str(elastic_timeout)] + list(extra)
+    if program == 'lenet':  # examples/lenet --mode horovod --elastic (C++)
+        cmd += [os.path.join(build, 'bin', 'lenet'), '--mode', 'horovod', '--elastic',
+                '--threads', '1', '--batch-size', '32', '--log-every', '1', '--epochs',
+                str(epochs), '--max-batches', str(max_steps), '--commit-every',
+                str(commit_every), '--test-limit', '2000' if max_steps else '0']
+    else:
+        cmd += ['/usr/bin/python3', os.path.join(ROOT, 'examples', 'python', 'elastic_lenet.py'),
+                '--epochs', str(epochs), '--max-steps', str(max_steps), '--commit-every',
+                str(commit_every), '--test-limit', '2000' if max_steps else '0']
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     report = {'kills': [], 'added_at': None, 'sizes': [], 'lines': 0}
@@ -138,10 +144,11 @@ def main():
     p.add_argument('--heartbeat-ms', type=int, default=10000)
     p.add_argument('--elastic-timeout', type=float, default=30)
     p.add_argument('--log', default=None)
+    p.add_argument('--program', choices=['python', 'lenet'], default='python')
     a = p.parse_args()
     log = open(a.log, 'w') if a.log else None
     r = run_job(a.build, a.workers, a.min_workers, a.kill_at, a.add_at, a.max_steps, a.epochs,
-                a.commit_every, a.heartbeat_ms, a.elastic_timeout, log=log)
+                a.commit_every, a.heartbeat_ms, a.elastic_timeout, log=log, program=a.program)
     print(json.dumps(r, indent=1))
 
 

@@ -462,10 +462,25 @@ def case_optimizer(n, r):
             hvd.HorovodInternalError, RuntimeError):
         raise AssertionError('HorovodInternalError')
     expect_error(lambda: hvd.start_timeline('/tmp/x.json'), ValueError, 'PUSHPULL_TIMELINE')
+    expect_error(lambda: hvd.SyncBatchNorm(4), ValueError, 'CUDA')
     expect_error(lambda: hvd.init(comm=[0, 1]), ValueError, 'comm=')
     if hvd.is_initialized() is not True or hvd.cross_size() < 1:
         raise AssertionError('is_initialized / cross_size')
 
+
+def case_init_process_sets(n, r):
+    """hvd.init(process_sets=[...]) registers them in order (ids 1, 2)."""
+    first, rest = INIT_SETS
+    if (first.process_set_id, rest.process_set_id) != (1, 2):
+        raise AssertionError('ids %r' % [first, rest])
+    ps = first if first.included() else rest
+    check(hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps),
+          torch.full((1,), float(ps.size())), 'a set from init()')
+    # Every rank relays the other sets' ops: meet before leaving.
+    hvd.barrier()
+
+
+INIT_SETS = []
 
 CASES = {
     'duplicate_names': case_duplicate_names,
@@ -474,13 +489,18 @@ CASES = {
     'ops': case_ops,
     'process_sets': case_process_sets,
     'optimizer': case_optimizer,
+    'init_process_sets': case_init_process_sets,
 }
 
 
 def main():
     case = sys.argv[1]
     torch.set_num_threads(1)
-    hvd.init()
+    if case == 'init_process_sets':
+        INIT_SETS.extend([hvd.ProcessSet([0]), hvd.ProcessSet(range(1, 3))])
+        hvd.init(process_sets=INIT_SETS)
+    else:
+        hvd.init()
     n, r = hvd.size(), hvd.rank()
     CASES[case](n, r)
     print('PASS %s rank %d of %d' % (case, r, n), flush=True)

@@ -162,3 +162,15 @@ def test_elastic_job_of_plain_commands_succeeds():
     assert r.returncode == 0, r
     assert sorted(l.split('] ')[1] for l in r.stdout.splitlines() if 'id=' in l) == \
         ['id=0', 'id=1', 'id=2']
+
+
+def test_lenet_cpp_elastic_loses_a_worker_and_gets_it_back():
+    """examples/lenet --mode horovod --elastic (pushpull::torch::elastic)."""
+    if not os.path.exists(os.path.join(BUILD, 'bin', 'lenet')):
+        pytest.skip('build/bin/lenet not built (needs libtorch)')
+    r = _job(workers=4, min_workers=2, kill_at=[15], add_at=25, max_steps=90, program='lenet')
+    print(r)
+    assert r['rc'] == 0, r
+    assert r['kills'][0]['recovery_s'] <= 10 + 5, r
+    assert [s for s, _ in r['sizes']] == [4, 3, 4], r
+    assert r['final_size'] == 4

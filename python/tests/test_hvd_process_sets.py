@@ -13,3 +13,7 @@ from hvd_launch import run_hvd_case
 @pytest.mark.parametrize('n', [2, 3])
 def test_process_sets(n):
     run_hvd_case('process_sets', n)
+
+
+def test_init_registers_process_sets():
+    run_hvd_case('init_process_sets', 3)

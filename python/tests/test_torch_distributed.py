@@ -19,10 +19,12 @@ import types
 import pytest
 
 torch = pytest.importorskip('torch')
-try:
-    import pushpull.torch.distributed as ppd
-except ImportError as e:  # built without libtorch: nothing to test
-    pytest.skip(f'pushpull.torch.distributed unavailable: {e}', allow_module_level=True)
+import importlib.util  # noqa: E402
+
+if importlib.util.find_spec('pushpull._pushpull_torch_pg') is None:  # built without libtorch
+    pytest.skip('pushpull._pushpull_torch_pg was not built (no libtorch found by CMake)',
+                allow_module_level=True)
+import pushpull.torch.distributed as ppd  # noqa: E402  (an ABI mismatch fails here, loudly)
 
 from torch_launch import HERE
 
@@ -183,3 +185,15 @@ def run_case_pg(case, n, *args, label=None, timeout=240):
     for r in range(n):
         assert f'PASS {label or case} rank {r} of {n}' in out, out
     return out
+
+
+def test_bench_step_runs_ddp_over_both_backends():
+    from torch_launch import launcher
+    proc = subprocess.run([launcher(), 'bench', 'step', '-n', '2', '--grad-mb', '1', '--impls',
+                           'ddp-gloo,ddp-pushpull', '--steps', '2', '--warmup', '1', '--repeats',
+                           '1', '--format', 'csv', '--timeout', '120'],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split(',') for line in proc.stdout.splitlines()[1:]]
+    assert [r[0] for r in rows] == ['ddp-gloo', 'ddp-pushpull'], proc.stdout + proc.stderr
+    assert rows[0][-1] == '1.000' and float(rows[1][-1]) > 0, proc.stdout

@@ -83,6 +83,7 @@ void Node::apply_placement(Placement p) {
   {
     std::lock_guard lock(mu_);
     if (p.epoch <= placement_.epoch) return;
+    cv_.notify_all();
     p.dead.resize(static_cast<size_t>(num_servers()), false);
     for (int s = 0; s < num_servers(); ++s) {
       if (!p.dead[static_cast<size_t>(s)]) continue;
@@ -180,6 +181,7 @@ void Node::start() {
     net::ConnId id = transport_->connect(t.host, t.port);
     std::lock_guard lock(mu_);
     peers_[{t.role, t.rank}] = id;
+    cv_.notify_all();
   }
   size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
                                             : static_cast<size_t>(c.num_workers);
@@ -378,8 +380,8 @@ net::ConnId Node::conn(Role role, int rank) const {
   if (role == Role::kScheduler) return scheduler_;
   if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
       placement_.dead[static_cast<size_t>(rank)])
-    throw PeerFailure(fmt::format("server {} was failed over (placement epoch {})", rank,
-                                  placement_.epoch));
+    throw PeerFailure(
+        fmt::format("server {} was failed over (placement epoch {})", rank, placement_.epoch));
   auto it = peers_.find({role, rank});
   if (it == peers_.end())
     throw NotFound(
@@ -387,6 +389,19 @@ net::ConnId Node::conn(Role role, int rank) const {
                     "workers; servers only to workers)",
                     role_name(this->role()), rank_, role_name(role), rank));
   return it->second;
+}
+
+bool Node::wait_connected(Role role, int rank, Millis timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout,
+                      [&] {
+                        return !failure_.is_ok() || stop_heartbeat_ ||
+                               peers_.count({role, rank}) != 0 ||
+                               (role == Role::kServer &&
+                                static_cast<size_t>(rank) < placement_.dead.size() &&
+                                placement_.dead[static_cast<size_t>(rank)]);
+                      }) &&
+         failure_.is_ok() && peers_.count({role, rank}) != 0;
 }
 
 void Node::send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,

@@ -80,6 +80,10 @@ class Node {
   // The connection to (role, rank); throws NotFound for pairs that are not
   // connected (server-server, self) and the failure if that peer died.
   net::ConnId conn(Role role, int rank) const;
+  // Waits up to `timeout` until the connection to (role, rank) is up (a
+  // server's peers connect while it may already serve); false at the deadline
+  // or when the job failed. Not from the I/O thread.
+  bool wait_connected(Role role, int rank, Millis timeout);
   // Sending and posting receives to a peer (see net::Transport for the
   // contracts). When the peer is dead, `done` gets the PeerFailure.
   void send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,

@@ -178,8 +178,8 @@ Array reduce_scatter(std::string name, ArrayView input, Reduction op) {
 void barrier() {
   current("barrier")->communicator().barrier();
 }
-void join() {
-  current("join")->communicator().join();
+int join() {
+  return current("join")->communicator().join();
 }
 bool poll(const Handle& h) {
   return current("poll")->communicator().poll(h);

@@ -160,6 +160,7 @@ class Job {
   }
 
   void consult_scheduler() {
+    stop_failed_over();
     if (!hooks_.scheduler || stopping_ || scheduler_done_) return;
     auto st = hooks_.scheduler();
     if (st.kind == SchedulerState::Kind::kRunning) return;
@@ -174,6 +175,18 @@ class Job {
     }
     PP_ERROR("the scheduler reported: {}", st.message);
     add_event({FailureEvent::Kind::kScheduler, 0, st.message});
+  }
+
+  // A server the job went on without (failed over, e.g. a stopped one) is
+  // of no use any more: kill it now rather than at the end of the job.
+  void stop_failed_over() {
+    if (!hooks_.survivable || stopping_) return;
+    for (auto& c : children_) {
+      if (!c.running || c.term_sent || !hooks_.survivable(c.spec, c.result)) continue;
+      PP_WARN("{} (pid {}) was failed over: killing it", c.spec.label, c.pid);
+      c.term_sent = true;
+      kill(-c.pid, SIGKILL);
+    }
   }
 
   bool has_open_streams() const {

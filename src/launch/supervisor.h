@@ -109,7 +109,9 @@ struct SupervisorHooks {
   // Called when a child ends by itself (not stopped by the supervisor).
   std::function<void(const ChildSpec&, const ChildResult&)> on_exit;
   // Called (after on_exit) for a child that failed by itself: true when the
-  // job survives its end (a parameter server that was failed over).
+  // job survives its end (a parameter server that was failed over). Also
+  // asked every tick for running children: one it is true for (a stopped
+  // server the job went on without) is killed.
   std::function<bool(const ChildSpec&, const ChildResult&)> survivable;
 };
 

@@ -2,11 +2,14 @@
 #include "ps/server.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "ps/checkpoint.h"
 #include "ps/protocol.h"
 #include "pushpull/checked.h"
 #include "pushpull/log.h"
@@ -16,6 +19,21 @@ namespace pushpull::ps {
 namespace {
 // Largest slice begin / element count a request may name.
 constexpr uint64_t kMaxElements = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
+
+// A non-negative integer variable (set by `pushpull launch`); absent: 0.
+int64_t env_count(const char* name) {
+  std::string v = env_or(name);
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (!v.empty() && (ec != std::errc() || end != v.data() + v.size() || n < 0))
+    throw InvalidArgument(fmt::format("{}={} is not a non-negative integer", name, v));
+  return n;
+}
 
 int default_threads(int configured) {
   if (configured > 0) return configured;
@@ -104,9 +122,34 @@ void Server::on_message_guarded(net::Message&& m) {
 void Server::set_mode(bool sync) {
   ServerStoreConfig config{node_.num_workers(), sync, threads_, node_.rank()};
   config.replicate = node_.ps_replicas() > 0;
+  config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
+  if (!config.checkpoint_dir.empty())
+    config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");
+  config.num_servers = node_.num_servers();
+  if (!sync && config.checkpoint_every > 0)
+    PP_WARN("server {}: dist_async jobs write no checkpoints (rounds are per push)", node_.rank());
   auto fresh = std::make_shared<ServerStore>(config, *this);
   std::lock_guard lock(mu_);
   store_ = std::move(fresh);
+}
+
+void Server::restore_checkpoint() {
+  const std::string dir = env_or("PUSHPULL_RESUME_DIR");
+  if (dir.empty()) return;
+  std::lock_guard lock(mu_);
+  if (restored_store_.lock() == store_) return;
+  const int64_t round = env_count("PUSHPULL_RESUME_ROUND");
+  const std::string path = checkpoint_path(dir, round, node_.rank());
+  if (!resume_) {
+    auto c = read_checkpoint(path, {node_.num_servers(), node_.rank(), node_.num_workers()});
+    if (c.round != round)
+      throw IoError(fmt::format("checkpoint '{}': holds round {}, not {}", path, c.round, round));
+    resume_ = std::make_shared<const Checkpoint>(std::move(c));
+    PP_INFO("server {}: resuming from checkpoint {} (round {}, {} parts)", node_.rank(), path,
+            round, resume_->parts.size());
+  }
+  store_->restore(*resume_, path);
+  restored_store_ = store_;
 }
 
 void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
@@ -241,7 +284,13 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
                                           meta.worker, text)),
                        DType::kUInt8, {});
         set_mode(text == "sync");
+      } else if (!s->has_keys() && (!env_or("PUSHPULL_CHECKPOINT_DIR").empty() ||
+                                    !env_or("PUSHPULL_RESUME_DIR").empty())) {
+        // The constructor's store predates registration (no rank yet), which
+        // checkpoint files need: a fresh one, as for a mode switch.
+        set_mode(text == "sync");
       }
+      restore_checkpoint();  // throws: the error goes back to worker 0
       return reply(meta, Status::ok(), DType::kUInt8, {});
     case Command::kSetOptimizer:
       try {

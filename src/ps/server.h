@@ -22,6 +22,12 @@
 // placement epoch than this server knows are held until the scheduler's
 // kPlacement arrives (then replayed in order).
 //
+// Checkpoints (docs/ps.md "Checkpoints"): PUSHPULL_CHECKPOINT_DIR and
+// PUSHPULL_CHECKPOINT_EVERY make the store write checkpoints;
+// PUSHPULL_RESUME_DIR and PUSHPULL_RESUME_ROUND (set by `pushpull launch
+// --resume`) make the server load its file when worker 0's kSetMode (the
+// first request of every job) arrives, before answering it.
+//
 // Ownership: the Server borrows the Node, which must outlive it. The node's
 // I/O thread may still deliver requests while the Server is destroyed (a job
 // failing): the destructor first closes a gate that every delivery passes,
@@ -78,15 +84,22 @@ class Server : public ServerResponder {
   void on_message(net::Message&& m);
   void on_command(const RequestMeta& meta, net::Message&& m);
   void set_mode(bool sync);
+  // With PUSHPULL_RESUME_DIR: loads this server's file of checkpoint round
+  // PUSHPULL_RESUME_ROUND (once) into the current store (once per store).
+  // Throws IoError naming the file when it is missing, torn or foreign.
+  void restore_checkpoint();
 
   cluster::Node& node_;
   int threads_;
   std::mutex mu_;  // guards store_ replacement (set_mode before any key exists)
   std::shared_ptr<ServerStore> store_;
+  std::shared_ptr<const Checkpoint> resume_;   // loaded by restore_checkpoint
+  std::weak_ptr<ServerStore> restored_store_;  // the store resume_ went into
   std::shared_ptr<Gate> gate_;
   std::mutex repl_mu_;  // guards the members below
   uint64_t next_replication_ = 1;
   std::map<uint64_t, Outgoing> outgoing_;
+  std::vector<bool> dead_;  // the placement's dead servers, as on_placement saw it
   // Backup side: metadata waiting for its value, by (primary, request id).
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
   // Worker requests from a newer placement epoch than ours, in arrival order.

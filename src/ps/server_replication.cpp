@@ -14,23 +14,34 @@ namespace pushpull::ps {
 
 bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
                        std::function<void()> done) {
-  cluster::Placement placement = node_.placement();
   const int me = node_.rank();
-  cluster::ReplicaChain chain = cluster::replica_chain(
-      state->home >= 0 ? state->home : me, node_.num_servers(), node_.ps_replicas(),
-      placement.dead);
-  // The live servers after this one in the part's chain.
-  std::vector<int> backups;
-  if (chain.primary == me) {
-    backups = chain.backups;
-  } else {
+  auto live_backups = [&](const std::vector<bool>& dead) {
+    cluster::ReplicaChain chain = cluster::replica_chain(
+        state->home >= 0 ? state->home : me, node_.num_servers(), node_.ps_replicas(), dead);
+    // The live servers after this one in the part's chain.
+    if (chain.primary == me) return chain.backups;
     auto it = std::find(chain.backups.begin(), chain.backups.end(), me);
-    if (it != chain.backups.end()) backups.assign(it + 1, chain.backups.end());
-  }
-  if (backups.empty()) return false;
+    return it == chain.backups.end() ? std::vector<int>{}
+                                     : std::vector<int>(it + 1, chain.backups.end());
+  };
+  std::vector<int> backups = live_backups(node_.placement().dead);
+  // At the job's start a backup's connection may still be coming up (this
+  // runs on a store thread, never the I/O thread).
+  std::erase_if(backups, [&](int b) {
+    if (node_.wait_connected(Role::kServer, b, node_.options().cluster.startup_timeout))
+      return false;
+    PP_ERROR("no connection to server {}: replica not sent", b);
+    return true;
+  });
   uint64_t id;
   {
+    // Decided under the lock on_placement takes: a backup declared dead
+    // after this point is removed from `waiting` by on_placement.
     std::lock_guard lock(repl_mu_);
+    std::vector<int> live = live_backups(dead_);
+    std::erase_if(backups,
+                  [&](int b) { return std::find(live.begin(), live.end(), b) == live.end(); });
+    if (backups.empty()) return false;
     id = next_replication_++;
     outgoing_[id] = Outgoing{backups, std::move(done)};
   }
@@ -86,8 +97,8 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
     }
     case msg::kReplicaMeta: {
       ReplicaState state;
-      Status st = decode_replica_meta({m.payload.data(), m.payload.size()}, node_.num_workers(),
-                                      &state);
+      Status st =
+          decode_replica_meta({m.payload.data(), m.payload.size()}, node_.num_workers(), &state);
       if (!st) {
         PP_WARN("bad replica metadata from server {}: {}", from.rank, st.to_string());
         return;
@@ -123,11 +134,16 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
         return;
       }
       auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
-      state.value = Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}),
-                            owner};
+      state.value =
+          Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
       PartId part{h.key, static_cast<int64_t>(h.offset)};
       int primary = from.rank;
       store()->install_replica(part, std::move(state), [this, ack, primary](const Status& s) {
+        // Runs on a store thread. At the job's start the primary's message
+        // may arrive before this node recorded its connection to it: wait
+        // for that (an acknowledgement lost here would hold the round forever).
+        if (!node_.wait_connected(Role::kServer, primary, node_.options().cluster.startup_timeout))
+          PP_WARN("no connection to server {}: replica not acknowledged", primary);
         net::Header a = ack;
         if (s.is_ok()) {
           node_.send_copy(Role::kServer, primary, a, nullptr, 0);
@@ -150,6 +166,7 @@ void Server::on_placement(const cluster::Placement& p) {
   std::deque<net::Message> ready;
   {
     std::lock_guard lock(repl_mu_);
+    dead_ = p.dead;
     for (auto it = outgoing_.begin(); it != outgoing_.end();) {
       auto& w = it->second.waiting;
       w.erase(std::remove_if(w.begin(), w.end(),
@@ -175,9 +192,10 @@ void Server::on_placement(const cluster::Placement& p) {
       (epoch_of_flags(m.header.flags) <= p.epoch % kWrap ? ready : later).push_back(std::move(m));
     future_ = std::move(later);
   }
-  PP_WARN("server {}: placement epoch {}; {} replications completed by it, {} held requests "
-          "replayed",
-          node_.rank(), p.epoch, finished.size(), ready.size());
+  PP_WARN(
+      "server {}: placement epoch {}; {} replications completed by it, {} held requests "
+      "replayed",
+      node_.rank(), p.epoch, finished.size(), ready.size());
   for (auto& f : finished)
     f();
   for (auto& m : ready)

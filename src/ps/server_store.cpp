@@ -11,9 +11,10 @@
 #include "base/metrics.h"
 #include "base/timeline.h"
 #include "compress/compressor.h"
+#include "ps/checkpoint.h"
+#include "ps/protocol.h"
 #include "pushpull/checked.h"
 #include "pushpull/kernels.h"
-#include "ps/protocol.h"
 #include "pushpull/log.h"
 
 namespace pushpull::ps {
@@ -61,9 +62,12 @@ struct ServerStore::Entry {
   std::vector<uint64_t> last_seq;         // per worker: highest push sequence number accepted
   std::vector<uint64_t> applied_seq;      // per worker: highest applied (replicated)
   int home = -1;
-  bool replicating = false;             // waiting for the backups: acks and pulls wait
-  bool from_replica = false;            // made by install_replica (a re-sent init is a no-op)
-  std::vector<RequestMeta> init_acks;   // inits answered when replicated
+  bool replicating = false;            // waiting for the backups: acks and pulls wait
+  bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
+  std::vector<RequestMeta> init_acks;  // inits answered when replicated
+  int64_t rounds = 0;                  // sync rounds completed (checkpoints)
+  bool restored = false;               // from a checkpoint, not yet initialised by a worker
+  std::string restored_states;         // its optimizer states, until merged
   void size_for(int workers) {
     pushed.assign(workers, 0);
     received.assign(workers, 0);
@@ -134,7 +138,24 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
         }
         return;
       }
-      if (it != entries_.end()) {
+      if (it != entries_.end() && it->second->restored) {
+        Entry& e = *it->second;
+        const ArrayView& v = e.value.view;
+        if (e.name != name || v.dtype != value.view.dtype || !(v.shape == value.view.shape)) {
+          responder_.reply(
+              m,
+              Status(
+                  ErrorCode::kInvalidArgument,
+                  fmt::format("init of key {} ({}) does not match checkpoint '{}', which holds "
+                              "key {} ({}) under this id: resume with the same program",
+                              name, value.view.describe(), restored_from_, e.name, v.describe())),
+              DType::kFloat32, {});
+          return;
+        }
+        // Resumed: the checkpoint's value stands; the backups get it now.
+        e.restored = false;
+        made = &e;
+      } else if (it != entries_.end()) {
         std::string what = it->second->name == name
                                ? fmt::format("key {} is already initialised", name)
                                : fmt::format("keys {} and {} have the same id {}; rename one",
@@ -142,17 +163,19 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
         responder_.reply(m, Status(ErrorCode::kAlreadyExists, what), DType::kFloat32, {});
         return;
       }
-      auto e = std::make_unique<Entry>();
-      e->name = name;
-      // A copy, aligned for the kernels (the request's bytes follow the key's name).
-      e->value = fresh(value.view.shape, value.view.dtype);
-      if (value.view.nbytes())
-        std::memcpy(e->value.view.data, value.view.data, value.view.nbytes());
-      e->merged_dtype = is_half(e->value.view.dtype) ? DType::kFloat32 : e->value.view.dtype;
-      e->size_for(config_.num_workers);
-      e->home = home >= 0 ? home : config_.server_rank;
-      made = e.get();
-      entries_.emplace(part, std::move(e));
+      if (!made) {
+        auto e = std::make_unique<Entry>();
+        e->name = name;
+        // A copy, aligned for the kernels (the request's bytes follow the key's name).
+        e->value = fresh(value.view.shape, value.view.dtype);
+        if (value.view.nbytes())
+          std::memcpy(e->value.view.data, value.view.data, value.view.nbytes());
+        e->merged_dtype = is_half(e->value.view.dtype) ? DType::kFloat32 : e->value.view.dtype;
+        e->size_for(config_.num_workers);
+        e->home = home >= 0 ? home : config_.server_rank;
+        made = e.get();
+        entries_.emplace(part, std::move(e));
+      }
     }
     made->init_acks.push_back(m);
     publish(part, *made);
@@ -232,16 +255,27 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
     if (e.merged32.empty()) e.merged32 = Array(v.shape, DType::kFloat32);
     e.merged = Payload{e.merged32.view(), nullptr};
   }
-  if (compressed) {  // any type of compress/compressor.h: decoded into the float32 sum
-    if (e.merged_dtype != DType::kFloat32)
+  if (compressed) {  // any type of compress/compressor.h: decoded into the sum
+    if (!is_floating(v.dtype))
       throw InvalidArgument(
           fmt::format("gradient compression needs a floating-point key; {} holds {}", e.name,
                       dtype_name(v.dtype)));
-    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, DType::kFloat32);
-    if (first) std::memset(e.merged.view.data, 0, n * sizeof(float));
-    Status decoded =
-        compress::decode_add({static_cast<const std::byte*>(grad.view.data), grad.view.nbytes()},
-                             e.merged.view.as<float>(), n);
+    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, e.merged_dtype);
+    if (first) std::memset(e.merged.view.data, 0, n * dtype_size(e.merged_dtype));
+    const std::span<const std::byte> bytes{static_cast<const std::byte*>(grad.view.data),
+                                           grad.view.nbytes()};
+    Status decoded;
+    if (e.merged_dtype == DType::kFloat32) {
+      decoded = compress::decode_add(bytes, e.merged.view.as<float>(), n);
+    } else {  // float64 keys: decoded in float32, added in float64
+      std::vector<float> part(n, 0.0f);
+      std::vector<double> wide(n);
+      decoded = compress::decode_add(bytes, part.data(), n);
+      if (decoded.is_ok()) {
+        convert(DType::kFloat64, wide.data(), DType::kFloat32, part.data(), n);
+        reduce_sum(DType::kFloat64, e.merged.view.data, wide.data(), n);
+      }
+    }
     if (!decoded.is_ok())
       throw ProtocolError(fmt::format("push to key {}: {}", e.name, decoded.message()));
     return;
@@ -273,6 +307,10 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
   try {
     const size_t n = static_cast<size_t>(e.value.view.numel());
     if (auto opt = optimizer()) {
+      if (!e.restored_states.empty()) {
+        opt->merge_states(e.restored_states, restored_from_);
+        e.restored_states.clear();
+      }
       e.own_value();
       opt->update(state_key(part), e.value.view, e.merged.view);
     } else if (e.merged_dtype == e.value.view.dtype && e.merged.owner) {
@@ -286,6 +324,7 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
     PP_ERROR("update of key {} failed: {}", e.name, status.to_string());
   }
   e.merged = Payload{};  // release an adopted push buffer back to its pool
+  if (status.is_ok() && config_.sync) count_round(part, e);
   e.round_status = status;
   for (size_t i = 0; i < e.round_pushes.size(); ++i)
     if (status.is_ok() && e.round_seqs[i] > 0)
@@ -300,7 +339,7 @@ void ServerStore::publish(const PartId& part, Entry& e) {
     state->home = e.home;
     state->value = e.value;
     state->applied_seq = e.applied_seq;
-    if (auto opt = optimizer()) state->optimizer_states = opt->save_key_states(state_key(part));
+    state->optimizer_states = optimizer_states_of(part, e);
     e.replicating = true;
     bool waiting = responder_.replicate(part, std::move(state), [this, part] {
       executor_.submit(shard_of(part), [this, part] {
@@ -506,8 +545,7 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
     try {
       if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)
         throw ProtocolError(fmt::format("replica of key {} names {} workers; the job has {}",
-                                        state.name, state.applied_seq.size(),
-                                        config_.num_workers));
+                                        state.name, state.applied_seq.size(), config_.num_workers));
       std::lock_guard lock(mu_);
       auto& slot = entries_[part];
       if (!slot) {
@@ -537,14 +575,91 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
     if (st.is_ok() && !state.optimizer_states.empty()) {
       try {
         if (auto opt = optimizer())
-          opt->merge_states(state.optimizer_states,
-                            fmt::format("replica of key {}", state.name));
+          opt->merge_states(state.optimizer_states, fmt::format("replica of key {}", state.name));
       } catch (...) {
         st = Status::from_current_exception();
       }
     }
     done(st);
   });
+}
+
+struct ServerStore::PendingCheckpoint {
+  std::vector<CheckpointPart> parts;
+};
+
+std::string ServerStore::optimizer_states_of(const PartId& part, Entry& e) {
+  if (!e.restored_states.empty()) return e.restored_states;
+  auto opt = optimizer();
+  return opt ? opt->save_key_states(state_key(part)) : std::string();
+}
+
+void ServerStore::count_round(const PartId& part, Entry& e) {
+  if (e.home != config_.server_rank) return;  // a promoted backup's: not in our file
+  ++e.rounds;
+  const int64_t every = config_.checkpoint_every;
+  if (every <= 0 || e.rounds % every != 0) return;
+  // The value is shared, not copied: a later update copies it first (own_value).
+  CheckpointPart p{part.key,
+                   part.begin,
+                   e.home,
+                   e.name,
+                   e.value.view,
+                   e.value.owner,
+                   optimizer_states_of(part, e)};
+  size_t expected = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, other] : entries_)
+      expected += other->home == config_.server_rank ? 1 : 0;
+  }
+  std::shared_ptr<PendingCheckpoint> ready;
+  {
+    std::lock_guard lock(checkpoint_mu_);
+    auto& slot = pending_checkpoints_[e.rounds];
+    if (!slot) slot = std::make_shared<PendingCheckpoint>();
+    slot->parts.push_back(std::move(p));
+    if (slot->parts.size() >= expected) {
+      ready = std::move(slot);
+      pending_checkpoints_.erase(e.rounds);
+    }
+    while (pending_checkpoints_.size() > kMaxPendingCheckpoints) {
+      auto oldest = pending_checkpoints_.begin();
+      PP_WARN(
+          "server {}: checkpoint of round {} abandoned: {} of its {} ranges never reached "
+          "that round (is every key pushed every round?)",
+          config_.server_rank, oldest->first, expected - oldest->second->parts.size(), expected);
+      pending_checkpoints_.erase(oldest);
+    }
+  }
+  if (!ready) return;
+  Checkpoint c{config_.num_servers, config_.server_rank, config_.num_workers, e.rounds,
+               std::move(ready->parts)};
+  std::string path = checkpoint_path(config_.checkpoint_dir, c.round, c.rank);
+  try {
+    write_file_atomically(path, encode_checkpoint(c));
+    PP_INFO("server {}: checkpoint of round {} written to {}", c.rank, c.round, path);
+  } catch (const std::exception& ex) {
+    // Training goes on; this round's checkpoint stays incomplete.
+    PP_ERROR("server {}: checkpoint of round {} not written: {}", c.rank, c.round, ex.what());
+  }
+}
+
+void ServerStore::restore(const Checkpoint& c, const std::string& source) {
+  std::lock_guard lock(mu_);
+  restored_from_ = source;
+  for (const CheckpointPart& p : c.parts) {
+    auto e = std::make_unique<Entry>();
+    e->name = p.name;
+    e->value = Payload{p.value, p.owner};  // shared: copied before any update
+    e->merged_dtype = is_half(p.value.dtype) ? DType::kFloat32 : p.value.dtype;
+    e->size_for(config_.num_workers);
+    e->home = p.home;
+    e->rounds = c.round;
+    e->restored = true;
+    e->restored_states = p.optimizer_states;
+    entries_[PartId{p.key, p.begin}] = std::move(e);
+  }
 }
 
 }  // namespace pushpull::ps

@@ -49,6 +49,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -97,8 +98,8 @@ struct Range {
 // One part's state as a primary sends it to its backups.
 struct ReplicaState {
   std::string name;
-  int home = -1;  // the part's server in the fault-free placement
-  Payload value;  // shared with the store: not written while referenced
+  int home = -1;                      // the part's server in the fault-free placement
+  Payload value;                      // shared with the store: not written while referenced
   std::vector<uint64_t> applied_seq;  // per worker: last applied push sequence number
   std::string optimizer_states;       // Optimizer::save_key_states; "" without optimizer
 };
@@ -133,7 +134,16 @@ struct ServerStoreConfig {
   int max_queued_per_worker = 64;
   // Whether inits and rounds are replicated (ServerResponder::replicate).
   bool replicate = false;
+  // Checkpoints (docs/ps.md "Checkpoints", ps/checkpoint.h): every this many
+  // sync rounds (0: never) the parts this server is home for are written to
+  // checkpoint_dir once all of them completed the round (the file is written
+  // on the thread of the part completing it last).
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_dir = {};
+  int num_servers = 1;  // for the checkpoint's header
 };
+
+struct Checkpoint;
 
 class ServerStore {
  public:
@@ -161,6 +171,14 @@ class ServerStore {
   // an error when the state does not fit (e.g. another dtype).
   void install_replica(PartId part, ReplicaState state, std::function<void(const Status&)> done);
 
+  // Installs a checkpoint's parts (before any request: the caller makes sure
+  // nothing runs). A restored part answers the first init for it without
+  // changing it, if the init's name, dtype and shape match (else an error
+  // naming the checkpoint); its optimizer states join the optimizer installed
+  // later, before its first update; its round count continues from the
+  // checkpoint's round. Push sequence numbers start afresh (new workers).
+  void restore(const Checkpoint& c, const std::string& source);
+
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
   bool sync() const { return config_.sync; }
@@ -180,6 +198,11 @@ class ServerStore {
   void answer_ready_pulls(Entry& e);
   void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);
   void fail(const RequestMeta& m, const Status& s);
+  // Counts a completed sync round of a part this server is home for and,
+  // every checkpoint_every rounds, adds its state to that round's checkpoint.
+  void count_round(const PartId& part, Entry& e);
+  // The part's optimizer states (a restored part's until first merged).
+  std::string optimizer_states_of(const PartId& part, Entry& e);
   std::shared_ptr<Optimizer> optimizer() const;
   // Runs on every thread of the executor (optimizer changes and state saves
   // must see every key's earlier work).
@@ -190,6 +213,13 @@ class ServerStore {
   mutable std::mutex mu_;  // guards entries_' structure and optimizer_
   std::unordered_map<PartId, std::unique_ptr<Entry>, PartIdHash> entries_;
   std::shared_ptr<Optimizer> optimizer_;
+  std::string restored_from_;  // the checkpoint's file, for messages
+  std::mutex checkpoint_mu_;   // guards pending_checkpoints_
+  struct PendingCheckpoint;
+  // By round; at most kMaxPendingCheckpoints (a range that stopped being
+  // pushed must not make every later round's values pile up here).
+  std::map<int64_t, std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
+  static constexpr size_t kMaxPendingCheckpoints = 4;
   ShardedExecutor executor_;  // last: destroyed first, while the rest is alive
 };
 

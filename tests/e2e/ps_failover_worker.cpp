@@ -14,10 +14,13 @@
 // and chunked with a small PUSHPULL_PS_CHUNK_BYTES). Prints "ROUND k" after
 // each round (worker 0), "OK worker r" at the end and exits 0; a wrong value
 // prints "WRONG ..." and exits 4; an error "ERROR <type>: <msg>" and exits 3.
+// A job resumed from a checkpoint (PUSHPULL_RESUME_ROUND=R, docs/ps.md
+// "Checkpoints") starts at round R + 1: the servers hold round R's values.
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,14 +64,16 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < values.size(); ++i)
         for (int64_t e = 0; e < values[i].numel(); ++e)
           if (double got = get_element(values[i].view(), e); got != want) {
-            fmt::print("WRONG worker {} key {} element {} after round {}: {} != {}\n", r,
-                       names[i], e, k, got, want);
+            fmt::print("WRONG worker {} key {} element {} after round {}: {} != {}\n", r, names[i],
+                       e, k, got, want);
             std::fflush(stdout);
             return false;
           }
       return true;
     };
-    for (int k = 1; k <= rounds; ++k) {
+    const char* resumed = std::getenv("PUSHPULL_RESUME_ROUND");
+    const int first = resumed ? std::atoi(resumed) + 1 : 1;
+    for (int k = first; k <= rounds; ++k) {
       if (mode == "async") {
         for (size_t i = 0; i < keys.size(); ++i)
           kv->push(keys[i], gviews[i]);

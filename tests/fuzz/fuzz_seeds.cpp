@@ -16,6 +16,7 @@
 #include "net/hello.h"
 #include "net/message.h"
 #include "net/wire.h"
+#include "ps/checkpoint.h"
 #include "ps/protocol.h"
 #include "pushpull/optimizer.h"
 
@@ -126,6 +127,17 @@ void optimizer_seeds(const fs::path& root) {
   }
 }
 
+void checkpoint_seeds(const fs::path& root) {
+  Corpus ck(root, "fuzz_ps_checkpoint");
+  ps::Checkpoint c{3, 1, 2, 8, {}};
+  ck.add(0, ps::encode_checkpoint(c));
+  auto a = std::make_shared<Array>(Array::full(Shape{2, 2}, 1.5));
+  auto h = std::make_shared<Array>(Array::full(Shape{3}, 2.0, DType::kFloat16));
+  c.parts.push_back({7, 0, 1, "w", a->view(), a, ""});
+  c.parts.push_back({9, 1000, 0, "big", h->view(), h, "states"});
+  ck.add(0, ps::encode_checkpoint(c));
+}
+
 void collective_seeds(const fs::path& root) {
   Corpus co(root, "fuzz_collective_messages");
   collective::Spec s;
@@ -166,6 +178,7 @@ int main(int argc, char** argv) {
   ps_seeds(root);
   ps_store_seeds(root);
   optimizer_seeds(root);
+  checkpoint_seeds(root);
   collective_seeds(root);
   return 0;
 }

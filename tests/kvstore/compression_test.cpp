@@ -124,9 +124,12 @@ std::vector<Case> rounds_cases() {
     for (DType dt : {DType::kFloat32, DType::kFloat16})
       for (int64_t numel : {int64_t{6}, int64_t{2001}})  // one server; split over both
         cases.push_back({"dist_sync", type, dt, numel});
+  for (const char* type : {"2bit", "1bit", "fp16"})  // float64 keys: coded from float32
+    cases.push_back({"dist_sync", type, DType::kFloat64, 2001});
   for (DType dt : {DType::kFloat32, DType::kFloat16})
     for (int64_t numel : {int64_t{6}, int64_t{2001}})
       cases.push_back({"dist_sync_allreduce", "fp16", dt, numel});
+  cases.push_back({"dist_sync_allreduce", "fp16", DType::kFloat64, 2001});
   return cases;
 }
 

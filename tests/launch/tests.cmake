@@ -12,7 +12,8 @@ target_link_libraries(launch_node_probe PRIVATE pushpull_cluster)
 add_executable(pushpull_launch_cli ${CMAKE_SOURCE_DIR}/tools/launch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/launch_cli_main.cpp)
 target_include_directories(pushpull_launch_cli PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tools)
-target_link_libraries(pushpull_launch_cli PRIVATE pushpull_launch CLI11::CLI11)
+# pushpull_ps: --resume checks the checkpoint files (src/ps/checkpoint.h).
+target_link_libraries(pushpull_launch_cli PRIVATE pushpull_launch pushpull_ps CLI11::CLI11)
 
 foreach(t launch_local_test launch_ssh_test launch_mpi_test launch_cli_test launch_liveness_test
     launch_security_test)

@@ -34,3 +34,9 @@ target_compile_definitions(torch_distributed_optimizer_test PRIVATE
   PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 add_dependencies(torch_distributed_optimizer_test pushpull_cli)
 gtest_discover_tests(torch_distributed_optimizer_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
+
+# pushpull::torch::elastic in one process (TorchState, run re-forming the
+# default session); whole elastic jobs: python/tests/test_elastic.py.
+add_executable(torch_elastic_test ${CMAKE_CURRENT_LIST_DIR}/elastic_tests.cpp)
+target_link_libraries(torch_elastic_test PRIVATE pushpull_torch GTest::gtest_main)
+gtest_discover_tests(torch_elastic_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)

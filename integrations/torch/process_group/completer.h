@@ -5,15 +5,19 @@
 // engine still uses their tensors are kept ("parked") until the engine lets
 // go of them.
 //
-// Thread safety: add() from any thread; stop() once, from the owner (it
-// joins the thread; call it after the session was shut down, so every
-// pending op has failed and nothing blocks for long).
+// Thread safety: add() from any thread; stop() from the owner (it joins the
+// thread; call it after the session was shut down, so every pending op has
+// failed and nothing blocks for long). stop() may also run on the completer
+// thread itself (a future callback dropping the last reference to the
+// process group): the thread is then detached and finishes on its own, on
+// state it shares (State), not on the Completer.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -35,14 +39,17 @@ class Completer {
   void stop();
 
  private:
-  void run();
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<c10::intrusive_ptr<PushpullWork>> queue;  // guarded by mu
+    bool stopping = false;                               // guarded by mu
+    // Expired works the engine may still write into (completer thread only).
+    std::vector<c10::intrusive_ptr<PushpullWork>> parked;
+  };
+  static void run(State& s);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<c10::intrusive_ptr<PushpullWork>> queue_;  // guarded by mu_
-  bool stopping_ = false;                               // guarded by mu_
-  // Expired works the engine may still write into (completer thread only).
-  std::vector<c10::intrusive_ptr<PushpullWork>> parked_;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

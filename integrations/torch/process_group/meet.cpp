@@ -71,7 +71,8 @@ c10d::TCPStore* tcp_store_of(c10d::Store* s) {
 std::string meeting_host(const Options& o, c10d::Store* store) {
   if (!o.collective.master_addr.empty()) return o.collective.master_addr;
   if (auto* tcp = tcp_store_of(store)) return tcp->getHost();
-  return "127.0.0.1";  // file:// or hash stores: one host
+  if (!o.net.node_host.empty()) return o.net.node_host;  // PUSHPULL_NODE_HOST / DMLC_NODE_HOST
+  return "127.0.0.1";  // file:// or hash stores without any of the above: one host
 }
 
 std::vector<uint8_t> bytes(const std::string& s) {

@@ -11,7 +11,7 @@
 // everything else from the environment (job secret and id, heartbeats,
 // fusion; Options::from_env), so the group is authenticated like the rest of
 // pushpull's job. The host is MASTER_ADDR / PUSHPULL_MASTER_ADDR, else the
-// TCPStore's host, else 127.0.0.1.
+// TCPStore's host, else PUSHPULL_NODE_HOST, else 127.0.0.1.
 //
 // Operations: allreduce (sum, avg, min, max, product), allreduce_coalesced,
 // broadcast, reduce, allgather, _allgather_base, gather, reduce_scatter,

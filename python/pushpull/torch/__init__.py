@@ -26,10 +26,10 @@ from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allred
                       grouped_reducescatter, grouped_reducescatter_async)
 from .ops import (Adasum, Average, Handle, Max, Min, Product, Sum, allgather, allgather_async,
                   allreduce, allreduce_, allreduce_async, allreduce_async_, barrier, broadcast,
-                  broadcast_, broadcast_async, broadcast_async_, join, poll, reducescatter,
-                  reducescatter_async, synchronize)
+                  broadcast_, broadcast_async, broadcast_async_, join, poll, synchronize)
 from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .reducescatter import reducescatter, reducescatter_async
 from .sparse import sparse_allreduce_async
 
 # Horovod's exception names. HorovodInternalError is what a collective raises
@@ -145,6 +145,16 @@ def rocm_built():
     return False
 
 
+class SyncBatchNorm:
+    """Horovod's SyncBatchNorm needs CUDA tensors (its statistics kernels are
+    GPU-only); pushpull runs CPU tensors, so constructing one is refused."""
+
+    def __init__(self, *args, **kwargs):
+        raise InvalidArgument(
+            'pushpull.torch.SyncBatchNorm: not supported (Horovod\'s needs CUDA tensors; '
+            'pushpull runs CPU tensors); use torch.nn.BatchNorm*d, whose statistics stay local')
+
+
 def start_timeline(file_path, mark_cycles=False):
     """Horovod starts its timeline at run time; pushpull's is set before the
     job starts (PUSHPULL_TIMELINE or HOROVOD_TIMELINE, docs/timeline.md)."""
@@ -185,5 +195,5 @@ __all__ = [
     'add_process_set', 'remove_process_set', 'global_process_set', 'HorovodInternalError',
     'mpi_threads_supported', 'mpi_enabled', 'mpi_built', 'gloo_enabled', 'gloo_built',
     'nccl_built', 'ddl_built', 'ccl_built', 'cuda_built', 'rocm_built', 'start_timeline',
-    'stop_timeline', 'elastic',
+    'stop_timeline', 'elastic', 'SyncBatchNorm',
 ]

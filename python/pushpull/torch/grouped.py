@@ -10,6 +10,7 @@ atomic across ranks: its ops may complete at different times (no
 from pushpull._pushpull import InvalidArgument
 
 from . import ops
+from .reducescatter import reducescatter, reducescatter_async
 
 
 def _group_handle(kind, handles):
@@ -81,7 +82,7 @@ def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
     names = _names('grouped_reducescatter', tensors, name, process_set)
     return _group_handle('grouped_reducescatter', [
-        ops.reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
+        reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
         for t, n in zip(tensors, names)])
 
 
@@ -90,7 +91,7 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=None, process
     """The reducescatter of each tensor (a list)."""
     if compression is not None or any(ops._differentiable(t) for t in tensors):
         names = _names('grouped_reducescatter', tensors, name, process_set)
-        return [ops.reducescatter(t, n, compression, op, process_set, prescale_factor,
+        return [reducescatter(t, n, compression, op, process_set, prescale_factor,
                                   postscale_factor) for t, n in zip(tensors, names)]
     return ops.synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
                                                        prescale_factor, postscale_factor))

@@ -6,6 +6,10 @@ Horovod: every rank must submit each name (in any order); an unnamed op gets
 ``<op>.noname.<n>`` from a per-process counter, so unnamed ops must be issued in
 the same order on every rank.
 
+Process sets (process_sets.py) scope names: an op of set k is named
+``ps<k>.<name>`` in the engine. reducescatter is in reducescatter.py, alltoall
+in alltoall.py, the grouped forms in grouped.py.
+
 Thread safety: every function may be called from any thread. A handle keeps the
 tensors of its operation alive until it is done; the caller must not change an
 input (or read an output) before ``synchronize(handle)``.
@@ -305,7 +309,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-# ---- allgather / broadcast / reducescatter ------------------------------------
+# ---- allgather / broadcast ------------------------------------------------------
 
 
 def _from_numpy(array, dtype):
@@ -413,75 +417,6 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
                                   _auto_name('broadcast', name, prefix)[len(prefix):],
                                   process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-
-def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
-                        postscale_factor=1.0):
-    """Starts a reducescatter: the reduction (default Average) of every member's
-    tensor, split along dim 0; member i of the set gets part i (the first
-    ``rows % size`` members one row more)."""
-    reduction = _resolve_op(None, op)
-    _check(tensor, 'reducescatter tensor')
-    if tensor.dim() == 0:
-        raise InvalidArgument('pushpull.torch: reducescatter of a scalar (0-d tensor)')
-    members, prefix, n = _scope(process_set, 'reducescatter')
-    name = _auto_name('reducescatter', name, prefix)
-    dtype = tensor.dtype
-    reduction, divisor = _reduce_plan(reduction, dtype, n, 'reducescatter',
-                                      (prescale_factor, postscale_factor))
-    if dtype in _WIDENED:
-        source = tensor.detach().to(torch.int32)
-        _scale_(source, prescale_factor)
-    elif prescale_factor != 1.0:
-        source = _scale_(tensor.detach().clone(), prescale_factor)
-    else:
-        source = _raw(tensor)
-    h = _c.reduce_scatter_async(name, source, reduction, members)
-
-    def finish(op_, timeout):
-        out = _from_numpy(op_.output(timeout), source.dtype)
-        if dtype in _WIDENED:
-            return _scale_(out, postscale_factor, divisor).to(dtype)
-        return _scale_(out, postscale_factor, divisor)
-    return Handle(h, None, finish)
-
-
-class _ReducescatterFn(torch.autograd.Function):
-    """Backward: the gathered gradient, scaled as the forward pass scaled."""
-
-    @staticmethod
-    def forward(ctx, tensor, name, op, process_set, pre, post):
-        ctx.args = (name, op, process_set, pre, post)
-        return synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
-
-    @staticmethod
-    def backward(ctx, grad):
-        name, op, process_set, pre, post = ctx.args
-        if op not in (Sum, Average):
-            raise InvalidArgument('pushpull.torch: reducescatter with op=%s has no gradient' % op)
-        n = process_set.size() if process_set is not None else _c.size()
-        factor = pre * post / (n if op == Average else 1)
-        full = allgather(grad.contiguous(), name=name + '.grad', process_set=process_set)
-        return full * factor, None, None, None, None, None
-
-
-def reducescatter(tensor, name=None, compression=None, op=None, process_set=None,
-                  prescale_factor=1.0, postscale_factor=1.0):
-    """Reduction (default Average) of every rank's tensor, split along dim 0
-    (rank i of the set gets part i). Differentiable (Sum and Average)."""
-    if compression is not None:
-        compressed, ctx = compression.compress(tensor)
-        out = reducescatter(compressed, name, None, op, process_set, prescale_factor,
-                            postscale_factor)
-        return compression.decompress(out, ctx)
-    if _differentiable(tensor):
-        _check(tensor, 'reducescatter tensor')
-        _, prefix, _ = _scope(process_set, 'reducescatter')
-        return _ReducescatterFn.apply(
-            tensor, _auto_name('reducescatter', name, prefix)[len(prefix):],
-            _resolve_op(None, op), process_set, prescale_factor, postscale_factor)
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                           postscale_factor))
 
 
 def barrier(process_set=None):

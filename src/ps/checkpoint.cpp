@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ps/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "pushpull/checked.h"
+#include "pushpull/error.h"
+
+namespace pushpull::ps {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian");
+constexpr char kMagic[8] = {'P', 'P', 'C', 'K', 'P', 'T', '\0', '\0'};
+constexpr uint32_t kVersion = 1;
+
+uint64_t fnv1a(const char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<unsigned char>(p[i]);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+class Reader {
+ public:
+  Reader(std::string_view bytes, std::string_view source) : b_(bytes), source_(source) {}
+  template <typename T>
+  T get(const char* what) {
+    T v;
+    std::memcpy(&v, take(sizeof v, what), sizeof v);
+    return v;
+  }
+  const char* take(uint64_t n, const char* what) {
+    if (n > b_.size() - pos_)
+      throw IoError(
+          fmt::format("checkpoint '{}': truncated at byte {} while reading {} (need {} "
+                      "bytes, {} left); the file is torn or not a checkpoint",
+                      source_, pos_, what, n, b_.size() - pos_));
+    const char* p = b_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  [[noreturn]] void bad(const std::string& what) const {
+    throw IoError(fmt::format("checkpoint '{}': {}", source_, what));
+  }
+
+ private:
+  std::string_view b_;
+  std::string_view source_;
+  size_t pos_ = 0;
+};
+
+void sys_fail(const std::string& what, const std::string& path) {
+  throw IoError(fmt::format("checkpoint: cannot {} '{}': {}", what, path, std::strerror(errno)));
+}
+
+}  // namespace
+
+std::string encode_checkpoint(const Checkpoint& c) {
+  std::string out(kMagic, sizeof kMagic);
+  put(out, kVersion);
+  put(out, static_cast<uint32_t>(c.num_servers));
+  put(out, static_cast<uint32_t>(c.rank));
+  put(out, static_cast<uint32_t>(c.num_workers));
+  put(out, c.round);
+  put(out, static_cast<uint64_t>(c.parts.size()));
+  for (const CheckpointPart& p : c.parts) {
+    put(out, p.key);
+    put(out, p.begin);
+    put(out, static_cast<int32_t>(p.home));
+    put(out, static_cast<uint32_t>(p.name.size()));
+    out += p.name;
+    put(out, static_cast<uint8_t>(p.value.dtype));
+    put(out, static_cast<uint8_t>(p.value.shape.ndim()));
+    for (int64_t d : p.value.shape.dims())
+      put(out, d);
+    put(out, static_cast<uint64_t>(p.value.nbytes()));
+    out.append(static_cast<const char*>(p.value.data), p.value.nbytes());
+    put(out, static_cast<uint64_t>(p.optimizer_states.size()));
+    out += p.optimizer_states;
+  }
+  put(out, fnv1a(out.data(), out.size()));
+  return out;
+}
+
+Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
+                             const CheckpointLayout& expect) {
+  Reader head(bytes, source);
+  if (std::memcmp(head.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
+    head.bad("bad magic number: not a pushpull checkpoint");
+  auto version = head.get<uint32_t>("the version");
+  if (version != kVersion)
+    head.bad(fmt::format("format version {} is not supported (this build reads version {})",
+                         version, kVersion));
+  if (bytes.size() < sizeof kMagic + 4 + 8) head.take(8, "the checksum");
+  uint64_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+  if (fnv1a(bytes.data(), bytes.size() - 8) != stored)
+    head.bad("checksum mismatch: the file is torn or corrupt");
+  Reader r(bytes.substr(0, bytes.size() - 8), source);
+  r.take(sizeof kMagic + 4, "the header");
+  Checkpoint c;
+  c.num_servers = static_cast<int>(r.get<uint32_t>("the server count"));
+  c.rank = static_cast<int>(r.get<uint32_t>("the server rank"));
+  c.num_workers = static_cast<int>(r.get<uint32_t>("the worker count"));
+  c.round = r.get<int64_t>("the round");
+  if (c.num_servers != expect.num_servers || c.rank != expect.rank ||
+      c.num_workers != expect.num_workers)
+    r.bad(fmt::format(
+        "belongs to another job layout (server {} of {} servers, {} workers; this "
+        "job needs server {} of {} servers, {} workers)",
+        c.rank, c.num_servers, c.num_workers, expect.rank, expect.num_servers, expect.num_workers));
+  if (c.round < 0) r.bad(fmt::format("negative round {}", c.round));
+  auto nparts = r.get<uint64_t>("the part count");
+  for (uint64_t i = 0; i < nparts; ++i) {
+    CheckpointPart p;
+    p.key = r.get<uint64_t>("a key id");
+    p.begin = r.get<int64_t>("a part begin");
+    p.home = r.get<int32_t>("a part's home");
+    if (p.begin < 0) r.bad(fmt::format("part {}: negative begin {}", i, p.begin));
+    auto len = r.get<uint32_t>("a name length");
+    p.name.assign(r.take(len, "a key name"), len);
+    auto dtype = r.get<uint8_t>("a dtype");
+    if (!is_valid_dtype(dtype)) r.bad(fmt::format("key {}: bad dtype {}", p.name, dtype));
+    auto ndim = r.get<uint8_t>("a dimension count");
+    if (ndim > Shape::kMaxDims) r.bad(fmt::format("key {}: {} dimensions", p.name, ndim));
+    std::vector<int64_t> dims(ndim);
+    for (auto& d : dims)
+      d = r.get<int64_t>("a dimension");
+    int64_t numel = 0;
+    uint64_t want = 0;
+    if (!Shape::checked_numel(dims, &numel) ||
+        !checked_mul(static_cast<uint64_t>(numel),
+                     static_cast<uint64_t>(dtype_size(static_cast<DType>(dtype))), &want))
+      r.bad(fmt::format("key {}: bad shape", p.name));
+    auto nbytes = r.get<uint64_t>("a value size");
+    if (nbytes != want)
+      r.bad(fmt::format("key {}: {} value bytes for {} elements", p.name, nbytes, numel));
+    const char* data = r.take(nbytes, "a value");
+    auto a =
+        std::make_shared<Array>(Shape(std::span<const int64_t>(dims)), static_cast<DType>(dtype));
+    if (nbytes) std::memcpy(a->data(), data, nbytes);
+    p.value = a->view();
+    p.owner = a;
+    auto slen = r.get<uint64_t>("an optimizer state length");
+    p.optimizer_states.assign(r.take(slen, "optimizer states"), slen);
+    c.parts.push_back(std::move(p));
+  }
+  return c;
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t round, int rank) {
+  return fmt::format("{}/round-{:010d}/server-{}.ppckpt", dir, round, rank);
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  std::filesystem::path p(path);
+  std::error_code ec;
+  std::filesystem::create_directories(p.parent_path(), ec);
+  if (ec)
+    throw IoError(
+        fmt::format("checkpoint: cannot create '{}': {}", p.parent_path().string(), ec.message()));
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) sys_fail("create", tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      errno = err;
+      sys_fail("write", tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    sys_fail("fsync", tmp);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) sys_fail("rename to", path);
+  int dfd = ::open(p.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // the rename itself survives a crash
+    ::close(dfd);
+  }
+}
+
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expect) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw IoError(fmt::format("checkpoint '{}': cannot open: {}", path, std::strerror(errno)));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = std::move(ss).str();
+  return decode_checkpoint(bytes, path, expect);
+}
+
+std::optional<int64_t> last_complete_checkpoint(const std::string& dir, int num_servers) {
+  std::optional<int64_t> best;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("round-", 0) != 0 || name.size() != 16) continue;
+    int64_t round = 0;
+    bool digits = true;
+    for (char ch : name.substr(6)) {
+      if (ch < '0' || ch > '9') digits = false;
+      round = round * 10 + (ch - '0');
+    }
+    if (!digits || (best && round <= *best)) continue;
+    bool complete = true;
+    for (int s = 0; s < num_servers && complete; ++s)
+      complete = std::filesystem::exists(checkpoint_path(dir, round, s), ec);
+    if (complete) best = round;
+  }
+  if (ec && !std::filesystem::exists(dir))
+    throw IoError(fmt::format("checkpoint directory '{}' does not exist", dir));
+  return best;
+}
+
+}  // namespace pushpull::ps

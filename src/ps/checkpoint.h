@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter-server checkpoint files (docs/ps.md, "Checkpoints").
+//
+// Each server writes the key ranges it is home for to
+//   DIR/round-<R, 10 digits>/server-<rank>.ppckpt
+// every `--checkpoint-every` rounds; a round's checkpoint is complete when
+// every server's file for it exists (a file appears only whole: written to
+// a temporary name, fsynced, then renamed). Layout (little-endian):
+//   magic "PPCKPT\0\0" | u32 version | u32 servers | u32 rank | u32 workers
+//   | i64 round | u64 parts
+//   per part: u64 key id | i64 begin | i32 home | u32 len, name
+//             | u8 dtype | u8 ndim | i64 dims[ndim] | u64 bytes | data
+//             | u64 len, optimizer states (Optimizer::save_key_states)
+//   u64 FNV-1a hash of every byte before it
+// Decoding is bounds-checked and throws IoError naming the file for a
+// truncated, corrupt or foreign file (another server count, rank or worker
+// count than the job's).
+//
+// Thread safety: free functions without shared state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pushpull/array.h"
+
+namespace pushpull::ps {
+
+struct CheckpointPart {
+  uint64_t key = 0;
+  int64_t begin = 0;
+  int home = 0;
+  std::string name;
+  ArrayView value;  // kept alive and unchanged by `owner`
+  std::shared_ptr<void> owner;
+  std::string optimizer_states;  // "" without an optimizer
+};
+
+struct Checkpoint {
+  int num_servers = 0;
+  int rank = 0;
+  int num_workers = 0;
+  int64_t round = 0;
+  std::vector<CheckpointPart> parts;
+};
+
+// What a job expects of a file (checked by decode_checkpoint).
+struct CheckpointLayout {
+  int num_servers = 0;
+  int rank = 0;
+  int num_workers = 0;
+};
+
+std::string encode_checkpoint(const Checkpoint& c);
+// `source` names the file in errors.
+Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
+                             const CheckpointLayout& expect);
+
+std::string checkpoint_path(const std::string& dir, int64_t round, int rank);
+// Writes `bytes` to `path` atomically (PATH.tmp, fsync, rename, fsync of the
+// directory), creating the directory. Throws IoError.
+void write_file_atomically(const std::string& path, std::string_view bytes);
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expect);
+// The highest round whose files exist for every server 0..num_servers-1;
+// nullopt when none is complete.
+std::optional<int64_t> last_complete_checkpoint(const std::string& dir, int num_servers);
+
+}  // namespace pushpull::ps

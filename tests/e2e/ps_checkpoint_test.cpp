@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter-server checkpoints under the launcher (docs/ps.md,
+// "Checkpoints"): 3 workers x 3 servers (one backup per range, the default)
+// run ps_failover_worker (every pulled value checked in closed form each
+// round) with --checkpoint-every; the whole job is killed (the launcher
+// SIGKILLed: its guardian SIGKILLs every process it started) and relaunched with
+// --resume: it must continue from the last complete checkpoint and end with
+// exactly the values of an uninterrupted job. A torn or foreign checkpoint
+// file is refused before anything starts, naming the file.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "ps/checkpoint.h"
+#include "support/process.h"
+
+namespace pushpull {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+std::string bin(const std::string& name) {
+  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
+}
+
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "pp-ckpt-e2e-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+int last_round(const std::string& out) {
+  auto at = out.rfind("ROUND ");
+  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
+}
+
+// `pushpull launch -n 3 -s S <flags> -- ps_failover_worker sync ROUNDS 10`;
+// servers append "rank pid" to DIR/servers.
+std::unique_ptr<test::ChildProcess> launch(const std::string& dir, int servers, int rounds,
+                                           std::vector<std::string> flags) {
+  std::string server =
+      "sh -c 'echo $PUSHPULL_RANK $$ >> " + dir + "/servers; exec " + bin("pushpull") + " server'";
+  std::vector<std::string> argv = {bin("pushpull"),         "launch",           "-n",  "3", "-s",
+                                   std::to_string(servers), "--server-command", server};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  for (std::string a : {std::string("--"), bin("ps_failover_worker"), std::string("sync"),
+                        std::to_string(rounds), std::string("10")})
+    argv.push_back(a);
+  return std::make_unique<test::ChildProcess>(
+      argv, std::map<std::string, std::string>{{"PUSHPULL_BIGARRAY_BOUND", "1000"},
+                                               {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
+                                               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
+                                               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}});
+}
+
+void expect_all_ok(test::ChildProcess& job) {
+  auto code = job.wait(120s);
+  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job.output();
+  std::string out = job.output();
+  EXPECT_EQ(*code, 0) << out;
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+}
+
+TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
+  TempDir dir;
+  const std::string ckpt = dir.path + "/ckpt";
+  const int rounds = 80;
+  auto job = launch(dir.path, 3, rounds, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
+  // Run until a checkpoint is complete and a few rounds beyond it.
+  auto until = std::chrono::steady_clock::now() + 90s;
+  std::optional<int64_t> done;
+  while (std::chrono::steady_clock::now() < until) {
+    if (std::filesystem::exists(ckpt)) done = ps::last_complete_checkpoint(ckpt, 3);
+    if (done && last_round(job->output()) >= *done + 3) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(done.has_value()) << job->output();
+  ASSERT_LT(last_round(job->output()), rounds) << "finished before the kill:\n" << job->output();
+  // The launcher SIGKILLed: its guardian SIGKILLs every process of the job.
+  std::vector<int> servers;
+  std::ifstream pids(dir.path + "/servers");
+  for (int rank, pid; pids >> rank >> pid;)
+    servers.push_back(pid);
+  ASSERT_EQ(servers.size(), 3u) << job->output();
+  job->signal(SIGKILL);
+  auto code = job->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job->output();
+  EXPECT_EQ(*code, 128 + SIGKILL) << job->output();
+  // No old server may still write a checkpoint while the new job reads them.
+  auto gone = std::chrono::steady_clock::now() + 30s;
+  for (int pid : servers)
+    while (::kill(pid, 0) == 0 && std::chrono::steady_clock::now() < gone)
+      std::this_thread::sleep_for(5ms);
+  for (int pid : servers)
+    ASSERT_NE(::kill(pid, 0), 0) << "server " << pid << " survived the launcher";
+
+  std::filesystem::remove(dir.path + "/servers");
+  auto resumed = launch(dir.path, 3, rounds, {"--resume", ckpt, "--checkpoint-every", "4"});
+  expect_all_ok(*resumed);
+  std::string out = resumed->output();
+  auto at = out.find("resuming from round ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const int from = std::atoi(out.c_str() + at + 20);
+  EXPECT_GE(from, *done) << out;
+  EXPECT_EQ(from % 4, 0) << out;
+  // The resumed job's first round is the checkpoint's next (checked in closed form).
+  EXPECT_THAT(out, HasSubstr(fmt::format("] ROUND {}\n", from + 1))) << out;
+  EXPECT_THAT(out, Not(HasSubstr(fmt::format("] ROUND {}\n", from)))) << out;
+}
+
+TEST(PsCheckpoint, AResumedJobStillFailsOverExactly) {
+  // The restored ranges reach their backups (at the init, then every round):
+  // a server killed after the resume fails over with nothing lost.
+  TempDir dir;
+  const std::string ckpt = dir.path + "/ckpt";
+  auto first = launch(dir.path, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
+  expect_all_ok(*first);
+  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 8);
+  std::filesystem::remove(dir.path + "/servers");
+  auto resumed = launch(dir.path, 3, 60, {"--resume", ckpt});
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (last_round(resumed->output()) < 10 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GE(last_round(resumed->output()), 10) << resumed->output();
+  std::ifstream pids(dir.path + "/servers");
+  std::map<int, int> servers;
+  for (int rank, pid; pids >> rank >> pid;)
+    servers[rank] = pid;
+  ASSERT_EQ(servers.count(1), 1u) << resumed->output();
+  ::kill(servers[1], SIGKILL);
+  expect_all_ok(*resumed);
+  EXPECT_THAT(resumed->output(), HasSubstr("fail-over")) << resumed->output();
+}
+
+TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
+  TempDir dir;
+  const std::string ckpt = dir.path + "/ckpt";
+  auto job = launch(dir.path, 3, 4, {"--checkpoint-dir", ckpt, "--checkpoint-every", "2"});
+  expect_all_ok(*job);
+  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 4);
+
+  // Foreign: the files of a 3-server job for a 2-server job.
+  auto foreign = launch(dir.path, 2, 4, {"--resume", ckpt});
+  auto code = foreign->wait(60s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2) << foreign->output();
+  EXPECT_THAT(foreign->output(), HasSubstr(ps::checkpoint_path(ckpt, 4, 0))) << foreign->output();
+  EXPECT_THAT(foreign->output(), HasSubstr("another job layout")) << foreign->output();
+
+  // Torn: server 1's file of round 4 cut short.
+  const std::string victim = ps::checkpoint_path(ckpt, 4, 1);
+  std::filesystem::resize_file(victim, std::filesystem::file_size(victim) / 2);
+  auto torn = launch(dir.path, 3, 4, {"--resume", ckpt});
+  code = torn->wait(60s);
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2) << torn->output();
+  EXPECT_THAT(torn->output(), HasSubstr(victim)) << torn->output();
+  EXPECT_THAT(torn->output(), HasSubstr("torn")) << torn->output();
+}
+
+TEST(PsCheckpoint, BadCheckpointFlagsExit2BeforeAnythingStarts) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  for (const Case& c : {Case{{"--checkpoint-every", "2"}, "needs --checkpoint-dir"},
+                        Case{{"--checkpoint-dir", dir.path}, "needs --checkpoint-every"},
+                        Case{{"--resume", dir.path + "/none"}, "does not exist"},
+                        Case{{"--resume", dir.path}, "no complete checkpoint"}}) {
+    auto job = launch(dir.path, 3, 4, c.flags);
+    auto code = job->wait(60s);
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 2) << job->output();
+    EXPECT_THAT(job->output(), HasSubstr(c.says)) << job->output();
+    EXPECT_FALSE(std::filesystem::exists(dir.path + "/servers")) << "a server started";
+  }
+}
+
+}  // namespace
+}  // namespace pushpull

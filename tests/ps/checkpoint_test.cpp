@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoint files (ps/checkpoint.h) and a ServerStore writing and restoring
+// them (docs/ps.md, "Checkpoints").
+#include "ps/checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "ps/server_store.h"
+#include "pushpull/error.h"
+
+namespace pushpull::ps {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "pp-ckpt-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+CheckpointPart part(uint64_t key, int64_t begin, const std::string& name, Array a,
+                    std::string states = "") {
+  auto owner = std::make_shared<Array>(std::move(a));
+  return CheckpointPart{key, begin, 1, name, owner->view(), owner, std::move(states)};
+}
+
+Checkpoint sample() {
+  Checkpoint c{3, 1, 2, 40, {}};
+  c.parts.push_back(part(7, 0, "w", Array::full(Shape{2, 3}, 2.5)));
+  c.parts.push_back(part(9, 4000, "big", Array::full(Shape{5}, 3.0, DType::kFloat16), "opt"));
+  return c;
+}
+
+const CheckpointLayout kLayout{3, 1, 2};
+
+std::string message_of(std::string_view bytes, const CheckpointLayout& l = kLayout) {
+  try {
+    decode_checkpoint(bytes, "F", l);
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, RoundTrips) {
+  std::string bytes = encode_checkpoint(sample());
+  Checkpoint c = decode_checkpoint(bytes, "F", kLayout);
+  EXPECT_EQ(c.round, 40);
+  ASSERT_EQ(c.parts.size(), 2u);
+  EXPECT_EQ(c.parts[0].key, 7u);
+  EXPECT_EQ(c.parts[0].name, "w");
+  EXPECT_EQ(c.parts[0].home, 1);
+  EXPECT_EQ(c.parts[0].value.shape, (Shape{2, 3}));
+  EXPECT_EQ(get_element(c.parts[0].value, 5), 2.5);
+  EXPECT_EQ(c.parts[1].begin, 4000);
+  EXPECT_EQ(c.parts[1].value.dtype, DType::kFloat16);
+  EXPECT_EQ(get_element(c.parts[1].value, 4), 3.0);
+  EXPECT_EQ(c.parts[1].optimizer_states, "opt");
+}
+
+TEST(Checkpoint, EveryTruncationIsRefusedNamingTheFile) {
+  std::string bytes = encode_checkpoint(sample());
+  for (size_t n = 0; n < bytes.size(); ++n)
+    EXPECT_THAT(message_of(bytes.substr(0, n)), HasSubstr("checkpoint 'F'")) << n;
+}
+
+TEST(Checkpoint, EveryFlippedByteIsRefused) {
+  std::string bytes = encode_checkpoint(sample());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] ^= 0x20;
+    EXPECT_THAT(message_of(bad), HasSubstr("checkpoint 'F'")) << i;
+  }
+}
+
+TEST(Checkpoint, AForeignLayoutIsRefused) {
+  std::string bytes = encode_checkpoint(sample());
+  EXPECT_THAT(message_of(bytes, {2, 1, 2}), HasSubstr("another job layout"));
+  EXPECT_THAT(message_of(bytes, {3, 0, 2}), HasSubstr("another job layout"));
+  EXPECT_THAT(message_of(bytes, {3, 1, 4}), HasSubstr("another job layout"));
+}
+
+TEST(Checkpoint, OnlyRoundsWithEveryServersFileAreComplete) {
+  TempDir dir;
+  EXPECT_FALSE(last_complete_checkpoint(dir.path, 2).has_value());
+  write_file_atomically(checkpoint_path(dir.path, 5, 0), "a");
+  write_file_atomically(checkpoint_path(dir.path, 5, 1), "b");
+  write_file_atomically(checkpoint_path(dir.path, 10, 0), "c");  // server 1's is missing
+  EXPECT_EQ(last_complete_checkpoint(dir.path, 2), 5);
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_path(dir.path, 5, 0) + ".tmp"));
+  EXPECT_THROW(last_complete_checkpoint(dir.path + "/nope", 2), IoError);
+}
+
+class Recorder : public ServerResponder {
+ public:
+  void reply(const RequestMeta& to, const Status& s, DType, std::span<const std::byte> data,
+             std::shared_ptr<void>) override {
+    std::lock_guard lock(mu_);
+    replies[to.request_id] = {s, {data.begin(), data.end()}};
+  }
+  std::mutex mu_;
+  std::map<uint64_t, std::pair<Status, std::vector<std::byte>>> replies;
+};
+
+Payload payload(Array a) {
+  auto owner = std::make_shared<Array>(std::move(a));
+  return Payload{owner->view(), owner};
+}
+
+TEST(Checkpoint, AStoreWritesEveryNRoundsAndResumesFromIt) {
+  TempDir dir;
+  Recorder rec;
+  ServerStoreConfig config{2, true, 2, 0};
+  config.checkpoint_every = 2;
+  config.checkpoint_dir = dir.path;
+  uint64_t id = 0;
+  {
+    ServerStore store(config, rec);
+    store.init({0, ++id}, {1, 0}, "a", payload(Array::full(Shape{4}, 1.0)));
+    store.init({0, ++id}, {2, 0}, "b", payload(Array::full(Shape{3}, 0.0, DType::kFloat16)));
+    for (int round = 1; round <= 5; ++round)
+      for (int w = 0; w < 2; ++w) {
+        store.push({w, ++id}, {1, 0}, payload(Array::full(Shape{4}, w + 1.0)), false);
+        store.push({w, ++id}, {2, 0}, payload(Array::full(Shape{3}, 1.0, DType::kFloat16)), false);
+      }
+    store.wait_idle(Millis(10000));
+  }
+  EXPECT_EQ(last_complete_checkpoint(dir.path, 1), 4);
+  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 4, 0), {1, 0, 2});
+  ASSERT_EQ(c.parts.size(), 2u);
+
+  ServerStore resumed(config, rec);
+  resumed.restore(c, "the file");
+  // The same init is a no-op; another shape is refused naming the file.
+  uint64_t same = ++id, other = ++id, pulled = ++id;
+  resumed.init({0, same}, {1, 0}, "a", payload(Array::full(Shape{4}, 9.0)));
+  resumed.init({0, other}, {2, 0}, "b", payload(Array::full(Shape{5}, 0.0, DType::kFloat16)));
+  resumed.pull({1, pulled}, {1, 0}, {});
+  resumed.wait_idle(Millis(10000));
+  std::lock_guard lock(rec.mu_);
+  EXPECT_TRUE(rec.replies[same].first.is_ok()) << rec.replies[same].first.to_string();
+  EXPECT_THAT(rec.replies[other].first.message(),
+              HasSubstr("does not match checkpoint 'the file'"));
+  const auto& bytes = rec.replies[pulled].second;
+  ASSERT_EQ(bytes.size(), 16u);
+  float v[4];
+  std::memcpy(v, bytes.data(), 16);
+  EXPECT_EQ(v[3], 3.0f);  // round 4: 1 + 2 (no optimizer: the sum replaces the value)
+}
+
+// Runs rounds `from`..`to` of one worker pushing (round / 4) into key 1 with
+// momentum SGD; returns the pulled value. `restore`: resume from it first.
+std::vector<float> train(ServerStoreConfig config, int from, int to,
+                         const Checkpoint* restore = nullptr) {
+  Recorder rec;
+  ServerStore store(config, rec);
+  if (restore) store.restore(*restore, "F");
+  uint64_t id = 0;
+  store.init({0, ++id}, {1, 0}, "w", payload(Array::full(Shape{3}, 1.0)));
+  store.set_optimizer({0, ++id}, OptimizerSpec::parse("sgd:learning_rate=0.1,momentum=0.9"));
+  for (int round = from; round <= to; ++round)
+    store.push({0, ++id}, {1, 0}, payload(Array::full(Shape{3}, round / 4.0)), false);
+  uint64_t pulled = ++id;
+  store.pull({0, pulled}, {1, 0}, {});
+  store.wait_idle(Millis(10000));
+  std::lock_guard lock(rec.mu_);
+  for (const auto& [rid, r] : rec.replies)
+    EXPECT_TRUE(r.first.is_ok()) << rid << ": " << r.first.to_string();
+  std::vector<float> v(3);
+  EXPECT_EQ(rec.replies[pulled].second.size(), 12u);
+  std::memcpy(v.data(), rec.replies[pulled].second.data(), 12);
+  return v;
+}
+
+TEST(Checkpoint, OptimizerStatesResumeExactly) {
+  TempDir dir;
+  ServerStoreConfig config{1, true, 1, 0};
+  const std::vector<float> uninterrupted = train(config, 1, 7);
+  config.checkpoint_every = 3;
+  config.checkpoint_dir = dir.path;
+  train(config, 1, 4);  // "killed" after round 4: the checkpoint of round 3 stands
+  ASSERT_EQ(last_complete_checkpoint(dir.path, 1), 3);
+  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 3, 0), {1, 0, 1});
+  ASSERT_EQ(c.parts.size(), 1u);
+  EXPECT_FALSE(c.parts[0].optimizer_states.empty());
+  EXPECT_EQ(train(config, 4, 7, &c), uninterrupted);
+  // Rounds continue from the checkpoint's: the resumed store wrote round 6.
+  EXPECT_EQ(last_complete_checkpoint(dir.path, 1), 6);
+}
+
+TEST(Checkpoint, ARangeNeverPushedDoesNotPileUpPendingRounds) {
+  TempDir dir;
+  Recorder rec;
+  ServerStoreConfig config{1, true, 1, 0};
+  config.checkpoint_every = 1;
+  config.checkpoint_dir = dir.path;
+  ServerStore store(config, rec);
+  uint64_t id = 0;
+  store.init({0, ++id}, {1, 0}, "pushed", payload(Array::full(Shape{2}, 1.0)));
+  store.init({0, ++id}, {2, 0}, "frozen", payload(Array::full(Shape{2}, 1.0)));
+  for (int round = 1; round <= 20; ++round)
+    store.push({0, ++id}, {1, 0}, payload(Array::full(Shape{2}, 1.0)), false);
+  store.wait_idle(Millis(10000));
+  // No round is complete (and the store kept at most a few pending).
+  EXPECT_FALSE(last_complete_checkpoint(dir.path, 1).has_value());
+}
+
+}  // namespace
+}  // namespace pushpull::ps
