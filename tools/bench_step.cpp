@@ -7,6 +7,7 @@
 //   ddp      torch.nn.parallel.DistributedDataParallel, gloo backend
 //   hvd      pushpull.torch.DistributedOptimizer (collectives engine)
 //   trainer  pushpull.torch.Trainer over a dist_sync KVStore, S servers
+//   hvd_shm  hvd with PUSHPULL_SHM=1 (collective data through shared memory)
 //   ddp-gloo      DDP over gloo (python/pushpull/bench_step_ddp.py)
 //   ddp-pushpull  DDP over the torch.distributed backend "pushpull"
 //
@@ -96,10 +97,11 @@ std::string format_mb(double mb) {
 void run_bench(const Config& cfg) {
   const auto impls = split(cfg.impls);
   for (const auto& i : impls)
-    if (i != "ddp" && i != "hvd" && i != "trainer" && i != "ddp-gloo" && i != "ddp-pushpull")
+    if (i != "ddp" && i != "hvd" && i != "trainer" && i != "hvd_shm" && i != "ddp-gloo" &&
+        i != "ddp-pushpull")
       throw InvalidArgument(fmt::format(
-          "bench step: --impls {}: known are ddp, hvd, trainer, ddp-gloo, ddp-pushpull (the "
-          "libtorch 'cpp' front end is not measured by this benchmark yet)",
+          "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer, ddp-gloo, ddp-pushpull "
+          "(the libtorch 'cpp' front end is not measured by this benchmark yet)",
           i));
   std::vector<double> sizes;
   for (const auto& s : split(cfg.grad_mb)) {
@@ -124,6 +126,7 @@ void run_bench(const Config& cfg) {
         for (const auto& impl : impls) {
           TempDir dir;
           ProcessGroup g;
+          const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
           // DDP over a torch.distributed backend: bench_step_ddp.py.
           const std::string module =
               impl.starts_with("ddp-") ? "pushpull.bench_step_ddp" : "pushpull.bench_step";
@@ -132,9 +135,10 @@ void run_bench(const Config& cfg) {
               "-n",          std::to_string(n),
               "-s",          std::to_string(impl == "trainer" ? servers : 0),
               "--timeout",   std::to_string(cfg.timeout_s),
+              "--env",       impl == "hvd_shm" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
               "--",          cfg.python,
               "-m",          module,
-              "--impl",      impl,
+              "--impl",      script_impl,
               "--grad-mb",   format_mb(mb),
               "--layers",    std::to_string(cfg.layers),
               "--batch",     std::to_string(cfg.batch),
@@ -144,7 +148,7 @@ void run_bench(const Config& cfg) {
           g.start(argv);
           auto res = g.run(std::chrono::seconds(cfg.timeout_s + 30));
           double ms = 0;
-          if (!res.ok || !parse_result(res.output, impl, &ms)) {
+          if (!res.ok || !parse_result(res.output, script_impl, &ms)) {
             std::fprintf(stderr, "bench step: %s n=%d %s MiB failed: %s; its row is missing\n",
                          impl.c_str(), n, format_mb(mb).c_str(),
                          res.ok ? "no result line" : res.failure.c_str());
@@ -192,7 +196,8 @@ void register_bench_step(CLI::App& bench) {
   cmd->add_option("--layers", cfg->layers, "Linear layers the gradients are split over")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--impls", cfg->impls, "Implementations: ddp,hvd,trainer,ddp-gloo,ddp-pushpull")
+  cmd->add_option("--impls", cfg->impls,
+                  "Implementations: ddp,hvd,hvd_shm,trainer,ddp-gloo,ddp-pushpull")
       ->capture_default_str();
   cmd->add_option("--servers", cfg->servers, "Parameter servers for trainer (0: as many as -n)")
       ->capture_default_str()

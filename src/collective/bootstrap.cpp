@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/bootstrap.h"
+#include "collective/shm_data_transport.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -177,7 +178,8 @@ Bootstrapped from_rendezvous(const Options& o) {
   tcp->connect_all(out.book);
   tcp->start_liveness(mesh_liveness(o, false));
   set_local(o, out.book, c.rank, &out);
-  out.transport = std::move(tcp);
+  // PUSHPULL_SHM=1 and every rank on this host: data through shared memory.
+  out.transport = use_shared_memory(std::move(tcp), out.book, o.cluster.startup_timeout);
   return out;
 }
 

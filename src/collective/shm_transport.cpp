@@ -137,6 +137,9 @@ struct ShmTransport::Impl {
   std::vector<bool> failed;        // progress thread only: its operations failed
   std::atomic<bool> stop{false};
   std::thread progress;
+  std::mutex join_mu;    // joining the thread and telling the peers (close, declare)
+  bool told = false;     // the closed flag is set
+  bool closing = false;  // under send_mu: close() has started
 
   Impl(int r, int n, std::string pre, ShmOptions opts, std::string d)
       : rank(r),
@@ -572,13 +575,18 @@ struct ShmTransport::Impl {
     op.bytes = bytes;
     op.cb = std::move(cb);
     Done done;
-    bool queued;
+    bool queued = false;
     {
       std::lock_guard lock(send_mu);
       auto& q = sendq[static_cast<size_t>(peer)];
-      q.push_back(std::move(op));
-      if (q.size() == 1) write_some(peer, done);  // nothing ahead: straight into the ring
-      queued = !q.empty();
+      if (closing) {  // close() started after check_post: it will not drain this one
+        done.emplace_back(std::move(op.cb),
+                          Status(ErrorCode::kIoError, "collective: shm transport closed"));
+      } else {
+        q.push_back(std::move(op));
+        if (q.size() == 1) write_some(peer, done);  // nothing ahead: straight into the ring
+        queued = !q.empty();
+      }
     }
     if (queued) wake_self();  // the progress thread writes the rest as space frees
     run(done);
@@ -618,8 +626,8 @@ struct ShmTransport::Impl {
         return;
       }
     }
-    if (dead[static_cast<size_t>(peer)]) {
-      Status st = *dead[static_cast<size_t>(peer)];
+    if (closed || dead[static_cast<size_t>(peer)]) {
+      Status st = closed ? *closed : *dead[static_cast<size_t>(peer)];
       lock.unlock();
       r.cb(st);
       return;
@@ -627,20 +635,30 @@ struct ShmTransport::Impl {
     posted[{peer, tag}].push_back(std::move(r));
   }
 
-  void close(const Status& reason) {
+  void close(const Status& reason, bool tell = true) {
+    bool first;
     {
       std::lock_guard lock(mu);
-      if (closed) return;
-      closed = reason;
+      first = !closed;
+      if (first) closed = reason;
+    }
+    {
+      std::lock_guard lock(send_mu);  // posts after this see it (post_send)
+      closing = true;
     }
     stop.store(true, std::memory_order_release);
-    wake_self();
-    if (progress.joinable()) progress.join();
-    if (maps[static_cast<size_t>(rank)].h) {
-      map(rank).h->closed.store(1, std::memory_order_release);
-      for (int p = 0; p < size; ++p)
-        if (p != rank && map(p).h) ring_bell(map(p).h);
+    {
+      std::lock_guard lock(join_mu);
+      if (maps[static_cast<size_t>(rank)].h) wake_self();
+      if (progress.joinable() && progress.get_id() != std::this_thread::get_id()) progress.join();
+      if (tell && !told && maps[static_cast<size_t>(rank)].h) {
+        told = true;
+        map(rank).h->closed.store(1, std::memory_order_release);
+        for (int p = 0; p < size; ++p)
+          if (p != rank && map(p).h) ring_bell(map(p).h);
+      }
     }
+    if (!first) return;  // the first call failed what was pending
     Done done;
     {
       std::lock_guard lock(mu);
@@ -702,6 +720,9 @@ void ShmTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
 }
 void ShmTransport::close(const Status& reason) {
   impl_->close(reason);
+}
+void ShmTransport::declare(const Status& verdict) {
+  impl_->close(verdict, false);
 }
 
 }  // namespace pushpull::collective

@@ -67,6 +67,11 @@ class ShmTransport final : public Transport {
   void post_send(int peer, uint64_t tag, const void* data, size_t bytes, Completion done) override;
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
+  // Fails every pending and later operation with `verdict` (an outside
+  // failure detector's, see ShmDataTransport) without telling the peers
+  // through the segment: they learn it from that detector too, and must not
+  // blame this rank for closing. close() still follows.
+  void declare(const Status& verdict);
 
   struct Impl;
 

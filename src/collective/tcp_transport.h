@@ -144,6 +144,13 @@ class TcpTransport final : public Transport {
   void declare(const Status& verdict);
   // The verdict, once decided.
   std::optional<Status> verdict() const;
+  // Called once with the verdict when it is decided (from whichever thread
+  // decides it, no lock held): a transport layered on this one (ShmDataTransport)
+  // fails its own operations with it. Set before operations start.
+  void on_verdict(std::function<void(const Status&)> fn) {
+    std::lock_guard lock(mu_);
+    on_verdict_ = std::move(fn);
+  }
   std::shared_ptr<VerdictPort> verdict_port() const { return port_; }
 
   // Data streams (see above), once connect_all() opened them.
@@ -209,7 +216,8 @@ class TcpTransport final : public Transport {
   Verdict verdict_{steady_clock_source()};
   std::optional<SilenceDetector<int>> silence_;
   std::vector<Completion> held_;  // operations waiting for the verdict
-  std::vector<bool> left_;        // per peer: said goodbye (closed in order)
+  std::function<void(const Status&)> on_verdict_;
+  std::vector<bool> left_;  // per peer: said goodbye (closed in order)
   bool live_stop_ = false;
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();

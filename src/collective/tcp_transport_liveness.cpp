@@ -40,9 +40,11 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
   std::vector<Completion> failed;
   std::vector<net::ConnId> peers;
   std::vector<std::pair<Key, net::ConnId>> in_net;  // data receives net may be filling
+  std::function<void(const Status&)> hook;
   {
     std::lock_guard lock(mu_);
     if (closed_ || !verdict_.decide(verdict)) return;
+    hook = on_verdict_;
     for (auto it = posted_.begin(); it != posted_.end();) {
       if (registered_.count(it->first)) {
         in_net.emplace_back(it->first, conns_[static_cast<size_t>(it->first.first)]);
@@ -66,6 +68,7 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
       net_.send_copy(c, net::Header{.type = kVerdictType}, text.data(), text.size(),
                      kUrgentPriority);
   }
+  if (hook) hook(verdict);
   // Wakes a thread waiting on the data streams at once (it then reports the
   // verdict): shutting down only our reading side, so the peers see nothing.
   if (streams_ready_)

@@ -34,9 +34,11 @@ inline std::string kind_name(Kind k) {
 
 // n ShmTransports as threads of this process (their segments under a fresh
 // random prefix; each constructor waits for the others, so one thread each).
-inline std::vector<std::unique_ptr<Transport>> connect_shm_group(int n, ShmOptions o = {}) {
+// `prefix`: the segments' names ("" = a fresh random one).
+inline std::vector<std::unique_ptr<Transport>> connect_shm_group(int n, ShmOptions o = {},
+                                                                 std::string prefix = "") {
   std::random_device rd;
-  const std::string prefix = fmt::format("pushpull-test-{:x}{:x}", rd(), rd());
+  if (prefix.empty()) prefix = fmt::format("pushpull-test-{:x}{:x}", rd(), rd());
   std::vector<std::unique_ptr<Transport>> ts(static_cast<size_t>(n));
   std::vector<std::thread> th;
   std::exception_ptr first;

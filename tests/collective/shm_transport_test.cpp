@@ -65,9 +65,9 @@ TEST(ShmTransport, MessagesOfEverySizeArriveInOrderPerTag) {
 }
 
 TEST(ShmTransport, SetupLeavesNoFilesBehind) {
-  // connect_shm_group's prefix is random; check the whole family is gone.
-  auto g = testing::connect_shm_group(3);
-  EXPECT_FALSE(any_file_with("pushpull-test-"));
+  const std::string prefix = fresh_prefix();
+  auto g = testing::connect_shm_group(3, {}, prefix);
+  EXPECT_FALSE(any_file_with(prefix));
 }
 
 TEST(ShmTransport, ASegmentOthersCanReadIsRefused) {

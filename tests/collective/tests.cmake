@@ -9,3 +9,6 @@ if(TARGET collective_launch_test)
   add_dependencies(collective_launch_test collective_probe pushpull_launch_cli kvstore_basics
                    pushpull_cli)
 endif()
+if(TARGET shm_launch_test)
+  add_dependencies(shm_launch_test collective_probe pushpull_launch_cli)
+endif()
