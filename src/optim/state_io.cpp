@@ -13,60 +13,17 @@
 
 #include <fmt/format.h>
 
+#include "base/file_codec.h"
 #include "pushpull/error.h"
 #include "pushpull/optimizer.h"
 
 namespace pushpull {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "state files are little-endian");
+using base::put_le;
+
 constexpr char kMagic[8] = {'P', 'P', 'O', 'P', 'T', 'S', 'T', '\0'};
 constexpr uint32_t kVersion = 1;
-
-uint64_t fnv1a(const char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-template <typename T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-class Reader {
- public:
-  Reader(std::string_view bytes, std::string_view source) : b_(bytes), source_(source) {}
-  template <typename T>
-  T get(const char* what) {
-    T v;
-    std::memcpy(&v, take(sizeof v, what), sizeof v);
-    return v;
-  }
-  const char* take(size_t n, const char* what) {
-    if (n > b_.size() - pos_)
-      throw IoError(fmt::format(
-          "optimizer states '{}': truncated at byte {} while reading {} (need {} bytes, {} "
-          "left); the file is incomplete or not an optimizer state file",
-          source_, pos_, what, n, b_.size() - pos_));
-    const char* p = b_.data() + pos_;
-    pos_ += n;
-    return p;
-  }
-  [[noreturn]] void corrupt(const std::string& what) const {
-    throw IoError(
-        fmt::format("optimizer states '{}': corrupt at byte {}: {}", source_, pos_, what));
-  }
-  size_t left() const { return b_.size() - pos_; }
-
- private:
-  std::string_view b_;
-  std::string_view source_;
-  size_t pos_ = 0;
-};
 
 }  // namespace
 
@@ -89,37 +46,38 @@ void Optimizer::merge_states(std::string_view bytes, std::string_view source) {
 std::string Optimizer::save_some(const Key* only) const {
   std::lock_guard lock(mu_);
   std::string out(kMagic, sizeof kMagic);
-  put(out, kVersion);
-  put(out, static_cast<uint32_t>(spec_.name.size()));
+  put_le(out, kVersion);
+  put_le(out, static_cast<uint32_t>(spec_.name.size()));
   out += spec_.name;
   uint64_t n = only ? static_cast<uint64_t>(states_.count(*only)) : states_.size();
-  put(out, n);
+  put_le(out, n);
   for (const auto& [key, st] : states_) {
     if (only && !(key == *only)) continue;
-    put(out, static_cast<uint8_t>(key.is_int() ? 0 : 1));
+    put_le(out, static_cast<uint8_t>(key.is_int() ? 0 : 1));
     if (key.is_int()) {
-      put(out, key.as_int());
+      put_le(out, key.as_int());
     } else {
-      put(out, static_cast<uint32_t>(key.as_string().size()));
+      put_le(out, static_cast<uint32_t>(key.as_string().size()));
       out += key.as_string();
     }
-    put(out, st->count);
-    put(out, static_cast<uint32_t>(st->arrays.size()));
+    put_le(out, st->count);
+    put_le(out, static_cast<uint32_t>(st->arrays.size()));
     for (const Array& a : st->arrays) {
-      put(out, static_cast<uint8_t>(a.dtype()));
-      put(out, static_cast<uint8_t>(a.shape().ndim()));
+      put_le(out, static_cast<uint8_t>(a.dtype()));
+      put_le(out, static_cast<uint8_t>(a.shape().ndim()));
       for (int64_t d : a.shape().dims())
-        put(out, d);
-      put(out, static_cast<uint64_t>(a.nbytes()));
+        put_le(out, d);
+      put_le(out, static_cast<uint64_t>(a.nbytes()));
       out.append(static_cast<const char*>(a.data()), a.nbytes());
     }
   }
-  put(out, fnv1a(out.data(), out.size()));
+  put_le(out, base::fnv1a(out.data(), out.size()));
   return out;
 }
 
 void Optimizer::load_some(std::string_view bytes, std::string_view source, bool merge) {
-  Reader r(bytes, source);
+  base::FileReader r(bytes, "optimizer states", source,
+                     "the file is incomplete or not an optimizer state file");
   if (std::memcmp(r.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
     r.corrupt("bad magic number: not a pushpull optimizer state file");
   auto version = r.get<uint32_t>("the version");
@@ -129,10 +87,11 @@ void Optimizer::load_some(std::string_view bytes, std::string_view source, bool 
   if (r.left() < 8) r.take(8, "the checksum");
   uint64_t stored_hash;
   std::memcpy(&stored_hash, bytes.data() + bytes.size() - 8, 8);
-  if (fnv1a(bytes.data(), bytes.size() - 8) != stored_hash)
+  if (base::fnv1a(bytes.data(), bytes.size() - 8) != stored_hash)
     throw IoError(fmt::format(
         "optimizer states '{}': checksum mismatch: the file is truncated or corrupt", source));
-  Reader body(bytes.substr(0, bytes.size() - 8), source);
+  base::FileReader body(bytes.substr(0, bytes.size() - 8), "optimizer states", source,
+                        "the file is incomplete or not an optimizer state file");
   body.take(sizeof kMagic + 4, "the header");
 
   auto name_len = body.get<uint32_t>("the name length");

@@ -13,58 +13,17 @@
 
 #include <fmt/format.h>
 
+#include "base/file_codec.h"
 #include "pushpull/checked.h"
 #include "pushpull/error.h"
 
 namespace pushpull::ps {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian");
+using base::put_le;
+
 constexpr char kMagic[8] = {'P', 'P', 'C', 'K', 'P', 'T', '\0', '\0'};
 constexpr uint32_t kVersion = 1;
-
-uint64_t fnv1a(const char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-template <typename T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-class Reader {
- public:
-  Reader(std::string_view bytes, std::string_view source) : b_(bytes), source_(source) {}
-  template <typename T>
-  T get(const char* what) {
-    T v;
-    std::memcpy(&v, take(sizeof v, what), sizeof v);
-    return v;
-  }
-  const char* take(uint64_t n, const char* what) {
-    if (n > b_.size() - pos_)
-      throw IoError(
-          fmt::format("checkpoint '{}': truncated at byte {} while reading {} (need {} "
-                      "bytes, {} left); the file is torn or not a checkpoint",
-                      source_, pos_, what, n, b_.size() - pos_));
-    const char* p = b_.data() + pos_;
-    pos_ += n;
-    return p;
-  }
-  [[noreturn]] void bad(const std::string& what) const {
-    throw IoError(fmt::format("checkpoint '{}': {}", source_, what));
-  }
-
- private:
-  std::string_view b_;
-  std::string_view source_;
-  size_t pos_ = 0;
-};
 
 void sys_fail(const std::string& what, const std::string& path) {
   throw IoError(fmt::format("checkpoint: cannot {} '{}': {}", what, path, std::strerror(errno)));
@@ -74,46 +33,47 @@ void sys_fail(const std::string& what, const std::string& path) {
 
 std::string encode_checkpoint(const Checkpoint& c) {
   std::string out(kMagic, sizeof kMagic);
-  put(out, kVersion);
-  put(out, static_cast<uint32_t>(c.num_servers));
-  put(out, static_cast<uint32_t>(c.rank));
-  put(out, static_cast<uint32_t>(c.num_workers));
-  put(out, c.round);
-  put(out, static_cast<uint64_t>(c.parts.size()));
+  put_le(out, kVersion);
+  put_le(out, static_cast<uint32_t>(c.num_servers));
+  put_le(out, static_cast<uint32_t>(c.rank));
+  put_le(out, static_cast<uint32_t>(c.num_workers));
+  put_le(out, c.round);
+  put_le(out, static_cast<uint64_t>(c.parts.size()));
   for (const CheckpointPart& p : c.parts) {
-    put(out, p.key);
-    put(out, p.begin);
-    put(out, static_cast<int32_t>(p.home));
-    put(out, static_cast<uint32_t>(p.name.size()));
+    put_le(out, p.key);
+    put_le(out, p.begin);
+    put_le(out, static_cast<int32_t>(p.home));
+    put_le(out, static_cast<uint32_t>(p.name.size()));
     out += p.name;
-    put(out, static_cast<uint8_t>(p.value.dtype));
-    put(out, static_cast<uint8_t>(p.value.shape.ndim()));
+    put_le(out, static_cast<uint8_t>(p.value.dtype));
+    put_le(out, static_cast<uint8_t>(p.value.shape.ndim()));
     for (int64_t d : p.value.shape.dims())
-      put(out, d);
-    put(out, static_cast<uint64_t>(p.value.nbytes()));
+      put_le(out, d);
+    put_le(out, static_cast<uint64_t>(p.value.nbytes()));
     out.append(static_cast<const char*>(p.value.data), p.value.nbytes());
-    put(out, static_cast<uint64_t>(p.optimizer_states.size()));
+    put_le(out, static_cast<uint64_t>(p.optimizer_states.size()));
     out += p.optimizer_states;
   }
-  put(out, fnv1a(out.data(), out.size()));
+  put_le(out, base::fnv1a(out.data(), out.size()));
   return out;
 }
 
 Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
                              const CheckpointLayout& expect) {
-  Reader head(bytes, source);
+  base::FileReader head(bytes, "checkpoint", source, "the file is torn or not a checkpoint");
   if (std::memcmp(head.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
-    head.bad("bad magic number: not a pushpull checkpoint");
+    head.fail("bad magic number: not a pushpull checkpoint");
   auto version = head.get<uint32_t>("the version");
   if (version != kVersion)
-    head.bad(fmt::format("format version {} is not supported (this build reads version {})",
-                         version, kVersion));
+    head.fail(fmt::format("format version {} is not supported (this build reads version {})",
+                          version, kVersion));
   if (bytes.size() < sizeof kMagic + 4 + 8) head.take(8, "the checksum");
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  if (fnv1a(bytes.data(), bytes.size() - 8) != stored)
-    head.bad("checksum mismatch: the file is torn or corrupt");
-  Reader r(bytes.substr(0, bytes.size() - 8), source);
+  if (base::fnv1a(bytes.data(), bytes.size() - 8) != stored)
+    head.fail("checksum mismatch: the file is torn or corrupt");
+  base::FileReader r(bytes.substr(0, bytes.size() - 8), "checkpoint", source,
+                     "the file is torn or not a checkpoint");
   r.take(sizeof kMagic + 4, "the header");
   Checkpoint c;
   c.num_servers = static_cast<int>(r.get<uint32_t>("the server count"));
@@ -122,24 +82,24 @@ Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
   c.round = r.get<int64_t>("the round");
   if (c.num_servers != expect.num_servers || c.rank != expect.rank ||
       c.num_workers != expect.num_workers)
-    r.bad(fmt::format(
+    r.fail(fmt::format(
         "belongs to another job layout (server {} of {} servers, {} workers; this "
         "job needs server {} of {} servers, {} workers)",
         c.rank, c.num_servers, c.num_workers, expect.rank, expect.num_servers, expect.num_workers));
-  if (c.round < 0) r.bad(fmt::format("negative round {}", c.round));
+  if (c.round < 0) r.fail(fmt::format("negative round {}", c.round));
   auto nparts = r.get<uint64_t>("the part count");
   for (uint64_t i = 0; i < nparts; ++i) {
     CheckpointPart p;
     p.key = r.get<uint64_t>("a key id");
     p.begin = r.get<int64_t>("a part begin");
     p.home = r.get<int32_t>("a part's home");
-    if (p.begin < 0) r.bad(fmt::format("part {}: negative begin {}", i, p.begin));
+    if (p.begin < 0) r.fail(fmt::format("part {}: negative begin {}", i, p.begin));
     auto len = r.get<uint32_t>("a name length");
     p.name.assign(r.take(len, "a key name"), len);
     auto dtype = r.get<uint8_t>("a dtype");
-    if (!is_valid_dtype(dtype)) r.bad(fmt::format("key {}: bad dtype {}", p.name, dtype));
+    if (!is_valid_dtype(dtype)) r.fail(fmt::format("key {}: bad dtype {}", p.name, dtype));
     auto ndim = r.get<uint8_t>("a dimension count");
-    if (ndim > Shape::kMaxDims) r.bad(fmt::format("key {}: {} dimensions", p.name, ndim));
+    if (ndim > Shape::kMaxDims) r.fail(fmt::format("key {}: {} dimensions", p.name, ndim));
     std::vector<int64_t> dims(ndim);
     for (auto& d : dims)
       d = r.get<int64_t>("a dimension");
@@ -148,10 +108,10 @@ Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
     if (!Shape::checked_numel(dims, &numel) ||
         !checked_mul(static_cast<uint64_t>(numel),
                      static_cast<uint64_t>(dtype_size(static_cast<DType>(dtype))), &want))
-      r.bad(fmt::format("key {}: bad shape", p.name));
+      r.fail(fmt::format("key {}: bad shape", p.name));
     auto nbytes = r.get<uint64_t>("a value size");
     if (nbytes != want)
-      r.bad(fmt::format("key {}: {} value bytes for {} elements", p.name, nbytes, numel));
+      r.fail(fmt::format("key {}: {} value bytes for {} elements", p.name, nbytes, numel));
     const char* data = r.take(nbytes, "a value");
     auto a =
         std::make_shared<Array>(Shape(std::span<const int64_t>(dims)), static_cast<DType>(dtype));
