@@ -240,9 +240,14 @@ void DistStore::on_failure(const Status& s) {
 
 void DistStore::on_placement(const cluster::Placement& p) {
   std::vector<std::pair<uint64_t, std::unique_ptr<Pending>>> moved;
+  std::string failed;
   {
     std::lock_guard lock(mu_);
     if (p.epoch <= placement_.epoch) return;
+    // The servers this placement newly marks dead: named in the log line.
+    for (size_t s = 0; s < p.dead.size(); ++s)
+      if (p.dead[s] && (s >= placement_.dead.size() || !placement_.dead[s]))
+        failed += fmt::format("{}{}", failed.empty() ? "" : ", ", s);
     placement_ = p;
     for (auto it = pending_.begin(); it != pending_.end();) {
       size_t s = static_cast<size_t>(it->second->server);
@@ -256,8 +261,10 @@ void DistStore::on_placement(const cluster::Placement& p) {
   }
   // In request order, so each key's pushes and pulls keep their order.
   std::sort(moved.begin(), moved.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  PP_WARN("worker {}: placement epoch {}: re-sending {} requests to the new primaries", rank(),
-          p.epoch, moved.size());
+  PP_WARN(
+      "worker {}: fail-over: server {} failed; placement epoch {}: its key ranges moved to "
+      "their backups; re-sending {} requests to the new primaries",
+      rank(), failed.empty() ? "?" : failed, p.epoch, moved.size());
   for (auto& [rid, pending] : moved) {
     PP_TIMELINE_ASYNC_END(timeline::process_node(), rid);  // timeline hook
     if (pending->command)
