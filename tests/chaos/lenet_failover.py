@@ -103,9 +103,11 @@ class Log:
             if self.echo:
                 print(line, flush=True)
 
-    def wait_for(self, pattern, deadline):
+    def wait_for(self, pattern, deadline, ended):
+        """Whether a line matches `pattern` before `deadline` (False at once
+        when `ended()`: the job is over)."""
         with self.cv:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not ended():
                 for _, line in self.lines:
                     if pattern.search(line):
                         return True
@@ -121,7 +123,8 @@ def main():
                     help='kill server 1 once a worker logged this batch of epoch 0')
     ap.add_argument('--victim', type=int, default=1, help='server rank to kill')
     ap.add_argument('--min-accuracy', type=float, default=0.87)
-    ap.add_argument('--timeout', type=float, default=1200, help='seconds for the whole job')
+    ap.add_argument('--timeout', type=float, default=780,
+                    help='seconds for the whole job (below the ctest TIMEOUT of 900)')
     ap.add_argument('--echo', action='store_true', help='print the job output as it comes')
     args = ap.parse_args()
 
@@ -146,7 +149,7 @@ def main():
     killed_at = None
     try:
         at = re.compile(rf'epoch 0 batch {args.kill_at_batch}/')
-        if not log.wait_for(at, deadline):
+        if not log.wait_for(at, deadline, lambda: proc.poll() is not None):
             errors.append(f'no worker reached epoch 0 batch {args.kill_at_batch}')
         else:
             victim = find_server(proc.pid, args.victim)
