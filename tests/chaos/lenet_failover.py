@@ -5,19 +5,24 @@ Runs the reference job with one server more than `make demo` uses:
 
     pushpull launch -n 2 -s 3 -- lenet --kvstore dist_sync --epochs 2 ...
 
-(replication is on by default: every key range has one backup), SIGKILLs
-server 1 by pid partway through the first epoch, and checks that
+(replication is on by default: every key range has one backup), stops
+server 1 by pid partway through the first epoch (SIGSTOP), kills it
+(SIGKILL) --pause seconds later, and checks that
 
   * the job exits 0 (the fail-over kept it alive);
   * a worker's log shows the fail-over ("worker N: fail-over: server 1
-    failed; placement epoch 2: ...") and the scheduler's line too;
-  * the final test accuracy is at least --min-accuracy (0.87).
+    failed; placement epoch 1: ...") and the scheduler's line too;
+  * the final test accuracy is at least --min-accuracy (0.87);
+  * with --pause > 0, the workers re-sent at least one request: the stop
+    leaves the round's requests to server 1 pending (a batch spends about
+    5% of its time in push/pull, so a plain kill nearly always lands between
+    rounds and exercises no re-send). --pause 0: a plain SIGKILL.
 
 It prints the accuracy and the recovery time: from the kill to the first
 batch a worker completed after it logged the new placement (an upper bound
 on "failure to the next completed round": it includes that batch's compute).
 
-    python3 tests/chaos/lenet_failover.py --build-dir build     # ctest lenet.failover
+    python3 tests/chaos/lenet_failover.py --build-dir build     # ctest chaos.lenet_failover
 
 Exit status: 0 passed, 1 failed, 77 skipped (lenet or Fashion-MNIST missing).
 Only processes this script started are signalled, by pid: the victim, and on
@@ -35,7 +40,8 @@ import time
 
 DATA = '/usr/share/datasets/fashion-mnist'
 BATCH_LINE = re.compile(r'worker (\d+).*epoch (\d+) batch (\d+)/(\d+)')
-FAILOVER_LINE = re.compile(r'worker (\d+): fail-over: server ([\d, ]+) failed; placement epoch (\d+)')
+FAILOVER_LINE = re.compile(r'worker (\d+): fail-over: server ([\d, ]+) failed; placement epoch (\d+)'
+                           r'.* re-sending (\d+) requests')
 SCHEDULER_LINE = re.compile(r'fail-over: server (\d+) .*failed')
 SUMMARY_LINE = re.compile(r'lenet summary: .*test_accuracy=([0-9.]+)')
 
@@ -122,6 +128,8 @@ def main():
     ap.add_argument('--kill-at-batch', type=int, default=150,
                     help='kill server 1 once a worker logged this batch of epoch 0')
     ap.add_argument('--victim', type=int, default=1, help='server rank to kill')
+    ap.add_argument('--pause', type=float, default=0.5,
+                    help='seconds between SIGSTOP and SIGKILL (0: SIGKILL only)')
     ap.add_argument('--min-accuracy', type=float, default=0.87)
     ap.add_argument('--timeout', type=float, default=780,
                     help='seconds for the whole job (below the ctest TIMEOUT of 900)')
@@ -156,10 +164,14 @@ def main():
             if victim is None:
                 errors.append(f'server {args.victim} not found among the launcher\'s children')
             else:
+                if args.pause > 0:
+                    os.kill(victim, signal.SIGSTOP)
+                    time.sleep(args.pause)
                 os.kill(victim, signal.SIGKILL)
                 killed_at = time.monotonic()
                 print(f'lenet_failover: SIGKILL server {args.victim} (pid {victim}) at '
-                      f'{killed_at - started:.1f} s', flush=True)
+                      f'{killed_at - started:.1f} s'
+                      + (f', stopped {args.pause} s before' if args.pause > 0 else ''), flush=True)
         try:
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -185,6 +197,9 @@ def main():
             errors.append('no worker logged the fail-over ("worker N: fail-over: server ...")')
         elif not any(str(args.victim) in m.group(2).split(', ') for _, m in failovers):
             errors.append(f'the fail-over lines do not name server {args.victim}')
+        elif args.pause > 0 and not any(int(m.group(4)) > 0 for _, m in failovers):
+            errors.append('no worker re-sent a request, though server '
+                          f'{args.victim} was stopped for {args.pause} s before the kill')
         if not any(SCHEDULER_LINE.search(text) for text in lines):
             errors.append('the scheduler did not log the fail-over')
     accuracy = None

@@ -35,7 +35,7 @@ set_tests_properties(chaos.elastic_sample PROPERTIES LABELS chaos TIMEOUT 900 RU
 
 # LeNet dist_sync, 2 workers x 3 servers, server 1 SIGKILLed mid-epoch: the
 # job must finish (fail-over, docs/ps.md) with test accuracy >= 0.87 and the
-# fail-over in its log (tests/chaos/lenet_failover.py; about 95 s alone on
+# fail-over in its log (tests/chaos/lenet_failover.py; 60-100 s alone on
 # 2 cores; skipped when lenet or Fashion-MNIST is missing). Excluded from a
 # run with `ctest -LE lenet`.
 add_test(NAME chaos.lenet_failover
