@@ -17,6 +17,7 @@
 
 #include "pushpull/array.h"
 #include "pushpull/dtype.h"
+#include "tensor_dtype.h"
 
 namespace pushpull::torch_pg::detail {
 
@@ -27,35 +28,10 @@ class Unsupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+using pushpull::torch::detail::describe;
+// The engine's dtype of a scalar type (nullopt: none).
 inline std::optional<DType> engine_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kInt:
-      return DType::kInt32;
-    case at::kLong:
-      return DType::kInt64;
-    case at::kChar:
-      return DType::kInt8;
-    case at::kByte:
-      return DType::kUInt8;
-    default:
-      return std::nullopt;
-  }
-}
-
-inline std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  std::string s = std::string(c10::toString(t.scalar_type())) + "[";
-  for (int64_t i = 0; i < t.dim(); ++i)
-    s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "] on " + t.device().str();
+  return pushpull::torch::detail::dtype_of(t);
 }
 
 // Throws Unsupported unless the engine can work on `t` (after .contiguous()).

@@ -14,43 +14,12 @@
 
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
+#include "tensor_dtype.h"
 
 namespace pushpull::torch::detail {
 
 using collective::Communicator;
 using collective::Handle;
-
-inline std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  std::string s = std::string(c10::toString(t.scalar_type())) + "[";
-  for (int64_t i = 0; i < t.dim(); ++i)
-    s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "] on " + t.device().str();
-}
-
-// The collectives' dtype of a tensor, or a message saying why it has none.
-inline std::optional<DType> dtype_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kInt:
-      return DType::kInt32;
-    case at::kLong:
-      return DType::kInt64;
-    case at::kChar:
-      return DType::kInt8;
-    case at::kByte:
-      return DType::kUInt8;
-    default:
-      return std::nullopt;
-  }
-}
 
 // "" when the collectives can read and write `t` in place through data_ptr
 // (after .contiguous() when `need_contiguous` is false).
