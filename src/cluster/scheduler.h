@@ -106,7 +106,7 @@ class Scheduler {
   // A registered node is gone (mu_ held; its entry is still in nodes_): a
   // server fails over when it can, anything else fails the job.
   void lose(net::ConnId id, const std::string& reason);
-  void abort_job(Status why);                                    // mu_ held
+  void abort_job(Status why);  // mu_ held
   void broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key = 0,
                  uint64_t request_id = 0);  // mu_ held
   int group_size(Group g) const;

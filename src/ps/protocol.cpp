@@ -62,8 +62,9 @@ Status decode_replica_meta(std::span<const std::byte> in, int max_workers, Repli
   out.home = r.u<int32_t>();
   uint32_t n = r.u<uint32_t>();
   if (!r.ok() || n > static_cast<uint32_t>(std::max(0, max_workers)))
-    return Status(ErrorCode::kProtocolError,
-                  fmt::format("replica of a part names {} workers; the job has {}", n, max_workers));
+    return Status(
+        ErrorCode::kProtocolError,
+        fmt::format("replica of a part names {} workers; the job has {}", n, max_workers));
   for (uint32_t i = 0; i < n && r.ok(); ++i)
     out.applied_seq.push_back(r.u<uint64_t>());
   out.optimizer_states = r.str<uint64_t>(in.size());

@@ -142,10 +142,10 @@ TEST(PsJobFault, LauncherStopsTheJobWhenAServerDies) {
   TempDir dir;
   std::string pids = dir.path + "/servers";
   std::string server = "sh -c 'echo $$ >> " + pids + "; exec " + bin("pushpull") + " server'";
-  test::ChildProcess job({bin("pushpull"), "launch", "-n", "2", "-s", "2", "--timeout", "5",
-                          "--server-command", server, "--", bin("ps_loop_worker"),
-                          dir.path + "/stop"},
-                         {{"PUSHPULL_PS_REPLICAS", "0"}});  // no backups: the job fails
+  test::ChildProcess job(
+      {bin("pushpull"), "launch", "-n", "2", "-s", "2", "--timeout", "5", "--server-command",
+       server, "--", bin("ps_loop_worker"), dir.path + "/stop"},
+      {{"PUSHPULL_PS_REPLICAS", "0"}});  // no backups: the job fails
   auto ready = std::chrono::steady_clock::now() + 30s;
   while (std::chrono::steady_clock::now() < ready &&
          job.output().find("READY worker 1") == std::string::npos)
