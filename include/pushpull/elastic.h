@@ -38,6 +38,7 @@
 
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
+#include "pushpull/options.h"
 
 namespace pushpull::collective::elastic {
 
@@ -174,7 +175,7 @@ void run_default(State& state, const std::function<void()>& fn);
 
 // This process's view of an elastic job (`pushpull launch --min-workers ...`
 // sets PUSHPULL_ELASTIC_ADDR); all 0 / false elsewhere. Thread-safe.
-bool is_elastic_worker();
+bool is_elastic_worker(const Options& options = Options::from_env());
 // The newest host change the launcher announced, and the one the current
 // round already includes (State::check_host_updates reads the first).
 uint64_t announced_hosts_stamp();

@@ -149,6 +149,16 @@ struct CollectiveOptions {
   double stall_warning_seconds = 60;
   // 0 = never. PUSHPULL_STALL_SHUTDOWN_SECONDS.
   double stall_shutdown_seconds = 0;
+  // Collective data among the ranks of one host through shared memory
+  // (docs/performance.md). PUSHPULL_SHM=1.
+  bool shared_memory = false;
+  // Set by `pushpull launch --min-workers/--max-workers` (docs/elastic.md):
+  // the launcher's elastic rendezvous as host:port (empty: not elastic), this
+  // worker's id there, and how long a join may wait for a round.
+  // PUSHPULL_ELASTIC_ADDR, PUSHPULL_ELASTIC_ID, PUSHPULL_ELASTIC_TIMEOUT (seconds).
+  std::string elastic_addr;
+  std::string elastic_id;
+  Millis elastic_timeout{600000};
 };
 
 struct Options {

@@ -195,6 +195,12 @@ Options Options::from_env(const Environment& env) {
          &col.stall_warning_seconds);
   r.real({"PUSHPULL_STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
          &col.stall_shutdown_seconds);
+  r.flag({"PUSHPULL_SHM"}, &col.shared_memory);
+  r.string({"PUSHPULL_ELASTIC_ADDR"}, &col.elastic_addr);
+  r.string({"PUSHPULL_ELASTIC_ID"}, &col.elastic_id);
+  double elastic_s = 0;
+  r.real({"PUSHPULL_ELASTIC_TIMEOUT"}, &elastic_s);
+  if (elastic_s > 0) col.elastic_timeout = Millis(static_cast<int64_t>(elastic_s * 1000));
 
   o.validate();
   return o;

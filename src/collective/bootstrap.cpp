@@ -179,7 +179,8 @@ Bootstrapped from_rendezvous(const Options& o) {
   tcp->start_liveness(mesh_liveness(o, false));
   set_local(o, out.book, c.rank, &out);
   // PUSHPULL_SHM=1 and every rank on this host: data through shared memory.
-  out.transport = use_shared_memory(std::move(tcp), out.book, o.cluster.startup_timeout);
+  out.transport = use_shared_memory(std::move(tcp), out.book, o.collective.shared_memory,
+                                    o.cluster.startup_timeout);
   return out;
 }
 

@@ -164,11 +164,10 @@ uint64_t Client::round() const {
 }
 
 std::optional<ClientConfig> client_config_from_env(const Options& options) {
-  const char* addr = std::getenv("PUSHPULL_ELASTIC_ADDR");
-  if (addr == nullptr || *addr == '\0') return std::nullopt;
+  const std::string& a = options.collective.elastic_addr;
+  if (a.empty()) return std::nullopt;
   ClientConfig c;
   c.net = options.net;
-  std::string a = addr;
   auto colon = a.rfind(':');
   int port = 0;
   if (colon != std::string::npos) port = std::atoi(a.c_str() + colon + 1);
@@ -179,10 +178,9 @@ std::optional<ClientConfig> client_config_from_env(const Options& options) {
                     a));
   c.server_host = a.substr(0, colon);
   c.server_port = port;
-  const char* id = std::getenv("PUSHPULL_ELASTIC_ID");
-  if (id == nullptr || *id == '\0')
+  if (options.collective.elastic_id.empty())
     throw InvalidArgument("PUSHPULL_ELASTIC_ADDR is set but PUSHPULL_ELASTIC_ID is not");
-  c.worker_id = id;
+  c.worker_id = options.collective.elastic_id;
   return c;
 }
 
@@ -195,12 +193,6 @@ struct Slot {
 Slot& slot() {
   static Slot s;
   return s;
-}
-
-Millis elastic_timeout() {
-  const char* t = std::getenv("PUSHPULL_ELASTIC_TIMEOUT");
-  double s = t ? std::atof(t) : 0;
-  return Millis(static_cast<int64_t>((s > 0 ? s : 600) * 1000));
 }
 
 // A free TCP port on `host` now (the mesh binds it a moment later; the
@@ -246,9 +238,8 @@ Client* existing_process_client() {
   return s.client.get();
 }
 
-bool is_elastic_worker() {
-  const char* a = std::getenv("PUSHPULL_ELASTIC_ADDR");
-  return a != nullptr && *a != '\0';
+bool is_elastic_worker(const Options& options) {
+  return !options.collective.elastic_addr.empty();
 }
 uint64_t announced_hosts_stamp() {
   Client* c = existing_process_client();
@@ -275,7 +266,7 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   else
     host = net::choose_host(o.net);
   const int port = free_port(host);
-  Assignment a = client->join(host, port, elastic_timeout());
+  Assignment a = client->join(host, port, o.collective.elastic_timeout);
   PP_INFO("elastic: worker {} is rank {} of {} in round {}", cfg->worker_id, a.rank, a.size(),
           a.round);
   NetOptions mesh = mesh_net(o);

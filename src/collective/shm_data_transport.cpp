@@ -62,9 +62,8 @@ void ShmDataTransport::abort(const Status& why) {
 
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
                                              const std::vector<std::pair<std::string, int>>& book,
-                                             Millis startup) {
-  const char* env = std::getenv("PUSHPULL_SHM");
-  if (!env || std::strcmp(env, "1") != 0 || book.size() < 2) return tcp;
+                                             bool enabled, Millis startup) {
+  if (!enabled || book.size() < 2) return tcp;
   for (const auto& [host, port] : book)
     if (host != book[0].first) return tcp;  // not all on one host: TCP only
   const int rank = tcp->rank(), size = tcp->size();

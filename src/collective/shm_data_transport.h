@@ -43,9 +43,10 @@ class ShmDataTransport final : public Transport {
   std::shared_ptr<ShmTransport> shm_;
 };
 
-// See above. `startup` bounds the agreement and the segments' setup.
+// See above; `enabled` is Options' collective.shared_memory. `startup` bounds the agreement and the
+// segments' setup.
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
                                              const std::vector<std::pair<std::string, int>>& book,
-                                             Millis startup);
+                                             bool enabled, Millis startup);
 
 }  // namespace pushpull::collective

@@ -66,7 +66,7 @@ std::unique_ptr<KVStore> make_allreduce(std::string_view type, const Options& op
     serve_role_and_exit(options);
   // An elastic worker's group is the default session, re-formed by
   // elastic::run_default: the store follows it (elastic_track_store).
-  if (collective::elastic::is_elastic_worker()) {
+  if (collective::elastic::is_elastic_worker(options)) {
     if (!collective::is_initialized()) collective::init(options);
     return std::make_unique<AllreduceStore>(
         std::string(type), options,
