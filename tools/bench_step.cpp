@@ -127,9 +127,6 @@ void run_bench(const Config& cfg) {
           TempDir dir;
           ProcessGroup g;
           const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
-          // DDP over a torch.distributed backend: bench_step_ddp.py.
-          const std::string module =
-              impl.starts_with("ddp-") ? "pushpull.bench_step_ddp" : "pushpull.bench_step";
           std::vector<std::string> argv = {
               self_exe(),    "launch",
               "-n",          std::to_string(n),
@@ -137,7 +134,7 @@ void run_bench(const Config& cfg) {
               "--timeout",   std::to_string(cfg.timeout_s),
               "--env",       impl == "hvd_shm" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
               "--",          cfg.python,
-              "-m",          module,
+              "-m",          "pushpull.bench_step",
               "--impl",      script_impl,
               "--grad-mb",   format_mb(mb),
               "--layers",    std::to_string(cfg.layers),

@@ -9,9 +9,11 @@ backward, the gradient exchange and the optimizer update (SGD). Rank 0 prints
 ``result <impl> <median step ms>`` over ``--steps`` timed steps after
 ``--warmup`` untimed ones. Implementations:
 
-- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over torch's gloo
-  backend (rendezvous through a file in ``--store-dir``, which the benchmark
-  makes fresh for each run);
+- ``ddp`` (or ``ddp-gloo``): ``torch.nn.parallel.DistributedDataParallel``
+  over torch's gloo backend (rendezvous through a file in ``--store-dir``,
+  which the benchmark makes fresh for each run);
+- ``ddp-pushpull``: the same over the ``pushpull`` torch.distributed backend
+  (both in bench_step_ddp.py);
 - ``hvd``: ``pushpull.torch.DistributedOptimizer`` (Horovod's API over the
   collectives engine);
 - ``trainer``: ``pushpull.torch.Trainer`` over a ``dist_sync`` KVStore (run
@@ -31,6 +33,8 @@ import time
 
 import torch
 
+from pushpull.bench_step_ddp import IMPLS, make_ddp_step
+
 
 def build_model(grad_mb, layers):
     # d*d + d floats per layer, `layers` of them, add up to grad_mb MiB.
@@ -42,7 +46,7 @@ def build_model(grad_mb, layers):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--impl', required=True, choices=['ddp', 'hvd', 'trainer'])
+    ap.add_argument('--impl', required=True, choices=['ddp', 'hvd', 'trainer', *IMPLS])
     ap.add_argument('--grad-mb', type=float, default=64)
     ap.add_argument('--layers', type=int, default=8)
     ap.add_argument('--batch', type=int, default=4)
@@ -57,20 +61,9 @@ def main(argv=None):
     model, d = build_model(a.grad_mb, a.layers)
     x = torch.randn(a.batch, d)
     finish = lambda: None  # noqa: E731
-    if a.impl == 'ddp':
-        import torch.distributed as dist
-        if not a.store_dir:
-            sys.exit('bench_step: --impl ddp needs --store-dir')
-        dist.init_process_group('gloo', init_method='file://' + os.path.join(a.store_dir, 'ddp'),
-                                rank=rank, world_size=world)
-        net = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.SGD(net.parameters(), lr=1e-4)
-
-        def step():
-            opt.zero_grad()
-            net(x).sum().backward()
-            opt.step()
-        finish = dist.destroy_process_group
+    if a.impl == 'ddp' or a.impl in IMPLS:
+        step, finish = make_ddp_step('ddp-gloo' if a.impl == 'ddp' else a.impl, model, x, rank,
+                                     world, a.store_dir)
     elif a.impl == 'hvd':
         import pushpull.torch as hvd
         hvd.init()

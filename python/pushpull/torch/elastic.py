@@ -231,9 +231,12 @@ class OptimizerStateHandler(StateHandler):
         self.save()
 
 
-class LRSchedulerStateHandler(StateHandler):
-    def __init__(self, scheduler):
-        super().__init__(scheduler)
+class _StateDictHandler(StateHandler):
+    """An object with a small picklable state_dict(): saved by deep copy,
+    synced as rank 0's state_dict."""
+
+    def __init__(self, value):
+        super().__init__(value)
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def save(self):
@@ -247,21 +250,12 @@ class LRSchedulerStateHandler(StateHandler):
         self.save()
 
 
-class SamplerStateHandler(StateHandler):
-    def __init__(self, sampler):
-        super().__init__(sampler)
-        self._saved = copy.deepcopy(self.value.state_dict())
+class LRSchedulerStateHandler(_StateDictHandler):
+    pass
 
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
 
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
-    def sync(self, name):
-        # rank 0's position, re-partitioned by the new size and rank.
-        self.value.load_state_dict(_broadcast_object(self.value.state_dict(), name))
-        self.save()
+class SamplerStateHandler(_StateDictHandler):
+    """Syncs rank 0's position; the sampler re-partitions it by the new size and rank."""
 
 
 class ElasticSampler(torch.utils.data.Sampler):
