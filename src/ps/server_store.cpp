@@ -13,86 +13,14 @@
 #include "compress/compressor.h"
 #include "ps/checkpoint.h"
 #include "ps/protocol.h"
+#include "ps/server_store_entry.h"
 #include "pushpull/checked.h"
 #include "pushpull/kernels.h"
 #include "pushpull/log.h"
 
 namespace pushpull::ps {
 
-namespace {
-
-struct HeldPush {
-  RequestMeta meta;
-  Payload grad;
-  bool compressed;
-  uint64_t seq;  // full sequence number, 0 = none
-};
-
-uint64_t shard_of(const PartId& p) {
-  return mix_hash(PartIdHash()(p));
-}
-
-// The optimizer's per-part state key (stable across jobs of the same layout).
-Key state_key(const PartId& p) {
-  return Key(static_cast<int64_t>(mix_hash(p.key ^ mix_hash(static_cast<uint64_t>(p.begin))) >> 1));
-}
-
-// An owned, writable buffer for `n` elements of `dtype`.
-Payload fresh(const Shape& shape, DType dtype) {
-  auto a = std::make_shared<Array>(shape, dtype);
-  return Payload{a->view(), a};
-}
-
-}  // namespace
-
-struct ServerStore::Entry {
-  std::string name;
-  Payload value;                         // may be shared with pull replies in flight: copy on write
-  Payload merged;                        // the round's sum (adopted first push, or owned)
-  DType merged_dtype = DType::kFloat32;  // float32 for 16-bit values
-  Array merged32;                        // reused float32 sum for 16-bit values
-  int pushed_this_round = 0;
-  std::vector<char> pushed;               // per worker: pushed in the open round
-  std::vector<int64_t> received;          // per worker: pushes received
-  std::vector<int64_t> applied;           // per worker: pushes applied
-  std::deque<HeldPush> held;              // pushes for the next round
-  std::vector<int> held_by;               // per worker: pushes in `held`
-  std::vector<RequestMeta> round_pushes;  // acknowledged when the round is applied
-  std::vector<uint64_t> round_seqs;       // their sequence numbers (0 = none)
-  std::vector<uint64_t> last_seq;         // per worker: highest push sequence number accepted
-  std::vector<uint64_t> applied_seq;      // per worker: highest applied (replicated)
-  int home = -1;
-  bool replicating = false;            // waiting for the backups: acks and pulls wait
-  bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
-  std::vector<RequestMeta> init_acks;  // inits answered when replicated
-  int64_t rounds = 0;                  // sync rounds completed (checkpoints)
-  bool restored = false;               // from a checkpoint, not yet initialised by a worker
-  std::string restored_states;         // its optimizer states, until merged
-  void size_for(int workers) {
-    pushed.assign(workers, 0);
-    received.assign(workers, 0);
-    applied.assign(workers, 0);
-    held_by.assign(workers, 0);
-    last_seq.assign(workers, 0);
-    applied_seq.assign(workers, 0);
-  }
-  struct WaitingPull {
-    RequestMeta meta;
-    std::vector<Range> ranges;
-    int64_t needs_applied;
-  };
-  std::vector<WaitingPull> waiting;
-  Status round_status;  // the update's outcome, told to the round's pushers
-
-  // Makes `value` exclusively ours before writing it.
-  void own_value() {
-    if (value.owner.use_count() > 1) {
-      Payload copy = fresh(value.view.shape, value.view.dtype);
-      std::memcpy(copy.view.data, value.view.data, value.view.nbytes());
-      value = std::move(copy);
-    }
-  }
-};
+using namespace server_store_detail;
 
 ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
     : config_(config),
@@ -543,130 +471,6 @@ void ServerStore::load_states(const RequestMeta& m, std::string bytes) {
     }
     responder_.reply(m, Status::ok(), DType::kUInt8, {});
   });
-}
-
-void ServerStore::install_replica(PartId part, ReplicaState state,
-                                  std::function<void(const Status&)> done) {
-  executor_.submit(shard_of(part), [this, part, state = std::move(state), done = std::move(done)] {
-    Status st;
-    try {
-      if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)
-        throw ProtocolError(fmt::format("replica of key {} names {} workers; the job has {}",
-                                        state.name, state.applied_seq.size(), config_.num_workers));
-      std::lock_guard lock(mu_);
-      auto& slot = entries_[part];
-      if (!slot) {
-        slot = std::make_unique<Entry>();
-        slot->size_for(config_.num_workers);
-      } else if (slot->value.view.dtype != state.value.view.dtype ||
-                 slot->value.view.numel() != state.value.view.numel()) {
-        throw InvalidArgument(fmt::format("replica of key {} is {}; this server holds {}",
-                                          state.name, state.value.view.describe(),
-                                          slot->value.view.describe()));
-      }
-      Entry& e = *slot;
-      e.name = state.name;
-      e.home = state.home;
-      e.from_replica = true;
-      e.value = state.value;  // adopted: the received buffer is the value
-      e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
-      e.applied_seq = state.applied_seq;
-      e.last_seq = state.applied_seq;
-      // A promoted backup starts with no round open: what it holds is what
-      // every worker's acknowledged pushes made.
-      for (int w = 0; w < config_.num_workers; ++w)
-        e.received[w] = e.applied[w];
-    } catch (...) {
-      st = Status::from_current_exception();
-    }
-    if (st.is_ok() && !state.optimizer_states.empty()) {
-      try {
-        if (auto opt = optimizer())
-          opt->merge_states(state.optimizer_states, fmt::format("replica of key {}", state.name));
-      } catch (...) {
-        st = Status::from_current_exception();
-      }
-    }
-    done(st);
-  });
-}
-
-struct ServerStore::PendingCheckpoint {
-  std::vector<CheckpointPart> parts;
-};
-
-std::string ServerStore::optimizer_states_of(const PartId& part, Entry& e) {
-  if (!e.restored_states.empty()) return e.restored_states;
-  auto opt = optimizer();
-  return opt ? opt->save_key_states(state_key(part)) : std::string();
-}
-
-void ServerStore::count_round(const PartId& part, Entry& e) {
-  if (e.home != config_.server_rank) return;  // a promoted backup's: not in our file
-  ++e.rounds;
-  const int64_t every = config_.checkpoint_every;
-  if (every <= 0 || e.rounds % every != 0) return;
-  // The value is shared, not copied: a later update copies it first (own_value).
-  CheckpointPart p{part.key,
-                   part.begin,
-                   e.home,
-                   e.name,
-                   e.value.view,
-                   e.value.owner,
-                   optimizer_states_of(part, e)};
-  size_t expected = 0;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, other] : entries_)
-      expected += other->home == config_.server_rank ? 1 : 0;
-  }
-  std::shared_ptr<PendingCheckpoint> ready;
-  {
-    std::lock_guard lock(checkpoint_mu_);
-    auto& slot = pending_checkpoints_[e.rounds];
-    if (!slot) slot = std::make_shared<PendingCheckpoint>();
-    slot->parts.push_back(std::move(p));
-    if (slot->parts.size() >= expected) {
-      ready = std::move(slot);
-      pending_checkpoints_.erase(e.rounds);
-    }
-    while (pending_checkpoints_.size() > kMaxPendingCheckpoints) {
-      auto oldest = pending_checkpoints_.begin();
-      PP_WARN(
-          "server {}: checkpoint of round {} abandoned: {} of its {} ranges never reached "
-          "that round (is every key pushed every round?)",
-          config_.server_rank, oldest->first, expected - oldest->second->parts.size(), expected);
-      pending_checkpoints_.erase(oldest);
-    }
-  }
-  if (!ready) return;
-  Checkpoint c{config_.num_servers, config_.server_rank, config_.num_workers, e.rounds,
-               std::move(ready->parts)};
-  std::string path = checkpoint_path(config_.checkpoint_dir, c.round, c.rank);
-  try {
-    write_file_atomically(path, encode_checkpoint(c));
-    PP_INFO("server {}: checkpoint of round {} written to {}", c.rank, c.round, path);
-  } catch (const std::exception& ex) {
-    // Training goes on; this round's checkpoint stays incomplete.
-    PP_ERROR("server {}: checkpoint of round {} not written: {}", c.rank, c.round, ex.what());
-  }
-}
-
-void ServerStore::restore(const Checkpoint& c, const std::string& source) {
-  std::lock_guard lock(mu_);
-  restored_from_ = source;
-  for (const CheckpointPart& p : c.parts) {
-    auto e = std::make_unique<Entry>();
-    e->name = p.name;
-    e->value = Payload{p.value, p.owner};  // shared: copied before any update
-    e->merged_dtype = is_half(p.value.dtype) ? DType::kFloat32 : p.value.dtype;
-    e->size_for(config_.num_workers);
-    e->home = p.home;
-    e->rounds = c.round;
-    e->restored = true;
-    e->restored_states = p.optimizer_states;
-    entries_[PartId{p.key, p.begin}] = std::move(e);
-  }
 }
 
 }  // namespace pushpull::ps

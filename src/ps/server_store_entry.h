@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// Private to ServerStore's source files (server_store.cpp: rounds, pushes and
+// pulls; server_store_recovery.cpp: replicas and checkpoints): the per-part
+// state and the small helpers both use. Not thread-safe by itself: an Entry is
+// touched only under ServerStore's locking rules (server_store.h).
+#pragma once
+
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ps/protocol.h"
+#include "ps/server_store.h"
+#include "pushpull/array.h"
+
+namespace pushpull::ps {
+
+namespace server_store_detail {
+
+struct HeldPush {
+  RequestMeta meta;
+  Payload grad;
+  bool compressed;
+  uint64_t seq;  // full sequence number, 0 = none
+};
+
+inline uint64_t shard_of(const PartId& p) {
+  return mix_hash(PartIdHash()(p));
+}
+
+// The optimizer's per-part state key (stable across jobs of the same layout).
+inline Key state_key(const PartId& p) {
+  return Key(static_cast<int64_t>(mix_hash(p.key ^ mix_hash(static_cast<uint64_t>(p.begin))) >> 1));
+}
+
+// An owned, writable buffer for `n` elements of `dtype`.
+inline Payload fresh(const Shape& shape, DType dtype) {
+  auto a = std::make_shared<Array>(shape, dtype);
+  return Payload{a->view(), a};
+}
+
+}  // namespace server_store_detail
+
+struct ServerStore::Entry {
+  using HeldPush = server_store_detail::HeldPush;
+  std::string name;
+  Payload value;                         // may be shared with pull replies in flight: copy on write
+  Payload merged;                        // the round's sum (adopted first push, or owned)
+  DType merged_dtype = DType::kFloat32;  // float32 for 16-bit values
+  Array merged32;                        // reused float32 sum for 16-bit values
+  int pushed_this_round = 0;
+  std::vector<char> pushed;               // per worker: pushed in the open round
+  std::vector<int64_t> received;          // per worker: pushes received
+  std::vector<int64_t> applied;           // per worker: pushes applied
+  std::deque<HeldPush> held;              // pushes for the next round
+  std::vector<int> held_by;               // per worker: pushes in `held`
+  std::vector<RequestMeta> round_pushes;  // acknowledged when the round is applied
+  std::vector<uint64_t> round_seqs;       // their sequence numbers (0 = none)
+  std::vector<uint64_t> last_seq;         // per worker: highest push sequence number accepted
+  std::vector<uint64_t> applied_seq;      // per worker: highest applied (replicated)
+  int home = -1;
+  bool replicating = false;            // waiting for the backups: acks and pulls wait
+  bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
+  std::vector<RequestMeta> init_acks;  // inits answered when replicated
+  int64_t rounds = 0;                  // sync rounds completed (checkpoints)
+  bool restored = false;               // from a checkpoint, not yet initialised by a worker
+  std::string restored_states;         // its optimizer states, until merged
+  void size_for(int workers) {
+    pushed.assign(workers, 0);
+    received.assign(workers, 0);
+    applied.assign(workers, 0);
+    held_by.assign(workers, 0);
+    last_seq.assign(workers, 0);
+    applied_seq.assign(workers, 0);
+  }
+  struct WaitingPull {
+    RequestMeta meta;
+    std::vector<Range> ranges;
+    int64_t needs_applied;
+  };
+  std::vector<WaitingPull> waiting;
+  Status round_status;  // the update's outcome, told to the round's pushers
+
+  // Makes `value` exclusively ours before writing it.
+  void own_value() {
+    if (value.owner.use_count() > 1) {
+      Payload copy = server_store_detail::fresh(value.view.shape, value.view.dtype);
+      std::memcpy(copy.view.data, value.view.data, value.view.nbytes());
+      value = std::move(copy);
+    }
+  }
+};
+
+}  // namespace pushpull::ps

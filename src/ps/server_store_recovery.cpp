@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+// ServerStore's recovery paths (docs/ps.md, "Fault tolerance", "Checkpoints"):
+// installing a primary's replica on a backup, writing this server's ranges
+// every N rounds, and restoring them on --resume.
+#include <fmt/format.h>
+
+#include "ps/checkpoint.h"
+#include "ps/server_store.h"
+#include "ps/server_store_entry.h"
+#include "pushpull/log.h"
+
+namespace pushpull::ps {
+
+using namespace server_store_detail;
+
+void ServerStore::install_replica(PartId part, ReplicaState state,
+                                  std::function<void(const Status&)> done) {
+  executor_.submit(shard_of(part), [this, part, state = std::move(state), done = std::move(done)] {
+    Status st;
+    try {
+      if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)
+        throw ProtocolError(fmt::format("replica of key {} names {} workers; the job has {}",
+                                        state.name, state.applied_seq.size(), config_.num_workers));
+      std::lock_guard lock(mu_);
+      auto& slot = entries_[part];
+      if (!slot) {
+        slot = std::make_unique<Entry>();
+        slot->size_for(config_.num_workers);
+      } else if (slot->value.view.dtype != state.value.view.dtype ||
+                 slot->value.view.numel() != state.value.view.numel()) {
+        throw InvalidArgument(fmt::format("replica of key {} is {}; this server holds {}",
+                                          state.name, state.value.view.describe(),
+                                          slot->value.view.describe()));
+      }
+      Entry& e = *slot;
+      e.name = state.name;
+      e.home = state.home;
+      e.from_replica = true;
+      e.value = state.value;  // adopted: the received buffer is the value
+      e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
+      e.applied_seq = state.applied_seq;
+      e.last_seq = state.applied_seq;
+      // A promoted backup starts with no round open: what it holds is what
+      // every worker's acknowledged pushes made.
+      for (int w = 0; w < config_.num_workers; ++w)
+        e.received[w] = e.applied[w];
+    } catch (...) {
+      st = Status::from_current_exception();
+    }
+    if (st.is_ok() && !state.optimizer_states.empty()) {
+      try {
+        if (auto opt = optimizer())
+          opt->merge_states(state.optimizer_states, fmt::format("replica of key {}", state.name));
+      } catch (...) {
+        st = Status::from_current_exception();
+      }
+    }
+    done(st);
+  });
+}
+
+struct ServerStore::PendingCheckpoint {
+  std::vector<CheckpointPart> parts;
+};
+
+std::string ServerStore::optimizer_states_of(const PartId& part, Entry& e) {
+  if (!e.restored_states.empty()) return e.restored_states;
+  auto opt = optimizer();
+  return opt ? opt->save_key_states(state_key(part)) : std::string();
+}
+
+void ServerStore::count_round(const PartId& part, Entry& e) {
+  if (e.home != config_.server_rank) return;  // a promoted backup's: not in our file
+  ++e.rounds;
+  const int64_t every = config_.checkpoint_every;
+  if (every <= 0 || e.rounds % every != 0) return;
+  // The value is shared, not copied: a later update copies it first (own_value).
+  CheckpointPart p{part.key,
+                   part.begin,
+                   e.home,
+                   e.name,
+                   e.value.view,
+                   e.value.owner,
+                   optimizer_states_of(part, e)};
+  size_t expected = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, other] : entries_)
+      expected += other->home == config_.server_rank ? 1 : 0;
+  }
+  std::shared_ptr<PendingCheckpoint> ready;
+  {
+    std::lock_guard lock(checkpoint_mu_);
+    auto& slot = pending_checkpoints_[e.rounds];
+    if (!slot) slot = std::make_shared<PendingCheckpoint>();
+    slot->parts.push_back(std::move(p));
+    if (slot->parts.size() >= expected) {
+      ready = std::move(slot);
+      pending_checkpoints_.erase(e.rounds);
+    }
+    while (pending_checkpoints_.size() > kMaxPendingCheckpoints) {
+      auto oldest = pending_checkpoints_.begin();
+      PP_WARN(
+          "server {}: checkpoint of round {} abandoned: {} of its {} ranges never reached "
+          "that round (is every key pushed every round?)",
+          config_.server_rank, oldest->first, expected - oldest->second->parts.size(), expected);
+      pending_checkpoints_.erase(oldest);
+    }
+  }
+  if (!ready) return;
+  Checkpoint c{config_.num_servers, config_.server_rank, config_.num_workers, e.rounds,
+               std::move(ready->parts)};
+  std::string path = checkpoint_path(config_.checkpoint_dir, c.round, c.rank);
+  try {
+    write_file_atomically(path, encode_checkpoint(c));
+    PP_INFO("server {}: checkpoint of round {} written to {}", c.rank, c.round, path);
+  } catch (const std::exception& ex) {
+    // Training goes on; this round's checkpoint stays incomplete.
+    PP_ERROR("server {}: checkpoint of round {} not written: {}", c.rank, c.round, ex.what());
+  }
+}
+
+void ServerStore::restore(const Checkpoint& c, const std::string& source) {
+  std::lock_guard lock(mu_);
+  restored_from_ = source;
+  for (const CheckpointPart& p : c.parts) {
+    auto e = std::make_unique<Entry>();
+    e->name = p.name;
+    e->value = Payload{p.value, p.owner};  // shared: copied before any update
+    e->merged_dtype = is_half(p.value.dtype) ? DType::kFloat32 : p.value.dtype;
+    e->size_for(config_.num_workers);
+    e->home = p.home;
+    e->rounds = c.round;
+    e->restored = true;
+    e->restored_states = p.optimizer_states;
+    entries_[PartId{p.key, p.begin}] = std::move(e);
+  }
+}
+
+}  // namespace pushpull::ps
