@@ -115,10 +115,14 @@ void sequential(AlgoContext& ctx, const Hierarchy& h, char* base, size_t count, 
 
 void pipelined(AlgoContext& ctx, const Hierarchy& h, char* base, size_t count, DType dtype,
                ReduceOp op, size_t nchunks) {
-  // The helper thread's host phases go over post_send/post_recv, so this
-  // thread can hold the direct streams for the cross-host phase meanwhile.
-  SubgroupTransport local(ctx.transport, h.local_members, false);
-  SubgroupTransport cross(ctx.transport, h.cross_members, true);
+  // One phase at a time may hold the direct streams. The host phases get
+  // them when the host's pairs have them (loopback TCP: those phases move as
+  // many bytes as the cross-host one, at memory speed, so they are the ones
+  // that need the cheaper path; measured under load, the cross-host phase
+  // on the streams instead lost up to 35% in some runs), else the cross-host
+  // phase does (the host's pairs on shared memory).
+  SubgroupTransport local(ctx.transport, h.local_members, true);
+  SubgroupTransport cross(ctx.transport, h.cross_members, local.direct_streams() == nullptr);
   std::vector<char> local_scratch;
   AlgoContext lctx = over(ctx, local, &local_scratch), xctx = over(ctx, cross, ctx.scratch);
   const auto chunks = even_blocks(count, static_cast<int>(nchunks));

@@ -17,8 +17,9 @@
 // the phases as a pipeline: a helper thread runs the host's phases (1 and 3)
 // of chunk c+1 and c-1 while the calling thread runs phase 2 of chunk c, so
 // only the first chunk's reduce-scatter and the last chunk's allgather add
-// to the cross-host time. The helper thread uses post_send/post_recv; the
-// calling thread the direct streams (when the transport has them).
+// to the cross-host time. Only one thread may hold the direct streams: the
+// host phases get them when the host's pairs have them, else the cross-host
+// phase; the other uses post_send/post_recv.
 //
 // Every element is reduced in one place, so all ranks get identical results.
 // Errors: as the flat algorithms (thrown, every wait with a deadline), with

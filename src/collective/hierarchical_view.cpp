@@ -36,8 +36,12 @@ SubgroupTransport::SubgroupTransport(Transport& base, std::vector<int> members, 
   if (rank_ < 0)
     throw InvalidArgument(fmt::format("collective: subgroup [{}] does not hold this rank {}",
                                       fmt::join(members_, ", "), base.rank()));
-  if (DirectStreams* s = streams ? base.direct_streams() : nullptr)
-    streams_ = std::make_unique<Streams>(*this, *s);
+  // Streams only when every pair of the subgroup has one (a transport may
+  // have them for some peers only, e.g. not for those on shared memory).
+  DirectStreams* s = streams ? base.direct_streams() : nullptr;
+  for (size_t i = 0; s && i < members_.size(); ++i)
+    if (static_cast<int>(i) != rank_ && s->stream_fd(members_[i]) < 0) s = nullptr;
+  if (s) streams_ = std::make_unique<Streams>(*this, *s);
 }
 
 SubgroupTransport::~SubgroupTransport() = default;

@@ -184,8 +184,57 @@ TEST_P(Hierarchical, LargeVectorsGoThroughThePipeline) {
   // Above kPipelineBytes, chunked; counts divisible neither by the chunks nor by L.
   const int64_t f32 = static_cast<int64_t>(kPipelineBytes / 4) + 12345;
   check(k2x2, DType::kFloat32, ReduceOp::kSum, f32, 256 << 10);
+  // Many chunks (capped at kMaxChunks).
+  check(k2x2, DType::kInt32, ReduceOp::kSum, (17 << 20) / 4 + 3, 256 << 10);
   check({"a", "b", "a", "b", "a", "b"}, DType::kFloat16, ReduceOp::kMax,
         static_cast<int64_t>(kPipelineBytes / 2) * 3 / 2 + 7, 128 << 10);
+}
+
+TEST_P(Hierarchical, ARankDyingInThePipelineFailsEveryRankWithoutWaitingOutTheDeadline) {
+  // Rank 3's endpoint closes (it "dies") while the others are in a pipelined
+  // allreduce: its host mate and cross-host partner fail at once, and their
+  // failure aborts their transports, so rank 0 (which never talks to 3)
+  // fails too, long before the 30 s progress deadline.
+  const int64_t count = static_cast<int64_t>(kPipelineBytes / 4) * 8;
+  const auto start = Clock::now();
+  std::vector<std::string> errors(4);
+  const uint64_t op_id = ++calls_;
+  fabrics_.run(4, [&](int r, Transport& t) {
+    auto h = choose_hierarchy(k2x2, r, -1);
+    ASSERT_TRUE(h.has_value());
+    std::vector<char> scratch;
+    AlgoContext ctx{t};
+    ctx.op_id = op_id;
+    ctx.peer_timeout = Millis(30000);
+    ctx.scratch = &scratch;
+    if (r == 3) {  // it dies while the others are in the pipeline, waiting for it
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      t.close(Status(ErrorCode::kPeerFailure, "test killed rank 3"));
+      return;
+    }
+    Array a = make_input(ReduceOp::kSum, DType::kFloat32, r, count);
+    try {
+      hierarchical_allreduce(ctx, *h, a.data(), static_cast<size_t>(count), DType::kFloat32,
+                             ReduceOp::kSum);
+      errors[static_cast<size_t>(r)] = "no error";
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(errors[static_cast<size_t>(r)], "no error") << "rank " << r;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST_P(Hierarchical, ViewsOfferTheStreamsOnlyWhenAsked) {
+  fabrics_.run(2, [&](int r, Transport& t) {
+    SubgroupTransport with(t, {0, 1}, true), without(t, {0, 1}, false);
+    EXPECT_EQ(with.direct_streams() != nullptr, t.direct_streams() != nullptr) << "rank " << r;
+    EXPECT_EQ(without.direct_streams(), nullptr);
+    if (DirectStreams* s = with.direct_streams()) {
+      EXPECT_EQ(s->stream_fd(1 - r), t.direct_streams()->stream_fd(1 - r));
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryTransport, Hierarchical,
