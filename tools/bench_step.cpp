@@ -33,6 +33,7 @@
 
 #include "bench_common.h"
 #include "bench_procs.h"
+#include "bench_step_netns.h"
 #include "commands.h"
 #include "pushpull/error.h"
 
@@ -52,6 +53,8 @@ struct Config {
   int timeout_s = 600;
   std::string format = "table";
   std::string python = "/usr/bin/python3";  // where Debian's torch is
+  int netns = 0;  // > 0: one rank per network-namespace host (bench_step_netns.h)
+  std::string rate = "1gbit";
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -116,6 +119,11 @@ void run_bench(const Config& cfg) {
     ranks.push_back(n);
   }
   export_python_path();
+  if (cfg.netns > 0) {
+    run_step_netns({cfg.netns, cfg.rate, impls, sizes, cfg.layers, cfg.batch, cfg.steps, cfg.warmup,
+                    cfg.repeats, cfg.timeout_s, cfg.python, cfg.format == "csv"});
+    return;
+  }
   const bool csv = cfg.format == "csv";
   if (csv) std::printf("impl,n,servers,grad_bytes,layers,step_ms,vs_ddp\n");
   for (int n : ranks) {
@@ -218,6 +226,12 @@ void register_bench_step(CLI::App& bench) {
   cmd->add_option("--format", cfg->format, "table or csv")
       ->capture_default_str()
       ->check(CLI::IsMember({"table", "csv"}));
+  cmd->add_option("--netns", cfg->netns,
+                  "One rank per network-namespace host, links shaped to --rate (needs root; "
+                  "ddp-gloo and ddp-pushpull only); -n is ignored")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
+      ->capture_default_str();
   cmd->callback([cfg] { run_bench(*cfg); });
 }
 
