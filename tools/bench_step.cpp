@@ -9,7 +9,8 @@
 //   trainer  pushpull.torch.Trainer over a dist_sync KVStore, S servers
 //   hvd_shm  hvd with PUSHPULL_SHM=1 (collective data through shared memory)
 //   ddp-gloo      DDP over gloo (python/pushpull/bench_step_ddp.py)
-//   ddp-pushpull  DDP over the torch.distributed backend "pushpull"
+//   ddp-pushpull  DDP over the torch.distributed backend "pushpull", with
+//                 PUSHPULL_SHM=1 (shared memory on one host, as for hvd_shm)
 //
 // Every implementation is one job of `pushpull launch -n N -s S` running
 // `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
@@ -135,12 +136,13 @@ void run_bench(const Config& cfg) {
           TempDir dir;
           ProcessGroup g;
           const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
+          const bool shm = impl == "hvd_shm" || impl == "ddp-pushpull";
           std::vector<std::string> argv = {
               self_exe(),    "launch",
               "-n",          std::to_string(n),
               "-s",          std::to_string(impl == "trainer" ? servers : 0),
               "--timeout",   std::to_string(cfg.timeout_s),
-              "--env",       impl == "hvd_shm" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
+              "--env",       shm ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
               "--",          cfg.python,
               "-m",          "pushpull.bench_step",
               "--impl",      script_impl,
