@@ -168,7 +168,19 @@ void Node::start() {
   PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
   // The mesh: worker -> every server, worker -> every lower-rank worker.
   std::vector<NodeAddress> targets;
-  if (role() == Role::kWorker) {
+  size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
+                                            : static_cast<size_t>(c.num_workers);
+  if (role() == Role::kWorker && book_.incarnation > 0) {
+    // A replacement joins a running job: the live servers only (the other
+    // workers' mesh was built at the start; a parameter-server worker does
+    // not need it).
+    std::lock_guard lock(mu_);
+    for (const auto& s : book_.servers)
+      if (static_cast<size_t>(s.rank) >= placement_.dead.size() ||
+          !placement_.dead[static_cast<size_t>(s.rank)])
+        targets.push_back(s);
+    expected = targets.size();
+  } else if (role() == Role::kWorker) {
     targets = book_.servers;
     for (int w = 0; w < my_rank; ++w)
       targets.push_back(book_.workers[static_cast<size_t>(w)]);
@@ -183,8 +195,6 @@ void Node::start() {
     peers_[{t.role, t.rank}] = id;
     cv_.notify_all();
   }
-  size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
-                                            : static_cast<size_t>(c.num_workers);
   if (role() == Role::kServer && replicas_ > 0) expected += static_cast<size_t>(c.num_servers - 1);
   std::unique_lock lock(mu_);
   wait_for(lock, c.startup_timeout, "connecting to every peer",
@@ -329,6 +339,13 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
     // kPeerDead). Requests to it stay pending until then.
     PP_WARN("connection to {} closed ({}); waiting for the scheduler's verdict", p.describe(),
             why.message());
+    return;
+  }
+  if (p.role == Role::kWorker && book_.worker_restarts) {
+    // A worker may be restarted (--max-restarts): the scheduler decides
+    // (kPeerDead when it is not replaced in time).
+    PP_WARN("connection to {} closed ({}); waiting for its replacement or the scheduler's verdict",
+            p.describe(), why.message());
     return;
   }
   suspect_ = {ErrorCode::kPeerFailure,

@@ -70,6 +70,11 @@ class Node {
   int num_servers() const { return options_.cluster.num_servers; }
   int num_workers() const { return options_.cluster.num_workers; }
   const AddressBook& address_book() const { return book_; }
+  // Worker restart (docs/ps.md "Worker restart"): 0 for a node that started
+  // with the job; n > 0 for the n-th replacement of a worker's rank, which
+  // joined a running job (it connects only to the live servers: no worker
+  // mesh). Valid after start().
+  int incarnation() const { return book_.incarnation; }
   const Options& options() const { return options_; }
 
   // Waits until every node of `group` called barrier(group) as often as this

@@ -96,6 +96,8 @@ std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
   w.u<uint32_t>(static_cast<uint32_t>(book.workers.size()));
   for (auto& a : book.workers)
     put(w, a);
+  w.u<uint8_t>(book.worker_restarts ? 1 : 0);
+  w.u<int32_t>(book.incarnation);
   return w.take();
 }
 
@@ -110,6 +112,10 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
     for (auto& a : *list)
       if (!get(r, &a)) return bad("address book");
   }
+  const auto flags = r.u<uint8_t>();
+  book->incarnation = r.u<int32_t>();
+  if (!r.ok() || flags > 1 || book->incarnation < 0) return bad("address book");
+  book->worker_restarts = flags == 1;
   return r.done() ? Status{} : bad("address book");
 }
 

@@ -2,7 +2,8 @@
 // Cluster control messages (types 16..63 of net/message.h) and their payloads.
 //
 //   kRegister     node -> scheduler   {role, preferred rank, host, port}
-//   kAddressBook  scheduler -> node   {your rank, AddressBook}
+//   kAddressBook  scheduler -> node   {your rank, AddressBook, restart flags,
+//                                     your incarnation}
 //   kBarrier      node -> scheduler   key = group, request_id = the node's barrier count
 //   kBarrierDone  scheduler -> node   key = group, request_id = that count
 //   kHeartbeat    both ways           empty
@@ -64,8 +65,14 @@ struct NodeAddress {
 
 struct AddressBook {
   NodeAddress scheduler;
-  std::vector<NodeAddress> servers;                  // index = rank
-  std::vector<NodeAddress> workers;                  // index = rank
+  std::vector<NodeAddress> servers;  // index = rank
+  std::vector<NodeAddress> workers;  // index = rank
+  // Worker restart (pushpull launch --max-restarts, docs/ps.md "Worker
+  // restart"): whether a worker's death waits for its replacement instead of
+  // failing the job, and the receiver's incarnation (0: the original process;
+  // n: the n-th replacement of its rank, which rejoins a running job).
+  bool worker_restarts = false;
+  int32_t incarnation = 0;
   const NodeAddress& at(Role role, int rank) const;  // throws NotFound
 };
 

@@ -154,6 +154,9 @@ void Server::restore_checkpoint() {
 
 void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
                    std::span<const std::byte> data, std::shared_ptr<void> owner) {
+  // A request of a worker's earlier process (detached by a rejoin): its
+  // replacement does not know the id.
+  if (to.request_id == 0) return;
   net::Header h;
   h.request_id = to.request_id;
   h.key = to.key;
@@ -254,6 +257,7 @@ void Server::on_message(net::Message&& m) {
     }
     case msg::kPull: {
       std::vector<Range> ranges;
+      if (m.header.flags & msg::kFlagRejoin) return s->rejoin(meta, part);
       if (Status st = decode_ranges({owner->data(), owner->size()}, &ranges); !st)
         return reject(st);
       s->pull(meta, part, std::move(ranges));

@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// Worker restart under the launcher (docs/ps.md "Worker restart"): 3 workers
+// x 3 servers with `pushpull launch --max-restarts`; a worker is SIGKILLed
+// (or SIGSTOPped) at a random round, the launcher restarts it with the same
+// rank, the replacement adopts the servers' values and push counts and
+// resumes, and every pulled value (ps_failover_worker checks each round) is
+// exactly in closed form; dist_async keeps the exact total. Without
+// --max-restarts, or with the restarts used up, a dead worker fails the job
+// naming it.
+//
+// PUSHPULL_FAILOVER_TRIALS (default 2) random kill points per kill test.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "support/process.h"
+
+namespace pushpull {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+std::string bin(const std::string& name) {
+  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
+}
+
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "pp-restart-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// The latest pid of each worker rank (the wrapper appends "rank pid" at
+// every start, restarts included).
+std::map<int, int> read_pids(const std::string& file) {
+  std::ifstream in(file);
+  std::map<int, int> pids;
+  for (int r, p; in >> r >> p;)
+    pids[r] = p;
+  return pids;
+}
+
+int trials() {
+  const char* t = std::getenv("PUSHPULL_FAILOVER_TRIALS");
+  return t ? std::max(1, std::atoi(t)) : 2;
+}
+
+int last_round(const std::string& out) {
+  auto at = out.rfind("ROUND ");
+  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
+}
+
+struct Job {
+  // `restarts` < 0: no --max-restarts.
+  Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms)
+      : pids(dir + "/workers") {
+    std::map<std::string, std::string> env = {{"PUSHPULL_BIGARRAY_BOUND", "1000"},
+                                              {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
+                                              {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
+                                              {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}};
+    std::vector<std::string> argv = {bin("pushpull"), "launch", "-n", "3", "-s", "3"};
+    if (restarts >= 0) {
+      argv.push_back("--max-restarts");
+      argv.push_back(std::to_string(restarts));
+    }
+    for (std::string a :
+         {std::string("--"), std::string("sh"), std::string("-c"),
+          "echo $PUSHPULL_RANK $$ >> " + pids + "; exec " + bin("ps_failover_worker") + " \"$@\"",
+          std::string("worker"), mode, std::to_string(rounds), std::to_string(sleep_ms)})
+      argv.push_back(a);
+    proc = std::make_unique<test::ChildProcess>(argv, env);
+  }
+  // Waits until worker 0 finished round `round`; at the deadline stops the
+  // launcher (so its whole output, with the report, is there) and fails.
+  bool wait_round(int round, std::chrono::seconds limit = 60s) {
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (last_round(proc->output()) >= round) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    proc->signal(SIGTERM);
+    proc->wait(20s);
+    return false;
+  }
+  int signal_worker(int rank, int sig) {
+    auto workers = read_pids(pids);
+    EXPECT_EQ(workers.count(rank), 1u) << proc->output();
+    if (workers.count(rank) == 0) return -1;
+    ::kill(workers[rank], sig);
+    return workers[rank];
+  }
+  std::string pids;
+  std::unique_ptr<test::ChildProcess> proc;
+};
+
+void expect_success(Job& job) {
+  auto code = job.proc->wait(120s);
+  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job.proc->output();
+  std::string out = job.proc->output();
+  EXPECT_EQ(*code, 0) << out;
+  if (std::getenv("PUSHPULL_TEST_VERBOSE")) std::fprintf(stderr, "%s\n", out.c_str());
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+  EXPECT_THAT(out, HasSubstr("restarting it with the same rank")) << out;
+  EXPECT_THAT(out, HasSubstr("rejoined the job")) << out;
+}
+
+void kill_at_random_rounds(const std::string& mode, int sig) {
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  for (int t = 0; t < trials(); ++t) {
+    // Odd trials pause 20 ms between rounds (the kill lands between rounds
+    // mostly); even ones do not (it lands inside a round: some parts have
+    // the dead worker's push, some not).
+    const int sleep_ms = t % 2 ? 20 : 0, rounds = t % 2 ? 40 : 200;
+    int at = std::uniform_int_distribution<int>(1, rounds - 10)(rng);
+    int victim = std::uniform_int_distribution<int>(0, 2)(rng);
+    SCOPED_TRACE(fmt::format("trial {} ({}): worker {} gets signal {} after round {}", t, mode,
+                             victim, sig, at));
+    TempDir dir;
+    Job job(dir.path, mode, rounds, 1, sleep_ms);
+    ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
+    job.signal_worker(victim, sig);
+    expect_success(job);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(PsRestart, SyncWorkerKilledAtRandomRoundsPullsClosedForm) {
+  kill_at_random_rounds("sync", SIGKILL);
+}
+
+TEST(PsRestart, AsyncWorkerKilledKeepsTheExactTotal) {
+  kill_at_random_rounds("async", SIGKILL);
+}
+
+TEST(PsRestart, SyncWorkerStoppedIsKilledAndRestarted) {
+  // Found by the heartbeats (2 s here); the launcher kills and restarts it.
+  TempDir dir;
+  Job job(dir.path, "sync", 30, 1, 20);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  job.signal_worker(1, SIGSTOP);
+  expect_success(job);
+  EXPECT_THAT(job.proc->output(), HasSubstr("no heartbeat")) << job.proc->output();
+}
+
+TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, 1, 20);
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  int first = job.signal_worker(2, SIGKILL);
+  // Wait for the replacement (a new pid for rank 2) and a few rounds with it.
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (read_pids(job.pids)[2] == first && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
+  job.signal_worker(2, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_EQ(*code, 137) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("no restarts left")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("job failed: worker 2")) << job.proc->output();
+}
+
+TEST(PsRestart, WithoutMaxRestartsAWorkerDeathFailsTheJob) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, -1, 20);
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  job.signal_worker(1, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_EQ(*code, 137) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("job failed: worker 1")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), Not(HasSubstr("restarting"))) << job.proc->output();
+}
+
+}  // namespace
+}  // namespace pushpull
