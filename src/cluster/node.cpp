@@ -87,6 +87,7 @@ void Node::apply_placement(Placement p) {
     p.dead.resize(static_cast<size_t>(num_servers()), false);
     for (int s = 0; s < num_servers(); ++s) {
       if (!p.dead[static_cast<size_t>(s)]) continue;
+      verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
       auto it = peers_.find({Role::kServer, s});
       if (it != peers_.end()) {
         gone.push_back(it->second);
@@ -225,6 +226,28 @@ void Node::heartbeat_loop() {
       lock.lock();
       continue;
     }
+    if (failure_.is_ok() && !verdict_due_.empty()) {
+      auto late = std::find_if(verdict_due_.begin(), verdict_due_.end(),
+                               [&](const auto& v) { return clock_.now() >= v.second.deadline; });
+      if (late != verdict_due_.end()) {
+        const auto [peer_role, peer_rank] = late->first;
+        std::string peer = fmt::format("{} {}", role_name(peer_role), peer_rank);
+        try {
+          peer = book_.at(peer_role, peer_rank).describe();
+        } catch (const Error&) {  // not in the book: its role and rank say enough
+        }
+        Status s{ErrorCode::kPeerFailure,
+                 fmt::format("{} failed: its connection to {} {} closed ({}) and the scheduler, "
+                             "which still hears it, did not fail it over or replace it: the link "
+                             "between the two is broken",
+                             peer, role_name(role()), rank_, late->second.why)};
+        verdict_due_.clear();
+        lock.unlock();
+        fail(s);
+        lock.lock();
+        continue;
+      }
+    }
     if (Real::now() < next_beat) continue;
     next_beat = Real::now() + c.heartbeat_interval;
     auto silent = scheduler_silence_.silence(0);
@@ -311,6 +334,7 @@ void Node::on_control(net::Message&& m) {
 void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
   std::lock_guard lock(mu_);
   if (p.role == Role::kWorker || p.role == Role::kServer) peers_[{p.role, p.rank}] = id;
+  verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
   cv_.notify_all();
 }
 
@@ -339,6 +363,8 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
     // kPeerDead). Requests to it stay pending until then.
     PP_WARN("connection to {} closed ({}); waiting for the scheduler's verdict", p.describe(),
             why.message());
+    verdict_due_[{p.role, p.rank}] = {
+        clock_.now() + options_.cluster.heartbeat_timeout + suspect_grace(), why.message()};
     return;
   }
   if (p.role == Role::kWorker && book_.worker_restarts) {
@@ -346,6 +372,9 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
     // (kPeerDead when it is not replaced in time).
     PP_WARN("connection to {} closed ({}); waiting for its replacement or the scheduler's verdict",
             p.describe(), why.message());
+    verdict_due_[{p.role, p.rank}] = {
+        clock_.now() + options_.cluster.startup_timeout + options_.cluster.heartbeat_timeout,
+        why.message()};
     return;
   }
   suspect_ = {ErrorCode::kPeerFailure,

@@ -12,7 +12,12 @@
 // Failure: the first failure of the job (a peer declared dead by the
 // scheduler, a direct connection to a peer closing — blamed after a short
 // grace period, min(heartbeat_timeout / 2, 2 heartbeat intervals + 0.5 s), in
-// case the scheduler names another node that died first —, the scheduler closing or
+// case the scheduler names another node that died first; a server that may
+// fail over (replicas) or a worker that may be restarted is given the
+// scheduler's verdict instead, up to heartbeat_timeout + that grace (a
+// worker: startup_timeout + heartbeat_timeout), and when none came (the
+// scheduler still hears it: the link between the two broke) the connection's
+// end fails the job naming that link —, the scheduler closing or
 // going silent for heartbeat_timeout, a job abort) is recorded as a
 // PeerFailure naming the node's role, rank and host; every peer-failure
 // callback runs once with it, every blocked call (start, barrier, shutdown)
@@ -174,6 +179,13 @@ class Node {
   // scheduler names another culprit first.
   Status suspect_;
   ClockSource::time_point suspect_deadline_;
+  // Peers whose connection closed while the scheduler may still fail them
+  // over or replace them: the verdict is due by the deadline (see above).
+  struct VerdictDue {
+    ClockSource::time_point deadline;
+    std::string why;
+  };
+  std::map<std::pair<Role, int>, VerdictDue> verdict_due_;
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
   const int replicas_;
   Placement placement_;
