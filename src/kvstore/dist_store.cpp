@@ -272,6 +272,12 @@ void DistStore::on_placement(const cluster::Placement& p) {
   }
   // In request order, so each key's pushes and pulls keep their order.
   std::sort(moved.begin(), moved.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  if (node_->rank() < 0) {
+    // A restarted worker learns the placement before its rank: no fail-over of its own.
+    PP_INFO("worker joining at placement epoch {} (servers {} failed over)", p.epoch,
+            failed.empty() ? "none" : failed);
+    return;
+  }
   PP_WARN(
       "worker {}: fail-over: server {} failed; placement epoch {}: its key ranges moved to "
       "their backups; re-sending {} requests to the new primaries",

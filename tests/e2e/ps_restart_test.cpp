@@ -64,13 +64,20 @@ int last_round(const std::string& out) {
 
 struct Job {
   // `restarts` < 0: no --max-restarts.
-  Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms)
+  // `server_pids`: a file the servers append "rank pid" to ("" = none).
+  Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms,
+      const std::string& server_pids = "")
       : pids(dir + "/workers") {
     std::map<std::string, std::string> env = {{"PUSHPULL_BIGARRAY_BOUND", "1000"},
                                               {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
                                               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
                                               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}};
     std::vector<std::string> argv = {bin("pushpull"), "launch", "-n", "3", "-s", "3"};
+    if (!server_pids.empty()) {
+      argv.push_back("--server-command");
+      argv.push_back("sh -c 'echo $PUSHPULL_RANK $$ >> " + server_pids + "; exec " +
+                     bin("pushpull") + " server'");
+    }
     if (restarts >= 0) {
       argv.push_back("--max-restarts");
       argv.push_back(std::to_string(restarts));
@@ -158,6 +165,22 @@ TEST(PsRestart, SyncWorkerStoppedIsKilledAndRestarted) {
   job.signal_worker(1, SIGSTOP);
   expect_success(job);
   EXPECT_THAT(job.proc->output(), HasSubstr("no heartbeat")) << job.proc->output();
+}
+
+TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
+  // The replacement learns placement epoch 1 before its rank and connects
+  // only to the live servers.
+  TempDir dir;
+  Job job(dir.path, "sync", 60, 1, 20, dir.path + "/servers");
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  auto servers = read_pids(dir.path + "/servers");
+  ASSERT_EQ(servers.count(1), 1u) << job.proc->output();
+  ::kill(servers[1], SIGKILL);
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
+  job.signal_worker(2, SIGKILL);
+  expect_success(job);
+  EXPECT_THAT(job.proc->output(), HasSubstr("fail-over")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("joining at placement epoch 1")) << job.proc->output();
 }
 
 TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
