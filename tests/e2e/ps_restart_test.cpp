@@ -6,7 +6,7 @@
 // resumes, and every pulled value (ps_failover_worker checks each round) is
 // exactly in closed form; dist_async keeps the exact total. Without
 // --max-restarts, or with the restarts used up, a dead worker fails the job
-// naming it.
+// naming it. A node with the job's secret claiming a live rank is refused.
 //
 // PUSHPULL_FAILOVER_TRIALS (default 2) random kill points per kill test.
 #include <fmt/format.h>
@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include "support/process.h"
@@ -66,12 +67,12 @@ struct Job {
   // `restarts` < 0: no --max-restarts.
   // `server_pids`: a file the servers append "rank pid" to ("" = none).
   Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms,
-      const std::string& server_pids = "")
+      const std::string& server_pids = "", std::map<std::string, std::string> env = {})
       : pids(dir + "/workers") {
-    std::map<std::string, std::string> env = {{"PUSHPULL_BIGARRAY_BOUND", "1000"},
-                                              {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
-                                              {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
-                                              {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}};
+    env.insert({{"PUSHPULL_BIGARRAY_BOUND", "1000"},
+                {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
+                {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
+                {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}});
     std::vector<std::string> argv = {bin("pushpull"), "launch", "-n", "3", "-s", "3"};
     if (!server_pids.empty()) {
       argv.push_back("--server-command");
@@ -181,6 +182,39 @@ TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
   expect_success(job);
   EXPECT_THAT(job.proc->output(), HasSubstr("fail-over")) << job.proc->output();
   EXPECT_THAT(job.proc->output(), HasSubstr("joining at placement epoch 1")) << job.proc->output();
+}
+
+TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
+  // Only an away rank can be taken back; a node with the job's secret that
+  // claims a live rank is refused and the job goes on.
+  TempDir dir;
+  const std::string secret = "00112233445566778899aabbccddeeff", job_id = "pp-restart-test";
+  Job job(dir.path, "sync", 60, 1, 20, "",
+          {{"PUSHPULL_JOB_SECRET", secret}, {"PUSHPULL_JOB_ID", job_id}});
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  std::smatch port;
+  const std::string out = job.proc->output();
+  ASSERT_TRUE(
+      std::regex_search(out, port, std::regex(R"(scheduler listening on 127\.0\.0\.1:(\d+))")))
+      << out;
+  test::ChildProcess rogue({bin("ps_failover_worker"), "sync", "5", "0"},
+                           {{"DMLC_ROLE", "worker"},
+                            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                            {"DMLC_PS_ROOT_PORT", port[1].str()},
+                            {"DMLC_NUM_SERVER", "3"},
+                            {"DMLC_NUM_WORKER", "3"},
+                            {"PUSHPULL_RANK", "1"},
+                            {"PUSHPULL_JOB_SECRET", secret},
+                            {"PUSHPULL_JOB_ID", job_id}});
+  auto code = rogue.wait(30s);
+  ASSERT_TRUE(code.has_value()) << rogue.output();
+  EXPECT_NE(*code, 0) << rogue.output();
+  EXPECT_THAT(rogue.output(), HasSubstr("already has its 3 workers")) << rogue.output();
+  auto job_code = job.proc->wait(120s);
+  ASSERT_TRUE(job_code.has_value()) << job.proc->output();
+  EXPECT_EQ(*job_code, 0) << job.proc->output();
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(job.proc->output(), HasSubstr(fmt::format("[worker {}] OK worker {}", w, w)));
 }
 
 TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
