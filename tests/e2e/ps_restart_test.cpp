@@ -6,7 +6,8 @@
 // resumes, and every pulled value (ps_failover_worker checks each round) is
 // exactly in closed form; dist_async keeps the exact total. Without
 // --max-restarts, or with the restarts used up, a dead worker fails the job
-// naming it. A node with the job's secret claiming a live rank is refused.
+// naming it, and so does a replacement that does not register within
+// startup_timeout. A node with the job's secret claiming a live rank is refused.
 //
 // PUSHPULL_FAILOVER_TRIALS (default 2) random kill points per kill test.
 #include <fmt/format.h>
@@ -85,7 +86,11 @@ struct Job {
     }
     for (std::string a :
          {std::string("--"), std::string("sh"), std::string("-c"),
-          "echo $PUSHPULL_RANK $$ >> " + pids + "; exec " + bin("ps_failover_worker") + " \"$@\"",
+          // PP_TEST_HANG_RESTARTED=1: a restarted worker hangs before it registers.
+          "m=" + pids +
+              ".$PUSHPULL_RANK; if [ -n \"$PP_TEST_HANG_RESTARTED\" ] && [ -e $m ]; then "
+              "sleep 60; fi; touch $m; echo $PUSHPULL_RANK $$ >> " +
+              pids + "; exec " + bin("ps_failover_worker") + " \"$@\"",
           std::string("worker"), mode, std::to_string(rounds), std::to_string(sleep_ms)})
       argv.push_back(a);
     proc = std::make_unique<test::ChildProcess>(argv, env);
@@ -215,6 +220,20 @@ TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
   EXPECT_EQ(*job_code, 0) << job.proc->output();
   for (int w = 0; w < 3; ++w)
     EXPECT_THAT(job.proc->output(), HasSubstr(fmt::format("[worker {}] OK worker {}", w, w)));
+}
+
+TEST(PsRestart, AReplacementThatDoesNotRegisterInTimeFailsTheJob) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, 1, 20, "",
+          {{"PP_TEST_HANG_RESTARTED", "1"}, {"PUSHPULL_STARTUP_TIMEOUT_MS", "3000"}});
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  job.signal_worker(0, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_NE(*code, 0) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("its replacement did not register within 3000 ms"))
+      << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("job failed: worker 0")) << job.proc->output();
 }
 
 TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
