@@ -86,7 +86,11 @@ void Node::apply_placement(Placement p) {
     cv_.notify_all();
     p.dead.resize(static_cast<size_t>(num_servers()), false);
     for (int s = 0; s < num_servers(); ++s) {
-      if (!p.dead[static_cast<size_t>(s)]) continue;
+      // Newly dead only: a server dead before may have rejoined since (a
+      // new connection, kept).
+      if (!p.dead[static_cast<size_t>(s)] || (static_cast<size_t>(s) < placement_.dead.size() &&
+                                              placement_.dead[static_cast<size_t>(s)]))
+        continue;
       verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
       auto it = peers_.find({Role::kServer, s});
       if (it != peers_.end()) {
@@ -171,7 +175,17 @@ void Node::start() {
   std::vector<NodeAddress> targets;
   size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
                                             : static_cast<size_t>(c.num_workers);
-  if (role() == Role::kWorker && book_.incarnation > 0) {
+  if (role() == Role::kServer && book_.incarnation > 0) {
+    // A restarted server joins a running job: it connects to every worker
+    // and every live server (they started long ago).
+    std::lock_guard lock(mu_);
+    targets = book_.workers;
+    for (const auto& s : book_.servers)
+      if (s.rank != my_rank && (static_cast<size_t>(s.rank) >= placement_.dead.size() ||
+                                !placement_.dead[static_cast<size_t>(s.rank)]))
+        targets.push_back(s);
+    expected = targets.size();
+  } else if (role() == Role::kWorker && book_.incarnation > 0) {
     // A replacement joins a running job: the live servers only (the other
     // workers' mesh was built at the start; a parameter-server worker does
     // not need it).
@@ -196,7 +210,8 @@ void Node::start() {
     peers_[{t.role, t.rank}] = id;
     cv_.notify_all();
   }
-  if (role() == Role::kServer && replicas_ > 0) expected += static_cast<size_t>(c.num_servers - 1);
+  if (role() == Role::kServer && replicas_ > 0 && book_.incarnation == 0)
+    expected += static_cast<size_t>(c.num_servers - 1);
   std::unique_lock lock(mu_);
   wait_for(lock, c.startup_timeout, "connecting to every peer",
            [&] { return peers_.size() >= expected; });
@@ -390,6 +405,15 @@ Millis Node::suspect_grace() const {
   return std::min(c.heartbeat_timeout / 2, 2 * c.heartbeat_interval + Millis{500});
 }
 
+void Node::report_rejoined() {
+  net::ConnId sched;
+  {
+    std::lock_guard lock(mu_);
+    sched = scheduler_;
+  }
+  transport_->send_copy(sched, net::Header{.type = msg::kServerRejoined}, nullptr, 0);
+}
+
 void Node::fail(Status why) {
   std::vector<std::function<void(const Status&)>> callbacks;
   {
@@ -425,7 +449,7 @@ net::ConnId Node::conn(Role role, int rank) const {
   if (!failure_.is_ok()) failure_.raise();
   if (role == Role::kScheduler) return scheduler_;
   if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
-      placement_.dead[static_cast<size_t>(rank)])
+      placement_.dead[static_cast<size_t>(rank)] && !peers_.count({role, rank}))
     throw PeerFailure(
         fmt::format("server {} was failed over (placement epoch {})", rank, placement_.epoch));
   auto it = peers_.find({role, rank});

@@ -137,6 +137,8 @@ class Node {
   // which ends the job with that reason for every node, and waits up to 2 s
   // for its word (the node's failure() is then set). No-op once failed.
   void report_failure(const Status& why);
+  // A restarted server caught up (ps::Server::rejoin): tells the scheduler.
+  void report_rejoined();
 
   // Stops the heartbeat thread and the transport (its I/O thread joined):
   // no handler or failure callback runs after this returns. Idempotent;

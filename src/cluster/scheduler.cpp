@@ -110,6 +110,15 @@ void Scheduler::on_message(net::Message&& m) {
         rejoin(m.conn, std::move(e));
         return;
       }
+      if (complete_ && worker_restarts_ && e.addr.role == Role::kServer && failure_.is_ok() &&
+          e.preferred >= 0 && e.preferred < options_.cluster.num_servers &&
+          placement_.dead[static_cast<size_t>(e.preferred)] &&
+          std::none_of(nodes_.begin(), nodes_.end(), [&](auto& kv) {
+            return kv.second.addr.role == Role::kServer && kv.second.addr.rank == e.preferred;
+          })) {
+        rejoin(m.conn, std::move(e));
+        return;
+      }
       int have = 0;
       for (auto& [id, n] : nodes_)
         have += n.addr.role == e.addr.role;
@@ -157,6 +166,21 @@ void Scheduler::on_message(net::Message&& m) {
     }
     case msg::kHeartbeat:
       return;
+    case msg::kServerRejoined: {
+      if (it == nodes_.end() || it->second.addr.role != Role::kServer || !failure_.is_ok()) return;
+      const auto r = static_cast<size_t>(it->second.addr.rank);
+      if (r >= placement_.dead.size() || !placement_.dead[r]) return;
+      placement_.dead[r] = false;
+      placement_.late.resize(placement_.dead.size(), false);
+      placement_.late[r] = true;
+      placement_.epoch++;
+      PP_WARN(
+          "server {} rejoined: it holds its key ranges again and is their backup (placement "
+          "epoch {})",
+          r, placement_.epoch);
+      broadcast(msg::kPlacement, encode_placement(placement_));
+      return;
+    }
     case msg::kLeave: {
       if (it == nodes_.end()) return;
       it->second.left = true;
@@ -278,6 +302,9 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
     return;
   }
   placement_.dead[static_cast<size_t>(who.rank)] = true;
+  if (static_cast<size_t>(who.rank) < placement_.late.size())
+    placement_.late[static_cast<size_t>(who.rank)] = false;
+  ++server_losses_[who.rank];
   if (int home = first_lost_home(servers, replicas_, placement_.dead); home >= 0) {
     std::string chain;
     for (int i = 0; i <= replicas_; ++i)
@@ -314,27 +341,36 @@ bool Scheduler::mark_away(const NodeAddress& who, const std::string& reason) {
 
 void Scheduler::rejoin(net::ConnId id, Entry e) {
   const int rank = e.preferred;
+  const bool server = e.addr.role == Role::kServer;
   e.addr.rank = rank;
-  away_.erase(rank);
+  if (!server) away_.erase(rank);
   silence_.heard(id);
   if (!transport_->bind_peer_rank(id, rank))
-    PP_WARN(
-        "worker {}'s replacement said hello with another rank; its connection keeps that "
-        "identity",
-        rank);
+    PP_WARN("{} {}'s replacement said hello with another rank; its connection keeps that identity",
+            role_name(e.addr.role), rank);
   nodes_[id] = e;
-  book_.workers[static_cast<size_t>(rank)] = e.addr;
+  (server ? book_.servers : book_.workers)[static_cast<size_t>(rank)] = e.addr;
   // The placement first: the replacement connects only to live servers.
   if (placement_.epoch > 0) {
     auto p = encode_placement(placement_);
     transport_->send_copy(id, net::Header{.type = msg::kPlacement}, p.data(), p.size());
   }
   AddressBook book = book_;
-  book.incarnation = losses_[rank];
+  book.incarnation = server ? server_losses_[rank] : losses_[rank];
   auto p = encode_book(rank, book);
   transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
-  PP_WARN("worker {} rejoined the job (replacement {}, {})", rank, book.incarnation,
-          e.addr.describe());
+  if (server)
+    PP_WARN("server {} registered again (replacement {}, {}); it fetches its key ranges", rank,
+            book.incarnation, e.addr.describe());
+  else
+    PP_WARN("worker {} rejoined the job (replacement {}, {})", rank, book.incarnation,
+            e.addr.describe());
+}
+
+int Scheduler::server_losses(int rank) const {
+  std::lock_guard lock(mu_);
+  auto it = server_losses_.find(rank);
+  return it == server_losses_.end() ? 0 : it->second;
 }
 
 void Scheduler::allow_worker_restarts(bool on) {
@@ -350,7 +386,12 @@ int Scheduler::worker_losses(int rank) const {
 
 void Scheduler::process_restarting(Role role, int rank, int exit_code, int signal) {
   std::lock_guard lock(mu_);
-  if (finished_ || !failure_.is_ok() || role != Role::kWorker) return;
+  if (finished_ || !failure_.is_ok()) return;
+  if (role == Role::kServer) {
+    PP_INFO("server {} {}; the launcher restarts it", rank, describe_exit(exit_code, signal));
+    return;
+  }
+  if (role != Role::kWorker) return;
   std::string why = fmt::format("its process {}", describe_exit(exit_code, signal));
   if (away_.count(rank)) {
     PP_INFO("worker {} {}; the launcher restarts it", rank, describe_exit(exit_code, signal));

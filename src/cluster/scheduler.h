@@ -115,6 +115,12 @@ class Scheduler {
   // count up from 1). The launcher kills a still-running process of a lost
   // worker (e.g. a stopped one) before restarting it.
   int worker_losses(int rank) const;
+  // Server rejoin (same switch): how many times server `rank` was failed
+  // over. A failed-over server registering again (its restart) gets the
+  // placement and the book with its incarnation, fetches its ranges from the
+  // live servers and reports kServerRejoined: it is then alive again, last
+  // in its chains (Placement::late), a new placement epoch.
+  int server_losses(int rank) const;
 
  private:
   struct Entry {
@@ -163,6 +169,7 @@ class Scheduler {
   };
   std::map<int, Away> away_;
   std::map<int, int> losses_;
+  std::map<int, int> server_losses_;
   // A worker is gone: away when restarts are allowed (true), else false.
   bool mark_away(const NodeAddress& who, const std::string& reason);  // mu_ held
   // A replacement of an away worker registers (mu_ held).

@@ -133,7 +133,9 @@ std::vector<DistStore::KeyInfo*> DistStore::infos(const char* op, const std::vec
 
 int DistStore::primary_of(int home) const {
   if (replicas_ == 0) return home;
-  int p = cluster::replica_chain(home, node_->num_servers(), replicas_, placement_.dead).primary;
+  int p = cluster::replica_chain(home, node_->num_servers(), replicas_, placement_.dead,
+                                 placement_.late)
+              .primary;
   return p < 0 ? home : p;  // none left: the scheduler fails the job
 }
 
@@ -276,6 +278,11 @@ void DistStore::on_placement(const cluster::Placement& p) {
     // A restarted worker learns the placement before its rank: no fail-over of its own.
     PP_INFO("worker joining at placement epoch {} (servers {} failed over)", p.epoch,
             failed.empty() ? "none" : failed);
+    return;
+  }
+  if (failed.empty() && moved.empty()) {
+    PP_INFO("worker {}: placement epoch {}: a restarted server rejoined as a backup", rank(),
+            p.epoch);
     return;
   }
   PP_WARN(

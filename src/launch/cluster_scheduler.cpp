@@ -82,6 +82,10 @@ class ClusterScheduler final : public EmbeddedScheduler {
     return scheduler_ ? scheduler_->worker_losses(rank) : 0;
   }
 
+  int server_losses(int rank) noexcept override {
+    return scheduler_ ? scheduler_->server_losses(rank) : 0;
+  }
+
  private:
   Options options_;
   bool worker_restarts_ = false;

@@ -56,6 +56,8 @@ class EmbeddedScheduler {
   // How many times worker `rank` was lost (a running process of a lost
   // worker, e.g. a stopped one, is killed and restarted).
   virtual int worker_losses(int) noexcept { return 0; }
+  // How many times server `rank` was failed over (a restarted one rejoins).
+  virtual int server_losses(int) noexcept { return 0; }
 };
 
 // Makes a scheduler for a job described by `node_options` (role scheduler,

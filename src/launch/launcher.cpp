@@ -334,7 +334,7 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   settings.max_restarts = cfg.max_restarts;
   SupervisorHooks hooks;
   int restarts_left = cfg.max_restarts;
-  std::map<int, int> restarted;  // worker rank -> restarts so far
+  std::map<std::pair<Role, int>, int> restarted;  // (role, rank) -> restarts so far
   if (scheduler) {
     hooks.scheduler = [&]() -> SchedulerState {
       auto st = scheduler->status();
@@ -352,19 +352,25 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       // (stopped, unreachable) is killed, then restarted.
       if (spec.role == Role::kWorker)
         return !r.ended && cfg.max_restarts > 0 &&
-               scheduler->worker_losses(spec.rank) > restarted[spec.rank];
-      return scheduler->failed_over(spec.role, spec.rank);
+               scheduler->worker_losses(spec.rank) > restarted[{spec.role, spec.rank}];
+      // A failed-over server; not its restarted process, which rejoins.
+      return scheduler->failed_over(spec.role, spec.rank) &&
+             (r.ended || cfg.max_restarts == 0 ||
+              scheduler->server_losses(spec.rank) > restarted[{spec.role, spec.rank}]);
     };
     if (cfg.max_restarts > 0)
       hooks.restart = [&](ChildSpec& spec, const ChildResult& r) {
-        if (spec.role != Role::kWorker) return false;
+        // Workers, and servers the job went on without (failed over: they rejoin).
+        if (spec.role == Role::kServer && !scheduler->failed_over(spec.role, spec.rank))
+          return false;
+        if (spec.role != Role::kWorker && spec.role != Role::kServer) return false;
         if (restarts_left <= 0) {
           PP_ERROR("{} (pid {}) ended with {}; no restarts left (--max-restarts {})", spec.label,
                    r.pid, describe_status(r.exited, r.code), cfg.max_restarts);
           return false;
         }
         --restarts_left;
-        ++restarted[spec.rank];
+        ++restarted[{spec.role, spec.rank}];
         scheduler->process_restarting(spec.role, spec.rank, r.exited ? r.code : 0,
                                       r.exited ? 0 : r.code);
         PP_WARN("{} (pid {}) ended with {}; restarting it with the same rank (restart {} of {})",

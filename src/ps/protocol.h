@@ -61,8 +61,12 @@ inline constexpr uint16_t kError = 68;
 inline constexpr uint16_t kCommand = 69;
 inline constexpr uint16_t kReplicaMeta = 70;
 inline constexpr uint16_t kReplicaValue = 71;
+// Server rejoin (docs/ps.md "Server rejoin"), between servers:
+inline constexpr uint16_t kRejoinRequest = 72;  // rejoined -> live server: send me my ranges
+inline constexpr uint16_t kRejoinSetup = 73;    // live -> rejoined: "sync|async\n<optimizer spec>"
+inline constexpr uint16_t kRejoinDone = 74;     // live -> rejoined: every range sent and installed
 inline constexpr uint16_t kFirst = 64;
-inline constexpr uint16_t kLast = 71;
+inline constexpr uint16_t kLast = 74;
 inline constexpr uint32_t kFlagCompressed = 1;
 inline constexpr uint32_t kFlagRejoin = 2;
 }  // namespace msg

@@ -296,7 +296,10 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
       }
       restore_checkpoint();  // throws: the error goes back to worker 0
       return reply(meta, Status::ok(), DType::kUInt8, {});
-    case Command::kSetOptimizer:
+    case Command::kSetOptimizer: {
+      std::lock_guard lock(repl_mu_);
+      optimizer_spec_ = text;
+    }
       try {
         s->set_optimizer(meta, OptimizerSpec::parse(text));
       } catch (...) {
@@ -322,6 +325,7 @@ void run_server(Options options) {
     node.start();
     PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
             node.num_workers());
+    if (node.incarnation() > 0) server.rejoin();  // restarted: fetch its key ranges
     // Serve until every worker has left; leaving only then keeps the server
     // under the scheduler's heartbeat watch for the whole job.
     node.wait_for_workers();

@@ -262,14 +262,43 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
   publish(part, e);
 }
 
+std::shared_ptr<ReplicaState> ServerStore::state_of(const PartId& part, Entry& e) {
+  auto state = std::make_shared<ReplicaState>();
+  state->name = e.name;
+  state->home = e.home;
+  state->value = e.value;
+  state->applied_seq = e.applied_seq;
+  state->optimizer_states = optimizer_states_of(part, e);
+  return state;
+}
+
+void ServerStore::transfer(
+    std::function<bool(const PartId&, int home)> wanted,
+    std::function<void(const PartId&, std::shared_ptr<const ReplicaState>, std::function<void()>)>
+        send,
+    std::function<void()> all_done) {
+  std::vector<PartId> parts;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, e] : entries_)
+      parts.push_back(id);
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(parts.size() + 1);
+  auto finish = [left, all_done] {
+    if (--*left == 0) all_done();
+  };
+  for (const PartId& part : parts)
+    executor_.submit(shard_of(part), [this, part, wanted, send, finish] {
+      Entry* e = find(part);
+      if (!e || e->restored || !wanted(part, e->home)) return finish();
+      send(part, state_of(part, *e), finish);
+    });
+  finish();
+}
+
 void ServerStore::publish(const PartId& part, Entry& e) {
   if (config_.replicate) {
-    auto state = std::make_shared<ReplicaState>();
-    state->name = e.name;
-    state->home = e.home;
-    state->value = e.value;
-    state->applied_seq = e.applied_seq;
-    state->optimizer_states = optimizer_states_of(part, e);
+    auto state = state_of(part, e);
     e.replicating = true;
     bool waiting = responder_.replicate(part, std::move(state), [this, part] {
       executor_.submit(shard_of(part), [this, part] {

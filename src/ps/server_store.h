@@ -191,6 +191,16 @@ class ServerStore {
   // checkpoint's round. Push sequence numbers start afresh (new workers).
   void restore(const Checkpoint& c, const std::string& source);
 
+  // Server rejoin (docs/ps.md "Server rejoin"): on each part's thread, for
+  // every part `wanted(part, home)` accepts, builds its current state and
+  // calls `send(part, state, done)` (done once delivered); `all_done` runs
+  // once every selected part's done ran.
+  void transfer(
+      std::function<bool(const PartId&, int home)> wanted,
+      std::function<void(const PartId&, std::shared_ptr<const ReplicaState>, std::function<void()>)>
+          send,
+      std::function<void()> all_done);
+
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
   bool sync() const { return config_.sync; }
@@ -202,6 +212,7 @@ class ServerStore {
   struct Entry;
   Entry* find(const PartId& part);
   void apply_round(const PartId& part, Entry& e);
+  std::shared_ptr<ReplicaState> state_of(const PartId& part, Entry& e);
   // After an update: replicates, then finish_round (at once without backups).
   void publish(const PartId& part, Entry& e);
   // Acknowledges the round, answers pulls, opens the next round.

@@ -174,10 +174,11 @@ TEST(PsRestart, SyncWorkerStoppedIsKilledAndRestarted) {
 }
 
 TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
-  // The replacement learns placement epoch 1 before its rank and connects
-  // only to the live servers.
+  // The replacement learns the placement (epoch 1, or 2 once the server
+  // rejoined) before its rank and connects only to the live servers.
   TempDir dir;
-  Job job(dir.path, "sync", 60, 1, 20, dir.path + "/servers");
+  // Two restarts: the server is restarted (and rejoins) too.
+  Job job(dir.path, "sync", 60, 2, 20, dir.path + "/servers");
   ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
   auto servers = read_pids(dir.path + "/servers");
   ASSERT_EQ(servers.count(1), 1u) << job.proc->output();
@@ -186,7 +187,40 @@ TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
   job.signal_worker(2, SIGKILL);
   expect_success(job);
   EXPECT_THAT(job.proc->output(), HasSubstr("fail-over")) << job.proc->output();
-  EXPECT_THAT(job.proc->output(), HasSubstr("joining at placement epoch 1")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("joining at placement epoch")) << job.proc->output();
+}
+
+TEST(PsRestart, AKilledServerRejoinsAndTheNextFailOverIsSurvived) {
+  // 3 servers, one backup per range: server A dies (fail-over), is restarted,
+  // fetches its ranges from the live servers and becomes a backup again;
+  // then server B, whose ranges A now backs up, dies: the job still ends in
+  // closed form.
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  const int a = std::uniform_int_distribution<int>(0, 2)(rng), b = (a + 2) % 3;
+  SCOPED_TRACE(fmt::format("server {} killed, rejoins, then server {}", a, b));
+  TempDir dir;
+  const std::string servers = dir.path + "/servers";
+  Job job(dir.path, "sync", 120, 1, 20, servers);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  ::kill(read_pids(servers)[a], SIGKILL);
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (job.proc->output().find(fmt::format("server {} rejoined:", a)) == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_NE(job.proc->output().find(fmt::format("server {} rejoined:", a)), std::string::npos)
+      << job.proc->output();
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 5)) << job.proc->output();
+  ::kill(read_pids(servers)[b], SIGKILL);
+  auto code = job.proc->wait(120s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  const std::string out = job.proc->output();
+  if (std::getenv("PUSHPULL_TEST_VERBOSE")) std::fprintf(stderr, "%s\n", out.c_str());
+  EXPECT_EQ(*code, 0) << out;
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("no replica left"))) << out;
 }
 
 TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
