@@ -360,9 +360,15 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
     };
     if (cfg.max_restarts > 0)
       hooks.restart = [&](ChildSpec& spec, const ChildResult& r) {
-        // Workers, and servers the job went on without (failed over: they rejoin).
-        if (spec.role == Role::kServer && !scheduler->failed_over(spec.role, spec.rank))
-          return false;
+        // Workers, and servers the job went on without (failed over: they
+        // rejoin). The scheduler may not have seen a server's connection
+        // close yet: its exit, told first, fails it over (or fails the job).
+        if (spec.role == Role::kServer) {
+          if (!scheduler->failed_over(spec.role, spec.rank))
+            scheduler->process_exited(spec.role, spec.rank, r.exited ? r.code : 0,
+                                      r.exited ? 0 : r.code);
+          if (!scheduler->failed_over(spec.role, spec.rank)) return false;
+        }
         if (spec.role != Role::kWorker && spec.role != Role::kServer) return false;
         if (restarts_left <= 0) {
           PP_ERROR("{} (pid {}) ended with {}; no restarts left (--max-restarts {})", spec.label,

@@ -48,7 +48,7 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
     if (cluster::replica_chain(home, node_.num_servers(), node_.ps_replicas(), dead_, late_)
             .primary == me)
       for (int s : catching_up_)
-        for (int i = 1; i <= node_.ps_replicas(); ++i)
+        for (int i = 0; i <= node_.ps_replicas(); ++i)
           if ((home + i) % node_.num_servers() == s &&
               std::find(backups.begin(), backups.end(), s) == backups.end())
             backups.push_back(s);
@@ -134,7 +134,7 @@ void Server::on_rejoin_request(int to) {
   auto wanted = [this, to, me, servers, replicas](const PartId&, int home) {
     std::lock_guard lock(repl_mu_);
     if (cluster::replica_chain(home, servers, replicas, dead_, late_).primary != me) return false;
-    for (int i = 1; i <= replicas; ++i)
+    for (int i = 0; i <= replicas; ++i)
       if ((home + i) % servers == to) return true;
     return false;
   };
