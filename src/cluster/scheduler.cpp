@@ -604,7 +604,10 @@ void Scheduler::check_unregistered_exits() {
   if (static_cast<int>(exited_unregistered_.size()) >= workers) {
     // No worker ever joined and every one is done: a job that did not use
     // the servers. Tell the registered servers to stop.
-    PP_INFO("every worker exited without joining the job; stopping the servers");
+    PP_WARN(
+        "every worker exited without joining the job; stopping the servers (hint: workers that "
+        "use only collectives or torch.distributed leave the servers idle; launch them with -s "
+        "0)");
     for (auto& [id, e] : nodes_) {
       transport_->send_copy(id, net::Header{.type = msg::kWorkersDone}, nullptr, 0);
       transport_->send_copy(id, net::Header{.type = msg::kShutdown}, nullptr, 0);
