@@ -34,7 +34,7 @@ enum class Counter : int {
   kServerPulls,         // pulls answered by a server
   // Counted always (not only with PUSHPULL_METRICS), by net::Transport:
   kNetShmBytes,  // message payload bytes sent through a same-host shared-memory ring
-  kNetTcpBytes,  // ... sent over TCP to a server or worker (the scheduler's are not counted)
+  kNetTcpBytes,  // ... sent over TCP between servers and workers (not to or from the scheduler)
   kCount
 };
 std::string_view counter_name(Counter c);

@@ -107,7 +107,10 @@ bool Transport::write_tcp_batch(Conn& c, std::vector<SendOp>& completed, bool* w
     *would_block_out = true;
     return true;
   }
-  const bool count = c.peer.role == Role::kServer || c.peer.role == Role::kWorker;
+  // Payload bytes between servers and workers (the scheduler's control
+  // traffic carries no tensors and never uses shared memory).
+  auto data_role = [](Role r) { return r == Role::kServer || r == Role::kWorker; };
+  const bool count = data_role(config_.role) && data_role(c.peer.role);
   size_t left = static_cast<size_t>(r);
   while (left > 0 && !q.empty()) {
     SendOp& op = q.front();
@@ -387,7 +390,14 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
       answer.reason = why;
     }
     c.shm_state = answer.accepted ? S::kAnswered : S::kOff;
-    queue_ctl(c, Header{.type = msg::kShmAnswer}, encode(answer), false);
+    if (answer.accepted) {
+      // Our ring carries payloads from right after the answer (the frame
+      // activates it): the connector maps it before it reads anything that
+      // follows. Its name is unlinked once the connector proves it mapped it.
+      std::lock_guard lock(c.send_mu);
+      c.shm_out = std::move(c.shm_mine);
+    }
+    queue_ctl(c, Header{.type = msg::kShmAnswer}, encode(answer), answer.accepted);
     return;
   }
   if (type == msg::kShmAnswer) {
@@ -412,12 +422,13 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
     if (theirs && theirs->ring_bytes() != answer.ring_bytes)
       return shm_protocol_error(c, "the answered shared-memory ring has another size");
     if (!theirs) {
-      PP_WARN("no shared memory with {}: {}", c.peer.describe(), why);
-      confirm.reason = why;
-      c.shm_mine.reset();
-      c.shm_state = S::kOff;
-      queue_ctl(c, Header{.type = msg::kShmConfirm}, encode(confirm), false);
-      settle_shm(c);
+      // The acceptor may already be sending through it: without it this
+      // connection cannot be read, so it closes (a resource failure here,
+      // since the acceptor did map our ring on this host).
+      Status st{ErrorCode::kIoError,
+                fmt::format("cannot map the shared-memory ring of {}: {}", c.peer.describe(), why)};
+      PP_ERROR("{}; closing that connection", st.message());
+      close_conn(c, st, true);
       return;
     }
     confirm.accepted = true;
@@ -436,26 +447,19 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
     if (c.peer.outgoing || c.shm_state != S::kAnswered)
       return shm_protocol_error(c, "an unexpected shared-memory confirmation");
     if (Status st = decode(in, &confirm); !st) return shm_protocol_error(c, st.message());
-    if (!confirm.accepted) {
-      PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), confirm.reason);
-      c.shm_mine.reset();
-      c.shm_in.reset();
-      c.shm_state = S::kOff;
-      return;
-    }
-    if (!proof_equal(confirm.token, c.shm_mine->token()))
+    if (!confirm.accepted)
       return shm_protocol_error(
-          c, "the peer's shared-memory confirmation does not prove it mapped our ring");
-    c.shm_mine->unlink();
-    std::vector<SendOp> completed;
+          c, fmt::format("the peer cannot use the shared memory it accepted: {}", confirm.reason));
+    bool proven;
     {
       std::lock_guard lock(c.send_mu);
-      c.shm_out = std::move(c.shm_mine);
-      c.shm_out_ready = true;
-      if (!c.closed && (!c.want_out || c.ring_blocked)) after_write(c, write_some(c, completed));
+      proven = c.shm_out && proof_equal(confirm.token, c.shm_out->token());
+      if (proven) c.shm_out->unlink();  // mapped by the peer; nobody else may open it
     }
+    if (!proven)
+      return shm_protocol_error(
+          c, "the peer's shared-memory confirmation does not prove it mapped our ring");
     c.shm_state = S::kOn;
-    complete_sends(&c, completed);
     return;
   }
   shm_protocol_error(c, fmt::format("unknown message type {}", type));
