@@ -70,7 +70,10 @@ std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::str
     *why = fmt::format("cannot size {}: {}", path, std::strerror(errno));
     return nullptr;
   }
-  void* p = ::mmap(nullptr, s->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  // Populated now, at the setup: otherwise every first pass over the ring
+  // takes a page fault per 4 KiB on both sides, on the message path.
+  void* p = ::mmap(nullptr, s->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                   fd.get(), 0);
   if (p == MAP_FAILED) {
     *why = fmt::format("cannot map {}: {}", path, std::strerror(errno));
     return nullptr;
@@ -115,7 +118,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, const std:
   s->dir_ = dir;
   s->name_ = name;
   s->map_bytes_ = static_cast<size_t>(size);
-  void* p = ::mmap(nullptr, s->map_bytes_, PROT_READ, MAP_SHARED, fd.get(), 0);
+  void* p = ::mmap(nullptr, s->map_bytes_, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) {
     *why = fmt::format("cannot map {}: {}", path, std::strerror(errno));
     return nullptr;

@@ -6,14 +6,16 @@
 //   connector -> acceptor  kShmOffer   {name of ring C, ring bytes}
 //       the acceptor maps ring C read-only, reads C's token, creates ring A
 //   acceptor -> connector  kShmAnswer  {accepted, reason, token of C, name of A, ring bytes}
-//       the connector checks the token (the acceptor mapped C: same host,
-//       same user), unlinks C, maps A and reads A's token
+//       the acceptor may send through A right after this frame; the
+//       connector checks the token (the acceptor mapped C: same host, same
+//       user), unlinks C, maps A and reads A's token
 //   connector -> acceptor  kShmConfirm {accepted, reason, token of A}
-//       the acceptor checks the token and unlinks A
-// From then on each side writes payloads into its own ring. A wrong token
-// is a lie and closes the connection; anything else that fails (another
-// host, shared memory off, no /dev/shm) is a refusal and the connection
-// carries everything over TCP as before.
+//       the connector sends through C after this frame; the acceptor checks
+//       the token and unlinks A
+// A wrong token is a lie and closes the connection, as does a connector
+// that cannot map a ring the acceptor already uses (a resource failure: the
+// acceptor proved it is on this host). A refused offer (another host,
+// shared memory off, no /dev/shm) leaves the connection on TCP as before.
 //
 // Payloads (both frames are bare 64-byte headers, no payload on TCP):
 //   a message header with net_flags kNetFlagShmPayload, then one or more

@@ -23,7 +23,7 @@ namespace {
 // A piece is copied into the ring and announced in one go; smaller pieces
 // let the reader start copying out sooner, larger ones need fewer frames.
 size_t piece_bytes(size_t ring) {
-  return std::min<size_t>(ring / 4, size_t{1} << 20);
+  return std::min<size_t>(ring / 4, size_t{256} << 10);
 }
 
 bool would_block(int err) {
