@@ -156,6 +156,12 @@ struct CollectiveOptions {
   // Collective data among the ranks of one host through shared memory
   // (docs/performance.md). PUSHPULL_SHM=1.
   bool shared_memory = false;
+  // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
+  // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
+  // never, 1 = whenever every host has the same number of ranks.
+  // PUSHPULL_HIERARCHICAL_ALLREDUCE, HOROVOD_HIERARCHICAL_ALLREDUCE (1 or 0;
+  // unset = automatic).
+  int hierarchical_allreduce = -1;
   // Set by `pushpull launch --min-workers/--max-workers` (docs/elastic.md):
   // the launcher's elastic rendezvous as host:port (empty: not elastic), this
   // worker's id there, and how long a join may wait for a round.
