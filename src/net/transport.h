@@ -147,7 +147,7 @@ struct TransportConfig {
   // want it; the cluster's nodes set it from NetOptions::ps_shared_memory.
   bool shared_memory = false;
   // Bytes of each direction's ring (a multiple of 4 KiB, at least 64 KiB).
-  size_t shm_ring_bytes = size_t{2} << 20;
+  size_t shm_ring_bytes = size_t{4} << 20;
   // Messages with at least this many payload bytes use the ring (> 0).
   size_t shm_min_payload = 1;
   // Where the segments live (tmpfs); tests point it elsewhere.
