@@ -118,8 +118,8 @@ void pipelined(AlgoContext& ctx, const Hierarchy& h, char* base, size_t count, D
   // One phase at a time may hold the direct streams. The host phases get
   // them when the host's pairs have them (loopback TCP: those phases move as
   // many bytes as the cross-host one, at memory speed, so they are the ones
-  // that need the cheaper path; measured under load, the cross-host phase
-  // on the streams instead lost up to 35% in some runs), else the cross-host
+  // that need the cheaper path; measured under load with the cross-host phase
+  // on the streams instead, one 64 MiB run of four was 38% slower), else the cross-host
   // phase does (the host's pairs on shared memory).
   SubgroupTransport local(ctx.transport, h.local_members, true);
   SubgroupTransport cross(ctx.transport, h.cross_members, local.direct_streams() == nullptr);
