@@ -20,6 +20,12 @@
 // GB/s stays 2 x size / time (what the model moved); "wire" lines give the
 // bytes one worker sent and received per pushpull and their ratio to none.
 //
+// --transport tcp,shm: each job once with payloads over loopback TCP and
+// once through same-host shared memory (PUSHPULL_PS_SHM, docs/transport.md);
+// rows are named pushpull_<S>s_<transport>. With --repeats R every
+// (replicas, transport) job runs R times, interleaved round by round, and
+// rows are the medians; ratio lines compare shm with tcp and r1 with r0.
+//
 // --netns N (root): the same, as processes on N network-namespace hosts
 // with links shaped to --rate (bench_ps_netns.h): a server and a worker per
 // host, the scheduler on host 0.
@@ -61,7 +67,8 @@ struct Settings {
   int queue_ms = 50;
   bool ps_node = false;  // internal: one node of a colocated --netns job
   std::string ps_out;
-  std::string replicas;  // --replicas: "" = the default setting, unlabelled
+  std::string replicas;   // --replicas: "" = the default setting, unlabelled
+  std::string transport;  // --transport: "" = the default (shm on one host), unlabelled
 };
 
 // The compression types of --compression, checked by the stores' parser.
@@ -92,6 +99,18 @@ uint64_t wire_bytes(const compress::Settings& c, uint64_t bytes, int servers, co
   return push + bytes;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    out.push_back(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::vector<int> parse_ints(const std::string& text) {
   std::vector<int> out;
   for (uint64_t v : parse_sizes(text))
@@ -103,10 +122,11 @@ std::vector<int> parse_ints(const std::string& text) {
 std::vector<std::vector<double>> measure(int workers, int servers,
                                          const std::vector<uint64_t>& sizes, int iters,
                                          const std::vector<compress::Settings>& types,
-                                         int replicas = -1) {
+                                         int replicas = -1, int shm = -1) {
   InProcessJob job{servers, workers, "dist_sync", Options{}};
   job.options.log_level = LogLevel::kWarning;
   job.options.cluster.ps_replicas = replicas;
+  if (shm >= 0) job.options.net.ps_shared_memory = shm == 1;
   std::mutex mu;
   // per type and size, per iteration: the slowest worker's time
   std::vector<std::vector<std::vector<double>>> slowest(
@@ -201,21 +221,65 @@ void run(const Settings& st) {
   std::vector<uint64_t> sizes = parse_sizes(st.sizes);
   const std::vector<compress::Settings> types = parse_compression(st.compression);
   const Options defaults;
+  std::vector<int> replica_list{-1};
+  if (!st.replicas.empty()) replica_list = parse_ints(st.replicas);
+  std::vector<int> transports{-1};  // -1 default, 0 tcp, 1 shm
+  if (!st.transport.empty()) {
+    transports.clear();
+    for (const auto& t : split_list(st.transport))
+      transports.push_back(t == "shm" ? 1 : 0);
+  }
+  const int rounds = std::max(1, st.repeats);
   for (int s : parse_ints(st.servers)) {
     for (int w : parse_ints(st.workers)) {
-      std::vector<int> replica_list{-1};
-      if (!st.replicas.empty()) replica_list = parse_ints(st.replicas);
-      for (int r : replica_list) {
-        auto secs = measure(w, s, sizes, st.iters, types, r);
-        for (size_t t = 0; t < types.size(); ++t)
-          for (size_t i = 0; i < sizes.size(); ++i) {
-            double gbps = 2.0 * static_cast<double>(sizes[i]) / secs[t][i] / 1e9;
-            std::string impl = fmt::format("pushpull_{}s", s);
-            if (types.size() > 1 || types[t].enabled())
-              impl += fmt::format("_{}", compress::type_name(types[t].type));
-            if (r >= 0) impl += fmt::format("_r{}", r);
-            table.add({impl, w, sizes[i], secs[t][i] * 1e6, gbps, gbps});
-          }
+      // secs[r][t][round][type][size], rounds interleaved so every setting
+      // sees the same load.
+      std::vector<std::vector<std::vector<std::vector<std::vector<double>>>>> secs(
+          replica_list.size(),
+          std::vector<std::vector<std::vector<std::vector<double>>>>(transports.size()));
+      for (int round = 0; round < rounds; ++round)
+        for (size_t r = 0; r < replica_list.size(); ++r)
+          for (size_t t = 0; t < transports.size(); ++t)
+            secs[r][t].push_back(
+                measure(w, s, sizes, st.iters, types, replica_list[r], transports[t]));
+      // The median over rounds of each setting, type and size.
+      auto med = [&](size_t r, size_t t, size_t type, size_t i) {
+        std::vector<double> v;
+        for (const auto& one : secs[r][t])
+          v.push_back(one[type][i]);
+        return median(v);
+      };
+      for (size_t r = 0; r < replica_list.size(); ++r)
+        for (size_t t = 0; t < transports.size(); ++t)
+          for (size_t type = 0; type < types.size(); ++type)
+            for (size_t i = 0; i < sizes.size(); ++i) {
+              const double m = med(r, t, type, i);
+              double gbps = 2.0 * static_cast<double>(sizes[i]) / m / 1e9;
+              std::string impl = fmt::format("pushpull_{}s", s);
+              if (types.size() > 1 || types[type].enabled())
+                impl += fmt::format("_{}", compress::type_name(types[type].type));
+              if (replica_list[r] >= 0) impl += fmt::format("_r{}", replica_list[r]);
+              if (transports[t] >= 0) impl += transports[t] == 1 ? "_shm" : "_tcp";
+              table.add({impl, w, sizes[i], m * 1e6, gbps, gbps});
+            }
+      if (st.flags.csv()) continue;
+      // Ratios of medians, same run: shm over tcp, replicas over the first.
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        for (size_t r = 0; r < replica_list.size(); ++r)
+          for (size_t t = 1; t < transports.size(); ++t)
+            std::printf("ratio %dw x %ds size %llu%s: %s is %.2fx as fast as %s\n", w, s,
+                        static_cast<unsigned long long>(sizes[i]),
+                        replica_list[r] >= 0 ? fmt::format(" r{}", replica_list[r]).c_str() : "",
+                        transports[t] == 1 ? "shm" : "tcp", med(r, 0, 0, i) / med(r, t, 0, i),
+                        transports[0] == 1 ? "shm" : "tcp");
+        for (size_t t = 0; t < transports.size(); ++t)
+          for (size_t r = 1; r < replica_list.size(); ++r)
+            std::printf(
+                "ratio %dw x %ds size %llu%s: replicas %d takes %.2fx the time of "
+                "replicas %d\n",
+                w, s, static_cast<unsigned long long>(sizes[i]),
+                transports[t] >= 0 ? (transports[t] == 1 ? " shm" : " tcp") : "", replica_list[r],
+                med(r, t, 0, i) / med(0, t, 0, i), replica_list[0]);
       }
     }
   }
@@ -256,6 +320,14 @@ void register_bench_ps(CLI::App& bench) {
   cmd->add_option("--replicas", settings->replicas,
                   "Backups per key range to compare, e.g. 0,1 (PUSHPULL_PS_REPLICAS; needs at "
                   "least 2 servers)");
+  cmd->add_option("--transport", settings->transport,
+                  "Payload paths to compare on this host, e.g. tcp,shm (PUSHPULL_PS_SHM); "
+                  "interleaved with --repeats")
+      ->check([](const std::string& v) {
+        for (const auto& t : split_list(v))
+          if (t != "tcp" && t != "shm") return std::string("transports are tcp and shm");
+        return std::string();
+      });
   cmd->add_option("--compression", settings->compression,
                   "Gradient compressions to time, e.g. none,fp16,2bit,1bit")
       ->check([](const std::string& v) {
@@ -287,7 +359,8 @@ void register_bench_ps(CLI::App& bench) {
                   "With --netns: tbf latency, the longest a packet queues at a port")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--repeats", settings->repeats,
-                  "With --netns: interleaved runs; rows are medians")
+                  "Interleaved runs of every --replicas/--transport job (and with --netns); "
+                  "rows are medians")
       ->check(CLI::Range(1, 100));
   cmd->callback([settings, cmd] {
     if (settings->netns > 0 && settings->placement == "dedicated" && !settings->ps_node) {

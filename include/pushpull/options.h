@@ -80,6 +80,10 @@ struct NetOptions {
   // How long an accepted connection may take to authenticate (capped by
   // connect_timeout). PUSHPULL_HANDSHAKE_TIMEOUT_MS.
   Millis handshake_timeout{10000};
+  // Workers and servers on one host move message payloads through shared
+  // memory instead of loopback TCP (docs/transport.md, "Same host").
+  // PUSHPULL_PS_SHM=0 turns it off.
+  bool ps_shared_memory = true;
 };
 
 struct ClusterOptions {

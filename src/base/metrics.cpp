@@ -65,6 +65,10 @@ std::string_view counter_name(Counter c) {
       return "server_rounds";
     case Counter::kServerPulls:
       return "server_pulls";
+    case Counter::kNetShmBytes:
+      return "net_shm_bytes";
+    case Counter::kNetTcpBytes:
+      return "net_tcp_bytes";
     case Counter::kCount:
       break;
   }

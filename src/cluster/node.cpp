@@ -25,6 +25,7 @@ Node::Node(Options options, const ClockSource& clock)
   tc.role = r;
   tc.label = std::string(role_name(r));
   tc.hold_hellos_until_ranked = true;  // peers learn our rank, which the scheduler assigns
+  tc.shared_memory = options_.net.ps_shared_memory;
   transport_ = std::make_unique<net::Transport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,
                           [this](net::Message&& m) { on_control(std::move(m)); });

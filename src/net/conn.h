@@ -2,28 +2,49 @@
 // Internal: one connection's state inside a Transport (see transport.h).
 // Receive-side fields belong to the I/O thread; send-side fields are guarded
 // by send_mu (user threads write directly when the queue is empty); posted
-// receives by recv_mu.
+// receives by recv_mu. The shared-memory fields follow the same split
+// (transport_shm.cpp; the protocol is in net/shm_setup.h).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
 
 #include "net/hello.h"
+#include "net/shm_segment.h"
 #include "net/transport.h"
 
 namespace pushpull::net {
 
 struct SendOp {
+  // How the payload travels, decided when the header starts going out.
+  enum class Path : uint8_t { kUndecided, kTcp, kShm };
   HeaderBytes header;
   const std::byte* data = nullptr;
   size_t len = 0;
-  size_t written = 0;  // of header + payload
+  size_t written = 0;  // of header + payload (kTcp); of the header (kShm)
   SendDone done;
   Buffer owned;  // send_copy's payload
   int priority = 0;
+  Path path = Path::kUndecided;
+  // kShm: payload bytes copied into the ring so far, and the kShmPiece frame
+  // announcing the last copy while it is being written.
+  size_t shm_copied = 0;
+  HeaderBytes piece{};
+  size_t piece_written = 0;
+  bool piece_pending = false;
   size_t total() const { return kHeaderBytes + len; }
+};
+
+// A net-layer frame (shared-memory setup, release) written between messages
+// or between the pieces of a shared-memory payload.
+struct CtlFrame {
+  std::vector<std::byte> bytes;  // header + payload
+  size_t written = 0;
+  bool release = false;    // a kShmRelease (coalesced while unsent)
+  bool activates = false;  // written: this side may send through its ring
 };
 
 struct PostedRecv {
@@ -56,8 +77,32 @@ struct Transport::Conn {
   std::mutex send_mu;
   std::deque<SendOp> queue;
   bool want_out = false;
+  bool out_armed = false;  // EPOLLOUT is in the epoll set
   bool closed = false;
   Status close_status;
+  std::deque<CtlFrame> ctl;
+  // Our ring (we write it, the peer reads it) once the peer proved it mapped
+  // it; shm_out_ready once the peer knows (so flagged headers follow).
+  std::unique_ptr<ShmSegment> shm_out;
+  bool shm_out_ready = false;
+  uint64_t shm_written = 0;   // stream position of the next byte we copy in
+  uint64_t shm_released = 0;  // the peer has consumed up to here
+  bool ring_blocked = false;  // the head waits for a release, not for EPOLLOUT
+
+  // The connector's connect() waits (bounded) until the setup settled.
+  std::mutex shm_mu;
+  std::condition_variable shm_cv;
+  bool shm_settled = false;
+
+  // Shared-memory setup and receive side (I/O thread only; the connector
+  // sets them before the connection is visible to the I/O thread).
+  enum class ShmState { kNone, kOffered, kAnswered, kOn, kOff };
+  ShmState shm_state = ShmState::kNone;
+  std::unique_ptr<ShmSegment> shm_mine;  // our ring until the peer proved it mapped it
+  std::unique_ptr<ShmSegment> shm_in;    // the peer's ring, mapped read-only
+  uint64_t shm_read = 0;                 // stream position of the next byte we copy out
+  uint64_t shm_release_sent = 0;
+  bool shm_payload = false;  // the current message's payload comes through shm_in
 
   // Posted receives.
   std::mutex recv_mu;
@@ -81,6 +126,8 @@ struct Transport::Conn {
   bool discard = false;              // payload read then dropped (oversize for its post)
 
   size_t payload_left() const { return hdr.payload_bytes - got; }
+  // The payload bytes of the current message follow on the TCP stream.
+  bool tcp_payload() const { return in_payload && !shm_payload; }
 };
 
 }  // namespace pushpull::net

@@ -17,7 +17,7 @@ void encode_header(const Header& h, std::span<std::byte, kHeaderBytes> out) {
       .u<uint64_t>(h.request_id)
       .u<uint64_t>(h.key)
       .u<uint32_t>(h.dtype)
-      .u<uint32_t>(0)  // reserved
+      .u<uint32_t>(h.net_flags)
       .u<uint64_t>(h.offset)
       .u<uint64_t>(h.length)
       .u<uint64_t>(h.payload_bytes);
@@ -45,8 +45,10 @@ Status decode_header(std::span<const std::byte, kHeaderBytes> in, uint64_t max_p
   h.request_id = r.u<uint64_t>();
   h.key = r.u<uint64_t>();
   h.dtype = r.u<uint32_t>();
-  if (r.u<uint32_t>() != 0)
-    return {ErrorCode::kProtocolError, "reserved header bytes are not zero"};
+  h.net_flags = r.u<uint32_t>();
+  if ((h.net_flags & ~kNetFlagsKnown) != 0)
+    return {ErrorCode::kProtocolError,
+            fmt::format("unknown net flags 0x{:x} in the message header", h.net_flags)};
   h.offset = r.u<uint64_t>();
   h.length = r.u<uint64_t>();
   h.payload_bytes = r.u<uint64_t>();

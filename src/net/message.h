@@ -11,7 +11,8 @@
 //       16    8 request_id     matches replies to requests / ops of a collective
 //       24    8 key            parameter key or segment index
 //       32    4 dtype          pushpull::DType as an integer, or 0
-//       36    4 reserved       must be zero
+//       36    4 net_flags      the net layer's own bits (kNetFlag*); unknown bits
+//                              are a protocol error
 //       40    8 offset         byte offset of the payload inside the key's value
 //       48    8 length         total byte length of the key's value
 //       56    8 payload_bytes  bytes following this header
@@ -41,8 +42,9 @@
 
 namespace pushpull::net {
 
-inline constexpr uint32_t kMagic = 0x48535050;   // bytes "PPSH"
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: mutual hello (net/hello.h)
+inline constexpr uint32_t kMagic = 0x48535050;  // bytes "PPSH"
+// 2: mutual hello (net/hello.h); 3: shared-memory payloads (net/shm_setup.h).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 64;
 
 namespace msg {
@@ -50,6 +52,12 @@ namespace msg {
 inline constexpr uint16_t kChallenge = 1;  // acceptor -> connector: nonce
 inline constexpr uint16_t kHello = 2;      // connector -> acceptor: identity + proof
 inline constexpr uint16_t kHelloAck = 3;   // acceptor -> connector: accepted or why not
+// Same-host shared memory (net/shm_setup.h), after the hello.
+inline constexpr uint16_t kShmOffer = 4;    // connector -> acceptor: my ring's name
+inline constexpr uint16_t kShmAnswer = 5;   // acceptor -> connector: your token, my ring / no
+inline constexpr uint16_t kShmConfirm = 6;  // connector -> acceptor: your token / no
+inline constexpr uint16_t kShmPiece = 7;    // `length` payload bytes at ring position `offset`
+inline constexpr uint16_t kShmRelease = 8;  // the reader consumed the ring up to `offset`
 inline constexpr uint16_t kNetLast = 15;
 inline constexpr uint16_t kClusterFirst = 16, kClusterLast = 63;
 inline constexpr uint16_t kPsFirst = 64, kPsLast = 127;
@@ -66,12 +74,18 @@ struct Header {
   uint64_t request_id = 0;
   uint64_t key = 0;
   uint32_t dtype = 0;
+  uint32_t net_flags = 0;  // kNetFlag*: set and checked by the Transport only
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t payload_bytes = 0;
 
   bool operator==(const Header&) const = default;
 };
+
+// net_flags: the payload does not follow on TCP; it comes through the
+// connection's shared-memory ring in kShmPiece frames (net/shm_setup.h).
+inline constexpr uint32_t kNetFlagShmPayload = 1;
+inline constexpr uint32_t kNetFlagsKnown = kNetFlagShmPayload;
 
 using HeaderBytes = std::array<std::byte, kHeaderBytes>;
 
@@ -84,7 +98,7 @@ inline HeaderBytes encode_header(const Header& h) {
 }
 
 // Parses and validates 64 bytes: magic, version == `expected_version`,
-// reserved == 0, payload_bytes <= `max_payload`. On failure returns a
+// no unknown net_flags bits, payload_bytes <= `max_payload`. On failure returns a
 // ProtocolError status saying which field was wrong and leaves *out unspecified.
 Status decode_header(std::span<const std::byte, kHeaderBytes> in, uint64_t max_payload, Header* out,
                      uint16_t expected_version = kProtocolVersion);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "net/conn.h"
+#include "net/shm_setup.h"
 #include "pushpull/log.h"
 
 namespace pushpull::net {
@@ -289,56 +290,20 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   c->peer.outgoing = true;
   c->fd = std::move(fd);
   c->state = Conn::State::kOpen;
+  if (config_.shared_memory) offer_shm(*c);
   ConnId id = add_conn(c);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = c.get();
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c->fd.get(), &ev);
-  return id;
-}
-
-namespace {
-// Writes as much of the queue as the socket takes; returns false on a hard
-// error (errno kept). Completed ops move to `completed`.
-bool write_queue(int fd, std::deque<SendOp>& q, std::vector<SendOp>& completed) {
-  constexpr int kMaxIov = 64;
-  while (!q.empty()) {
-    iovec iov[kMaxIov];
-    int n = 0;
-    for (size_t i = 0; i < q.size() && n + 2 <= kMaxIov; ++i) {
-      SendOp& op = q[i];
-      size_t w = op.written;
-      if (w < kHeaderBytes) iov[n++] = {op.header.data() + w, kHeaderBytes - w};
-      size_t pw = w > kHeaderBytes ? w - kHeaderBytes : 0;
-      if (op.len > pw) iov[n++] = {const_cast<std::byte*>(op.data) + pw, op.len - pw};
-    }
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = static_cast<size_t>(n);
-    ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno == EAGAIN || errno == EWOULDBLOCK;
-    }
-    size_t left = static_cast<size_t>(r);
-    while (left > 0 && !q.empty()) {
-      SendOp& op = q.front();
-      size_t take = std::min(left, op.total() - op.written);
-      op.written += take;
-      left -= take;
-      if (op.written == op.total()) {
-        completed.push_back(std::move(op));
-        q.pop_front();
-      }
-    }
-    if (!q.empty() && q.front().written < q.front().total() && r == 0) return true;
+  if (c->shm_state == Conn::ShmState::kOffered) {
+    // Same host? The acceptor answers on its I/O thread; wait for the
+    // outcome so this connection's first messages already use the ring.
+    queue_ctl(*c, Header{.type = msg::kShmOffer},
+              encode(ShmOffer{c->shm_mine->name(), c->shm_mine->ring_bytes()}), false);
+    wait_shm_settled(*c, hs_deadline);
   }
-  return true;
-}
-}  // namespace
-
-bool transport_write_queue(int fd, std::deque<SendOp>& q, std::vector<SendOp>& completed) {
-  return write_queue(fd, q, completed);
+  return id;
 }
 
 void Transport::enqueue(Conn& c, SendOp&& op, bool from_io_thread) {
@@ -358,34 +323,17 @@ void Transport::enqueue(Conn& c, SendOp&& op, bool from_io_thread) {
         --it;
       if (it == c.queue.begin() && !c.queue.empty()) ++it;
       c.queue.insert(it, std::move(op));
-      if (!c.want_out) {
-        // Nothing in flight: write on this thread now; the I/O thread
-        // finishes whatever the socket does not take.
-        if (!write_queue(c.fd.get(), c.queue, completed)) {
-          c.want_out = true;  // the I/O thread sees the error and closes
-          arm_output(c);
-        } else if (!c.queue.empty()) {
-          c.want_out = true;
-          arm_output(c);
-        }
-      }
+      // Nothing in flight: write on this thread now; the I/O thread finishes
+      // whatever the socket (or the ring) does not take. On an error the I/O
+      // thread sees it (EPOLLOUT) and closes.
+      if (!c.want_out) after_write(c, write_some(c, completed));
     }
   }
   if (!failed.is_ok()) {
     if (op.done) op.done(failed);
     return;
   }
-  for (auto& done : completed) {
-    --queued_;
-    if (done.done) done.done(Status{});
-  }
-}
-
-void Transport::arm_output(Conn& c) {
-  epoll_event ev{};
-  ev.events = c.want_out ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
-  ev.data.ptr = &c;
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
+  complete_sends(nullptr, completed);
 }
 
 void Transport::send(ConnId conn, Header header, const void* data, size_t n, SendDone done,

@@ -58,6 +58,17 @@
 // from one thread, before any connection exists. connect() blocks (bounded by
 // NetOptions::connect_timeout) and must not be called on the I/O thread.
 //
+// Same host. With TransportConfig::shared_memory, a connection whose peer
+// turns out to run on this host (it proves it by mapping a segment this node
+// created, net/shm_setup.h) moves message payloads through a pair of
+// shared-memory rings while headers, order and liveness stay on TCP: a
+// closed TCP connection still fails everything pending, and a peer that
+// dies mid-payload is noticed the same way. connect() returns once the setup
+// settled (bounded by the connect deadline). Everything above is unchanged:
+// send() copies the payload into the ring instead of the socket, a posted
+// receive is filled from the ring. Payload bytes sent each way are counted
+// in the metrics net_shm_bytes / net_tcp_bytes (base/metrics.h).
+//
 // Ownership. The Transport owns its sockets and thread; the destructor stops
 // the loop, closes every connection and joins the thread.
 #pragma once
@@ -86,6 +97,7 @@
 namespace pushpull::net {
 
 using ConnId = uint64_t;
+struct SendOp;
 
 // Who is at the other end of a connection (from its hello).
 struct PeerInfo {
@@ -131,6 +143,15 @@ struct TransportConfig {
   // gives it a rank, so connectors learn a ranked, proven identity. Off: answer
   // at once with whatever identity is set.
   bool hold_hellos_until_ranked = false;
+  // Same-host payloads through shared memory (see above). Both ends must
+  // want it; the cluster's nodes set it from NetOptions::ps_shared_memory.
+  bool shared_memory = false;
+  // Bytes of each direction's ring (a multiple of 4 KiB, at least 64 KiB).
+  size_t shm_ring_bytes = size_t{4} << 20;
+  // Messages with at least this many payload bytes use the ring (> 0).
+  size_t shm_min_payload = 1;
+  // Where the segments live (tmpfs); tests point it elsewhere.
+  std::string shm_dir = "/dev/shm";
 };
 
 class Transport {
@@ -223,7 +244,22 @@ class Transport {
   void close_conn(Conn& c, const Status& why, bool notify);
   void arm_output(Conn& c);
   ConnId add_conn(std::shared_ptr<Conn> c);
-  void enqueue(Conn& c, struct SendOp&& op, bool from_io_thread);
+  void enqueue(Conn& c, SendOp&& op, bool from_io_thread);
+  // Shared memory (transport_shm.cpp).
+  enum class WriteState { kIdle, kSocketFull, kRingFull, kError };
+  WriteState write_some(Conn& c, std::vector<SendOp>& completed);
+  bool write_tcp_batch(Conn& c, std::vector<SendOp>& completed, bool* would_block);
+  bool fill_piece(Conn& c, SendOp& op);
+  void after_write(Conn& c, WriteState r);
+  void complete_sends(Conn* c, std::vector<SendOp>& completed);
+  void queue_ctl(Conn& c, Header h, const std::vector<std::byte>& payload, bool activates);
+  void queue_release(Conn& c, uint64_t pos);
+  void offer_shm(Conn& c);
+  void wait_shm_settled(Conn& c, std::chrono::steady_clock::time_point deadline);
+  void settle_shm(Conn& c);
+  bool on_shm_frame(Conn& c, const Header& h);
+  void on_shm_setup(Conn& c, Message&& m);
+  void shm_protocol_error(Conn& c, const std::string& what);
   void wake();
   Header stamp(Header h, size_t n) const;
   std::shared_ptr<Handler> handler(uint16_t type) const;

@@ -14,11 +14,10 @@
 
 #include "net/address.h"
 #include "net/conn.h"
+#include "net/shm_setup.h"
 #include "pushpull/log.h"
 
 namespace pushpull::net {
-
-bool transport_write_queue(int fd, std::deque<SendOp>& q, std::vector<SendOp>& completed);
 
 namespace {
 constexpr size_t kDirectRead = 16 << 10;  // payload rest read straight into place above this
@@ -189,7 +188,7 @@ void Transport::on_readable(Conn& c) {
       close_conn(c, why, true);
   };
   while (budget > 0 && c.state != Conn::State::kClosed) {
-    if (c.in_payload && c.st_begin == c.st_end && c.payload_left() >= kDirectRead) {
+    if (c.tcp_payload() && c.st_begin == c.st_end && c.payload_left() >= kDirectRead) {
       size_t room = 0;
       std::byte* dst = payload_room(c, &room);
       // A dropped payload (oversize for its post) goes through the empty staging area.
@@ -215,7 +214,7 @@ void Transport::on_readable(Conn& c) {
     }
     while (c.st_begin < c.st_end && c.state != Conn::State::kClosed) {
       size_t avail = c.st_end - c.st_begin;
-      if (!c.in_payload) {
+      if (!c.tcp_payload()) {
         size_t take = std::min(avail, kHeaderBytes - c.hdr_got);
         std::memcpy(c.hdr_bytes.data() + c.hdr_got, c.staging.get() + c.st_begin, take);
         c.hdr_got += take;
@@ -262,25 +261,45 @@ std::byte* Transport::payload_room(Conn& c, size_t* room) {
 void Transport::on_header(Conn& c) {
   c.hdr_got = 0;
   const bool handshake = c.state == Conn::State::kHandshake;
+  Header h;
   Status st = decode_header(c.hdr_bytes, handshake ? kMaxHelloBytes : config_.net.max_message_bytes,
-                            &c.hdr, config_.protocol_version);
+                            &h, config_.protocol_version);
+  // Shared-memory frames are bare headers inside or between messages: they
+  // leave the current message's state alone.
+  if (st && !handshake && (h.type == msg::kShmPiece || h.type == msg::kShmRelease)) {
+    on_shm_frame(c, h);
+    return;
+  }
+  if (st && !handshake && c.shm_payload)
+    st = {ErrorCode::kProtocolError,
+          fmt::format("message type {} inside a shared-memory payload", h.type)};
+  c.hdr = h;
   if (st && handshake && (c.hdr.type != msg::kHello || c.hello_seen))
     st = {ErrorCode::kProtocolError,
           c.hello_seen ? std::string("sent more than one hello")
                        : fmt::format("expected a hello, got message type {}", c.hdr.type)};
-  if (st && !handshake) {
+  if (st && !handshake && c.hdr.type <= msg::kNetLast) {
+    // The shared-memory setup (net/shm_setup.h), handled by the net layer.
+    if (c.hdr.type < msg::kShmOffer || c.hdr.type > msg::kShmConfirm || c.hdr.net_flags != 0)
+      st = {ErrorCode::kProtocolError, fmt::format("unexpected net message type {}", c.hdr.type)};
+    else if (c.hdr.payload_bytes > kMaxShmSetupBytes)
+      st = {ErrorCode::kProtocolError, "oversize shared-memory setup message"};
+  } else if (st && !handshake) {
+    if ((c.hdr.net_flags & kNetFlagShmPayload) && (!c.shm_in || c.hdr.payload_bytes == 0))
+      st = {ErrorCode::kProtocolError,
+            "a shared-memory payload on a connection without shared memory"};
     // The authenticated identity, whatever the peer wrote.
     c.hdr.sender = c.peer_id;
     // A posted receive takes the message; otherwise its type needs a handler.
     std::lock_guard lock(c.recv_mu);
     RecvMatch m{c.hdr.type, c.hdr.request_id, c.hdr.key};
-    for (auto it = c.posted.begin(); it != c.posted.end(); ++it) {
+    for (auto it = c.posted.begin(); st && it != c.posted.end(); ++it) {
       if (!(it->match == m)) continue;
       c.active = std::move(*it);
       c.posted.erase(it);
       break;
     }
-    if (!c.active && !handler(c.hdr.type))
+    if (st && !c.active && !handler(c.hdr.type))
       st = {ErrorCode::kProtocolError, fmt::format("unknown message type {}", c.hdr.type)};
   }
   if (!st) {
@@ -295,6 +314,7 @@ void Transport::on_header(Conn& c) {
   }
   if (handshake) c.hello_seen = true;
   c.in_payload = true;
+  c.shm_payload = !handshake && (c.hdr.net_flags & kNetFlagShmPayload) != 0;
   c.got = 0;
   c.discard = false;
   c.buf.reset();
@@ -329,6 +349,7 @@ bool Transport::run_guarded(Conn* c, const char* what, const std::function<void(
 
 void Transport::finish_message(Conn& c) {
   c.in_payload = false;
+  c.shm_payload = false;
   if (c.active) {
     PostedRecv p = std::move(*c.active);
     c.active.reset();
@@ -345,6 +366,7 @@ void Transport::finish_message(Conn& c) {
   if (c.hdr.payload_bytes == 0) c.buf.reset();
   Message m{c.id, c.hdr, std::move(c.buf)};
   if (c.state == Conn::State::kHandshake) return on_hello(c, std::move(m));
+  if (c.hdr.type <= msg::kNetLast) return on_shm_setup(c, std::move(m));
   if (auto h = handler(c.hdr.type))
     run_guarded(&c, fmt::format("the handler of message type {}", c.hdr.type).c_str(),
                 [&] { (*h)(std::move(m)); });
@@ -352,22 +374,17 @@ void Transport::finish_message(Conn& c) {
 
 void Transport::flush(Conn& c) {
   std::vector<SendOp> completed;
-  bool ok;
+  WriteState r;
+  int err = 0;
   {
     std::lock_guard lock(c.send_mu);
     if (c.closed) return;
-    ok = transport_write_queue(c.fd.get(), c.queue, completed);
-    if (ok && c.queue.empty()) {
-      c.want_out = false;
-      arm_output(c);
-    }
+    r = write_some(c, completed);
+    err = errno;
+    if (r != WriteState::kError) after_write(c, r);
   }
-  const int err = errno;
-  for (auto& op : completed) {
-    --queued_;
-    if (op.done) run_guarded(&c, "a send completion", [&] { op.done(Status{}); });
-  }
-  if (!ok && c.state != Conn::State::kClosed) {
+  complete_sends(&c, completed);
+  if (r == WriteState::kError && c.state != Conn::State::kClosed) {
     Status why{ErrorCode::kIoError, fmt::format("send failed: {}", std::strerror(err))};
     if (c.state == Conn::State::kHandshake)
       refuse_stranger(c, why.message(), false);
@@ -390,7 +407,7 @@ void Transport::close_conn(Conn& c, const Status& why, bool notify) {
     std::lock_guard lock(c.send_mu);
     // A refusal ack may still be queued: give it one last non-blocking try.
     std::vector<SendOp> completed;
-    transport_write_queue(c.fd.get(), c.queue, completed);
+    write_some(c, completed);
     for (auto& op : completed) {
       --queued_;
       if (op.done) run_guarded(nullptr, "a send completion", [&] { op.done(Status{}); });
@@ -407,6 +424,7 @@ void Transport::close_conn(Conn& c, const Status& why, bool notify) {
   c.active.reset();
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
   ::shutdown(c.fd.get(), SHUT_RDWR);
+  settle_shm(c);  // a connect() waiting for the shared-memory setup goes on
   CloseHandler on_close;
   {
     std::lock_guard lock(mu_);

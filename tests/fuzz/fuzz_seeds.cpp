@@ -15,6 +15,7 @@
 #include "collective/rendezvous.h"
 #include "net/hello.h"
 #include "net/message.h"
+#include "net/shm_setup.h"
 #include "net/wire.h"
 #include "ps/checkpoint.h"
 #include "ps/protocol.h"
@@ -67,6 +68,14 @@ void net_seeds(const fs::path& root) {
   hs.add(1, net::encode(h));
   hs.add(2, net::encode(net::HelloAck{true, "", Role::kServer, 0}));
   hs.add(2, net::encode(net::HelloAck{false, "authentication failed", Role::kNone, -1}));
+  header.add(0, net::encode_header(net::Header{
+                    .type = 65, .net_flags = net::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
+  Corpus shm(root, "fuzz_net_shm");
+  const std::string name = std::string(net::kShmNamePrefix) + std::string(32, 'a');
+  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20}));
+  shm.add(1, net::encode(net::ShmAnswer{true, "", net::ShmToken{}, name, 8 << 20}));
+  shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
+  shm.add(2, net::encode(net::ShmConfirm{true, "", net::ShmToken{}}));
 }
 
 void cluster_seeds(const fs::path& root) {

@@ -75,6 +75,7 @@ set(net_srcs ${CMAKE_SOURCE_DIR}/src/net/message.cpp ${CMAKE_SOURCE_DIR}/src/net
              ${CMAKE_SOURCE_DIR}/src/base/error.cpp)
 pushpull_fuzz_target(fuzz_net_header pushpull_net CLANG_SOURCES ${net_srcs})
 pushpull_fuzz_target(fuzz_net_handshake pushpull_net CLANG_SOURCES ${net_srcs})
+pushpull_fuzz_target(fuzz_net_shm pushpull_net)
 pushpull_fuzz_target(fuzz_cluster_messages pushpull_cluster)
 pushpull_fuzz_target(fuzz_ps_messages pushpull_ps)
 pushpull_fuzz_target(fuzz_collective_messages pushpull_collective)

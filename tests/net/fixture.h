@@ -150,6 +150,8 @@ class RawClient {
     return err.find("closed") != std::string::npos || err.find("reset") != std::string::npos;
   }
   int fd() const { return fd_.get(); }
+  // Goes away without a word (a peer that died).
+  void close() { fd_.reset(); }
 
  private:
   Fd fd_;

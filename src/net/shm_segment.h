@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// One direction of a connection's same-host shared-memory path: a ring of
+// payload bytes in a file under /dev/shm (tmpfs), written by the node that
+// created it and read by its peer (net/shm_setup.h has the protocol).
+//
+// Layout: a 4 KiB header page {magic u64, version u32, zero u32, ring bytes
+// u64, token 32 bytes} (little-endian) and then the ring. The token is
+// random, written only into the segment and never sent anywhere: a peer that
+// repeats it over the authenticated TCP connection has proven it mapped the
+// segment, i.e. that it runs on this host as this user.
+//
+// Security: the creator makes the file with O_CREAT | O_EXCL | O_NOFOLLOW and
+// mode 0600 under an unguessable name ("pushpull-net-" + 32 random hex
+// digits) and unlinks the name as soon as the peer proved it mapped it (or
+// when the setup ends otherwise), so nothing is left behind and nobody else
+// can open it afterwards. open() accepts only names of that form (no paths),
+// only a regular file owned by this user with no group/other permissions and
+// exactly the size its header announces, and maps it read-only.
+//
+// Positions are byte offsets into an endless stream; the ring holds stream
+// byte p at p % ring_bytes(). write()/read() copy across the wrap.
+//
+// Ownership and thread safety: a ShmSegment owns its mapping and (creator)
+// the name until unlink(); destruction unmaps and unlinks a name still
+// linked. The object is not synchronised: the Transport guards each one.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace pushpull::net {
+
+using ShmToken = std::array<std::byte, 32>;
+
+inline constexpr size_t kShmHeaderBytes = 4096;
+inline constexpr size_t kShmMinRingBytes = 64 << 10;
+inline constexpr size_t kShmMaxRingBytes = size_t{1} << 30;
+inline constexpr char kShmNamePrefix[] = "pushpull-net-";
+inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
+
+class ShmSegment {
+ public:
+  // Creates a fresh segment of `ring_bytes` (a multiple of 4 KiB within
+  // [kShmMinRingBytes, kShmMaxRingBytes]) in `dir`. Returns nullptr and sets
+  // *why on failure (no /dev/shm, out of space, ...).
+  static std::unique_ptr<ShmSegment> create(size_t ring_bytes, const std::string& dir,
+                                            std::string* why);
+  // Maps, read-only, the segment a peer created under `name` in `dir` (see
+  // above for what is checked). Returns nullptr and sets *why on failure.
+  static std::unique_ptr<ShmSegment> open(const std::string& name, const std::string& dir,
+                                          std::string* why);
+  // True when `name` has the form create() gives (no path separators).
+  static bool valid_name(const std::string& name);
+
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  const ShmToken& token() const { return token_; }
+  size_t ring_bytes() const { return ring_bytes_; }
+  // Removes the name (creator only; idempotent).
+  void unlink();
+
+  // Copies `n` <= ring_bytes() bytes to / from stream position `pos`.
+  void write(uint64_t pos, const void* src, size_t n);
+  void read(uint64_t pos, void* dst, size_t n) const;
+
+ private:
+  ShmSegment() = default;
+  std::string dir_;
+  std::string name_;
+  bool linked_ = false;  // we created the name and it is still there
+  std::byte* base_ = nullptr;
+  size_t map_bytes_ = 0;
+  size_t ring_bytes_ = 0;
+  ShmToken token_{};
+};
+
+}  // namespace pushpull::net

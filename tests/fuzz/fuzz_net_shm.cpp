@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fuzz target: the shared-memory setup messages (net/shm_setup.h): offer,
+// answer, confirmation. One that decodes re-encodes to the same bytes, and
+// a name it accepts is one pushpull makes (never a path).
+#include <algorithm>
+
+#include "fuzz_input.h"
+#include "net/shm_setup.h"
+
+using namespace pushpull::net;
+
+namespace {
+bool same(const std::vector<std::byte>& a, std::span<const std::byte> b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto [sel, in] = pushpull::fuzz::split(data, size);
+  switch (sel % 3) {
+    case 0: {
+      ShmOffer m;
+      if (decode(in, &m).is_ok()) {
+        pushpull::fuzz::require(ShmSegment::valid_name(m.name));
+        pushpull::fuzz::require(same(encode(m), in));
+      }
+      break;
+    }
+    case 1: {
+      ShmAnswer m;
+      if (decode(in, &m).is_ok()) {
+        pushpull::fuzz::require(!m.accepted || ShmSegment::valid_name(m.name));
+        pushpull::fuzz::require(same(encode(m), in));
+      }
+      break;
+    }
+    default: {
+      ShmConfirm m;
+      if (decode(in, &m).is_ok()) pushpull::fuzz::require(same(encode(m), in));
+    }
+  }
+  return 0;
+}

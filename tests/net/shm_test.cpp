@@ -1,0 +1,409 @@
+// SPDX-License-Identifier: Apache-2.0
+// The same-host shared-memory path of the Transport (net/shm_setup.h):
+// payloads of every size through small rings, in order with TCP-only
+// messages, both directions at once; a peer that dies mid-payload; peers
+// that lie in the setup or the frames; the opt-out.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <future>
+#include <numeric>
+#include <thread>
+
+#include "base/metrics.h"
+#include "fixture.h"
+#include "net/shm_segment.h"
+#include "net/shm_setup.h"
+#include "net/transport.h"
+#include "pushpull/options.h"
+#include "support/wait.h"
+
+namespace pushpull::net {
+namespace {
+
+using namespace std::chrono_literals;
+using test::RawClient;
+using test::Sink;
+using test::wait_until;
+
+using test::kData;
+using test::kReply;
+
+// A small ring, so big payloads wrap it many times and wait for releases.
+TransportConfig shm_config(Role role, int rank, bool on = true) {
+  TransportConfig c = test::config(role, rank);
+  c.shared_memory = on;
+  c.shm_ring_bytes = 64 << 10;
+  return c;
+}
+
+int64_t shm_bytes() {
+  return metrics::value(metrics::Counter::kNetShmBytes);
+}
+int64_t tcp_bytes() {
+  return metrics::value(metrics::Counter::kNetTcpBytes);
+}
+
+std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::byte>((i * 131 + seed * 7) & 0xff);
+  return v;
+}
+
+// Segments left in `dir` (every one must be unlinked once set up).
+size_t leftover_segments(const std::string& dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (ShmSegment::valid_name(e->d_name)) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// A private directory on tmpfs, removed at the end.
+struct TempShmDir {
+  TempShmDir() {
+    char t[] = "/dev/shm/pushpull-test-XXXXXX";
+    EXPECT_NE(mkdtemp(t), nullptr);
+    path = t;
+  }
+  ~TempShmDir() { ::rmdir(path.c_str()); }
+  std::string path;
+};
+
+TEST(ShmTransport, PayloadsOfEverySizeArriveInOrderThroughTheRing) {
+  TempShmDir dir;
+  TransportConfig ca = shm_config(Role::kServer, 0), cb = shm_config(Role::kWorker, 1);
+  ca.shm_dir = cb.shm_dir = dir.path;
+  Sink a(ca);
+  Transport b(cb);
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  const int64_t shm0 = shm_bytes(), tcp0 = tcp_bytes();
+  // Large and small, zero-length and copied, in one order.
+  const std::vector<size_t> sizes{1, 0, 100, 64 << 10, (1 << 20) + 3, 7, 5 << 20, 0, 4096, 65537};
+  std::vector<std::vector<std::byte>> sent;
+  uint64_t total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sent.push_back(pattern(sizes[i], static_cast<uint32_t>(i)));
+    total += sizes[i];
+  }
+  std::atomic<int> done{0};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Header h{.type = kData, .request_id = i};
+    if (i % 3 == 2) {
+      ASSERT_TRUE(b.send_copy(c, h, sent[i].data(), sent[i].size()).is_ok());
+      ++done;
+    } else {
+      b.send(c, h, sent[i].data(), sent[i].size(), [&](const Status& s) {
+        EXPECT_TRUE(s.is_ok()) << s.message();
+        ++done;
+      });
+    }
+  }
+  ASSERT_TRUE(wait_until([&] { return a.count() == sizes.size(); }, 30s));
+  ASSERT_TRUE(wait_until([&] { return done.load() == static_cast<int>(sizes.size()); }));
+  {
+    std::lock_guard l(a.mu);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_EQ(a.got[i].header.request_id, i);
+      ASSERT_EQ(a.got[i].payload.size(), sizes[i]);
+      EXPECT_EQ(0, std::memcmp(a.got[i].payload.data(), sent[i].data(), sizes[i])) << i;
+    }
+  }
+  // Every payload byte went through the ring, none over TCP.
+  EXPECT_EQ(shm_bytes() - shm0, static_cast<int64_t>(total));
+  EXPECT_EQ(tcp_bytes() - tcp0, 0);
+  // Both names are gone from /dev/shm (unlinked once mapped).
+  EXPECT_EQ(leftover_segments(dir.path), 0u);
+}
+
+TEST(ShmTransport, PostedReceiveAndBothDirectionsAtOnce) {
+  Sink a(shm_config(Role::kServer, 0));
+  Transport b(shm_config(Role::kWorker, 1));
+  b.set_handler(kData, kData, [](Message&&) {});
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  ConnId back = a.peers[0].first;
+  // Each side sends 8 x 3 MiB to the other at once through 64 KiB rings:
+  // both wait for releases that travel behind their own pieces.
+  const size_t n = 3 << 20;
+  const int k = 8;
+  std::vector<std::vector<std::byte>> from_b, from_a;
+  std::vector<std::vector<std::byte>> into_a(k, std::vector<std::byte>(n)),
+      into_b(k, std::vector<std::byte>(n));
+  std::atomic<int> arrived{0}, sent{0};
+  for (int i = 0; i < k; ++i) {
+    from_b.push_back(pattern(n, static_cast<uint32_t>(i)));
+    from_a.push_back(pattern(n, static_cast<uint32_t>(100 + i)));
+    auto got = [&](const Status& s, const Header& h) {
+      EXPECT_TRUE(s.is_ok()) << s.message();
+      EXPECT_EQ(h.payload_bytes, n);
+      ++arrived;
+    };
+    const auto id = static_cast<uint64_t>(i);
+    ASSERT_TRUE(a.t.post_recv(back, {kReply, id, 0}, into_a[i].data(), n, got).is_ok());
+    ASSERT_TRUE(b.post_recv(c, {kReply, id, 0}, into_b[i].data(), n, got).is_ok());
+  }
+  auto on_sent = [&](const Status& s) {
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    ++sent;
+  };
+  std::thread ta([&] {
+    for (int i = 0; i < k; ++i)
+      a.t.send(back, Header{.type = kReply, .request_id = static_cast<uint64_t>(i)},
+               from_a[i].data(), n, on_sent);
+  });
+  for (int i = 0; i < k; ++i)
+    b.send(c, Header{.type = kReply, .request_id = static_cast<uint64_t>(i)}, from_b[i].data(), n,
+           on_sent);
+  ta.join();
+  ASSERT_TRUE(wait_until([&] { return arrived.load() == 2 * k && sent.load() == 2 * k; }, 60s));
+  for (int i = 0; i < k; ++i) {
+    EXPECT_EQ(into_a[i], from_b[i]) << i;
+    EXPECT_EQ(into_b[i], from_a[i]) << i;
+  }
+  EXPECT_EQ(a.count(), 0u);
+}
+
+TEST(ShmTransport, OptOutOnEitherSideKeepsEverythingOnTcp) {
+  for (bool server_on : {false, true}) {
+    Sink a(shm_config(Role::kServer, 0, server_on));
+    Transport b(shm_config(Role::kWorker, 1, !server_on));
+    b.start();
+    ConnId c = b.connect("127.0.0.1", a.t.port());
+    const int64_t shm0 = shm_bytes(), tcp0 = tcp_bytes();
+    auto big = pattern(1 << 20, 3);
+    ASSERT_TRUE(b.send_copy(c, Header{.type = kData}, big.data(), big.size()).is_ok());
+    ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+    std::lock_guard l(a.mu);
+    ASSERT_EQ(a.got[0].payload.size(), big.size());
+    EXPECT_EQ(0, std::memcmp(a.got[0].payload.data(), big.data(), big.size()));
+    EXPECT_EQ(shm_bytes() - shm0, 0);
+    EXPECT_EQ(tcp_bytes() - tcp0, static_cast<int64_t>(big.size()));
+  }
+  // PUSHPULL_PS_SHM=0 is the switch of the cluster's nodes.
+  Environment env;
+  EXPECT_TRUE(Options::from_env(env).net.ps_shared_memory);
+  env.set("PUSHPULL_PS_SHM", "0");
+  EXPECT_FALSE(Options::from_env(env).net.ps_shared_memory);
+}
+
+// A hand-driven connector that sets the shared memory up itself.
+struct RawShmPeer {
+  explicit RawShmPeer(int port) : raw(port) { raw.hello(); }
+  // Offers `mine`; returns the acceptor's answer.
+  ShmAnswer offer(const std::string& name, uint64_t ring) {
+    auto p = encode(ShmOffer{name, ring});
+    raw.write(Header{.type = msg::kShmOffer, .payload_bytes = p.size()}, p);
+    ShmAnswer answer;
+    EXPECT_TRUE(decode(raw.read_message(msg::kShmAnswer), &answer).is_ok());
+    return answer;
+  }
+  void confirm(const ShmToken& token) {
+    auto p = encode(ShmConfirm{true, "", token});
+    raw.write(Header{.type = msg::kShmConfirm, .payload_bytes = p.size()}, p);
+  }
+  // The whole setup, honestly.
+  void setup() {
+    std::string why;
+    mine = ShmSegment::create(64 << 10, "/dev/shm", &why);
+    ASSERT_TRUE(mine) << why;
+    ShmAnswer a = offer(mine->name(), mine->ring_bytes());
+    ASSERT_TRUE(a.accepted) << a.reason;
+    ASSERT_EQ(a.token, mine->token());
+    theirs = ShmSegment::open(a.name, "/dev/shm", &why);
+    ASSERT_TRUE(theirs) << why;
+    confirm(theirs->token());
+  }
+  void frame(uint16_t type, uint64_t offset, uint64_t length = 0) {
+    raw.write(Header{.type = type, .offset = offset, .length = length}, {});
+  }
+  RawClient raw;
+  std::unique_ptr<ShmSegment> mine, theirs;
+};
+
+TEST(ShmTransport, AnHonestHandDrivenPeerIsServed) {
+  Sink a(shm_config(Role::kServer, 0));
+  RawShmPeer p(a.t.port());
+  ASSERT_NO_FATAL_FAILURE(p.setup());
+  auto data = pattern(100000, 9);
+  p.mine->write(0, data.data(), 60000);
+  p.raw.write(Header{.type = kData, .net_flags = kNetFlagShmPayload, .payload_bytes = data.size()},
+              {});
+  p.frame(msg::kShmPiece, 0, 60000);
+  ASSERT_TRUE(wait_until([&] { return a.count() == 0; }));
+  p.mine->write(60000, data.data() + 60000, 40000);  // wraps the 64 KiB ring
+  p.frame(msg::kShmPiece, 60000, 40000);
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+  std::lock_guard l(a.mu);
+  ASSERT_EQ(a.got[0].payload.size(), data.size());
+  EXPECT_EQ(0, std::memcmp(a.got[0].payload.data(), data.data(), data.size()));
+  EXPECT_TRUE(a.closes.empty());
+}
+
+TEST(ShmTransport, APeerThatDiesMidPayloadClosesOnlyItsConnection) {
+  Sink a(shm_config(Role::kServer, 0));
+  RawShmPeer p(a.t.port());
+  ASSERT_NO_FATAL_FAILURE(p.setup());
+  ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  ConnId back = a.peers[0].first;
+  std::vector<std::byte> dst(1 << 20);
+  std::promise<Status> failed;
+  ASSERT_TRUE(a.t.post_recv(back, {kData, 1, 0}, dst.data(), dst.size(),
+                            [&](const Status& s, const Header&) { failed.set_value(s); })
+                  .is_ok());
+  auto data = pattern(1 << 20, 1);
+  p.mine->write(0, data.data(), 32 << 10);
+  p.raw.write(Header{.type = kData,
+                     .request_id = 1,
+                     .net_flags = kNetFlagShmPayload,
+                     .payload_bytes = data.size()},
+              {});
+  p.frame(msg::kShmPiece, 0, 32 << 10);
+  p.raw.close();  // gone with most of the payload unsent
+  auto f = failed.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(f.get().is_ok());
+  ASSERT_TRUE(wait_until([&] { return a.ncloses() == 1; }));
+  EXPECT_EQ(a.count(), 0u);
+  // The node goes on serving others.
+  Transport b(shm_config(Role::kWorker, 2));
+  b.start();
+  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ASSERT_TRUE(b.send_copy(c, Header{.type = kData}, data.data(), data.size()).is_ok());
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+}
+
+TEST(ShmTransport, ASenderThatStopsMidPayloadFailsTheReceiveWithoutHanging) {
+  Sink a(shm_config(Role::kServer, 0));
+  auto b = std::make_unique<Transport>(shm_config(Role::kWorker, 1));
+  b->start();
+  ConnId c = b->connect("127.0.0.1", a.t.port());
+  ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
+  ConnId back = a.peers[0].first;
+  const size_t n = 64 << 20;
+  std::vector<std::byte> src(n, std::byte{1}), dst(n);
+  std::promise<Status> recv;
+  ASSERT_TRUE(a.t.post_recv(back, {kData, 1, 0}, dst.data(), n,
+                            [&](const Status& s, const Header&) { recv.set_value(s); })
+                  .is_ok());
+  std::promise<Status> sent;
+  b->send(c, Header{.type = kData, .request_id = 1}, src.data(), n,
+          [&](const Status& s) { sent.set_value(s); });
+  b.reset();  // stops mid-payload (64 MiB through a 64 KiB ring takes a while)
+  auto sf = sent.get_future();
+  ASSERT_EQ(sf.wait_for(10s), std::future_status::ready);
+  auto rf = recv.get_future();
+  ASSERT_EQ(rf.wait_for(10s), std::future_status::ready);
+  // Either it made it before the stop, or both sides failed cleanly.
+  EXPECT_EQ(sf.get().is_ok(), rf.get().is_ok());
+}
+
+// Each of these lies closes the connection (and only it).
+TEST(ShmTransport, PeersThatLieAreRefused) {
+  Sink a(shm_config(Role::kServer, 0));
+  auto expect_closed = [&](RawShmPeer& p, size_t closes) {
+    EXPECT_TRUE(p.raw.closed_by_peer());
+    EXPECT_TRUE(wait_until([&] { return a.ncloses() == closes; }));
+  };
+  {  // A confirmation that does not prove it mapped the acceptor's ring.
+    RawShmPeer p(a.t.port());
+    std::string why;
+    auto mine = ShmSegment::create(64 << 10, "/dev/shm", &why);
+    ASSERT_TRUE(mine) << why;
+    ShmAnswer ans = p.offer(mine->name(), mine->ring_bytes());
+    ASSERT_TRUE(ans.accepted) << ans.reason;
+    p.confirm(ShmToken{});
+    expect_closed(p, 1);
+  }
+  {  // A shared-memory payload without the setup.
+    RawShmPeer p(a.t.port());
+    p.raw.write(Header{.type = kData, .net_flags = kNetFlagShmPayload, .payload_bytes = 10}, {});
+    expect_closed(p, 2);
+  }
+  {  // A piece at a position that was never announced.
+    RawShmPeer p(a.t.port());
+    ASSERT_NO_FATAL_FAILURE(p.setup());
+    p.raw.write(Header{.type = kData, .net_flags = kNetFlagShmPayload, .payload_bytes = 10}, {});
+    p.frame(msg::kShmPiece, 4096, 10);
+    expect_closed(p, 3);
+  }
+  {  // A piece longer than the payload.
+    RawShmPeer p(a.t.port());
+    ASSERT_NO_FATAL_FAILURE(p.setup());
+    p.raw.write(Header{.type = kData, .net_flags = kNetFlagShmPayload, .payload_bytes = 10}, {});
+    p.frame(msg::kShmPiece, 0, 11);
+    expect_closed(p, 4);
+  }
+  {  // Another message inside a shared-memory payload.
+    RawShmPeer p(a.t.port());
+    ASSERT_NO_FATAL_FAILURE(p.setup());
+    p.raw.write(Header{.type = kData, .net_flags = kNetFlagShmPayload, .payload_bytes = 10}, {});
+    p.raw.write(Header{.type = kData}, {});
+    expect_closed(p, 5);
+  }
+  {  // A release of bytes never written.
+    RawShmPeer p(a.t.port());
+    ASSERT_NO_FATAL_FAILURE(p.setup());
+    p.frame(msg::kShmRelease, 1);
+    expect_closed(p, 6);
+  }
+  {  // A second offer.
+    RawShmPeer p(a.t.port());
+    ASSERT_NO_FATAL_FAILURE(p.setup());
+    auto offer = encode(ShmOffer{p.mine->name(), p.mine->ring_bytes()});
+    p.raw.write(Header{.type = msg::kShmOffer, .payload_bytes = offer.size()}, offer);
+    expect_closed(p, 7);
+  }
+  EXPECT_EQ(a.count(), 0u);
+}
+
+TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
+  Sink a(shm_config(Role::kServer, 0));
+  RawShmPeer p(a.t.port());
+  // A well-formed name that does not exist here (the peer is elsewhere).
+  ShmAnswer ans = p.offer(std::string(kShmNamePrefix) + std::string(32, 'a'), 64 << 10);
+  EXPECT_FALSE(ans.accepted);
+  EXPECT_NE(ans.reason.find("cannot open"), std::string::npos) << ans.reason;
+  const char text[] = "still here";
+  p.raw.write(Header{.type = kData, .payload_bytes = sizeof text},
+              std::as_bytes(std::span(text, sizeof text)));
+  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+  EXPECT_EQ(a.ncloses(), 0u);
+}
+
+TEST(ShmSegment, OnlyItsOwnNamesAndWellFormedSetupMessages) {
+  EXPECT_TRUE(ShmSegment::valid_name(std::string(kShmNamePrefix) + std::string(32, '0')));
+  for (const std::string& bad :
+       std::vector<std::string>{"", "pushpull-net-", "../etc/passwd",
+                                std::string(kShmNamePrefix) + std::string(31, '0') + "/",
+                                std::string(kShmNamePrefix) + std::string(32, 'A'),
+                                std::string(kShmNamePrefix) + std::string(33, '0')})
+    EXPECT_FALSE(ShmSegment::valid_name(bad)) << bad;
+  std::string why;
+  EXPECT_FALSE(ShmSegment::open("../../etc/passwd", "/dev/shm", &why));
+  EXPECT_FALSE(ShmSegment::create(1000, "/dev/shm", &why));  // not a multiple of 4 KiB
+  EXPECT_FALSE(ShmSegment::create(64 << 10, "/nonexistent-dir", &why));
+
+  ShmAnswer a{true, "", {}, std::string(kShmNamePrefix) + std::string(32, 'f'), 4096};
+  auto bytes = encode(a);
+  ShmAnswer back;
+  ASSERT_TRUE(decode(bytes, &back).is_ok());
+  EXPECT_EQ(back.name, a.name);
+  for (size_t cut = 0; cut < bytes.size(); ++cut)
+    EXPECT_FALSE(decode(std::span(bytes).first(cut), &back).is_ok()) << cut;
+  bytes.push_back(std::byte{0});
+  EXPECT_FALSE(decode(bytes, &back).is_ok());
+  ShmOffer o;
+  EXPECT_FALSE(decode(encode(ShmOffer{"../x", 1}), &o).is_ok());
+}
+
+}  // namespace
+}  // namespace pushpull::net
