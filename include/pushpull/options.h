@@ -149,9 +149,10 @@ struct CollectiveOptions {
   double stall_warning_seconds = 60;
   // 0 = never. PUSHPULL_STALL_SHUTDOWN_SECONDS.
   double stall_shutdown_seconds = 0;
-  // Collective data among the ranks of one host through shared memory
-  // (docs/performance.md). PUSHPULL_SHM=1.
-  bool shared_memory = false;
+  // Collective data between ranks of one host through shared memory, the
+  // host found by identity and a probe (docs/transport.md). PUSHPULL_SHM=0
+  // turns it off.
+  bool shared_memory = true;
   // Set by `pushpull launch --min-workers/--max-workers` (docs/elastic.md):
   // the launcher's elastic rendezvous as host:port (empty: not elastic), this
   // worker's id there, and how long a join may wait for a round.
