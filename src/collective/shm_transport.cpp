@@ -24,7 +24,7 @@
 namespace pushpull::collective {
 namespace {
 
-constexpr uint64_t kMagic = 0x70707368'6d763031ull;  // "ppshmv01"
+constexpr uint64_t kMagic = 0x70707368'6d763032ull;  // "ppshmv02"
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);  // futex timeout: liveness checks
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
@@ -38,6 +38,7 @@ struct alignas(64) SegHeader {
   std::atomic<uint32_t> closed;    // the owner closed
   std::atomic<int32_t> pid;        // the owner's process
   std::atomic<uint32_t> attached;  // peers that mapped this segment
+  std::atomic<uint32_t> sleeping;  // the owner is (about to be) in FUTEX_WAIT
 };
 struct alignas(64) RingCtl {
   std::atomic<uint64_t> head;  // bytes ever written (producer)
@@ -61,9 +62,13 @@ void futex_wait(std::atomic<uint32_t>* w, uint32_t seen, std::chrono::nanosecond
               static_cast<long>(timeout.count() % 1000000000)};
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
+// The system call only when the owner sleeps (or is about to): while it
+// spins, a bump of the doorbell is all it needs. Either the owner's FUTEX_WAIT
+// sees the bumped doorbell and returns at once, or this load sees `sleeping`
+// (both sides sequentially consistent); the wait's timeout bounds the rest.
 void ring_bell(SegHeader* h) {
-  h->doorbell.fetch_add(1, std::memory_order_acq_rel);
-  futex_wake(&h->doorbell);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleeping.load(std::memory_order_seq_cst)) futex_wake(&h->doorbell);
 }
 
 void put64(unsigned char* p, uint64_t v) {
@@ -543,7 +548,9 @@ struct ShmTransport::Impl {
         sched_yield();
         continue;
       }
+      own->sleeping.store(1, std::memory_order_seq_cst);
       futex_wait(&own->doorbell, bell, kSleepSlice);
+      own->sleeping.store(0, std::memory_order_relaxed);
     }
   }
 

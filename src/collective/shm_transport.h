@@ -15,8 +15,9 @@
 // bounded by kMaxEarlyBytes). Posting a send whose peer has nothing queued
 // copies it into the ring at once from the poster's thread (small messages
 // then skip a thread hand-off). Wake-ups: each segment has a doorbell word; a
-// writer bumps the reader's doorbell and FUTEX_WAKEs it, a reader that freed
-// space bumps the writer's. The progress thread re-checks for a short
+// writer bumps the reader's doorbell and FUTEX_WAKEs it (only when the
+// reader has said it sleeps: no system call while it spins), a reader that
+// freed space bumps the writer's. The progress thread re-checks for a short
 // bounded window (kSpinWindow, yielding) before it sleeps in FUTEX_WAIT, with
 // a timeout so it also notices peers that died without a word (their pid is
 // in their header) or closed (a flag in their header).
