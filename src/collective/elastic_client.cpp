@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -41,6 +42,10 @@ struct Client::Impl {
   std::optional<Status> gone;  // the launcher's connection closed
   uint64_t stamp = 0, round_stamp = 0, round = 0;
   std::shared_ptr<VerdictPort> mesh;
+  uint64_t mesh_round = 0;
+  // A member of a round died before this worker attached its mesh: kept for
+  // attach(), so the mesh does not wait for that member until its timeout.
+  std::optional<std::pair<uint64_t, Status>> early_gone;
   bool waiting = false;
 };
 
@@ -75,7 +80,11 @@ Client::Client(ClientConfig config) : impl_(std::make_shared<Impl>(std::move(con
       case kMemberGoneType: {
         MemberGone g;
         if (!decode(m.payload.data(), m.payload.size(), &g).is_ok()) return;
-        if (g.round != self->round || !self->mesh) return;  // another round's news
+        if (!self->mesh || g.round != self->mesh_round) {
+          if (g.round >= self->round)
+            self->early_gone.emplace(g.round, Status(ErrorCode::kPeerFailure, g.why));
+          return;
+        }
         auto port = self->mesh;
         lock.unlock();
         port->deliver(Status(ErrorCode::kPeerFailure, g.why));
@@ -120,6 +129,7 @@ Assignment Client::join(const std::string& host, int port, Millis timeout) {
     s.assigned.reset();
     s.declined.reset();
     s.mesh.reset();
+    s.early_gone.reset();
   }
   auto req = encode(JoinRequest{s.cfg.worker_id, host, port});
   if (Status st = s.net.send_copy(s.conn, net::Header{.type = kJoinType}, req.data(), req.size());
@@ -146,8 +156,14 @@ Assignment Client::join(const std::string& host, int port, Millis timeout) {
 }
 
 void Client::attach(uint64_t round, std::shared_ptr<VerdictPort> port) {
-  std::lock_guard lock(impl_->mu);
-  if (round == impl_->round) impl_->mesh = std::move(port);
+  std::unique_lock lock(impl_->mu);
+  if (round != impl_->round) return;
+  impl_->mesh = port;
+  impl_->mesh_round = round;
+  if (!impl_->early_gone || impl_->early_gone->first != round) return;
+  Status why = impl_->early_gone->second;
+  lock.unlock();
+  port->deliver(why);
 }
 
 uint64_t Client::hosts_stamp() const {

@@ -61,7 +61,8 @@ std::string StreamAuth::key() const {
 
 std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
                                     Clock::time_point deadline, Millis handshake_timeout,
-                                    const std::string& what) {
+                                    const std::string& what,
+                                    const std::function<std::optional<Status>()>& abandon) {
   std::vector<net::Fd> fds(static_cast<size_t>(size));
   std::vector<Pending> pending;
   net::RefusalLog log;
@@ -74,6 +75,8 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
   };
   while (expected > 0) {
+    if (abandon)
+      if (auto why = abandon()) why->raise();
     auto now = Clock::now();
     if (now >= deadline) {
       std::vector<int> missing;
@@ -85,7 +88,7 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
     // Expired handshakes go; the rest and the listener are polled together.
     for (size_t i = pending.size(); i-- > 0;)
       if (now >= pending[i].deadline) drop(i, "no handshake within the handshake timeout");
-    auto wake = deadline;
+    auto wake = abandon ? std::min(deadline, now + Millis(100)) : deadline;
     for (auto& p : pending)
       wake = std::min(wake, p.deadline);
     const bool listening = now >= pause_until;

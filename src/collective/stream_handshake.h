@@ -21,6 +21,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,9 +42,12 @@ struct StreamAuth {
 // Accepts one stream from each rank in (rank, size) on the non-blocking
 // listening socket `listener`. Returns the sockets by rank (invalid below and
 // at `rank`). Throws Timeout naming the missing ranks at `deadline`.
+// `abandon`, when given, is asked every 100 ms: a status it returns (a peer's
+// failure, known from elsewhere) ends the wait at once and is thrown.
 std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
                                     Clock::time_point deadline, Millis handshake_timeout,
-                                    const std::string& what);
+                                    const std::string& what,
+                                    const std::function<std::optional<Status>()>& abandon = {});
 
 // Opens the stream from `rank` to `peer` at host:port. Throws IoError when
 // the connection or the handshake fails, ProtocolError when the acceptor

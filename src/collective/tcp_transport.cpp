@@ -90,7 +90,14 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
       if (!conns_[static_cast<size_t>(r)]) return false;
     return true;
   };
-  if (!cv_.wait_for(lock, opts_.connect_timeout, all)) {
+  // A verdict delivered meanwhile (an elastic round whose member died before
+  // connecting: VerdictPort) ends the wait at once instead of at the timeout.
+  const bool connected = cv_.wait_for(lock, opts_.connect_timeout,
+                                      [&] { return all() || verdict_.failure().has_value(); });
+  if (const auto& v = verdict_.failure(); v && !all())
+    throw PeerFailure(fmt::format(
+        "collective: rank {} stopped waiting for its peers to connect: {}", rank_, v->message()));
+  if (!connected) {
     std::vector<int> missing;
     for (int r = rank_ + 1; r < size_; ++r)
       if (!conns_[static_cast<size_t>(r)]) missing.push_back(r);

@@ -64,8 +64,13 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
   }
   // Accept every higher rank, all pending handshakes at once.
   if (listener.valid()) {
+    // A verdict (a peer that died before opening its stream) ends the wait.
     auto accepted = accept_streams(listener.get(), mine, rank_, size_, deadline,
-                                   std::min(opts_.connect_timeout, opts_.handshake_timeout), what);
+                                   std::min(opts_.connect_timeout, opts_.handshake_timeout), what,
+                                   [this]() -> std::optional<Status> {
+                                     std::lock_guard lock(mu_);
+                                     return verdict_.failure();
+                                   });
     for (int q = rank_ + 1; q < size_; ++q)
       fds[static_cast<size_t>(q)] = std::move(accepted[static_cast<size_t>(q)]);
   }

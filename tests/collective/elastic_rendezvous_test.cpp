@@ -4,6 +4,9 @@
 // across rounds, stale workers declined, newcomers announced, stragglers
 // dropped, the launcher's refusal, and malformed messages.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <future>
@@ -11,6 +14,7 @@
 
 #include "collective/elastic_client.h"
 #include "collective/elastic_rendezvous.h"
+#include "collective/tcp_transport.h"
 
 namespace pushpull::collective::elastic {
 namespace {
@@ -107,6 +111,52 @@ TEST(ElasticRendezvous, RoundsKeepTheSurvivorsOrderAndDeclineTheDead) {
   EXPECT_EQ(f.server->current().members, (std::vector<std::string>{members[0], members[2]}));
   // The dead worker cannot come back into any round.
   EXPECT_THROW(by_rank[1]->join("127.0.0.1", 2002, Millis(5000)), InvalidArgument);
+}
+
+// A port nobody listens on now (the mesh transports below bind it).
+int unused_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A member that dies after its round formed but before it connected its
+// mesh: the survivors stop waiting for it when the launcher reports it, not
+// at the connect timeout, whether the news came before they attached their
+// mesh (rank 1 here) or while they wait (rank 0).
+TEST(ElasticRendezvous, AMemberLostBeforeTheMeshConnectsEndsTheOthersWaitAtOnce) {
+  Fixture f;
+  auto a = f.client("a"), b = f.client("b"), c = f.client("c");
+  const int pa = unused_port(), pb = unused_port(), pc = unused_port();
+  auto fa = join_async(*a, pa), fb = join_async(*b, pb), fc = join_async(*c, pc);
+  Assignment ra = fa.get(), rb = fb.get(), rc = fc.get();
+  std::map<int, std::pair<Client*, Assignment>> by_rank{
+      {ra.rank, {a.get(), ra}}, {rb.rank, {b.get(), rb}}, {rc.rank, {c.get(), rc}}};
+  NetOptions mesh = net_options();
+  mesh.job_id = "elastic-test#mesh";
+  mesh.connect_timeout = Millis(30000);
+  auto transport = [&](int rank) {
+    const Assignment& as = by_rank[rank].second;
+    return std::make_unique<TcpTransport>(rank, 3, mesh, "127.0.0.1",
+                                          as.book[static_cast<size_t>(rank)].second);
+  };
+  auto t0 = transport(0), t1 = transport(1);
+  by_rank[0].first->attach(ra.round, t0->verdict_port());
+  const auto start = std::chrono::steady_clock::now();
+  auto connect0 = std::async(std::launch::async, [&] { t0->connect_all(ra.book); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  f.server->remove_worker(f.server->current().members[2], "worker c was SIGKILLed");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  by_rank[1].first->attach(ra.round, t1->verdict_port());
+  EXPECT_THROW(t1->connect_all(ra.book), PeerFailure);
+  EXPECT_THROW(connect0.get(), PeerFailure);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 TEST(ElasticRendezvous, ANewcomerIsAnnouncedAndJoinsAtTheMembersNextRound) {

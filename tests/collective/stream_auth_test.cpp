@@ -59,6 +59,20 @@ TEST(StreamAuth, SilentConnectionsDoNotDelayRealRanks) {
     EXPECT_TRUE(r.get().valid());
 }
 
+// A rank that died before opening its stream (the transport's verdict says
+// so) ends the accept at once, not at the deadline.
+TEST(StreamAuth, AVerdictEndsTheAcceptBeforeItsDeadline) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  StreamAuth a = auth();
+  const auto t0 = Clock::now();
+  auto abandon = [&]() -> std::optional<Status> {
+    if (Clock::now() - t0 < 300ms) return std::nullopt;
+    return Status(ErrorCode::kPeerFailure, "rank 1 died");
+  };
+  EXPECT_THROW(accept_streams(listener.get(), a, 0, 2, t0 + 20s, 5s, "test", abandon), PeerFailure);
+  EXPECT_LT(Clock::now() - t0, 10s);
+}
+
 TEST(StreamAuth, WrongTokenForeignRankAndDuplicatesAreDroppedNotFatal) {
   net::Fd listener = net::listen_on("127.0.0.1", 0);
   const int port = net::local_port(listener.get());
