@@ -86,12 +86,14 @@ std::string host_key(const std::string& dir) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   // The boot id tells kernels apart (host names repeat across containers);
-  // the namespaces and the directory's inode tell apart what one kernel
-  // isolates; the PID namespace matters because liveness checks peers' pids.
-  return fmt::format("{}|{}|net {}|mnt {}|pid {}|dir {}|uid {}",
-                     first_line("/proc/sys/kernel/random/boot_id"), host,
-                     inode_of("/proc/self/ns/net"), inode_of("/proc/self/ns/mnt"),
-                     inode_of("/proc/self/ns/pid"), inode_of(dir), ::geteuid());
+  // the network namespace keeps network-namespace "hosts" apart; the PID
+  // namespace matters because liveness checks peers' pids. The mount
+  // namespace is left out on purpose: `ip netns exec` makes one per process,
+  // and what it would guard (a private /dev/shm) shows in the directory's
+  // device and inode, and in the probe.
+  return fmt::format(
+      "{}|{}|net {}|pid {}|dir {}|uid {}", first_line("/proc/sys/kernel/random/boot_id"), host,
+      inode_of("/proc/self/ns/net"), inode_of("/proc/self/ns/pid"), inode_of(dir), ::geteuid());
 }
 
 HostProbe::HostProbe(const std::string& dir) : dir_(dir) {

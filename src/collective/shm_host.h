@@ -3,7 +3,7 @@
 // with a proof (used by use_shared_memory, shm_data_transport.h).
 //
 // A rank's identity (HostRecord) is the kernel's boot id, the host name, the
-// network, mount and PID namespaces' inodes, the device and inode of the
+// network and PID namespaces' inodes, the device and inode of the
 // segment directory, and the effective uid, plus a probe file it created in
 // that directory (mode 0600, random name, random content). Ranks with equal
 // keys are candidates for one group; the proof is that each candidate can

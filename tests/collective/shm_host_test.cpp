@@ -7,6 +7,8 @@
 // through shared memory and to the others over TCP, every pair correct.
 #include "collective/shm_host.h"
 
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -77,6 +79,35 @@ TEST(ShmHost, TheKeyNamesTheKernelTheNamespacesAndTheDirectory) {
   EXPECT_EQ(ka, host_key(a.path.string()));
   EXPECT_NE(ka.find("net "), std::string::npos);
   EXPECT_NE(ka.find("pid "), std::string::npos);
+}
+
+// Two network-namespace "hosts" of one kernel are two hosts (the links
+// between them are what such a setup measures). Needs CAP_SYS_ADMIN.
+TEST(ShmHost, AnotherNetworkNamespaceIsAnotherHost) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the test runs before any other thread exists (it is first to fork)
+    ::close(fds[0]);
+    std::string key = ::unshare(CLONE_NEWNET) == 0 ? host_key("/dev/shm") : "";
+    (void)!::write(fds[1], key.data(), key.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (got.empty()) GTEST_SKIP() << "no permission to make a network namespace";
+  const std::string mine = host_key("/dev/shm");
+  EXPECT_NE(got, mine);
+  // Only the network namespace differs.
+  EXPECT_EQ(got.substr(0, got.find("|net ")), mine.substr(0, mine.find("|net ")));
+  EXPECT_EQ(got.substr(got.find("|pid ")), mine.substr(mine.find("|pid ")));
 }
 
 TEST(ShmHost, AProbeIsSeenOnlyWhereItIsAndLeavesNothing) {
