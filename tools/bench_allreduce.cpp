@@ -11,6 +11,12 @@
 // and the row is the median of the R medians: the machine is shared and
 // noisy, so never compare figures from different runs.
 //
+// With --netns H --ranks-per-host L (L > 1) the H*L ranks run L to a
+// namespace and pushpull_hier (the hierarchical allreduce,
+// collective/hierarchical.h) runs beside the flat ring, compared with
+// hier_bound = 2(H-1)/H * S / B, the least any allreduce needs over host
+// links of goodput B (time inside a host neglected).
+//
 // Peers: bin/pp_mpi_allreduce (under mpirun) and bin/pp_gloo_allreduce, built
 // from bench/peers/ when Open MPI and Gloo are installed; a missing peer is
 // reported and skipped.
@@ -43,7 +49,8 @@ struct Config {
   int warmup = 1;
   int repeats = 3;
   int timeout_s = 300;
-  int netns = 0;  // > 0: ranks in that many shaped network namespaces
+  int netns = 0;           // > 0: ranks in that many shaped network namespaces
+  int ranks_per_host = 1;  // with netns: ranks in each namespace
   std::string rate = "1gbit";
   BenchFlags flags;
   WorkerArgs worker;
@@ -65,6 +72,12 @@ std::string join_list(const auto& v) {
   for (auto& x : v)
     s += (s.empty() ? "" : ",") + std::to_string(x);
   return s;
+}
+
+// The lower bound of an allreduce of `bytes` among `hosts` hosts whose links
+// carry `bps` each way: 2(H-1)/H * bytes / bps, in microseconds.
+double hier_bound_us(int hosts, uint64_t bytes, double bps) {
+  return 2.0 * (hosts - 1) / hosts * static_cast<double>(bytes) * 8 / bps * 1e6;
 }
 
 // Enough iterations for a stable median without making large sizes slow.
@@ -97,26 +110,30 @@ struct Impl {
       start;
 };
 
+// With a lab, rank r runs in namespace r / per_host (consecutive ranks share a host).
 // argv for rank r: inside its namespace when there is a lab.
-std::vector<std::string> in_host(const NetnsLab* lab, int r, std::vector<std::string> argv) {
+std::vector<std::string> in_host(const NetnsLab* lab, int per_host, int r,
+                                 std::vector<std::string> argv) {
   if (!lab) return argv;
-  auto pre = lab->exec(r);
+  auto pre = lab->exec(r / per_host);
   pre.insert(pre.end(), argv.begin(), argv.end());
   return pre;
 }
-std::string host_of(const NetnsLab* lab, int r) {
-  return lab ? lab->address(r) : std::string("127.0.0.1");
+std::string host_of(const NetnsLab* lab, int per_host, int r) {
+  return lab ? lab->address(r / per_host) : std::string("127.0.0.1");
 }
 
-std::vector<Impl> implementations(bool peers, bool netns,
+std::vector<Impl> implementations(bool peers, bool netns, int per_host,
                                   const std::vector<std::string>& compressions) {
   std::vector<Impl> out;
   const std::string bin = self_dir();
   // One pushpull rank group: `transport` is "tcp" or "shm", `comp` "none" or
-  // a codec the worker applies inside the timing.
-  auto pushpull_ranks = [](std::string transport, std::string comp) {
-    return [transport, comp](ProcessGroup& g, int n, const std::string& dir,
-                             const std::vector<std::string>& tail, const NetnsLab* lab) {
+  // a codec the worker applies inside the timing, `algo` "flat" or "hier".
+  auto pushpull_ranks = [per_host](std::string transport, std::string comp,
+                                   std::string algo = "flat") {
+    return [transport, comp, algo, per_host](ProcessGroup& g, int n, const std::string& dir,
+                                             const std::vector<std::string>& tail,
+                                             const NetnsLab* lab) {
       for (int r = 0; r < n; ++r) {
         std::vector<std::string> argv = {self_exe(),
                                          "bench",
@@ -126,16 +143,18 @@ std::vector<Impl> implementations(bool peers, bool netns,
                                          "--worker-size",
                                          std::to_string(n),
                                          "--worker-host",
-                                         host_of(lab, r),
+                                         host_of(lab, per_host, r),
                                          "--rendezvous",
                                          dir,
                                          "--worker-transport",
                                          transport,
                                          "--worker-compression",
-                                         comp};
+                                         comp,
+                                         "--worker-algo",
+                                         algo};
         for (const auto& x : tail)
           argv.push_back(x == "--iters" ? "--worker-iters" : x);
-        g.start(in_host(lab, r, argv));
+        g.start(in_host(lab, per_host, r, argv));
       }
     };
   };
@@ -143,6 +162,8 @@ std::vector<Impl> implementations(bool peers, bool netns,
   if (!netns) out.push_back({"pushpull_shm", pushpull_ranks("shm", "none")});
   for (const std::string& comp : compressions)
     out.push_back({comp == "none" ? "pushpull" : "pushpull_" + comp, pushpull_ranks("tcp", comp)});
+  // Several ranks per host: the hierarchical allreduce beside the flat ring.
+  if (per_host > 1) out.push_back({"pushpull_hier", pushpull_ranks("tcp", "none", "hier")});
   if (!peers) return out;
   const std::string mpi = bin + "/pp_mpi_allreduce", gloo = bin + "/pp_gloo_allreduce";
   if (netns) {
@@ -172,13 +193,13 @@ std::vector<Impl> implementations(bool peers, bool netns,
   }
   if (std::filesystem::exists(gloo)) {
     out.push_back(
-        {"gloo", [gloo](ProcessGroup& g, int n, const std::string& dir,
-                        const std::vector<std::string>& tail, const NetnsLab* lab) {
+        {"gloo", [gloo, per_host](ProcessGroup& g, int n, const std::string& dir,
+                                  const std::vector<std::string>& tail, const NetnsLab* lab) {
            for (int r = 0; r < n; ++r) {
              std::vector<std::string> argv = {gloo, std::to_string(r), std::to_string(n), dir};
              argv.insert(argv.end(), tail.begin(), tail.end());
-             argv.insert(argv.end(), {"--host", host_of(lab, r)});
-             g.start(in_host(lab, r, argv));
+             argv.insert(argv.end(), {"--host", host_of(lab, per_host, r)});
+             g.start(in_host(lab, per_host, r, argv));
            }
          }});
   } else {
@@ -203,13 +224,16 @@ void run_bench(const Config& cfg) {
                                          "--warmup", std::to_string(cfg.warmup)};
   std::unique_ptr<NetnsLab> lab;
   double goodput = 0;
+  const int per_host = cfg.ranks_per_host;
+  if (per_host > 1 && cfg.netns < 1)
+    throw InvalidArgument("--ranks-per-host needs --netns (the hosts are network namespaces)");
   if (cfg.netns > 0) {
-    ranks = {cfg.netns};
+    ranks = {cfg.netns * per_host};
     lab = std::make_unique<NetnsLab>(cfg.netns, cfg.rate);
     goodput = lab->goodput_bps(2);
   }
   const auto impls =
-      implementations(cfg.flags.peers(), lab != nullptr, split_list(cfg.compression));
+      implementations(cfg.flags.peers(), lab != nullptr, per_host, split_list(cfg.compression));
   BenchTable table(cfg.flags);
   for (int n : ranks) {
     // impl -> bytes -> one median per repeat.
@@ -246,11 +270,21 @@ void run_bench(const Config& cfg) {
         double algbw = static_cast<double>(bytes) / (us * 1e-6) / 1e9;
         table.add({"ring_bound", n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n});
       }
+      // With H hosts of several ranks: the lower bound of any allreduce
+      // (impl "hier_bound"): every host link carries 2(H-1)/H * S each way
+      // (a host must send its H-1 other hosts' shares of its partial sums
+      // and receive theirs of the result), the time inside a host neglected.
+      if (per_host > 1)
+        for (uint64_t bytes : sizes) {
+          double us = hier_bound_us(cfg.netns, bytes, goodput);
+          double algbw = static_cast<double>(bytes) / (us * 1e-6) / 1e9;
+          table.add({"hier_bound", n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n});
+        }
     }
-    table.print(lab ? fmt::format("allreduce float32 sum, n = {} ranks in {} network namespaces, "
-                                  "links shaped to {} (goodput {:.3f} Gbit/s), median of {} "
-                                  "repeat(s)",
-                                  n, cfg.netns, cfg.rate.empty() ? "nothing" : cfg.rate,
+    table.print(lab ? fmt::format("allreduce float32 sum, n = {} ranks in {} network namespaces "
+                                  "({} per namespace), links shaped to {} (goodput {:.3f} "
+                                  "Gbit/s), median of {} repeat(s)",
+                                  n, cfg.netns, per_host, cfg.rate.empty() ? "nothing" : cfg.rate,
                                   goodput / 1e9, cfg.repeats)
                     : fmt::format("allreduce float32 sum, n = {} ranks on loopback, median of {} "
                                   "repeat(s)",
@@ -265,11 +299,22 @@ void run_bench(const Config& cfg) {
       for (const auto& impl : impls)
         for (uint64_t bytes : sizes) {
           auto it = got[impl.name].find(bytes);
-          if (it == got[impl.name].end()) continue;
+          if (it == got[impl.name].end() || impl.name == "pushpull_hier") continue;
           double bound = 2.0 * (n - 1) / n * static_cast<double>(bytes) * 8 / goodput * 1e6;
           std::printf("%-12s %10s: %.3fx the ring lower bound (%.3f s)\n", impl.name.c_str(),
                       format_bytes(bytes).c_str(), median(it->second) / bound, bound / 1e6);
         }
+      auto& flat = got["pushpull"];
+      auto& hier = got["pushpull_hier"];
+      for (uint64_t bytes : sizes) {
+        if (!hier.count(bytes)) continue;
+        const double h = median(hier[bytes]), bound = hier_bound_us(cfg.netns, bytes, goodput);
+        std::printf("pushpull_hier %9s: %.3fx the hierarchical lower bound (%.3f s)",
+                    format_bytes(bytes).c_str(), h / bound, bound / 1e6);
+        if (flat.count(bytes))
+          std::printf("; %.2fx faster than the flat ring", median(flat[bytes]) / h);
+        std::printf("\n");
+      }
     }
   }
 }
@@ -297,9 +342,14 @@ void register_bench_allreduce(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
   cmd->add_option("--netns", cfg->netns,
-                  "Run n ranks in n network namespaces (made and removed here; needs root) "
-                  "instead of loopback; -n is ignored")
+                  "Run ranks in N network namespaces (made and removed here; needs root) "
+                  "instead of loopback, --ranks-per-host in each; -n is ignored")
       ->check(CLI::Range(0, 16));
+  cmd->add_option("--ranks-per-host", cfg->ranks_per_host,
+                  "With --netns: ranks in each namespace (consecutive ranks share one); above 1 "
+                  "the hierarchical allreduce (pushpull_hier) runs beside the flat ring")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
       ->capture_default_str();
   cmd->add_option("--compression", cfg->compression,
@@ -326,6 +376,9 @@ void register_bench_allreduce(CLI::App& bench) {
       ->group("")
       ->check(CLI::IsMember({"tcp", "shm"}));
   cmd->add_option("--worker-compression", cfg->worker.compression)->group("");
+  cmd->add_option("--worker-algo", cfg->worker.algo)
+      ->group("")
+      ->check(CLI::IsMember({"flat", "hier"}));
   cmd->callback([cfg, cmd] {
     if (cfg->worker.rank >= 0) {
       WorkerArgs w = cfg->worker;

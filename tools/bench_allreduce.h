@@ -22,6 +22,9 @@ struct WorkerArgs {
   // "none", or "fp16": the float32 gradient is fp16-compressed (with a
   // residual), allreduced as float16 and decoded back, all inside the timing.
   std::string compression = "none";
+  // "flat": collective::allreduce; "hier": collective::hierarchical_allreduce
+  // over the hosts of the rendezvous book (ranks publishing one address are one host).
+  std::string algo = "flat";
 };
 
 // Runs one rank (blocking); rank 0 prints "result <bytes> <median_us>" lines.

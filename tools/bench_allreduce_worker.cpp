@@ -12,11 +12,14 @@
 //
 // With --worker-transport shm the ranks use collective::ShmTransport instead
 // (one host), their segments named after the rendezvous directory (fresh and
-// random per run).
+// random per run). With --worker-algo hier the allreduce is the hierarchical
+// one (collective/hierarchical.h), the ranks grouped by the address they
+// published (one per network namespace).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -24,6 +27,7 @@
 #include "bench_allreduce.h"
 #include "bench_common.h"
 #include "collective/algorithms.h"
+#include "collective/hierarchical.h"
 #include "collective/shm_transport.h"
 #include "collective/tcp_transport.h"
 #include "compress/compressor.h"
@@ -81,6 +85,7 @@ int run_allreduce_worker(const WorkerArgs& a) {
   Options opts = Options::from_env();
   opts.net.connect_timeout = Millis(30000);
   std::unique_ptr<collective::Transport> transport;
+  std::vector<std::pair<std::string, int>> book;
   if (a.transport == "shm") {
     collective::ShmOptions so;
     so.connect_timeout = Millis(30000);
@@ -89,9 +94,20 @@ int run_allreduce_worker(const WorkerArgs& a) {
     transport = std::make_unique<collective::ShmTransport>(a.rank, a.size, prefix, so);
   } else {
     auto tcp = std::make_unique<collective::TcpTransport>(a.rank, a.size, opts.net, a.host, 0);
-    tcp->connect_all(
-        rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, tcp->port(), Millis(30000)));
+    book = rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, tcp->port(), Millis(30000));
+    tcp->connect_all(book);
     transport = std::move(tcp);
+  }
+  // --worker-algo hier: the hosts are the book's addresses (one per namespace).
+  std::optional<collective::Hierarchy> hierarchy;
+  if (a.algo == "hier") {
+    std::vector<std::string> hosts;
+    for (const auto& [h, p] : book)
+      hosts.push_back(h);
+    std::string note;
+    hierarchy = collective::choose_hierarchy(hosts, a.rank, 1, &note);
+    if (!hierarchy)
+      throw InvalidArgument("bench allreduce: no hierarchical allreduce here: " + note);
   }
   collective::Transport& t = *transport;
 
@@ -125,7 +141,8 @@ int run_allreduce_worker(const WorkerArgs& a) {
         collective::allreduce(ctx, half.data(), count, DType::kFloat16, ReduceOp::kSum);
         half_to_float(half.data(), buf.data(), count);
       } else {
-        collective::allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+        collective::allreduce_via(ctx, hierarchy ? &*hierarchy : nullptr, buf.data(), count,
+                                  DType::kFloat32, ReduceOp::kSum);
       }
       auto t1 = Clock::now();
       if (it >= a.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());

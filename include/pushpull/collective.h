@@ -77,6 +77,11 @@ struct CommunicatorOptions {
   Millis wait_timeout{600000};
   // Called on rank 0's background thread when a tensor stalls (besides the log line).
   std::function<void(const StallReport&)> on_stall;
+  // Every rank's host identity, by rank (equal strings: one host), from the
+  // bootstrap's address book; empty when unknown (then no hierarchical
+  // allreduce). With collective.hierarchical_allreduce it picks the
+  // allreduce algorithm (docs/collectives.md).
+  std::vector<std::string> hosts;
 
   // collective from options.collective; peer_timeout = cluster.heartbeat_timeout
   // + max(3 s, heartbeat_timeout / 2): longer than the failure detector takes

@@ -150,9 +150,15 @@ struct CollectiveOptions {
   // 0 = never. PUSHPULL_STALL_SHUTDOWN_SECONDS.
   double stall_shutdown_seconds = 0;
   // Collective data between ranks of one host through shared memory, the
-  // host found by identity and a probe (docs/transport.md). PUSHPULL_SHM=0
+  // host found by identity and a probe (docs/collectives.md). PUSHPULL_SHM=0
   // turns it off.
   bool shared_memory = true;
+  // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
+  // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
+  // never, 1 = whenever every host has the same number of ranks.
+  // PUSHPULL_HIERARCHICAL_ALLREDUCE, HOROVOD_HIERARCHICAL_ALLREDUCE (1 or 0;
+  // unset = automatic).
+  int hierarchical_allreduce = -1;
   // Set by `pushpull launch --min-workers/--max-workers` (docs/elastic.md):
   // the launcher's elastic rendezvous as host:port (empty: not elastic), this
   // worker's id there, and how long a join may wait for a round.

@@ -196,6 +196,12 @@ Options Options::from_env(const Environment& env) {
   r.real({"PUSHPULL_STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
          &col.stall_shutdown_seconds);
   r.flag({"PUSHPULL_SHM"}, &col.shared_memory);
+  if (auto v = r.find({"PUSHPULL_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"}).second;
+      v && !v->empty()) {  // empty: automatic
+    bool hierarchical = false;
+    r.flag({"PUSHPULL_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"}, &hierarchical);
+    col.hierarchical_allreduce = hierarchical ? 1 : 0;
+  }
   r.string({"PUSHPULL_ELASTIC_ADDR"}, &col.elastic_addr);
   r.string({"PUSHPULL_ELASTIC_ID"}, &col.elastic_id);
   double elastic_s = 0;
@@ -237,6 +243,8 @@ void Options::validate() const {
         "kvstore wait timeout must be positive (PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS)");
   check(collective.cycle_time_ms >= 0, "cycle time must not be negative");
   check(collective.ring_segment_bytes >= 4096, "ring segment must be at least 4096 bytes");
+  check(collective.hierarchical_allreduce >= -1 && collective.hierarchical_allreduce <= 1,
+        "hierarchical_allreduce must be -1 (automatic), 0 or 1");
 }
 
 }  // namespace pushpull

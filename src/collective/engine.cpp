@@ -35,6 +35,15 @@ Communicator::Impl::Impl(std::unique_ptr<Transport> transport, CommunicatorOptio
       size_(transport_->size()),
       inbox_(static_cast<size_t>(size_)) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, opts_.collective, cache_);
+  std::string note;
+  const int mode = opts_.collective.hierarchical_allreduce;
+  hierarchy_ = choose_hierarchy(opts_.hosts, rank_, mode, &note);
+  if (rank_ == 0 && (hierarchy_ || mode > 0) && !note.empty()) {
+    if (hierarchy_)
+      PP_INFO("collective: hierarchical allreduce: {}", note);
+    else
+      PP_WARN("collective: hierarchical allreduce {}", note);
+  }
   thread_ = std::thread([this] { run(); });
 }
 

@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 
 #include "collective/algorithms.h"
 #include "collective/coordinator.h"
+#include "collective/hierarchical.h"
 #include "collective/messages.h"
 #include "collective/transport.h"
 #include "pushpull/collective.h"
@@ -114,6 +116,8 @@ class Communicator::Impl {
   std::unique_ptr<Coordinator> coordinator_;  // rank 0
   uint64_t next_op_id_ = 1;
   std::vector<char> scratch_, fusion_;
+  // Set when allreduce goes through the hosts (hierarchical.h); fixed at construction.
+  std::optional<Hierarchy> hierarchy_;
   bool dead_ = false;
 
   std::thread thread_;

@@ -30,6 +30,8 @@ Session::Session(const Options& options) : impl_(std::make_unique<Impl>()) {
   CommunicatorOptions co = CommunicatorOptions::from(options);
   co.collective.local_rank = b.local_rank;
   co.collective.local_size = b.local_size;
+  for (const auto& [host, port] : b.book)  // host identity: the advertised address
+    co.hosts.push_back(host);
   impl_->comm = std::make_unique<Communicator>(std::move(b.transport), std::move(co));
   PP_DEBUG("collective session: rank {} of {} (local {} of {}), bootstrap {}", impl_->comm->rank(),
            impl_->comm->size(), b.local_rank, b.local_size, bootstrap_mode_name(b.mode));
