@@ -53,6 +53,7 @@ ShmDataTransport::ShmDataTransport(std::unique_ptr<TcpTransport> tcp,
   local_.assign(static_cast<size_t>(tcp_->size()), -1);
   for (size_t i = 0; i < group_.size(); ++i)
     local_.at(static_cast<size_t>(group_[i])) = static_cast<int>(i);
+  if (!shm_) return;  // a rank alone on its host (see use_shared_memory)
   // A weak reference: the hook may run (from TCP's threads) while this
   // object is being destroyed; the TCP transport is closed first anyway.
   tcp_->on_verdict([weak = std::weak_ptr<ShmTransport>(shm_)](const Status& verdict) {
@@ -90,12 +91,12 @@ void ShmDataTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes
 
 void ShmDataTransport::close(const Status& reason) {
   tcp_->close(reason);  // says goodbye first: the peers do not suspect this rank
-  shm_->close(reason);
+  if (shm_) shm_->close(reason);
 }
 
 void ShmDataTransport::abort(const Status& why) {
   tcp_->abort(why);  // the verdict reaches the peers (and shm_, through the hook)
-  shm_->close(why);
+  if (shm_) shm_->close(why);
 }
 
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
@@ -136,7 +137,14 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, 
     if (candidates.size() >= 2)
       PP_INFO("collective: rank {} keeps TCP: ranks {} look like one host but cannot all share {}",
               rank, fmt::join(candidates, ","), dir);
-    return tcp;
+    // Every rank must make the same choice of path (direct streams or
+    // post_send/recv) for an operation: when other ranks of the job use
+    // shared memory (no streams), this one gives its streams up too.
+    bool others_share = false;
+    for (int r = 0; r < size && !others_share; ++r)
+      others_share = !shm_group(records, proof, r).empty();
+    if (!others_share) return tcp;
+    return std::make_unique<ShmDataTransport>(std::move(tcp), nullptr, std::vector<int>{});
   }
   std::string prefix = "pushpull-";
   for (uint8_t b : records[static_cast<size_t>(group.front())].token)

@@ -34,7 +34,11 @@ namespace pushpull::collective {
 class ShmDataTransport final : public Transport {
  public:
   // `group`: the job's ranks served by `shm` (ascending, this rank among
-  // them); rank group[i] is rank i of `shm`.
+  // them); rank group[i] is rank i of `shm`. A null `shm` with an empty
+  // group: a rank alone on its host in a job where others share memory
+  // (everything over TCP, but no direct streams, like the others). Direct
+  // streams are never offered: every rank of an operation must take the
+  // same path (a mixed job uses post_send/recv throughout).
   ShmDataTransport(std::unique_ptr<TcpTransport> tcp, std::unique_ptr<ShmTransport> shm,
                    std::vector<int> group);
   ~ShmDataTransport() override;

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "collective/algorithms.h"
 #include "collective/shm_data_transport.h"
 #include "tcp_group.h"
 
@@ -197,8 +198,33 @@ TEST(UseSharedMemory, RanksOfOneDirectoryShareTheOthersUseTcp) {
   ASSERT_NE(s0, nullptr);
   EXPECT_EQ(s0->group(), (std::vector<int>{0, 1, 3}));
   EXPECT_NE(dynamic_cast<ShmDataTransport*>(ts[3].get()), nullptr);
-  EXPECT_NE(dynamic_cast<TcpTransport*>(ts[2].get()), nullptr);  // alone in b
+  auto* s2 = dynamic_cast<ShmDataTransport*>(ts[2].get());  // alone in b: TCP only
+  ASSERT_NE(s2, nullptr);
+  EXPECT_TRUE(s2->group().empty());
   every_pair_talks(ts);
+  // No rank offers direct streams (every rank must take the same path), the
+  // one alone in b included.
+  for (auto& t : ts)
+    EXPECT_EQ(t->direct_streams(), nullptr);
+  // A ring allreduce over the mixed transport (1 MiB segments: several units).
+  std::vector<std::vector<float>> data(4, std::vector<float>(700001));
+  std::vector<std::thread> th;
+  for (int r = 0; r < 4; ++r)
+    th.emplace_back([&, r] {
+      auto& d = data[static_cast<size_t>(r)];
+      for (size_t i = 0; i < d.size(); ++i)
+        d[i] = static_cast<float>((i % 97) + r);
+      std::vector<char> scratch;
+      AlgoContext ctx{*ts[static_cast<size_t>(r)]};
+      ctx.op_id = 7;
+      ctx.scratch = &scratch;
+      allreduce(ctx, d.data(), d.size(), DType::kFloat32, ReduceOp::kSum);
+    });
+  for (auto& t : th)
+    t.join();
+  for (int r = 0; r < 4; ++r)
+    for (size_t i : {size_t{0}, size_t{12345}, data[0].size() - 1})
+      EXPECT_EQ(data[static_cast<size_t>(r)][i], static_cast<float>(4 * (i % 97) + 6)) << r;
   EXPECT_EQ(a.entries(), 0u);  // probes removed, segments unlinked once mapped
   EXPECT_EQ(b.entries(), 0u);
   for (auto& t : ts)
