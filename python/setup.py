@@ -16,6 +16,14 @@ pushpull libraries of a CMake build: $PUSHPULL_BUILD_DIR when set, else
 pushpull_kvstore, pushpull_collective, pushpull_cli only) in a temporary
 build folder. The `pushpull` CLI is installed inside the package
 (pushpull/bin/pushpull) so `python3 -m pushpull.launch` works.
+
+When torch imports in the installing interpreter (Debian's python3-torch
+with libtorch-dev, or a pip torch), a second extension is built too:
+`pushpull._pushpull_torch_pg`, the torch.distributed backend "pushpull"
+(integrations/torch/process_group/, pushpull.torch.distributed), compiled
+against that torch's headers and libraries so it matches the torch it runs
+with. PUSHPULL_TORCH_PG=0 skips it (numpy-only installs never need it; the
+plain extension `_pushpull` never links libtorch).
 """
 
 import glob
@@ -31,6 +39,7 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # Link order: a static library before the ones it uses.
+TORCH_PG_DIR = os.path.join(REPO, 'integrations', 'torch', 'process_group')
 LAYERS = ['kvstore', 'ps', 'collective', 'compress', 'optim', 'cluster', 'net', 'base']
 CMAKE_TARGETS = ['pushpull_kvstore', 'pushpull_collective', 'pushpull_cli']
 
@@ -79,6 +88,8 @@ class BuildExt(build_ext):
     def build_extensions(self):
         build_dir = self.cmake_build_dir()
         for ext in self.extensions:
+            if ext.name == 'pushpull._pushpull_torch_pg':
+                ext.sources = sorted(glob.glob(os.path.join(TORCH_PG_DIR, '*.cpp')))
             ext.include_dirs += [os.path.join(build_dir, 'generated')]
             ext.extra_objects = [os.path.join(build_dir, 'lib', f'libpushpull_{l}.a')
                                  for l in LAYERS]
@@ -92,6 +103,37 @@ class BuildExt(build_ext):
             target = os.path.join(self.build_lib, 'pushpull', 'bin', 'pushpull')
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copy2(cli, target)
+
+
+def torch_pg_extension():
+    """The torch.distributed backend's extension, or None when torch does not
+    import here (or PUSHPULL_TORCH_PG=0)."""
+    if os.environ.get('PUSHPULL_TORCH_PG', '1') == '0':
+        return None
+    try:
+        import torch  # noqa: F401
+        from torch.utils import cpp_extension
+    except Exception as e:  # ImportError, or a broken torch install
+        print(f'setup.py: torch does not import ({e}); building without the torch.distributed '
+              f'backend (pushpull._pushpull_torch_pg)', file=sys.stderr)
+        return None
+    lib_dirs = cpp_extension.library_paths()
+    return Extension(
+        'pushpull._pushpull_torch_pg',
+        # Set by BuildExt: setuptools refuses sources outside this directory
+        # as setup() arguments (they are in the repository, next to python/).
+        sources=[],
+        include_dirs=[os.path.join(REPO, 'include'), TORCH_PG_DIR,
+                      os.path.join(REPO, 'integrations', 'torch', 'src'),
+                      sysconfig.get_paths()['include'], *cpp_extension.include_paths()],
+        # The ABI of the torch it is built for (checked again at import).
+        define_macros=[('_GLIBCXX_USE_CXX11_ABI', str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
+        extra_compile_args=['-std=c++20', '-fvisibility=hidden', '-O2'],
+        library_dirs=lib_dirs,
+        runtime_library_dirs=lib_dirs,  # a pip torch keeps libtorch in site-packages
+        libraries=['torch_python', 'torch', 'torch_cpu', 'c10', 'fmt', 'crypto', 'pthread'],
+        language='c++',
+    )
 
 
 extension = Extension(
@@ -111,6 +153,6 @@ setup(
     version=version(),
     packages=['pushpull'] + [f'pushpull.{p}' for p in ('torch',)
                              if os.path.isdir(os.path.join(HERE, 'pushpull', p))],
-    ext_modules=[extension],
+    ext_modules=[e for e in (extension, torch_pg_extension()) if e is not None],
     cmdclass={'build_ext': BuildExt},
 )

@@ -304,6 +304,8 @@ void register_bench_ps(CLI::App& bench) {
       p.iters = cmd->count("--iters") ? settings->iters : 5;
       p.repeats = settings->repeats;
       p.ring = settings->flags.peers();
+      // One setting per study: the first of --replicas, else 0 (bench_scaling.h).
+      if (!settings->replicas.empty()) p.ps_replicas = parse_ints(settings->replicas).front();
       p.csv = settings->flags.csv();
       for (uint64_t b : parse_sizes(cmd->count("--sizes") ? settings->sizes : "40M")) {
         p.bytes = b;

@@ -32,6 +32,8 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+}  // namespace
+
 std::string random_hex(size_t bytes) {
   std::random_device rd;
   std::string out;
@@ -39,8 +41,6 @@ std::string random_hex(size_t bytes) {
     out += fmt::format("{:02x}", rd() & 0xff);
   return out;
 }
-
-}  // namespace
 
 void run_ps_node(const std::vector<uint64_t>& sizes, const std::vector<std::string>& compressions,
                  int iters, const std::string& out_dir) {

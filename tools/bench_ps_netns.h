@@ -36,6 +36,9 @@ struct PsNetnsRow {
 // hosts (0 when iperf3 is missing).
 std::vector<PsNetnsRow> run_ps_netns(const PsNetnsArgs& args, double* goodput_bps);
 
+// `bytes` random bytes as hex: a fresh job secret for the namespace hosts.
+std::string random_hex(size_t bytes);
+
 // One node of that job (started by run_ps_netns with the DMLC_* environment
 // of its role): servers and the scheduler serve and exit inside
 // create_kvstore; a worker runs the timing loop and writes its times to

@@ -42,6 +42,7 @@ struct Config {
   StepSpec step;
   int repeats = 1;
   int timeout_s = 300;
+  int ps_replicas = 0;  // RunSpec::ps_replicas
   BenchFlags flags;
   // internal: one worker
   ScalingWorkerArgs worker;
@@ -97,8 +98,8 @@ void run_study(Config cfg) {
       specs.push_back({"gloo_ring", n, 0, false});
     if (has("ps"))
       for (int s : ss)
-        specs.push_back({"pushpull_ps", n, s, false});
-    if (has("colocated")) specs.push_back({"pushpull_ps", n, n, true});
+        specs.push_back({"pushpull_ps", n, s, false, cfg.ps_replicas});
+    if (has("colocated")) specs.push_back({"pushpull_ps", n, n, true, cfg.ps_replicas});
   }
 
   NetnsLab lab(cfg.netns + max_s, cfg.rate, cfg.queue_ms);
@@ -108,10 +109,11 @@ void run_study(Config cfg) {
   std::fprintf(info,
                "# bench scaling: %d worker hosts + %d server hosts, links %s (iperf3 goodput "
                "%.3f Gbit/s), gradient %.2f MB in %d layers, compute %.0f ms/step, %d+%d "
-               "steps, %d repeat(s); %u cores, load average %s\n",
+               "steps, %d repeat(s), %d PS backup(s) per range; %u cores, load average %s\n",
                cfg.netns, max_s, cfg.rate.empty() ? "unshaped" : cfg.rate.c_str(), goodput / 1e9,
                mb, step.layers, step.compute_ms, step.warmup, step.steps, cfg.repeats,
-               std::max(1u, std::thread::hardware_concurrency()), load_average().c_str());
+               cfg.ps_replicas, std::max(1u, std::thread::hardware_concurrency()),
+               load_average().c_str());
   if (goodput > 0) {
     const int n = *std::max_element(ns.begin(), ns.end());
     const double ring_ms =
@@ -223,6 +225,10 @@ void register_bench_scaling(CLI::App& bench) {
   cmd->add_option("--warmup", cfg->step.warmup, "Untimed steps per run")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
+  cmd->add_option("--ps-replicas", cfg->ps_replicas,
+                  "Backups per key range in the parameter-server jobs (PUSHPULL_PS_REPLICAS; 0, "
+                  "the study's unreplicated PS)")
+      ->check(CLI::Range(0, 7));
   cmd->add_option("--repeats", cfg->repeats, "Interleaved runs of everything; rows are medians")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));

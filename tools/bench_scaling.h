@@ -47,6 +47,10 @@ struct RunSpec {
   int workers = 1;
   int servers = 0;         // pushpull_ps only
   bool colocated = false;  // pushpull_ps: server s on worker host s (servers == workers)
+  // pushpull_ps: PUSHPULL_PS_REPLICAS of the job. The studies default to 0,
+  // the parameter server MXNet's study and BytePS's bound describe; backups
+  // add one value's bytes per server link per round (docs/scaling.md).
+  int ps_replicas = 0;
 };
 
 struct RunResult {
@@ -92,7 +96,8 @@ struct PsNetnsSettings {
   int iters = 5;
   int warmup = 1;
   int repeats = 1;
-  bool ring = true;  // also the ring allreduce of the same size
+  bool ring = true;     // also the ring allreduce of the same size
+  int ps_replicas = 0;  // RunSpec::ps_replicas
   bool csv = false;
   int timeout_s = 600;
 };

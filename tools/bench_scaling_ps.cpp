@@ -44,7 +44,7 @@ void run_ps_netns(const PsNetnsSettings& st) {
   const double m = static_cast<double>(st.bytes);
   std::vector<RunSpec> specs;
   for (int s : st.servers)
-    specs.push_back({"pushpull_ps", n, s, false});
+    specs.push_back({"pushpull_ps", n, s, false, st.ps_replicas});
   if (st.ring) specs.push_back({"pushpull_ring", n, 0, false});
   std::map<size_t, std::vector<double>> ms;  // spec -> one median per repeat
   std::map<size_t, std::vector<std::pair<double, double>>>

@@ -111,6 +111,7 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
                                       fmt::format("DMLC_NUM_SERVER={}", spec.servers),
                                       fmt::format("DMLC_NUM_WORKER={}", spec.workers),
                                       fmt::format("PUSHPULL_NODE_HOST={}", lab.address(host)),
+                                      fmt::format("PUSHPULL_PS_REPLICAS={}", spec.ps_replicas),
                                       quiet[0]};
     };
     // The scheduler only carries control messages: it shares worker host 0.

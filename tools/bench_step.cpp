@@ -13,7 +13,8 @@
 //            (integrations/torch/examples/bench_step.cpp, bin/pp_torch_step),
 //            with the defaults a user gets (shared memory on one host)
 //   ddp-gloo      DDP over gloo (python/pushpull/bench_step_ddp.py)
-//   ddp-pushpull  DDP over the torch.distributed backend "pushpull"
+//   ddp-pushpull  DDP over the torch.distributed backend "pushpull", with
+//                 PUSHPULL_SHM=1 (shared memory on one host, as for hvd_shm)
 //
 // Every implementation is one job of `pushpull launch -n N -s S` running
 // `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
@@ -37,6 +38,7 @@
 
 #include "bench_common.h"
 #include "bench_procs.h"
+#include "bench_step_netns.h"
 #include "commands.h"
 #include "pushpull/error.h"
 
@@ -56,6 +58,8 @@ struct Config {
   int timeout_s = 600;
   std::string format = "table";
   std::string python = "/usr/bin/python3";  // where Debian's torch is
+  int netns = 0;  // > 0: one rank per network-namespace host (bench_step_netns.h)
+  std::string rate = "1gbit";
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -126,6 +130,11 @@ void run_bench(const Config& cfg) {
     ranks.push_back(n);
   }
   export_python_path();
+  if (cfg.netns > 0) {
+    run_step_netns({cfg.netns, cfg.rate, impls, sizes, cfg.layers, cfg.batch, cfg.steps, cfg.warmup,
+                    cfg.repeats, cfg.timeout_s, cfg.python, cfg.format == "csv"});
+    return;
+  }
   const bool csv = cfg.format == "csv";
   if (csv) std::printf("impl,n,servers,grad_bytes,layers,step_ms,vs_ddp\n");
   for (int n : ranks) {
@@ -137,12 +146,13 @@ void run_bench(const Config& cfg) {
           TempDir dir;
           ProcessGroup g;
           const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
+          const bool shm = impl == "hvd_shm" || impl == "ddp-pushpull";
           std::vector<std::string> argv = {
               self_exe(),  "launch",
               "-n",        std::to_string(n),
               "-s",        std::to_string(impl == "trainer" ? servers : 0),
               "--timeout", std::to_string(cfg.timeout_s),
-              "--env",     impl == "hvd_shm" || impl == "cpp" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
+              "--env",     shm || impl == "cpp" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
               "--"};
           if (impl == "cpp") {
             argv.push_back(cpp_worker);
@@ -230,6 +240,12 @@ void register_bench_step(CLI::App& bench) {
   cmd->add_option("--format", cfg->format, "table or csv")
       ->capture_default_str()
       ->check(CLI::IsMember({"table", "csv"}));
+  cmd->add_option("--netns", cfg->netns,
+                  "One rank per network-namespace host, links shaped to --rate (needs root; "
+                  "ddp-gloo and ddp-pushpull only); -n is ignored")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
+      ->capture_default_str();
   cmd->callback([cfg] { run_bench(*cfg); });
 }
 

@@ -180,6 +180,9 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
     cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
     cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
     checkpoint_config(a);
+    // One --max-restarts: replacements in an elastic job, restarts (same
+    // rank) in a parameter-server job.
+    if (!a.elastic.enabled()) cfg.max_restarts = a.elastic.max_restarts;
     if (a.elastic.enabled())
       launch::prepare_elastic(cfg, a.elastic, ctx);
     else

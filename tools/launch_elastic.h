@@ -28,7 +28,8 @@ inline void add_elastic_options(CLI::App* cmd, launch::ElasticConfig& e) {
   // one option serves both (elastic_restarts reads it).
   if (cmd->get_option_no_throw("--max-restarts") == nullptr)
     cmd->add_option("--max-restarts", e.max_restarts,
-                    "Elastic: how many failed workers are replaced over the job (0)");
+                    "How many dead workers are restarted (parameter-server job: same rank, "
+                    "docs/ps.md) or replaced (elastic job) over the job (0)");
 }
 
 // After parsing: --max-restarts for the elastic job, whoever registered it;

@@ -124,6 +124,11 @@ class KVStore {
   virtual void barrier() = 0;
   // The type name given to create_kvstore ("local", "device", ...).
   virtual const std::string& type() const = 0;
+  // A restarted parameter-server worker (pushpull launch --max-restarts,
+  // docs/ps.md "Worker restart"): the rounds its rank had completed on every
+  // key when it rejoined, known once init() returned; training resumes at
+  // round restart_round() + 1 (the data position). 0 for every other store.
+  virtual int64_t restart_round() const { return 0; }
 
   // ---- Blocking conveniences ----
 

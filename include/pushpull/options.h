@@ -59,8 +59,12 @@ struct NetOptions {
   // Largest message accepted from a peer; larger ones are protocol errors.
   // PUSHPULL_MAX_MESSAGE_BYTES.
   uint64_t max_message_bytes = uint64_t{2} << 30;
-  // SO_SNDBUF / SO_RCVBUF per socket. PUSHPULL_SOCKET_BUFFER_BYTES. 0 = kernel default.
-  int socket_buffer_bytes = 4 << 20;
+  // SO_SNDBUF / SO_RCVBUF per socket. PUSHPULL_SOCKET_BUFFER_BYTES. 0 = kernel default
+  // (autotuning). 128 KiB: a LAN's bandwidth-delay product (10 Gbit/s at 100 us) without
+  // the megabytes per flow that fill switch queues when every link carries a parameter
+  // server's pushes one way and its replies the other (docs/scaling.md, "Defaults"); the
+  // collective streams do not use it (kernel autotuning). Raise it for long fat links.
+  int socket_buffer_bytes = 128 << 10;
   // How long connect() keeps retrying (with backoff). PUSHPULL_CONNECT_TIMEOUT_MS.
   Millis connect_timeout{30000};
   // Jobs only talk to nodes with the same id. PUSHPULL_JOB_ID.
@@ -110,8 +114,10 @@ struct ClusterOptions {
 
 struct KVStoreOptions {
   // Arrays with at least this many elements are split over all servers.
-  // MXNET_KVSTORE_BIGARRAY_BOUND / PUSHPULL_BIGARRAY_BOUND.
-  int64_t bigarray_bound = 1000000;
+  // MXNET_KVSTORE_BIGARRAY_BOUND / PUSHPULL_BIGARRAY_BOUND. 65536 (256 KiB of float32),
+  // not MXNet's 1,000,000: a layer's push and pull then use every server link at once
+  // instead of one (docs/scaling.md, "Defaults").
+  int64_t bigarray_bound = 65536;
   // Parameter-server messages carry at most this many bytes of one value: a
   // bigger slice travels as several chunks, so the network, the server's
   // summing and the pull replies overlap. PUSHPULL_PS_CHUNK_BYTES.

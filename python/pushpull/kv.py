@@ -128,6 +128,15 @@ class KVStore:
         """Number of workers in the job (1 for local stores)."""
         return self._store.num_workers
 
+    @property
+    def restart_round(self):
+        """A worker restarted by ``pushpull launch --max-restarts`` (a
+        parameter-server job): the rounds its rank had completed when it
+        rejoined, known after ``init`` (which adopts the servers' values);
+        train on from round ``restart_round + 1``. 0 otherwise (docs/ps.md,
+        "Worker restart")."""
+        return self._store.restart_round
+
     # ---- data ----
     def init(self, key, value):
         """Stores a copy of ``value`` under ``key`` (lists: one array per key).

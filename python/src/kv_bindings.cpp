@@ -225,6 +225,8 @@ void bind_kv(py::module_& m) {
       .def_property_readonly("type", [](const PyStore& s) { return s.get().type(); })
       .def_property_readonly("rank", [](const PyStore& s) { return s.get().rank(); })
       .def_property_readonly("num_workers", [](const PyStore& s) { return s.get().num_workers(); })
+      .def_property_readonly("restart_round",
+                             [](const PyStore& s) { return s.get().restart_round(); })
       .def("init",
            [](PyStore& s, const py::sequence& keys, const py::sequence& values) {
              std::vector<Key> ks = to_keys(keys);

@@ -73,3 +73,36 @@ def test_tutorial_through_python_m_pushpull_launch():
     assert job.returncode == 0, job
     assert job.output.count('all values as expected') == 2, job
     assert 'expect all 6' in job.output, job
+
+
+def test_a_killed_worker_is_restarted_and_adopts_the_servers_values(tmp_path):
+    # pushpull launch --max-restarts (docs/ps.md "Worker restart"): worker 1
+    # SIGKILLs itself after its push of round 8; the launcher restarts it with
+    # its rank, its init adopts the servers' values, it resumes after
+    # kv.restart_round, and every value pulled is exact.
+    script = tmp_path / 'restart.py'
+    script.write_text(
+        'import os, signal, numpy as np, pushpull\n'
+        "kv = pushpull.kv.create('dist_sync')\n"
+        'w = np.ones(4, np.float32)\n'
+        "kv.init('w', w)\n"
+        "kv.set_optimizer(pushpull.optimizer.create('test', rescale_grad=0.5))\n"
+        'step = 0.5 * kv.num_workers * (kv.num_workers + 1) / 2\n'
+        'done = kv.restart_round\n'
+        'assert (w == 1 + step * done).all(), (w, done)  # adopted, not our fresh ones\n'
+        'g = np.full(4, kv.rank + 1, np.float32)\n'
+        'for k in range(done + 1, 21):\n'
+        '    if kv.rank == 1 and k == 8 and done == 0:\n'
+        "        kv.push('w', g)\n"
+        '        os.kill(os.getpid(), signal.SIGKILL)\n'
+        "    kv.pushpull('w', g, out=w)\n"
+        '    assert (w == 1 + step * k).all(), (k, w)\n'
+        "print(f'worker {kv.rank}: ok from round {done + 1}', flush=True)\n")
+    cmd = [pushpull_binary(), 'launch', '-n', '2', '-s', '2', '--max-restarts', '1',
+           sys.executable, str(script)]
+    job = run_command(cmd, job_env(), 90)
+    assert job.returncode == 0, job
+    assert 'worker 0: ok from round 1' in job.output, job
+    assert 'worker 1: ok from round 8' in job.output or \
+        'worker 1: ok from round 9' in job.output, job
+    assert 'restarting it with the same rank' in job.output, job

@@ -83,3 +83,29 @@ def test_console_script_launches_a_job(venv):
                          env=env, capture_output=True, text=True, timeout=300, cwd=str(root))
     assert job.returncode == 0, job.stdout + job.stderr
     assert '[worker 0] rank 0 of 2' in job.stdout and '[worker 1] rank 1 of 2' in job.stdout
+
+
+def torch_imports():
+    return subprocess.run(['/usr/bin/python3', '-c', 'import torch'], capture_output=True,
+                          timeout=120).returncode == 0
+
+
+def test_torch_backend_is_installed_and_reduces(venv):
+    """With torch importable, pip builds the torch.distributed backend too
+    (pushpull._pushpull_torch_pg); a 2-rank job of the installed package
+    allreduces through it."""
+    if not torch_imports():
+        pytest.skip('torch does not import for /usr/bin/python3: setup.py builds only the plain '
+                    'extension (the torch.distributed backend needs torch)')
+    root, env = venv
+    program = ('import torch, torch.distributed as dist, pushpull.torch.distributed as ppd; '
+               'print("ext", ppd._ext.__file__); '
+               'dist.init_process_group("pushpull"); '
+               't = torch.full((5,), float(dist.get_rank() + 1)); dist.all_reduce(t); '
+               'print("sum", t.tolist()); dist.destroy_process_group()')
+    job = subprocess.run(['pushpull', 'launch', '-n', '2', '-s', '0', '--timeout', '120',
+                          str(root / 'bin' / 'python'), '-c', program],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=str(root))
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert f'ext {root}' in job.stdout, f'not the installed extension: {job.stdout}'
+    assert job.stdout.count('sum [3.0, 3.0, 3.0, 3.0, 3.0]') == 2, job.stdout

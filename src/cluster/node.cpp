@@ -86,7 +86,12 @@ void Node::apply_placement(Placement p) {
     cv_.notify_all();
     p.dead.resize(static_cast<size_t>(num_servers()), false);
     for (int s = 0; s < num_servers(); ++s) {
-      if (!p.dead[static_cast<size_t>(s)]) continue;
+      // Newly dead only: a server dead before may have rejoined since (a
+      // new connection, kept).
+      if (!p.dead[static_cast<size_t>(s)] || (static_cast<size_t>(s) < placement_.dead.size() &&
+                                              placement_.dead[static_cast<size_t>(s)]))
+        continue;
+      verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
       auto it = peers_.find({Role::kServer, s});
       if (it != peers_.end()) {
         gone.push_back(it->second);
@@ -168,7 +173,29 @@ void Node::start() {
   PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
   // The mesh: worker -> every server, worker -> every lower-rank worker.
   std::vector<NodeAddress> targets;
-  if (role() == Role::kWorker) {
+  size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
+                                            : static_cast<size_t>(c.num_workers);
+  if (role() == Role::kServer && book_.incarnation > 0) {
+    // A restarted server joins a running job: it connects to every worker
+    // and every live server (they started long ago).
+    std::lock_guard lock(mu_);
+    targets = book_.workers;
+    for (const auto& s : book_.servers)
+      if (s.rank != my_rank && (static_cast<size_t>(s.rank) >= placement_.dead.size() ||
+                                !placement_.dead[static_cast<size_t>(s.rank)]))
+        targets.push_back(s);
+    expected = targets.size();
+  } else if (role() == Role::kWorker && book_.incarnation > 0) {
+    // A replacement joins a running job: the live servers only (the other
+    // workers' mesh was built at the start; a parameter-server worker does
+    // not need it).
+    std::lock_guard lock(mu_);
+    for (const auto& s : book_.servers)
+      if (static_cast<size_t>(s.rank) >= placement_.dead.size() ||
+          !placement_.dead[static_cast<size_t>(s.rank)])
+        targets.push_back(s);
+    expected = targets.size();
+  } else if (role() == Role::kWorker) {
     targets = book_.servers;
     for (int w = 0; w < my_rank; ++w)
       targets.push_back(book_.workers[static_cast<size_t>(w)]);
@@ -183,9 +210,8 @@ void Node::start() {
     peers_[{t.role, t.rank}] = id;
     cv_.notify_all();
   }
-  size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
-                                            : static_cast<size_t>(c.num_workers);
-  if (role() == Role::kServer && replicas_ > 0) expected += static_cast<size_t>(c.num_servers - 1);
+  if (role() == Role::kServer && replicas_ > 0 && book_.incarnation == 0)
+    expected += static_cast<size_t>(c.num_servers - 1);
   std::unique_lock lock(mu_);
   wait_for(lock, c.startup_timeout, "connecting to every peer",
            [&] { return peers_.size() >= expected; });
@@ -214,6 +240,28 @@ void Node::heartbeat_loop() {
       fail(s);
       lock.lock();
       continue;
+    }
+    if (failure_.is_ok() && !verdict_due_.empty()) {
+      auto late = std::find_if(verdict_due_.begin(), verdict_due_.end(),
+                               [&](const auto& v) { return clock_.now() >= v.second.deadline; });
+      if (late != verdict_due_.end()) {
+        const auto [peer_role, peer_rank] = late->first;
+        std::string peer = fmt::format("{} {}", role_name(peer_role), peer_rank);
+        try {
+          peer = book_.at(peer_role, peer_rank).describe();
+        } catch (const Error&) {  // not in the book: its role and rank say enough
+        }
+        Status s{ErrorCode::kPeerFailure,
+                 fmt::format("{} failed: its connection to {} {} closed ({}) and the scheduler, "
+                             "which still hears it, did not fail it over or replace it: the link "
+                             "between the two is broken",
+                             peer, role_name(role()), rank_, late->second.why)};
+        verdict_due_.clear();
+        lock.unlock();
+        fail(s);
+        lock.lock();
+        continue;
+      }
     }
     if (Real::now() < next_beat) continue;
     next_beat = Real::now() + c.heartbeat_interval;
@@ -301,6 +349,7 @@ void Node::on_control(net::Message&& m) {
 void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
   std::lock_guard lock(mu_);
   if (p.role == Role::kWorker || p.role == Role::kServer) peers_[{p.role, p.rank}] = id;
+  verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
   cv_.notify_all();
 }
 
@@ -329,6 +378,18 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
     // kPeerDead). Requests to it stay pending until then.
     PP_WARN("connection to {} closed ({}); waiting for the scheduler's verdict", p.describe(),
             why.message());
+    verdict_due_[{p.role, p.rank}] = {
+        clock_.now() + options_.cluster.heartbeat_timeout + suspect_grace(), why.message()};
+    return;
+  }
+  if (p.role == Role::kWorker && book_.worker_restarts) {
+    // A worker may be restarted (--max-restarts): the scheduler decides
+    // (kPeerDead when it is not replaced in time).
+    PP_WARN("connection to {} closed ({}); waiting for its replacement or the scheduler's verdict",
+            p.describe(), why.message());
+    verdict_due_[{p.role, p.rank}] = {
+        clock_.now() + options_.cluster.startup_timeout + options_.cluster.heartbeat_timeout,
+        why.message()};
     return;
   }
   suspect_ = {ErrorCode::kPeerFailure,
@@ -342,6 +403,15 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
 Millis Node::suspect_grace() const {
   const auto& c = options_.cluster;
   return std::min(c.heartbeat_timeout / 2, 2 * c.heartbeat_interval + Millis{500});
+}
+
+void Node::report_rejoined() {
+  net::ConnId sched;
+  {
+    std::lock_guard lock(mu_);
+    sched = scheduler_;
+  }
+  transport_->send_copy(sched, net::Header{.type = msg::kServerRejoined}, nullptr, 0);
 }
 
 void Node::fail(Status why) {
@@ -379,7 +449,7 @@ net::ConnId Node::conn(Role role, int rank) const {
   if (!failure_.is_ok()) failure_.raise();
   if (role == Role::kScheduler) return scheduler_;
   if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
-      placement_.dead[static_cast<size_t>(rank)])
+      placement_.dead[static_cast<size_t>(rank)] && !peers_.count({role, rank}))
     throw PeerFailure(
         fmt::format("server {} was failed over (placement epoch {})", rank, placement_.epoch));
   auto it = peers_.find({role, rank});

@@ -12,7 +12,12 @@
 // Failure: the first failure of the job (a peer declared dead by the
 // scheduler, a direct connection to a peer closing — blamed after a short
 // grace period, min(heartbeat_timeout / 2, 2 heartbeat intervals + 0.5 s), in
-// case the scheduler names another node that died first —, the scheduler closing or
+// case the scheduler names another node that died first; a server that may
+// fail over (replicas) or a worker that may be restarted is given the
+// scheduler's verdict instead, up to heartbeat_timeout + that grace (a
+// worker: startup_timeout + heartbeat_timeout), and when none came (the
+// scheduler still hears it: the link between the two broke) the connection's
+// end fails the job naming that link —, the scheduler closing or
 // going silent for heartbeat_timeout, a job abort) is recorded as a
 // PeerFailure naming the node's role, rank and host; every peer-failure
 // callback runs once with it, every blocked call (start, barrier, shutdown)
@@ -70,6 +75,11 @@ class Node {
   int num_servers() const { return options_.cluster.num_servers; }
   int num_workers() const { return options_.cluster.num_workers; }
   const AddressBook& address_book() const { return book_; }
+  // Worker restart (docs/ps.md "Worker restart"): 0 for a node that started
+  // with the job; n > 0 for the n-th replacement of a worker's rank, which
+  // joined a running job (it connects only to the live servers: no worker
+  // mesh). Valid after start().
+  int incarnation() const { return book_.incarnation; }
   const Options& options() const { return options_; }
 
   // Waits until every node of `group` called barrier(group) as often as this
@@ -127,6 +137,8 @@ class Node {
   // which ends the job with that reason for every node, and waits up to 2 s
   // for its word (the node's failure() is then set). No-op once failed.
   void report_failure(const Status& why);
+  // A restarted server caught up (ps::Server::rejoin): tells the scheduler.
+  void report_rejoined();
 
   // Stops the heartbeat thread and the transport (its I/O thread joined):
   // no handler or failure callback runs after this returns. Idempotent;
@@ -169,6 +181,13 @@ class Node {
   // scheduler names another culprit first.
   Status suspect_;
   ClockSource::time_point suspect_deadline_;
+  // Peers whose connection closed while the scheduler may still fail them
+  // over or replace them: the verdict is due by the deadline (see above).
+  struct VerdictDue {
+    ClockSource::time_point deadline;
+    std::string why;
+  };
+  std::map<std::pair<Role, int>, VerdictDue> verdict_due_;
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
   const int replicas_;
   Placement placement_;

@@ -96,6 +96,8 @@ std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
   w.u<uint32_t>(static_cast<uint32_t>(book.workers.size()));
   for (auto& a : book.workers)
     put(w, a);
+  w.u<uint8_t>(book.worker_restarts ? 1 : 0);
+  w.u<int32_t>(book.incarnation);
   return w.take();
 }
 
@@ -110,6 +112,10 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
     for (auto& a : *list)
       if (!get(r, &a)) return bad("address book");
   }
+  const auto flags = r.u<uint8_t>();
+  book->incarnation = r.u<int32_t>();
+  if (!r.ok() || flags > 1 || book->incarnation < 0) return bad("address book");
+  book->worker_restarts = flags == 1;
   return r.done() ? Status{} : bad("address book");
 }
 
@@ -133,16 +139,22 @@ int ps_replicas(int configured, int num_servers) {
   return std::min(r, num_servers - 1);
 }
 
-ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead) {
+ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead,
+                           const std::vector<bool>& late) {
   ReplicaChain c;
+  std::vector<int> live, rejoined;
   for (int i = 0; i <= replicas && num_servers > 0; ++i) {
     int s = (home + i) % num_servers;
     if (static_cast<size_t>(s) < dead.size() && dead[static_cast<size_t>(s)]) continue;
+    (static_cast<size_t>(s) < late.size() && late[static_cast<size_t>(s)] ? rejoined : live)
+        .push_back(s);
+  }
+  live.insert(live.end(), rejoined.begin(), rejoined.end());
+  for (int s : live)
     if (c.primary < 0)
       c.primary = s;
     else
       c.backups.push_back(s);
-  }
   return c;
 }
 
@@ -155,8 +167,8 @@ int first_lost_home(int num_servers, int replicas, const std::vector<bool>& dead
 std::vector<std::byte> encode_placement(const Placement& p) {
   net::Writer w;
   w.u<uint64_t>(p.epoch).u<uint32_t>(static_cast<uint32_t>(p.dead.size()));
-  for (bool d : p.dead)
-    w.u<uint8_t>(d ? 1 : 0);
+  for (size_t i = 0; i < p.dead.size(); ++i)
+    w.u<uint8_t>((p.dead[i] ? 1 : 0) | (i < p.late.size() && p.late[i] ? 2 : 0));
   return w.take();
 }
 
@@ -166,8 +178,12 @@ Status decode_placement(std::span<const std::byte> in, Placement* p) {
   out.epoch = r.u<uint64_t>();
   uint32_t n = r.u<uint32_t>();
   if (!r.ok() || n > kMaxNodes) return bad("placement");
-  for (uint32_t i = 0; i < n && r.ok(); ++i)
-    out.dead.push_back(r.u<uint8_t>() != 0);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    const auto b = r.u<uint8_t>();
+    if (b > 3) return bad("placement");
+    out.dead.push_back((b & 1) != 0);
+    out.late.push_back((b & 2) != 0);
+  }
   if (!r.done()) return bad("placement");
   *p = std::move(out);
   return Status{};

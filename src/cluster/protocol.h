@@ -2,7 +2,8 @@
 // Cluster control messages (types 16..63 of net/message.h) and their payloads.
 //
 //   kRegister     node -> scheduler   {role, preferred rank, host, port}
-//   kAddressBook  scheduler -> node   {your rank, AddressBook}
+//   kAddressBook  scheduler -> node   {your rank, AddressBook, restart flags,
+//                                     your incarnation}
 //   kBarrier      node -> scheduler   key = group, request_id = the node's barrier count
 //   kBarrierDone  scheduler -> node   key = group, request_id = that count
 //   kHeartbeat    both ways           empty
@@ -19,6 +20,9 @@
 //                                     every key range it held has a live
 //                                     backup, which is now its primary
 //                                     (parameter-server fail-over, docs/ps.md)
+//   kServerRejoined server -> scheduler  empty: a restarted server received
+//                                     its ranges from every live server; it
+//                                     is alive again, last in its chains
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -46,7 +50,8 @@ inline constexpr uint16_t kShutdown = 24;
 inline constexpr uint16_t kWorkersDone = 25;
 inline constexpr uint16_t kFailureReport = 26;
 inline constexpr uint16_t kPlacement = 27;
-inline constexpr uint16_t kLast = 27;
+inline constexpr uint16_t kServerRejoined = 28;
+inline constexpr uint16_t kLast = 28;
 }  // namespace msg
 
 // Barrier groups (bit set; kAll = servers and workers, not the scheduler).
@@ -64,8 +69,14 @@ struct NodeAddress {
 
 struct AddressBook {
   NodeAddress scheduler;
-  std::vector<NodeAddress> servers;                  // index = rank
-  std::vector<NodeAddress> workers;                  // index = rank
+  std::vector<NodeAddress> servers;  // index = rank
+  std::vector<NodeAddress> workers;  // index = rank
+  // Worker restart (pushpull launch --max-restarts, docs/ps.md "Worker
+  // restart"): whether a worker's death waits for its replacement instead of
+  // failing the job, and the receiver's incarnation (0: the original process;
+  // n: the n-th replacement of its rank, which rejoins a running job).
+  bool worker_restarts = false;
+  int32_t incarnation = 0;
   const NodeAddress& at(Role role, int rank) const;  // throws NotFound
 };
 
@@ -85,6 +96,9 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
 struct Placement {
   uint64_t epoch = 0;
   std::vector<bool> dead;  // index = server rank
+  // Servers that rejoined after a fail-over (launch --max-restarts): last in
+  // every chain, so a rejoin never moves a primary.
+  std::vector<bool> late;
 };
 
 // Backups per key range a job uses: `configured` (PUSHPULL_PS_REPLICAS; -1 =
@@ -99,7 +113,9 @@ struct ReplicaChain {
   int primary = -1;
   std::vector<int> backups;
 };
-ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead);
+// Rejoined (`late`) live servers come after the others.
+ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead,
+                           const std::vector<bool>& late = {});
 
 // The first home whose whole chain is dead, or -1 when every range has a
 // live server.

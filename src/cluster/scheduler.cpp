@@ -105,6 +105,20 @@ void Scheduler::on_message(net::Message&& m) {
         transport_->close(m.conn, st);
         return;
       }
+      if (complete_ && worker_restarts_ && e.addr.role == Role::kWorker && failure_.is_ok() &&
+          away_.count(e.preferred) != 0) {
+        rejoin(m.conn, std::move(e));
+        return;
+      }
+      if (complete_ && worker_restarts_ && e.addr.role == Role::kServer && failure_.is_ok() &&
+          e.preferred >= 0 && e.preferred < options_.cluster.num_servers &&
+          placement_.dead[static_cast<size_t>(e.preferred)] &&
+          std::none_of(nodes_.begin(), nodes_.end(), [&](auto& kv) {
+            return kv.second.addr.role == Role::kServer && kv.second.addr.rank == e.preferred;
+          })) {
+        rejoin(m.conn, std::move(e));
+        return;
+      }
       int have = 0;
       for (auto& [id, n] : nodes_)
         have += n.addr.role == e.addr.role;
@@ -137,27 +151,42 @@ void Scheduler::on_message(net::Message&& m) {
     case msg::kBarrier: {
       auto g = static_cast<Group>(m.header.key);
       if (m.header.key < 1 || m.header.key > 3 || it == nodes_.end()) return;
-      if (++barrier_count_[static_cast<uint8_t>(g)] < group_size(g)) return;
-      barrier_count_[static_cast<uint8_t>(g)] = 0;
-      for (auto& [id, e] : nodes_) {
-        bool member = (static_cast<uint8_t>(g) & (e.addr.role == Role::kWorker ? 1 : 2)) != 0;
-        if (member)
-          transport_->send_copy(id,
-                                net::Header{.type = msg::kBarrierDone,
-                                            .request_id = m.header.request_id,
-                                            .key = m.header.key},
-                                nullptr, 0);
-      }
+      auto& waiting = barrier_waiting_[static_cast<uint8_t>(g)];
+      waiting[m.conn] = m.header.request_id;
+      if (static_cast<int>(waiting.size()) < group_size(g)) return;
+      // Each member is answered with its own count (a replacement worker's
+      // count started afresh).
+      auto members = std::move(waiting);
+      waiting.clear();
+      for (auto& [id, count] : members)
+        transport_->send_copy(
+            id, net::Header{.type = msg::kBarrierDone, .request_id = count, .key = m.header.key},
+            nullptr, 0);
       return;
     }
     case msg::kHeartbeat:
       return;
+    case msg::kServerRejoined: {
+      if (it == nodes_.end() || it->second.addr.role != Role::kServer || !failure_.is_ok()) return;
+      const auto r = static_cast<size_t>(it->second.addr.rank);
+      if (r >= placement_.dead.size() || !placement_.dead[r]) return;
+      placement_.dead[r] = false;
+      placement_.late.resize(placement_.dead.size(), false);
+      placement_.late[r] = true;
+      placement_.epoch++;
+      PP_WARN(
+          "server {} rejoined: it holds its key ranges again and is their backup (placement "
+          "epoch {})",
+          r, placement_.epoch);
+      broadcast(msg::kPlacement, encode_placement(placement_));
+      return;
+    }
     case msg::kLeave: {
       if (it == nodes_.end()) return;
       it->second.left = true;
       silence_.forget(m.conn);
       PP_DEBUG("{} left", it->second.addr.describe());
-      bool workers_left = complete_ && it->second.addr.role == Role::kWorker &&
+      bool workers_left = complete_ && away_.empty() && it->second.addr.role == Role::kWorker &&
                           std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) {
                             return kv.second.addr.role != Role::kWorker || kv.second.left;
                           });
@@ -165,7 +194,7 @@ void Scheduler::on_message(net::Message&& m) {
         for (auto& [id, e] : nodes_)
           if (e.addr.role == Role::kServer)
             transport_->send_copy(id, net::Header{.type = msg::kWorkersDone}, nullptr, 0);
-      bool all = complete_ &&
+      bool all = complete_ && away_.empty() &&
                  std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) { return kv.second.left; });
       if (all && failure_.is_ok()) {
         broadcast(msg::kShutdown, {});
@@ -232,10 +261,13 @@ void Scheduler::assign_ranks() {
     if (!transport_->bind_peer_rank(id, e.addr.rank))
       PP_WARN("{} {} said hello with another rank; its connection keeps that identity",
               role_name(e.addr.role), e.addr.rank);
+    book.worker_restarts = worker_restarts_;
     auto p = encode_book(e.addr.rank, book);
     transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
   }
   complete_ = true;
+  book.worker_restarts = worker_restarts_;
+  book_ = std::move(book);
   PP_INFO("all {} nodes registered; address book sent", nodes_.size());
 }
 
@@ -254,6 +286,15 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   if (who.rank < 0) who.rank = it->second.preferred;
   silence_.forget(id);
   nodes_.erase(it);
+  for (auto& [group, waiting] : barrier_waiting_)
+    waiting.erase(id);
+  if (who.role == Role::kWorker && mark_away(who, reason)) {
+    // A stopped worker that wakes up must not act as the rank any more.
+    auto bye = encode_dead(who, "this worker was replaced: " + reason);
+    transport_->send_copy(id, net::Header{.type = msg::kAbort}, bye.data(), bye.size());
+    transport_->close(id, {ErrorCode::kPeerFailure, "worker lost; waiting for its replacement"});
+    return;
+  }
   const int servers = options_.cluster.num_servers;
   if (who.role != Role::kServer || replicas_ == 0 || !complete_ || !failure_.is_ok() ||
       who.rank < 0 || who.rank >= servers) {
@@ -261,6 +302,9 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
     return;
   }
   placement_.dead[static_cast<size_t>(who.rank)] = true;
+  if (static_cast<size_t>(who.rank) < placement_.late.size())
+    placement_.late[static_cast<size_t>(who.rank)] = false;
+  ++server_losses_[who.rank];
   if (int home = first_lost_home(servers, replicas_, placement_.dead); home >= 0) {
     std::string chain;
     for (int i = 0; i <= replicas_; ++i)
@@ -279,6 +323,86 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   broadcast(msg::kPlacement, encode_placement(placement_));
   transport_->send_copy(id, net::Header{.type = msg::kAbort}, bye.data(), bye.size());
   transport_->close(id, {ErrorCode::kPeerFailure, "failed over"});
+}
+
+bool Scheduler::mark_away(const NodeAddress& who, const std::string& reason) {
+  if (!worker_restarts_ || !complete_ || !failure_.is_ok() || who.rank < 0 ||
+      who.rank >= options_.cluster.num_workers)
+    return false;
+  away_[who.rank] = {clock_.now(), reason};
+  ++losses_[who.rank];
+  PP_WARN(
+      "{} lost: {}; waiting up to {} ms for its replacement (--max-restarts); the servers hold "
+      "its round open",
+      describe_node(who), reason, options_.cluster.startup_timeout.count());
+  cv_.notify_all();
+  return true;
+}
+
+void Scheduler::rejoin(net::ConnId id, Entry e) {
+  const int rank = e.preferred;
+  const bool server = e.addr.role == Role::kServer;
+  e.addr.rank = rank;
+  if (!server) away_.erase(rank);
+  silence_.heard(id);
+  if (!transport_->bind_peer_rank(id, rank))
+    PP_WARN("{} {}'s replacement said hello with another rank; its connection keeps that identity",
+            role_name(e.addr.role), rank);
+  nodes_[id] = e;
+  (server ? book_.servers : book_.workers)[static_cast<size_t>(rank)] = e.addr;
+  // The placement first: the replacement connects only to live servers.
+  if (placement_.epoch > 0) {
+    auto p = encode_placement(placement_);
+    transport_->send_copy(id, net::Header{.type = msg::kPlacement}, p.data(), p.size());
+  }
+  AddressBook book = book_;
+  book.incarnation = server ? server_losses_[rank] : losses_[rank];
+  auto p = encode_book(rank, book);
+  transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
+  if (server)
+    PP_WARN("server {} registered again (replacement {}, {}); it fetches its key ranges", rank,
+            book.incarnation, e.addr.describe());
+  else
+    PP_WARN("worker {} rejoined the job (replacement {}, {})", rank, book.incarnation,
+            e.addr.describe());
+}
+
+int Scheduler::server_losses(int rank) const {
+  std::lock_guard lock(mu_);
+  auto it = server_losses_.find(rank);
+  return it == server_losses_.end() ? 0 : it->second;
+}
+
+void Scheduler::allow_worker_restarts(bool on) {
+  std::lock_guard lock(mu_);
+  worker_restarts_ = on;
+}
+
+int Scheduler::worker_losses(int rank) const {
+  std::lock_guard lock(mu_);
+  auto it = losses_.find(rank);
+  return it == losses_.end() ? 0 : it->second;
+}
+
+void Scheduler::process_restarting(Role role, int rank, int exit_code, int signal) {
+  std::lock_guard lock(mu_);
+  if (finished_ || !failure_.is_ok()) return;
+  if (role == Role::kServer) {
+    PP_INFO("server {} {}; the launcher restarts it", rank, describe_exit(exit_code, signal));
+    return;
+  }
+  if (role != Role::kWorker) return;
+  std::string why = fmt::format("its process {}", describe_exit(exit_code, signal));
+  if (away_.count(rank)) {
+    PP_INFO("worker {} {}; the launcher restarts it", rank, describe_exit(exit_code, signal));
+    return;
+  }
+  for (auto& [id, n] : nodes_)
+    if (n.addr.role == Role::kWorker && (n.preferred == rank || n.addr.rank == rank))
+      return lose(id, why);
+  // Not registered: it died while the job started (which fails the job), or
+  // its replacement died before registering (still away: above).
+  PP_INFO("worker {} {} before it registered", rank, describe_exit(exit_code, signal));
 }
 
 bool Scheduler::failed_over(Role role, int rank) const {
@@ -325,6 +449,13 @@ void Scheduler::check_timers() {
                      servers, c.num_servers, workers, c.num_workers, c.startup_timeout.count())});
     return;
   }
+  for (auto& [rank, away] : away_)
+    if (now - away.since > c.startup_timeout) {
+      fail({Role::kWorker, rank, "", 0},
+           fmt::format("{}; its replacement did not register within {} ms", away.reason,
+                       c.startup_timeout.count()));
+      return;
+    }
   if (auto expired = silence_.first_expired()) {
     auto it = nodes_.find(expired->first);
     if (it != nodes_.end()) {
@@ -410,6 +541,12 @@ void Scheduler::process_exited(Role role, int rank, int exit_code, int signal) {
     PP_INFO("server {} (failed over) {}", rank, describe_exit(exit_code, signal));
     return;
   }
+  if (role == Role::kWorker && away_.count(rank)) {
+    fail({Role::kWorker, rank, "", 0},
+         fmt::format("{}; its process {} and was not restarted (no restarts left)",
+                     away_[rank].reason, describe_exit(exit_code, signal)));
+    return;
+  }
   Entry* e = find_node(role, rank);
   if (e && e->left) return;  // it left in order: its exit is the normal end
   NodeAddress who = e ? e->addr : NodeAddress{role, rank, "", 0};
@@ -417,8 +554,16 @@ void Scheduler::process_exited(Role role, int rank, int exit_code, int signal) {
   if (exit_code != 0 || signal > 0) {
     std::string why = fmt::format("its process {}", describe_exit(exit_code, signal));
     if (e) {
-      for (auto& [id, n] : nodes_)
-        if (&n == e) return lose(id, why);
+      for (auto& [id, n] : nodes_) {
+        if (&n != e) continue;
+        if (role == Role::kWorker && worker_restarts_) {
+          // The launcher does not restart it (that is process_restarting).
+          silence_.forget(id);
+          nodes_.erase(id);
+          return fail(who, why + " and was not restarted (no restarts left)");
+        }
+        return lose(id, why);
+      }
     }
     fail(who, why);
     return;

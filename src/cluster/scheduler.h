@@ -34,6 +34,19 @@
 // kPlacement to every other node. When a range has no live server left the
 // job fails as before, naming the servers of that range.
 //
+// Worker restart (allow_worker_restarts(true): pushpull launch --max-restarts
+// in a parameter-server job; docs/ps.md "Worker restart"): a worker that dies
+// after registration completed (connection closed, silent, its process ended)
+// is marked away instead of failing the job: nobody is told (the servers keep
+// its dist_sync round open, its peers wait), its connection is closed. A node
+// registering as a worker with that preferred rank (the launcher's
+// replacement, authenticated like every node) takes the rank back: it gets
+// the current placement, then the address book with its incarnation (how
+// many times that rank was lost). A worker away longer than startup_timeout,
+// or whose process the launcher does not restart (process_exited), fails the
+// job naming it. Barriers count the members present; a replacement joins
+// the next one.
+//
 // Root cause: the job's status is the first failure recorded; later failures
 // (nodes exiting because of it) are consequences and only logged.
 //
@@ -93,6 +106,22 @@ class Scheduler {
   // The current placement epoch (0 until a fail-over).
   uint64_t placement_epoch() const;
 
+  // Worker restart (see above). Call before run().
+  void allow_worker_restarts(bool on);
+  // The launcher restarts the process of worker `rank` (same rank): its loss
+  // is no failure; the replacement has startup_timeout to register.
+  void process_restarting(Role role, int rank, int exit_code, int signal);
+  // How many times worker `rank` was lost (its replacements' incarnations
+  // count up from 1). The launcher kills a still-running process of a lost
+  // worker (e.g. a stopped one) before restarting it.
+  int worker_losses(int rank) const;
+  // Server rejoin (same switch): how many times server `rank` was failed
+  // over. A failed-over server registering again (its restart) gets the
+  // placement and the book with its incarnation, fetches its ranges from the
+  // live servers and reports kServerRejoined: it is then alive again, last
+  // in its chains (Placement::late), a new placement epoch.
+  int server_losses(int rank) const;
+
  private:
   struct Entry {
     NodeAddress addr;
@@ -126,7 +155,25 @@ class Scheduler {
   bool complete_ = false;  // every node registered and got its book
   bool finished_ = false;  // every node left
   Status failure_;
-  std::map<uint8_t, int> barrier_count_;
+  // Per group: the members waiting in the barrier, with their barrier count
+  // (each is answered with its own: a replacement's count starts afresh).
+  std::map<uint8_t, std::map<net::ConnId, uint64_t>> barrier_waiting_;
+  // Worker restart: the book sent at registration (a replacement gets it
+  // with its own new address), the workers away (rank -> since, why) and
+  // how many times each rank was lost.
+  bool worker_restarts_ = false;
+  AddressBook book_;
+  struct Away {
+    ClockSource::time_point since;
+    std::string reason;
+  };
+  std::map<int, Away> away_;
+  std::map<int, int> losses_;
+  std::map<int, int> server_losses_;
+  // A worker is gone: away when restarts are allowed (true), else false.
+  bool mark_away(const NodeAddress& who, const std::string& reason);  // mu_ held
+  // A replacement of an away worker registers (mu_ held).
+  void rejoin(net::ConnId id, Entry e);
   const ClockSource& clock_;
   ClockSource::time_point started_;
   SilenceDetector<net::ConnId> silence_;

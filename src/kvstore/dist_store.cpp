@@ -65,6 +65,17 @@ DistStore::DistStore(std::string type, const Options& options)
   node_->on_placement([this](const cluster::Placement& p) { on_placement(p); });
   try {
     node_->start();
+    if (const int incarnation = node_->incarnation(); incarnation > 0) {
+      // A replacement: the servers may still answer requests of the old
+      // process to this rank; ids it never used cannot match them.
+      next_request_ = (static_cast<uint64_t>(incarnation) << 40) + 1;
+      rejoining_ = true;
+      PP_WARN(
+          "{} worker {} restarted (replacement {}): rejoining the running job; init adopts "
+          "the servers' values",
+          type_, rank(), incarnation);
+      return;
+    }
     Status mode;
     if (rank() == 0) {
       try {
@@ -122,7 +133,9 @@ std::vector<DistStore::KeyInfo*> DistStore::infos(const char* op, const std::vec
 
 int DistStore::primary_of(int home) const {
   if (replicas_ == 0) return home;
-  int p = cluster::replica_chain(home, node_->num_servers(), replicas_, placement_.dead).primary;
+  int p = cluster::replica_chain(home, node_->num_servers(), replicas_, placement_.dead,
+                                 placement_.late)
+              .primary;
   return p < 0 ? home : p;  // none left: the scheduler fails the job
 }
 
@@ -261,6 +274,17 @@ void DistStore::on_placement(const cluster::Placement& p) {
   }
   // In request order, so each key's pushes and pulls keep their order.
   std::sort(moved.begin(), moved.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  if (node_->rank() < 0) {
+    // A restarted worker learns the placement before its rank: no fail-over of its own.
+    PP_INFO("worker joining at placement epoch {} (servers {} failed over)", p.epoch,
+            failed.empty() ? "none" : failed);
+    return;
+  }
+  if (failed.empty() && moved.empty()) {
+    PP_INFO("worker {}: placement epoch {}: a restarted server rejoined as a backup", rank(),
+            p.epoch);
+    return;
+  }
   PP_WARN(
       "worker {}: fail-over: server {} failed; placement epoch {}: its key ranges moved to "
       "their backups; re-sending {} requests to the new primaries",
@@ -301,6 +325,7 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
     }
     int_keys_ = keys.front().is_int();
   }
+  if (rejoining_) return rejoin_keys(made, values);
   Status sent;
   if (rank() == 0) {
     size_t parts = 0;
@@ -327,6 +352,67 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
   }
   node_->barrier(cluster::Group::kWorkers);  // after it, every worker pulls the init value
   sent.raise();
+}
+
+void DistStore::rejoin_keys(const std::vector<KeyInfo*>& made,
+                            const std::vector<ArrayView>& values) {
+  size_t parts = 0;
+  for (auto* k : made)
+    parts += k->slices.size();
+  auto done = std::make_shared<Completion>(static_cast<int>(parts));
+  // Per key and slice: the rank's applied push count there.
+  auto applied = std::make_shared<std::vector<std::vector<uint64_t>>>(made.size());
+  for (size_t i = 0; i < made.size(); ++i) {
+    KeyInfo& k = *made[i];
+    (*applied)[i].assign(k.slices.size(), 0);
+    const size_t esize = dtype_size(k.dtype);
+    for (size_t j = 0; j < k.slices.size(); ++j) {
+      const ps::Slice s = k.slices[j];
+      net::Header h{.type = ps::msg::kPull,
+                    .flags = ps::msg::kFlagRejoin,
+                    .key = k.id,
+                    .dtype = static_cast<uint32_t>(k.dtype),
+                    .offset = static_cast<uint64_t>(s.begin),
+                    .length = static_cast<uint64_t>(s.count)};
+      auto* dst = static_cast<std::byte*>(values[i].data) + static_cast<size_t>(s.begin) * esize;
+      const size_t want = static_cast<size_t>(s.count) * esize;
+      request(s.server, h, nullptr, 0, nullptr, done, 0,
+              [applied, i, j, dst, want](const std::byte* d, size_t n) {
+                uint64_t done_seq = 0, accepted = 0;
+                if (Status st = ps::decode_rejoin({d, n}, &done_seq, &accepted); !st)
+                  throw ProtocolError(st.message());
+                if (n - ps::kRejoinHeadBytes != want)
+                  throw ProtocolError(fmt::format("rejoin reply holds {} value bytes, expected {}",
+                                                  n - ps::kRejoinHeadBytes, want));
+                std::memcpy(dst, d + ps::kRejoinHeadBytes, want);
+                (*applied)[i][j] = done_seq;
+              });
+    }
+  }
+  done->wait_for(wait_timeout()).raise();
+  // Rounds every part completed: pushes from here on are numbered after
+  // them (a part that is one ahead drops the re-sent push as applied).
+  uint64_t round = UINT64_MAX;
+  for (const auto& per_key : *applied)
+    for (uint64_t a : per_key)
+      round = std::min(round, a);
+  if (round == UINT64_MAX) round = 0;
+  for (auto* k : made) {
+    std::lock_guard lock(k->seq_mu);
+    k->push_seq.assign(k->slices.size(), round);
+  }
+  {
+    std::lock_guard lock(mu_);
+    const auto r = static_cast<int64_t>(round);
+    restart_round_ = restart_round_ < 0 ? r : std::min(restart_round_, r);
+  }
+  PP_WARN("worker {}: rejoined: {} keys adopted from the servers; resuming after round {}", rank(),
+          made.size(), round);
+}
+
+int64_t DistStore::restart_round() const {
+  std::lock_guard lock(mu_);
+  return std::max<int64_t>(0, restart_round_);
 }
 
 void DistStore::push_key(KeyInfo& k, const ArrayList& values,
@@ -478,6 +564,7 @@ KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
                                    const std::vector<ArrayList>& values,
                                    const std::vector<ArrayList>& outs, int priority) {
   const char* op = values.empty() ? "pull" : (outs.empty() ? "push" : "pushpull");
+  rejoining_ = false;  // a restarted worker trains with the others from here
   std::vector<KeyInfo*> ks = infos(op, keys, values.empty() ? outs.size() : values.size());
   if (!values.empty() && !outs.empty()) kv::check_counts(op, keys.size(), outs.size());
   size_t parts = 0;
@@ -571,6 +658,7 @@ void DistStore::wait_all() {
 
 void DistStore::barrier() {
   check_failure();
+  if (rejoining_) return;  // a restarted worker: the others passed it long ago
   node_->barrier(cluster::Group::kWorkers);
 }
 

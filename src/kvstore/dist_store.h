@@ -31,6 +31,17 @@
 // of its key range, and later requests go there. Requests carry the
 // placement epoch; pushes carry a per-part sequence number, so the new
 // primary drops a push it already applied.
+//
+// Worker restart (pushpull launch --max-restarts, docs/ps.md "Worker
+// restart"): a store made by a restarted worker (Node::incarnation() > 0)
+// rejoins the running job. Until its first push or pull it neither sends nor
+// meets at barriers (the others passed them long ago): init asks every part's
+// server for the rank's applied push count and the current value, writes
+// the values into the arrays given (the servers' values are adopted, not
+// overwritten), and continues each part's push numbering from the smallest
+// count, restart_round(); set_optimizer only validates; barrier() returns.
+// Its pushes of rounds the old process already pushed are dropped (applied)
+// or adopted (pending) by the servers, so each round counts once.
 // Thread safety: as KVStore. Ownership: owns its Node (threads, sockets).
 #pragma once
 
@@ -83,6 +94,7 @@ class DistStore final : public KVStore {
   int num_workers() const override { return node_->num_workers(); }
   void barrier() override;
   const std::string& type() const override { return type_; }
+  int64_t restart_round() const override;
 
  private:
   struct KeyInfo {
@@ -126,6 +138,8 @@ class DistStore final : public KVStore {
   void on_failure(const Status& s);
   // Throws the job's failure, if any.
   void check_failure() const;
+  // A restarted worker's init: adopts the servers' values and push counts.
+  void rejoin_keys(const std::vector<KeyInfo*>& made, const std::vector<ArrayView>& values);
 
   const std::string type_;
   const bool sync_;
@@ -145,6 +159,9 @@ class DistStore final : public KVStore {
   cluster::Placement placement_;
 
   std::atomic<uint64_t> next_request_{1};
+  // A restarted worker before its first push or pull (see above).
+  std::atomic<bool> rejoining_{false};
+  int64_t restart_round_ = -1;  // guarded by mu_; -1 until a rejoining init
 };
 
 }  // namespace pushpull

@@ -49,6 +49,7 @@ void DistStore::set_updater(Updater) {
 
 void DistStore::set_optimizer(const OptimizerSpec& spec) {
   create_optimizer(spec);  // the same InvalidArgument on every worker, before any traffic
+  if (rejoining_) return;  // a restarted worker: the servers have it already
   Status sent;
   if (rank() == 0) {
     try {

@@ -21,6 +21,7 @@ class ClusterScheduler final : public EmbeddedScheduler {
     options_.cluster.root_port = port;
     options_.net.port = port;
     scheduler_ = std::make_unique<cluster::Scheduler>(options_);
+    scheduler_->allow_worker_restarts(worker_restarts_);
     int bound = scheduler_->bind(bind_addr);
     thread_ = std::thread([this] {
       ScopedLogContext log("scheduler");
@@ -66,8 +67,28 @@ class ClusterScheduler final : public EmbeddedScheduler {
     return scheduler_ && scheduler_->failed_over(role, rank);
   }
 
+  void allow_worker_restarts(bool on) noexcept override { worker_restarts_ = on; }
+
+  void process_restarting(Role role, int rank, int exit_code, int signal) noexcept override {
+    if (!scheduler_) return;
+    try {
+      scheduler_->process_restarting(role, rank, exit_code, signal);
+    } catch (const std::exception& e) {
+      PP_WARN("the scheduler could not take {} {}'s restart: {}", role_name(role), rank, e.what());
+    }
+  }
+
+  int worker_losses(int rank) noexcept override {
+    return scheduler_ ? scheduler_->worker_losses(rank) : 0;
+  }
+
+  int server_losses(int rank) noexcept override {
+    return scheduler_ ? scheduler_->server_losses(rank) : 0;
+  }
+
  private:
   Options options_;
+  bool worker_restarts_ = false;
   std::unique_ptr<cluster::Scheduler> scheduler_;
   std::thread thread_;
   std::mutex mu_;

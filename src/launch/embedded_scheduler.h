@@ -48,6 +48,16 @@ class EmbeddedScheduler {
   // Whether node (role, rank) was failed over (a parameter server whose
   // ranges moved to their backups): its end does not end the job.
   virtual bool failed_over(Role, int) noexcept { return false; }
+  // Worker restart (--max-restarts; docs/ps.md "Worker restart"). Before
+  // start(): whether lost workers wait for a replacement.
+  virtual void allow_worker_restarts(bool) noexcept {}
+  // The launcher restarts worker `rank`'s process (instead of process_exited).
+  virtual void process_restarting(Role, int, int, int) noexcept {}
+  // How many times worker `rank` was lost (a running process of a lost
+  // worker, e.g. a stopped one, is killed and restarted).
+  virtual int worker_losses(int) noexcept { return 0; }
+  // How many times server `rank` was failed over (a restarted one rejoins).
+  virtual int server_losses(int) noexcept { return 0; }
 };
 
 // Makes a scheduler for a job described by `node_options` (role scheduler,

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
@@ -185,6 +186,13 @@ void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
     bad(fmt::format("-s/--num-servers must not be negative (got {})", cfg.num_servers));
   if (cfg.port < 0 || cfg.port > 65535) bad(fmt::format("--port {} is not in 0..65535", cfg.port));
   if (cfg.timeout_s < 0) bad("--timeout must not be negative");
+  if (cfg.max_restarts < 0) bad("--max-restarts must not be negative");
+  if (cfg.max_restarts > 0 && cfg.num_servers < 1)
+    bad("--max-restarts restarts dead workers of a parameter-server job (-s >= 1), or replaces "
+        "them in an elastic job (--min-workers/--max-workers, docs/elastic.md)");
+  if (cfg.max_restarts > 0 && cfg.launcher != LauncherKind::kLocal &&
+      cfg.launcher != LauncherKind::kSsh)
+    bad("--max-restarts needs the local or ssh launcher (it restarts one process at a time)");
   if (!cfg.sync_dst_dir.empty() && cfg.hosts.empty())
     bad("--sync-dst-dir copies the current directory to the hosts of -H/--hostfile: give -H too");
   if (!cfg.sync_dst_dir.empty() && cfg.launcher != LauncherKind::kSsh)
@@ -299,6 +307,7 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   if (cfg.num_servers > 0) {
     if (ctx.scheduler_factory) {
       scheduler = ctx.scheduler_factory(scheduler_options(cfg, ctx));
+      scheduler->allow_worker_restarts(cfg.max_restarts > 0);
       // The advertised address only: a loopback job stays on loopback, a
       // multi-host one on the interface it hands out (PUSHPULL_BIND_ANY=1:
       // every interface).
@@ -322,7 +331,10 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   SupervisorSettings settings;
   settings.grace = Millis(int64_t(cfg.grace_s * 1000));
   settings.service_deadline = Millis(int64_t((cfg.timeout_s > 0 ? cfg.timeout_s : 30) * 1000));
+  settings.max_restarts = cfg.max_restarts;
   SupervisorHooks hooks;
+  int restarts_left = cfg.max_restarts;
+  std::map<std::pair<Role, int>, int> restarted;  // (role, rank) -> restarts so far
   if (scheduler) {
     hooks.scheduler = [&]() -> SchedulerState {
       auto st = scheduler->status();
@@ -335,9 +347,43 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
         scheduler->process_exited(spec.role, spec.rank, r.exited ? r.code : 0,
                                   r.exited ? 0 : r.code);
     };
-    hooks.survivable = [&](const ChildSpec& spec, const ChildResult&) {
-      return scheduler->failed_over(spec.role, spec.rank);
+    hooks.survivable = [&](const ChildSpec& spec, const ChildResult& r) {
+      // A running worker the scheduler lost more often than it was restarted
+      // (stopped, unreachable) is killed, then restarted.
+      if (spec.role == Role::kWorker)
+        return !r.ended && cfg.max_restarts > 0 &&
+               scheduler->worker_losses(spec.rank) > restarted[{spec.role, spec.rank}];
+      // A failed-over server; not its restarted process, which rejoins.
+      return scheduler->failed_over(spec.role, spec.rank) &&
+             (r.ended || cfg.max_restarts == 0 ||
+              scheduler->server_losses(spec.rank) > restarted[{spec.role, spec.rank}]);
     };
+    if (cfg.max_restarts > 0)
+      hooks.restart = [&](ChildSpec& spec, const ChildResult& r) {
+        // Workers, and servers the job went on without (failed over: they
+        // rejoin). The scheduler may not have seen a server's connection
+        // close yet: its exit, told first, fails it over (or fails the job).
+        if (spec.role == Role::kServer) {
+          if (!scheduler->failed_over(spec.role, spec.rank))
+            scheduler->process_exited(spec.role, spec.rank, r.exited ? r.code : 0,
+                                      r.exited ? 0 : r.code);
+          if (!scheduler->failed_over(spec.role, spec.rank)) return false;
+        }
+        if (spec.role != Role::kWorker && spec.role != Role::kServer) return false;
+        if (restarts_left <= 0) {
+          PP_ERROR("{} (pid {}) ended with {}; no restarts left (--max-restarts {})", spec.label,
+                   r.pid, describe_status(r.exited, r.code), cfg.max_restarts);
+          return false;
+        }
+        --restarts_left;
+        ++restarted[{spec.role, spec.rank}];
+        scheduler->process_restarting(spec.role, spec.rank, r.exited ? r.code : 0,
+                                      r.exited ? 0 : r.code);
+        PP_WARN("{} (pid {}) ended with {}; restarting it with the same rank (restart {} of {})",
+                spec.label, r.pid, describe_status(r.exited, r.code),
+                cfg.max_restarts - restarts_left, cfg.max_restarts);
+        return true;
+      };
   }
   auto outcome = supervise(signals, child_specs(cfg, ctx, rv, plan), settings, hooks);
   if (cfg.launcher == LauncherKind::kSlurm)

@@ -49,6 +49,10 @@ struct LaunchConfig {
   std::vector<std::string> ssh_options;  // extra ssh arguments, e.g. -i KEY
   EnvList env, env_server, env_worker;   // --env, --env-server, --env-worker
   double grace_s = 5;                    // SIGTERM → SIGKILL grace period
+  // --max-restarts of a parameter-server job (not elastic): how many dead
+  // workers the launcher restarts with their rank over the job (docs/ps.md
+  // "Worker restart"); 0 = a dead worker fails the job.
+  int max_restarts = 0;
   bool verbose = false;
   // PUSHPULL_JOB_SECRET of every process and of the scheduler: --env's or the
   // launcher's own, else a fresh random one (prepare()). "" = none: the user

@@ -77,6 +77,7 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   bool term_sent = false;
+  bool killed_as_lost = false;  // killed by stop_failed_over: its end may be restarted
   Fd stdin_w;
   Stream streams[2];
   Fd log;
@@ -102,26 +103,18 @@ class Job {
       c.spec = std::move(s);
       children_.push_back(std::move(c));
     }
-    Guardian guardian(children_.size());
+    Guardian guardian(children_.size() + size_t(std::max(0, settings_.max_restarts)));
+    guardian_ = &guardian;
     for (auto& c : children_) {
       if (stopping_) break;
-      Spawned sp;
-      if (auto why = spawn_child(c.spec, &sp); !why.empty()) {
+      if (auto why = start(c); !why.empty()) {
         PP_ERROR("cannot start {}: {}", c.spec.label, why);
         begin_stop(127, fmt::format("{} could not be started: {}", c.spec.label, why));
         continue;
       }
-      guardian.watch(sp.pid);
-      c.pid = sp.pid;
-      c.running = true;
-      c.result.pid = sp.pid;
-      c.stdin_w = std::move(sp.stdin_w);
-      c.streams[0].fd = std::move(sp.out_r);
-      c.streams[0].out = 1;
-      c.streams[1].fd = std::move(sp.err_r);
-      c.streams[1].out = 2;
     }
     loop();
+    guardian_ = nullptr;
     Outcome o;
     o.exit_code = exit_code_;
     o.reason = reason_;
@@ -159,6 +152,40 @@ class Job {
       if (c.pid > 0) kill(-c.pid, SIGKILL);
   }
 
+  // Starts (or restarts) a child; "" or why it could not be started.
+  std::string start(Child& c) {
+    Spawned sp;
+    if (auto why = spawn_child(c.spec, &sp); !why.empty()) return why;
+    guardian_->watch(sp.pid);
+    c.pid = sp.pid;
+    c.running = true;
+    c.term_sent = false;
+    c.killed_as_lost = false;
+    c.result = ChildResult{};
+    c.result.label = c.spec.label;
+    c.result.host = c.spec.host;
+    c.result.pid = sp.pid;
+    c.stdin_w = std::move(sp.stdin_w);
+    c.streams[0].fd = std::move(sp.out_r);
+    c.streams[0].out = 1;
+    c.streams[1].fd = std::move(sp.err_r);
+    c.streams[1].out = 2;
+    return "";
+  }
+
+  // The restart hook said yes: the same child again (its old pipes' last
+  // lines are flushed first; a grandchild still writing to them is cut off).
+  void restart(Child& c) {
+    for (auto& st : c.streams) {
+      flush(c, st);
+      st.fd.reset();
+    }
+    if (auto why = start(c); !why.empty()) {
+      PP_ERROR("cannot restart {}: {}", c.spec.label, why);
+      add_event({FailureEvent::Kind::kChild, size_t(&c - children_.data()), ""});
+    }
+  }
+
   void consult_scheduler() {
     stop_failed_over();
     if (!hooks_.scheduler || stopping_ || scheduler_done_) return;
@@ -183,8 +210,10 @@ class Job {
     if (!hooks_.survivable || stopping_) return;
     for (auto& c : children_) {
       if (!c.running || c.term_sent || !hooks_.survivable(c.spec, c.result)) continue;
-      PP_WARN("{} (pid {}) was failed over: killing it", c.spec.label, c.pid);
+      PP_WARN("{} (pid {}) was {}: killing it", c.spec.label, c.pid,
+              c.spec.role == Role::kWorker ? "lost (stopped or unreachable)" : "failed over");
       c.term_sent = true;
+      c.killed_as_lost = true;
       kill(-c.pid, SIGKILL);
     }
   }
@@ -307,9 +336,21 @@ class Job {
     drain(c);
     bool ok = c.result.exited && c.result.code == 0;
     auto how = describe_status(c.result.exited, c.result.code);
-    if (c.term_sent) {
+    if (c.term_sent && !c.killed_as_lost) {
       PP_DEBUG("{} (pid {}) ended with {} after it was asked to stop", c.spec.label, c.pid, how);
       return;
+    }
+    if ((!ok || c.killed_as_lost) && !stopping_ && hooks_.restart &&
+        hooks_.restart(c.spec, c.result)) {
+      restart(c);
+      return;
+    }
+    if (c.killed_as_lost) {
+      if (hooks_.survivable && hooks_.survivable(c.spec, c.result)) {
+        PP_DEBUG("{} (pid {}) ended with {} after it was failed over", c.spec.label, c.pid, how);
+        return;
+      }
+      c.result.stopped = false;  // not stopped with the job: its loss is the failure
     }
     if (hooks_.on_exit) hooks_.on_exit(c.spec, c.result);
     if (ok) {
@@ -415,6 +456,7 @@ class Job {
   SignalGuard& signals_;
   SupervisorSettings settings_;
   const SupervisorHooks& hooks_;
+  Guardian* guardian_ = nullptr;  // run()'s, while it runs
   std::vector<Child> children_;
   bool stopping_ = false;
   bool killed_ = false;

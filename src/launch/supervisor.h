@@ -23,6 +23,12 @@
 //    themselves (the cluster protocol shuts them down), or `grace` once the
 //    scheduler reports the job complete, and are stopped after that; a
 //    server that fails after every worker succeeded only warns.
+//  - Restart (SupervisorHooks::restart, pushpull launch --max-restarts): a
+//    child that failed by itself, or that the supervisor killed because
+//    `survivable` said so while it ran (a lost worker), is offered to the
+//    restart hook first; when it says yes the child is started again with
+//    the same (possibly edited) spec, its output keeps its prefix and log
+//    file, and nothing else happens (no failure, no on_exit).
 //  - No orphans: children get PR_SET_PDEATHSIG(SIGKILL), so they die with
 //    the launcher even if it is killed with SIGKILL (that signal is tied to
 //    the thread that forks them: call supervise() from the thread that lives
@@ -94,6 +100,9 @@ struct SupervisorSettings {
   // After the first failure, how long to collect others before naming the
   // root cause and stopping the rest (see the rules above).
   Millis settle{500};
+  // How many restarts the restart hook may grant over the job (the
+  // guardian's room for their process groups).
+  int max_restarts = 0;
 };
 
 // What the job's scheduler says.
@@ -113,6 +122,10 @@ struct SupervisorHooks {
   // asked every tick for running children: one it is true for (a stopped
   // server the job went on without) is killed.
   std::function<bool(const ChildSpec&, const ChildResult&)> survivable;
+  // Called for a child that failed by itself, or was killed because
+  // `survivable` was true while it ran, before anything else: true starts
+  // it again with `spec` (which the hook may edit).
+  std::function<bool(ChildSpec&, const ChildResult&)> restart;
 };
 
 struct Outcome {

@@ -101,4 +101,24 @@ Status decode_ranges(std::span<const std::byte> in, std::vector<Range>* ranges) 
   return Status::ok();
 }
 
+std::vector<std::byte> encode_rejoin(uint64_t applied_seq, uint64_t accepted_seq) {
+  net::Writer w;
+  w.u<uint64_t>(applied_seq);
+  w.u<uint64_t>(accepted_seq);
+  return w.take();
+}
+
+Status decode_rejoin(std::span<const std::byte> in, uint64_t* applied_seq, uint64_t* accepted_seq) {
+  if (in.size() < kRejoinHeadBytes)
+    return {ErrorCode::kProtocolError,
+            fmt::format("rejoin reply of {} bytes, shorter than its {}-byte head", in.size(),
+                        kRejoinHeadBytes)};
+  net::Reader r(in.first(kRejoinHeadBytes));
+  *applied_seq = r.u<uint64_t>();
+  *accepted_seq = r.u<uint64_t>();
+  if (!r.done() || *applied_seq > *accepted_seq)
+    return {ErrorCode::kProtocolError, "malformed rejoin reply"};
+  return {};
+}
+
 }  // namespace pushpull::ps

@@ -10,7 +10,10 @@
 //                               slice's bytes
 //   kPull     worker -> server  key; payload empty (the whole slice) or
 //                               (i64 begin, i64 count) element ranges,
-//                               relative to the slice
+//                               relative to the slice; flags bit 1 =
+//                               rejoin (a restarted worker, docs/ps.md
+//                               "Worker restart"): payload empty; the reply
+//                               is encode_rejoin's 16 bytes then the value
 //   kReply    server -> worker  request_id, key; payload = pulled bytes, or
 //                               empty for an acknowledgement
 //   kError    server -> worker  request_id, key; flags = ErrorCode; payload =
@@ -58,10 +61,22 @@ inline constexpr uint16_t kError = 68;
 inline constexpr uint16_t kCommand = 69;
 inline constexpr uint16_t kReplicaMeta = 70;
 inline constexpr uint16_t kReplicaValue = 71;
+// Server rejoin (docs/ps.md "Server rejoin"), between servers:
+inline constexpr uint16_t kRejoinRequest = 72;  // rejoined -> live server: send me my ranges
+inline constexpr uint16_t kRejoinSetup = 73;    // live -> rejoined: "sync|async\n<optimizer spec>"
+inline constexpr uint16_t kRejoinDone = 74;     // live -> rejoined: every range sent and installed
 inline constexpr uint16_t kFirst = 64;
-inline constexpr uint16_t kLast = 71;
+inline constexpr uint16_t kLast = 74;
 inline constexpr uint32_t kFlagCompressed = 1;
+inline constexpr uint32_t kFlagRejoin = 2;
 }  // namespace msg
+
+// A rejoin reply's head: for the asking worker's rank, the sequence number of
+// its last applied push and of its last accepted one (u64 each, little-endian).
+inline constexpr size_t kRejoinHeadBytes = 16;
+std::vector<std::byte> encode_rejoin(uint64_t applied_seq, uint64_t accepted_seq);
+// Bounds-checked: `in` must hold at least the head.
+Status decode_rejoin(std::span<const std::byte> in, uint64_t* applied_seq, uint64_t* accepted_seq);
 
 // Header bits of worker requests (see above).
 inline constexpr uint64_t kWrap = uint64_t{1} << 24;

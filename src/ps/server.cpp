@@ -154,6 +154,9 @@ void Server::restore_checkpoint() {
 
 void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
                    std::span<const std::byte> data, std::shared_ptr<void> owner) {
+  // A request of a worker's earlier process (detached by a rejoin): its
+  // replacement does not know the id.
+  if (to.request_id == 0) return;
   net::Header h;
   h.request_id = to.request_id;
   h.key = to.key;
@@ -254,6 +257,7 @@ void Server::on_message(net::Message&& m) {
     }
     case msg::kPull: {
       std::vector<Range> ranges;
+      if (m.header.flags & msg::kFlagRejoin) return s->rejoin(meta, part);
       if (Status st = decode_ranges({owner->data(), owner->size()}, &ranges); !st)
         return reject(st);
       s->pull(meta, part, std::move(ranges));
@@ -292,7 +296,10 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
       }
       restore_checkpoint();  // throws: the error goes back to worker 0
       return reply(meta, Status::ok(), DType::kUInt8, {});
-    case Command::kSetOptimizer:
+    case Command::kSetOptimizer: {
+      std::lock_guard lock(repl_mu_);
+      optimizer_spec_ = text;
+    }
       try {
         s->set_optimizer(meta, OptimizerSpec::parse(text));
       } catch (...) {
@@ -318,6 +325,7 @@ void run_server(Options options) {
     node.start();
     PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
             node.num_workers());
+    if (node.incarnation() > 0) server.rejoin();  // restarted: fetch its key ranges
     // Serve until every worker has left; leaving only then keeps the server
     // under the scheduler's heartbeat watch for the whole job.
     node.wait_for_workers();

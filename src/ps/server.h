@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "cluster/node.h"
 #include "ps/server_store.h"
@@ -57,6 +58,10 @@ class Server : public ServerResponder {
              std::span<const std::byte> data, std::shared_ptr<void> owner = nullptr) override;
   bool replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
                  std::function<void()> done) override;
+  // A restarted server (Node::incarnation() > 0) asks every live server for
+  // the ranges it backs up; once all of them sent theirs it tells the
+  // scheduler, which makes it a (late) backup again. Call after node.start().
+  void rejoin();
 
  private:
   // A replication in flight: the backups that have not acknowledged it.
@@ -68,6 +73,13 @@ class Server : public ServerResponder {
   void on_placement(const cluster::Placement& p);
   // Acknowledgement (or death) of `backup` for replication `id`.
   void replica_acked(uint64_t id, int backup);
+  // Sends `state` to `backups`; `done` once each acknowledged (or died).
+  void send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
+                    std::vector<int> backups, std::function<void()> done);
+  // Server rejoin: a live server sends `to` its ranges; the rejoined side.
+  void on_rejoin_request(int to);
+  void on_rejoin_setup(const std::string& text);
+  void on_rejoin_done(int from);
   // Deliveries from the I/O thread enter the gate; close() refuses new ones
   // and waits until those inside have left.
   struct Gate {
@@ -99,7 +111,12 @@ class Server : public ServerResponder {
   std::mutex repl_mu_;  // guards the members below
   uint64_t next_replication_ = 1;
   std::map<uint64_t, Outgoing> outgoing_;
-  std::vector<bool> dead_;  // the placement's dead servers, as on_placement saw it
+  std::vector<bool> dead_;          // the placement's dead servers, as on_placement saw it
+  std::vector<bool> late_;          // and its rejoined ones
+  std::set<int> catching_up_;       // rejoined servers we send our rounds to already
+  std::set<int> rejoin_waiting_;    // (rejoined side) live servers still sending
+  bool rejoin_setup_done_ = false;  // (rejoined side) mode and optimizer installed
+  std::string optimizer_spec_;      // the last kSetOptimizer's text (for rejoined servers)
   // Backup side: metadata waiting for its value, by (primary, request id).
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
   // Worker requests from a newer placement epoch than ours, in arrival order.

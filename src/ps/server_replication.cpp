@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ps/protocol.h"
 #include "ps/server.h"
@@ -15,16 +16,18 @@ namespace pushpull::ps {
 bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
                        std::function<void()> done) {
   const int me = node_.rank();
-  auto live_backups = [&](const std::vector<bool>& dead) {
-    cluster::ReplicaChain chain = cluster::replica_chain(
-        state->home >= 0 ? state->home : me, node_.num_servers(), node_.ps_replicas(), dead);
+  const int home = state->home >= 0 ? state->home : me;
+  auto live_backups = [&](const std::vector<bool>& dead, const std::vector<bool>& late) {
+    cluster::ReplicaChain chain =
+        cluster::replica_chain(home, node_.num_servers(), node_.ps_replicas(), dead, late);
     // The live servers after this one in the part's chain.
     if (chain.primary == me) return chain.backups;
     auto it = std::find(chain.backups.begin(), chain.backups.end(), me);
     return it == chain.backups.end() ? std::vector<int>{}
                                      : std::vector<int>(it + 1, chain.backups.end());
   };
-  std::vector<int> backups = live_backups(node_.placement().dead);
+  const cluster::Placement placement = node_.placement();
+  std::vector<int> backups = live_backups(placement.dead, placement.late);
   // At the job's start a backup's connection may still be coming up (this
   // runs on a store thread, never the I/O thread).
   std::erase_if(backups, [&](int b) {
@@ -33,15 +36,33 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
     PP_ERROR("no connection to server {}: replica not sent", b);
     return true;
   });
-  uint64_t id;
   {
     // Decided under the lock on_placement takes: a backup declared dead
     // after this point is removed from `waiting` by on_placement.
     std::lock_guard lock(repl_mu_);
-    std::vector<int> live = live_backups(dead_);
+    std::vector<int> live = live_backups(dead_, late_);
     std::erase_if(backups,
                   [&](int b) { return std::find(live.begin(), live.end(), b) == live.end(); });
+    // A rejoined server catching up gets this part's rounds when it is in
+    // the part's chain and this server leads it.
+    if (cluster::replica_chain(home, node_.num_servers(), node_.ps_replicas(), dead_, late_)
+            .primary == me)
+      for (int s : catching_up_)
+        for (int i = 0; i <= node_.ps_replicas(); ++i)
+          if ((home + i) % node_.num_servers() == s &&
+              std::find(backups.begin(), backups.end(), s) == backups.end())
+            backups.push_back(s);
     if (backups.empty()) return false;
+  }
+  send_replica(part, std::move(state), std::move(backups), std::move(done));
+  return true;
+}
+
+void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
+                          std::vector<int> backups, std::function<void()> done) {
+  uint64_t id;
+  {
+    std::lock_guard lock(repl_mu_);
     id = next_replication_++;
     outgoing_[id] = Outgoing{backups, std::move(done)};
   }
@@ -55,7 +76,19 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
                 .length = static_cast<uint64_t>(v.numel())};
   for (int b : backups) {
     h.type = msg::kReplicaMeta;
-    node_.send(Role::kServer, b, h, meta->data(), meta->size(), [meta](const Status&) {});
+    node_.send(Role::kServer, b, h, meta->data(), meta->size(),
+               [this, gate = gate_, meta, id, b](const Status& s) {
+                 // A rejoined server that dies while catching up is not in
+                 // any placement's chain: its failed send completes it here.
+                 if (s.is_ok() || !gate->enter()) return;
+                 bool catching_up;
+                 {
+                   std::lock_guard lock(repl_mu_);
+                   catching_up = catching_up_.erase(b) > 0;
+                 }
+                 if (catching_up) replica_acked(id, b);
+                 gate->leave();
+               });
     h.type = msg::kReplicaValue;
     // Zero-copy; the state (and so the value) is released once written, so
     // the next round does not have to copy the value to update it.
@@ -65,7 +98,90 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
   }
   // A send to a dead backup fails at once or later; either way the next
   // placement (which names it dead) completes the replication for it.
-  return true;
+}
+
+void Server::rejoin() {
+  const cluster::Placement p = node_.placement();
+  std::vector<int> live;
+  {
+    std::lock_guard lock(repl_mu_);
+    for (int s = 0; s < node_.num_servers(); ++s)
+      if (s != node_.rank() && !(static_cast<size_t>(s) < p.dead.size() && p.dead[s])) {
+        rejoin_waiting_.insert(s);
+        live.push_back(s);
+      }
+  }
+  PP_WARN("server {} restarted (replacement {}): asking servers {} for its key ranges",
+          node_.rank(), node_.incarnation(), fmt::join(live, ", "));
+  for (int s : live)
+    node_.send_copy(Role::kServer, s, net::Header{.type = msg::kRejoinRequest}, nullptr, 0);
+  if (live.empty()) node_.report_rejoined();
+}
+
+void Server::on_rejoin_request(int to) {
+  const int me = node_.rank(), servers = node_.num_servers(), replicas = node_.ps_replicas();
+  std::string setup;
+  {
+    std::lock_guard lock(repl_mu_);
+    catching_up_.insert(to);
+    setup = std::string(store()->sync() ? "sync" : "async") + "\n" + optimizer_spec_;
+  }
+  PP_WARN("server {}: sending server {} the key ranges it backs up", me, to);
+  // First the mode and optimizer: the same connection keeps them ahead of
+  // the ranges.
+  node_.send_copy(Role::kServer, to, net::Header{.type = msg::kRejoinSetup}, setup.data(),
+                  setup.size());
+  auto wanted = [this, to, me, servers, replicas](const PartId&, int home) {
+    std::lock_guard lock(repl_mu_);
+    if (cluster::replica_chain(home, servers, replicas, dead_, late_).primary != me) return false;
+    for (int i = 0; i <= replicas; ++i)
+      if ((home + i) % servers == to) return true;
+    return false;
+  };
+  auto send = [this, to](const PartId& part, std::shared_ptr<const ReplicaState> state,
+                         std::function<void()> done) {
+    send_replica(part, std::move(state), {to}, std::move(done));
+  };
+  store()->transfer(wanted, send, [this, to, me] {
+    PP_INFO("server {}: every key range sent to server {}", me, to);
+    node_.send_copy(Role::kServer, to, net::Header{.type = msg::kRejoinDone}, nullptr, 0);
+  });
+}
+
+void Server::on_rejoin_setup(const std::string& text) {
+  {
+    std::lock_guard lock(repl_mu_);
+    if (rejoin_setup_done_) return;
+    rejoin_setup_done_ = true;
+  }
+  auto nl = text.find('\n');
+  const std::string mode = text.substr(0, nl);
+  const std::string spec = nl == std::string::npos ? "" : text.substr(nl + 1);
+  if ((mode == "sync") != store()->sync()) set_mode(mode == "sync");
+  if (!spec.empty()) {
+    {
+      std::lock_guard lock(repl_mu_);
+      optimizer_spec_ = spec;
+    }
+    try {
+      // request id 0: no answer is sent.
+      store()->set_optimizer(RequestMeta{0, 0, 0}, OptimizerSpec::parse(spec));
+    } catch (const std::exception& e) {
+      PP_ERROR("server {}: cannot install the job's optimizer '{}': {}", node_.rank(), spec,
+               e.what());
+    }
+  }
+}
+
+void Server::on_rejoin_done(int from) {
+  bool all = false;
+  {
+    std::lock_guard lock(repl_mu_);
+    all = rejoin_waiting_.erase(from) > 0 && rejoin_waiting_.empty();
+  }
+  if (!all) return;
+  PP_WARN("server {}: caught up with every live server; rejoining as a backup", node_.rank());
+  node_.report_rejoined();
 }
 
 void Server::replica_acked(uint64_t id, int backup) {
@@ -86,6 +202,13 @@ void Server::replica_acked(uint64_t id, int backup) {
 void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& m) {
   const net::Header& h = m.header;
   switch (h.type) {
+    case msg::kRejoinRequest:
+      return on_rejoin_request(from.rank);
+    case msg::kRejoinSetup:
+      return on_rejoin_setup(
+          std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
+    case msg::kRejoinDone:
+      return on_rejoin_done(from.rank);
     case msg::kReply:
       return replica_acked(h.request_id, from.rank);
     case msg::kError: {
@@ -172,6 +295,15 @@ void Server::on_placement(const cluster::Placement& p) {
   {
     std::lock_guard lock(repl_mu_);
     dead_ = p.dead;
+    late_ = p.late;
+    // A rejoined server alive in the placement is a backup like any other;
+    // one dead again gets nothing more.
+    for (auto it = catching_up_.begin(); it != catching_up_.end();)
+      it = static_cast<size_t>(*it) < p.dead.size() && !p.dead[*it] && p.epoch > 0
+               ? catching_up_.erase(it)
+               : std::next(it);
+    for (size_t s = 0; s < p.dead.size(); ++s)
+      if (p.dead[s]) rejoin_waiting_.erase(static_cast<int>(s));
     for (auto it = outgoing_.begin(); it != outgoing_.end();) {
       auto& w = it->second.waiting;
       w.erase(std::remove_if(w.begin(), w.end(),

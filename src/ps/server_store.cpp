@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -139,6 +140,7 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
         PP_DEBUG("duplicate push {} of key {} from worker {} dropped", seq, e->name, m.worker);
         return responder_.reply(m, Status::ok(), DType::kFloat32, {});
       }
+      if (seq <= e->last_seq[m.worker] && e->rejoined[m.worker] && adopt(*e, m, seq)) return;
       if (seq <= e->last_seq[m.worker])
         return fail(m, Status(ErrorCode::kProtocolError,
                               fmt::format("push {} of key {} from worker {} arrived twice", seq,
@@ -260,14 +262,43 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
   publish(part, e);
 }
 
+std::shared_ptr<ReplicaState> ServerStore::state_of(const PartId& part, Entry& e) {
+  auto state = std::make_shared<ReplicaState>();
+  state->name = e.name;
+  state->home = e.home;
+  state->value = e.value;
+  state->applied_seq = e.applied_seq;
+  state->optimizer_states = optimizer_states_of(part, e);
+  return state;
+}
+
+void ServerStore::transfer(
+    std::function<bool(const PartId&, int home)> wanted,
+    std::function<void(const PartId&, std::shared_ptr<const ReplicaState>, std::function<void()>)>
+        send,
+    std::function<void()> all_done) {
+  std::vector<PartId> parts;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, e] : entries_)
+      parts.push_back(id);
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(parts.size() + 1);
+  auto finish = [left, all_done] {
+    if (--*left == 0) all_done();
+  };
+  for (const PartId& part : parts)
+    executor_.submit(shard_of(part), [this, part, wanted, send, finish] {
+      Entry* e = find(part);
+      if (!e || e->restored || !wanted(part, e->home)) return finish();
+      send(part, state_of(part, *e), finish);
+    });
+  finish();
+}
+
 void ServerStore::publish(const PartId& part, Entry& e) {
   if (config_.replicate) {
-    auto state = std::make_shared<ReplicaState>();
-    state->name = e.name;
-    state->home = e.home;
-    state->value = e.value;
-    state->applied_seq = e.applied_seq;
-    state->optimizer_states = optimizer_states_of(part, e);
+    auto state = state_of(part, e);
     e.replicating = true;
     bool waiting = responder_.replicate(part, std::move(state), [this, part] {
       executor_.submit(shard_of(part), [this, part] {
@@ -298,6 +329,8 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
   std::fill(e.pushed.begin(), e.pushed.end(), 0);
   e.pushed_this_round = 0;
   answer_ready_pulls(e);
+  for (const RequestMeta& m : std::exchange(e.rejoins, {}))
+    answer_rejoin(e, m);
   // Held pushes open the next round, in arrival order (per worker FIFO).
   std::deque<HeldPush> held = std::move(e.held);
   e.held.clear();
@@ -403,6 +436,59 @@ void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ran
     }
     answer_pull(*e, m, ranges);
   });
+}
+
+void ServerStore::rejoin(const RequestMeta& m, PartId part) {
+  executor_.submit(shard_of(part), [this, m, part] {
+    Entry* e = find(part);
+    if (!e)
+      return fail(m, Status(ErrorCode::kNotFound,
+                            fmt::format("rejoin: key id {} was never initialised (a restarted "
+                                        "worker initialises the keys the job has)",
+                                        part.key)));
+    if (m.worker < 0 || m.worker >= config_.num_workers)
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("rejoin from unknown worker {}", m.worker)));
+    const int w = m.worker;
+    e->rejoined[w] = 1;
+    // The old process's requests: their ids mean nothing to the replacement.
+    std::erase_if(e->waiting, [&](const Entry::WaitingPull& p) { return p.meta.worker == w; });
+    for (RequestMeta& r : e->round_pushes)
+      if (r.worker == w) r.request_id = 0;
+    for (auto& h : e->held)
+      if (h.meta.worker == w) h.meta.request_id = 0;
+    for (RequestMeta& r : e->init_acks)
+      if (r.worker == w) r.request_id = 0;
+    if (e->replicating) {
+      e->rejoins.push_back(m);
+      return;
+    }
+    answer_rejoin(*e, m);
+  });
+}
+
+void ServerStore::answer_rejoin(Entry& e, const RequestMeta& m) {
+  const int w = m.worker;
+  const ArrayView& v = e.value.view;
+  auto out = std::make_shared<std::vector<std::byte>>(
+      encode_rejoin(e.applied_seq[w], std::max(e.last_seq[w], e.applied_seq[w])));
+  auto* base = static_cast<const std::byte*>(v.data);
+  out->insert(out->end(), base, base + v.nbytes());
+  responder_.reply(m, Status::ok(), v.dtype, *out, out);
+}
+
+bool ServerStore::adopt(Entry& e, const RequestMeta& m, uint64_t seq) {
+  for (size_t i = 0; i < e.round_pushes.size(); ++i)
+    if (e.round_pushes[i].worker == m.worker && e.round_seqs[i] == seq) {
+      e.round_pushes[i] = m;
+      return true;
+    }
+  for (auto& h : e.held)
+    if (h.meta.worker == m.worker && h.seq == seq) {
+      h.meta = m;
+      return true;
+    }
+  return false;
 }
 
 void ServerStore::on_all_threads(std::function<void()> fn) {

@@ -32,6 +32,14 @@
 //  - duplicates: a push carrying a sequence number that was already applied
 //    (a worker re-sending the unfinished round to a promoted backup) is
 //    acknowledged without being counted again.
+//  - worker restart (docs/ps.md "Worker restart"): rejoin() from a worker's
+//    replacement detaches the old process's pending requests of that part
+//    (answers to them are not sent: request id 0), answers with the rank's
+//    applied and accepted sequence numbers and the current value, and lets
+//    the replacement's push of a sequence number the old process already
+//    sent (accepted, not applied) take that push's place (adopted: counted
+//    once, acknowledged to the replacement). A sync round missing the dead
+//    worker's push simply stays open until the replacement pushes.
 //
 // Copies: the first push of a round is adopted as the round's sum (no copy)
 // when its dtype is the sum's; without an optimizer the sum then becomes the
@@ -160,6 +168,10 @@ class ServerStore {
   void push(const RequestMeta& m, PartId part, Payload grad, bool compressed, uint32_t seq = 0);
   // Empty `ranges`: the whole part; else element ranges relative to the part.
   void pull(const RequestMeta& m, PartId part, std::vector<Range> ranges);
+  // A restarted worker m.worker asks for the part (see above). The answer's
+  // data: ps::encode_rejoin(applied, accepted sequence numbers of that rank),
+  // then the value's bytes; given once the part is not being replicated.
+  void rejoin(const RequestMeta& m, PartId part);
   // Installs the optimizer for every later round (state of an earlier
   // optimizer is dropped). Answers once installed.
   void set_optimizer(const RequestMeta& m, const OptimizerSpec& spec);
@@ -179,6 +191,16 @@ class ServerStore {
   // checkpoint's round. Push sequence numbers start afresh (new workers).
   void restore(const Checkpoint& c, const std::string& source);
 
+  // Server rejoin (docs/ps.md "Server rejoin"): on each part's thread, for
+  // every part `wanted(part, home)` accepts, builds its current state and
+  // calls `send(part, state, done)` (done once delivered); `all_done` runs
+  // once every selected part's done ran.
+  void transfer(
+      std::function<bool(const PartId&, int home)> wanted,
+      std::function<void(const PartId&, std::shared_ptr<const ReplicaState>, std::function<void()>)>
+          send,
+      std::function<void()> all_done);
+
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
   bool sync() const { return config_.sync; }
@@ -190,6 +212,7 @@ class ServerStore {
   struct Entry;
   Entry* find(const PartId& part);
   void apply_round(const PartId& part, Entry& e);
+  std::shared_ptr<ReplicaState> state_of(const PartId& part, Entry& e);
   // After an update: replicates, then finish_round (at once without backups).
   void publish(const PartId& part, Entry& e);
   // Acknowledges the round, answers pulls, opens the next round.
@@ -197,6 +220,10 @@ class ServerStore {
   void apply_push(Entry& e, const Payload& grad, bool compressed);
   void answer_ready_pulls(Entry& e);
   void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);
+  void answer_rejoin(Entry& e, const RequestMeta& m);
+  // A replacement's push of sequence number `seq` takes the place of the old
+  // process's accepted push with that number; false when there is none.
+  static bool adopt(Entry& e, const RequestMeta& m, uint64_t seq);
   void fail(const RequestMeta& m, const Status& s);
   // Counts a completed sync round of a part this server is home for and,
   // every checkpoint_every rounds, adds its state to that round's checkpoint.

@@ -60,6 +60,8 @@ struct ServerStore::Entry {
   std::vector<uint64_t> round_seqs;       // their sequence numbers (0 = none)
   std::vector<uint64_t> last_seq;         // per worker: highest push sequence number accepted
   std::vector<uint64_t> applied_seq;      // per worker: highest applied (replicated)
+  std::vector<char> rejoined;             // per worker: a replacement asked (rejoin)
+  std::vector<RequestMeta> rejoins;       // rejoin requests waiting for the backups
   int home = -1;
   bool replicating = false;            // waiting for the backups: acks and pulls wait
   bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
@@ -74,6 +76,7 @@ struct ServerStore::Entry {
     held_by.assign(workers, 0);
     last_seq.assign(workers, 0);
     applied_seq.assign(workers, 0);
+    rejoined.assign(workers, 0);
   }
   struct WaitingPull {
     RequestMeta meta;

@@ -60,7 +60,8 @@ TEST(Array, ShapeAndBytes) {
 TEST(Options, DefaultsAndDmlcNames) {
   Options d = Options::from_env(Environment{});
   EXPECT_EQ(d.cluster.role, Role::kNone);
-  EXPECT_EQ(d.kvstore.bigarray_bound, 1000000);
+  EXPECT_EQ(d.kvstore.bigarray_bound, 65536);
+  EXPECT_EQ(d.net.socket_buffer_bytes, 128 << 10);
   EXPECT_EQ(d.collective.fusion_threshold_bytes, 64u << 20);
   EXPECT_EQ(d.cluster.heartbeat_interval, Millis(1000));
 

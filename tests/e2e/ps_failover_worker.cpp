@@ -16,8 +16,11 @@
 // prints "WRONG ..." and exits 4; an error "ERROR <type>: <msg>" and exits 3.
 // A job resumed from a checkpoint (PUSHPULL_RESUME_ROUND=R, docs/ps.md
 // "Checkpoints") starts at round R + 1: the servers hold round R's values.
+// A restarted worker (launch --max-restarts, docs/ps.md "Worker restart")
+// starts at restart_round() + 1.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -72,7 +75,9 @@ int main(int argc, char** argv) {
       return true;
     };
     const char* resumed = std::getenv("PUSHPULL_RESUME_ROUND");
-    const int first = resumed ? std::atoi(resumed) + 1 : 1;
+    // A restarted worker (--max-restarts) resumes after the rounds its rank
+    // completed: the servers' values and counts were adopted by init.
+    const int first = std::max<int>(resumed ? std::atoi(resumed) + 1 : 1, kv->restart_round() + 1);
     for (int k = first; k <= rounds; ++k) {
       if (mode == "async") {
         for (size_t i = 0; i < keys.size(); ++i)

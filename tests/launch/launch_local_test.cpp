@@ -263,6 +263,9 @@ TEST(LaunchLocal, BadInputExits2BeforeAnythingStarts) {
       {{"-n", "2", "-H", dir.path(), "--", "touch", marker}, "is a directory"},
       {{"-n", "3", "-H", small_hosts, "--", "touch", marker}, "slots"},
       {{"-n", "2", "--launcher", "local", "-H", small_hosts, "--", "touch", marker}, "drop -H"},
+      {{"-n", "2", "-s", "0", "--max-restarts", "1", "--", "touch", marker}, "-s >= 1"},
+      {{"-n", "2", "-s", "1", "--max-restarts", "-1", "--", "touch", marker},
+       "--max-restarts must not be negative"},
   };
   for (const auto& c : cases) {
     auto r = run_launcher(c.args);

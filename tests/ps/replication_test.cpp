@@ -282,10 +282,16 @@ TEST(Replication, ChainsAndLostRanges) {
 }
 
 TEST(Replication, Codecs) {
-  cluster::Placement p{3, {false, true, false}}, q;
+  cluster::Placement p{3, {false, true, false}, {true, false, false}}, q;
   ASSERT_TRUE(cluster::decode_placement(cluster::encode_placement(p), &q).is_ok());
   EXPECT_EQ(q.epoch, 3u);
   EXPECT_EQ(q.dead, p.dead);
+  EXPECT_EQ(q.late, p.late);
+  // A rejoined (late) server comes last in its chains: its return moves no primary.
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {true, false, false}).primary,
+            1);
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, true, false}, {true, false, false}).primary,
+            0);
   auto bytes = cluster::encode_placement(p);
   bytes.pop_back();
   EXPECT_FALSE(cluster::decode_placement(bytes, &q).is_ok());

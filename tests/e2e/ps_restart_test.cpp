@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+// Worker restart under the launcher (docs/ps.md "Worker restart"): 3 workers
+// x 3 servers with `pushpull launch --max-restarts`; a worker is SIGKILLed
+// (or SIGSTOPped) at a random round, the launcher restarts it with the same
+// rank, the replacement adopts the servers' values and push counts and
+// resumes, and every pulled value (ps_failover_worker checks each round) is
+// exactly in closed form; dist_async keeps the exact total. Without
+// --max-restarts, or with the restarts used up, a dead worker fails the job
+// naming it, and so does a replacement that does not register within
+// startup_timeout. A node with the job's secret claiming a live rank is refused.
+//
+// PUSHPULL_FAILOVER_TRIALS (default 2) random kill points per kill test.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "support/process.h"
+
+namespace pushpull {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+std::string bin(const std::string& name) {
+  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
+}
+
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "pp-restart-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// The latest pid of each worker rank (the wrapper appends "rank pid" at
+// every start, restarts included).
+std::map<int, int> read_pids(const std::string& file) {
+  std::ifstream in(file);
+  std::map<int, int> pids;
+  for (int r, p; in >> r >> p;)
+    pids[r] = p;
+  return pids;
+}
+
+int trials() {
+  const char* t = std::getenv("PUSHPULL_FAILOVER_TRIALS");
+  return t ? std::max(1, std::atoi(t)) : 2;
+}
+
+int last_round(const std::string& out) {
+  auto at = out.rfind("ROUND ");
+  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
+}
+
+struct Job {
+  // `restarts` < 0: no --max-restarts.
+  // `server_pids`: a file the servers append "rank pid" to ("" = none).
+  Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms,
+      const std::string& server_pids = "", std::map<std::string, std::string> env = {})
+      : pids(dir + "/workers") {
+    env.insert({{"PUSHPULL_BIGARRAY_BOUND", "1000"},
+                {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
+                {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
+                {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}});
+    std::vector<std::string> argv = {bin("pushpull"), "launch", "-n", "3", "-s", "3"};
+    if (!server_pids.empty()) {
+      argv.push_back("--server-command");
+      argv.push_back("sh -c 'echo $PUSHPULL_RANK $$ >> " + server_pids + "; exec " +
+                     bin("pushpull") + " server'");
+    }
+    if (restarts >= 0) {
+      argv.push_back("--max-restarts");
+      argv.push_back(std::to_string(restarts));
+    }
+    for (std::string a :
+         {std::string("--"), std::string("sh"), std::string("-c"),
+          // PP_TEST_HANG_RESTARTED=1: a restarted worker hangs before it registers.
+          "m=" + pids +
+              ".$PUSHPULL_RANK; if [ -n \"$PP_TEST_HANG_RESTARTED\" ] && [ -e $m ]; then "
+              "sleep 60; fi; touch $m; echo $PUSHPULL_RANK $$ >> " +
+              pids + "; exec " + bin("ps_failover_worker") + " \"$@\"",
+          std::string("worker"), mode, std::to_string(rounds), std::to_string(sleep_ms)})
+      argv.push_back(a);
+    proc = std::make_unique<test::ChildProcess>(argv, env);
+  }
+  // Waits until worker 0 finished round `round`; at the deadline stops the
+  // launcher (so its whole output, with the report, is there) and fails.
+  bool wait_round(int round, std::chrono::seconds limit = 60s) {
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (last_round(proc->output()) >= round) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    proc->signal(SIGTERM);
+    proc->wait(20s);
+    return false;
+  }
+  int signal_worker(int rank, int sig) {
+    auto workers = read_pids(pids);
+    EXPECT_EQ(workers.count(rank), 1u) << proc->output();
+    if (workers.count(rank) == 0) return -1;
+    ::kill(workers[rank], sig);
+    return workers[rank];
+  }
+  std::string pids;
+  std::unique_ptr<test::ChildProcess> proc;
+};
+
+void expect_success(Job& job) {
+  auto code = job.proc->wait(120s);
+  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job.proc->output();
+  std::string out = job.proc->output();
+  EXPECT_EQ(*code, 0) << out;
+  if (std::getenv("PUSHPULL_TEST_VERBOSE")) std::fprintf(stderr, "%s\n", out.c_str());
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+  EXPECT_THAT(out, HasSubstr("restarting it with the same rank")) << out;
+  EXPECT_THAT(out, HasSubstr("rejoined the job")) << out;
+}
+
+void kill_at_random_rounds(const std::string& mode, int sig) {
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  for (int t = 0; t < trials(); ++t) {
+    // Odd trials pause 20 ms between rounds (the kill lands between rounds
+    // mostly); even ones do not (it lands inside a round: some parts have
+    // the dead worker's push, some not).
+    // Kill points in the first third: the job must not end before the kill.
+    // (300 rounds at most: the float16 key stays below 1024, where
+    // dist_async's steps of 0.5 are exact.)
+    const int sleep_ms = t % 2 ? 20 : 0, rounds = t % 2 ? 40 : 300;
+    int at = std::uniform_int_distribution<int>(1, rounds / 3)(rng);
+    int victim = std::uniform_int_distribution<int>(0, 2)(rng);
+    SCOPED_TRACE(fmt::format("trial {} ({}): worker {} gets signal {} after round {}", t, mode,
+                             victim, sig, at));
+    TempDir dir;
+    Job job(dir.path, mode, rounds, 1, sleep_ms);
+    ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
+    job.signal_worker(victim, sig);
+    expect_success(job);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(PsRestart, SyncWorkerKilledAtRandomRoundsPullsClosedForm) {
+  kill_at_random_rounds("sync", SIGKILL);
+}
+
+TEST(PsRestart, AsyncWorkerKilledKeepsTheExactTotal) {
+  kill_at_random_rounds("async", SIGKILL);
+}
+
+TEST(PsRestart, SyncWorkerStoppedIsKilledAndRestarted) {
+  // Found by the heartbeats (2 s here); the launcher kills and restarts it.
+  TempDir dir;
+  Job job(dir.path, "sync", 30, 1, 20);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  job.signal_worker(1, SIGSTOP);
+  expect_success(job);
+  EXPECT_THAT(job.proc->output(), HasSubstr("no heartbeat")) << job.proc->output();
+}
+
+TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
+  // The replacement learns the placement (epoch 1, or 2 once the server
+  // rejoined) before its rank and connects only to the live servers.
+  TempDir dir;
+  // Two restarts: the server is restarted (and rejoins) too.
+  Job job(dir.path, "sync", 60, 2, 20, dir.path + "/servers");
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  auto servers = read_pids(dir.path + "/servers");
+  ASSERT_EQ(servers.count(1), 1u) << job.proc->output();
+  ::kill(servers[1], SIGKILL);
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
+  job.signal_worker(2, SIGKILL);
+  expect_success(job);
+  EXPECT_THAT(job.proc->output(), HasSubstr("fail-over")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("joining at placement epoch")) << job.proc->output();
+}
+
+TEST(PsRestart, AKilledServerRejoinsAndTheNextFailOverIsSurvived) {
+  // 3 servers, one backup per range: server A dies (fail-over), is restarted,
+  // fetches its ranges from the live servers and becomes a backup again;
+  // then another server B, some of whose ranges A now backs up, dies: the
+  // job still ends in closed form.
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  // B = A + 1: A is back-up of (and takes over) its own home ranges; B = A + 2:
+  // A takes over B's.
+  const int a = std::uniform_int_distribution<int>(0, 2)(rng),
+            b = (a + std::uniform_int_distribution<int>(1, 2)(rng)) % 3;
+  SCOPED_TRACE(fmt::format("server {} killed, rejoins, then server {}", a, b));
+  TempDir dir;
+  const std::string servers = dir.path + "/servers";
+  Job job(dir.path, "sync", 120, 1, 20, servers);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  ::kill(read_pids(servers)[a], SIGKILL);
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (job.proc->output().find(fmt::format("server {} rejoined:", a)) == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_NE(job.proc->output().find(fmt::format("server {} rejoined:", a)), std::string::npos)
+      << job.proc->output();
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 5)) << job.proc->output();
+  ::kill(read_pids(servers)[b], SIGKILL);
+  auto code = job.proc->wait(120s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  const std::string out = job.proc->output();
+  if (std::getenv("PUSHPULL_TEST_VERBOSE")) std::fprintf(stderr, "%s\n", out.c_str());
+  EXPECT_EQ(*code, 0) << out;
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("no replica left"))) << out;
+}
+
+TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
+  // Only an away rank can be taken back; a node with the job's secret that
+  // claims a live rank is refused and the job goes on.
+  TempDir dir;
+  const std::string secret = "00112233445566778899aabbccddeeff", job_id = "pp-restart-test";
+  Job job(dir.path, "sync", 60, 1, 20, "",
+          {{"PUSHPULL_JOB_SECRET", secret}, {"PUSHPULL_JOB_ID", job_id}});
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  std::smatch port;
+  const std::string out = job.proc->output();
+  ASSERT_TRUE(
+      std::regex_search(out, port, std::regex(R"(scheduler listening on 127\.0\.0\.1:(\d+))")))
+      << out;
+  test::ChildProcess rogue({bin("ps_failover_worker"), "sync", "5", "0"},
+                           {{"DMLC_ROLE", "worker"},
+                            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                            {"DMLC_PS_ROOT_PORT", port[1].str()},
+                            {"DMLC_NUM_SERVER", "3"},
+                            {"DMLC_NUM_WORKER", "3"},
+                            {"PUSHPULL_RANK", "1"},
+                            {"PUSHPULL_JOB_SECRET", secret},
+                            {"PUSHPULL_JOB_ID", job_id}});
+  auto code = rogue.wait(30s);
+  ASSERT_TRUE(code.has_value()) << rogue.output();
+  EXPECT_NE(*code, 0) << rogue.output();
+  EXPECT_THAT(rogue.output(), HasSubstr("already has its 3 workers")) << rogue.output();
+  auto job_code = job.proc->wait(120s);
+  ASSERT_TRUE(job_code.has_value()) << job.proc->output();
+  EXPECT_EQ(*job_code, 0) << job.proc->output();
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(job.proc->output(), HasSubstr(fmt::format("[worker {}] OK worker {}", w, w)));
+}
+
+TEST(PsRestart, AReplacementThatDoesNotRegisterInTimeFailsTheJob) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, 1, 20, "",
+          {{"PP_TEST_HANG_RESTARTED", "1"}, {"PUSHPULL_STARTUP_TIMEOUT_MS", "3000"}});
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  job.signal_worker(0, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_NE(*code, 0) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("its replacement did not register within 3000 ms"))
+      << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("job failed: worker 0")) << job.proc->output();
+}
+
+TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, 1, 20);
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  int first = job.signal_worker(2, SIGKILL);
+  // Wait for the replacement (a new pid for rank 2) and a few rounds with it.
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (read_pids(job.pids)[2] == first && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
+  job.signal_worker(2, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_EQ(*code, 137) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("no restarts left")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("job failed: worker 2")) << job.proc->output();
+}
+
+TEST(PsRestart, WithoutMaxRestartsAWorkerDeathFailsTheJob) {
+  TempDir dir;
+  Job job(dir.path, "sync", 400, -1, 20);
+  ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
+  job.signal_worker(1, SIGKILL);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  EXPECT_EQ(*code, 137) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("job failed: worker 1")) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), Not(HasSubstr("restarting"))) << job.proc->output();
+}
+
+}  // namespace
+}  // namespace pushpull
