@@ -8,13 +8,17 @@
 //   hvd      pushpull.torch.DistributedOptimizer (collectives engine)
 //   trainer  pushpull.torch.Trainer over a dist_sync KVStore, S servers
 //   hvd_shm  hvd with PUSHPULL_SHM=1 (collective data through shared memory)
+//            (hvd itself runs with PUSHPULL_SHM=0: TCP loopback)
+//   cpp      the libtorch pushpull::torch::DistributedOptimizer
+//            (integrations/torch/examples/bench_step.cpp, bin/pp_torch_step),
+//            with the defaults a user gets (shared memory on one host)
 //   ddp-gloo      DDP over gloo (python/pushpull/bench_step_ddp.py)
 //   ddp-pushpull  DDP over the torch.distributed backend "pushpull", with
 //                 PUSHPULL_SHM=1 (shared memory on one host, as for hvd_shm)
 //
 // Every implementation is one job of `pushpull launch -n N -s S` running
 // `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
-// builds the model and times the steps). With --repeats R the
+// builds the model and times the steps), or pp_torch_step for cpp. With --repeats R the
 // implementations run R times interleaved (ddp, hvd, trainer, ddp, ...) and a
 // row is the median of the R per-run medians; `vs_ddp` is that median over
 // DDP's (ddp, else ddp-gloo) median of the same run. The machine is shared and noisy: only
@@ -102,11 +106,17 @@ void run_bench(const Config& cfg) {
   const auto impls = split(cfg.impls);
   for (const auto& i : impls)
     if (i != "ddp" && i != "hvd" && i != "trainer" && i != "hvd_shm" && i != "ddp-gloo" &&
-        i != "ddp-pushpull")
+        i != "ddp-pushpull" && i != "cpp")
       throw InvalidArgument(fmt::format(
-          "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer, ddp-gloo, ddp-pushpull "
-          "(the libtorch 'cpp' front end is not measured by this benchmark yet)",
+          "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer, ddp-gloo, ddp-pushpull, "
+          "cpp",
           i));
+  const std::string cpp_worker = self_dir() + "/pp_torch_step";
+  if (std::find(impls.begin(), impls.end(), "cpp") != impls.end() &&
+      !std::filesystem::exists(cpp_worker))
+    throw InvalidArgument(fmt::format(
+        "bench step: --impls cpp needs {} (built with libtorch: -DPUSHPULL_BUILD_TORCH=ON)",
+        cpp_worker));
   std::vector<double> sizes;
   for (const auto& s : split(cfg.grad_mb)) {
     double mb = std::stod(s);
@@ -138,20 +148,22 @@ void run_bench(const Config& cfg) {
           const std::string script_impl = impl == "hvd_shm" ? "hvd" : impl;
           const bool shm = impl == "hvd_shm" || impl == "ddp-pushpull";
           std::vector<std::string> argv = {
-              self_exe(),    "launch",
-              "-n",          std::to_string(n),
-              "-s",          std::to_string(impl == "trainer" ? servers : 0),
-              "--timeout",   std::to_string(cfg.timeout_s),
-              "--env",       shm ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
-              "--",          cfg.python,
-              "-m",          "pushpull.bench_step",
-              "--impl",      script_impl,
-              "--grad-mb",   format_mb(mb),
-              "--layers",    std::to_string(cfg.layers),
-              "--batch",     std::to_string(cfg.batch),
-              "--steps",     std::to_string(cfg.steps),
-              "--warmup",    std::to_string(cfg.warmup),
-              "--store-dir", dir.path()};
+              self_exe(),  "launch",
+              "-n",        std::to_string(n),
+              "-s",        std::to_string(impl == "trainer" ? servers : 0),
+              "--timeout", std::to_string(cfg.timeout_s),
+              "--env",     shm || impl == "cpp" ? "PUSHPULL_SHM=1" : "PUSHPULL_SHM=0",
+              "--"};
+          if (impl == "cpp") {
+            argv.push_back(cpp_worker);
+          } else {
+            argv.insert(argv.end(), {cfg.python, "-m", "pushpull.bench_step", "--impl", script_impl,
+                                     "--store-dir", dir.path()});
+          }
+          argv.insert(argv.end(),
+                      {"--grad-mb", format_mb(mb), "--layers", std::to_string(cfg.layers),
+                       "--batch", std::to_string(cfg.batch), "--steps", std::to_string(cfg.steps),
+                       "--warmup", std::to_string(cfg.warmup)});
           g.start(argv);
           auto res = g.run(std::chrono::seconds(cfg.timeout_s + 30));
           double ms = 0;
@@ -204,7 +216,7 @@ void register_bench_step(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--impls", cfg->impls,
-                  "Implementations: ddp,hvd,hvd_shm,trainer,ddp-gloo,ddp-pushpull")
+                  "Implementations: ddp,hvd,hvd_shm,trainer,ddp-gloo,ddp-pushpull,cpp")
       ->capture_default_str();
   cmd->add_option("--servers", cfg->servers, "Parameter servers for trainer (0: as many as -n)")
       ->capture_default_str()

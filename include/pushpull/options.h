@@ -159,9 +159,10 @@ struct CollectiveOptions {
   double stall_warning_seconds = 60;
   // 0 = never. PUSHPULL_STALL_SHUTDOWN_SECONDS.
   double stall_shutdown_seconds = 0;
-  // Collective data among the ranks of one host through shared memory
-  // (docs/performance.md). PUSHPULL_SHM=1.
-  bool shared_memory = false;
+  // Collective data between ranks of one host through shared memory, the
+  // host found by identity and a probe (docs/collectives.md). PUSHPULL_SHM=0
+  // turns it off.
+  bool shared_memory = true;
   // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
   // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
   // never, 1 = whenever every host has the same number of ranks.

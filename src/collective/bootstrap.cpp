@@ -149,7 +149,10 @@ Bootstrapped from_cluster(const Options& o) {
     live.names.push_back(w.describe());
   tcp->start_liveness(std::move(live));
   set_local(o, out.book, rank, &out);
-  out.transport = std::move(tcp);
+  out.mesh = tcp.get();
+  // Ranks of one host: data through shared memory (PUSHPULL_SHM=0: TCP).
+  out.transport =
+      use_shared_memory(std::move(tcp), o.collective.shared_memory, o.cluster.startup_timeout);
   return out;
 }
 
@@ -178,9 +181,10 @@ Bootstrapped from_rendezvous(const Options& o) {
   tcp->connect_all(out.book);
   tcp->start_liveness(mesh_liveness(o, false));
   set_local(o, out.book, c.rank, &out);
-  // PUSHPULL_SHM=1 and every rank on this host: data through shared memory.
-  out.transport = use_shared_memory(std::move(tcp), out.book, o.collective.shared_memory,
-                                    o.cluster.startup_timeout);
+  out.mesh = tcp.get();
+  // Ranks of one host: data through shared memory (PUSHPULL_SHM=0: TCP).
+  out.transport =
+      use_shared_memory(std::move(tcp), o.collective.shared_memory, o.cluster.startup_timeout);
   return out;
 }
 

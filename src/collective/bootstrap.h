@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Bootstrap: builds this process's collective Transport (a TcpTransport with a
-// full mesh among the ranks) from the Options of a job, however it was
-// started. Used by collective::Session (include/pushpull/collective.h) and so
-// by the free functions and the dist_sync_allreduce KVStore.
+// full mesh among the ranks; collective data between ranks of one host
+// through shared memory unless PUSHPULL_SHM=0, shm_data_transport.h) from the Options of a job,
+// however it was started. Used by collective::Session (include/pushpull/collective.h) and so by the
+// free functions and the dist_sync_allreduce KVStore.
 //
 // Modes, in the order they are tried (Bootstrap::mode_of):
 // - kCluster: a pushpull job with a scheduler (DMLC_ROLE=worker and
@@ -53,6 +54,10 @@
 #include "pushpull/options.h"
 
 namespace pushpull::collective {
+class TcpTransport;
+}
+
+namespace pushpull::collective {
 
 inline constexpr uint16_t kPortType = 129;
 inline constexpr uint16_t kHelloType = 130;
@@ -74,6 +79,9 @@ struct Bootstrapped {
   // kCluster only: this worker's Node (owned; shut it down in order at the
   // end so the scheduler sees the worker leave).
   std::unique_ptr<cluster::Node> node;
+  // The TCP mesh inside `transport` (its failure detector's verdict), or
+  // null when there is none (a world of one).
+  TcpTransport* mesh = nullptr;
   // Every rank's (host, port) of the collective mesh.
   std::vector<std::pair<std::string, int>> book;
 };

@@ -26,7 +26,7 @@ Session::Session(const Options& options) : impl_(std::make_unique<Impl>()) {
   Bootstrapped b = bootstrap(options);
   impl_->mode = b.mode;
   impl_->node = std::move(b.node);
-  if (impl_->node) impl_->mesh = dynamic_cast<TcpTransport*>(b.transport.get());
+  if (impl_->node) impl_->mesh = b.mesh;
   CommunicatorOptions co = CommunicatorOptions::from(options);
   co.collective.local_rank = b.local_rank;
   co.collective.local_size = b.local_size;

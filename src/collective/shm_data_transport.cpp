@@ -1,33 +1,65 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/shm_data_transport.h"
 
-#include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include "net/hello.h"
+#include "collective/shm_host.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
 namespace {
 
-constexpr uint64_t kShmTokenTag = kControlTagBit | 0x53484d544f4bull;  // "SHMTOK"
+constexpr uint64_t kHostTag = kControlTagBit | 0x53484d484f5354ull;   // "SHMHOST"
+constexpr uint64_t kProofTag = kControlTagBit | 0x53484d50524f46ull;  // "SHMPROF"
 
 bool is_control(uint64_t tag) {
   return (tag & kControlTagBit) != 0;
 }
 
+// Sends `mine` to every peer and receives every peer's (as many bytes);
+// rows[rank] is `mine`.
+std::vector<std::vector<uint8_t>> exchange(TcpTransport& tcp, uint64_t tag,
+                                           const std::vector<uint8_t>& mine, Deadline deadline,
+                                           std::string_view what) {
+  const int rank = tcp.rank(), size = tcp.size();
+  std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(size),
+                                         std::vector<uint8_t>(mine.size()));
+  rows[static_cast<size_t>(rank)] = mine;
+  std::vector<Request> reqs;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    reqs.push_back(isend(tcp, p, tag, mine.data(), mine.size()));
+    reqs.push_back(irecv(tcp, p, tag, rows[static_cast<size_t>(p)].data(), mine.size()));
+  }
+  for (auto& r : reqs)
+    r.wait(deadline, what);
+  return rows;
+}
+
+size_t ring_bytes_for(const ShmOptions& o, size_t group) {
+  // The segment's size (shm_transport.cpp), rounded up generously.
+  return (o.ring_bytes + 4096) * group + 4096;
+}
+
 }  // namespace
 
 ShmDataTransport::ShmDataTransport(std::unique_ptr<TcpTransport> tcp,
-                                   std::unique_ptr<ShmTransport> shm)
-    : tcp_(std::move(tcp)), shm_(std::move(shm)) {
+                                   std::unique_ptr<ShmTransport> shm, std::vector<int> group)
+    : tcp_(std::move(tcp)), shm_(std::move(shm)), group_(std::move(group)) {
+  local_.assign(static_cast<size_t>(tcp_->size()), -1);
+  for (size_t i = 0; i < group_.size(); ++i)
+    local_.at(static_cast<size_t>(group_[i])) = static_cast<int>(i);
+  if (!shm_) return;  // a rank alone on its host (see use_shared_memory)
   // A weak reference: the hook may run (from TCP's threads) while this
   // object is being destroyed; the TCP transport is closed first anyway.
   tcp_->on_verdict([weak = std::weak_ptr<ShmTransport>(shm_)](const Status& verdict) {
     if (auto shm = weak.lock()) shm->declare(verdict);
-  });
+  });  // A verdict decided before the hook was set.
+  if (std::optional<Status> v = tcp_->verdict()) shm_->declare(*v);
 }
 
 ShmDataTransport::~ShmDataTransport() {
@@ -35,61 +67,95 @@ ShmDataTransport::~ShmDataTransport() {
                fmt::format("collective: rank {} closed its transport", tcp_->rank())));
 }
 
+int ShmDataTransport::local(int peer) const {
+  return peer >= 0 && peer < static_cast<int>(local_.size()) ? local_[static_cast<size_t>(peer)]
+                                                             : -1;
+}
+
 void ShmDataTransport::post_send(int peer, uint64_t tag, const void* data, size_t bytes,
                                  Completion done) {
-  if (is_control(tag))
+  const int l = local(peer);
+  if (is_control(tag) || l < 0)
     tcp_->post_send(peer, tag, data, bytes, std::move(done));
   else
-    shm_->post_send(peer, tag, data, bytes, std::move(done));
+    shm_->post_send(l, tag, data, bytes, std::move(done));
 }
 
 void ShmDataTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) {
-  if (is_control(tag))
+  const int l = local(peer);
+  if (is_control(tag) || l < 0)
     tcp_->post_recv(peer, tag, dst, bytes, std::move(done));
   else
-    shm_->post_recv(peer, tag, dst, bytes, std::move(done));
+    shm_->post_recv(l, tag, dst, bytes, std::move(done));
 }
 
 void ShmDataTransport::close(const Status& reason) {
   tcp_->close(reason);  // says goodbye first: the peers do not suspect this rank
-  shm_->close(reason);
+  if (shm_) shm_->close(reason);
 }
 
 void ShmDataTransport::abort(const Status& why) {
   tcp_->abort(why);  // the verdict reaches the peers (and shm_, through the hook)
-  shm_->close(why);
+  if (shm_) shm_->close(why);
 }
 
-std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
-                                             const std::vector<std::pair<std::string, int>>& book,
-                                             bool enabled, Millis startup) {
-  if (!enabled || book.size() < 2) return tcp;
-  for (const auto& [host, port] : book)
-    if (host != book[0].first) return tcp;  // not all on one host: TCP only
+std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
+                                             Millis startup, const std::string& dir) {
+  if (!enabled || tcp->size() < 2) return tcp;
   const int rank = tcp->rank(), size = tcp->size();
   const auto deadline = Clock::now() + startup;
-  // Rank 0's random token names the job's segments (unguessable, fresh).
-  net::Nonce token{};
-  if (rank == 0) {
-    token = net::random_nonce();
-    std::vector<Request> sends;
-    for (int p = 1; p < size; ++p)
-      sends.push_back(isend(*tcp, p, kShmTokenTag, token.data(), token.size()));
-    for (auto& s : sends)
-      s.wait(deadline, "collective: shared-memory segment name");
-  } else {
-    irecv(*tcp, 0, kShmTokenTag, token.data(), token.size())
-        .wait(deadline, "collective: shared-memory segment name from rank 0");
+  ShmOptions o;
+  // Every rank takes part in both exchanges, even one that cannot make a
+  // probe (it proves nothing): the others must not wait for it.
+  std::unique_ptr<HostProbe> probe;
+  HostRecord mine;
+  try {
+    probe = std::make_unique<HostProbe>(dir);
+    mine = probe->record();
+  } catch (const IoError& e) {
+    PP_INFO("collective: rank {} cannot use shared memory: {}", rank, e.what());
+    mine.key = fmt::format("no shared memory: rank {}", rank);
+  }
+  auto rows = exchange(*tcp, kHostTag, encode(mine), deadline, "collective: host records");
+  std::vector<HostRecord> records;
+  for (const auto& row : rows)
+    records.push_back(decode_host_record(row.data(), row.size()));
+  // The proof row: which candidates' probes this rank sees, and (its own
+  // entry) whether its segment's bytes could be reserved.
+  const std::vector<int> candidates = same_key(records, rank);
+  std::vector<uint8_t> seen(static_cast<size_t>(size), 0);
+  if (probe && candidates.size() >= 2) {
+    for (int p : candidates)
+      seen[static_cast<size_t>(p)] = p == rank
+                                         ? probe->reserve(ring_bytes_for(o, candidates.size()))
+                                         : probe->sees(records[static_cast<size_t>(p)]);
+  }
+  auto proof = exchange(*tcp, kProofTag, seen, deadline, "collective: shared-memory proofs");
+  if (probe) probe->remove();  // every peer has looked at it (it sent its proof)
+  std::vector<int> group = shm_group(records, proof, rank);
+  if (group.empty()) {
+    if (candidates.size() >= 2)
+      PP_INFO("collective: rank {} keeps TCP: ranks {} look like one host but cannot all share {}",
+              rank, fmt::join(candidates, ","), dir);
+    // Every rank must make the same choice of path (direct streams or
+    // post_send/recv) for an operation: when other ranks of the job use
+    // shared memory (no streams), this one gives its streams up too.
+    bool others_share = false;
+    for (int r = 0; r < size && !others_share; ++r)
+      others_share = !shm_group(records, proof, r).empty();
+    if (!others_share) return tcp;
+    return std::make_unique<ShmDataTransport>(std::move(tcp), nullptr, std::vector<int>{});
   }
   std::string prefix = "pushpull-";
-  for (auto b : token)
-    prefix += fmt::format("{:02x}", static_cast<unsigned>(b));
-  ShmOptions o;
+  for (uint8_t b : records[static_cast<size_t>(group.front())].token)
+    prefix += fmt::format("{:02x}", b);
+  const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   o.connect_timeout = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  auto shm = std::make_unique<ShmTransport>(rank, size, prefix, o);
-  PP_INFO("collective: rank {} moves data through shared memory ({} ranks on {})", rank, size,
-          book[0].first);
-  return std::make_unique<ShmDataTransport>(std::move(tcp), std::move(shm));
+  o.rank_names = group;
+  auto shm = std::make_unique<ShmTransport>(me, static_cast<int>(group.size()), prefix, o, dir);
+  PP_INFO("collective: rank {} moves data through shared memory with ranks {} ({} of {} ranks)",
+          rank, fmt::join(group, ","), group.size(), size);
+  return std::make_unique<ShmDataTransport>(std::move(tcp), std::move(shm), std::move(group));
 }
 
 }  // namespace pushpull::collective

@@ -1,16 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// The transport of a job whose ranks all share one host: engine control
+// The transport of a job some of whose ranks share a host: engine control
 // traffic (tags with kControlTagBit) and the failure detector stay on the
-// TcpTransport; collective data (every other tag) goes through shared memory
-// (ShmTransport). A verdict of the TCP mesh (a peer dead or stopped, the
-// job's first failure) also fails the shared-memory operations with it, so
-// the blame is the same as over TCP alone.
+// TcpTransport; collective data (every other tag) between two ranks of one
+// host group goes through shared memory (ShmTransport over the group), and
+// data to every other rank over TCP. A verdict of the TCP mesh (a peer dead
+// or stopped, the job's first failure) also fails the shared-memory
+// operations with it, so the blame is the same as over TCP alone; a rank
+// that dies or stops is found by the mesh's heartbeats and closed
+// connections, and the shared-memory waits (futex with a timeout, the peers'
+// pids checked) never outlast it.
 //
-// use_shared_memory() is what the bootstrap calls: with PUSHPULL_SHM=1 and
-// every rank of the address book on this rank's host it agrees on a segment
-// name over the TCP mesh (rank 0's random token) and returns the layered
-// transport; otherwise it returns the TCP transport unchanged. (Opt-in for
-// now: the fault-injection suite has not run with it yet.)
+// use_shared_memory() is what the bootstrap calls (default on;
+// PUSHPULL_SHM=0 turns it off): the ranks exchange host records over the
+// mesh (shm_host.h: boot id, host name, namespaces, a probe file each must
+// see), find the groups of ranks that can really share memory, and build
+// one ShmTransport per group of two or more (named by its lowest rank's
+// random token). Without any such group the TCP transport is returned
+// unchanged.
 //
 // Ownership: owns both transports. Thread safety: as Transport.
 #pragma once
@@ -27,7 +33,14 @@ namespace pushpull::collective {
 
 class ShmDataTransport final : public Transport {
  public:
-  ShmDataTransport(std::unique_ptr<TcpTransport> tcp, std::unique_ptr<ShmTransport> shm);
+  // `group`: the job's ranks served by `shm` (ascending, this rank among
+  // them); rank group[i] is rank i of `shm`. A null `shm` with an empty
+  // group: a rank alone on its host in a job where others share memory
+  // (everything over TCP, but no direct streams, like the others). Direct
+  // streams are never offered: every rank of an operation must take the
+  // same path (a mixed job uses post_send/recv throughout).
+  ShmDataTransport(std::unique_ptr<TcpTransport> tcp, std::unique_ptr<ShmTransport> shm,
+                   std::vector<int> group);
   ~ShmDataTransport() override;
 
   int rank() const override { return tcp_->rank(); }
@@ -37,16 +50,22 @@ class ShmDataTransport final : public Transport {
   void close(const Status& reason) override;
   void abort(const Status& why) override;
   TcpTransport& tcp() { return *tcp_; }
+  // This rank's host group (the job's ranks reached through shared memory).
+  const std::vector<int>& group() const { return group_; }
 
  private:
+  // peer's rank in shm_, or -1 (data over TCP).
+  int local(int peer) const;
+
   std::unique_ptr<TcpTransport> tcp_;
   std::shared_ptr<ShmTransport> shm_;
+  std::vector<int> group_;
+  std::vector<int> local_;  // by the job's rank
 };
 
-// See above; `enabled` is Options' collective.shared_memory. `startup` bounds the agreement and the
-// segments' setup.
-std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
-                                             const std::vector<std::pair<std::string, int>>& book,
-                                             bool enabled, Millis startup);
+// See above; `enabled` is Options' collective.shared_memory. `startup` bounds the exchange and the
+// segments' setup. `dir` is where the segments live.
+std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
+                                             Millis startup, const std::string& dir = "/dev/shm");
 
 }  // namespace pushpull::collective

@@ -24,7 +24,7 @@
 namespace pushpull::collective {
 namespace {
 
-constexpr uint64_t kMagic = 0x70707368'6d763031ull;  // "ppshmv01"
+constexpr uint64_t kMagic = 0x70707368'6d763032ull;  // "ppshmv02"
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);  // futex timeout: liveness checks
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
@@ -38,6 +38,7 @@ struct alignas(64) SegHeader {
   std::atomic<uint32_t> closed;    // the owner closed
   std::atomic<int32_t> pid;        // the owner's process
   std::atomic<uint32_t> attached;  // peers that mapped this segment
+  std::atomic<uint32_t> sleeping;  // the owner is (about to be) in FUTEX_WAIT
 };
 struct alignas(64) RingCtl {
   std::atomic<uint64_t> head;  // bytes ever written (producer)
@@ -61,9 +62,13 @@ void futex_wait(std::atomic<uint32_t>* w, uint32_t seen, std::chrono::nanosecond
               static_cast<long>(timeout.count() % 1000000000)};
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
+// The system call only when the owner sleeps (or is about to): while it
+// spins, a bump of the doorbell is all it needs. Either the owner's FUTEX_WAIT
+// sees the bumped doorbell and returns at once, or this load sees `sleeping`
+// (both sides sequentially consistent); the wait's timeout bounds the rest.
 void ring_bell(SegHeader* h) {
-  h->doorbell.fetch_add(1, std::memory_order_acq_rel);
-  futex_wake(&h->doorbell);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleeping.load(std::memory_order_seq_cst)) futex_wake(&h->doorbell);
 }
 
 void put64(unsigned char* p, uint64_t v) {
@@ -160,6 +165,8 @@ struct ShmTransport::Impl {
     if (!own_path.empty()) ::unlink(own_path.c_str());
   }
 
+  // How messages name rank r: its rank in the job.
+  int name(int r) const { return o.rank_names.empty() ? r : o.rank_names[static_cast<size_t>(r)]; }
   std::string path_of(int r) const { return fmt::format("{}/{}.{}", dir, prefix, r); }
   Map& map(int r) { return maps[static_cast<size_t>(r)]; }
   char* ring_data(int owner, int from) {
@@ -169,8 +176,8 @@ struct ShmTransport::Impl {
   void map_fd(int fd, int r, size_t len) {
     void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED)
-      throw IoError(
-          fmt::format("collective shm: mmap of rank {}'s segment: {}", r, std::strerror(errno)));
+      throw IoError(fmt::format("collective shm: mmap of rank {}'s segment: {}", name(r),
+                                std::strerror(errno)));
     Map& m = map(r);
     m.base = base;
     m.len = len;
@@ -189,8 +196,10 @@ struct ShmTransport::Impl {
       own_path.clear();  // not ours: never unlink it
       throw IoError(fmt::format("collective shm: cannot create {}: {}", path_of(rank), why));
     }
-    if (::ftruncate(fd, static_cast<off_t>(len)) != 0) {
-      std::string why = std::strerror(errno);
+    // Reserves the pages now (posix_fallocate): a full /dev/shm is a clean
+    // IoError here, not a SIGBUS on the first write into the segment.
+    if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(len)); e != 0) {
+      std::string why = std::strerror(e);
       ::close(fd);
       throw IoError(
           fmt::format("collective shm: cannot size {} to {} bytes: {}", own_path, len, why));
@@ -215,8 +224,8 @@ struct ShmTransport::Impl {
         if (try_attach(p, len)) break;
         if (Clock::now() > deadline)
           throw Timeout(
-              fmt::format("collective shm: rank {}'s segment {} did not appear within {} ms", p,
-                          path_of(p), o.connect_timeout.count()));
+              fmt::format("collective shm: rank {}'s segment {} did not appear within {} ms",
+                          name(p), path_of(p), o.connect_timeout.count()));
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
@@ -269,8 +278,8 @@ struct ShmTransport::Impl {
     }
     if (m.h->size != static_cast<uint32_t>(size) || m.h->ring_bytes != o.ring_bytes)
       throw InvalidArgument(
-          fmt::format("collective shm: rank {} has size {} ring {}, this rank {} {}", p, m.h->size,
-                      m.h->ring_bytes, size, o.ring_bytes));
+          fmt::format("collective shm: rank {} has size {} ring {}, this rank {} {}", name(p),
+                      m.h->size, m.h->ring_bytes, size, o.ring_bytes));
     m.h->attached.fetch_add(1, std::memory_order_acq_rel);
     return true;
   }
@@ -322,7 +331,8 @@ struct ShmTransport::Impl {
   // ---- receiving (progress thread) -------------------------------------------
 
   Status gone(int p, const std::string& why) const {
-    return Status(ErrorCode::kPeerFailure, fmt::format("collective: rank {} is gone ({})", p, why));
+    return Status(ErrorCode::kPeerFailure,
+                  fmt::format("collective: rank {} is gone ({})", name(p), why));
   }
 
   // The header of peer p's next message is in: find where its payload goes.
@@ -331,8 +341,8 @@ struct ShmTransport::Impl {
     in.bytes = get64(in.hdr + 8);
     in.got = 0;
     if (in.bytes > kMaxMessageBytes)
-      throw ProtocolError(
-          fmt::format("collective shm: rank {} announced a message of {} bytes", p, in.bytes));
+      throw ProtocolError(fmt::format("collective shm: rank {} announced a message of {} bytes",
+                                      name(p), in.bytes));
     std::lock_guard lock(mu);
     auto it = posted.find({p, in.tag});
     if (it != posted.end() && !it->second.empty()) {
@@ -350,8 +360,8 @@ struct ShmTransport::Impl {
     auto& eb = early_bytes[static_cast<size_t>(p)];
     if (eb + in.bytes > o.max_early_bytes)
       throw ProtocolError(
-          fmt::format("collective shm: rank {} sent {} bytes nobody asked for yet (limit {})", p,
-                      eb + in.bytes, o.max_early_bytes));
+          fmt::format("collective shm: rank {} sent {} bytes nobody asked for yet (limit {})",
+                      name(p), eb + in.bytes, o.max_early_bytes));
     eb += in.bytes;
     in.early = std::make_shared<Early>();
     in.early->buf.resize(in.bytes);
@@ -393,7 +403,7 @@ struct ShmTransport::Impl {
     uint64_t tail = c.tail.load(std::memory_order_relaxed);
     if (head == tail) return false;
     if (head - tail > o.ring_bytes)
-      throw ProtocolError(fmt::format("collective shm: rank {}'s ring is corrupt", p));
+      throw ProtocolError(fmt::format("collective shm: rank {}'s ring is corrupt", name(p)));
     Incoming& in = incoming[static_cast<size_t>(p)];
     auto copy_out = [&](char* dst, size_t n) {  // n bytes from the ring at tail
       while (n > 0) {
@@ -538,7 +548,9 @@ struct ShmTransport::Impl {
         sched_yield();
         continue;
       }
+      own->sleeping.store(1, std::memory_order_seq_cst);
       futex_wait(&own->doorbell, bell, kSleepSlice);
+      own->sleeping.store(0, std::memory_order_relaxed);
     }
   }
 
@@ -551,9 +563,9 @@ struct ShmTransport::Impl {
   bool check_post(int peer, Completion& cb, bool peer_too = true) {
     Status st;
     if (peer < 0 || peer >= size || peer == rank) {
-      st = Status(
-          ErrorCode::kInvalidArgument,
-          fmt::format("collective: rank {} cannot post to rank {} (size {})", rank, peer, size));
+      st = Status(ErrorCode::kInvalidArgument,
+                  fmt::format("collective: rank {} cannot post to rank {} (size {})", name(rank),
+                              peer, size));
     } else {
       std::lock_guard lock(mu);
       if (closed)
@@ -693,6 +705,9 @@ ShmTransport::ShmTransport(int rank, int size, const std::string& prefix, ShmOpt
     throw InvalidArgument(fmt::format("ShmTransport: rank {} of size {}", rank, size));
   if (prefix.empty() || prefix.find('/') != std::string::npos)
     throw InvalidArgument(fmt::format("ShmTransport: bad segment prefix '{}'", prefix));
+  if (!options.rank_names.empty() && options.rank_names.size() != static_cast<size_t>(size))
+    throw InvalidArgument(
+        fmt::format("ShmTransport: {} rank names for size {}", options.rank_names.size(), size));
   if (options.ring_bytes < 4096)
     throw InvalidArgument("ShmTransport: ring_bytes must be at least 4096");
   impl_ = std::make_unique<Impl>(rank, size, prefix, options, dir);
@@ -702,7 +717,8 @@ ShmTransport::ShmTransport(int rank, int size, const std::string& prefix, ShmOpt
 
 ShmTransport::~ShmTransport() {
   close(Status(ErrorCode::kPeerFailure,
-               fmt::format("collective: rank {} closed its shared-memory transport", rank())));
+               fmt::format("collective: rank {} closed its shared-memory transport",
+                           impl_->name(impl_->rank))));
 }
 
 int ShmTransport::rank() const {

@@ -2,13 +2,12 @@
 // The collective Transport between ranks of one host, over shared memory.
 //
 // Every rank creates one segment (a file under /dev/shm, mode 0600, created
-// exclusively, named `<prefix>.<rank>`) holding a header and one inbound
-// ring per peer; every rank maps every segment. Rank i sends to rank j by
-// copying {tag u64, bytes u64, little-endian} and the payload into ring i of
-// j's segment (single producer, single consumer, head/tail atomics), so a
-// message is one copy in and one copy out, no system call on the data path.
-// Once every peer has mapped a segment its creator unlinks the name, so
-// nothing is left behind when a process dies later.
+// exclusively, its pages reserved up front, named `<prefix>.<rank>`) holding a header and one
+// inbound ring per peer; every rank maps every segment. Rank i sends to rank j by copying {tag u64,
+// bytes u64, little-endian} and the payload into ring i of j's segment (single producer, single
+// consumer, head/tail atomics), so a message is one copy in and one copy out, no system call on the
+// data path. Once every peer has mapped a segment its creator unlinks the name, so nothing is left
+// behind when a process dies later.
 //
 // One progress thread per rank writes queued sends into the peers' rings and
 // reads its own rings into the posted receives (FIFO per (peer, tag); a
@@ -16,8 +15,9 @@
 // bounded by kMaxEarlyBytes). Posting a send whose peer has nothing queued
 // copies it into the ring at once from the poster's thread (small messages
 // then skip a thread hand-off). Wake-ups: each segment has a doorbell word; a
-// writer bumps the reader's doorbell and FUTEX_WAKEs it, a reader that freed
-// space bumps the writer's. The progress thread re-checks for a short
+// writer bumps the reader's doorbell and FUTEX_WAKEs it (only when the
+// reader has said it sleeps: no system call while it spins), a reader that
+// freed space bumps the writer's. The progress thread re-checks for a short
 // bounded window (kSpinWindow, yielding) before it sleeps in FUTEX_WAIT, with
 // a timeout so it also notices peers that died without a word (their pid is
 // in their header) or closed (a flag in their header).
@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collective/transport.h"
 #include "pushpull/options.h"
@@ -46,6 +47,9 @@ struct ShmOptions {
   size_t ring_bytes = size_t{2} << 20;
   // How long the constructor waits for every peer's segment.
   Millis connect_timeout{10000};
+  // How error messages name rank i of this transport (its rank in the
+  // job, when the transport serves a subset of the job's ranks); empty: i.
+  std::vector<int> rank_names;
   // Messages kept per peer before their receive is posted (bytes).
   uint64_t max_early_bytes = uint64_t{1} << 30;
 };

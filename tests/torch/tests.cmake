@@ -40,3 +40,10 @@ gtest_discover_tests(torch_distributed_optimizer_test DISCOVERY_TIMEOUT 60 PROPE
 add_executable(torch_elastic_test ${CMAKE_CURRENT_LIST_DIR}/elastic_tests.cpp)
 target_link_libraries(torch_elastic_test PRIVATE pushpull_torch GTest::gtest_main)
 gtest_discover_tests(torch_elastic_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
+
+# `pushpull bench step --impls cpp`: the libtorch DistributedOptimizer worker
+# (integrations/torch/examples/bench_step.cpp) runs under the benchmark and
+# prints its row.
+add_test(NAME bench_step_cpp
+         COMMAND sh -c "\"$<TARGET_FILE:pushpull_cli>\" bench step -n 2 --grad-mb 1 --impls cpp --steps 2 --warmup 1 --repeats 1 --format csv --timeout 120 | grep '^cpp,2,0,1048576,8,[0-9.]*,$'")
+set_tests_properties(bench_step_cpp PROPERTIES LABELS "torch;bench" TIMEOUT 300)

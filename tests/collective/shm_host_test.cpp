@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host identity for shared memory (shm_host.h) and use_shared_memory's
+// choice (shm_data_transport.h): records survive the wire and bad ones are
+// refused, a probe is seen only where it really is, a group forms only when
+// every member proved every other, and a job whose ranks are split over two
+// segment directories ("hosts") moves data between ranks of one directory
+// through shared memory and to the others over TCP, every pair correct.
+#include "collective/shm_host.h"
+
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "collective/algorithms.h"
+#include "collective/shm_data_transport.h"
+#include "tcp_group.h"
+
+namespace pushpull::collective {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / fmt::format("pushpull-shmhost-{:x}{:x}", rd(), rd());
+    fs::create_directory(path);
+    fs::permissions(path, fs::perms::owner_all);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  size_t entries() const {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(path))
+      ++n;
+    return n;
+  }
+};
+
+TEST(ShmHost, RecordsRoundTripAndBadOnesAreRefused) {
+  HostRecord r;
+  r.key = host_key("/dev/shm");
+  r.probe[0] = 1;
+  r.content[15] = 2;
+  r.token[7] = 3;
+  auto wire = encode(r);
+  ASSERT_EQ(wire.size(), kHostRecordBytes);
+  HostRecord back = decode_host_record(wire.data(), wire.size());
+  EXPECT_EQ(back.key, r.key);
+  EXPECT_EQ(back.probe, r.probe);
+  EXPECT_EQ(back.content, r.content);
+  EXPECT_EQ(back.token, r.token);
+
+  EXPECT_THROW(decode_host_record(wire.data(), wire.size() - 1), ProtocolError);
+  auto unterminated = wire;
+  std::fill(unterminated.begin(), unterminated.begin() + 192, 'x');
+  EXPECT_THROW(decode_host_record(unterminated.data(), unterminated.size()), ProtocolError);
+  auto other_version = wire;
+  other_version[kHostRecordBytes - 1] = 0;  // untouched: still decodes
+  EXPECT_NO_THROW(decode_host_record(other_version.data(), other_version.size()));
+  other_version[240] = 9;  // the version byte
+  EXPECT_THROW(decode_host_record(other_version.data(), other_version.size()), ProtocolError);
+}
+
+TEST(ShmHost, TheKeyNamesTheKernelTheNamespacesAndTheDirectory) {
+  TempDir a, b;
+  std::string ka = host_key(a.path.string()), kb = host_key(b.path.string());
+  EXPECT_NE(ka, kb);  // another directory: another "host"
+  EXPECT_EQ(ka, host_key(a.path.string()));
+  EXPECT_NE(ka.find("net "), std::string::npos);
+  EXPECT_NE(ka.find("pid "), std::string::npos);
+}
+
+// Two network-namespace "hosts" of one kernel are two hosts (the links
+// between them are what such a setup measures). Needs CAP_SYS_ADMIN.
+TEST(ShmHost, AnotherNetworkNamespaceIsAnotherHost) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the test runs before any other thread exists (it is first to fork)
+    ::close(fds[0]);
+    std::string key = ::unshare(CLONE_NEWNET) == 0 ? host_key("/dev/shm") : "";
+    (void)!::write(fds[1], key.data(), key.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (got.empty()) GTEST_SKIP() << "no permission to make a network namespace";
+  const std::string mine = host_key("/dev/shm");
+  EXPECT_NE(got, mine);
+  // Only the network namespace differs.
+  EXPECT_EQ(got.substr(0, got.find("|net ")), mine.substr(0, mine.find("|net ")));
+  EXPECT_EQ(got.substr(got.find("|pid ")), mine.substr(mine.find("|pid ")));
+}
+
+TEST(ShmHost, AProbeIsSeenOnlyWhereItIsAndLeavesNothing) {
+  TempDir a, b;
+  {
+    HostProbe pa(a.path.string()), pa2(a.path.string()), pb(b.path.string());
+    EXPECT_TRUE(pa2.sees(pa.record()));
+    EXPECT_FALSE(pb.sees(pa.record()));  // not in b's directory
+    HostRecord forged = pa.record();
+    forged.content[0] ^= 1;
+    EXPECT_FALSE(pa2.sees(forged));  // the file is there, the content is not
+    EXPECT_TRUE(pa.reserve(1 << 16));
+    EXPECT_EQ(a.entries(), 2u);
+    pa.remove();
+    EXPECT_FALSE(pa2.sees(pa.record()));
+  }
+  EXPECT_EQ(a.entries(), 0u);
+  EXPECT_EQ(b.entries(), 0u);
+}
+
+TEST(ShmHost, AGroupNeedsEveryProof) {
+  std::vector<HostRecord> recs(4);
+  recs[0].key = recs[1].key = recs[3].key = "host A";
+  recs[2].key = "host B";
+  std::vector<std::vector<uint8_t>> proof(4, std::vector<uint8_t>(4, 1));
+  EXPECT_EQ(shm_group(recs, proof, 0), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(shm_group(recs, proof, 3), (std::vector<int>{0, 1, 3}));
+  EXPECT_TRUE(shm_group(recs, proof, 2).empty());  // alone on its host
+  proof[3][1] = 0;                                 // rank 3 cannot see rank 1's probe
+  EXPECT_TRUE(shm_group(recs, proof, 0).empty());
+  EXPECT_TRUE(shm_group(recs, proof, 1).empty());
+  proof[3][1] = 1;
+  proof[1][1] = 0;  // rank 1 could not reserve its segment
+  EXPECT_TRUE(shm_group(recs, proof, 3).empty());
+  proof[1] = {1, 1};  // a short row (a malformed proof) proves nothing
+  EXPECT_TRUE(shm_group(recs, proof, 0).empty());
+}
+
+// Runs use_shared_memory on every rank (rank r with dirs[r]) at once.
+std::vector<std::unique_ptr<Transport>> choose(std::vector<std::unique_ptr<TcpTransport>> tcp,
+                                               const std::vector<std::string>& dirs,
+                                               bool enabled = true) {
+  const size_t n = tcp.size();
+  std::vector<std::unique_ptr<Transport>> out(n);
+  std::vector<std::thread> th;
+  for (size_t r = 0; r < n; ++r)
+    th.emplace_back(
+        [&, r] { out[r] = use_shared_memory(std::move(tcp[r]), enabled, Millis(10000), dirs[r]); });
+  for (auto& t : th)
+    t.join();
+  return out;
+}
+
+// Every ordered pair exchanges a message; all arrive intact.
+void every_pair_talks(std::vector<std::unique_ptr<Transport>>& ts) {
+  const int n = static_cast<int>(ts.size());
+  const size_t bytes = 300001;
+  std::vector<std::vector<uint8_t>> in(static_cast<size_t>(n * n), std::vector<uint8_t>(bytes));
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n * n));
+  std::vector<Request> reqs;
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d) {
+      if (s == d) continue;
+      auto& o = out[static_cast<size_t>(s * n + d)];
+      o.resize(bytes);
+      for (size_t i = 0; i < bytes; ++i)
+        o[i] = static_cast<uint8_t>(i * 7 + s * 31 + d);
+      reqs.push_back(irecv(*ts[d], s, 5, in[static_cast<size_t>(s * n + d)].data(), bytes));
+      reqs.push_back(isend(*ts[s], d, 5, o.data(), bytes));
+    }
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (auto& r : reqs)
+    r.wait(deadline, "a message between two ranks");
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d) {
+      if (s == d) continue;
+      EXPECT_EQ(in[static_cast<size_t>(s * n + d)], out[static_cast<size_t>(s * n + d)])
+          << s << " -> " << d;
+    }
+}
+
+TEST(UseSharedMemory, RanksOfOneDirectoryShareTheOthersUseTcp) {
+  TempDir a, b;
+  auto ts = choose(testing::connect_tcp_group(4),
+                   {a.path.string(), a.path.string(), b.path.string(), a.path.string()});
+  auto* s0 = dynamic_cast<ShmDataTransport*>(ts[0].get());
+  ASSERT_NE(s0, nullptr);
+  EXPECT_EQ(s0->group(), (std::vector<int>{0, 1, 3}));
+  EXPECT_NE(dynamic_cast<ShmDataTransport*>(ts[3].get()), nullptr);
+  auto* s2 = dynamic_cast<ShmDataTransport*>(ts[2].get());  // alone in b: TCP only
+  ASSERT_NE(s2, nullptr);
+  EXPECT_TRUE(s2->group().empty());
+  every_pair_talks(ts);
+  // No rank offers direct streams (every rank must take the same path), the
+  // one alone in b included.
+  for (auto& t : ts)
+    EXPECT_EQ(t->direct_streams(), nullptr);
+  // A ring allreduce over the mixed transport (1 MiB segments: several units).
+  std::vector<std::vector<float>> data(4, std::vector<float>(700001));
+  std::vector<std::thread> th;
+  for (int r = 0; r < 4; ++r)
+    th.emplace_back([&, r] {
+      auto& d = data[static_cast<size_t>(r)];
+      for (size_t i = 0; i < d.size(); ++i)
+        d[i] = static_cast<float>((i % 97) + r);
+      std::vector<char> scratch;
+      AlgoContext ctx{*ts[static_cast<size_t>(r)]};
+      ctx.op_id = 7;
+      ctx.scratch = &scratch;
+      allreduce(ctx, d.data(), d.size(), DType::kFloat32, ReduceOp::kSum);
+    });
+  for (auto& t : th)
+    t.join();
+  for (int r = 0; r < 4; ++r)
+    for (size_t i : {size_t{0}, size_t{12345}, data[0].size() - 1})
+      EXPECT_EQ(data[static_cast<size_t>(r)][i], static_cast<float>(4 * (i % 97) + 6)) << r;
+  EXPECT_EQ(a.entries(), 0u);  // probes removed, segments unlinked once mapped
+  EXPECT_EQ(b.entries(), 0u);
+  for (auto& t : ts)
+    t->close(Status(ErrorCode::kPeerFailure, "test over"));
+}
+
+TEST(UseSharedMemory, OffMeansTcpAndAnUnusableDirectoryFallsBackToTcp) {
+  TempDir a;
+  auto off = choose(testing::connect_tcp_group(2), {a.path.string(), a.path.string()}, false);
+  EXPECT_NE(dynamic_cast<TcpTransport*>(off[0].get()), nullptr);
+  EXPECT_NE(dynamic_cast<TcpTransport*>(off[1].get()), nullptr);
+  EXPECT_EQ(a.entries(), 0u);
+  // No directory to make probes in: every rank keeps TCP, none waits.
+  const std::string missing = (a.path / "missing").string();
+  auto ts = choose(testing::connect_tcp_group(2), {missing, missing});
+  EXPECT_NE(dynamic_cast<TcpTransport*>(ts[0].get()), nullptr);
+  EXPECT_NE(dynamic_cast<TcpTransport*>(ts[1].get()), nullptr);
+  every_pair_talks(ts);
+  for (auto& t : ts)
+    t->close(Status(ErrorCode::kPeerFailure, "test over"));
+}
+
+TEST(UseSharedMemory, AVerdictOfTheMeshFailsSharedMemoryOperations) {
+  TempDir a;
+  auto tcp = testing::connect_tcp_group(2);
+  TcpTransport* mesh0 = tcp[0].get();
+  auto ts = choose(std::move(tcp), {a.path.string(), a.path.string()});
+  ASSERT_NE(dynamic_cast<ShmDataTransport*>(ts[0].get()), nullptr);
+  std::vector<uint8_t> buf(16);
+  Request r = irecv(*ts[0], 1, 9, buf.data(), buf.size());  // data: through shared memory
+  mesh0->declare(Status(ErrorCode::kPeerFailure, "collective: rank 1 stopped answering"));
+  try {
+    r.wait(Clock::now() + std::chrono::seconds(10), "the receive");
+    FAIL() << "the receive completed";
+  } catch (const PeerFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 stopped answering"), std::string::npos);
+  }
+  for (auto& t : ts)
+    t->close(Status(ErrorCode::kPeerFailure, "test over"));
+}
+
+}  // namespace
+}  // namespace pushpull::collective
