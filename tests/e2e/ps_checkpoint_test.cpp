@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "ps/checkpoint.h"
+#include "support/launched_job.h"
 #include "support/process.h"
 
 namespace pushpull {
@@ -26,24 +27,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-std::string bin(const std::string& name) {
-  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
-}
-
-struct TempDir {
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "pp-ckpt-e2e-XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
-
-int last_round(const std::string& out) {
-  auto at = out.rfind("ROUND ");
-  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
-}
+using test::bin;
+using test::last_round;
+using test::TempDir;
 
 // `pushpull launch -n 3 -s S <flags> -- ps_failover_worker sync ROUNDS 10`;
 // servers append "rank pid" to DIR/servers.
@@ -75,7 +61,7 @@ void expect_all_ok(test::ChildProcess& job) {
 }
 
 TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
-  TempDir dir;
+  TempDir dir("pp-ckpt-e2e");
   const std::string ckpt = dir.path + "/ckpt";
   const int rounds = 80;
   auto job = launch(dir.path, 3, rounds, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
@@ -124,7 +110,7 @@ TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
 TEST(PsCheckpoint, AResumedJobStillFailsOverExactly) {
   // The restored ranges reach their backups (at the init, then every round):
   // a server killed after the resume fails over with nothing lost.
-  TempDir dir;
+  TempDir dir("pp-ckpt-e2e");
   const std::string ckpt = dir.path + "/ckpt";
   auto first = launch(dir.path, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
   expect_all_ok(*first);
@@ -146,7 +132,7 @@ TEST(PsCheckpoint, AResumedJobStillFailsOverExactly) {
 }
 
 TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
-  TempDir dir;
+  TempDir dir("pp-ckpt-e2e");
   const std::string ckpt = dir.path + "/ckpt";
   auto job = launch(dir.path, 3, 4, {"--checkpoint-dir", ckpt, "--checkpoint-every", "2"});
   expect_all_ok(*job);
@@ -172,7 +158,7 @@ TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
 }
 
 TEST(PsCheckpoint, BadCheckpointFlagsExit2BeforeAnythingStarts) {
-  TempDir dir;
+  TempDir dir("pp-ckpt-e2e");
   struct Case {
     std::vector<std::string> flags;
     std::string says;

@@ -19,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "support/launched_job.h"
 #include "support/process.h"
 
 namespace pushpull {
@@ -27,38 +28,11 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-std::string bin(const std::string& name) {
-  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
-}
-
-struct TempDir {
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "pp-failover-XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
-
-// Server pids by launcher rank (the wrapper writes "rank pid").
-std::map<int, int> read_servers(const std::string& file) {
-  std::ifstream in(file);
-  std::map<int, int> pids;
-  for (int r, p; in >> r >> p;)
-    pids[r] = p;
-  return pids;
-}
-
-int trials() {
-  const char* t = std::getenv("PUSHPULL_FAILOVER_TRIALS");
-  return t ? std::max(1, std::atoi(t)) : 2;
-}
-
-int last_round(const std::string& out) {
-  auto at = out.rfind("ROUND ");
-  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
-}
+using test::bin;
+using test::failover_trials;
+using test::last_round;
+using test::read_rank_pids;
+using test::TempDir;
 
 struct Job {
   Job(const std::string& dir, const std::string& mode, int rounds, int replicas = -1,
@@ -91,7 +65,7 @@ struct Job {
     return false;
   }
   void signal_server(int rank, int sig) {
-    auto servers = read_servers(pids);
+    auto servers = read_rank_pids(pids);
     ASSERT_EQ(servers.count(rank), 1u) << proc->output();
     ::kill(servers[rank], sig);
   }
@@ -115,7 +89,7 @@ void expect_success(Job& job, int rounds) {
 void kill_at_random_rounds(const std::string& mode, int sig) {
   std::random_device rd;
   std::mt19937 rng(rd());
-  for (int t = 0; t < trials(); ++t) {
+  for (int t = 0; t < failover_trials(); ++t) {
     // Odd trials pause 20 ms between rounds (the kill lands between rounds
     // mostly); even ones do not (it lands inside a round: pending pushes
     // and pulls are re-sent, replications interrupted).
@@ -124,7 +98,7 @@ void kill_at_random_rounds(const std::string& mode, int sig) {
     int victim = std::uniform_int_distribution<int>(0, 2)(rng);
     SCOPED_TRACE(
         fmt::format("trial {}: server {} gets signal {} after round {}", t, victim, sig, at));
-    TempDir dir;
+    TempDir dir("pp-failover");
     Job job(dir.path, mode, rounds, -1, sleep_ms);
     ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
     job.signal_server(victim, sig);
@@ -141,11 +115,11 @@ TEST(PsFailover, SyncServerStoppedPullsClosedForm) {
   // Found by the heartbeats (2 s here); half as many trials as the kills.
   std::random_device rd;
   std::mt19937 rng(rd());
-  for (int t = 0; t < std::max(1, trials() / 2); ++t) {
+  for (int t = 0; t < std::max(1, failover_trials() / 2); ++t) {
     int at = std::uniform_int_distribution<int>(1, 20)(rng);
     int victim = std::uniform_int_distribution<int>(0, 2)(rng);
     SCOPED_TRACE(fmt::format("trial {}: server {} stopped after round {}", t, victim, at));
-    TempDir dir;
+    TempDir dir("pp-failover");
     Job job(dir.path, "sync", 30);
     ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
     job.signal_server(victim, SIGSTOP);
@@ -159,7 +133,7 @@ TEST(PsFailover, AsyncServerKilledKeepsTheExactTotal) {
 }
 
 TEST(PsFailover, NoReplicaLeftFailsNamingTheRangesServers) {
-  TempDir dir;
+  TempDir dir("pp-failover");
   Job job(dir.path, "sync", 400);
   ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
   job.signal_server(0, SIGKILL);
@@ -173,7 +147,7 @@ TEST(PsFailover, NoReplicaLeftFailsNamingTheRangesServers) {
 }
 
 TEST(PsFailover, WithoutReplicasAServerDeathFailsTheJob) {
-  TempDir dir;
+  TempDir dir("pp-failover");
   Job job(dir.path, "sync", 400, 0);
   ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
   job.signal_server(2, SIGKILL);

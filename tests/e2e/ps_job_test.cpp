@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/launched_job.h"
 #include "support/ports.h"
 #include "support/process.h"
 
@@ -17,19 +18,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
-
-std::string bin(const std::string& name) {
-  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
-}
-
-struct TempDir {
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "pp-e2e-XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
+using test::bin;
+using test::TempDir;
 
 std::vector<int> read_pids(const std::string& file) {
   std::ifstream in(file);
@@ -103,7 +93,7 @@ struct HandJob {
 // SIGKILL or SIGSTOP a server mid-training: every worker fails with a
 // PeerFailure naming that server within the failure deadline (2 s) + 5 s.
 void fail_a_server(int sig) {
-  TempDir dir;
+  TempDir dir("pp-e2e");
   HandJob job(dir.path);
   auto ready = std::chrono::steady_clock::now() + 30s;
   while (std::chrono::steady_clock::now() < ready &&
@@ -139,7 +129,7 @@ TEST(PsJobFault, ServerStopped) {
 }
 
 TEST(PsJobFault, LauncherStopsTheJobWhenAServerDies) {
-  TempDir dir;
+  TempDir dir("pp-e2e");
   std::string pids = dir.path + "/servers";
   std::string server = "sh -c 'echo $$ >> " + pids + "; exec " + bin("pushpull") + " server'";
   test::ChildProcess job(

@@ -22,6 +22,7 @@
 #include <regex>
 #include <thread>
 
+#include "support/launched_job.h"
 #include "support/process.h"
 
 namespace pushpull {
@@ -30,39 +31,11 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-std::string bin(const std::string& name) {
-  return std::string(PUSHPULL_BIN_DIR) + "/" + name;
-}
-
-struct TempDir {
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "pp-restart-XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
-
-// The latest pid of each worker rank (the wrapper appends "rank pid" at
-// every start, restarts included).
-std::map<int, int> read_pids(const std::string& file) {
-  std::ifstream in(file);
-  std::map<int, int> pids;
-  for (int r, p; in >> r >> p;)
-    pids[r] = p;
-  return pids;
-}
-
-int trials() {
-  const char* t = std::getenv("PUSHPULL_FAILOVER_TRIALS");
-  return t ? std::max(1, std::atoi(t)) : 2;
-}
-
-int last_round(const std::string& out) {
-  auto at = out.rfind("ROUND ");
-  return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
-}
+using test::bin;
+using test::failover_trials;
+using test::last_round;
+using test::read_rank_pids;
+using test::TempDir;
 
 struct Job {
   // `restarts` < 0: no --max-restarts.
@@ -108,7 +81,7 @@ struct Job {
     return false;
   }
   int signal_worker(int rank, int sig) {
-    auto workers = read_pids(pids);
+    auto workers = read_rank_pids(pids);
     EXPECT_EQ(workers.count(rank), 1u) << proc->output();
     if (workers.count(rank) == 0) return -1;
     ::kill(workers[rank], sig);
@@ -134,7 +107,7 @@ void expect_success(Job& job) {
 void kill_at_random_rounds(const std::string& mode, int sig) {
   std::random_device rd;
   std::mt19937 rng(rd());
-  for (int t = 0; t < trials(); ++t) {
+  for (int t = 0; t < failover_trials(); ++t) {
     // Odd trials pause 20 ms between rounds (the kill lands between rounds
     // mostly); even ones do not (it lands inside a round: some parts have
     // the dead worker's push, some not).
@@ -146,7 +119,7 @@ void kill_at_random_rounds(const std::string& mode, int sig) {
     int victim = std::uniform_int_distribution<int>(0, 2)(rng);
     SCOPED_TRACE(fmt::format("trial {} ({}): worker {} gets signal {} after round {}", t, mode,
                              victim, sig, at));
-    TempDir dir;
+    TempDir dir("pp-restart");
     Job job(dir.path, mode, rounds, 1, sleep_ms);
     ASSERT_TRUE(job.wait_round(at)) << job.proc->output();
     job.signal_worker(victim, sig);
@@ -165,7 +138,7 @@ TEST(PsRestart, AsyncWorkerKilledKeepsTheExactTotal) {
 
 TEST(PsRestart, SyncWorkerStoppedIsKilledAndRestarted) {
   // Found by the heartbeats (2 s here); the launcher kills and restarts it.
-  TempDir dir;
+  TempDir dir("pp-restart");
   Job job(dir.path, "sync", 30, 1, 20);
   ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
   job.signal_worker(1, SIGSTOP);
@@ -176,11 +149,11 @@ TEST(PsRestart, SyncWorkerStoppedIsKilledAndRestarted) {
 TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
   // The replacement learns the placement (epoch 1, or 2 once the server
   // rejoined) before its rank and connects only to the live servers.
-  TempDir dir;
+  TempDir dir("pp-restart");
   // Two restarts: the server is restarted (and rejoins) too.
   Job job(dir.path, "sync", 60, 2, 20, dir.path + "/servers");
   ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
-  auto servers = read_pids(dir.path + "/servers");
+  auto servers = read_rank_pids(dir.path + "/servers");
   ASSERT_EQ(servers.count(1), 1u) << job.proc->output();
   ::kill(servers[1], SIGKILL);
   ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
@@ -202,11 +175,11 @@ TEST(PsRestart, AKilledServerRejoinsAndTheNextFailOverIsSurvived) {
   const int a = std::uniform_int_distribution<int>(0, 2)(rng),
             b = (a + std::uniform_int_distribution<int>(1, 2)(rng)) % 3;
   SCOPED_TRACE(fmt::format("server {} killed, rejoins, then server {}", a, b));
-  TempDir dir;
+  TempDir dir("pp-restart");
   const std::string servers = dir.path + "/servers";
   Job job(dir.path, "sync", 120, 1, 20, servers);
   ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
-  ::kill(read_pids(servers)[a], SIGKILL);
+  ::kill(read_rank_pids(servers)[a], SIGKILL);
   auto until = std::chrono::steady_clock::now() + 30s;
   while (job.proc->output().find(fmt::format("server {} rejoined:", a)) == std::string::npos &&
          std::chrono::steady_clock::now() < until)
@@ -214,7 +187,7 @@ TEST(PsRestart, AKilledServerRejoinsAndTheNextFailOverIsSurvived) {
   ASSERT_NE(job.proc->output().find(fmt::format("server {} rejoined:", a)), std::string::npos)
       << job.proc->output();
   ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 5)) << job.proc->output();
-  ::kill(read_pids(servers)[b], SIGKILL);
+  ::kill(read_rank_pids(servers)[b], SIGKILL);
   auto code = job.proc->wait(120s);
   ASSERT_TRUE(code.has_value()) << job.proc->output();
   const std::string out = job.proc->output();
@@ -229,7 +202,7 @@ TEST(PsRestart, AKilledServerRejoinsAndTheNextFailOverIsSurvived) {
 TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
   // Only an away rank can be taken back; a node with the job's secret that
   // claims a live rank is refused and the job goes on.
-  TempDir dir;
+  TempDir dir("pp-restart");
   const std::string secret = "00112233445566778899aabbccddeeff", job_id = "pp-restart-test";
   Job job(dir.path, "sync", 60, 1, 20, "",
           {{"PUSHPULL_JOB_SECRET", secret}, {"PUSHPULL_JOB_ID", job_id}});
@@ -260,7 +233,7 @@ TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
 }
 
 TEST(PsRestart, AReplacementThatDoesNotRegisterInTimeFailsTheJob) {
-  TempDir dir;
+  TempDir dir("pp-restart");
   Job job(dir.path, "sync", 400, 1, 20, "",
           {{"PP_TEST_HANG_RESTARTED", "1"}, {"PUSHPULL_STARTUP_TIMEOUT_MS", "3000"}});
   ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
@@ -274,13 +247,13 @@ TEST(PsRestart, AReplacementThatDoesNotRegisterInTimeFailsTheJob) {
 }
 
 TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
-  TempDir dir;
+  TempDir dir("pp-restart");
   Job job(dir.path, "sync", 400, 1, 20);
   ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
   int first = job.signal_worker(2, SIGKILL);
   // Wait for the replacement (a new pid for rank 2) and a few rounds with it.
   auto until = std::chrono::steady_clock::now() + 60s;
-  while (read_pids(job.pids)[2] == first && std::chrono::steady_clock::now() < until)
+  while (read_rank_pids(job.pids)[2] == first && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
   job.signal_worker(2, SIGKILL);
@@ -292,7 +265,7 @@ TEST(PsRestart, RestartsUsedUpFailTheJobNamingTheWorker) {
 }
 
 TEST(PsRestart, WithoutMaxRestartsAWorkerDeathFailsTheJob) {
-  TempDir dir;
+  TempDir dir("pp-restart");
   Job job(dir.path, "sync", 400, -1, 20);
   ASSERT_TRUE(job.wait_round(3)) << job.proc->output();
   job.signal_worker(1, SIGKILL);

@@ -11,24 +11,10 @@
 #include "tensors.h"
 
 namespace pushpull::torch_pg {
-namespace {
-
+// The helpers of op_helpers.h, by their short names.
+using namespace detail;
 using collective::Handle;
 using collective::Reduction;
-using detail::check_root;
-using detail::check_same;
-using detail::check_single;
-using detail::check_tensor;
-using detail::contiguous;
-using detail::copy_back;
-using detail::copy_result;
-using detail::describe;
-using detail::dtype_str;
-using detail::flat_view;
-using detail::reduction_of;
-using detail::Unsupported;
-
-}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::allreduce(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceOptions& opts) {
