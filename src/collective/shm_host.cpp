@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include <fmt/format.h>
 
 #include "net/hello.h"
+#include "net/host_identity.h"
 #include "pushpull/error.h"
 
 namespace pushpull::collective {
@@ -36,19 +36,6 @@ std::string hex(const Bytes16& b) {
   for (uint8_t c : b)
     s += fmt::format("{:02x}", c);
   return s;
-}
-
-std::string first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string inode_of(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return "?";
-  return fmt::format("{}:{}", static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
 }
 
 std::string probe_path(const std::string& dir, const Bytes16& name) {
@@ -83,17 +70,8 @@ HostRecord decode_host_record(const uint8_t* data, size_t bytes) {
 }
 
 std::string host_key(const std::string& dir) {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  // The boot id tells kernels apart (host names repeat across containers);
-  // the network namespace keeps network-namespace "hosts" apart; the PID
-  // namespace matters because liveness checks peers' pids. The mount
-  // namespace is left out on purpose: `ip netns exec` makes one per process,
-  // and what it would guard (a private /dev/shm) shows in the directory's
-  // device and inode, and in the probe.
-  return fmt::format(
-      "{}|{}|net {}|pid {}|dir {}|uid {}", first_line("/proc/sys/kernel/random/boot_id"), host,
-      inode_of("/proc/self/ns/net"), inode_of("/proc/self/ns/pid"), inode_of(dir), ::geteuid());
+  // The directory's device and inode tell a private /dev/shm apart.
+  return fmt::format("{}|dir {}|uid {}", net::host_identity(), net::inode_of(dir), ::geteuid());
 }
 
 HostProbe::HostProbe(const std::string& dir) : dir_(dir) {

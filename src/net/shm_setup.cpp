@@ -17,7 +17,7 @@ std::string cut(const std::string& s) {
 
 std::vector<std::byte> encode(const ShmOffer& m) {
   Writer w;
-  w.str<uint8_t>(m.name).u<uint64_t>(m.ring_bytes);
+  w.str<uint8_t>(m.name).u<uint64_t>(m.ring_bytes).str<uint8_t>(m.host);
   return w.take();
 }
 std::vector<std::byte> encode(const ShmAnswer& m) {
@@ -39,6 +39,7 @@ Status decode(std::span<const std::byte> in, ShmOffer* out) {
   Reader r(in);
   out->name = r.str<uint8_t>(kShmNameBytes);
   out->ring_bytes = r.u<uint64_t>();
+  out->host = r.str<uint8_t>(kMaxShmHostBytes);
   if (!r.done() || !ShmSegment::valid_name(out->name)) return malformed("shared-memory offer");
   return {};
 }

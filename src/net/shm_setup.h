@@ -3,8 +3,10 @@
 // messages and the frames that move payloads through the rings.
 //
 // Setup (after the hello; the connector offers, net/transport_shm.cpp):
-//   connector -> acceptor  kShmOffer   {name of ring C, ring bytes}
-//       the acceptor maps ring C read-only, reads C's token, creates ring A
+//   connector -> acceptor  kShmOffer   {name of ring C, ring bytes, host identity}
+//       an acceptor on another host (net/host_identity.h: another kernel
+//       or network namespace) refuses; else it maps ring C read-only, reads
+//       C's token, creates ring A
 //   acceptor -> connector  kShmAnswer  {accepted, reason, token of C, name of A, ring bytes}
 //       the acceptor may send through A right after this frame; the
 //       connector checks the token (the acceptor mapped C: same host, same
@@ -47,10 +49,12 @@ namespace pushpull::net {
 // The largest setup message (the receiver's cap on its payload).
 inline constexpr size_t kMaxShmSetupBytes = 512;
 inline constexpr size_t kMaxShmReason = 200;
+inline constexpr size_t kMaxShmHostBytes = 200;
 
 struct ShmOffer {
   std::string name;
   uint64_t ring_bytes = 0;
+  std::string host;  // the connector's net::host_identity()
 };
 
 struct ShmAnswer {

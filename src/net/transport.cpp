@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "net/conn.h"
+#include "net/host_identity.h"
 #include "net/shm_setup.h"
 #include "pushpull/log.h"
 
@@ -300,7 +301,8 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     // Same host? The acceptor answers on its I/O thread; wait for the
     // outcome so this connection's first messages already use the ring.
     queue_ctl(*c, Header{.type = msg::kShmOffer},
-              encode(ShmOffer{c->shm_mine->name(), c->shm_mine->ring_bytes()}), false);
+              encode(ShmOffer{c->shm_mine->name(), c->shm_mine->ring_bytes(), host_identity()}),
+              false);
     wait_shm_settled(*c, hs_deadline);
   }
   return id;

@@ -13,6 +13,7 @@
 
 #include "base/metrics.h"
 #include "net/conn.h"
+#include "net/host_identity.h"
 #include "net/shm_setup.h"
 #include "net/wire.h"
 #include "pushpull/log.h"
@@ -373,6 +374,11 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
     std::string why;
     if (!config_.shared_memory) {
       why = "shared memory is off on this node";
+    } else if (offer.host != host_identity()) {
+      // Another network namespace of this kernel can still open our
+      // segments, but it stands for another machine: its bytes must cross
+      // the links between them.
+      why = "another host (its kernel, host name or network namespace differs)";
     } else if (auto theirs = ShmSegment::open(offer.name, config_.shm_dir, &why)) {
       if (theirs->ring_bytes() != offer.ring_bytes)
         return shm_protocol_error(c, "the offered shared-memory ring has another size");

@@ -13,6 +13,7 @@ in the middle of one.
 import csv
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,19 @@ def check_ps_netns(pushpull):
     for r in rows:
         assert float(r['median_us']) > 0, r
     print(f'bench ps --netns: {sorted(impls)}')
+    # The bytes must cross the shaped links: every server host's interface
+    # carries about its share. (Namespaces of one kernel can share /dev/shm;
+    # when the PS took that shortcut its servers' links carried 0.1 MB.)
+    cmd = [pushpull, 'bench', 'ps', '--netns', '2', '-n', '2', '-s', '2', '--rate', '1gbit',
+           '--sizes', '4M', '--iters', '2']
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = re.search(r'per server host ([0-9.]+)\.\.([0-9.]+) MB in\+out per iteration '
+                  r'\(even share: ([0-9.]+)\)', p.stdout)
+    assert m, f'no per-server bytes in:\n{p.stdout}'
+    low, share = float(m.group(1)), float(m.group(3))
+    assert low >= 0.8 * share, f'a server host carried {low} MB, its share is {share}:\n{p.stdout}'
+    print(f'bench ps --netns: {m.group(0)}')
 
 
 def check_killed(pushpull, sig):

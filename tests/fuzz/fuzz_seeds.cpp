@@ -14,6 +14,7 @@
 #include "collective/messages.h"
 #include "collective/rendezvous.h"
 #include "net/hello.h"
+#include "net/host_identity.h"
 #include "net/message.h"
 #include "net/shm_setup.h"
 #include "net/wire.h"
@@ -72,7 +73,7 @@ void net_seeds(const fs::path& root) {
                     .type = 65, .net_flags = net::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
   Corpus shm(root, "fuzz_net_shm");
   const std::string name = std::string(net::kShmNamePrefix) + std::string(32, 'a');
-  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20}));
+  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20, net::host_identity()}));
   shm.add(1, net::encode(net::ShmAnswer{true, "", net::ShmToken{}, name, 8 << 20}));
   shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
   shm.add(2, net::encode(net::ShmConfirm{true, "", net::ShmToken{}}));

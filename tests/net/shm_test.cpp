@@ -15,6 +15,7 @@
 
 #include "base/metrics.h"
 #include "fixture.h"
+#include "net/host_identity.h"
 #include "net/shm_segment.h"
 #include "net/shm_setup.h"
 #include "net/transport.h"
@@ -197,10 +198,11 @@ TEST(ShmTransport, OptOutOnEitherSideKeepsEverythingOnTcp) {
 
 // A hand-driven connector that sets the shared memory up itself.
 struct RawShmPeer {
-  explicit RawShmPeer(int port) : raw(port) { raw.hello(); }
+  explicit RawShmPeer(int port, int rank = 7) : raw(port) { raw.hello("", Role::kWorker, rank); }
   // Offers `mine`; returns the acceptor's answer.
-  ShmAnswer offer(const std::string& name, uint64_t ring) {
-    auto p = encode(ShmOffer{name, ring});
+  ShmAnswer offer(const std::string& name, uint64_t ring,
+                  const std::string& host = host_identity()) {
+    auto p = encode(ShmOffer{name, ring, host});
     raw.write(Header{.type = msg::kShmOffer, .payload_bytes = p.size()}, p);
     ShmAnswer answer;
     EXPECT_TRUE(decode(raw.read_message(msg::kShmAnswer), &answer).is_ok());
@@ -358,7 +360,7 @@ TEST(ShmTransport, PeersThatLieAreRefused) {
   {  // A second offer.
     RawShmPeer p(a.t.port());
     ASSERT_NO_FATAL_FAILURE(p.setup());
-    auto offer = encode(ShmOffer{p.mine->name(), p.mine->ring_bytes()});
+    auto offer = encode(ShmOffer{p.mine->name(), p.mine->ring_bytes(), host_identity()});
     p.raw.write(Header{.type = msg::kShmOffer, .payload_bytes = offer.size()}, offer);
     expect_closed(p, 7);
   }
@@ -372,10 +374,22 @@ TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
   ShmAnswer ans = p.offer(std::string(kShmNamePrefix) + std::string(32, 'a'), 64 << 10);
   EXPECT_FALSE(ans.accepted);
   EXPECT_NE(ans.reason.find("cannot open"), std::string::npos) << ans.reason;
+  // A segment it could open, offered by a peer in another network namespace
+  // of this kernel (a simulated host): declined by identity, not by access.
+  RawShmPeer q(a.t.port(), 8);
+  std::string why;
+  auto seg = ShmSegment::create(64 << 10, "/dev/shm", &why);
+  ASSERT_TRUE(seg) << why;
+  ShmAnswer other = q.offer(seg->name(), seg->ring_bytes(),
+                            "00000000-0000-0000-0000-000000000000|elsewhere|net 4:1|pid 4:2");
+  EXPECT_FALSE(other.accepted);
+  EXPECT_NE(other.reason.find("another host"), std::string::npos) << other.reason;
   const char text[] = "still here";
   p.raw.write(Header{.type = kData, .payload_bytes = sizeof text},
               std::as_bytes(std::span(text, sizeof text)));
-  ASSERT_TRUE(wait_until([&] { return a.count() == 1; }));
+  q.raw.write(Header{.type = kData, .payload_bytes = sizeof text},
+              std::as_bytes(std::span(text, sizeof text)));
+  ASSERT_TRUE(wait_until([&] { return a.count() == 2; }));
   EXPECT_EQ(a.ncloses(), 0u);
 }
 
@@ -402,7 +416,11 @@ TEST(ShmSegment, OnlyItsOwnNamesAndWellFormedSetupMessages) {
   bytes.push_back(std::byte{0});
   EXPECT_FALSE(decode(bytes, &back).is_ok());
   ShmOffer o;
-  EXPECT_FALSE(decode(encode(ShmOffer{"../x", 1}), &o).is_ok());
+  EXPECT_FALSE(decode(encode(ShmOffer{"../x", 1, host_identity()}), &o).is_ok());
+  ShmOffer offer{std::string(kShmNamePrefix) + std::string(32, 'e'), 4096, host_identity()};
+  ASSERT_TRUE(decode(encode(offer), &o).is_ok());
+  EXPECT_EQ(o.host, host_identity());
+  EXPECT_FALSE(decode(encode(ShmOffer{offer.name, 4096, std::string(201, 'h')}), &o).is_ok());
 }
 
 }  // namespace
