@@ -315,9 +315,9 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       k->dtype = values[i].dtype;
       const auto esize = static_cast<int64_t>(dtype_size(k->dtype));
       auto placed = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
-      // At least 16 chunks per slice, of 256 KiB .. chunk_bytes (ps::chunk_count says why).
+      // At least 32 chunks per slice, of 128 KiB .. chunk_bytes (ps::chunk_count says why).
       int64_t chunk = ps::chunk_count(placed, std::max<int64_t>(1, chunk_bytes_ / esize),
-                                      std::max<int64_t>(1, (256 << 10) / esize), 16);
+                                      std::max<int64_t>(1, (128 << 10) / esize), 32);
       k->slices = ps::chunk(placed, chunk);
       k->push_seq.assign(k->slices.size(), 0);
       made.push_back(k.get());
