@@ -15,6 +15,9 @@
 //   ddp-gloo      DDP over gloo (python/pushpull/bench_step_ddp.py)
 //   ddp-pushpull  DDP over the torch.distributed backend "pushpull", with
 //                 PUSHPULL_SHM=1 (shared memory on one host, as for hvd_shm)
+//   local    no exchange: each rank trains its own copy (plain SGD), the N
+//            ranks side by side on this machine's cores; the floor under
+//            every other row (what the compute alone costs here)
 //
 // Every implementation is one job of `pushpull launch -n N -s S` running
 // `python3 -m pushpull.bench_step` (python/pushpull/bench_step.py, which
@@ -106,10 +109,10 @@ void run_bench(const Config& cfg) {
   const auto impls = split(cfg.impls);
   for (const auto& i : impls)
     if (i != "ddp" && i != "hvd" && i != "trainer" && i != "hvd_shm" && i != "ddp-gloo" &&
-        i != "ddp-pushpull" && i != "cpp")
+        i != "ddp-pushpull" && i != "cpp" && i != "local")
       throw InvalidArgument(fmt::format(
           "bench step: --impls {}: known are ddp, hvd, hvd_shm, trainer, ddp-gloo, ddp-pushpull, "
-          "cpp",
+          "cpp, local",
           i));
   const std::string cpp_worker = self_dir() + "/pp_torch_step";
   if (std::find(impls.begin(), impls.end(), "cpp") != impls.end() &&
@@ -216,7 +219,7 @@ void register_bench_step(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--impls", cfg->impls,
-                  "Implementations: ddp,hvd,hvd_shm,trainer,ddp-gloo,ddp-pushpull,cpp")
+                  "Implementations: ddp,hvd,hvd_shm,trainer,ddp-gloo,ddp-pushpull,cpp,local")
       ->capture_default_str();
   cmd->add_option("--servers", cfg->servers, "Parameter servers for trainer (0: as many as -n)")
       ->capture_default_str()

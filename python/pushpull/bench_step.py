@@ -17,7 +17,11 @@ backward, the gradient exchange and the optimizer update (SGD). Rank 0 prints
 - ``hvd``: ``pushpull.torch.DistributedOptimizer`` (Horovod's API over the
   collectives engine);
 - ``trainer``: ``pushpull.torch.Trainer`` over a ``dist_sync`` KVStore (run
-  with ``-s S`` parameter servers); the update runs on the servers.
+  with ``-s S`` parameter servers); the update runs on the servers;
+- ``local``: no exchange at all, every rank trains its own copy with plain
+  SGD: the floor that any exchange adds to when the N ranks share this
+  machine's cores (the ranks still start and time together, so they compete
+  for the cores as in the other rows).
 
 Every rank runs the same steps; a step ends when the update is applied, so the
 ranks stay in lock step through the exchange and rank 0's median stands for
@@ -46,7 +50,7 @@ def build_model(grad_mb, layers):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--impl', required=True, choices=['ddp', 'hvd', 'trainer', *IMPLS])
+    ap.add_argument('--impl', required=True, choices=['ddp', 'hvd', 'trainer', 'local', *IMPLS])
     ap.add_argument('--grad-mb', type=float, default=64)
     ap.add_argument('--layers', type=int, default=8)
     ap.add_argument('--batch', type=int, default=4)
@@ -75,6 +79,13 @@ def main(argv=None):
             model(x).sum().backward()
             opt.step()
         finish = hvd.shutdown
+    elif a.impl == 'local':
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+        def step():
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
     else:
         import pushpull.kv
         import pushpull.torch

@@ -25,9 +25,13 @@ pushes every gradient (the store sums the workers'), then
 
 From the second step on each gradient is pushed from a hook on its
 AccumulateGrad node as soon as backward() produced it (priority -i: the first
-layers, needed first by the next forward pass, go first), so communication
-overlaps the rest of the backward pass. One backward per step with hooks on;
-for gradient accumulation pass ``push_from_hooks=False``.
+layers, needed first by the next forward pass, go first), and its pull is
+requested right behind the push (``pushpull_async``), so both directions of
+the exchange overlap the rest of the backward pass. backward() no longer
+reads a parameter once its gradient is accumulated, so the new value may
+land in it before step() returns: read parameters after step(), as with
+Horovod's gradients. One backward per step with hooks on; for gradient
+accumulation pass ``push_from_hooks=False``.
 
 Parameters must be float32, contiguous, CPU tensors. Thread safety: one
 thread drives a Trainer (autograd runs the hooks on the backward() thread).
@@ -149,6 +153,14 @@ class Trainer:
                 self._local_kv.set_optimizer(self._spec)
         self._initialized = True
 
+    def _exchange(self, i, grad):
+        # Push the gradient and pull the result in one call: the store sends
+        # each slice's pull right behind its push, so a server answers it as
+        # soon as the round is complete. The result is the new weight
+        # (update_on_kvstore) or the summed gradient.
+        out = self._params[i].detach() if self._update_on_kvstore else self._summed[i]
+        return self._kv.pushpull_async(self._keys[i], grad, out=out, priority=-i)
+
     def _make_hook(self, i):
         def hook(*unused):
             if not self._armed:
@@ -160,7 +172,7 @@ class Trainer:
                     'passes per step create it with push_from_hooks=False' % self._named[i][0])
             grad = self._params[i].grad
             self._check_tensor(grad, self._named[i][0], i, 'gradient')
-            self._pushed[i] = self._kv.push_async(self._keys[i], grad, priority=-i)
+            self._pushed[i] = self._exchange(i, grad)
             self.stats['hook_pushes'] += 1
         return hook
 
@@ -192,18 +204,14 @@ class Trainer:
                                       'backward() first (every worker pushes every key)'
                                       % (name, self._keys[i]))
             self._check_tensor(p.grad, name, i, 'gradient')
-        pushes = []
+        exchanges = []
         for i, p in enumerate(self._params):
             h = self._pushed.pop(i, None)
             if h is None:
-                h = self._kv.push_async(self._keys[i], p.grad, priority=-i)
+                h = self._exchange(i, p.grad)
                 self.stats['step_pushes'] += 1
-            pushes.append(h)
-        # One key's operations take effect in call order: each pull sees its push.
-        outs = [p.detach() for p in self._params] if self._update_on_kvstore else self._summed
-        pulls = [self._kv.pull_async(k, out=o, priority=-i)
-                 for i, (k, o) in enumerate(zip(self._keys, outs))]
-        for h in pulls + pushes:
+            exchanges.append(h)
+        for h in exchanges:
             h.wait()
         if not self._update_on_kvstore:
             self._local_update(scale)
