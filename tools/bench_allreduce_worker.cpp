@@ -10,11 +10,11 @@
 // timed on every rank; the slowest rank's time per iteration (a max-allreduce of the times after
 // the loop); rank 0 prints "result <bytes> <median_us>" per size.
 //
-// With --worker-transport shm the ranks use collective::ShmTransport instead
-// (one host), their segments named after the rendezvous directory (fresh and
-// random per run). With --worker-algo hier the allreduce is the hierarchical
-// one (collective/hierarchical.h), the ranks grouped by the address they
-// published (one per network namespace).
+// With --worker-transport shm the ranks take the path of a job's ranks on one
+// host: the TCP mesh with collective data through shared memory
+// (use_shared_memory, shm_data_transport.h). With --worker-algo hier the allreduce is the
+// hierarchical one (collective/hierarchical.h), the ranks grouped by the address they published
+// (one per network namespace).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -28,7 +28,7 @@
 #include "bench_common.h"
 #include "collective/algorithms.h"
 #include "collective/hierarchical.h"
-#include "collective/shm_transport.h"
+#include "collective/shm_data_transport.h"
 #include "collective/tcp_transport.h"
 #include "compress/compressor.h"
 #include "pushpull/options.h"
@@ -86,17 +86,19 @@ int run_allreduce_worker(const WorkerArgs& a) {
   opts.net.connect_timeout = Millis(30000);
   std::unique_ptr<collective::Transport> transport;
   std::vector<std::pair<std::string, int>> book;
-  if (a.transport == "shm") {
-    collective::ShmOptions so;
-    so.connect_timeout = Millis(30000);
-    const std::string prefix =
-        "pushpull-bench-" + std::filesystem::path(a.rendezvous_dir).filename().string();
-    transport = std::make_unique<collective::ShmTransport>(a.rank, a.size, prefix, so);
-  } else {
+  {
     auto tcp = std::make_unique<collective::TcpTransport>(a.rank, a.size, opts.net, a.host, 0);
     book = rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, tcp->port(), Millis(30000));
     tcp->connect_all(book);
-    transport = std::move(tcp);
+    if (a.transport == "shm") {
+      // What a job's ranks on one host get (bootstrap.cpp): the TCP mesh,
+      // data through shared memory, operations of small messages on the
+      // mesh's direct streams (PUSHPULL_SHM_MIN_MESSAGE_BYTES).
+      transport = collective::use_shared_memory(std::move(tcp), true, Millis(30000), "/dev/shm",
+                                                opts.collective.shm_min_message_bytes);
+    } else {
+      transport = std::move(tcp);
+    }
   }
   // --worker-algo hier: the hosts are the book's addresses (one per namespace).
   std::optional<collective::Hierarchy> hierarchy;

@@ -163,6 +163,12 @@ struct CollectiveOptions {
   // host found by identity and a probe (docs/collectives.md). PUSHPULL_SHM=0
   // turns it off.
   bool shared_memory = true;
+  // With shared memory on: an operation whose messages are all smaller than
+  // this runs on the TCP mesh's direct streams instead (the algorithm's
+  // thread drives them; a shared-memory message crosses two progress
+  // threads, which costs more than the copy below this size). 0: every
+  // message through shared memory. PUSHPULL_SHM_MIN_MESSAGE_BYTES.
+  uint64_t shm_min_message_bytes = 512 << 10;
   // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
   // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
   // never, 1 = whenever every host has the same number of ranks.

@@ -197,6 +197,7 @@ Options Options::from_env(const Environment& env) {
   r.real({"PUSHPULL_STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
          &col.stall_shutdown_seconds);
   r.flag({"PUSHPULL_SHM"}, &col.shared_memory);
+  r.integer({"PUSHPULL_SHM_MIN_MESSAGE_BYTES"}, &col.shm_min_message_bytes);
   if (auto v = r.find({"PUSHPULL_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"}).second;
       v && !v->empty()) {  // empty: automatic
     bool hierarchical = false;

@@ -18,7 +18,7 @@ void binomial(AlgoContext& ctx, char* data, size_t bytes, int root) {
   const int n = ctx.size();
   const int v = (ctx.rank() - root + n) % n;  // rank relative to the root
   const uint64_t tag = op_tag(ctx.op_id, 0);
-  if (DirectStreams* tcp = stream_transport(ctx.transport)) {
+  if (DirectStreams* tcp = stream_transport(ctx.transport, bytes)) {
     auto lock = tcp->lock_streams();
     StreamPump pump(*tcp, ctx.peer_timeout, fmt::format("broadcast (op {})", ctx.op_id));
     int mask = 1;
@@ -68,7 +68,7 @@ void chain(AlgoContext& ctx, char* data, size_t bytes, int root) {
     size_t lo = bytes * k / nseg, hi = bytes * (k + 1) / nseg;
     return std::pair{lo, hi - lo};
   };
-  if (DirectStreams* tcp = stream_transport(ctx.transport)) {
+  if (DirectStreams* tcp = stream_transport(ctx.transport, range(0).second)) {
     auto lock = tcp->lock_streams();
     StreamPump pump(*tcp, ctx.peer_timeout, fmt::format("chain broadcast (op {})", ctx.op_id));
     std::vector<size_t> index(nseg, SIZE_MAX);
@@ -121,7 +121,7 @@ void barrier(AlgoContext& ctx) {
   const int n = ctx.size(), r = ctx.rank();
   char out = 1, in = 0;
   uint32_t round = 0;
-  if (DirectStreams* tcp = stream_transport(ctx.transport)) {
+  if (DirectStreams* tcp = stream_transport(ctx.transport, sizeof out)) {
     auto lock = tcp->lock_streams();
     for (int dist = 1; dist < n; dist *= 2, ++round) {
       int to = (r + dist) % n, from = (r - dist + n) % n;

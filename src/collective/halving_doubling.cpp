@@ -37,7 +37,7 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
   std::vector<char>& scratch = *ctx.scratch;
   if (scratch.size() < bytes) scratch.resize(bytes);
   uint32_t msg = 0;  // message index within this operation: same sequence on every rank
-  DirectStreams* tcp = stream_transport(ctx.transport);
+  DirectStreams* tcp = stream_transport(ctx.transport, bytes);
   std::unique_lock<std::mutex> stream_lock;
   if (tcp) stream_lock = tcp->lock_streams();
   auto exchange = [&](int peer, const char* send, size_t send_bytes, char* recv, size_t recv_bytes,

@@ -185,7 +185,9 @@ void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
   const size_t units = static_cast<size_t>(steps) * nseg;
   auto tag = [&](size_t unit) { return op_tag(ctx.op_id, static_cast<uint32_t>(unit)); };
 
-  if (DirectStreams* tcp = stream_transport(ctx.transport)) {
+  // The decision by block size, the same on every rank (its messages are
+  // the block's segments).
+  if (DirectStreams* tcp = stream_transport(ctx.transport, max_bytes)) {
     // Direct streams: this thread writes to the right neighbour and reads
     // from the left one itself (see tcp_streams.h). The left stream carries
     // the units in order, so every receive can be queued up front and read

@@ -89,6 +89,10 @@ void ShmDataTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes
     shm_->post_recv(l, tag, dst, bytes, std::move(done));
 }
 
+DirectStreams* ShmDataTransport::direct_streams_for(size_t message_bytes) {
+  return message_bytes < stream_below_ ? tcp_->direct_streams() : nullptr;
+}
+
 void ShmDataTransport::close(const Status& reason) {
   tcp_->close(reason);  // says goodbye first: the peers do not suspect this rank
   if (shm_) shm_->close(reason);
@@ -100,7 +104,8 @@ void ShmDataTransport::abort(const Status& why) {
 }
 
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
-                                             Millis startup, const std::string& dir) {
+                                             Millis startup, const std::string& dir,
+                                             uint64_t stream_below) {
   if (!enabled || tcp->size() < 2) return tcp;
   const int rank = tcp->rank(), size = tcp->size();
   const auto deadline = Clock::now() + startup;
@@ -144,7 +149,9 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, 
     for (int r = 0; r < size && !others_share; ++r)
       others_share = !shm_group(records, proof, r).empty();
     if (!others_share) return tcp;
-    return std::make_unique<ShmDataTransport>(std::move(tcp), nullptr, std::vector<int>{});
+    auto alone = std::make_unique<ShmDataTransport>(std::move(tcp), nullptr, std::vector<int>{});
+    alone->set_stream_below(stream_below);
+    return alone;
   }
   std::string prefix = "pushpull-";
   for (uint8_t b : records[static_cast<size_t>(group.front())].token)
@@ -155,7 +162,9 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, 
   auto shm = std::make_unique<ShmTransport>(me, static_cast<int>(group.size()), prefix, o, dir);
   PP_INFO("collective: rank {} moves data through shared memory with ranks {} ({} of {} ranks)",
           rank, fmt::join(group, ","), group.size(), size);
-  return std::make_unique<ShmDataTransport>(std::move(tcp), std::move(shm), std::move(group));
+  auto both = std::make_unique<ShmDataTransport>(std::move(tcp), std::move(shm), std::move(group));
+  both->set_stream_below(stream_below);
+  return both;
 }
 
 }  // namespace pushpull::collective

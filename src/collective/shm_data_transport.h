@@ -49,6 +49,15 @@ class ShmDataTransport final : public Transport {
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
   void abort(const Status& why) override;
+  // The TCP mesh's streams for messages below stream_below(), else none.
+  DirectStreams* direct_streams_for(size_t message_bytes) override;
+  // Operations whose messages are all below `bytes` run on the TCP mesh's
+  // direct streams, driven by the algorithm's thread (a few microseconds a
+  // message, where a shared-memory message crosses two progress threads);
+  // 0: every data message through shared memory. Set before the first
+  // operation; the same on every rank (an option).
+  void set_stream_below(uint64_t bytes) { stream_below_ = bytes; }
+  uint64_t stream_below() const { return stream_below_; }
   TcpTransport& tcp() { return *tcp_; }
   // This rank's host group (the job's ranks reached through shared memory).
   const std::vector<int>& group() const { return group_; }
@@ -61,11 +70,14 @@ class ShmDataTransport final : public Transport {
   std::shared_ptr<ShmTransport> shm_;
   std::vector<int> group_;
   std::vector<int> local_;  // by the job's rank
+  uint64_t stream_below_ = 0;
 };
 
 // See above; `enabled` is Options' collective.shared_memory. `startup` bounds the exchange and the
-// segments' setup. `dir` is where the segments live.
+// segments' setup. `dir` is where the segments live. `stream_below`: see
+// ShmDataTransport::set_stream_below (Options' collective.shm_min_message_bytes).
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
-                                             Millis startup, const std::string& dir = "/dev/shm");
+                                             Millis startup, const std::string& dir = "/dev/shm",
+                                             uint64_t stream_below = 0);
 
 }  // namespace pushpull::collective

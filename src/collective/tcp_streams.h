@@ -38,11 +38,12 @@
 
 namespace pushpull::collective {
 
-// The streams an algorithm can use (Transport::direct_streams()), or nullptr
-// (a transport without them, or not set up): algorithms fall back to
-// post_send/recv.
-inline DirectStreams* stream_transport(Transport& t) {
-  return t.direct_streams();
+// The streams an algorithm can use for an operation whose largest message
+// is `message_bytes` (Transport::direct_streams_for()), or nullptr (a
+// transport without them, not set up, or one that moves messages of that
+// size another way): algorithms fall back to post_send/recv.
+inline DirectStreams* stream_transport(Transport& t, size_t message_bytes) {
+  return t.direct_streams_for(message_bytes);
 }
 
 class StreamPump {

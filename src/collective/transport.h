@@ -86,6 +86,15 @@ class Transport {
   virtual void abort(const Status& why) { close(why); }
   // The direct-stream capability (see above), or nullptr.
   virtual DirectStreams* direct_streams() { return nullptr; }
+  // The streams for an operation whose largest message is `message_bytes`,
+  // or nullptr (post_send/recv). Every rank of an operation asks with the
+  // same size and must get the same kind of answer (all streams or none):
+  // a transport may offer its streams for small messages only (see
+  // ShmDataTransport), so the caller's thread drives them without a hand-off.
+  virtual DirectStreams* direct_streams_for(size_t message_bytes) {
+    (void)message_bytes;
+    return direct_streams();
+  }
 };
 
 // A waitable completion: what isend/irecv return. Copyable (shared state).

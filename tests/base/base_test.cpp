@@ -63,6 +63,7 @@ TEST(Options, DefaultsAndDmlcNames) {
   EXPECT_EQ(d.kvstore.bigarray_bound, 65536);
   EXPECT_EQ(d.net.socket_buffer_bytes, 128 << 10);
   EXPECT_EQ(d.collective.fusion_threshold_bytes, 64u << 20);
+  EXPECT_EQ(d.collective.shm_min_message_bytes, 512u << 10);
   EXPECT_EQ(d.cluster.heartbeat_interval, Millis(1000));
 
   Environment env{{"DMLC_ROLE", "server"},
@@ -75,8 +76,10 @@ TEST(Options, DefaultsAndDmlcNames) {
                   {"PUSHPULL_TIMEOUT", "7"},
                   {"RANK", "1"},
                   {"WORLD_SIZE", "3"},
-                  {"PUSHPULL_LOG_LEVEL", "debug"}};
+                  {"PUSHPULL_LOG_LEVEL", "debug"},
+                  {"PUSHPULL_SHM_MIN_MESSAGE_BYTES", "0"}};
   Options o = Options::from_env(env);
+  EXPECT_EQ(o.collective.shm_min_message_bytes, 0u);
   EXPECT_EQ(o.cluster.role, Role::kServer);
   EXPECT_EQ(o.cluster.root_uri, "10.0.0.1");
   EXPECT_EQ(o.cluster.root_port, 9000);

@@ -150,13 +150,14 @@ TEST(ShmHost, AGroupNeedsEveryProof) {
 // Runs use_shared_memory on every rank (rank r with dirs[r]) at once.
 std::vector<std::unique_ptr<Transport>> choose(std::vector<std::unique_ptr<TcpTransport>> tcp,
                                                const std::vector<std::string>& dirs,
-                                               bool enabled = true) {
+                                               bool enabled = true, uint64_t stream_below = 0) {
   const size_t n = tcp.size();
   std::vector<std::unique_ptr<Transport>> out(n);
   std::vector<std::thread> th;
   for (size_t r = 0; r < n; ++r)
-    th.emplace_back(
-        [&, r] { out[r] = use_shared_memory(std::move(tcp[r]), enabled, Millis(10000), dirs[r]); });
+    th.emplace_back([&, r] {
+      out[r] = use_shared_memory(std::move(tcp[r]), enabled, Millis(10000), dirs[r], stream_below);
+    });
   for (auto& t : th)
     t.join();
   return out;
@@ -227,6 +228,51 @@ TEST(UseSharedMemory, RanksOfOneDirectoryShareTheOthersUseTcp) {
       EXPECT_EQ(data[static_cast<size_t>(r)][i], static_cast<float>(4 * (i % 97) + 6)) << r;
   EXPECT_EQ(a.entries(), 0u);  // probes removed, segments unlinked once mapped
   EXPECT_EQ(b.entries(), 0u);
+  for (auto& t : ts)
+    t->close(Status(ErrorCode::kPeerFailure, "test over"));
+}
+
+// PUSHPULL_SHM_MIN_MESSAGE_BYTES: operations of small messages run on the
+// TCP mesh's direct streams on every rank (the one alone on its host too,
+// so all take the same path), larger ones through shared memory; both give
+// the right sums, one after the other on the same transports.
+TEST(UseSharedMemory, SmallMessagesRideTheMeshStreamsLargeOnesSharedMemory) {
+  TempDir a, b;
+  const uint64_t below = 64 << 10;
+  auto ts = choose(testing::connect_tcp_group(3),
+                   {a.path.string(), a.path.string(), b.path.string()}, true, below);
+  for (auto& t : ts) {
+    EXPECT_NE(t->direct_streams_for(4096), nullptr);
+    EXPECT_NE(t->direct_streams_for(below - 1), nullptr);
+    EXPECT_EQ(t->direct_streams_for(below), nullptr);
+    EXPECT_EQ(t->direct_streams(), nullptr);
+  }
+  // 1,000 floats: halving-doubling on the streams; 300,000: a ring whose
+  // 400 KB blocks go through shared memory; then small again.
+  const std::vector<size_t> counts = {1000, 300000, 7};
+  std::vector<std::vector<std::vector<float>>> data(3);
+  std::vector<std::thread> th;
+  for (int r = 0; r < 3; ++r)
+    th.emplace_back([&, r] {
+      std::vector<char> scratch;
+      AlgoContext ctx{*ts[static_cast<size_t>(r)]};
+      ctx.scratch = &scratch;
+      for (size_t k = 0; k < counts.size(); ++k) {
+        auto& d = data[static_cast<size_t>(r)].emplace_back(counts[k]);
+        for (size_t i = 0; i < d.size(); ++i)
+          d[i] = static_cast<float>((i % 89) + r + k);
+        ctx.op_id = 20 + k;
+        allreduce(ctx, d.data(), d.size(), DType::kFloat32, ReduceOp::kSum);
+      }
+    });
+  for (auto& t : th)
+    t.join();
+  for (int r = 0; r < 3; ++r)
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const auto& d = data[static_cast<size_t>(r)][k];
+      for (size_t i : {size_t{0}, d.size() / 2, d.size() - 1})
+        EXPECT_EQ(d[i], static_cast<float>(3 * (i % 89) + 3 + 3 * k)) << r << " " << k;
+    }
   for (auto& t : ts)
     t->close(Status(ErrorCode::kPeerFailure, "test over"));
 }
