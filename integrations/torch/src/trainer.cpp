@@ -68,7 +68,11 @@ struct Trainer::Impl {
   void on_grad_ready(size_t i, int d);
   // The gradients of parameter i on every replica (checked).
   ArrayList gradients(size_t i) const;
-  KVHandle push(size_t i);
+  // Pushes parameter i's gradients and pulls its result right behind
+  // (pushpull_async): the new value (update_on_kvstore) into every replica,
+  // else the summed gradient into summed[i].
+  KVHandle exchange(size_t i, const ArrayList& grads);
+  ArrayList outputs(size_t i);
   void apply_local_update(size_t i, int64_t global_batch);
   void init();
   void step(int64_t batch_size);
@@ -158,6 +162,22 @@ Trainer::Impl::~Impl() {
   for (auto& h : hooks) {
     if (h.accumulator) h.accumulator->del_post_hook(h.id);
   }
+  // Exchanges started by hooks and never collected by a step() (an error, or
+  // a Trainer destroyed mid-round) still read gradients and write parameters:
+  // they must end before those tensors may go. Their errors were the
+  // round's, which nobody waits for any more.
+  std::vector<KVHandle> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    pending = handles;
+  }
+  for (const auto& h : pending) {
+    try {
+      kv.wait(h);
+    } catch (const std::exception& e) {
+      PP_DEBUG("Trainer: an exchange left at destruction failed: {}", e.what());
+    }
+  }
 }
 
 void Trainer::Impl::check_parameters() const {
@@ -230,9 +250,22 @@ ArrayList Trainer::Impl::gradients(size_t i) const {
   return list;
 }
 
-KVHandle Trainer::Impl::push(size_t i) {
-  // Priority -i: the first layers are needed first by the next forward pass.
-  return kv.push_async({keys[i]}, {gradients(i)}, -static_cast<int>(i));
+ArrayList Trainer::Impl::outputs(size_t i) {
+  ArrayList outs;
+  if (opt.update_on_kvstore) {
+    for (int d = 0; d < k; ++d)
+      outs.push_back(view_of(replicas[static_cast<size_t>(d)][i]));
+  } else {
+    outs.push_back(view_of(summed[i]));
+  }
+  return outs;
+}
+
+KVHandle Trainer::Impl::exchange(size_t i, const ArrayList& grads) {
+  // One call: the store sends each slice's pull right behind its push, so a
+  // server answers it as soon as the round is complete, while backward goes
+  // on. Priority -i: the first layers are needed first by the next forward.
+  return kv.pushpull_async({keys[i]}, {grads}, {outputs(i)}, -static_cast<int>(i));
 }
 
 void Trainer::Impl::on_grad_ready(size_t i, int d) {
@@ -250,7 +283,7 @@ void Trainer::Impl::on_grad_ready(size_t i, int d) {
   }
   KVHandle h;
   try {
-    h = push(i);
+    h = exchange(i, gradients(i));
   } catch (...) {
     std::lock_guard<std::mutex> lock(mu);
     pushed[i] = 0;  // step() retries and reports the problem
@@ -326,7 +359,7 @@ void Trainer::Impl::step(int64_t batch_size) {
     }
   } reset{this};
 
-  std::vector<KVHandle> push_handles(n);
+  std::vector<KVHandle> exchanges(n);
   {
     std::lock_guard<std::mutex> lock(mu);
     armed = false;  // no hook may push while step() runs
@@ -337,24 +370,12 @@ void Trainer::Impl::step(int64_t batch_size) {
     }
     for (size_t i = 0; i < n; ++i) {
       if (pushed[i]) {
-        push_handles[i] = handles[i];
+        exchanges[i] = handles[i];
       } else {
-        push_handles[i] = kv.push_async({keys[i]}, {lists[i]}, -static_cast<int>(i));
+        exchanges[i] = exchange(i, lists[i]);
         ++stats.step_pushes;
       }
     }
-  }
-  // One key's operations take effect in call order: each pull sees its push.
-  std::vector<KVHandle> pulls(n);
-  for (size_t i = 0; i < n; ++i) {
-    ArrayList outs;
-    if (opt.update_on_kvstore) {
-      for (int d = 0; d < k; ++d)
-        outs.push_back(view_of(replicas[static_cast<size_t>(d)][i]));
-    } else {
-      outs.push_back(view_of(summed[i]));
-    }
-    pulls[i] = kv.pull_async({keys[i]}, {outs}, -static_cast<int>(i));
   }
   double waited = 0;
   auto timed_wait = [&](const KVHandle& h) {
@@ -363,12 +384,9 @@ void Trainer::Impl::step(int64_t batch_size) {
     waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   for (size_t i = 0; i < n; ++i) {
-    timed_wait(pulls[i]);
+    timed_wait(exchanges[i]);
     if (!opt.update_on_kvstore) apply_local_update(i, global_batch);
   }
-  // The pushes finished before their pulls; this only collects their errors.
-  for (auto& h : push_handles)
-    timed_wait(h);
   std::lock_guard<std::mutex> lock(mu);
   stats.wait_seconds += waited;
   ++stats.steps;

@@ -33,12 +33,14 @@
 //
 // Early pushes: from the second step on, a gradient is pushed from an autograd
 // hook (a post hook on the parameter's AccumulateGrad node) as soon as every
-// replica's gradient of that parameter is accumulated, so communication
-// overlaps the rest of the backward pass; step() then pushes only what is left
-// and waits. The first step pushes everything from step(), because the store
-// gets its optimizer (whose scale needs batch_size) there. A parameter may get
-// one gradient per replica between two steps: for gradient accumulation over
-// several backward passes, set push_from_hooks = false.
+// replica's gradient of that parameter is accumulated, its pull requested
+// right behind it (pushpull_async), so both directions overlap the rest of the
+// backward pass; step() then pushes only what is left and waits. The new
+// value may therefore land in a parameter before step() returns (backward no
+// longer reads it by then): read parameters after step(). The first step pushes everything from
+// step(), because the store gets its optimizer (whose scale needs batch_size) there. A parameter
+// may get one gradient per replica between two steps: for gradient accumulation over several
+// backward passes, set push_from_hooks = false.
 //
 // Tensors: defined, float32, contiguous, on the CPU, at most 8 dimensions, and
 // requiring grad; their gradients the same. They cross into the store as
