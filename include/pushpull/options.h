@@ -60,11 +60,14 @@ struct NetOptions {
   // PUSHPULL_MAX_MESSAGE_BYTES.
   uint64_t max_message_bytes = uint64_t{2} << 30;
   // SO_SNDBUF / SO_RCVBUF per socket. PUSHPULL_SOCKET_BUFFER_BYTES. 0 = kernel default
-  // (autotuning). 128 KiB: a LAN's bandwidth-delay product (10 Gbit/s at 100 us) without
-  // the megabytes per flow that fill switch queues when every link carries a parameter
-  // server's pushes one way and its replies the other (docs/scaling.md, "Defaults"); the
-  // collective streams do not use it (kernel autotuning). Raise it for long fat links.
-  int socket_buffer_bytes = 128 << 10;
+  // (autotuning). -1 (the default) = automatic: a parameter-server node splits 256 KiB
+  // among the peers it exchanges tensors with (a worker: its servers; a server: its
+  // workers, and its fellow servers when ranges have backups), 32 to 128 KiB each; other
+  // nodes take 128 KiB. Small enough that the flows into one port do not overfill a switch
+  // queue when every link carries pushes one way and replies the other, large enough for a
+  // LAN's bandwidth-delay product (docs/scaling.md, "Defaults"); the collective streams do
+  // not use it (kernel autotuning). Set it for long fat links.
+  int socket_buffer_bytes = -1;
   // How long connect() keeps retrying (with backoff). PUSHPULL_CONNECT_TIMEOUT_MS.
   Millis connect_timeout{30000};
   // Jobs only talk to nodes with the same id. PUSHPULL_JOB_ID.

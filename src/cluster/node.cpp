@@ -7,6 +7,7 @@
 
 #include "cluster/describe.h"
 #include "net/address.h"
+#include "net/socket.h"
 #include "pushpull/log.h"
 
 namespace pushpull::cluster {
@@ -26,6 +27,12 @@ Node::Node(Options options, const ClockSource& clock)
   tc.label = std::string(role_name(r));
   tc.hold_hellos_until_ranked = true;  // peers learn our rank, which the scheduler assigns
   tc.shared_memory = options_.net.ps_shared_memory;
+  if (tc.net.socket_buffer_bytes < 0) {
+    // Automatic: the peers this node exchanges tensors with share its link.
+    const int servers = options_.cluster.num_servers, workers = options_.cluster.num_workers;
+    const int peers = r == Role::kWorker ? servers : workers + (replicas_ > 0 ? servers - 1 : 0);
+    tc.net.socket_buffer_bytes = net::auto_socket_buffer_bytes(peers);
+  }
   transport_ = std::make_unique<net::Transport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,
                           [this](net::Message&& m) { on_control(std::move(m)); });

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -73,9 +74,15 @@ void set_nonblocking(int fd, bool on) {
   fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
 }
 
+int auto_socket_buffer_bytes(int data_peers) {
+  const int share = (256 << 10) / std::max(1, data_peers);
+  return std::clamp(share, 32 << 10, kDefaultSocketBufferBytes);
+}
+
 void tune_socket(int fd, int buffer_bytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (buffer_bytes < 0) buffer_bytes = kDefaultSocketBufferBytes;
   if (buffer_bytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);

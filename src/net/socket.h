@@ -70,8 +70,21 @@ int local_port(int fd);
 std::string peer_address(int fd);
 
 void set_nonblocking(int fd, bool on);
-// TCP_NODELAY and SO_SNDBUF/SO_RCVBUF (0: kernel default).
+// TCP_NODELAY and SO_SNDBUF/SO_RCVBUF (0: kernel default, autotuning;
+// negative: kDefaultSocketBufferBytes).
 void tune_socket(int fd, int buffer_bytes);
+
+// NetOptions::socket_buffer_bytes when it is left automatic and nothing
+// better is known.
+inline constexpr int kDefaultSocketBufferBytes = 128 << 10;
+// The automatic buffer of a node that exchanges tensors with `data_peers`
+// peers at once (a worker with its servers, a server with its workers and
+// backups): 256 KiB in all, split among them, between 32 and 128 KiB per
+// connection. Why: those flows share the node's link, and their windows
+// together must cover its bandwidth-delay product (256 KiB, doubled by the
+// kernel, covers 10-25 Gbit/s at 100 us) without overfilling the switch
+// queue in front of it (8 flows of 128 KiB did at 250 Mbit/s: docs/scaling.md).
+int auto_socket_buffer_bytes(int data_peers);
 
 // Connects once to `addr`, waiting at most `timeout`. Returns an invalid Fd
 // and fills *error on failure (so callers can retry); the socket is blocking.

@@ -2,6 +2,7 @@
 // Transport over loopback: hello, send/receive, posted receives, priority,
 // refusals, limits and garbage from raw sockets.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "fixture.h"
 #include "net/hello.h"
+#include "net/socket.h"
 #include "net/transport.h"
 #include "support/ports.h"
 #include "support/wait.h"
@@ -30,6 +32,29 @@ using test::wait_until;
 using test::kBlock;
 using test::kData;
 using test::kReply;
+
+// The automatic socket buffer (NetOptions::socket_buffer_bytes = -1): 256 KiB
+// split among a node's tensor peers, 32..128 KiB each; tune_socket applies
+// it, and a negative value outside a Node means the 128 KiB default.
+TEST(Transport, AutomaticSocketBuffersSplitANodesBudgetAmongItsPeers) {
+  EXPECT_EQ(auto_socket_buffer_bytes(0), 128 << 10);
+  EXPECT_EQ(auto_socket_buffer_bytes(1), 128 << 10);
+  EXPECT_EQ(auto_socket_buffer_bytes(2), 128 << 10);
+  EXPECT_EQ(auto_socket_buffer_bytes(4), 64 << 10);
+  EXPECT_EQ(auto_socket_buffer_bytes(8), 32 << 10);
+  EXPECT_EQ(auto_socket_buffer_bytes(64), 32 << 10);
+  auto rcvbuf = [](int requested) {
+    Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    tune_socket(fd.get(), requested);
+    int got = 0;
+    socklen_t len = sizeof got;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &got, &len);
+    return got;
+  };
+  // The kernel doubles what it is asked for (bookkeeping overhead).
+  EXPECT_EQ(rcvbuf(32 << 10), 2 * (32 << 10));
+  EXPECT_EQ(rcvbuf(-1), 2 * kDefaultSocketBufferBytes);
+}
 
 TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
   Sink a(config(Role::kServer, 0));
