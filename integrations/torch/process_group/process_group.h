@@ -127,6 +127,10 @@ class ProcessGroupPushpull final : public c10d::ProcessGroup {
   // waits for that name's previous op when it is still pending.
   std::string next_name(const std::string& signature);
   void remember(const std::string& name, const collective::Handle& h);
+  // The submission of a reduce-scatter of `buf` (this rank's block lands in
+  // `out`), shared by reduce_scatter and _reduce_scatter_base; under submit_mu_.
+  Submitted submit_reduce_scatter(const std::string& signature, const at::Tensor& buf,
+                                  const at::Tensor& out, collective::Reduction op);
 
   std::shared_ptr<collective::Session> session_;
   const std::chrono::milliseconds timeout_;

@@ -112,15 +112,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::reduce_scatter(
   const std::string sig = fmt::format("reduce_scatter.{}.{}", dtype_str(out), reduction_name(op));
   return launch(c10d::OpType::REDUCE_SCATTER, "pushpull:reduce_scatter",
                 "reduce_scatter of " + describe(out), inputs[0], {out, buf}, outputs,
-                [&]() -> Submitted {
-                  const std::string name = next_name(sig);
-                  auto session = session_;
-                  Handle h = session->communicator().reduce_scatter_async(name, flat_view(buf), op);
-                  remember(name, h);
-                  return {{h}, [session, h, out] {
-                            copy_result(session->communicator().take_output(h, Millis(0)), out);
-                          }};
-                });
+                [&] { return submit_reduce_scatter(sig, buf, out, op); });
+}
+
+ProcessGroupPushpull::Submitted ProcessGroupPushpull::submit_reduce_scatter(
+    const std::string& signature, const at::Tensor& buf, const at::Tensor& out, Reduction op) {
+  const std::string name = next_name(signature);
+  auto session = session_;
+  Handle h = session->communicator().reduce_scatter_async(name, flat_view(buf), op);
+  remember(name, h);
+  return {{h}, [session, h, out] {
+            copy_result(session->communicator().take_output(h, Millis(0)), out);
+          }};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::_reduce_scatter_base(
@@ -140,15 +143,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPushpull::_reduce_scatter_base(
   const std::string sig = fmt::format("reduce_scatter.{}.{}", dtype_str(out), reduction_name(op));
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pushpull:_reduce_scatter_base",
                 "reduce_scatter of " + describe(input), {input}, {out, buf}, {out},
-                [&]() -> Submitted {
-                  const std::string name = next_name(sig);
-                  auto session = session_;
-                  Handle h = session->communicator().reduce_scatter_async(name, flat_view(buf), op);
-                  remember(name, h);
-                  return {{h}, [session, h, out] {
-                            copy_result(session->communicator().take_output(h, Millis(0)), out);
-                          }};
-                });
+                [&] { return submit_reduce_scatter(sig, buf, out, op); });
 }
 
 }  // namespace pushpull::torch_pg
