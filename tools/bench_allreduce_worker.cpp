@@ -94,8 +94,9 @@ int run_allreduce_worker(const WorkerArgs& a) {
       // What a job's ranks on one host get (bootstrap.cpp): the TCP mesh,
       // data through shared memory, operations of small messages on the
       // mesh's direct streams (PUSHPULL_SHM_MIN_MESSAGE_BYTES).
-      transport = collective::use_shared_memory(std::move(tcp), true, Millis(30000), "/dev/shm",
-                                                opts.collective.shm_min_message_bytes);
+      CollectiveOptions c = opts.collective;
+      c.shared_memory = true;
+      transport = collective::use_shared_memory(std::move(tcp), c, Millis(30000), "/dev/shm");
     } else {
       transport = std::move(tcp);
     }

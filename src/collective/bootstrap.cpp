@@ -152,8 +152,7 @@ Bootstrapped from_cluster(const Options& o) {
   out.mesh = tcp.get();
   // Ranks of one host: data through shared memory (PUSHPULL_SHM=0: TCP).
   out.transport =
-      use_shared_memory(std::move(tcp), o.collective.shared_memory, o.cluster.startup_timeout,
-                        "/dev/shm", o.collective.shm_min_message_bytes);
+      use_shared_memory(std::move(tcp), o.collective, o.cluster.startup_timeout, "/dev/shm");
   return out;
 }
 
@@ -185,8 +184,7 @@ Bootstrapped from_rendezvous(const Options& o) {
   out.mesh = tcp.get();
   // Ranks of one host: data through shared memory (PUSHPULL_SHM=0: TCP).
   out.transport =
-      use_shared_memory(std::move(tcp), o.collective.shared_memory, o.cluster.startup_timeout,
-                        "/dev/shm", o.collective.shm_min_message_bytes);
+      use_shared_memory(std::move(tcp), o.collective, o.cluster.startup_timeout, "/dev/shm");
   return out;
 }
 

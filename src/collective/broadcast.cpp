@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
+#include "collective/host_collectives.h"
 #include "collective/tcp_streams.h"
 
 namespace pushpull::collective {
@@ -121,6 +122,10 @@ void barrier(AlgoContext& ctx) {
   const int n = ctx.size(), r = ctx.rank();
   char out = 1, in = 0;
   uint32_t round = 0;
+  if (HostCollectives* host = ctx.transport.host_collectives()) {
+    host->barrier(ctx.peer_timeout);
+    return;
+  }
   if (DirectStreams* tcp = stream_transport(ctx.transport, sizeof out)) {
     auto lock = tcp->lock_streams();
     for (int dist = 1; dist < n; dist *= 2, ++round) {

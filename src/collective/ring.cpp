@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
+#include "collective/host_collectives.h"
 #include "collective/tcp_streams.h"
 
 namespace pushpull::collective {
@@ -349,6 +350,11 @@ void ring_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, Red
 
 void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) {
   if (ctx.size() == 1 || count == 0) return;
+  if (HostCollectives* host = ctx.transport.host_collectives();
+      host && host->handles_allreduce(count * dtype_size(dtype))) {
+    host->allreduce(data, count, dtype, op, ctx.peer_timeout);
+    return;
+  }
   if (count * dtype_size(dtype) < ctx.small_allreduce_bytes)
     halving_doubling_allreduce(ctx, data, count, dtype, op);
   else

@@ -42,7 +42,7 @@ std::vector<std::vector<uint8_t>> exchange(TcpTransport& tcp, uint64_t tag,
 
 size_t ring_bytes_for(const ShmOptions& o, size_t group) {
   // The segment's size (shm_transport.cpp), rounded up generously.
-  return (o.ring_bytes + 4096) * group + 4096;
+  return (o.ring_bytes + 4096) * group + 2 * o.arena_slot_bytes + 8192;
 }
 
 }  // namespace
@@ -93,6 +93,11 @@ DirectStreams* ShmDataTransport::direct_streams_for(size_t message_bytes) {
   return message_bytes < stream_below_ ? tcp_->direct_streams() : nullptr;
 }
 
+HostCollectives* ShmDataTransport::host_collectives() {
+  return shm_ && group_.size() == static_cast<size_t>(tcp_->size()) ? shm_->host_collectives()
+                                                                    : nullptr;
+}
+
 void ShmDataTransport::close(const Status& reason) {
   tcp_->close(reason);  // says goodbye first: the peers do not suspect this rank
   if (shm_) shm_->close(reason);
@@ -103,13 +108,15 @@ void ShmDataTransport::abort(const Status& why) {
   if (shm_) shm_->close(why);
 }
 
-std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
-                                             Millis startup, const std::string& dir,
-                                             uint64_t stream_below) {
-  if (!enabled || tcp->size() < 2) return tcp;
+std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
+                                             const CollectiveOptions& c, Millis startup,
+                                             const std::string& dir) {
+  if (!c.shared_memory || tcp->size() < 2) return tcp;
+  const uint64_t stream_below = c.shm_min_message_bytes;
   const int rank = tcp->rank(), size = tcp->size();
   const auto deadline = Clock::now() + startup;
   ShmOptions o;
+  o.single_copy = c.shm_single_copy;
   // Every rank takes part in both exchanges, even one that cannot make a
   // probe (it proves nothing): the others must not wait for it.
   std::unique_ptr<HostProbe> probe;

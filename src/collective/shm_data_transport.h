@@ -51,6 +51,9 @@ class ShmDataTransport final : public Transport {
   void abort(const Status& why) override;
   // The TCP mesh's streams for messages below stream_below(), else none.
   DirectStreams* direct_streams_for(size_t message_bytes) override;
+  // The shared-memory arena when every rank of the job is in this host
+  // group (the whole job on one host), else nullptr.
+  HostCollectives* host_collectives() override;
   // Operations whose messages are all below `bytes` run on the TCP mesh's
   // direct streams, driven by the algorithm's thread (a few microseconds a
   // message, where a shared-memory message crosses two progress threads);
@@ -73,11 +76,11 @@ class ShmDataTransport final : public Transport {
   uint64_t stream_below_ = 0;
 };
 
-// See above; `enabled` is Options' collective.shared_memory. `startup` bounds the exchange and the
-// segments' setup. `dir` is where the segments live. `stream_below`: see
-// ShmDataTransport::set_stream_below (Options' collective.shm_min_message_bytes).
-std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp, bool enabled,
-                                             Millis startup, const std::string& dir = "/dev/shm",
-                                             uint64_t stream_below = 0);
+// See above. From `c`: shared_memory (on or off), shm_min_message_bytes (see
+// ShmDataTransport::set_stream_below) and shm_single_copy (ShmOptions::single_copy).
+// `startup` bounds the exchange and the segments' setup. `dir` is where the segments live.
+std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
+                                             const CollectiveOptions& c, Millis startup,
+                                             const std::string& dir = "/dev/shm");
 
 }  // namespace pushpull::collective

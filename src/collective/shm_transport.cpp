@@ -2,12 +2,12 @@
 #include "collective/shm_transport.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,10 +21,14 @@
 
 #include <fmt/format.h>
 
+#include "collective/futex.h"
+#include "collective/shm_arena.h"
+
 namespace pushpull::collective {
 namespace {
 
-constexpr uint64_t kMagic = 0x70707368'6d763032ull;  // "ppshmv02"
+constexpr uint64_t kMagic = 0x70707368'6d763033ull;       // "ppshmv03"
+constexpr uint64_t kProbeMagic = 0x70706172'656e6121ull;  // what a single-copy probe reads
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);  // futex timeout: liveness checks
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
@@ -50,18 +54,18 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
               std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(SegHeader) == 64 && sizeof(RingCtl) == 128);
 
-size_t segment_bytes(int n, size_t ring) {
-  return sizeof(SegHeader) + static_cast<size_t>(n) * (sizeof(RingCtl) + ring);
+size_t round64(size_t v) {
+  return (v + 63) / 64 * 64;
+}
+// Header, one RingCtl and one ring per peer, then the arena (shm_arena.h):
+// its ArenaCtl and two slots.
+size_t arena_offset(int n, size_t ring) {
+  return round64(sizeof(SegHeader) + static_cast<size_t>(n) * (sizeof(RingCtl) + ring));
+}
+size_t segment_bytes(int n, size_t ring, size_t slot) {
+  return arena_offset(n, ring) + sizeof(ArenaCtl) + 2 * round64(slot);
 }
 
-void futex_wake(std::atomic<uint32_t>* w) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-}
-void futex_wait(std::atomic<uint32_t>* w, uint32_t seen, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
-              static_cast<long>(timeout.count() % 1000000000)};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
 // The system call only when the owner sleeps (or is about to): while it
 // spins, a bump of the doorbell is all it needs. Either the owner's FUTEX_WAIT
 // sees the bumped doorbell and returns at once, or this load sees `sleeping`
@@ -91,6 +95,8 @@ struct ShmTransport::Impl {
     SegHeader* h = nullptr;
     RingCtl* ctl = nullptr;  // [size]
     char* data = nullptr;    // [size][ring]
+    ArenaCtl* arena = nullptr;
+    char* slots = nullptr;  // [2][slot]
   };
   struct SendOp {
     unsigned char hdr[16];
@@ -142,9 +148,10 @@ struct ShmTransport::Impl {
   std::vector<bool> failed;        // progress thread only: its operations failed
   std::atomic<bool> stop{false};
   std::thread progress;
-  std::mutex join_mu;    // joining the thread and telling the peers (close, declare)
-  bool told = false;     // the closed flag is set
-  bool closing = false;  // under send_mu: close() has started
+  std::unique_ptr<ShmArena> arena;  // null without slots (ShmOptions::arena_slot_bytes = 0)
+  std::mutex join_mu;               // joining the thread and telling the peers (close, declare)
+  bool told = false;                // the closed flag is set
+  bool closing = false;             // under send_mu: close() has started
 
   Impl(int r, int n, std::string pre, ShmOptions opts, std::string d)
       : rank(r),
@@ -185,10 +192,13 @@ struct ShmTransport::Impl {
     m.ctl = reinterpret_cast<RingCtl*>(static_cast<char*>(base) + sizeof(SegHeader));
     m.data =
         static_cast<char*>(base) + sizeof(SegHeader) + static_cast<size_t>(size) * sizeof(RingCtl);
+    m.arena =
+        reinterpret_cast<ArenaCtl*>(static_cast<char*>(base) + arena_offset(size, o.ring_bytes));
+    m.slots = reinterpret_cast<char*>(m.arena) + sizeof(ArenaCtl);
   }
 
   void setup() {
-    const size_t len = segment_bytes(size, o.ring_bytes);
+    const size_t len = segment_bytes(size, o.ring_bytes, o.arena_slot_bytes);
     own_path = path_of(rank);
     int fd = ::open(own_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
@@ -215,6 +225,8 @@ struct ShmTransport::Impl {
     h->size = static_cast<uint32_t>(size);
     h->ring_bytes = o.ring_bytes;
     h->pid.store(static_cast<int32_t>(::getpid()));
+    map(rank).arena->probe_addr = reinterpret_cast<uint64_t>(&map(rank).arena->probe_magic);
+    map(rank).arena->probe_magic = kProbeMagic;
     h->magic.store(kMagic, std::memory_order_release);
 
     const auto deadline = Clock::now() + o.connect_timeout;
@@ -237,6 +249,62 @@ struct ShmTransport::Impl {
     }
     ::unlink(own_path.c_str());  // every peer has it mapped; nothing to leak from here on
     own_path.clear();
+    if (o.arena_slot_bytes > 0) make_arena(deadline);
+  }
+
+  // True if this process may read every peer's memory (process_vm_readv:
+  // same user, and no ptrace restriction or seccomp rule against it).
+  bool can_read_peers() {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const ArenaCtl* theirs = map(p).arena;
+      uint64_t got = 0;
+      iovec local{&got, sizeof got};
+      iovec remote{reinterpret_cast<void*>(theirs->probe_addr), sizeof got};
+      if (::process_vm_readv(map(p).h->pid.load(), &local, 1, &remote, 1, 0) !=
+              static_cast<ssize_t>(sizeof got) ||
+          got != theirs->probe_magic)
+        return false;
+    }
+    return true;
+  }
+
+  // The ranks agree whether single-copy reads work between every pair (each
+  // says whether it can read every peer), then build the arena.
+  void make_arena(Clock::time_point deadline) {
+    ArenaCtl* own = map(rank).arena;
+    own->single_copy.store(o.single_copy && can_read_peers() ? 1 : 2, std::memory_order_release);
+    bool all = true;
+    for (int p = 0; p < size; ++p) {
+      uint32_t v;
+      while ((v = map(p).arena->single_copy.load(std::memory_order_acquire)) == 0) {
+        if (Clock::now() > deadline)
+          throw Timeout(
+              fmt::format("collective shm: rank {} never said whether it can read its "
+                          "peers' memory within {} ms",
+                          name(p), o.connect_timeout.count()));
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      all = all && v == 1;
+    }
+    std::vector<ShmArena::Rank> ranks;
+    for (int p = 0; p < size; ++p)
+      ranks.push_back({map(p).arena, map(p).slots, map(p).h->pid.load()});
+    arena = std::make_unique<ShmArena>(
+        rank, std::move(ranks), o.arena_slot_bytes, all, [this](int p) { return arena_check(p); },
+        [this](int r) { return name(r); });
+  }
+
+  // Why the arena's operations with peer p fail, or ok.
+  Status arena_check(int p) {
+    {
+      std::lock_guard lock(mu);
+      if (closed) return *closed;
+      if (p == rank) return Status::ok();
+      if (dead[static_cast<size_t>(p)]) return *dead[static_cast<size_t>(p)];
+    }
+    if (!peer_alive(p)) return gone(p, map(p).h->closed.load() ? "closed" : "its process exited");
+    return Status::ok();
   }
 
   // Maps rank p's segment once it exists, is complete, and is ours to trust.
@@ -662,6 +730,7 @@ struct ShmTransport::Impl {
     {
       std::lock_guard lock(join_mu);
       if (maps[static_cast<size_t>(rank)].h) wake_self();
+      if (arena) arena->wake();  // its waiter sees `closed` now
       if (progress.joinable() && progress.get_id() != std::this_thread::get_id()) progress.join();
       if (tell && !told && maps[static_cast<size_t>(rank)].h) {
         told = true;
@@ -736,6 +805,9 @@ void ShmTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
 }
 void ShmTransport::close(const Status& reason) {
   impl_->close(reason);
+}
+HostCollectives* ShmTransport::host_collectives() {
+  return impl_->arena.get();
 }
 void ShmTransport::declare(const Status& verdict) {
   impl_->close(verdict, false);

@@ -52,6 +52,12 @@ struct ShmOptions {
   std::vector<int> rank_names;
   // Messages kept per peer before their receive is posted (bytes).
   uint64_t max_early_bytes = uint64_t{1} << 30;
+  // Each of the arena's two slots (shm_arena.h): allreduces up to this size
+  // copy through them; 0: no arena (host_collectives() is null).
+  size_t arena_slot_bytes = 64 << 10;
+  // Larger allreduces read the peers' buffers directly (process_vm_readv)
+  // when every rank can; false: never (they go through the rings).
+  bool single_copy = true;
 };
 
 class ShmTransport final : public Transport {
@@ -71,6 +77,8 @@ class ShmTransport final : public Transport {
   void post_send(int peer, uint64_t tag, const void* data, size_t bytes, Completion done) override;
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
+  // The arena's allreduce and barrier (shm_arena.h), or null without one.
+  HostCollectives* host_collectives() override;
   // Fails every pending and later operation with `verdict` (an outside
   // failure detector's, see ShmDataTransport) without telling the peers
   // through the segment: they learn it from that detector too, and must not

@@ -47,6 +47,7 @@ using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 using Completion = std::function<void(const Status&)>;
 
+class HostCollectives;
 class WorkerThread;
 
 // Streams to the peers as non-blocking file descriptors, for one operation at
@@ -95,6 +96,9 @@ class Transport {
     (void)message_bytes;
     return direct_streams();
   }
+  // Collectives over memory every rank of this transport shares
+  // (host_collectives.h), or nullptr. Every rank gets the same answer.
+  virtual HostCollectives* host_collectives() { return nullptr; }
 };
 
 // A waitable completion: what isend/irecv return. Copyable (shared state).

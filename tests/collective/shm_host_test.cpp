@@ -151,13 +151,15 @@ TEST(ShmHost, AGroupNeedsEveryProof) {
 std::vector<std::unique_ptr<Transport>> choose(std::vector<std::unique_ptr<TcpTransport>> tcp,
                                                const std::vector<std::string>& dirs,
                                                bool enabled = true, uint64_t stream_below = 0) {
+  CollectiveOptions c;
+  c.shared_memory = enabled;
+  c.shm_min_message_bytes = stream_below;
   const size_t n = tcp.size();
   std::vector<std::unique_ptr<Transport>> out(n);
   std::vector<std::thread> th;
   for (size_t r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      out[r] = use_shared_memory(std::move(tcp[r]), enabled, Millis(10000), dirs[r], stream_below);
-    });
+    th.emplace_back(
+        [&, r] { out[r] = use_shared_memory(std::move(tcp[r]), c, Millis(10000), dirs[r]); });
   for (auto& t : th)
     t.join();
   return out;

@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -34,14 +35,17 @@ int count_in(const std::string& out, const std::string& label, const std::string
   return n;
 }
 
-class ShmWorlds : public ::testing::TestWithParam<int> {};
+// (world size, single copy): large allreduces read the peers' buffers
+// directly, or (PUSHPULL_SHM_SINGLE_COPY=0) go through the rings.
+class ShmWorlds : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(ShmWorlds, EveryOpAgreesWithTheLocalReference) {
-  const int n = GetParam();
-  auto r = run_launcher({"-n", std::to_string(n), "-s", "0", "--timeout", "30", "--env",
-                         "PUSHPULL_SHM=1", bin("collective_probe"), "--dtypes",
-                         "float32,float16,int64,uint8", "--sizes", "0,1,7,1000,100003,300001"},
-                        std::chrono::seconds(150));
+  const auto [n, single_copy] = GetParam();
+  auto r = run_launcher(
+      {"-n", std::to_string(n), "-s", "0", "--timeout", "30", "--env", "PUSHPULL_SHM=1", "--env",
+       fmt::format("PUSHPULL_SHM_SINGLE_COPY={}", single_copy ? 1 : 0), bin("collective_probe"),
+       "--dtypes", "float32,float16,int64,uint8", "--sizes", "0,1,7,1000,100003,300001"},
+      std::chrono::seconds(150));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string all = r.out + r.err;
   for (int w = 0; w < n; ++w) {
@@ -50,7 +54,9 @@ TEST_P(ShmWorlds, EveryOpAgreesWithTheLocalReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorlds, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorlds,
+                         ::testing::Values(std::tuple{2, true}, std::tuple{3, true},
+                                           std::tuple{3, false}));
 
 std::map<std::string, std::string> shm_env(int rank, int n, int port) {
   return {{"RANK", std::to_string(rank)},
@@ -76,15 +82,18 @@ std::vector<std::unique_ptr<test::ChildProcess>> start_probes(int n,
   return ps;
 }
 
-// --stop 0: the victim is killed; 1: it is stopped (only heartbeats reveal it).
-class ShmVictim : public ::testing::TestWithParam<int> {};
+// (stop, elements): the victim is killed (0) or stopped (1: only heartbeats
+// reveal it), in the middle of allreduces through the arena's slots (1000
+// elements) or of single-copy ones (300000).
+class ShmVictim : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(ShmVictim, IsAPeerFailureNamingItEverywhere) {
-  const bool stop = GetParam() == 1;
+  const bool stop = std::get<0>(GetParam()) == 1;
+  const int elements = std::get<1>(GetParam());
   const int n = 3, victim = 1, port = test::free_port();
   auto ps = start_probes(n,
                          {"--victim", std::to_string(victim), "--after", "20", "--elements",
-                          "300000", "--stop", stop ? "1" : "0"},
+                          std::to_string(elements), "--stop", stop ? "1" : "0"},
                          port);
   for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
@@ -99,7 +108,9 @@ TEST_P(ShmVictim, IsAPeerFailureNamingItEverywhere) {
   EXPECT_TRUE(ps[static_cast<size_t>(victim)]->wait(std::chrono::seconds(10)).has_value());
 }
 
-INSTANTIATE_TEST_SUITE_P(KilledOrStopped, ShmVictim, ::testing::Values(0, 1));
+INSTANTIATE_TEST_SUITE_P(KilledOrStopped, ShmVictim,
+                         ::testing::Combine(::testing::Values(0, 1),
+                                            ::testing::Values(1000, 300000)));
 
 }  // namespace
 }  // namespace pushpull

@@ -1,0 +1,281 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shared-memory arena (shm_arena.h), reached as the algorithms reach it
+// (allreduce() and barrier() over ShmTransports with host_collectives()):
+// every size through the slots and single copy, every dtype and op, the
+// same bits on every rank, long mixed sequences (slots alternate, phases
+// stay in step), the ranks' agreement on single copy, and the failure
+// paths: a peer that closes, one that never comes, this rank's own close.
+#include "collective/shm_arena.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "collective/algorithms.h"
+#include "fabrics.h"
+#include "pushpull/kernels.h"
+
+namespace pushpull::collective {
+namespace {
+
+using namespace std::chrono_literals;
+
+// n ranks as threads over one fresh shm group; fn(rank, transport). The
+// first exception of any rank is rethrown after all have ended.
+void run_ranks(std::vector<std::unique_ptr<Transport>>& g,
+               const std::function<void(int, Transport&)>& fn) {
+  std::vector<std::thread> th;
+  std::exception_ptr first;
+  std::mutex mu;
+  for (size_t r = 0; r < g.size(); ++r)
+    th.emplace_back([&, r] {
+      try {
+        fn(static_cast<int>(r), *g[r]);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : th)
+    t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+// Small integers (exact in every dtype, products stay small): rank r's
+// element i.
+double value(int r, size_t i, ReduceOp op) {
+  if (op == ReduceOp::kProd) return ((i + static_cast<size_t>(r)) % 3 == 0) ? 2.0 : 1.0;
+  return static_cast<double>((i * 7 + static_cast<size_t>(r) * 3) % 11) - 5.0;
+}
+
+std::vector<char> input(int r, size_t count, DType dtype, ReduceOp op) {
+  std::vector<double> d(count);
+  for (size_t i = 0; i < count; ++i)
+    d[i] = value(r, i, op);
+  std::vector<char> out(count * dtype_size(dtype));
+  convert(dtype, out.data(), DType::kFloat64, d.data(), count);
+  return out;
+}
+
+std::vector<char> reference(int n, size_t count, DType dtype, ReduceOp op) {
+  std::vector<char> acc = input(0, count, dtype, op);
+  for (int r = 1; r < n; ++r) {
+    auto in = input(r, count, dtype, op);
+    reduce(op, dtype, acc.data(), in.data(), count);
+  }
+  return acc;
+}
+
+AlgoContext context(Transport& t, uint64_t op_id, Millis timeout = Millis(20000)) {
+  thread_local std::vector<char> scratch;  // a fallback to the rings needs it
+  AlgoContext ctx{t};
+  ctx.scratch = &scratch;
+  ctx.op_id = op_id;
+  ctx.peer_timeout = timeout;
+  return ctx;
+}
+
+TEST(ShmArena, EverySizeDtypeOpAndWorldThroughSlotsAndSingleCopy) {
+  ShmOptions o;
+  o.arena_slot_bytes = 4096;  // 1024 floats: both paths with small vectors
+  for (int n : {2, 3, 4}) {
+    auto g = testing::connect_shm_group(n, o);
+    ASSERT_NE(g[0]->host_collectives(), nullptr);
+    EXPECT_TRUE(g[0]->host_collectives()->handles_allreduce(4096));
+    EXPECT_TRUE(g[0]->host_collectives()->handles_allreduce(uint64_t{1} << 30));  // single copy
+    std::vector<std::vector<std::vector<char>>> results(static_cast<size_t>(n));
+    uint64_t op_id = 0;
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kFloat16})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax})
+        for (size_t count : {size_t{1}, size_t{3}, size_t{1000}, size_t{1024}, size_t{1025},
+                             size_t{70001}, size_t{300000}}) {
+          ++op_id;
+          const size_t bytes = count * dtype_size(dtype);
+          const auto want = reference(n, count, dtype, op);
+          std::vector<std::vector<char>> got(static_cast<size_t>(n));
+          run_ranks(g, [&](int r, Transport& t) {
+            auto buf = input(r, count, dtype, op);
+            auto ctx = context(t, op_id);
+            allreduce(ctx, buf.data(), count, dtype, op);
+            got[static_cast<size_t>(r)] = std::move(buf);
+          });
+          for (int r = 0; r < n; ++r)
+            ASSERT_EQ(std::memcmp(got[static_cast<size_t>(r)].data(), want.data(), bytes), 0)
+                << "n " << n << " rank " << r << " dtype " << dtype_name(dtype) << " op "
+                << reduce_op_name(op) << " count " << count;
+        }
+  }
+}
+
+TEST(ShmArena, TheSameBitsOnEveryRankForRoundedSums) {
+  // Values whose float sums depend on the order: every rank still ends with
+  // the same bits (slots: rank order everywhere; single copy: one rank
+  // reduces each block).
+  ShmOptions o;
+  o.arena_slot_bytes = 4096;
+  const int n = 4;
+  auto g = testing::connect_shm_group(n, o);
+  for (size_t count : {size_t{1000}, size_t{50000}}) {
+    std::vector<std::vector<float>> got(n);
+    run_ranks(g, [&](int r, Transport& t) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i)
+        buf[i] = 1.0f / static_cast<float>(3 + r + static_cast<int>(i % 17)) * (r % 2 ? 1e7f : 1);
+      auto ctx = context(t, count);
+      allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+      got[static_cast<size_t>(r)] = std::move(buf);
+    });
+    for (int r = 1; r < n; ++r)
+      EXPECT_EQ(std::memcmp(got[0].data(), got[r].data(), count * 4), 0) << "rank " << r;
+  }
+}
+
+TEST(ShmArena, LongMixedSequencesOfSlotsSingleCopyAndBarriers) {
+  ShmOptions o;
+  o.arena_slot_bytes = 4096;
+  const int n = 3;
+  auto g = testing::connect_shm_group(n, o);
+  run_ranks(g, [&](int r, Transport& t) {
+    for (uint64_t k = 0; k < 300; ++k) {
+      auto ctx = context(t, k + 1);
+      if (k % 7 == 3) {
+        barrier(ctx);
+        continue;
+      }
+      const size_t count = k % 3 == 0 ? 20000 + k : 1 + k * 3;  // single copy or a slot
+      std::vector<int32_t> buf(count);
+      for (size_t i = 0; i < count; ++i)
+        buf[i] = static_cast<int32_t>(k * 1000 + i + static_cast<size_t>(r));
+      allreduce(ctx, buf.data(), count, DType::kInt32, ReduceOp::kSum);
+      for (size_t i = 0; i < count; i += 97)
+        ASSERT_EQ(buf[i], static_cast<int32_t>(n * (k * 1000 + i) + 3)) << "op " << k;
+    }
+  });
+}
+
+TEST(ShmArena, NoRankLeavesTheBarrierBeforeEveryRankArrived) {
+  const int n = 3;
+  auto g = testing::connect_shm_group(n);
+  std::atomic<int> arrived{0};
+  run_ranks(g, [&](int r, Transport& t) {
+    for (int round = 0; round < 20; ++round) {
+      if (r == round % n) std::this_thread::sleep_for(2ms);  // the late one changes
+      arrived.fetch_add(1);
+      auto ctx = context(t, static_cast<uint64_t>(round) + 1);
+      barrier(ctx);
+      EXPECT_GE(arrived.load(), (round + 1) * n) << "rank " << r << " round " << round;
+      auto ctx2 = context(t, 1000 + static_cast<uint64_t>(round));
+      barrier(ctx2);  // nobody counts the next round before all checked
+    }
+  });
+}
+
+TEST(ShmArena, SingleCopyNeedsEveryRanksConsent) {
+  // One rank without single copy: no rank uses it (large allreduces go
+  // through the rings, still correct).
+  const int n = 3;
+  std::vector<std::unique_ptr<Transport>> g(n);
+  std::vector<std::thread> th;
+  const std::string prefix = fmt::format("pushpull-arena-{}", ::getpid());
+  for (int r = 0; r < n; ++r)
+    th.emplace_back([&, r] {
+      ShmOptions o;
+      o.arena_slot_bytes = 4096;
+      o.single_copy = r != 1;
+      g[static_cast<size_t>(r)] = std::make_unique<ShmTransport>(r, n, prefix, o);
+    });
+  for (auto& t : th)
+    t.join();
+  for (auto& t : g) {
+    ASSERT_NE(t->host_collectives(), nullptr);
+    EXPECT_TRUE(t->host_collectives()->handles_allreduce(4096));
+    EXPECT_FALSE(t->host_collectives()->handles_allreduce(4097));
+  }
+  run_ranks(g, [&](int r, Transport& t) {
+    std::vector<float> buf(100000, static_cast<float>(r + 1));
+    auto ctx = context(t, 1);
+    allreduce(ctx, buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(buf[0], 6.0f);
+    EXPECT_EQ(buf[99999], 6.0f);
+  });
+}
+
+TEST(ShmArena, NoSlotsMeansNoArena) {
+  ShmOptions o;
+  o.arena_slot_bytes = 0;
+  auto g = testing::connect_shm_group(2, o);
+  EXPECT_EQ(g[0]->host_collectives(), nullptr);
+}
+
+// Rank 1 closes its transport while ranks 0 and 2 wait for it in an
+// allreduce of `count` floats: both fail promptly with PeerFailure naming it.
+void a_closing_peer_fails_the_others(size_t count) {
+  ShmOptions o;
+  o.arena_slot_bytes = 4096;
+  const int n = 3;
+  auto g = testing::connect_shm_group(n, o);
+  std::vector<std::string> errors(n);
+  const auto start = Clock::now();
+  run_ranks(g, [&](int r, Transport& t) {
+    if (r == 1) {
+      std::this_thread::sleep_for(100ms);
+      t.close(Status(ErrorCode::kPeerFailure, "test: rank 1 leaves"));
+      return;
+    }
+    std::vector<float> buf(count, 1.0f);
+    auto ctx = context(t, 1, Millis(30000));
+    try {
+      allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
+    } catch (const PeerFailure& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  EXPECT_LT(Clock::now() - start, 5s);  // not the 30 s deadline
+  for (int r : {0, 2})
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 1"), std::string::npos)
+        << "rank " << r << ": '" << errors[static_cast<size_t>(r)] << "'";
+}
+
+TEST(ShmArena, APeerThatClosesFailsTheOthersInASlotAllreduce) {
+  a_closing_peer_fails_the_others(100);
+}
+
+TEST(ShmArena, APeerThatClosesFailsTheOthersInASingleCopyAllreduce) {
+  a_closing_peer_fails_the_others(100000);
+}
+
+TEST(ShmArena, APeerThatNeverComesIsATimeoutNamingIt) {
+  auto g = testing::connect_shm_group(2);
+  std::vector<float> buf(10, 1.0f);
+  auto ctx = context(*g[0], 1, Millis(300));
+  const auto start = Clock::now();
+  try {
+    allreduce(ctx, buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+    FAIL() << "no timeout";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(Clock::now() - start, 250ms);
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+TEST(ShmArena, ClosingThisRankEndsItsOwnWait) {
+  auto g = testing::connect_shm_group(2);
+  std::thread closer([&] {
+    std::this_thread::sleep_for(100ms);
+    g[0]->close(Status(ErrorCode::kTimeout, "test: the job gives up"));
+  });
+  std::vector<float> buf(10, 1.0f);
+  auto ctx = context(*g[0], 1, Millis(30000));
+  const auto start = Clock::now();
+  EXPECT_THROW(barrier(ctx), Timeout);  // the closing reason
+  EXPECT_LT(Clock::now() - start, 5s);
+  closer.join();
+}
+
+}  // namespace
+}  // namespace pushpull::collective
