@@ -48,9 +48,13 @@ struct Block {
 // `count` elements split in `n` blocks, the first count % n one element larger.
 std::vector<Block> even_blocks(size_t count, int n);
 
-// In place: data (count elements) becomes the reduction over all ranks.
-// Picks halving-doubling below small_allreduce_bytes, the ring otherwise.
-void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op);
+// In place: data (count elements) becomes the reduction over all ranks,
+// times `postscale` (an average's 1/n; the shared-memory arena applies it
+// to each block while it is in cache). Picks the transport's host
+// collectives when it has them (host_collectives.h), else halving-doubling
+// below small_allreduce_bytes, the ring otherwise.
+void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op,
+               double postscale = 1.0);
 void ring_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op);
 void halving_doubling_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype,
                                 ReduceOp op);

@@ -191,8 +191,8 @@ void Communicator::Impl::run_allreduce(const Response& r, const std::vector<Spec
     const size_t count = static_cast<size_t>(specs[0].shape.numel());
     if (single->output.data != single->input.data && count)
       std::memcpy(single->output.data, single->input.data, specs[0].bytes());
-    allreduce_via(ctx, hierarchy_ ? &*hierarchy_ : nullptr, single->output.data, count, dtype, kop);
-    scale(dtype, single->output.data, alpha, count);
+    allreduce_via(ctx, hierarchy_ ? &*hierarchy_ : nullptr, single->output.data, count, dtype, kop,
+                  alpha);
     finish(specs[0].name, Status::ok());
     return;
   }
@@ -215,8 +215,7 @@ void Communicator::Impl::run_allreduce(const Response& r, const std::vector<Spec
   const size_t count = total / dtype_size(dtype);
   PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), "fusion buffer", "ALLREDUCE",
                     total);  // timeline hook
-  allreduce_via(ctx, hierarchy_ ? &*hierarchy_ : nullptr, fusion_.data(), count, dtype, kop);
-  scale(dtype, fusion_.data(), alpha, count);
+  allreduce_via(ctx, hierarchy_ ? &*hierarchy_ : nullptr, fusion_.data(), count, dtype, kop, alpha);
   PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), "fusion buffer", "MEMCPY_OUT_FUSION_BUFFER",
                     total);  // timeline hook
   off = 0;

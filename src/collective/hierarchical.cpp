@@ -238,11 +238,10 @@ void hierarchical_allreduce(AlgoContext& ctx, const Hierarchy& h, void* data, si
 }
 
 void allreduce_via(AlgoContext& ctx, const Hierarchy* h, void* data, size_t count, DType dtype,
-                   ReduceOp op) {
-  if (h)
-    hierarchical_allreduce(ctx, *h, data, count, dtype, op);
-  else
-    allreduce(ctx, data, count, dtype, op);
+                   ReduceOp op, double postscale) {
+  if (!h) return allreduce(ctx, data, count, dtype, op, postscale);
+  hierarchical_allreduce(ctx, *h, data, count, dtype, op);
+  if (postscale != 1.0) scale(dtype, data, postscale, count);
 }
 
 }  // namespace pushpull::collective

@@ -78,8 +78,9 @@ std::optional<Hierarchy> choose_hierarchy(const std::vector<std::string>& host_o
 void hierarchical_allreduce(AlgoContext& ctx, const Hierarchy& h, void* data, size_t count,
                             DType dtype, ReduceOp op);
 
-// hierarchical_allreduce when `h` is set, else allreduce (algorithms.h).
+// hierarchical_allreduce when `h` is set, else allreduce (algorithms.h);
+// then times `postscale`.
 void allreduce_via(AlgoContext& ctx, const Hierarchy* h, void* data, size_t count, DType dtype,
-                   ReduceOp op);
+                   ReduceOp op, double postscale = 1.0);
 
 }  // namespace pushpull::collective

@@ -25,11 +25,12 @@ class HostCollectives {
   virtual ~HostCollectives() = default;
   // Whether allreduce() takes an operation of `bytes`.
   virtual bool handles_allreduce(size_t bytes) const = 0;
-  // In place: data (count elements) becomes the reduction over all ranks.
-  // Every wait on a peer ends within `peer_timeout` (Timeout naming the
-  // peer), or earlier with PeerFailure when the peer died or closed.
-  virtual void allreduce(void* data, size_t count, DType dtype, ReduceOp op,
-                         Millis peer_timeout) = 0;
+  // In place: data (count elements) becomes the reduction over all ranks,
+  // times `postscale` (kernels' scale()). Every wait on a peer ends within
+  // `peer_timeout` (Timeout naming the peer), or earlier with PeerFailure
+  // when the peer died or closed.
+  virtual void allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout,
+                         double postscale = 1.0) = 0;
   // Returns once every rank has entered the barrier.
   virtual void barrier(Millis peer_timeout) = 0;
 };

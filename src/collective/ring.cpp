@@ -348,17 +348,21 @@ void ring_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, Red
   ring(ctx, data, dtype, op, even_blocks(count, ctx.size()), true, true);
 }
 
-void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) {
-  if (ctx.size() == 1 || count == 0) return;
+void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op,
+               double postscale) {
+  if (count == 0) return;
   if (HostCollectives* host = ctx.transport.host_collectives();
-      host && host->handles_allreduce(count * dtype_size(dtype))) {
-    host->allreduce(data, count, dtype, op, ctx.peer_timeout);
+      host && ctx.size() > 1 && host->handles_allreduce(count * dtype_size(dtype))) {
+    host->allreduce(data, count, dtype, op, ctx.peer_timeout, postscale);
     return;
   }
-  if (count * dtype_size(dtype) < ctx.small_allreduce_bytes)
-    halving_doubling_allreduce(ctx, data, count, dtype, op);
-  else
-    ring_allreduce(ctx, data, count, dtype, op);
+  if (ctx.size() > 1) {
+    if (count * dtype_size(dtype) < ctx.small_allreduce_bytes)
+      halving_doubling_allreduce(ctx, data, count, dtype, op);
+    else
+      ring_allreduce(ctx, data, count, dtype, op);
+  }
+  if (postscale != 1.0) scale(dtype, data, postscale, count);
 }
 
 }  // namespace pushpull::collective

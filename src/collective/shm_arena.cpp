@@ -116,20 +116,26 @@ void ShmArena::barrier(Millis peer_timeout) {
   wait_all(phase_, peer_timeout, "barrier");
 }
 
-void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout) {
-  if (size() == 1 || count == 0) return;
+void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout,
+                         double postscale) {
+  if (count == 0) return;
+  if (size() == 1) {
+    if (postscale != 1.0) scale(dtype, data, postscale, count);
+    return;
+  }
   if (Status st = check_(rank_); !st.is_ok()) st.raise();  // this transport closed
   const size_t bytes = count * dtype_size(dtype);
   if (bytes <= slot_bytes_)
-    small_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout);
+    small_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout, postscale);
   else if (single_copy_)
-    single_copy_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout);
+    single_copy_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout, postscale);
   else
     throw Internal(
         fmt::format("collective: shared-memory allreduce of {} bytes not supported", bytes));
 }
 
-void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout) {
+void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
+                               double postscale) {
   const size_t bytes = count * dtype_size(dtype);
   const size_t s = small_ops_++ % 2;
   auto slot = [&](int r) { return ranks_[static_cast<size_t>(r)].slots + s * slot_bytes_; };
@@ -144,6 +150,7 @@ void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp o
     reduce(op, dtype, data, slot(p), count);
   slot_free_[s] = ++phase_;
   publish(slot_free_[s]);
+  if (postscale != 1.0) scale(dtype, data, postscale, count);
 }
 
 void ShmArena::read_peer(int peer, void* dst, uint64_t remote, size_t bytes) {
@@ -166,7 +173,7 @@ void ShmArena::read_peer(int peer, void* dst, uint64_t remote, size_t bytes) {
 }
 
 void ShmArena::single_copy_allreduce(char* data, size_t count, DType dtype, ReduceOp op,
-                                     Millis timeout) {
+                                     Millis timeout, double postscale) {
   const size_t esize = dtype_size(dtype);
   const std::vector<Block> blocks = even_blocks(count, size());
   ArenaCtl* mine = ranks_[static_cast<size_t>(rank_)].ctl;
@@ -195,6 +202,7 @@ void ShmArena::single_copy_allreduce(char* data, size_t count, DType dtype, Redu
       const size_t off = (b.offset + at) * esize;
       read_peer(p, scratch_.data(), theirs + off, n * esize);
       reduce(op, dtype, data + off, scratch_.data(), n);
+      if (i == size() - 1 && postscale != 1.0) scale(dtype, data + off, postscale, n);
     }
   }
   publish(base + 2);

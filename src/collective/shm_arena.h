@@ -79,7 +79,8 @@ class ShmArena final : public HostCollectives {
            std::function<int(int)> name);
 
   bool handles_allreduce(size_t bytes) const override;
-  void allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout) override;
+  void allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout,
+                 double postscale = 1.0) override;
   void barrier(Millis peer_timeout) override;
   bool single_copy() const { return single_copy_; }
   // Wakes this rank's waiter (its transport closed).
@@ -90,8 +91,10 @@ class ShmArena final : public HostCollectives {
   void publish(uint64_t phase);
   void wait_all(uint64_t phase, Millis timeout, const char* what);
   void wait_for(int peer, uint64_t phase, Millis timeout, const char* what);
-  void small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout);
-  void single_copy_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout);
+  void small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
+                       double postscale);
+  void single_copy_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
+                             double postscale);
   void read_peer(int peer, void* dst, uint64_t remote, size_t bytes);
 
   int rank_;

@@ -134,6 +134,23 @@ TEST(ShmArena, TheSameBitsOnEveryRankForRoundedSums) {
   }
 }
 
+TEST(ShmArena, APostscaleAveragesThroughSlotsAndSingleCopy) {
+  ShmOptions o;
+  o.arena_slot_bytes = 4096;
+  const int n = 4;
+  auto g = testing::connect_shm_group(n, o);
+  for (size_t count : {size_t{100}, size_t{100001}}) {
+    run_ranks(g, [&](int r, Transport& t) {
+      std::vector<float> buf(count, static_cast<float>(2 * r));  // mean: n - 1
+      auto ctx = context(t, count);
+      allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum, 1.0 / n);
+      for (size_t i = 0; i < count; i += 1009)
+        ASSERT_EQ(buf[i], static_cast<float>(n - 1)) << "count " << count << " rank " << r;
+      ASSERT_EQ(buf[count - 1], static_cast<float>(n - 1));
+    });
+  }
+}
+
 TEST(ShmArena, LongMixedSequencesOfSlotsSingleCopyAndBarriers) {
   ShmOptions o;
   o.arena_slot_bytes = 4096;
@@ -198,9 +215,9 @@ TEST(ShmArena, SingleCopyNeedsEveryRanksConsent) {
   run_ranks(g, [&](int r, Transport& t) {
     std::vector<float> buf(100000, static_cast<float>(r + 1));
     auto ctx = context(t, 1);
-    allreduce(ctx, buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-    EXPECT_EQ(buf[0], 6.0f);
-    EXPECT_EQ(buf[99999], 6.0f);
+    allreduce(ctx, buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum, 0.5);
+    EXPECT_EQ(buf[0], 3.0f);
+    EXPECT_EQ(buf[99999], 3.0f);
   });
 }
 
