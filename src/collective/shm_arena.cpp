@@ -43,12 +43,13 @@ ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, bool si
     : rank_(rank),
       ranks_(std::move(ranks)),
       slot_bytes_(slot_bytes),
+      slot_limit_(std::min(slot_bytes, slot_bytes * 4 / std::max<size_t>(1, ranks_.size()))),
       single_copy_(single_copy),
       check_(std::move(check)),
       name_(std::move(name)) {}
 
 bool ShmArena::handles_allreduce(size_t bytes) const {
-  return bytes <= slot_bytes_ || single_copy_;
+  return bytes <= slot_limit_ || single_copy_;
 }
 
 void ShmArena::publish(uint64_t phase) {
@@ -125,7 +126,7 @@ void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Mil
   }
   if (Status st = check_(rank_); !st.is_ok()) st.raise();  // this transport closed
   const size_t bytes = count * dtype_size(dtype);
-  if (bytes <= slot_bytes_)
+  if (bytes <= slot_limit_)
     small_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout, postscale);
   else if (single_copy_)
     single_copy_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout, postscale);

@@ -10,7 +10,7 @@
 // advances the phase by the same amount on every rank, so the numbers agree
 // without messages.
 //
-// - Small allreduce (bytes <= slot): each rank copies its input into its
+// - Small allreduce (bytes <= slot, less above 4 ranks): each rank copies its input into its
 //   slot (alternating between two, so the next operation need not wait for
 //   slow readers), publishes, and once every rank has, reduces all slots in
 //   rank order straight into its buffer (the same order everywhere: the same
@@ -100,6 +100,10 @@ class ShmArena final : public HostCollectives {
   int rank_;
   std::vector<Rank> ranks_;
   size_t slot_bytes_;
+  // Allreduces up to this size go through the slots: the whole slot for up
+  // to 4 ranks, less above (each rank reads every rank's slot, n times the
+  // bytes, where single copy reads about twice them).
+  size_t slot_limit_;
   bool single_copy_;
   Check check_;
   std::function<int(int)> name_;

@@ -53,8 +53,9 @@ struct ShmOptions {
   // Messages kept per peer before their receive is posted (bytes).
   uint64_t max_early_bytes = uint64_t{1} << 30;
   // Each of the arena's two slots (shm_arena.h): allreduces up to this size
-  // copy through them; 0: no arena (host_collectives() is null).
-  size_t arena_slot_bytes = 64 << 10;
+  // (4/n of it above 4 ranks) copy through them, larger ones use single
+  // copy; 0: no arena (host_collectives() is null).
+  size_t arena_slot_bytes = 1 << 20;
   // Larger allreduces read the peers' buffers directly (process_vm_readv)
   // when every rank can; false: never (they go through the rings).
   bool single_copy = true;
