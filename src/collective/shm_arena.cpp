@@ -38,11 +38,12 @@ inline void cpu_relax() {
 
 }  // namespace
 
-ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, bool single_copy,
-                   Check check, std::function<int(int)> name)
+ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes,
+                   bool single_copy, Check check, std::function<int(int)> name)
     : rank_(rank),
       ranks_(std::move(ranks)),
       slot_bytes_(slot_bytes),
+      chunk_bytes_(std::max<size_t>(1, chunk_bytes)),
       slot_limit_(std::min(slot_bytes, slot_bytes * 4 / std::max<size_t>(1, ranks_.size()))),
       single_copy_(single_copy),
       check_(std::move(check)),
@@ -137,21 +138,37 @@ void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Mil
 
 void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
                                double postscale) {
-  const size_t bytes = count * dtype_size(dtype);
+  const size_t esize = dtype_size(dtype);
   const size_t s = small_ops_++ % 2;
   auto slot = [&](int r) { return ranks_[static_cast<size_t>(r)].slots + s * slot_bytes_; };
   wait_all(slot_free_[s], timeout, "allreduce: a slot's last readers");
-  std::memcpy(slot(rank_), data, bytes);
-  const uint64_t ready = ++phase_;
-  publish(ready);
-  wait_all(ready, timeout, "allreduce: inputs");
-  // Rank order on every rank: the same result, bit for bit.
-  reduce3(op, dtype, data, slot(0), slot(1), count);
-  for (int p = 2; p < size(); ++p)
-    reduce(op, dtype, data, slot(p), count);
+  // In chunks, one phase each, the reduction one chunk behind the copy: a
+  // chunk is reduced while this rank's copy of it and the peers' (just
+  // written on their cores) are still in cache, and a peer a little behind
+  // has a chunk's time to catch up before anyone waits for it.
+  const size_t per_chunk = std::max<size_t>(1, chunk_bytes_ / esize);
+  const size_t chunks = (count + per_chunk - 1) / per_chunk;
+  const uint64_t base = phase_;
+  phase_ += chunks;
+  auto reduce_chunk = [&](size_t c) {
+    const size_t at = c * per_chunk, n = std::min(per_chunk, count - at);
+    const size_t off = at * esize;
+    wait_all(base + c + 1, timeout, "allreduce: inputs");
+    // Rank order on every rank: the same result, bit for bit.
+    reduce3(op, dtype, data + off, slot(0) + off, slot(1) + off, n);
+    for (int p = 2; p < size(); ++p)
+      reduce(op, dtype, data + off, slot(p) + off, n);
+    if (postscale != 1.0) scale(dtype, data + off, postscale, n);
+  };
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t at = c * per_chunk, n = std::min(per_chunk, count - at);
+    std::memcpy(slot(rank_) + at * esize, data + at * esize, n * esize);
+    publish(base + c + 1);
+    if (c > 0) reduce_chunk(c - 1);
+  }
+  reduce_chunk(chunks - 1);
   slot_free_[s] = ++phase_;
   publish(slot_free_[s]);
-  if (postscale != 1.0) scale(dtype, data, postscale, count);
 }
 
 void ShmArena::read_peer(int peer, void* dst, uint64_t remote, size_t bytes) {

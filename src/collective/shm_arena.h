@@ -10,12 +10,14 @@
 // advances the phase by the same amount on every rank, so the numbers agree
 // without messages.
 //
-// - Small allreduce (bytes <= slot, less above 4 ranks): each rank copies its input into its
-//   slot (alternating between two, so the next operation need not wait for
-//   slow readers), publishes, and once every rank has, reduces all slots in
-//   rank order straight into its buffer (the same order everywhere: the same
-//   bits everywhere); then publishes that it is done reading. One copy and
-//   one pass of reduction; about a microsecond plus the reduction.
+// - Small allreduce (bytes <= slot, less above 4 ranks): each rank copies
+//   its input into its slot (alternating between two, so the next operation
+//   need not wait for slow readers) in chunks, publishing each, and
+//   reduces chunk k of all slots in rank order straight into its buffer
+//   while it copies chunk k+1 (the same order everywhere: the same bits
+//   everywhere; the chunks are still in cache); then publishes that it is
+//   done reading. One copy and one pass of reduction; about a microsecond
+//   plus the reduction.
 // - Large allreduce, single copy (when every rank may read every peer's
 //   memory with process_vm_readv, found at setup): each rank publishes its
 //   buffer's address; rank r reduces block r, reading the peers' block r
@@ -73,10 +75,11 @@ class ShmArena final : public HostCollectives {
   // Why operations with `peer` fail (this transport closed, the peer dead
   // or closed), or ok.
   using Check = std::function<Status(int peer)>;
-  // `ranks[rank]` is this rank. `single_copy`: every rank agreed that every
-  // rank can read every other's memory. `name(r)`: how errors name rank r.
-  ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, bool single_copy, Check check,
-           std::function<int(int)> name);
+  // `ranks[rank]` is this rank. Slot allreduces go in chunks of
+  // `chunk_bytes`. `single_copy`: every rank agreed that every rank can read
+  // every other's memory. `name(r)`: how errors name rank r.
+  ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes,
+           bool single_copy, Check check, std::function<int(int)> name);
 
   bool handles_allreduce(size_t bytes) const override;
   void allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout,
@@ -100,6 +103,7 @@ class ShmArena final : public HostCollectives {
   int rank_;
   std::vector<Rank> ranks_;
   size_t slot_bytes_;
+  size_t chunk_bytes_;  // a slot allreduce's copy-and-reduce step
   // Allreduces up to this size go through the slots: the whole slot for up
   // to 4 ranks, less above (each rank reads every rank's slot, n times the
   // bytes, where single copy reads about twice them).

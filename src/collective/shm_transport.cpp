@@ -291,8 +291,8 @@ struct ShmTransport::Impl {
     for (int p = 0; p < size; ++p)
       ranks.push_back({map(p).arena, map(p).slots, map(p).h->pid.load()});
     arena = std::make_unique<ShmArena>(
-        rank, std::move(ranks), o.arena_slot_bytes, all, [this](int p) { return arena_check(p); },
-        [this](int r) { return name(r); });
+        rank, std::move(ranks), o.arena_slot_bytes, o.arena_chunk_bytes, all,
+        [this](int p) { return arena_check(p); }, [this](int r) { return name(r); });
   }
 
   // Why the arena's operations with peer p fail, or ok.

@@ -81,7 +81,8 @@ AlgoContext context(Transport& t, uint64_t op_id, Millis timeout = Millis(20000)
 
 TEST(ShmArena, EverySizeDtypeOpAndWorldThroughSlotsAndSingleCopy) {
   ShmOptions o;
-  o.arena_slot_bytes = 4096;  // 1024 floats: both paths with small vectors
+  o.arena_slot_bytes = 4096;   // 1024 floats: both paths with small vectors
+  o.arena_chunk_bytes = 1000;  // slot allreduces in several chunks, the last one short
   for (int n : {2, 3, 4}) {
     auto g = testing::connect_shm_group(n, o);
     ASSERT_NE(g[0]->host_collectives(), nullptr);
@@ -117,6 +118,7 @@ TEST(ShmArena, TheSameBitsOnEveryRankForRoundedSums) {
   // reduces each block).
   ShmOptions o;
   o.arena_slot_bytes = 4096;
+  o.arena_chunk_bytes = 512;
   const int n = 4;
   auto g = testing::connect_shm_group(n, o);
   for (size_t count : {size_t{1000}, size_t{50000}}) {
@@ -154,6 +156,7 @@ TEST(ShmArena, APostscaleAveragesThroughSlotsAndSingleCopy) {
 TEST(ShmArena, LongMixedSequencesOfSlotsSingleCopyAndBarriers) {
   ShmOptions o;
   o.arena_slot_bytes = 4096;
+  o.arena_chunk_bytes = 1536;  // one to three chunks per slot allreduce
   const int n = 3;
   auto g = testing::connect_shm_group(n, o);
   run_ranks(g, [&](int r, Transport& t) {
