@@ -382,6 +382,14 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
   // send and posted receive of this connection.
   if (!suspect_.is_ok()) return;
   if (p.role == Role::kServer && replicas_ > 0) {
+    // The verdict may have come first: a placement that failed this server
+    // over dropped the connection from peers_ (apply_placement) before its
+    // close reached us. Waiting for a verdict again would blame the link
+    // once the deadline passed (seen under load: BrokenLink tests).
+    auto cur = peers_.find({p.role, p.rank});
+    const bool failed_over = p.rank >= 0 && static_cast<size_t>(p.rank) < placement_.dead.size() &&
+                             placement_.dead[static_cast<size_t>(p.rank)];
+    if (failed_over && (cur == peers_.end() || cur->second != id)) return;
     // A server may be failed over: the scheduler decides (kPlacement or
     // kPeerDead). Requests to it stay pending until then.
     PP_WARN("connection to {} closed ({}); waiting for the scheduler's verdict", p.describe(),

@@ -36,5 +36,21 @@ TEST(BrokenLink, AFailOverIsTheVerdictAndNothingFails) {
   EXPECT_TRUE(c.server(0).failure().is_ok()) << c.server(0).failure().message();
 }
 
+TEST(BrokenLink, AFailOverThatArrivesBeforeTheCloseIsStillTheVerdict) {
+  // Server 1 loses the scheduler: the scheduler fails it over, and the
+  // placement (which drops and closes the workers' connections to it) can
+  // reach a worker before server 1's own close does. That close must not
+  // start a second wait for a verdict that already came.
+  InProcessCluster c(InProcessCluster::Config{});
+  Node& s1 = c.server(1);
+  s1.transport().close(s1.conn(Role::kScheduler, 0), {ErrorCode::kIoError, "test: cut"});
+  for (int w = 0; w < 3; ++w)
+    ASSERT_TRUE(test::wait_until([&] { return c.worker(w).placement_epoch() == 1; }, 10s)) << w;
+  std::this_thread::sleep_for(3500ms);  // past the verdict's deadline
+  for (int w = 0; w < 3; ++w)
+    EXPECT_TRUE(c.worker(w).failure().is_ok()) << w << ": " << c.worker(w).failure().message();
+  EXPECT_TRUE(c.server(0).failure().is_ok()) << c.server(0).failure().message();
+}
+
 }  // namespace
 }  // namespace pushpull::cluster
