@@ -5,7 +5,8 @@
     kv.init('w', numpy.zeros((2, 3), numpy.float32))
 
 Modules: ``pushpull.kv`` (MXNet's KVStore API), ``pushpull.optimizer``
-(optimizer specs for KVStore.set_optimizer), ``pushpull.torch`` (Horovod's
+(optimizer specs for KVStore.set_optimizer), ``pushpull.timeline`` (your own
+spans on the timeline), ``pushpull.torch`` (Horovod's
 PyTorch API; imported on demand because it imports torch), ``pushpull.launch``
 (``python3 -m pushpull.launch`` = ``pushpull launch``).
 
@@ -17,9 +18,9 @@ memory in place, never copying them at the boundary. Errors are
 
 from ._pushpull import (AlreadyExists, Error, Internal, InvalidArgument, IoError, NotFound,
                         PeerFailure, ProtocolError, Timeout, __version__, build_info)
-from . import kv, optimizer
+from . import kv, optimizer, timeline
 
 __all__ = [
     'AlreadyExists', 'Error', 'Internal', 'InvalidArgument', 'IoError', 'NotFound', 'PeerFailure',
-    'ProtocolError', 'Timeout', '__version__', 'build_info', 'kv', 'optimizer'
+    'ProtocolError', 'Timeout', '__version__', 'build_info', 'kv', 'optimizer', 'timeline'
 ]

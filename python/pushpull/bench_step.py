@@ -48,6 +48,23 @@ def build_model(grad_mb, layers):
     return torch.nn.Sequential(*[torch.nn.Linear(d, d) for _ in range(layers)]), d
 
 
+def annotated_step(zero_grad, forward, update):
+    """One step; with the timeline on (PUSHPULL_TIMELINE) its FORWARD,
+    BACKWARD and STEP spans go on the ``step`` lane next to the engine's
+    (docs/timeline.md: backward overlaps the gradients' allreduces)."""
+    from pushpull import timeline
+
+    def step():
+        zero_grad()
+        with timeline.span('FORWARD'):
+            loss = forward()
+        with timeline.span('BACKWARD'):
+            loss.backward()
+        with timeline.span('STEP'):
+            update()
+    return step
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--impl', required=True, choices=['ddp', 'hvd', 'trainer', 'local', *IMPLS])
@@ -74,18 +91,11 @@ def main(argv=None):
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
                                        named_parameters=model.named_parameters())
 
-        def step():
-            opt.zero_grad()
-            model(x).sum().backward()
-            opt.step()
+        step = annotated_step(opt.zero_grad, lambda: model(x).sum(), opt.step)
         finish = hvd.shutdown
     elif a.impl == 'local':
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-
-        def step():
-            opt.zero_grad()
-            model(x).sum().backward()
-            opt.step()
+        step = annotated_step(opt.zero_grad, lambda: model(x).sum(), opt.step)
     else:
         import pushpull.kv
         import pushpull.torch
@@ -93,10 +103,8 @@ def main(argv=None):
         trainer = pushpull.torch.Trainer(model.named_parameters(), 'sgd', {'learning_rate': 1e-4},
                                          kvstore=kv)
 
-        def step():
-            model.zero_grad()
-            model(x).sum().backward()
-            trainer.step(a.batch)
+        step = annotated_step(model.zero_grad, lambda: model(x).sum(),
+                              lambda: trainer.step(a.batch))
 
     times = []
     for i in range(a.warmup + a.steps):

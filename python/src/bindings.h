@@ -8,6 +8,7 @@
 //   collective_bindings.cpp bind_collective  Horovod-style collectives (pushpull.torch)
 //   parking.cpp             bind_parking     arrays of timed-out operations, kept until done
 //   elastic_bindings.cpp    bind_elastic     elastic jobs' round and host changes
+//   timeline_bindings.cpp   bind_timeline    a program's own spans on the timeline
 //
 // The array bridge (arrays.cpp) turns any numpy array or torch tensor into a
 // pushpull::ArrayView WITHOUT linking libtorch: through the buffer protocol,
@@ -38,6 +39,7 @@ void bind_errors(py::module_& m);
 void bind_arrays(py::module_& m);
 void bind_kv(py::module_& m);
 void bind_collective(py::module_& m);
+void bind_timeline(py::module_& m);
 void bind_elastic(py::module_& m);
 
 // A view of a Python array plus the reference that keeps its memory alive

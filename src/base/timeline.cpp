@@ -14,6 +14,7 @@
 
 #include "pushpull/error.h"
 #include "pushpull/log.h"
+#include "pushpull/timeline.h"
 
 namespace pushpull::timeline {
 namespace {
@@ -362,3 +363,22 @@ void record_async_end(std::string_view node, uint64_t id) {
 
 }  // namespace detail
 }  // namespace pushpull::timeline
+
+// The public face (include/pushpull/timeline.h).
+namespace pushpull {
+
+bool timeline_enabled() {
+  return timeline::enabled();
+}
+
+void timeline_span(std::string_view node, std::string_view lane, std::string_view name,
+                   std::chrono::steady_clock::time_point begin,
+                   std::chrono::steady_clock::time_point end) {
+  timeline::span(node, lane, name, begin, end);
+}
+
+const std::string& timeline_process_node() {
+  return timeline::process_node();
+}
+
+}  // namespace pushpull
