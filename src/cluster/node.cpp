@@ -27,6 +27,9 @@ Node::Node(Options options, const ClockSource& clock)
   tc.label = std::string(role_name(r));
   tc.hold_hellos_until_ranked = true;  // peers learn our rank, which the scheduler assigns
   tc.shared_memory = options_.net.ps_shared_memory;
+  // A silently cut link to a worker or server (the scheduler still hears
+  // both) closes like a broken one, within about the heartbeat timeout.
+  tc.dead_link_timeout = options_.cluster.heartbeat_timeout;
   if (tc.net.socket_buffer_bytes < 0) {
     // Automatic: the peers this node exchanges tensors with share its link.
     const int servers = options_.cluster.num_servers, workers = options_.cluster.num_workers;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -87,6 +88,19 @@ void tune_socket(int fd, int buffer_bytes) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
   }
+}
+
+void set_dead_link_timeout(int fd, std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) return;
+  const int one = 1;
+  const int probe_s = static_cast<int>(std::max<int64_t>(1, timeout.count() / 4000));
+  const int probes = 4;
+  const auto user_ms = static_cast<unsigned>(std::min<int64_t>(timeout.count(), INT32_MAX));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &probe_s, sizeof probe_s);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &probe_s, sizeof probe_s);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
 Fd listen_on(const std::string& host, int port, int backlog) {

@@ -73,6 +73,13 @@ void set_nonblocking(int fd, bool on);
 // TCP_NODELAY and SO_SNDBUF/SO_RCVBUF (0: kernel default, autotuning;
 // negative: kDefaultSocketBufferBytes).
 void tune_socket(int fd, int buffer_bytes);
+// A connected socket whose peer stops acknowledging (a link cut without FIN
+// or RST, a dead host) fails with ETIMEDOUT after about `timeout`: keepalive
+// probes every quarter of it (at least 1 s) once idle, and TCP_USER_TIMEOUT
+// for data (and probes) left unacknowledged. A peer that is merely slow or
+// stopped still acknowledges (its kernel does). Zero: the kernel's defaults
+// (no keepalive; unacknowledged data for many minutes).
+void set_dead_link_timeout(int fd, std::chrono::milliseconds timeout);
 
 // NetOptions::socket_buffer_bytes when it is left automatic and nothing
 // better is known.

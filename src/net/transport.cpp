@@ -282,6 +282,7 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   auto c = std::make_shared<Conn>();
   set_nonblocking(fd.get(), true);
   tune_socket(fd.get(), config_.net.socket_buffer_bytes);
+  set_dead_link_timeout(fd.get(), config_.dead_link_timeout);
   c->peer.role = ack.role;
   c->peer.rank = ack.rank;
   c->peer_id = node_id(ack.role, ack.rank);

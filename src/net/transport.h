@@ -152,6 +152,12 @@ struct TransportConfig {
   size_t shm_min_payload = 1;
   // Where the segments live (tmpfs); tests point it elsewhere.
   std::string shm_dir = "/dev/shm";
+  // A connection whose peer stops acknowledging (a silent link cut) closes
+  // with "Connection timed out" after about this long (net/socket.h,
+  // set_dead_link_timeout): cluster nodes set their heartbeat timeout, so a
+  // cut between two nodes that both still reach the scheduler is noticed as
+  // soon as heartbeats notice anything else. Zero: the kernel's defaults.
+  Millis dead_link_timeout{0};
 };
 
 class Transport {

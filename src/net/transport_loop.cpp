@@ -125,6 +125,7 @@ void Transport::accept_all() {
     c->fd = Fd(fd);
     c->remote = remote;
     tune_socket(fd, config_.net.socket_buffer_bytes);
+    set_dead_link_timeout(fd, config_.dead_link_timeout);
     c->peer.address = remote.to_string();
     c->nonce = random_nonce();
     c->handshake_deadline = std::chrono::steady_clock::now() +

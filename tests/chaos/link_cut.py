@@ -13,12 +13,21 @@ side (side A names B's process, side B names one of A's).
   ps          A: scheduler, server 0, worker 0      B: worker 1
   collective  A: rank 0 (rendezvous host)           B: rank 1
 
+and one cut between two hosts that both still reach the scheduler's (no
+heartbeat is lost: only the nodes' own connections can tell, by the dead-link
+timeout that cluster nodes set on them, docs/reliability.md):
+
+  pair        A: scheduler, worker 0   B: server 0   C: worker 1; B and C
+              lose each other (frames to a MAC nobody has), both keep A
+
+The hosts hang off one bridge (a hub namespace), a veth each.
+
 The namespaces, the veth pair and every process are removed in all cases (and
 namespaces left by an earlier run that was killed are removed on start).
 Needs root and iproute2; otherwise it prints SKIP and exits 77 (ctest's
 SKIP_RETURN_CODE).
 
-    python3 tests/chaos/link_cut.py [--build-dir build] [--scenarios ps,collective]
+    python3 tests/chaos/link_cut.py [--build-dir build] [--scenarios ps,collective,pair]
 """
 
 import argparse
@@ -36,7 +45,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SKIP = 77
 PREFIX = 'ppcut'
-ADDR = {'a': '10.231.0.1', 'b': '10.231.0.2'}
+ADDR = {'a': '10.231.0.1', 'b': '10.231.0.2', 'c': '10.231.0.3'}
+HOSTS = 'abc'
 LENET_ARGS = ['--model', 'small', '--threads', '1', '--epochs', '3', '--max-batches', '300',
               '--log-every', '50', '--test-limit', '500']
 
@@ -49,49 +59,77 @@ def sh(*cmd, check=True):
 
 
 class Hosts:
-    """Two namespaces joined by a veth pair; removed by close() (and, if this
-    process died before, by the next run's sweep)."""
+    """Three namespaces on one bridge (in a hub namespace), a veth each;
+    removed by close() (and, if this process died before, by the next run's
+    sweep)."""
 
     def __init__(self):
         me = os.getpid()
-        self.ns = {h: f'{PREFIX}{me}{h}' for h in 'ab'}
-        self.dev = {h: f'pc{me}{h}' for h in 'ab'}
+        self.ns = {h: f'{PREFIX}{me}{h}' for h in HOSTS + 'x'}  # x: the hub
+        self.dev = {h: f'pc{me}{h}' for h in HOSTS}
         self.made = []
+        self.cuts = []
 
     @staticmethod
     def sweep_stale():
         r = sh('ip', 'netns', 'list', check=False)
         for line in r.stdout.splitlines():
-            m = re.match(rf'({PREFIX}(\d+)[ab])\b', line)
+            m = re.match(rf'({PREFIX}(\d+)[{HOSTS}x])\b', line)
             if m and not os.path.exists(f'/proc/{m.group(2)}'):
                 sh('ip', 'netns', 'del', m.group(1), check=False)
 
     def open(self):
-        for h in 'ab':
+        for h in self.ns:
             sh('ip', 'netns', 'add', self.ns[h])
             self.made.append(self.ns[h])
-        sh('ip', 'link', 'add', self.dev['a'], 'netns', self.ns['a'], 'type', 'veth',
-           'peer', 'name', self.dev['b'], 'netns', self.ns['b'])
-        for h in 'ab':
+        hub = self.ns['x']
+        sh('ip', '-n', hub, 'link', 'add', 'br0', 'type', 'bridge')
+        sh('ip', '-n', hub, 'link', 'set', 'br0', 'up')
+        for h in HOSTS:
+            sh('ip', 'link', 'add', self.dev[h], 'netns', self.ns[h], 'type', 'veth',
+               'peer', 'name', self.dev[h] + 'x', 'netns', hub)
+            sh('ip', '-n', hub, 'link', 'set', self.dev[h] + 'x', 'master', 'br0')
+            sh('ip', '-n', hub, 'link', 'set', self.dev[h] + 'x', 'up')
             sh('ip', '-n', self.ns[h], 'addr', 'add', ADDR[h] + '/24', 'dev', self.dev[h])
             sh('ip', '-n', self.ns[h], 'link', 'set', 'lo', 'up')
             sh('ip', '-n', self.ns[h], 'link', 'set', self.dev[h], 'up')
         self.wait_up()
 
     def wait_up(self):
-        """Both ends report carrier before a job relies on the link."""
+        """Every host reports carrier before a job relies on the links."""
         deadline = time.monotonic() + 10
         while not all('state UP' in sh('ip', '-n', self.ns[h], '-o', 'link', 'show', 'dev',
-                                       self.dev[h]).stdout for h in 'ab'):
+                                       self.dev[h]).stdout for h in HOSTS):
             if time.monotonic() > deadline:
-                raise RuntimeError('the veth link between the namespaces does not come up')
+                raise RuntimeError('the veth links of the namespaces do not come up')
             time.sleep(0.05)
 
     def cut(self):
+        """Host A loses the network."""
         sh('ip', '-n', self.ns['a'], 'link', 'set', self.dev['a'], 'down')
 
+    def cut_pair(self, x, y):
+        """x and y silently lose each other while both keep every other host:
+        each sends the other's frames to a MAC address nobody has (a
+        permanent neighbour entry), so they vanish on the bridge; no local
+        error, no FIN, no RST (a blackhole route would fail the sender's
+        socket at once with EINVAL)."""
+        for h, other in ((x, y), (y, x)):
+            sh('ip', '-n', self.ns[h], 'neigh', 'replace', ADDR[other], 'lladdr',
+               '02:00:00:00:00:99', 'dev', self.dev[h], 'nud', 'permanent')
+            self.cuts.append((h, other))
+
+    def restore(self):
+        for h, other in self.cuts:
+            sh('ip', '-n', self.ns[h], 'neigh', 'del', ADDR[other], 'dev', self.dev[h],
+               check=False)
+        self.cuts = []
+        for h in HOSTS:
+            sh('ip', '-n', self.ns[h], 'link', 'set', self.dev[h], 'up')
+        self.wait_up()
+
     def close(self):
-        for ns in self.made:  # deleting a namespace deletes its end of the veth (and the pair)
+        for ns in self.made:  # deleting a namespace deletes its veth ends (and the pairs)
             sh('ip', 'netns', 'del', ns, check=False)
         self.made = []
 
@@ -153,30 +191,47 @@ def base_env(args, job):
     return env
 
 
-def ps_scenario(args, hosts):
-    """A: scheduler, server 0, worker 0; B: worker 1."""
+def ps_job(args, hosts, job, placement):
+    """A PS job: 1 server, 2 workers, `placement` = {node name: host}."""
     bin_dir = os.path.join(args.build_dir, 'bin')
-    env = base_env(args, f'linkcut-ps-{os.getpid()}')
-    env.update({'DMLC_PS_ROOT_URI': ADDR['a'], 'DMLC_PS_ROOT_PORT': '9300', 'DMLC_NUM_SERVER': '1',
-                'DMLC_NUM_WORKER': '2'})
+    env = base_env(args, f'linkcut-{job}-{os.getpid()}')
+    env.update({'DMLC_PS_ROOT_URI': ADDR[placement['scheduler']], 'DMLC_PS_ROOT_PORT': '9300',
+                'DMLC_NUM_SERVER': '1', 'DMLC_NUM_WORKER': '2'})
     lenet = os.path.join(bin_dir, 'lenet')
     worker = [lenet, '--kvstore', 'dist_sync'] + LENET_ARGS if os.path.exists(lenet) else \
         [os.path.join(bin_dir, 'ps_loop_worker')]
     marker = r'sync=dist_sync' if os.path.exists(lenet) else r'READY worker'
 
-    def node(role, rank, side):
+    def node(name):
+        role, _, rank = name.partition(' ')
+        rank = int(rank or 0)
+        side = placement[name]
         e = dict(env, DMLC_ROLE=role, PUSHPULL_RANK=str(rank), DMLC_NODE_HOST=ADDR[side])
         if role == 'worker':
             e.update(RANK=str(rank), WORLD_SIZE='2')
         argv = [os.path.join(bin_dir, 'pushpull'), role] if role != 'worker' else worker
-        name = 'scheduler' if role == 'scheduler' else f'{role} {rank}'
         return Proc(name, side, hosts.ns[side], argv, e)
 
-    procs = [node('scheduler', 0, 'a'), node('server', 0, 'a'), node('worker', 0, 'a'),
-             node('worker', 1, 'b')]
+    return [node(n) for n in placement], marker
+
+
+def ps_scenario(args, hosts):
+    """A: scheduler, server 0, worker 0; B: worker 1."""
+    procs, marker = ps_job(args, hosts, 'ps', {'scheduler': 'a', 'server 0': 'a', 'worker 0': 'a',
+                                               'worker 1': 'b'})
     # Who must be named: A's processes lost worker 1; B's worker lost A.
     expect = {'a': [r'\bworker 1\b'], 'b': [r'\bscheduler\b', r'\bserver 0\b', r'\bworker 0\b']}
-    return procs, marker, expect
+    return procs, marker, expect, hosts.cut
+
+
+def pair_scenario(args, hosts):
+    """A: scheduler, worker 0; B: server 0; C: worker 1. B and C lose each other."""
+    procs, marker = ps_job(args, hosts, 'pair', {'scheduler': 'a', 'worker 0': 'a',
+                                                 'server 0': 'b', 'worker 1': 'c'})
+    # B and C each name the other; A's processes hear of whichever failed.
+    expect = {'a': [r'\bserver 0\b', r'\bworker 1\b'], 'b': [r'\bworker 1\b'],
+              'c': [r'\bserver 0\b']}
+    return procs, marker, expect, lambda: hosts.cut_pair('b', 'c')
 
 
 def collective_scenario(args, hosts):
@@ -192,17 +247,22 @@ def collective_scenario(args, hosts):
         procs.append(Proc(f'worker {rank}', side, hosts.ns[side],
                           [lenet, '--mode', 'horovod'] + LENET_ARGS, e))
     expect = {'a': [r'\bworker 1\b', r'\brank 1\b'], 'b': [r'\bworker 0\b', r'\brank 0\b']}
-    return procs, r'sync=horovod', expect
+    return procs, r'sync=horovod', expect, hosts.cut
 
 
 def run_scenario(name, args, hosts):
     """Returns a list of failure reasons (empty: passed)."""
-    made = (ps_scenario if name == 'ps' else collective_scenario)(args, hosts)
+    made = {'ps': ps_scenario, 'collective': collective_scenario,
+            'pair': pair_scenario}[name](args, hosts)
     if made is None:
         print(f'link_cut {name}: SKIP (examples/lenet not built)', flush=True)
         return []
-    procs, marker, expect = made
-    limit = args.heartbeat_ms / 1000.0 + 5.0
+    procs, marker, expect, cut = made
+    # A whole host's cut stops heartbeats: heartbeat timeout. A pair's cut
+    # leaves them: the dead-link timeout (the heartbeat timeout) of the idle
+    # side's keepalive, then the wait for the scheduler's verdict.
+    hb = args.heartbeat_ms / 1000.0
+    limit = hb + 5.0 if name != 'pair' else 3 * hb + 5.0
     reasons = []
     try:
         workers = [p for p in procs if p.name.startswith('worker')]
@@ -215,7 +275,7 @@ def run_scenario(name, args, hosts):
         if any(p.poll() is not None for p in procs):
             return [f'{name}: the job ended before the cut: make it longer'] + dump(procs)
         cut_at = time.monotonic()
-        hosts.cut()
+        cut()
         print(f'link_cut {name}: link down {args.delay:.1f} s into training', flush=True)
         while time.monotonic() < cut_at + limit + 10 and any(p.poll() is None for p in procs):
             time.sleep(0.05)
@@ -263,7 +323,7 @@ def dump(procs):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--build-dir', default=os.path.join(REPO, 'build'))
-    p.add_argument('--scenarios', default='ps,collective')
+    p.add_argument('--scenarios', default='ps,collective,pair')
     p.add_argument('--heartbeat-ms', type=int, default=2000)
     p.add_argument('--delay', type=float, default=2.0, help='seconds of training before the cut')
     args = p.parse_args(argv)
@@ -292,10 +352,8 @@ def main(argv):
             raise
         for name in args.scenarios.split(','):
             reasons += run_scenario(name, args, hosts)
-            # The next scenario needs the link back up (fresh ports: new processes).
-            for h in 'ab':
-                sh('ip', '-n', hosts.ns[h], 'link', 'set', hosts.dev[h], 'up')
-            hosts.wait_up()
+            # The next scenario needs the links back (fresh ports: new processes).
+            hosts.restore()
     finally:
         hosts.close()
     if reasons:

@@ -1,8 +1,9 @@
 # The chaos suite (included from tests/CMakeLists.txt; docs/reliability.md).
 # chaos.sample: a short fixed sample of the randomized fault trials of
 # tests/chaos/chaos.py (every engine and signal once, about 2 minutes);
-# `make chaos` runs 100 random trials. chaos.link_cut: two network-namespace
-# hosts lose their link mid-training (needs root; skipped otherwise).
+# `make chaos` runs 100 random trials. chaos.link_cut: network-namespace
+# hosts lose their link mid-training, or two of them lose only each other
+# (needs root; skipped otherwise).
 # Both run alone (RUN_SERIAL): a 2 s heartbeat timeout on a host shared
 # with the rest of the suite would measure the load, not the library.
 find_program(PUSHPULL_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)

@@ -22,6 +22,7 @@
 
 #include "collective/inprocess_transport.h"
 #include "collective/shm_transport.h"
+#include "harness.h"
 #include "tcp_group.h"
 
 namespace pushpull::collective::testing {
@@ -40,21 +41,9 @@ inline std::vector<std::unique_ptr<Transport>> connect_shm_group(int n, ShmOptio
   std::random_device rd;
   if (prefix.empty()) prefix = fmt::format("pushpull-test-{:x}{:x}", rd(), rd());
   std::vector<std::unique_ptr<Transport>> ts(static_cast<size_t>(n));
-  std::vector<std::thread> th;
-  std::exception_ptr first;
-  std::mutex mu;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        ts[static_cast<size_t>(r)] = std::make_unique<ShmTransport>(r, n, prefix, o);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : th)
-    t.join();
-  if (first) std::rethrow_exception(first);
+  on_threads(n, [&](int r) {
+    ts[static_cast<size_t>(r)] = std::make_unique<ShmTransport>(r, n, prefix, o);
+  });
   return ts;
 }
 

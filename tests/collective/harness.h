@@ -15,19 +15,16 @@
 
 namespace pushpull::collective::testing {
 
-// Runs fn(rank, transport) on n threads; rethrows the first exception.
-inline void run_ranks(int n, const std::function<void(int, Transport&)>& fn) {
-  InProcessFabric fabric(n);
-  std::vector<std::unique_ptr<Transport>> eps;
-  for (int r = 0; r < n; ++r)
-    eps.push_back(fabric.endpoint(r));
+// Runs fn(r) for r in [0, n) on n threads; once all ended, rethrows the
+// first exception any of them threw.
+inline void on_threads(int n, const std::function<void(int)>& fn) {
   std::exception_ptr first;
   std::mutex mu;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        fn(r, *eps[r]);
+        fn(r);
       } catch (...) {
         std::lock_guard lock(mu);
         if (!first) first = std::current_exception();
@@ -37,6 +34,21 @@ inline void run_ranks(int n, const std::function<void(int, Transport&)>& fn) {
   for (auto& t : threads)
     t.join();
   if (first) std::rethrow_exception(first);
+}
+
+// Runs fn(rank, transport) on a thread per transport of `eps` (rank = index).
+inline void run_ranks(std::vector<std::unique_ptr<Transport>>& eps,
+                      const std::function<void(int, Transport&)>& fn) {
+  on_threads(static_cast<int>(eps.size()), [&](int r) { fn(r, *eps[static_cast<size_t>(r)]); });
+}
+
+// Runs fn(rank, transport) on n threads over a fresh InProcessFabric.
+inline void run_ranks(int n, const std::function<void(int, Transport&)>& fn) {
+  InProcessFabric fabric(n);
+  std::vector<std::unique_ptr<Transport>> eps;
+  for (int r = 0; r < n; ++r)
+    eps.push_back(fabric.endpoint(r));
+  run_ranks(eps, fn);
 }
 
 // Element i of rank r's input for `op` and `dtype`: small values whose

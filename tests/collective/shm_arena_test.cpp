@@ -17,6 +17,7 @@
 
 #include "collective/algorithms.h"
 #include "fabrics.h"
+#include "harness.h"
 #include "pushpull/kernels.h"
 
 namespace pushpull::collective {
@@ -24,26 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// n ranks as threads over one fresh shm group; fn(rank, transport). The
-// first exception of any rank is rethrown after all have ended.
-void run_ranks(std::vector<std::unique_ptr<Transport>>& g,
-               const std::function<void(int, Transport&)>& fn) {
-  std::vector<std::thread> th;
-  std::exception_ptr first;
-  std::mutex mu;
-  for (size_t r = 0; r < g.size(); ++r)
-    th.emplace_back([&, r] {
-      try {
-        fn(static_cast<int>(r), *g[r]);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : th)
-    t.join();
-  if (first) std::rethrow_exception(first);
-}
+using testing::run_ranks;
 
 // Small integers (exact in every dtype, products stay small): rank r's
 // element i.

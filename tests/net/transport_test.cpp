@@ -2,6 +2,8 @@
 // Transport over loopback: hello, send/receive, posted receives, priority,
 // refusals, limits and garbage from raw sockets.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <unistd.h>
@@ -54,6 +56,33 @@ TEST(Transport, AutomaticSocketBuffersSplitANodesBudgetAmongItsPeers) {
   // The kernel doubles what it is asked for (bookkeeping overhead).
   EXPECT_EQ(rcvbuf(32 << 10), 2 * (32 << 10));
   EXPECT_EQ(rcvbuf(-1), 2 * kDefaultSocketBufferBytes);
+}
+
+// A dead-link timeout turns keepalive on with probes every quarter of it (at
+// least 1 s) and bounds unacknowledged data with TCP_USER_TIMEOUT; zero
+// leaves the kernel's defaults (chaos.link_cut's pair scenario cuts a real
+// link under it).
+TEST(Transport, ADeadLinkTimeoutSetsKeepaliveAndTheUserTimeout) {
+  auto opt = [](int fd, int level, int name) {
+    int got = -1;
+    socklen_t len = sizeof got;
+    ::getsockopt(fd, level, name, &got, &len);
+    return got;
+  };
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  set_dead_link_timeout(fd.get(), 10000ms);
+  EXPECT_EQ(opt(fd.get(), SOL_SOCKET, SO_KEEPALIVE), 1);
+  EXPECT_EQ(opt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE), 2);
+  EXPECT_EQ(opt(fd.get(), IPPROTO_TCP, TCP_KEEPINTVL), 2);
+  EXPECT_EQ(opt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT), 10000);
+  Fd short_fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  set_dead_link_timeout(short_fd.get(), 2000ms);
+  EXPECT_EQ(opt(short_fd.get(), IPPROTO_TCP, TCP_KEEPIDLE), 1);
+  EXPECT_EQ(opt(short_fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT), 2000);
+  Fd off(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  set_dead_link_timeout(off.get(), 0ms);
+  EXPECT_EQ(opt(off.get(), SOL_SOCKET, SO_KEEPALIVE), 0);
+  EXPECT_EQ(opt(off.get(), IPPROTO_TCP, TCP_USER_TIMEOUT), 0);
 }
 
 TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
