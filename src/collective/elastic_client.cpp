@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "collective/shm_data_transport.h"
 #include "net/address.h"
 #include "net/transport.h"
 #include "pushpull/elastic.h"
@@ -310,7 +311,15 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   counted.collective.local_rank = -1;
   counted.collective.local_size = -1;
   set_local(counted, out.book, a.rank, &out);
-  out.transport = std::move(tcp);
+  // Members of one host move data through shared memory, as in a fixed job
+  // (PUSHPULL_SHM=0: TCP). The setup's exchanges run over this round's mesh:
+  // a member that dies meanwhile is a member failure (the loop re-forms).
+  out.mesh = tcp.get();
+  try {
+    out.transport = use_shared_memory(std::move(tcp), o.collective, mesh.connect_timeout);
+  } catch (const Timeout& e) {
+    throw PeerFailure(fmt::format("elastic: round {}: {}", a.round, e.what()));
+  }
   return out;
 }
 
