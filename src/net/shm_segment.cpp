@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "net/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -35,6 +38,23 @@ std::string path_of(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
+int ShmSegment::sweep_stale(const std::string& dir, std::chrono::seconds older_than) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  const time_t now = ::time(nullptr);
+  while (const dirent* e = ::readdir(d)) {
+    if (!valid_name(e->d_name)) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (now - st.st_mtime < older_than.count()) continue;
+    if (::unlinkat(::dirfd(d), e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
+
 bool ShmSegment::valid_name(const std::string& name) {
   const std::string prefix = kShmNamePrefix;
   if (name.size() != kShmNameBytes || name.compare(0, prefix.size(), prefix) != 0) return false;
@@ -52,6 +72,13 @@ std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::str
                        kShmMinRingBytes, kShmMaxRingBytes);
     return nullptr;
   }
+  // Names left by processes killed mid-setup (at most once a minute per
+  // process: a directory scan).
+  static std::atomic<int64_t> last_sweep{0};
+  const int64_t now = static_cast<int64_t>(::time(nullptr));
+  int64_t was = last_sweep.load(std::memory_order_relaxed);
+  if (now - was >= 60 && last_sweep.compare_exchange_strong(was, now))
+    sweep_stale(dir, kShmStaleAfter);
   std::unique_ptr<ShmSegment> s(new ShmSegment);
   s->dir_ = dir;
   s->ring_bytes_ = ring_bytes;

@@ -15,7 +15,9 @@
 // when the setup ends otherwise), so nothing is left behind and nobody else
 // can open it afterwards. open() accepts only names of that form (no paths),
 // only a regular file owned by this user with no group/other permissions and
-// exactly the size its header announces, and maps it read-only.
+// exactly the size its header announces, and maps it read-only. A name
+// left behind by a process killed during the setup (before its peer's proof)
+// is removed by a later create() on this host once it is an hour old.
 //
 // Positions are byte offsets into an endless stream; the ring holds stream
 // byte p at p % ring_bytes(). write()/read() copy across the wrap.
@@ -26,6 +28,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,6 +43,10 @@ inline constexpr size_t kShmMinRingBytes = 64 << 10;
 inline constexpr size_t kShmMaxRingBytes = size_t{1} << 30;
 inline constexpr char kShmNamePrefix[] = "pushpull-net-";
 inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
+// A name is linked only while its connection's setup runs (bounded by the
+// connect timeout): one older than this was left by a process killed in
+// that window, and create() removes it (sweep_stale).
+inline constexpr std::chrono::seconds kShmStaleAfter{3600};
 
 class ShmSegment {
  public:
@@ -54,6 +61,11 @@ class ShmSegment {
                                           std::string* why);
   // True when `name` has the form create() gives (no path separators).
   static bool valid_name(const std::string& name);
+  // Removes from `dir` the segments of this user, of valid_name() form,
+  // last modified at least `older_than` ago (regular files only, symlinks
+  // not followed). create() calls it at most once a minute with
+  // kShmStaleAfter. Returns how many it removed.
+  static int sweep_stale(const std::string& dir, std::chrono::seconds older_than);
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;

@@ -6,8 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <ctime>
 
 #include <future>
 #include <numeric>
@@ -391,6 +395,36 @@ TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
               std::as_bytes(std::span(text, sizeof text)));
   ASSERT_TRUE(wait_until([&] { return a.count() == 2; }));
   EXPECT_EQ(a.ncloses(), 0u);
+}
+
+// A process killed between creating a segment and its peer's proof leaves
+// the name behind; an hour later a create() on this host removes it. Only
+// this user's regular files of pushpull's name form, old enough, go.
+TEST(ShmSegment, NamesLeftByKilledProcessesAreSweptOnceStale) {
+  TempShmDir dir;
+  auto make = [&](const std::string& name, int age_s) {
+    const std::string path = dir.path + "/" + name;
+    Fd fd(::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    EXPECT_TRUE(fd.valid()) << path;
+    timespec t[2];
+    t[0].tv_sec = t[1].tv_sec = ::time(nullptr) - age_s;
+    t[0].tv_nsec = t[1].tv_nsec = 0;
+    EXPECT_EQ(::futimens(fd.get(), t), 0);
+    return path;
+  };
+  const std::string stale = make(std::string(kShmNamePrefix) + std::string(32, '1'), 7200);
+  const std::string fresh = make(std::string(kShmNamePrefix) + std::string(32, '2'), 10);
+  const std::string other = make("someone-elses-file", 7200);
+  const std::string link = dir.path + "/" + std::string(kShmNamePrefix) + std::string(32, '3');
+  ASSERT_EQ(::symlink(other.c_str(), link.c_str()), 0);
+  EXPECT_EQ(ShmSegment::sweep_stale(dir.path, kShmStaleAfter), 1);
+  EXPECT_NE(::access(stale.c_str(), F_OK), 0) << "the stale segment is still there";
+  EXPECT_EQ(::access(fresh.c_str(), F_OK), 0) << "a segment still in its setup was removed";
+  EXPECT_EQ(::access(other.c_str(), F_OK), 0);
+  struct stat st {};
+  EXPECT_EQ(::lstat(link.c_str(), &st), 0) << "a symlink was followed or removed";
+  for (const std::string& p : {fresh, other, link})
+    ::unlink(p.c_str());
 }
 
 TEST(ShmSegment, OnlyItsOwnNamesAndWellFormedSetupMessages) {
