@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -72,13 +71,6 @@ std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::str
                        kShmMinRingBytes, kShmMaxRingBytes);
     return nullptr;
   }
-  // Names left by processes killed mid-setup (at most once a minute per
-  // process: a directory scan).
-  static std::atomic<int64_t> last_sweep{0};
-  const int64_t now = static_cast<int64_t>(::time(nullptr));
-  int64_t was = last_sweep.load(std::memory_order_relaxed);
-  if (now - was >= 60 && last_sweep.compare_exchange_strong(was, now))
-    sweep_stale(dir, kShmStaleAfter);
   std::unique_ptr<ShmSegment> s(new ShmSegment);
   s->dir_ = dir;
   s->ring_bytes_ = ring_bytes;

@@ -17,7 +17,8 @@
 // only a regular file owned by this user with no group/other permissions and
 // exactly the size its header announces, and maps it read-only. A name
 // left behind by a process killed during the setup (before its peer's proof)
-// is removed by a later create() on this host once it is an hour old.
+// is removed once it is an hour old, when a Transport with shared memory
+// next starts on this host (sweep_stale).
 //
 // Positions are byte offsets into an endless stream; the ring holds stream
 // byte p at p % ring_bytes(). write()/read() copy across the wrap.
@@ -45,7 +46,7 @@ inline constexpr char kShmNamePrefix[] = "pushpull-net-";
 inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
 // A name is linked only while its connection's setup runs (bounded by the
 // connect timeout): one older than this was left by a process killed in
-// that window, and create() removes it (sweep_stale).
+// that window, and Transport::start() removes it (sweep_stale).
 inline constexpr std::chrono::seconds kShmStaleAfter{3600};
 
 class ShmSegment {
@@ -63,8 +64,8 @@ class ShmSegment {
   static bool valid_name(const std::string& name);
   // Removes from `dir` the segments of this user, of valid_name() form,
   // last modified at least `older_than` ago (regular files only, symlinks
-  // not followed). create() calls it at most once a minute with
-  // kShmStaleAfter. Returns how many it removed.
+  // not followed). Transport::start() calls it with kShmStaleAfter when
+  // shared memory is on. Returns how many it removed.
   static int sweep_stale(const std::string& dir, std::chrono::seconds older_than);
 
   ~ShmSegment();
