@@ -44,7 +44,7 @@ ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t 
       ranks_(std::move(ranks)),
       slot_bytes_(slot_bytes),
       chunk_bytes_(std::max<size_t>(1, chunk_bytes)),
-      slot_limit_(std::min(slot_bytes, slot_bytes * 4 / std::max<size_t>(1, ranks_.size()))),
+      slot_limit_(slot_bytes),
       single_copy_(single_copy),
       check_(std::move(check)),
       name_(std::move(name)) {}
@@ -138,35 +138,68 @@ void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Mil
 
 void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
                                double postscale) {
+  const int n = size();
   const size_t esize = dtype_size(dtype);
   const size_t s = small_ops_++ % 2;
   auto slot = [&](int r) { return ranks_[static_cast<size_t>(r)].slots + s * slot_bytes_; };
   wait_all(slot_free_[s], timeout, "allreduce: a slot's last readers");
-  // In chunks, one phase each, the reduction one chunk behind the copy: a
-  // chunk is reduced while this rank's copy of it and the peers' (just
-  // written on their cores) are still in cache, and a peer a little behind
-  // has a chunk's time to catch up before anyone waits for it.
-  const size_t per_chunk = std::max<size_t>(1, chunk_bytes_ / esize);
-  const size_t chunks = (count + per_chunk - 1) / per_chunk;
-  const uint64_t base = phase_;
-  phase_ += chunks;
-  auto reduce_chunk = [&](size_t c) {
-    const size_t at = c * per_chunk, n = std::min(per_chunk, count - at);
-    const size_t off = at * esize;
-    wait_all(base + c + 1, timeout, "allreduce: inputs");
-    // Rank order on every rank: the same result, bit for bit.
-    reduce3(op, dtype, data + off, slot(0) + off, slot(1) + off, n);
-    for (int p = 2; p < size(); ++p)
-      reduce(op, dtype, data + off, slot(p) + off, n);
-    if (postscale != 1.0) scale(dtype, data + off, postscale, n);
+  // A slot mirrors the buffer's layout: block p (of rank p) holds this
+  // rank's input for p, and this rank's own block holds its result. Steps
+  // go through every block at once, a chunk of each per step, so what a
+  // rank copies in is read by its peer while it is still in cache.
+  const std::vector<Block> blocks = even_blocks(count, n);
+  const size_t per_chunk = std::max<size_t>(1, chunk_bytes_ / esize / static_cast<size_t>(n));
+  const size_t steps = (blocks[0].count + per_chunk - 1) / per_chunk;  // block 0 is the largest
+  // The elements of block b in step c, as [offset, offset + len).
+  auto piece = [&](int b, size_t c, size_t* len) {
+    const Block& blk = blocks[static_cast<size_t>(b)];
+    const size_t at = std::min(blk.count, c * per_chunk);
+    *len = std::min(per_chunk, blk.count - at);
+    return (blk.offset + at) * esize;
   };
-  for (size_t c = 0; c < chunks; ++c) {
-    const size_t at = c * per_chunk, n = std::min(per_chunk, count - at);
-    std::memcpy(slot(rank_) + at * esize, data + at * esize, n * esize);
-    publish(base + c + 1);
-    if (c > 0) reduce_chunk(c - 1);
+  // Phases: step c's inputs are in the slots at in(c), its reduced chunk
+  // at res(c); in(0) < res(0) < in(1) < ...
+  const uint64_t base = phase_;
+  phase_ += 2 * steps;
+  auto in = [&](size_t c) { return base + 2 * c + 1; };
+  auto res = [&](size_t c) { return base + 2 * c + 2; };
+  auto copy_inputs = [&](size_t c) {
+    for (int p = 0; p < n; ++p) {
+      if (p == rank_) continue;
+      size_t len;
+      const size_t off = piece(p, c, &len);
+      std::memcpy(slot(rank_) + off, data + off, len * esize);
+    }
+    publish(in(c));
+  };
+  copy_inputs(0);
+  for (size_t c = 0; c < steps; ++c) {
+    wait_all(in(c), timeout, "allreduce: inputs");
+    // This rank's block, reduced in rank order (every rank's input comes
+    // from its slot, this rank's own from the buffer) into this rank's
+    // slot, where the peers fetch it: every rank gets the same bits.
+    size_t len;
+    const size_t off = piece(rank_, c, &len);
+    if (len > 0) {
+      auto src = [&](int q) { return q == rank_ ? data + off : slot(q) + off; };
+      char* acc = slot(rank_) + off;
+      reduce3(op, dtype, acc, src(0), src(1), len);
+      for (int q = 2; q < n; ++q)
+        reduce(op, dtype, acc, src(q), len);
+      if (postscale != 1.0) scale(dtype, acc, postscale, len);
+      std::memcpy(data + off, acc, len * esize);
+    }
+    publish(res(c));
+    // The next inputs go out before this rank waits for the peers'
+    // results: a peer a little behind has that copy's time to catch up.
+    if (c + 1 < steps) copy_inputs(c + 1);
+    wait_all(res(c), timeout, "allreduce: reduced blocks");
+    for (int p = 0; p < n; ++p) {
+      if (p == rank_) continue;
+      const size_t at = piece(p, c, &len);
+      std::memcpy(data + at, slot(p) + at, len * esize);
+    }
   }
-  reduce_chunk(chunks - 1);
   slot_free_[s] = ++phase_;
   publish(slot_free_[s]);
 }
