@@ -172,12 +172,6 @@ struct CollectiveOptions {
   // threads, which costs more than the copy below this size). 0: every
   // message through shared memory. PUSHPULL_SHM_MIN_MESSAGE_BYTES.
   uint64_t shm_min_message_bytes = 512 << 10;
-  // With shared memory on and every rank of the job on one host: allreduces
-  // larger than the arena's slots read each peer's buffer straight from its
-  // process (process_vm_readv, one copy a byte), when every rank may; the
-  // ranks agree at setup. PUSHPULL_SHM_SINGLE_COPY=0 turns it off (they go
-  // through the shared-memory rings).
-  bool shm_single_copy = true;
   // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
   // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
   // never, 1 = whenever every host has the same number of ranks.

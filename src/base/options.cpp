@@ -198,7 +198,6 @@ Options Options::from_env(const Environment& env) {
          &col.stall_shutdown_seconds);
   r.flag({"PUSHPULL_SHM"}, &col.shared_memory);
   r.integer({"PUSHPULL_SHM_MIN_MESSAGE_BYTES"}, &col.shm_min_message_bytes);
-  r.flag({"PUSHPULL_SHM_SINGLE_COPY"}, &col.shm_single_copy);
   if (auto v = r.find({"PUSHPULL_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"}).second;
       v && !v->empty()) {  // empty: automatic
     bool hierarchical = false;

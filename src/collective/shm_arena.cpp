@@ -2,7 +2,6 @@
 #include "collective/shm_arena.h"
 
 #include <sched.h>
-#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -26,9 +25,6 @@ constexpr auto kSpinWindow = std::chrono::microseconds(50);
 // Futex sleeps are sliced: a peer that died without a word, and the deadline,
 // are noticed within a slice.
 constexpr auto kSleepSlice = std::chrono::milliseconds(10);
-// A single-copy reduction reads a peer's part in chunks that stay in cache
-// while they are reduced into the caller's buffer.
-constexpr size_t kChunkBytes = 128 << 10;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -39,18 +35,16 @@ inline void cpu_relax() {
 }  // namespace
 
 ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes,
-                   bool single_copy, Check check, std::function<int(int)> name)
+                   Check check, std::function<int(int)> name)
     : rank_(rank),
       ranks_(std::move(ranks)),
       slot_bytes_(slot_bytes),
       chunk_bytes_(std::max<size_t>(1, chunk_bytes)),
-      slot_limit_(slot_bytes),
-      single_copy_(single_copy),
       check_(std::move(check)),
       name_(std::move(name)) {}
 
-bool ShmArena::handles_allreduce(size_t bytes) const {
-  return bytes <= slot_limit_ || single_copy_;
+bool ShmArena::handles_allreduce(size_t) const {
+  return true;  // in segments
 }
 
 void ShmArena::publish(uint64_t phase) {
@@ -126,21 +120,21 @@ void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Mil
     return;
   }
   if (Status st = check_(rank_); !st.is_ok()) st.raise();  // this transport closed
-  const size_t bytes = count * dtype_size(dtype);
-  if (bytes <= slot_limit_)
-    small_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout, postscale);
-  else if (single_copy_)
-    single_copy_allreduce(static_cast<char*>(data), count, dtype, op, peer_timeout, postscale);
-  else
-    throw Internal(
-        fmt::format("collective: shared-memory allreduce of {} bytes not supported", bytes));
+  // Slot-sized segments, one after the other: the next one's copies need
+  // not wait for the peers still reading this one's slot (two slots).
+  const size_t esize = dtype_size(dtype);
+  const size_t per_segment = std::max<size_t>(1, slot_bytes_ / esize);
+  char* bytes = static_cast<char*>(data);
+  for (size_t at = 0; at < count; at += per_segment)
+    slot_allreduce(bytes + at * esize, std::min(per_segment, count - at), dtype, op, peer_timeout,
+                   postscale);
 }
 
-void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
-                               double postscale) {
+void ShmArena::slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
+                              double postscale) {
   const int n = size();
   const size_t esize = dtype_size(dtype);
-  const size_t s = small_ops_++ % 2;
+  const size_t s = slot_ops_++ % 2;
   auto slot = [&](int r) { return ranks_[static_cast<size_t>(r)].slots + s * slot_bytes_; };
   wait_all(slot_free_[s], timeout, "allreduce: a slot's last readers");
   // A slot mirrors the buffer's layout: block p (of rank p) holds this
@@ -202,75 +196,6 @@ void ShmArena::small_allreduce(char* data, size_t count, DType dtype, ReduceOp o
   }
   slot_free_[s] = ++phase_;
   publish(slot_free_[s]);
-}
-
-void ShmArena::read_peer(int peer, void* dst, uint64_t remote, size_t bytes) {
-  char* out = static_cast<char*>(dst);
-  while (bytes > 0) {
-    iovec local{out, bytes};
-    iovec from{reinterpret_cast<void*>(remote), bytes};
-    const ssize_t got =
-        ::process_vm_readv(ranks_[static_cast<size_t>(peer)].pid, &local, 1, &from, 1, 0);
-    if (got <= 0) {
-      const int err = got < 0 ? errno : EIO;
-      if (Status st = check_(peer); !st.is_ok()) st.raise();
-      throw PeerFailure(fmt::format("collective: rank {} cannot read rank {}'s buffer: {}",
-                                    name_(rank_), name_(peer), std::strerror(err)));
-    }
-    out += got;
-    remote += static_cast<uint64_t>(got);
-    bytes -= static_cast<size_t>(got);
-  }
-}
-
-void ShmArena::single_copy_allreduce(char* data, size_t count, DType dtype, ReduceOp op,
-                                     Millis timeout, double postscale) {
-  const size_t esize = dtype_size(dtype);
-  const std::vector<Block> blocks = even_blocks(count, size());
-  ArenaCtl* mine = ranks_[static_cast<size_t>(rank_)].ctl;
-  mine->addr.store(reinterpret_cast<uint64_t>(data), std::memory_order_relaxed);
-  const uint64_t base = phase_;
-  phase_ += 3;
-  publish(base + 1);  // input in place, address published
-  // Each peer is served as soon as it is ready (in a fixed order, from the
-  // right neighbour round): with more ranks than cores, the ones already
-  // running make progress instead of waiting for every rank at once.
-  auto peer_addr = [&](int p) {
-    return ranks_[static_cast<size_t>(p)].ctl->addr.load(std::memory_order_acquire);
-  };
-
-  // Reduce-scatter: this rank's block, read from every peer in chunks that
-  // are reduced while they are in cache.
-  const Block& b = blocks[static_cast<size_t>(rank_)];
-  const size_t chunk = std::max<size_t>(1, kChunkBytes / esize);
-  if (scratch_.size() < chunk * esize) scratch_.resize(chunk * esize);
-  for (int i = 1; i < size(); ++i) {
-    const int p = (rank_ + i) % size();
-    wait_for(p, base + 1, timeout, "allreduce: inputs");
-    const uint64_t theirs = peer_addr(p);
-    for (size_t at = 0; at < b.count; at += chunk) {
-      const size_t n = std::min(chunk, b.count - at);
-      const size_t off = (b.offset + at) * esize;
-      read_peer(p, scratch_.data(), theirs + off, n * esize);
-      reduce(op, dtype, data + off, scratch_.data(), n);
-      if (i == size() - 1 && postscale != 1.0) scale(dtype, data + off, postscale, n);
-    }
-  }
-  publish(base + 2);
-
-  // Allgather: every other block straight from its owner into place, once
-  // its owner has reduced it.
-  for (int i = 1; i < size(); ++i) {
-    const int p = (rank_ + i) % size();
-    const Block& pb = blocks[static_cast<size_t>(p)];
-    wait_for(p, base + 2, timeout, "allreduce: reduced blocks");
-    if (pb.count == 0) continue;
-    read_peer(p, data + pb.offset * esize, peer_addr(p) + pb.offset * esize, pb.count * esize);
-  }
-  publish(base + 3);
-  // No rank returns (and lets its caller change its buffer) while a peer may
-  // still be reading it.
-  wait_all(base + 3, timeout, "allreduce: peers reading this rank's buffer");
 }
 
 }  // namespace pushpull::collective

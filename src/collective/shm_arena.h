@@ -10,23 +10,19 @@
 // advances the phase by the same amount on every rank, so the numbers agree
 // without messages.
 //
-// - Small allreduce (bytes <= slot, less above 4 ranks): each rank copies
-//   its input into its slot (alternating between two, so the next operation
-//   need not wait for slow readers) in chunks, publishing each, and
-//   reduces chunk k of all slots in rank order straight into its buffer
-//   while it copies chunk k+1 (the same order everywhere: the same bits
-//   everywhere; the chunks are still in cache); then publishes that it is
-//   done reading. One copy and one pass of reduction; about a microsecond
-//   plus the reduction.
-// - Large allreduce, single copy (when every rank may read every peer's
-//   memory with process_vm_readv, found at setup): each rank publishes its
-//   buffer's address; rank r reduces block r, reading the peers' block r
-//   straight from their buffers in cache-sized chunks; once all blocks are
-//   reduced, each rank reads the others' reduced blocks straight into its
-//   own buffer; a last phase says it is done reading, and no rank returns
-//   (so no caller touches its buffer) before every rank has. Each byte
-//   crosses between processes once, with no staging copy through the
-//   segment.
+// - Allreduce, reduce-scatter through the slots: a slot mirrors the
+//   buffer's layout, split into one block per rank. In steps of a chunk of
+//   every block, each rank copies its input for the other ranks' blocks
+//   into its slot (alternating between two slots, so the next operation
+//   need not wait for slow readers) and publishes; reduces its own block's
+//   chunk from every rank's input in rank order (the same bits
+//   everywhere) into its slot and its buffer, and publishes; then copies
+//   the peers' reduced chunks into its buffer. Per rank, each byte is
+//   copied about twice and reduced once over 1/n of the buffer, and the
+//   chunks a peer wrote are read while still in cache. An allreduce larger
+//   than a slot goes in slot-sized segments, one after the other; this
+//   beat reading the peers' buffers directly (process_vm_readv, which pins
+//   every page) by 2-3x at 2-64 MiB (docs/performance.md).
 // - Barrier: one phase.
 //
 // Waits spin briefly (yielding the CPU), then sleep on a futex in the
@@ -53,12 +49,8 @@ namespace pushpull::collective {
 // In each rank's segment. The first line is written only by its owner, the
 // second mostly by its peers.
 struct alignas(64) ArenaCtl {
-  std::atomic<uint64_t> phase;        // the last phase the owner reached
-  std::atomic<uint64_t> addr;         // the owner's buffer in a single-copy allreduce
-  uint64_t probe_addr;                // where the owner maps probe_magic
-  uint64_t probe_magic;               // what a single-copy probe must read there
-  std::atomic<uint32_t> single_copy;  // 0 not yet known, 1 the owner can read every peer, 2 not
-  char pad[28];
+  std::atomic<uint64_t> phase;  // the last phase the owner reached
+  char pad[56];
   std::atomic<uint32_t> doorbell;  // bumped by a publisher that found the owner asleep
   std::atomic<uint32_t> sleeping;  // the owner is (about to be) in FUTEX_WAIT
   char pad2[56];
@@ -70,22 +62,19 @@ class ShmArena final : public HostCollectives {
   struct Rank {
     ArenaCtl* ctl;  // in its segment, as mapped here
     char* slots;    // two slots of slot_bytes each
-    int32_t pid;
   };
   // Why operations with `peer` fail (this transport closed, the peer dead
   // or closed), or ok.
   using Check = std::function<Status(int peer)>;
-  // `ranks[rank]` is this rank. Slot allreduces go in chunks of
-  // `chunk_bytes`. `single_copy`: every rank agreed that every rank can read
-  // every other's memory. `name(r)`: how errors name rank r.
-  ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes,
-           bool single_copy, Check check, std::function<int(int)> name);
+  // `ranks[rank]` is this rank. Allreduces move `chunk_bytes` per step.
+  // `name(r)`: how errors name rank r.
+  ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes, Check check,
+           std::function<int(int)> name);
 
   bool handles_allreduce(size_t bytes) const override;
   void allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout,
                  double postscale = 1.0) override;
   void barrier(Millis peer_timeout) override;
-  bool single_copy() const { return single_copy_; }
   // Wakes this rank's waiter (its transport closed).
   void wake();
 
@@ -94,27 +83,19 @@ class ShmArena final : public HostCollectives {
   void publish(uint64_t phase);
   void wait_all(uint64_t phase, Millis timeout, const char* what);
   void wait_for(int peer, uint64_t phase, Millis timeout, const char* what);
-  void small_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
-                       double postscale);
-  void single_copy_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
-                             double postscale);
-  void read_peer(int peer, void* dst, uint64_t remote, size_t bytes);
+  // One segment: at most slot_bytes_.
+  void slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
+                      double postscale);
 
   int rank_;
   std::vector<Rank> ranks_;
   size_t slot_bytes_;
-  size_t chunk_bytes_;  // a slot allreduce's copy-and-reduce step
-  // Allreduces up to this size go through the slots: the whole slot for up
-  // to 4 ranks, less above (each rank reads every rank's slot, n times the
-  // bytes, where single copy reads about twice them).
-  size_t slot_limit_;
-  bool single_copy_;
+  size_t chunk_bytes_;  // a slot allreduce's step
   Check check_;
   std::function<int(int)> name_;
-  uint64_t phase_ = 0;         // the last phase this rank published
-  uint64_t small_ops_ = 0;     // which slot the next small allreduce uses
-  uint64_t slot_free_[2]{};    // the phase after which every rank is done reading a slot
-  std::vector<char> scratch_;  // a chunk read from a peer
+  uint64_t phase_ = 0;       // the last phase this rank published
+  uint64_t slot_ops_ = 0;    // which slot the next segment uses
+  uint64_t slot_free_[2]{};  // the phase after which every rank is done reading a slot
 };
 
 }  // namespace pushpull::collective

@@ -116,7 +116,6 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   const int rank = tcp->rank(), size = tcp->size();
   const auto deadline = Clock::now() + startup;
   ShmOptions o;
-  o.single_copy = c.shm_single_copy;
   // Every rank takes part in both exchanges, even one that cannot make a
   // probe (it proves nothing): the others must not wait for it.
   std::unique_ptr<HostProbe> probe;

@@ -77,7 +77,7 @@ class ShmDataTransport final : public Transport {
 };
 
 // See above. From `c`: shared_memory (on or off), shm_min_message_bytes (see
-// ShmDataTransport::set_stream_below) and shm_single_copy (ShmOptions::single_copy).
+// ShmDataTransport::set_stream_below).
 // `startup` bounds the exchange and the segments' setup. `dir` is where the segments live.
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
                                              const CollectiveOptions& c, Millis startup,

@@ -7,7 +7,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,8 +26,7 @@
 namespace pushpull::collective {
 namespace {
 
-constexpr uint64_t kMagic = 0x70707368'6d763033ull;       // "ppshmv03"
-constexpr uint64_t kProbeMagic = 0x70706172'656e6121ull;  // what a single-copy probe reads
+constexpr uint64_t kMagic = 0x70707368'6d763034ull;  // "ppshmv04"
 constexpr auto kSpinWindow = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);  // futex timeout: liveness checks
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
@@ -225,8 +223,6 @@ struct ShmTransport::Impl {
     h->size = static_cast<uint32_t>(size);
     h->ring_bytes = o.ring_bytes;
     h->pid.store(static_cast<int32_t>(::getpid()));
-    map(rank).arena->probe_addr = reinterpret_cast<uint64_t>(&map(rank).arena->probe_magic);
-    map(rank).arena->probe_magic = kProbeMagic;
     h->magic.store(kMagic, std::memory_order_release);
 
     const auto deadline = Clock::now() + o.connect_timeout;
@@ -249,49 +245,15 @@ struct ShmTransport::Impl {
     }
     ::unlink(own_path.c_str());  // every peer has it mapped; nothing to leak from here on
     own_path.clear();
-    if (o.arena_slot_bytes > 0) make_arena(deadline);
+    if (o.arena_slot_bytes > 0) make_arena();
   }
 
-  // True if this process may read every peer's memory (process_vm_readv:
-  // same user, and no ptrace restriction or seccomp rule against it).
-  bool can_read_peers() {
-    for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
-      const ArenaCtl* theirs = map(p).arena;
-      uint64_t got = 0;
-      iovec local{&got, sizeof got};
-      iovec remote{reinterpret_cast<void*>(theirs->probe_addr), sizeof got};
-      if (::process_vm_readv(map(p).h->pid.load(), &local, 1, &remote, 1, 0) !=
-              static_cast<ssize_t>(sizeof got) ||
-          got != theirs->probe_magic)
-        return false;
-    }
-    return true;
-  }
-
-  // The ranks agree whether single-copy reads work between every pair (each
-  // says whether it can read every peer), then build the arena.
-  void make_arena(Clock::time_point deadline) {
-    ArenaCtl* own = map(rank).arena;
-    own->single_copy.store(o.single_copy && can_read_peers() ? 1 : 2, std::memory_order_release);
-    bool all = true;
-    for (int p = 0; p < size; ++p) {
-      uint32_t v;
-      while ((v = map(p).arena->single_copy.load(std::memory_order_acquire)) == 0) {
-        if (Clock::now() > deadline)
-          throw Timeout(
-              fmt::format("collective shm: rank {} never said whether it can read its "
-                          "peers' memory within {} ms",
-                          name(p), o.connect_timeout.count()));
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      all = all && v == 1;
-    }
+  void make_arena() {
     std::vector<ShmArena::Rank> ranks;
     for (int p = 0; p < size; ++p)
-      ranks.push_back({map(p).arena, map(p).slots, map(p).h->pid.load()});
+      ranks.push_back({map(p).arena, map(p).slots});
     arena = std::make_unique<ShmArena>(
-        rank, std::move(ranks), o.arena_slot_bytes, o.arena_chunk_bytes, all,
+        rank, std::move(ranks), o.arena_slot_bytes, o.arena_chunk_bytes,
         [this](int p) { return arena_check(p); }, [this](int r) { return name(r); });
   }
 

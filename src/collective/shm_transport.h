@@ -52,17 +52,14 @@ struct ShmOptions {
   std::vector<int> rank_names;
   // Messages kept per peer before their receive is posted (bytes).
   uint64_t max_early_bytes = uint64_t{1} << 30;
-  // Each of the arena's two slots (shm_arena.h): allreduces up to this size
-  // (4/n of it above 4 ranks) copy through them, larger ones use single
-  // copy; 0: no arena (host_collectives() is null).
+  // Each of the arena's two slots (shm_arena.h): every allreduce goes
+  // through them, a larger one in slot-sized segments; 0: no arena
+  // (host_collectives() is null).
   size_t arena_slot_bytes = 1 << 20;
-  // A slot allreduce copies and reduces in chunks of this many bytes, one
-  // phase each (shm_arena.h): 1 MiB with 2 ranks took 115-149 us in 128 KiB
-  // chunks, 157 us in one piece (interleaved runs; 64 and 256 KiB between).
+  // A slot allreduce moves and reduces this many bytes per step (shm_arena.h).
+  // With 2 ranks, 1 MiB: 62-73 us in 128 KiB steps; 64 and 256 KiB no better
+  // (interleaved runs, docs/performance.md).
   size_t arena_chunk_bytes = 128 << 10;
-  // Larger allreduces read the peers' buffers directly (process_vm_readv)
-  // when every rank can; false: never (they go through the rings).
-  bool single_copy = true;
 };
 
 class ShmTransport final : public Transport {

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shared-memory arena (shm_arena.h), reached as the algorithms reach it
 // (allreduce() and barrier() over ShmTransports with host_collectives()):
-// every size through the slots and single copy, every dtype and op, the
-// same bits on every rank, long mixed sequences (slots alternate, phases
-// stay in step), the ranks' agreement on single copy, and the failure
-// paths: a peer that closes, one that never comes, this rank's own close.
+// every size through the slots (one segment or many), every dtype and op,
+// the same bits on every rank, long mixed sequences (slots alternate,
+// phases stay in step), and the failure paths: a peer that closes, one
+// that never comes, this rank's own close.
 #include "collective/shm_arena.h"
 
 #include <gtest/gtest.h>
@@ -13,7 +13,6 @@
 #include <cstring>
 #include <thread>
 
-#include <fmt/format.h>
 
 #include "collective/algorithms.h"
 #include "fabrics.h"
@@ -61,15 +60,15 @@ AlgoContext context(Transport& t, uint64_t op_id, Millis timeout = Millis(20000)
   return ctx;
 }
 
-TEST(ShmArena, EverySizeDtypeOpAndWorldThroughSlotsAndSingleCopy) {
+TEST(ShmArena, EverySizeDtypeOpAndWorldInOneSegmentOrMany) {
   ShmOptions o;
-  o.arena_slot_bytes = 4096;   // 1024 floats: both paths with small vectors
-  o.arena_chunk_bytes = 1000;  // slot allreduces in several chunks, the last one short
-  for (int n : {2, 3, 4}) {
+  o.arena_slot_bytes = 4096;   // 1024 floats: many segments with small vectors
+  o.arena_chunk_bytes = 1000;  // several steps per segment, the last one short
+  for (int n : {2, 3, 4, 5}) {
     auto g = testing::connect_shm_group(n, o);
     ASSERT_NE(g[0]->host_collectives(), nullptr);
     EXPECT_TRUE(g[0]->host_collectives()->handles_allreduce(4096));
-    EXPECT_TRUE(g[0]->host_collectives()->handles_allreduce(uint64_t{1} << 30));  // single copy
+    EXPECT_TRUE(g[0]->host_collectives()->handles_allreduce(uint64_t{1} << 30));  // segments
     std::vector<std::vector<std::vector<char>>> results(static_cast<size_t>(n));
     uint64_t op_id = 0;
     for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kFloat16})
@@ -96,8 +95,7 @@ TEST(ShmArena, EverySizeDtypeOpAndWorldThroughSlotsAndSingleCopy) {
 
 TEST(ShmArena, TheSameBitsOnEveryRankForRoundedSums) {
   // Values whose float sums depend on the order: every rank still ends with
-  // the same bits (slots: rank order everywhere; single copy: one rank
-  // reduces each block).
+  // the same bits (one rank reduces each block, in rank order).
   ShmOptions o;
   o.arena_slot_bytes = 4096;
   o.arena_chunk_bytes = 512;
@@ -148,7 +146,7 @@ TEST(ShmArena, LongMixedSequencesOfSlotsSingleCopyAndBarriers) {
         barrier(ctx);
         continue;
       }
-      const size_t count = k % 3 == 0 ? 20000 + k : 1 + k * 3;  // single copy or a slot
+      const size_t count = k % 3 == 0 ? 20000 + k : 1 + k * 3;  // many segments or one
       std::vector<int32_t> buf(count);
       for (size_t i = 0; i < count; ++i)
         buf[i] = static_cast<int32_t>(k * 1000 + i + static_cast<size_t>(r));
@@ -173,36 +171,6 @@ TEST(ShmArena, NoRankLeavesTheBarrierBeforeEveryRankArrived) {
       auto ctx2 = context(t, 1000 + static_cast<uint64_t>(round));
       barrier(ctx2);  // nobody counts the next round before all checked
     }
-  });
-}
-
-TEST(ShmArena, SingleCopyNeedsEveryRanksConsent) {
-  // One rank without single copy: no rank uses it (large allreduces go
-  // through the rings, still correct).
-  const int n = 3;
-  std::vector<std::unique_ptr<Transport>> g(n);
-  std::vector<std::thread> th;
-  const std::string prefix = fmt::format("pushpull-arena-{}", ::getpid());
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      ShmOptions o;
-      o.arena_slot_bytes = 4096;
-      o.single_copy = r != 1;
-      g[static_cast<size_t>(r)] = std::make_unique<ShmTransport>(r, n, prefix, o);
-    });
-  for (auto& t : th)
-    t.join();
-  for (auto& t : g) {
-    ASSERT_NE(t->host_collectives(), nullptr);
-    EXPECT_TRUE(t->host_collectives()->handles_allreduce(4096));
-    EXPECT_FALSE(t->host_collectives()->handles_allreduce(4097));
-  }
-  run_ranks(g, [&](int r, Transport& t) {
-    std::vector<float> buf(100000, static_cast<float>(r + 1));
-    auto ctx = context(t, 1);
-    allreduce(ctx, buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum, 0.5);
-    EXPECT_EQ(buf[0], 3.0f);
-    EXPECT_EQ(buf[99999], 3.0f);
   });
 }
 
@@ -246,7 +214,7 @@ TEST(ShmArena, APeerThatClosesFailsTheOthersInASlotAllreduce) {
   a_closing_peer_fails_the_others(100);
 }
 
-TEST(ShmArena, APeerThatClosesFailsTheOthersInASingleCopyAllreduce) {
+TEST(ShmArena, APeerThatClosesFailsTheOthersInASegmentedAllreduce) {
   a_closing_peer_fails_the_others(100000);
 }
 

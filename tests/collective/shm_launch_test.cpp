@@ -35,17 +35,16 @@ int count_in(const std::string& out, const std::string& label, const std::string
   return n;
 }
 
-// (world size, single copy): large allreduces read the peers' buffers
-// directly, or (PUSHPULL_SHM_SINGLE_COPY=0) go through the rings.
-class ShmWorlds : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// World sizes: allreduces through the arena (larger ones in several
+// slot-sized segments), the other collectives through the rings.
+class ShmWorlds : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmWorlds, EveryOpAgreesWithTheLocalReference) {
-  const auto [n, single_copy] = GetParam();
-  auto r = run_launcher(
-      {"-n", std::to_string(n), "-s", "0", "--timeout", "30", "--env", "PUSHPULL_SHM=1", "--env",
-       fmt::format("PUSHPULL_SHM_SINGLE_COPY={}", single_copy ? 1 : 0), bin("collective_probe"),
-       "--dtypes", "float32,float16,int64,uint8", "--sizes", "0,1,7,1000,100003,300001"},
-      std::chrono::seconds(150));
+  const int n = GetParam();
+  auto r = run_launcher({"-n", std::to_string(n), "-s", "0", "--timeout", "30", "--env",
+                         "PUSHPULL_SHM=1", bin("collective_probe"), "--dtypes",
+                         "float32,float16,int64,uint8", "--sizes", "0,1,7,1000,100003,300001"},
+                        std::chrono::seconds(150));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string all = r.out + r.err;
   for (int w = 0; w < n; ++w) {
@@ -54,9 +53,7 @@ TEST_P(ShmWorlds, EveryOpAgreesWithTheLocalReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorlds,
-                         ::testing::Values(std::tuple{2, true}, std::tuple{3, true},
-                                           std::tuple{3, false}));
+INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorlds, ::testing::Values(2, 3));
 
 std::map<std::string, std::string> shm_env(int rank, int n, int port) {
   return {{"RANK", std::to_string(rank)},
@@ -84,7 +81,7 @@ std::vector<std::unique_ptr<test::ChildProcess>> start_probes(int n,
 
 // (stop, elements): the victim is killed (0) or stopped (1: only heartbeats
 // reveal it), in the middle of allreduces through the arena's slots (1000
-// elements) or of single-copy ones (300000).
+// elements: one segment; 300000: two).
 class ShmVictim : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(ShmVictim, IsAPeerFailureNamingItEverywhere) {
