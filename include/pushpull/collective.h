@@ -131,9 +131,14 @@ class Communicator {
   // same members under a name. A reduce_scatter splits among the members.
   //
   // output = reduction of every rank's input (same shape and dtype; output
-  // may be input for in place).
+  // may be input for in place). `postscale` multiplies the result
+  // (Horovod's postscale_factor, on top of kAverage's 1/n): applied inside
+  // the algorithm while each block is in cache, instead of as a pass of its
+  // own afterwards. Every member must pass the same factor (negotiated like
+  // the shape; a joined rank takes it from the others).
   Handle allreduce_async(std::string name, ArrayView input, ArrayView output,
-                         Reduction op = Reduction::kSum, std::vector<int> members = {});
+                         Reduction op = Reduction::kSum, std::vector<int> members = {},
+                         double postscale = 1.0);
   Handle allreduce_async(std::string name, ArrayView inout, Reduction op = Reduction::kSum) {
     return allreduce_async(std::move(name), inout, inout, op);
   }

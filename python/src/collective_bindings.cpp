@@ -159,23 +159,26 @@ coll::Communicator& comm() {
 }
 
 std::unique_ptr<PyHandle> allreduce_async(std::string name, py::object input, py::object output,
-                                          coll::Reduction op, std::vector<int> members) {
+                                          coll::Reduction op, std::vector<int> members,
+                                          double postscale) {
   KeepAlive keep;
   coll::Handle h;
+  auto submit = [&](ArrayView in, ArrayView out) {
+    return members.empty() && postscale == 1.0
+               ? coll::allreduce_async(std::move(name), in, out, op)
+               : comm().allreduce_async(std::move(name), in, out, op, std::move(members),
+                                        postscale);
+  };
   if (output.is_none() || output.is(input)) {
     Pinned p = pin(input, /*writable=*/true, fmt::format("allreduce '{}' tensor", name));
     keep.push_back(std::move(p.keep_alive));
-    h = members.empty()
-            ? coll::allreduce_async(std::move(name), p.view, op)
-            : comm().allreduce_async(std::move(name), p.view, p.view, op, std::move(members));
+    h = submit(p.view, p.view);
   } else {
     Pinned in = pin(input, /*writable=*/false, fmt::format("allreduce '{}' input", name));
     Pinned out = pin(output, /*writable=*/true, fmt::format("allreduce '{}' output", name));
     keep.push_back(std::move(in.keep_alive));
     keep.push_back(std::move(out.keep_alive));
-    h = members.empty()
-            ? coll::allreduce_async(std::move(name), in.view, out.view, op)
-            : comm().allreduce_async(std::move(name), in.view, out.view, op, std::move(members));
+    h = submit(in.view, out.view);
   }
   return std::make_unique<PyHandle>(std::move(h), std::move(keep), false);
 }
@@ -269,8 +272,9 @@ void bind_collective(py::module_& m) {
   const auto all = std::vector<int>{};
   c.def("allreduce_async", &allreduce_async, py::arg("name"), py::arg("input"),
         py::arg("output") = py::none(), py::arg("op") = coll::Reduction::kSum,
-        py::arg("members") = all,
-        "output = reduction of every rank's input; output None (or input) means in place.");
+        py::arg("members") = all, py::arg("postscale") = 1.0,
+        "output = reduction of every rank's input, times postscale (this rank's factor, "
+        "applied inside the algorithm); output None (or input) means in place.");
   c.def("broadcast_async", &broadcast_async, py::arg("name"), py::arg("data"), py::arg("root"),
         py::arg("members") = all, "data on every rank becomes root's (in place).");
   c.def("allgather_async", &allgather_async, py::arg("name"), py::arg("input"),
@@ -282,7 +286,7 @@ void bind_collective(py::module_& m) {
   c.def(
       "allreduce",
       [](std::string name, py::object input, py::object output, coll::Reduction op) {
-        allreduce_async(std::move(name), std::move(input), std::move(output), op, {})
+        allreduce_async(std::move(name), std::move(input), std::move(output), op, {}, 1.0)
             ->wait(std::nullopt);
       },
       py::arg("name"), py::arg("input"), py::arg("output") = py::none(),

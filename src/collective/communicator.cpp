@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The public Communicator: argument checks, then the engine.
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -97,8 +98,11 @@ int Communicator::local_size() const {
 }
 
 Handle Communicator::allreduce_async(std::string name, ArrayView input, ArrayView output,
-                                     Reduction op, std::vector<int> members) {
+                                     Reduction op, std::vector<int> members, double postscale) {
   check_name(name);
+  if (!std::isfinite(postscale))
+    throw InvalidArgument(
+        fmt::format("collective: allreduce '{}': postscale {} is not finite", name, postscale));
   check_view(input, "input", name);
   check_view(output, "output", name);
   if (input.dtype != output.dtype || !(input.shape == output.shape))
@@ -111,6 +115,7 @@ Handle Communicator::allreduce_async(std::string name, ArrayView input, ArrayVie
          0,
          input.shape,
          checked_members(std::move(members), rank(), size(), name)};
+  s.postscale = postscale;
   return impl_->submit(std::move(s), input, output);
 }
 void Communicator::allreduce(std::string name, ArrayView input, ArrayView output, Reduction op) {

@@ -234,7 +234,8 @@ std::vector<Response> Coordinator::poll(Clock::time_point now, std::vector<Stall
       while (j < ready_.size()) {
         const Item& nx = ready_[j];
         if (!fusible(nx) || nx.spec.dtype != item.spec.dtype ||
-            nx.spec.reduction != item.spec.reduction || nx.response.joined != r.joined ||
+            nx.spec.reduction != item.spec.reduction || nx.spec.postscale != item.spec.postscale ||
+            nx.response.joined != r.joined ||
             bytes + nx.spec.bytes() > opts_.fusion_threshold_bytes)
           break;
         bytes += nx.spec.bytes();

@@ -184,7 +184,9 @@ void Communicator::Impl::run_allreduce(const Response& r, const std::vector<Spec
   const DType dtype = specs[0].dtype;
   const ReduceOp kop = kernel_op(specs[0].reduction);
   const int contributors = size_ - static_cast<int>(r.joined.size());
-  const double alpha = specs[0].reduction == Reduction::kAverage ? 1.0 / contributors : 1.0;
+  // Fused ops share their postscale (the coordinator fuses only those).
+  const double alpha =
+      (specs[0].reduction == Reduction::kAverage ? 1.0 / contributors : 1.0) * specs[0].postscale;
   LocalOp* single = specs.size() == 1 ? find(specs[0].name) : nullptr;
   if (single) {
     // Zero-copy: reduce straight in the caller's output buffer.

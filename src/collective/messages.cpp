@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,7 +19,7 @@ constexpr size_t kMaxName = size_t{1} << 16;
 constexpr size_t kMaxMessage = size_t{1} << 20;
 
 // Smallest encodings, for Reader::count's check against the remaining input.
-constexpr size_t kMinSpecBytes = 4 + 3 + 4 + 1 + 4;
+constexpr size_t kMinSpecBytes = 4 + 3 + 4 + 1 + 4 + 8;
 constexpr size_t kMinTensorBytes = 4 + 4 + 1;
 constexpr size_t kMinResponseBytes = 1 + 4 + 4 + 4 + 4 + 4;
 
@@ -34,6 +35,7 @@ void put_spec(net::Writer& w, const Spec& s) {
   w.u<uint32_t>(static_cast<uint32_t>(s.members.size()));
   for (int32_t m : s.members)
     w.u<int32_t>(m);
+  w.f64(s.postscale);
 }
 
 std::string as_string(std::vector<std::byte>&& b) {
@@ -93,7 +95,9 @@ struct Decoder {
         return fail(fmt::format("process set member {}", m));
       s->members.push_back(m);
     }
+    s->postscale = r.f64();
     if (!r.ok()) return false;
+    if (!std::isfinite(s->postscale)) return fail("postscale is not finite");
     if (!s->members.empty() && !s->includes(s->root) && s->type == OpType::kBroadcast)
       return fail(fmt::format("broadcast root {} outside its process set", s->root));
     return true;
@@ -120,7 +124,8 @@ std::string_view op_type_name(OpType t) {
 
 bool operator==(const Spec& a, const Spec& b) {
   return a.name == b.name && a.type == b.type && a.dtype == b.dtype && a.reduction == b.reduction &&
-         a.root == b.root && a.shape == b.shape && a.members == b.members;
+         a.root == b.root && a.shape == b.shape && a.members == b.members &&
+         a.postscale == b.postscale;
 }
 
 bool Spec::includes(int rank) const {
@@ -131,6 +136,7 @@ bool Spec::compatible(const Spec& o) const {
   if (name != o.name || type != o.type || dtype != o.dtype || members != o.members) return false;
   switch (type) {
     case OpType::kAllreduce:
+      return reduction == o.reduction && shape == o.shape && postscale == o.postscale;
     case OpType::kReduceScatter:
       return reduction == o.reduction && shape == o.shape;
     case OpType::kBroadcast:
@@ -151,6 +157,7 @@ std::string Spec::describe() const {
   std::string s = fmt::format("{} {}{}", op_type_name(type), dtype_name(dtype), shape.to_string());
   if (type == OpType::kAllreduce || type == OpType::kReduceScatter)
     s += fmt::format(" {}", reduction_name(reduction));
+  if (type == OpType::kAllreduce && postscale != 1.0) s += fmt::format(" postscale {}", postscale);
   if (type == OpType::kBroadcast) s += fmt::format(" root {}", root);
   if (!members.empty()) s += fmt::format(" ranks [{}]", fmt::join(members, ", "));
   return s;

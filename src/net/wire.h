@@ -65,6 +65,7 @@ class Writer {
   }
   // An IEEE float by its bits.
   Writer& f32(float v) { return u<uint32_t>(std::bit_cast<uint32_t>(v)); }
+  Writer& f64(double v) { return u<uint64_t>(std::bit_cast<uint64_t>(v)); }
   // A string with a `Len`-typed byte length in front (u32 by default).
   // Strings longer than Len can count are cut (a reader's `max` rejects them
   // long before that).
@@ -139,6 +140,7 @@ class Reader {
     return v;
   }
   float f32() { return std::bit_cast<float>(u<uint32_t>()); }
+  double f64() { return std::bit_cast<double>(u<uint64_t>()); }
 
   // A string written by Writer::str<Len>; longer than `max` is malformed.
   template <typename Len = uint32_t>

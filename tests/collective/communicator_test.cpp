@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "group.h"
@@ -152,6 +153,70 @@ TEST(Communicator, SingleOpsBothAlgorithms) {
       }
     });
   }
+}
+
+TEST(Communicator, APostscaleMultipliesTheResultSingleFusedAndJoined) {
+  // Ops with different factors (fused only with their own), single (large)
+  // ops, kSum and kAverage; then a rank that has joined, which contributes
+  // nothing and takes the factor from the others' specs.
+  const int n = 3;
+  Group g(n);
+  g.run([&](int r, Communicator& c) {
+    EXPECT_THROW(
+        c.allreduce_async("inf", Array(Shape{1}, DType::kFloat32), Array(Shape{1}, DType::kFloat32),
+                          Reduction::kSum, {}, std::numeric_limits<double>::infinity()),
+        InvalidArgument);
+    for (Reduction red : {Reduction::kSum, Reduction::kAverage}) {
+      struct Op {
+        Handle h;
+        double factor;
+        Array in, out;
+      };
+      std::vector<Op> ops;
+      for (int k = 0; k < 12; ++k) {
+        const int64_t count = k < 10 ? 5 + k : 300001;  // the last two: single ops
+        const double factor = k < 5 ? 0.5 : 0.25 * k;
+        Op op{{},
+              factor,
+              make_input(ReduceOp::kSum, DType::kFloat32, r, count),
+              Array(Shape{count}, DType::kFloat32)};
+        op.h = c.allreduce_async(fmt::format("p{}", k), op.in, op.out, red, {}, factor);
+        ops.push_back(std::move(op));
+      }
+      for (auto& op : ops) {
+        c.wait(op.h);
+        for (int64_t i = 0; i < op.out.view().numel(); i += 7)
+          ASSERT_TRUE(near(get_element(op.out, i), expected(red, DType::kFloat32, n, i) * op.factor,
+                           DType::kFloat32))
+              << "rank " << r << " factor " << op.factor << " [" << i << "]";
+      }
+    }
+    if (r == 2) {
+      c.join();
+      return;
+    }
+    std::vector<float> v(100, static_cast<float>(r + 1));  // 1 + 2, rank 2 joined
+    c.wait(c.allreduce_async("after join", ArrayView(v.data(), Shape{100}),
+                             ArrayView(v.data(), Shape{100}), Reduction::kSum, {}, 1.0 / 3));
+    EXPECT_FLOAT_EQ(v[0], 1.0f);
+    EXPECT_FLOAT_EQ(v[99], 1.0f);
+    c.join();
+  });
+}
+
+TEST(Communicator, DifferentPostscalesFailOnEveryRank) {
+  Group g(2);
+  g.run([&](int r, Communicator& c) {
+    Array a(Shape{4}, DType::kFloat32);
+    try {
+      c.wait(c.allreduce_async("grads", a, a, Reduction::kSum, {}, r == 0 ? 0.5 : 0.25));
+      FAIL() << "rank " << r << " did not fail";
+    } catch (const InvalidArgument& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("grads"), std::string::npos) << m;
+      EXPECT_NE(m.find("postscale 0.25"), std::string::npos) << m;
+    }
+  });
 }
 
 TEST(Communicator, LargeAllreduceTensOfMiB) {

@@ -230,6 +230,12 @@ def _allreduce_impl(tensor, output, average, name, op, prescale_factor, postscal
         else:
             source = _scale_(tensor.detach().clone(), prescale_factor)
     out_arg = None if output is source else _raw(output)
+    if output.dtype in (torch.float32, torch.float64):
+        # The engine multiplies each block while it is in cache (an
+        # average's 1/n too): no pass of its own over the result.
+        h = _c.allreduce_async(name, _raw(source), out_arg, reduction, members,
+                               postscale_factor / divisor)
+        return Handle(h, output, lambda op_, timeout: (op_.wait(timeout), output)[1])
     h = _c.allreduce_async(name, _raw(source), out_arg, reduction, members)
 
     def finish(op_, timeout):
