@@ -132,10 +132,10 @@ class Communicator {
   //
   // output = reduction of every rank's input (same shape and dtype; output
   // may be input for in place). `postscale` multiplies the result
-  // (Horovod's postscale_factor, on top of kAverage's 1/n): applied inside
-  // the algorithm while each block is in cache, instead of as a pass of its
-  // own afterwards. Every member must pass the same factor (negotiated like
-  // the shape; a joined rank takes it from the others).
+  // (Horovod's postscale_factor, on top of kAverage's 1/n), applied by the
+  // algorithm on the engine's thread (the shared-memory arena: to each
+  // block while it is in cache). Every member must pass the same factor
+  // (negotiated like the shape; a joined rank takes it from the others).
   Handle allreduce_async(std::string name, ArrayView input, ArrayView output,
                          Reduction op = Reduction::kSum, std::vector<int> members = {},
                          double postscale = 1.0);

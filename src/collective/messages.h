@@ -42,9 +42,9 @@ struct Spec {
   // as a joined rank does (identity, zero rows), without submitting.
   std::vector<int32_t> members;
   // Allreduce: the result times this factor (Horovod's postscale_factor; on
-  // top of kAverage's 1/n), applied inside the algorithm while each block is
-  // in cache. Negotiated like the rest: every rank applies the same factor
-  // (an algorithm may scale a block on the rank that reduces it). Finite.
+  // top of kAverage's 1/n), applied by the algorithm. Negotiated like the
+  // rest: every rank applies the same factor (the arena scales a block on
+  // the rank that reduces it). Finite.
   double postscale = 1.0;
 
   // Whether `rank` takes part (a member, or every rank when members is empty).

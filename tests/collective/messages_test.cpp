@@ -24,6 +24,7 @@ Spec sample_spec() {
   s.type = OpType::kAllreduce;
   s.dtype = DType::kFloat16;
   s.shape = Shape{3, 4};
+  s.postscale = 0.125;
   return s;
 }
 
@@ -104,6 +105,24 @@ TEST(CollectiveMessages, HugeCountsAndOverflowingShapesAreRejected) {
   EXPECT_NE(st.message().find("shape"), std::string::npos) << st.message();
   std::string str(reinterpret_cast<const char*>(s.data().data()), s.data().size());
   EXPECT_THROW(decode_announce(str, 4), ProtocolError);
+}
+
+TEST(CollectiveMessages, APostscaleIsPartOfTheSignatureAndMustBeFinite) {
+  Spec a = sample_spec(), b = sample_spec();
+  b.postscale = 0.25;
+  EXPECT_FALSE(a == b);
+  EXPECT_FALSE(a.compatible(b));  // a mismatch between ranks
+  EXPECT_NE(b.describe().find("postscale 0.25"), std::string::npos) << b.describe();
+  for (double bad :
+       {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    Announce an;
+    an.specs = {sample_spec()};
+    an.specs[0].postscale = bad;
+    Announce got;
+    Status st = decode_announce(as_span(encode(an)), 4, &got);
+    EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+    EXPECT_NE(st.message().find("postscale"), std::string::npos) << st.message();
+  }
 }
 
 }  // namespace
