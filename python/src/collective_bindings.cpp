@@ -273,8 +273,8 @@ void bind_collective(py::module_& m) {
   c.def("allreduce_async", &allreduce_async, py::arg("name"), py::arg("input"),
         py::arg("output") = py::none(), py::arg("op") = coll::Reduction::kSum,
         py::arg("members") = all, py::arg("postscale") = 1.0,
-        "output = reduction of every rank's input, times postscale (this rank's factor, "
-        "applied inside the algorithm); output None (or input) means in place.");
+        "output = reduction of every rank's input, times postscale (every member passes the "
+        "same factor; applied inside the algorithm); output None (or input) means in place.");
   c.def("broadcast_async", &broadcast_async, py::arg("name"), py::arg("data"), py::arg("root"),
         py::arg("members") = all, "data on every rank becomes root's (in place).");
   c.def("allgather_async", &allgather_async, py::arg("name"), py::arg("input"),

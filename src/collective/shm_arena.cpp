@@ -4,7 +4,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
