@@ -184,27 +184,35 @@ void Node::start() {
   PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
   // The mesh: worker -> every server, worker -> every lower-rank worker.
   std::vector<NodeAddress> targets;
+  // Dialed once, briefly, and not waited for: a peer that may be gone or
+  // replaced since the book was made (see below).
+  std::vector<NodeAddress> maybe;
   size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
                                             : static_cast<size_t>(c.num_workers);
   if (role() == Role::kServer && book_.incarnation > 0) {
     // A restarted server joins a running job: it connects to every worker
-    // and every live server (they started long ago).
+    // and every live server (they started long ago). A worker that died
+    // since this book was made is dialed at its dead address; its
+    // replacement dials this server instead (below), which counts the same.
     std::lock_guard lock(mu_);
-    targets = book_.workers;
+    maybe = book_.workers;
     for (const auto& s : book_.servers)
       if (s.rank != my_rank && (static_cast<size_t>(s.rank) >= placement_.dead.size() ||
                                 !placement_.dead[static_cast<size_t>(s.rank)]))
         targets.push_back(s);
-    expected = targets.size();
+    expected = targets.size() + maybe.size();
   } else if (role() == Role::kWorker && book_.incarnation > 0) {
-    // A replacement joins a running job: the live servers only (the other
+    // A replacement joins a running job: the live servers (the other
     // workers' mesh was built at the start; a parameter-server worker does
-    // not need it).
+    // not need it), and, without waiting for them, the failed-over ones: one
+    // may have been restarted and be dialing this rank's dead predecessor.
     std::lock_guard lock(mu_);
     for (const auto& s : book_.servers)
       if (static_cast<size_t>(s.rank) >= placement_.dead.size() ||
           !placement_.dead[static_cast<size_t>(s.rank)])
         targets.push_back(s);
+      else
+        maybe.push_back(s);
     expected = targets.size();
   } else if (role() == Role::kWorker) {
     targets = book_.servers;
@@ -220,6 +228,33 @@ void Node::start() {
     std::lock_guard lock(mu_);
     peers_[{t.role, t.rank}] = id;
     cv_.notify_all();
+  }
+  // A restarted server keeps dialing a worker in short attempts until it
+  // answers or its replacement has dialed in (on_connect), up to
+  // connect_timeout; a replacement worker tries a failed-over server once.
+  const Millis brief = role() == Role::kServer ? Millis{1000} : Millis{300};
+  for (const auto& t : maybe) {
+    const auto until = std::chrono::steady_clock::now() + options_.net.connect_timeout;
+    for (;;) {
+      {
+        std::lock_guard lock(mu_);
+        if (peers_.count({t.role, t.rank}) || shutdown_) break;  // it dialed this node
+      }
+      try {
+        net::ConnId id = transport_->connect(t.host, t.port, brief);
+        std::lock_guard lock(mu_);
+        if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
+        cv_.notify_all();
+        break;
+      } catch (const Error& e) {
+        if (role() == Role::kServer && std::chrono::steady_clock::now() < until) continue;
+        PP_INFO("{} {}: cannot reach {} ({}); {}", role_name(role()), my_rank, t.describe(),
+                e.what(),
+                role() == Role::kServer ? "waiting for its replacement to dial in"
+                                        : "if it is restarted, it dials this worker");
+        break;
+      }
+    }
   }
   if (role() == Role::kServer && replicas_ > 0 && book_.incarnation == 0)
     expected += static_cast<size_t>(c.num_servers - 1);
