@@ -184,8 +184,8 @@ void Node::start() {
   PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
   // The mesh: worker -> every server, worker -> every lower-rank worker.
   std::vector<NodeAddress> targets;
-  // Dialed once, briefly, and not waited for: a peer that may be gone or
-  // replaced since the book was made (see below).
+  // Peers that may have died or been replaced since the book was made,
+  // dialed in short attempts (see below).
   std::vector<NodeAddress> maybe;
   size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
                                             : static_cast<size_t>(c.num_workers);
