@@ -229,38 +229,41 @@ void Node::start() {
     peers_[{t.role, t.rank}] = id;
     cv_.notify_all();
   }
-  // A restarted server keeps dialing a worker in short attempts until it
-  // answers or its replacement has dialed in (on_connect), up to
-  // connect_timeout; a replacement worker tries a failed-over server once.
-  const Millis brief = role() == Role::kServer ? Millis{1000} : Millis{300};
-  for (const auto& t : maybe) {
-    const auto until = std::chrono::steady_clock::now() + options_.net.connect_timeout;
-    for (;;) {
-      {
-        std::lock_guard lock(mu_);
-        if (peers_.count({t.role, t.rank}) || shutdown_) break;  // it dialed this node
-      }
-      try {
-        net::ConnId id = transport_->connect(t.host, t.port, brief);
-        std::lock_guard lock(mu_);
-        if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
-        cv_.notify_all();
-        break;
-      } catch (const Error& e) {
-        if (role() == Role::kServer && std::chrono::steady_clock::now() < until) continue;
-        PP_INFO("{} {}: cannot reach {} ({}); {}", role_name(role()), my_rank, t.describe(),
-                e.what(),
-                role() == Role::kServer ? "waiting for its replacement to dial in"
-                                        : "if it is restarted, it dials this worker");
-        break;
-      }
-    }
-  }
+  for (const auto& t : maybe)
+    dial_if_absent(t);
   if (role() == Role::kServer && replicas_ > 0 && book_.incarnation == 0)
     expected += static_cast<size_t>(c.num_servers - 1);
   std::unique_lock lock(mu_);
   wait_for(lock, c.startup_timeout, "connecting to every peer",
            [&] { return peers_.size() >= expected; });
+}
+
+// A restarted server keeps dialing a worker in short attempts until it
+// answers or its replacement has dialed in (on_connect), up to
+// connect_timeout; a replacement worker tries a failed-over server once.
+void Node::dial_if_absent(const NodeAddress& t) {
+  const bool server = role() == Role::kServer;
+  const Millis brief = server ? Millis{1000} : Millis{300};
+  const auto until = std::chrono::steady_clock::now() + options_.net.connect_timeout;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (peers_.count({t.role, t.rank}) || shutdown_) return;  // it dialed this node
+    }
+    try {
+      net::ConnId id = transport_->connect(t.host, t.port, brief);
+      std::lock_guard lock(mu_);
+      if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
+      cv_.notify_all();
+      return;
+    } catch (const Error& e) {
+      if (server && std::chrono::steady_clock::now() < until) continue;
+      PP_INFO("{} {}: cannot reach {} ({}); {}", role_name(role()), rank(), t.describe(), e.what(),
+              server ? "waiting for its replacement to dial in"
+                     : "if it is restarted, it dials this worker");
+      return;
+    }
+  }
 }
 
 void Node::heartbeat_loop() {

@@ -154,6 +154,8 @@ class Node {
   void on_close(net::ConnId id, const net::PeerInfo& p, const Status& why);
   void fail(Status why);
   void apply_placement(Placement p);
+  // Start-up: dials `t` unless it has dialed this node (Node::start).
+  void dial_if_absent(const NodeAddress& t);
   void heartbeat_loop();
   Millis suspect_grace() const;
   // Waits on cv_ until pred() or failure or deadline; throws failure/Timeout.

@@ -42,7 +42,7 @@ struct Job {
   // `server_pids`: a file the servers append "rank pid" to ("" = none).
   Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms,
       const std::string& server_pids = "", std::map<std::string, std::string> env = {})
-      : pids(dir + "/workers") {
+      : pids(dir + "/workers"), servers(server_pids) {
     env.insert({{"PUSHPULL_BIGARRAY_BOUND", "1000"},
                 {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
                 {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
@@ -87,7 +87,14 @@ struct Job {
     ::kill(workers[rank], sig);
     return workers[rank];
   }
-  std::string pids;
+  // The server of `rank` (needs `server_pids`); its pid, or -1.
+  int signal_server(int rank, int sig) {
+    auto all = read_rank_pids(servers);
+    if (all.count(rank) == 0) return -1;
+    ::kill(all[rank], sig);
+    return all[rank];
+  }
+  std::string pids, servers;
   std::unique_ptr<test::ChildProcess> proc;
 };
 
@@ -153,9 +160,7 @@ TEST(PsRestart, AWorkerRestartedAfterAServerFailOverJoinsTheNewPlacement) {
   // Two restarts: the server is restarted (and rejoins) too.
   Job job(dir.path, "sync", 60, 2, 20, dir.path + "/servers");
   ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
-  auto servers = read_rank_pids(dir.path + "/servers");
-  ASSERT_EQ(servers.count(1), 1u) << job.proc->output();
-  ::kill(servers[1], SIGKILL);
+  ASSERT_GT(job.signal_server(1, SIGKILL), 0) << job.proc->output();
   ASSERT_TRUE(job.wait_round(last_round(job.proc->output()) + 3)) << job.proc->output();
   job.signal_worker(2, SIGKILL);
   expect_success(job);
@@ -174,9 +179,7 @@ TEST(PsRestart, AServerAndAWorkerKilledTogetherBothComeBack) {
     TempDir dir("pp-restart");
     Job job(dir.path, "sync", 60, 2, 20, dir.path + "/servers");
     ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
-    auto servers = read_rank_pids(dir.path + "/servers");
-    ASSERT_EQ(servers.count(1), 1u) << job.proc->output();
-    ::kill(servers[1], SIGKILL);
+    ASSERT_GT(job.signal_server(1, SIGKILL), 0) << job.proc->output();
     job.signal_worker(2, SIGKILL);
     const auto start = std::chrono::steady_clock::now();
     expect_success(job);
