@@ -87,6 +87,12 @@ struct NetOptions {
   // memory instead of loopback TCP (docs/transport.md, "Same host").
   // PUSHPULL_PS_SHM=0 turns it off.
   bool ps_shared_memory = true;
+  // With ps_shared_memory, a primary server lends its replicas to backups on
+  // the same host (they copy the value straight out of its memory, one copy
+  // instead of two; docs/ps.md "Replication on one host"), and a backup
+  // reads what it is lent. PUSHPULL_PS_LEND=0 turns both off for this node:
+  // replicas then travel by value.
+  bool ps_lend = true;
 };
 
 struct ClusterOptions {

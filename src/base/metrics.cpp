@@ -69,6 +69,8 @@ std::string_view counter_name(Counter c) {
       return "net_shm_bytes";
     case Counter::kNetTcpBytes:
       return "net_tcp_bytes";
+    case Counter::kNetLentBytes:
+      return "net_lent_bytes";
     case Counter::kCount:
       break;
   }

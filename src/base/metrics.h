@@ -33,8 +33,9 @@ enum class Counter : int {
   kServerRounds,        // rounds (updates) applied by a server
   kServerPulls,         // pulls answered by a server
   // Counted always (not only with PUSHPULL_METRICS), by net::Transport:
-  kNetShmBytes,  // message payload bytes sent through a same-host shared-memory ring
-  kNetTcpBytes,  // ... sent over TCP between servers and workers (not to or from the scheduler)
+  kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
+  kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)
+  kNetLentBytes,  // replica bytes a backup copied straight out of a same-host primary (net/lend.h)
   kCount
 };
 std::string_view counter_name(Counter c);

@@ -141,6 +141,7 @@ Options Options::from_env(const Environment& env) {
   r.flag({"PUSHPULL_ALLOW_INSECURE"}, &n.allow_insecure);
   r.flag({"PUSHPULL_BIND_ANY"}, &n.bind_any);
   r.flag({"PUSHPULL_PS_SHM"}, &n.ps_shared_memory);
+  r.flag({"PUSHPULL_PS_LEND"}, &n.ps_lend);
   r.millis({"PUSHPULL_HANDSHAKE_TIMEOUT_MS"}, &n.handshake_timeout);
 
   ClusterOptions& c = o.cluster;

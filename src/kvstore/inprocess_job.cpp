@@ -29,11 +29,13 @@ void run_inprocess_job(const InProcessJob& job, const std::function<void(KVStore
   for (int s = 0; s < job.servers; ++s) {
     Options o = base;
     o.cluster.role = Role::kServer;
+    if (job.node_options) job.node_options(Role::kServer, s, o);
     nodes.push_back(std::async(std::launch::async, [o] { ps::run_server(o); }));
   }
   for (int w = 0; w < job.workers; ++w) {
     Options o = base;
     o.cluster.role = Role::kWorker;
+    if (job.node_options) job.node_options(Role::kWorker, w, o);
     nodes.push_back(std::async(std::launch::async, [o, &job, &body] {
       DistStore store(job.type, o);
       body(store);

@@ -22,6 +22,9 @@ struct InProcessJob {
   // Cluster addresses and ports are filled in; everything else (timeouts,
   // big-array bound, threads) is taken from here.
   Options options;
+  // Optional: adjusts the options of the i-th server or worker started (not
+  // its rank, which the scheduler assigns), e.g. to set one node apart.
+  std::function<void(Role role, int i, Options& options)> node_options = {};
 };
 
 // Starts the job, runs body(store) on each worker, and ends the job in order.

@@ -1,24 +1,45 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "net/buffer_pool.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace pushpull::net {
 namespace {
-constexpr size_t kMinClass = 8;   // 256 B
-constexpr size_t kMaxClass = 26;  // 64 MiB
+constexpr size_t kMinClass = 8;    // 256 B
+constexpr size_t kMaxClass = 26;   // 64 MiB
+constexpr size_t kLendClass = 18;  // 256 KiB: a lending pool's slabs from here up
+constexpr size_t kSlabClass = 25;  // 32 MiB slabs (a larger class: one block per buffer)
+constexpr size_t kMaxSlabs = 256;  // descriptors a lending pool may hold
 }  // namespace
 
 struct Buffer::State {
   std::mutex mu;
   size_t max_cached;
-  std::vector<std::unique_ptr<std::byte[]>> free[kMaxClass + 1];
+  bool lending = false;
+  std::vector<Buffer::Storage> free[kMaxClass + 1];
+  size_t slabs = 0;
+  // Under mu: a new slab for class `cls`, cut into buffers, all but one put
+  // on the free list; false when none can be made (the heap then).
+  bool add_slab(size_t cls, Buffer::Storage* out) {
+    if (slabs >= kMaxSlabs) return false;
+    const size_t piece = size_t{1} << cls, bytes = std::max(piece, size_t{1} << kSlabClass);
+    std::string why;
+    std::shared_ptr<LendBlock> slab = LendBlock::create(bytes, &why);
+    if (!slab) return false;
+    ++slabs;
+    for (size_t at = bytes; at >= piece * 2; at -= piece)
+      free[cls].push_back(Buffer::Storage{nullptr, slab, slab->data() + at - piece});
+    *out = Buffer::Storage{nullptr, slab, slab->data()};
+    return true;
+  }
 };
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     reset();
     data_ = std::move(o.data_);
+    o.data_.lent = nullptr;
     size_ = o.size_;
     capacity_ = o.capacity_;
     pool_ = std::move(o.pool_);
@@ -32,16 +53,20 @@ void Buffer::reset() {
     size_t cls = static_cast<size_t>(std::countr_zero(capacity_));
     if (std::has_single_bit(capacity_) && cls <= kMaxClass) {
       std::lock_guard lock(pool_->mu);
-      if (pool_->free[cls].size() < pool_->max_cached) pool_->free[cls].push_back(std::move(data_));
+      // A slab's piece always goes back: the slab is not split back up.
+      if (data_.lent || pool_->free[cls].size() < pool_->max_cached)
+        pool_->free[cls].push_back(std::move(data_));
     }
   }
-  data_.reset();
+  data_ = Storage{};
   pool_.reset();
   size_ = capacity_ = 0;
 }
 
-BufferPool::BufferPool(size_t max_cached) : state_(std::make_shared<Buffer::State>()) {
+BufferPool::BufferPool(size_t max_cached, bool lending)
+    : state_(std::make_shared<Buffer::State>()) {
   state_->max_cached = max_cached;
+  state_->lending = lending;
 }
 
 Buffer BufferPool::acquire(size_t size) {
@@ -50,7 +75,7 @@ Buffer BufferPool::acquire(size_t size) {
   if (size == 0) return b;
   size_t cls = std::max(kMinClass, static_cast<size_t>(std::bit_width(size - 1)));
   if (cls > kMaxClass) {
-    b.data_.reset(new std::byte[size]);
+    b.data_.heap.reset(new std::byte[size]);
     b.capacity_ = size;
     return b;
   }
@@ -65,7 +90,11 @@ Buffer BufferPool::acquire(size_t size) {
       return b;
     }
   }
-  b.data_.reset(new std::byte[b.capacity_]);
+  if (state_->lending && cls >= kLendClass) {
+    std::lock_guard lock(state_->mu);
+    if (state_->add_slab(cls, &b.data_)) return b;
+  }
+  b.data_.heap.reset(new std::byte[b.capacity_]);
   return b;
 }
 

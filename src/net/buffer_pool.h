@@ -7,6 +7,14 @@
 // when destroyed; it keeps the pool's state alive (shared ownership: a
 // handler may keep a payload after its Transport is gone).
 //
+// A lending pool (TransportConfig::shared_memory) carves buffers of 256 KiB
+// to 32 MiB out of memfd-backed LendBlocks ("slabs" of 32 MiB, or one block
+// for a larger class) instead of the heap, so a node can lend what it holds to
+// a peer on the same host (net/lend.h). Such buffers always go back to their
+// free list (a slab is never split back), so the pool keeps its peak; slabs
+// hold one descriptor each, at most kMaxSlabs per pool (the heap after that,
+// and when a block cannot be made).
+//
 // Thread safety: acquire() and Buffer destruction may happen on any thread.
 #pragma once
 
@@ -14,6 +22,8 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "net/lend.h"
 
 namespace pushpull::net {
 
@@ -28,8 +38,8 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
+  std::byte* data() { return data_.ptr(); }
+  const std::byte* data() const { return data_.ptr(); }
   size_t size() const { return size_; }
   size_t capacity() const { return capacity_; }
   bool empty() const { return size_ == 0; }
@@ -38,7 +48,15 @@ class Buffer {
  private:
   friend class BufferPool;
   struct State;
-  std::unique_ptr<std::byte[]> data_;
+  // Heap memory, or a piece of a lendable slab.
+  struct Storage {
+    std::unique_ptr<std::byte[]> heap;
+    std::shared_ptr<LendBlock> slab;
+    std::byte* lent = nullptr;  // inside *slab
+    std::byte* ptr() const { return lent ? lent : heap.get(); }
+    explicit operator bool() const { return heap || lent; }
+  };
+  Storage data_;
   size_t size_ = 0;
   size_t capacity_ = 0;
   std::shared_ptr<State> pool_;
@@ -46,7 +64,7 @@ class Buffer {
 
 class BufferPool {
  public:
-  explicit BufferPool(size_t max_cached = 8);
+  explicit BufferPool(size_t max_cached = 8, bool lending = false);
   // A buffer of exactly `size` bytes (contents unspecified).
   Buffer acquire(size_t size);
   // Buffers currently cached (for tests).

@@ -28,7 +28,10 @@ std::string PeerInfo::describe() const {
 }
 
 Transport::Transport(TransportConfig config)
-    : config_(std::move(config)), role_(config_.role), rank_(config_.rank) {
+    : config_(std::move(config)),
+      pool_(8, /*lending=*/config_.lend_buffers),
+      role_(config_.role),
+      rank_(config_.rank) {
   epoll_fd_ = Fd(epoll_create1(EPOLL_CLOEXEC));
   wake_fd_ = Fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!epoll_fd_.valid() || !wake_fd_.valid())

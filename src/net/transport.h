@@ -146,6 +146,10 @@ struct TransportConfig {
   // Same-host payloads through shared memory (see above). Both ends must
   // want it; the cluster's nodes set it from NetOptions::ps_shared_memory.
   bool shared_memory = false;
+  // Received payloads of 256 KiB and more land in lendable memory
+  // (net/buffer_pool.h, net/lend.h), so the node can lend them on to a
+  // same-host peer; the cluster's nodes set it from NetOptions::ps_lend.
+  bool lend_buffers = false;
   // Bytes of each direction's ring (a multiple of 4 KiB, at least 64 KiB).
   size_t shm_ring_bytes = size_t{4} << 20;
   // Messages with at least this many payload bytes use the ring (> 0).

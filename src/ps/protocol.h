@@ -26,7 +26,12 @@
 //                               applied sequence numbers, optimizer states)
 //   kReplicaValue primary -> backup  same request_id; payload = the value
 //                               (answered by kReply with that request_id
-//                               once installed)
+//                               once installed). With kFlagLent the payload
+//                               is a net::LendRef to the value in the
+//                               primary's memory instead (same host); a
+//                               backup that cannot read it answers kReply
+//                               with kFlagSendBytes, and the primary sends
+//                               meta and value again, by value
 //
 // Requests from workers carry the sender's placement epoch in flags bits
 // 8..31 (mod 2^24); a server holds a request whose epoch it has not reached
@@ -69,6 +74,8 @@ inline constexpr uint16_t kFirst = 64;
 inline constexpr uint16_t kLast = 74;
 inline constexpr uint32_t kFlagCompressed = 1;
 inline constexpr uint32_t kFlagRejoin = 2;
+inline constexpr uint32_t kFlagLent = 4;       // kReplicaValue: payload is a net::LendRef
+inline constexpr uint32_t kFlagSendBytes = 8;  // backup's kReply: cannot read lent memory
 }  // namespace msg
 
 // A rejoin reply's head: for the asking worker's rank, the sequence number of

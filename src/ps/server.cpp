@@ -122,6 +122,7 @@ void Server::on_message_guarded(net::Message&& m) {
 void Server::set_mode(bool sync) {
   ServerStoreConfig config{node_.num_workers(), sync, threads_, node_.rank()};
   config.replicate = node_.ps_replicas() > 0;
+  config.lendable_values = config.replicate && lending();
   config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
   if (!config.checkpoint_dir.empty())
     config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");

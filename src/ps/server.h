@@ -43,6 +43,7 @@
 #include <set>
 
 #include "cluster/node.h"
+#include "net/lend.h"
 #include "ps/server_store.h"
 
 namespace pushpull::ps {
@@ -65,9 +66,14 @@ class Server : public ServerResponder {
 
  private:
   // A replication in flight: the backups that have not acknowledged it.
+  // Lent to a backup (same host, net/lend.h), the state stays here until
+  // every backup answered, so the value is not changed under its reader
+  // and can still be sent by value to a backup that cannot read it.
   struct Outgoing {
     std::vector<int> waiting;
     std::function<void()> done;
+    PartId part;
+    std::shared_ptr<const ReplicaState> lent;
   };
   void on_server_message(const cluster::NodeAddress& from, net::Message&& m);
   void on_placement(const cluster::Placement& p);
@@ -76,6 +82,11 @@ class Server : public ServerResponder {
   // Sends `state` to `backups`; `done` once each acknowledged (or died).
   void send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
                     std::vector<int> backups, std::function<void()> done);
+  // Sends replication `id` of `part` to backup `b`: lent when `lend`.
+  void send_replica_to(uint64_t id, const PartId& part,
+                       const std::shared_ptr<const ReplicaState>& state, int b, bool lend);
+  // Backup side of kReplicaValue: installs the value (bytes or lent) and answers.
+  void on_replica_value(const cluster::NodeAddress& from, net::Message&& m);
   // Server rejoin: a live server sends `to` its ranges; the rejoined side.
   void on_rejoin_request(int to);
   void on_rejoin_setup(const std::string& text);
@@ -92,6 +103,10 @@ class Server : public ServerResponder {
     void close();
   };
 
+  // Whether this server lends replicas to, and reads them from, same-host peers.
+  bool lending() const {
+    return node_.options().net.ps_shared_memory && node_.options().net.ps_lend;
+  }
   void on_message_guarded(net::Message&& m);
   void on_message(net::Message&& m);
   void on_command(const RequestMeta& meta, net::Message&& m);
@@ -117,8 +132,10 @@ class Server : public ServerResponder {
   std::set<int> rejoin_waiting_;    // (rejoined side) live servers still sending
   bool rejoin_setup_done_ = false;  // (rejoined side) mode and optimizer installed
   std::string optimizer_spec_;      // the last kSetOptimizer's text (for rejoined servers)
+  std::set<int> no_lending_;        // backups that could not read lent memory
   // Backup side: metadata waiting for its value, by (primary, request id).
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
+  net::LendReader lend_reader_;  // backup side: lent values of same-host primaries
   // Worker requests from a newer placement epoch than ours, in arrival order.
   std::deque<net::Message> future_;
   std::shared_ptr<ServerStore> store() {

@@ -3,6 +3,7 @@
 // what a primary sends, and the placement changes (docs/ps.md, "Fault
 // tolerance"). The request path is in server.cpp.
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -60,12 +61,29 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
 
 void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
                           std::vector<int> backups, std::function<void()> done) {
+  const ArrayView& v = state->value.view;
+  // Same host: the backups copy the value straight out of this process
+  // (one copy instead of the ring's two, docs/ps.md).
+  const bool lendable =
+      lending() && v.nbytes() > 0 && net::find_lent(v.data, v.nbytes()).has_value();
   uint64_t id;
+  std::vector<char> lend(backups.size(), 0);
   {
     std::lock_guard lock(repl_mu_);
     id = next_replication_++;
-    outgoing_[id] = Outgoing{backups, std::move(done)};
+    bool any = false;
+    for (size_t i = 0; i < backups.size(); ++i)
+      any |= lend[i] = lendable && !no_lending_.contains(backups[i]);
+    outgoing_[id] = Outgoing{backups, std::move(done), part, any ? state : nullptr};
   }
+  for (size_t i = 0; i < backups.size(); ++i)
+    send_replica_to(id, part, state, backups[i], lend[i] != 0);
+  // A send to a dead backup fails at once or later; either way the next
+  // placement (which names it dead) completes the replication for it.
+}
+
+void Server::send_replica_to(uint64_t id, const PartId& part,
+                             const std::shared_ptr<const ReplicaState>& state, int b, bool lend) {
   const ArrayView& v = state->value.view;
   auto meta = std::make_shared<std::vector<std::byte>>(encode_replica_meta(*state));
   net::Header h{.type = msg::kReplicaMeta,
@@ -74,30 +92,116 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
                 .dtype = static_cast<uint32_t>(v.dtype),
                 .offset = static_cast<uint64_t>(part.begin),
                 .length = static_cast<uint64_t>(v.numel())};
-  for (int b : backups) {
-    h.type = msg::kReplicaMeta;
-    node_.send(Role::kServer, b, h, meta->data(), meta->size(),
-               [this, gate = gate_, meta, id, b](const Status& s) {
-                 // A rejoined server that dies while catching up is not in
-                 // any placement's chain: its failed send completes it here.
-                 if (s.is_ok() || !gate->enter()) return;
-                 bool catching_up;
-                 {
-                   std::lock_guard lock(repl_mu_);
-                   catching_up = catching_up_.erase(b) > 0;
-                 }
-                 if (catching_up) replica_acked(id, b);
-                 gate->leave();
-               });
-    h.type = msg::kReplicaValue;
-    // Zero-copy; the state (and so the value) is released once written, so
-    // the next round does not have to copy the value to update it.
-    node_.send(Role::kServer, b, h, v.data, v.nbytes(), [state](const Status& s) {
-      if (!s.is_ok()) PP_DEBUG("replica not delivered: {}", s.to_string());
-    });
+  node_.send(Role::kServer, b, h, meta->data(), meta->size(),
+             [this, gate = gate_, meta, id, b](const Status& s) {
+               // A rejoined server that dies while catching up is not in
+               // any placement's chain: its failed send completes it here.
+               if (s.is_ok() || !gate->enter()) return;
+               bool catching_up;
+               {
+                 std::lock_guard lock(repl_mu_);
+                 catching_up = catching_up_.erase(b) > 0;
+               }
+               if (catching_up) replica_acked(id, b);
+               gate->leave();
+             });
+  h.type = msg::kReplicaValue;
+  if (std::optional<net::LendRef> ref; lend && (ref = net::find_lent(v.data, v.nbytes()))) {
+    h.flags = msg::kFlagLent;
+    std::vector<std::byte> bytes = net::encode_lend_ref(*ref);
+    node_.send_copy(Role::kServer, b, h, bytes.data(), bytes.size());
+    return;
   }
-  // A send to a dead backup fails at once or later; either way the next
-  // placement (which names it dead) completes the replication for it.
+  // Zero-copy; the state (and so the value) is released once written, so
+  // the next round does not have to copy the value to update it.
+  node_.send(Role::kServer, b, h, v.data, v.nbytes(), [state](const Status& s) {
+    if (!s.is_ok()) PP_DEBUG("replica not delivered: {}", s.to_string());
+  });
+}
+
+void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m) {
+  const net::Header& h = m.header;
+  ReplicaState state;
+  {
+    std::lock_guard lock(repl_mu_);
+    auto it = incoming_meta_.find({from.rank, h.request_id});
+    if (it == incoming_meta_.end()) {
+      // Refused, not ignored: silence would hold the primary's round forever.
+      PP_WARN("replica value {} from server {} without its metadata; refused", h.request_id,
+              from.rank);
+      std::string why = fmt::format("replica value {} without its metadata", h.request_id);
+      net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
+      node_.transport().send_copy(m.conn, err, why.data(), why.size());
+      return;
+    }
+    state = std::move(it->second);
+    incoming_meta_.erase(it);
+  }
+  const bool dtype_ok = h.dtype <= 0xff && is_valid_dtype(static_cast<uint8_t>(h.dtype));
+  auto dtype = static_cast<DType>(h.dtype);
+  net::Header ack{.type = msg::kReply, .request_id = h.request_id, .key = h.key};
+  const bool lent = (h.flags & msg::kFlagLent) != 0;
+  // The value's bytes: the payload itself, or the lent range it names.
+  net::LendRef ref;
+  Status bad;
+  if (!dtype_ok || h.length > static_cast<uint64_t>(INT64_MAX) / 8 ||
+      h.offset > static_cast<uint64_t>(INT64_MAX)) {
+    bad = {ErrorCode::kProtocolError, "bad dtype or size"};
+  } else if (lent) {
+    bad = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
+    if (bad && ref.bytes != h.length * dtype_size(dtype))
+      bad = {ErrorCode::kProtocolError, "lent range is not the value's size"};
+  } else if (m.payload.size() != h.length * dtype_size(dtype)) {
+    bad = {ErrorCode::kProtocolError, "bad dtype or size"};
+  }
+  if (!bad) {
+    std::string why = fmt::format("replica of key id {}: {}", h.key, bad.message());
+    ack.type = msg::kError;
+    node_.transport().send_copy(m.conn, ack, why.data(), why.size());
+    return;
+  }
+  // A lent value is copied on the part's thread, not on this (I/O) thread,
+  // which has the workers' pushes and pulls to move meanwhile.
+  std::function<Status()> fill;
+  auto unreadable = std::make_shared<bool>(false);
+  if (lent) {
+    // Into a buffer of this node's (lending) pool, so that after a fail-over
+    // this server can lend the value on in turn.
+    m.payload = node_.transport().pool().acquire(ref.bytes);
+    fill = [this, ref, dst = m.payload.data(), unreadable] {
+      Status st = lending() ? lend_reader_.copy(ref, dst)
+                            : Status(ErrorCode::kIoError, "PUSHPULL_PS_LEND=0 on this server");
+      *unreadable = !st.is_ok();
+      return st;
+    };
+  }
+  auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
+  state.value =
+      Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
+  PartId part{h.key, static_cast<int64_t>(h.offset)};
+  int primary = from.rank;
+  // The answer goes back on the connection the replica came in on, not
+  // to the primary's rank: at the job's start this node (the connector
+  // to lower ranks) may not have recorded that connection yet, and an
+  // acknowledgement lost that way held the round, or the init, forever.
+  // (A closed connection fails the send: that primary is gone.)
+  net::ConnId back = m.conn;
+  auto answer = [this, ack, primary, back, unreadable](const Status& s) {
+    net::Header a = ack;
+    if (s.is_ok()) {
+      node_.transport().send_copy(back, a, nullptr, 0);
+    } else if (*unreadable) {
+      PP_INFO("server {}: replica from server {} not readable in place ({}); asking for bytes",
+              node_.rank(), primary, s.message());
+      a.flags = msg::kFlagSendBytes;
+      node_.transport().send_copy(back, a, nullptr, 0);
+    } else {
+      PP_ERROR("cannot install a replica from server {}: {}", primary, s.to_string());
+      a.type = msg::kError;
+      node_.transport().send_copy(back, a, s.message().data(), s.message().size());
+    }
+  };
+  store()->install_replica(part, std::move(state), std::move(answer), std::move(fill));
 }
 
 void Server::rejoin() {
@@ -210,6 +314,22 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
     case msg::kRejoinDone:
       return on_rejoin_done(from.rank);
     case msg::kReply:
+      if (h.flags & msg::kFlagSendBytes) {
+        // The backup cannot read this process's memory: by value from now on.
+        PartId part;
+        std::shared_ptr<const ReplicaState> state;
+        {
+          std::lock_guard lock(repl_mu_);
+          auto it = outgoing_.find(h.request_id);
+          if (it == outgoing_.end() || !it->second.lent) return;
+          if (no_lending_.insert(from.rank).second)
+            PP_INFO("server {}: server {} cannot read lent replicas; sending them by value",
+                    node_.rank(), from.rank);
+          part = it->second.part;
+          state = it->second.lent;
+        }
+        return send_replica_to(h.request_id, part, state, from.rank, false);
+      }
       return replica_acked(h.request_id, from.rank);
     case msg::kError: {
       // The backup could not install it: it keeps no copy of this round, so
@@ -232,57 +352,8 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
       incoming_meta_[{from.rank, h.request_id}] = std::move(state);
       return;
     }
-    case msg::kReplicaValue: {
-      ReplicaState state;
-      {
-        std::lock_guard lock(repl_mu_);
-        auto it = incoming_meta_.find({from.rank, h.request_id});
-        if (it == incoming_meta_.end()) {
-          // Refused, not ignored: silence would hold the primary's round forever.
-          PP_WARN("replica value {} from server {} without its metadata; refused", h.request_id,
-                  from.rank);
-          std::string why = fmt::format("replica value {} without its metadata", h.request_id);
-          net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
-          node_.transport().send_copy(m.conn, err, why.data(), why.size());
-          return;
-        }
-        state = std::move(it->second);
-        incoming_meta_.erase(it);
-      }
-      const bool dtype_ok = h.dtype <= 0xff && is_valid_dtype(static_cast<uint8_t>(h.dtype));
-      auto dtype = static_cast<DType>(h.dtype);
-      net::Header ack{.type = msg::kReply, .request_id = h.request_id, .key = h.key};
-      if (!dtype_ok || h.length > static_cast<uint64_t>(INT64_MAX) ||
-          h.offset > static_cast<uint64_t>(INT64_MAX) ||
-          m.payload.size() != h.length * dtype_size(dtype)) {
-        std::string why = fmt::format("replica of key id {}: bad dtype or size", h.key);
-        ack.type = msg::kError;
-        node_.transport().send_copy(m.conn, ack, why.data(), why.size());
-        return;
-      }
-      auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
-      state.value =
-          Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
-      PartId part{h.key, static_cast<int64_t>(h.offset)};
-      int primary = from.rank;
-      // The answer goes back on the connection the replica came in on, not
-      // to the primary's rank: at the job's start this node (the connector
-      // to lower ranks) may not have recorded that connection yet, and an
-      // acknowledgement lost that way held the round, or the init, forever.
-      // (A closed connection fails the send: that primary is gone.)
-      net::ConnId back = m.conn;
-      store()->install_replica(part, std::move(state), [this, ack, primary, back](const Status& s) {
-        net::Header a = ack;
-        if (s.is_ok()) {
-          node_.transport().send_copy(back, a, nullptr, 0);
-          return;
-        }
-        PP_ERROR("cannot install a replica from server {}: {}", primary, s.to_string());
-        a.type = msg::kError;
-        node_.transport().send_copy(back, a, s.message().data(), s.message().size());
-      });
-      return;
-    }
+    case msg::kReplicaValue:
+      return on_replica_value(from, std::move(m));
     default:
       PP_WARN("ignoring parameter-server message type {} from {}", h.type, from.describe());
   }

@@ -26,6 +26,7 @@ using namespace server_store_detail;
 ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
     : config_(config),
       responder_(responder),
+      value_pool_(8, config.lendable_values),
       executor_(std::max(1, config.threads), fmt::format("pp-server{}", config.server_rank)) {}
 
 ServerStore::~ServerStore() = default;
@@ -96,7 +97,7 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
         auto e = std::make_unique<Entry>();
         e->name = name;
         // A copy, aligned for the kernels (the request's bytes follow the key's name).
-        e->value = fresh(value.view.shape, value.view.dtype);
+        e->value = fresh(value.view.shape, value.view.dtype, lending_pool());
         if (value.view.nbytes())
           std::memcpy(e->value.view.data, value.view.data, value.view.nbytes());
         e->merged_dtype = is_half(e->value.view.dtype) ? DType::kFloat32 : e->value.view.dtype;
@@ -190,7 +191,7 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
       throw InvalidArgument(
           fmt::format("gradient compression needs a floating-point key; {} holds {}", e.name,
                       dtype_name(v.dtype)));
-    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, e.merged_dtype);
+    if (first && !is_half(v.dtype)) e.merged = fresh(v.shape, e.merged_dtype, lending_pool());
     if (first) std::memset(e.merged.view.data, 0, n * dtype_size(e.merged_dtype));
     const std::span<const std::byte> bytes{static_cast<const std::byte*>(grad.view.data),
                                            grad.view.nbytes()};
@@ -241,12 +242,12 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
         opt->merge_states(e.restored_states, restored_from_);
         e.restored_states.clear();
       }
-      e.own_value();
+      e.own_value(lending_pool());
       opt->update(state_key(part), e.value.view, e.merged.view);
     } else if (e.merged_dtype == e.value.view.dtype && e.merged.owner) {
       e.value = std::move(e.merged);  // the sum becomes the value: no copy
     } else {
-      e.own_value();
+      e.own_value(lending_pool());
       convert(e.value.view.dtype, e.value.view.data, e.merged_dtype, e.merged.view.data, n);
     }
   } catch (...) {

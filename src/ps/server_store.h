@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "base/executor.h"
+#include "net/buffer_pool.h"
 #include "pushpull/array.h"
 #include "pushpull/error.h"
 #include "pushpull/optimizer.h"
@@ -149,6 +150,9 @@ struct ServerStoreConfig {
   int64_t checkpoint_every = 0;
   std::string checkpoint_dir = {};
   int num_servers = 1;  // for the checkpoint's header
+  // Values of 256 KiB and more the store allocates live in lendable memory
+  // (net/lend.h), so the responder can lend them to same-host backups.
+  bool lendable_values = false;
 };
 
 struct Checkpoint;
@@ -180,8 +184,11 @@ class ServerStore {
   void load_states(const RequestMeta& m, std::string bytes);
   // A backup: replaces the part's state with the primary's (creating the
   // part when new); `done` runs on the store's thread once installed, with
-  // an error when the state does not fit (e.g. another dtype).
-  void install_replica(PartId part, ReplicaState state, std::function<void(const Status&)> done);
+  // an error when the state does not fit (e.g. another dtype). `fill`, when
+  // given, runs first on that thread (it copies a lent value into
+  // state.value's buffer, net/lend.h); its error goes to `done` instead.
+  void install_replica(PartId part, ReplicaState state, std::function<void(const Status&)> done,
+                       std::function<Status()> fill = {});
 
   // Installs a checkpoint's parts (before any request: the caller makes sure
   // nothing runs). A restored part answers the first init for it without
@@ -237,6 +244,8 @@ class ServerStore {
 
   ServerStoreConfig config_;
   ServerResponder& responder_;
+  net::BufferPool value_pool_;  // lending with config_.lendable_values
+  net::BufferPool* lending_pool() { return config_.lendable_values ? &value_pool_ : nullptr; }
   mutable std::mutex mu_;  // guards entries_' structure and optimizer_
   std::unordered_map<PartId, std::unique_ptr<Entry>, PartIdHash> entries_;
   std::shared_ptr<Optimizer> optimizer_;

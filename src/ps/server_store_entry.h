@@ -35,8 +35,14 @@ inline Key state_key(const PartId& p) {
   return Key(static_cast<int64_t>(mix_hash(p.key ^ mix_hash(static_cast<uint64_t>(p.begin))) >> 1));
 }
 
-// An owned, writable buffer for `n` elements of `dtype`.
-inline Payload fresh(const Shape& shape, DType dtype) {
+// An owned, writable buffer for `shape` elements of `dtype`: from `pool`
+// (lendable memory, net/lend.h) when given and the value is 256 KiB or more.
+inline Payload fresh(const Shape& shape, DType dtype, net::BufferPool* pool = nullptr) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  if (pool && bytes >= (size_t{256} << 10)) {
+    auto b = std::make_shared<net::Buffer>(pool->acquire(bytes));
+    return Payload{ArrayView(b->data(), dtype, shape), b};
+  }
   auto a = std::make_shared<Array>(shape, dtype);
   return Payload{a->view(), a};
 }
@@ -86,10 +92,11 @@ struct ServerStore::Entry {
   std::vector<WaitingPull> waiting;
   Status round_status;  // the update's outcome, told to the round's pushers
 
-  // Makes `value` exclusively ours before writing it.
-  void own_value() {
+  // Makes `value` exclusively ours before writing it (a new buffer from
+  // `pool` when one is needed and given).
+  void own_value(net::BufferPool* pool) {
     if (value.owner.use_count() > 1) {
-      Payload copy = server_store_detail::fresh(value.view.shape, value.view.dtype);
+      Payload copy = server_store_detail::fresh(value.view.shape, value.view.dtype, pool);
       std::memcpy(copy.view.data, value.view.data, value.view.nbytes());
       value = std::move(copy);
     }

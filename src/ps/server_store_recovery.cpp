@@ -14,8 +14,12 @@ namespace pushpull::ps {
 using namespace server_store_detail;
 
 void ServerStore::install_replica(PartId part, ReplicaState state,
-                                  std::function<void(const Status&)> done) {
-  executor_.submit(shard_of(part), [this, part, state = std::move(state), done = std::move(done)] {
+                                  std::function<void(const Status&)> done,
+                                  std::function<Status()> fill) {
+  executor_.submit(shard_of(part), [this, part, state = std::move(state), done = std::move(done),
+                                    fill = std::move(fill)] {
+    if (fill)
+      if (Status filled = fill(); !filled) return done(filled);
     Status st;
     try {
       if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)

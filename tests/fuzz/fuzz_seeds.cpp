@@ -15,6 +15,7 @@
 #include "collective/rendezvous.h"
 #include "net/hello.h"
 #include "net/host_identity.h"
+#include "net/lend.h"
 #include "net/message.h"
 #include "net/shm_setup.h"
 #include "net/wire.h"
@@ -76,7 +77,8 @@ void net_seeds(const fs::path& root) {
   shm.add(0, net::encode(net::ShmOffer{name, 8 << 20, net::host_identity()}));
   shm.add(1, net::encode(net::ShmAnswer{true, "", net::ShmToken{}, name, 8 << 20}));
   shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
-  shm.add(2, net::encode(net::ShmConfirm{true, "", net::ShmToken{}}));
+  shm.add(2, net::encode_lend_ref(net::LendRef{4242, 17, {}, 32 << 20, 2 << 20, 2 << 20}));
+  shm.add(3, net::encode(net::ShmConfirm{true, "", net::ShmToken{}}));
 }
 
 void cluster_seeds(const fs::path& root) {

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "net/lend.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "base/metrics.h"
+#include "net/hello.h"
+#include "net/wire.h"
+
+namespace pushpull::net {
+namespace {
+
+// Every live block of this process by address, for find_lent().
+std::mutex& registry_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<const std::byte*, const LendBlock*>& registry() {
+  static auto* blocks = new std::map<const std::byte*, const LendBlock*>();
+  return *blocks;
+}
+
+std::string hex(const LendToken& t) {
+  std::string s;
+  for (std::byte b : t)
+    s += fmt::format("{:02x}", static_cast<unsigned>(b));
+  return s;
+}
+
+// What readlink shows for a memfd named for `token`.
+std::string memfd_link(const LendToken& token) {
+  return fmt::format("/memfd:{}{} (deleted)", kLendNamePrefix, hex(token));
+}
+
+std::string read_link(const std::string& path) {
+  char buf[256];
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf);
+  return n <= 0 || static_cast<size_t>(n) >= sizeof buf ? ""
+                                                        : std::string(buf, static_cast<size_t>(n));
+}
+
+Status refused(const LendRef& r, const std::string& why) {
+  return {ErrorCode::kIoError, fmt::format("cannot read block {} of process {} (fd {}): {}",
+                                           hex(r.token).substr(0, 8), r.pid, r.fd, why)};
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_lend_ref(const LendRef& r) {
+  Writer w;
+  w.u<uint32_t>(r.pid).u<int32_t>(r.fd).bytes(r.token);
+  w.u<uint64_t>(r.block_bytes).u<uint64_t>(r.offset).u<uint64_t>(r.bytes);
+  return w.data();
+}
+
+Status decode_lend_ref(std::span<const std::byte> in, LendRef* out) {
+  Reader r(in);
+  LendRef v;
+  v.pid = r.u<uint32_t>();
+  v.fd = r.u<int32_t>();
+  r.bytes(v.token);
+  v.block_bytes = r.u<uint64_t>();
+  v.offset = r.u<uint64_t>();
+  v.bytes = r.u<uint64_t>();
+  if (!r.done()) return {ErrorCode::kProtocolError, "lent block reference: malformed"};
+  if (v.fd < 0 || v.pid == 0 || v.offset > v.block_bytes || v.bytes > v.block_bytes - v.offset)
+    return {ErrorCode::kProtocolError,
+            fmt::format("lent block reference: range {}+{} outside a block of {} bytes (fd {})",
+                        v.offset, v.bytes, v.block_bytes, v.fd)};
+  *out = v;
+  return Status::ok();
+}
+
+std::unique_ptr<LendBlock> LendBlock::create(size_t bytes, std::string* why) {
+  std::unique_ptr<LendBlock> b(new LendBlock());
+  Nonce n = random_nonce();
+  std::memcpy(b->token_.data(), n.data(), b->token_.size());
+  const std::string name = kLendNamePrefix + hex(b->token_);
+  b->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (b->fd_ < 0) {
+    *why = fmt::format("memfd_create: {}", std::strerror(errno));
+    return nullptr;
+  }
+  if (::ftruncate(b->fd_, static_cast<off_t>(bytes)) != 0) {
+    *why = fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno));
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd_, 0);
+  if (p == MAP_FAILED) {
+    *why = fmt::format("mmap {} bytes: {}", bytes, std::strerror(errno));
+    return nullptr;
+  }
+  b->data_ = static_cast<std::byte*>(p);
+  b->bytes_ = bytes;
+  std::lock_guard lock(registry_mu());
+  registry()[b->data_] = b.get();
+  return b;
+}
+
+LendBlock::~LendBlock() {
+  if (data_) {
+    {
+      std::lock_guard lock(registry_mu());
+      registry().erase(data_);
+    }
+    ::munmap(data_, bytes_);
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<LendRef> find_lent(const void* data, size_t bytes) {
+  const auto* p = static_cast<const std::byte*>(data);
+  std::lock_guard lock(registry_mu());
+  auto& blocks = registry();
+  auto it = blocks.upper_bound(p);
+  if (it == blocks.begin()) return std::nullopt;
+  const LendBlock* b = std::prev(it)->second;
+  const auto offset = static_cast<size_t>(p - b->data_);
+  if (offset > b->bytes_ || bytes > b->bytes_ - offset) return std::nullopt;
+  return LendRef{static_cast<uint32_t>(::getpid()), b->fd_, b->token_, b->bytes_, offset, bytes};
+}
+
+LendReader::LendReader(size_t max_mapped) : max_mapped_(max_mapped) {}
+
+LendReader::~LendReader() {
+  std::lock_guard lock(mu_);
+  while (!lru_.empty())
+    drop(lru_.begin());
+}
+
+void LendReader::drop(std::list<Mapping>::iterator it) {
+  ::munmap(const_cast<std::byte*>(it->data), it->id.block_bytes);
+  mapped_ -= it->id.block_bytes;
+  lru_.erase(it);
+}
+
+Status LendReader::copy(const LendRef& r, void* dst) {
+  std::lock_guard lock(mu_);
+  auto same_block = [&](const Mapping& m) {
+    return m.id.pid == r.pid && m.id.fd == r.fd && m.id.token == r.token &&
+           m.id.block_bytes == r.block_bytes;
+  };
+  auto it = std::find_if(lru_.begin(), lru_.end(), same_block);
+  if (it == lru_.end()) {
+    // A descriptor number now naming another block was closed by its owner:
+    // its old mapping only keeps freed memory alive.
+    for (auto m = lru_.begin(); m != lru_.end();) {
+      auto next = std::next(m);
+      if (m->id.pid == r.pid && m->id.fd == r.fd) drop(m);
+      m = next;
+    }
+    const std::string want = memfd_link(r.token);
+    const std::string path = fmt::format("/proc/{}/fd/{}", r.pid, r.fd);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return refused(r, fmt::format("open {}: {}", path, std::strerror(errno)));
+    // Checked on the descriptor we hold: what it names cannot change now.
+    const std::string got = read_link(fmt::format("/proc/self/fd/{}", fd));
+    struct stat st {};
+    const bool size_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                         static_cast<uint64_t>(st.st_size) == r.block_bytes;
+    if (got != want || !size_ok) {
+      ::close(fd);
+      return refused(r, got != want ? fmt::format("it is '{}', not the block named", got)
+                                    : "its size is not the block's");
+    }
+    void* p = ::mmap(nullptr, r.block_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) return refused(r, fmt::format("mmap: {}", std::strerror(err)));
+    lru_.push_front(Mapping{r, static_cast<const std::byte*>(p)});
+    lru_.front().id.offset = lru_.front().id.bytes = 0;
+    mapped_ += r.block_bytes;
+    while (mapped_ > max_mapped_ && lru_.size() > 1)
+      drop(std::prev(lru_.end()));
+    it = lru_.begin();
+  } else if (it != lru_.begin()) {
+    lru_.splice(lru_.begin(), lru_, it);
+    it = lru_.begin();
+  }
+  // Still under the lock: forget() or an eviction cannot unmap it mid-copy.
+  // (A read of a block whose owner truncated it would fault: owners never do.)
+  if (r.bytes) std::memcpy(dst, it->data + r.offset, r.bytes);
+  metrics::add(metrics::Counter::kNetLentBytes, static_cast<int64_t>(r.bytes));
+  return Status::ok();
+}
+
+void LendReader::forget(uint32_t pid) {
+  std::lock_guard lock(mu_);
+  for (auto m = lru_.begin(); m != lru_.end();) {
+    auto next = std::next(m);
+    if (m->id.pid == pid) drop(m);
+    m = next;
+  }
+}
+
+size_t LendReader::mapped_bytes() const {
+  std::lock_guard lock(mu_);
+  return mapped_;
+}
+
+}  // namespace pushpull::net

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lending buffers to a same-host peer (net/lend.h): the block is found from
+// any address inside it, a reader copies the right bytes (also from another
+// process), and a reference that names the wrong token, size, descriptor or
+// range is refused instead of read. The lending BufferPool hands out slab
+// pieces that find_lent() knows.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "net/buffer_pool.h"
+#include "net/lend.h"
+
+namespace pushpull::net {
+namespace {
+
+std::unique_ptr<LendBlock> block_of(size_t bytes) {
+  std::string why;
+  auto b = LendBlock::create(bytes, &why);
+  EXPECT_TRUE(b) << why;
+  return b;
+}
+
+void fill(LendBlock& b) {
+  auto* p = reinterpret_cast<uint8_t*>(b.data());
+  for (size_t i = 0; i < b.size(); ++i)
+    p[i] = static_cast<uint8_t>(i * 7 + 3);
+}
+
+TEST(Lend, FindLentKnowsRangesInsideLiveBlocksOnly) {
+  auto b = block_of(1 << 20);
+  auto ref = find_lent(b->data() + 4096, 8192);
+  ASSERT_TRUE(ref);
+  EXPECT_EQ(ref->pid, static_cast<uint32_t>(::getpid()));
+  EXPECT_EQ(ref->block_bytes, size_t{1} << 20);
+  EXPECT_EQ(ref->offset, 4096u);
+  EXPECT_EQ(ref->bytes, 8192u);
+  EXPECT_FALSE(find_lent(b->data() + (1 << 20) - 10, 11));  // runs past the end
+  std::vector<std::byte> heap(4096);
+  EXPECT_FALSE(find_lent(heap.data(), heap.size()));
+  std::byte* gone = b->data();
+  b.reset();
+  EXPECT_FALSE(find_lent(gone, 1));
+}
+
+TEST(Lend, AReaderCopiesTheRangeAndKeepsTheMapping) {
+  auto b = block_of(1 << 20);
+  fill(*b);
+  auto ref = find_lent(b->data() + 100, 5000);
+  ASSERT_TRUE(ref);
+  LendReader reader;
+  std::vector<std::byte> out(5000);
+  ASSERT_TRUE(reader.copy(*ref, out.data()).is_ok());
+  EXPECT_EQ(std::memcmp(out.data(), b->data() + 100, out.size()), 0);
+  EXPECT_EQ(reader.mapped_bytes(), size_t{1} << 20);
+  // The owner changes its block (it may, once the reader said it is done):
+  // the next copy sees the new bytes through the same mapping.
+  std::memset(b->data(), 0x5a, b->size());
+  ASSERT_TRUE(reader.copy(*ref, out.data()).is_ok());
+  EXPECT_EQ(out[0], std::byte{0x5a});
+  EXPECT_EQ(reader.mapped_bytes(), size_t{1} << 20);
+  reader.forget(ref->pid);
+  EXPECT_EQ(reader.mapped_bytes(), 0u);
+}
+
+TEST(Lend, AWrongTokenSizeOrDescriptorIsRefused) {
+  auto b = block_of(1 << 20);
+  auto good = find_lent(b->data(), 64);
+  ASSERT_TRUE(good);
+  LendReader reader;
+  std::vector<std::byte> out(64);
+  LendRef wrong_token = *good;
+  wrong_token.token[3] ^= std::byte{1};
+  Status st = reader.copy(wrong_token, out.data());
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("not the block named"), std::string::npos) << st.message();
+  LendRef wrong_size = *good;
+  wrong_size.block_bytes *= 2;
+  EXPECT_FALSE(reader.copy(wrong_size, out.data()).is_ok());
+  LendRef not_memfd = *good;
+  not_memfd.fd = STDIN_FILENO;  // whatever it is, not this block
+  EXPECT_FALSE(reader.copy(not_memfd, out.data()).is_ok());
+  LendRef closed = *good;
+  closed.fd = 100000;
+  EXPECT_FALSE(reader.copy(closed, out.data()).is_ok());
+  EXPECT_EQ(reader.mapped_bytes(), 0u);  // nothing refused stays mapped
+}
+
+TEST(Lend, AReusedDescriptorDropsTheOldMapping) {
+  LendReader reader;
+  std::vector<std::byte> out(16);
+  auto first = block_of(1 << 20);
+  fill(*first);
+  auto ref1 = find_lent(first->data(), 16);
+  ASSERT_TRUE(reader.copy(*ref1, out.data()).is_ok());
+  first.reset();  // its descriptor number is free again
+  auto second = block_of(1 << 20);
+  std::memset(second->data(), 0x11, second->size());
+  auto ref2 = find_lent(second->data(), 16);
+  ASSERT_TRUE(ref2);
+  ASSERT_TRUE(reader.copy(*ref2, out.data()).is_ok());
+  EXPECT_EQ(out[0], std::byte{0x11});
+  if (ref2->fd == ref1->fd) EXPECT_EQ(reader.mapped_bytes(), size_t{1} << 20);
+}
+
+TEST(Lend, AnotherProcessReadsTheBlock) {
+  auto b = block_of(2 << 20);
+  fill(*b);
+  auto ref = find_lent(b->data() + 12345, 1 << 20);
+  ASSERT_TRUE(ref);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // A fresh reader in another process, as a backup server is.
+    LendReader reader;
+    std::vector<std::byte> out(1 << 20);
+    if (!reader.copy(*ref, out.data()).is_ok()) ::_exit(2);
+    ::_exit(std::memcmp(out.data(), b->data() + 12345, out.size()) == 0 ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: refused, 3: wrong bytes";
+}
+
+TEST(Lend, TheReferenceRoundTripsAndBadOnesAreRefused) {
+  LendRef r{1234, 7, {}, 1 << 20, 4096, 8192};
+  r.token[0] = std::byte{9};
+  std::vector<std::byte> bytes = encode_lend_ref(r);
+  LendRef back;
+  ASSERT_TRUE(decode_lend_ref(bytes, &back).is_ok());
+  EXPECT_EQ(back, r);
+  for (size_t n = 0; n < bytes.size(); ++n)
+    EXPECT_FALSE(decode_lend_ref({bytes.data(), n}, &back).is_ok()) << n;
+  auto trailing = bytes;
+  trailing.push_back(std::byte{0});
+  EXPECT_FALSE(decode_lend_ref(trailing, &back).is_ok());
+  auto bad = [&](LendRef v) { return !decode_lend_ref(encode_lend_ref(v), &back).is_ok(); };
+  LendRef v = r;
+  v.offset = r.block_bytes + 1;
+  EXPECT_TRUE(bad(v));
+  v = r;
+  v.bytes = r.block_bytes - r.offset + 1;
+  EXPECT_TRUE(bad(v));
+  v = r;
+  v.offset = 8;
+  v.bytes = UINT64_MAX;  // offset + bytes wraps
+  EXPECT_TRUE(bad(v));
+  v = r;
+  v.fd = -1;
+  EXPECT_TRUE(bad(v));
+  v = r;
+  v.pid = 0;
+  EXPECT_TRUE(bad(v));
+}
+
+TEST(Lend, ALendingPoolHandsOutSlabPiecesAndReusesThem) {
+  BufferPool pool(2, /*lending=*/true);
+  Buffer big = pool.acquire(2 << 20);
+  ASSERT_TRUE(find_lent(big.data(), big.size()));
+  Buffer small = pool.acquire(4096);
+  EXPECT_FALSE(find_lent(small.data(), small.size()));  // below 256 KiB: the heap
+  std::vector<Buffer> many;
+  for (int i = 0; i < 20; ++i) {  // more than one 32 MiB slab of 2 MiB pieces
+    many.push_back(pool.acquire(2 << 20));
+    ASSERT_TRUE(find_lent(many.back().data(), many.back().size())) << i;
+  }
+  std::byte* first = big.data();
+  big.reset();
+  Buffer again = pool.acquire(2 << 20);
+  EXPECT_EQ(again.data(), first);  // a slab piece always goes back to its list
+  BufferPool plain(2);
+  Buffer heap = plain.acquire(2 << 20);
+  EXPECT_FALSE(find_lent(heap.data(), heap.size()));
+}
+
+}  // namespace
+}  // namespace pushpull::net
