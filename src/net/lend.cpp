@@ -137,12 +137,21 @@ LendReader::~LendReader() {
 }
 
 void LendReader::drop(std::list<Mapping>::iterator it) {
-  ::munmap(const_cast<std::byte*>(it->data), it->id.block_bytes);
   mapped_ -= it->id.block_bytes;
   lru_.erase(it);
 }
 
 Status LendReader::copy(const LendRef& r, void* dst) {
+  std::shared_ptr<const std::byte> block;
+  if (Status st = map(r, &block); !st) return st;
+  // Outside the lock: copies from several threads run at once, and a
+  // mapping dropped meanwhile stays until this copy is over.
+  if (r.bytes) std::memcpy(dst, block.get() + r.offset, r.bytes);
+  metrics::add(metrics::Counter::kNetLentBytes, static_cast<int64_t>(r.bytes));
+  return Status::ok();
+}
+
+Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block) {
   std::lock_guard lock(mu_);
   auto same_block = [&](const Mapping& m) {
     return m.id.pid == r.pid && m.id.fd == r.fd && m.id.token == r.token &&
@@ -159,7 +168,12 @@ Status LendReader::copy(const LendRef& r, void* dst) {
     }
     const std::string want = memfd_link(r.token);
     const std::string path = fmt::format("/proc/{}/fd/{}", r.pid, r.fd);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Looked at before opening (and opened non-blocking): a descriptor that
+    // is a FIFO or a device is never opened, so it cannot block us.
+    if (std::string first = read_link(path); first != want)
+      return refused(r, first.empty() ? fmt::format("no {}", path)
+                                      : fmt::format("it is '{}', not the block named", first));
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return refused(r, fmt::format("open {}: {}", path, std::strerror(errno)));
     // Checked on the descriptor we hold: what it names cannot change now.
     const std::string got = read_link(fmt::format("/proc/self/fd/{}", fd));
@@ -175,7 +189,11 @@ Status LendReader::copy(const LendRef& r, void* dst) {
     const int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) return refused(r, fmt::format("mmap: {}", std::strerror(err)));
-    lru_.push_front(Mapping{r, static_cast<const std::byte*>(p)});
+    const size_t bytes = r.block_bytes;
+    lru_.push_front(Mapping{r, std::shared_ptr<const std::byte>(
+                                   static_cast<const std::byte*>(p), [bytes](const std::byte* q) {
+                                     ::munmap(const_cast<std::byte*>(q), bytes);
+                                   })});
     lru_.front().id.offset = lru_.front().id.bytes = 0;
     mapped_ += r.block_bytes;
     while (mapped_ > max_mapped_ && lru_.size() > 1)
@@ -185,10 +203,8 @@ Status LendReader::copy(const LendRef& r, void* dst) {
     lru_.splice(lru_.begin(), lru_, it);
     it = lru_.begin();
   }
-  // Still under the lock: forget() or an eviction cannot unmap it mid-copy.
   // (A read of a block whose owner truncated it would fault: owners never do.)
-  if (r.bytes) std::memcpy(dst, it->data + r.offset, r.bytes);
-  metrics::add(metrics::Counter::kNetLentBytes, static_cast<int64_t>(r.bytes));
+  *block = it->data;
   return Status::ok();
 }
 

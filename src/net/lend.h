@@ -109,10 +109,12 @@ class LendReader {
 
  private:
   struct Mapping {
-    LendRef id;  // pid, fd, token, block size
-    const std::byte* data = nullptr;
+    LendRef id;                             // pid, fd, token, block size
+    std::shared_ptr<const std::byte> data;  // unmapped when the last copy using it ends
   };
   void drop(std::list<Mapping>::iterator it);
+  // The mapping of r's block, made (and checked) when new.
+  Status map(const LendRef& r, std::shared_ptr<const std::byte>* block);
   mutable std::mutex mu_;
   size_t max_mapped_;
   size_t mapped_ = 0;

@@ -135,7 +135,8 @@ class Server : public ServerResponder {
   std::set<int> no_lending_;        // backups that could not read lent memory
   // Backup side: metadata waiting for its value, by (primary, request id).
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
-  net::LendReader lend_reader_;  // backup side: lent values of same-host primaries
+  net::LendReader lend_reader_;      // backup side: lent values of same-host primaries
+  std::map<int, uint32_t> lent_by_;  // backup side: the process of each server that lent to us
   // Worker requests from a newer placement epoch than ours, in arrival order.
   std::deque<net::Message> future_;
   std::shared_ptr<ServerStore> store() {

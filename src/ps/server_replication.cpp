@@ -168,6 +168,10 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
     // Into a buffer of this node's (lending) pool, so that after a fail-over
     // this server can lend the value on in turn.
     m.payload = node_.transport().pool().acquire(ref.bytes);
+    {
+      std::lock_guard lock(repl_mu_);
+      lent_by_[from.rank] = ref.pid;
+    }
     fill = [this, ref, dst = m.payload.data(), unreadable] {
       Status st = lending() ? lend_reader_.copy(ref, dst)
                             : Status(ErrorCode::kIoError, "PUSHPULL_PS_LEND=0 on this server");
@@ -374,7 +378,14 @@ void Server::on_placement(const cluster::Placement& p) {
                ? catching_up_.erase(it)
                : std::next(it);
     for (size_t s = 0; s < p.dead.size(); ++s)
-      if (p.dead[s]) rejoin_waiting_.erase(static_cast<int>(s));
+      if (p.dead[s]) {
+        rejoin_waiting_.erase(static_cast<int>(s));
+        // Its lent blocks: mapped here, they would keep its memory alive.
+        if (auto it = lent_by_.find(static_cast<int>(s)); it != lent_by_.end()) {
+          lend_reader_.forget(it->second);
+          lent_by_.erase(it);
+        }
+      }
     for (auto it = outgoing_.begin(); it != outgoing_.end();) {
       auto& w = it->second.waiting;
       w.erase(std::remove_if(w.begin(), w.end(),

@@ -84,6 +84,13 @@ TEST(Lend, AWrongTokenSizeOrDescriptorIsRefused) {
   LendRef not_memfd = *good;
   not_memfd.fd = STDIN_FILENO;  // whatever it is, not this block
   EXPECT_FALSE(reader.copy(not_memfd, out.data()).is_ok());
+  int fifo[2];
+  ASSERT_EQ(::pipe(fifo), 0);  // opening a pipe's read end through /proc would block
+  LendRef pipe_end = *good;
+  pipe_end.fd = fifo[0];
+  EXPECT_FALSE(reader.copy(pipe_end, out.data()).is_ok());
+  ::close(fifo[0]);
+  ::close(fifo[1]);
   LendRef closed = *good;
   closed.fd = 100000;
   EXPECT_FALSE(reader.copy(closed, out.data()).is_ok());
