@@ -27,8 +27,10 @@ Node::Node(Options options, const ClockSource& clock)
   tc.label = std::string(role_name(r));
   tc.hold_hellos_until_ranked = true;  // peers learn our rank, which the scheduler assigns
   tc.shared_memory = options_.net.ps_shared_memory;
-  // Only servers lend (replicas); a worker's pulls land in its own arrays.
-  tc.lend_buffers = r == Role::kServer && tc.shared_memory && options_.net.ps_lend;
+  // Only servers lend, and only their replicas (a worker's pulls land in its
+  // own arrays): without replication the heap's pool is a little faster.
+  const bool replicating = options_.cluster.ps_replicas != 0 && options_.cluster.num_servers >= 2;
+  tc.lend_buffers = r == Role::kServer && replicating && tc.shared_memory && options_.net.ps_lend;
   // A silently cut link to a worker or server (the scheduler still hears
   // both) closes like a broken one, within about the heartbeat timeout.
   tc.dead_link_timeout = options_.cluster.heartbeat_timeout;
