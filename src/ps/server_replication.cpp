@@ -143,19 +143,19 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
   const bool lent = (h.flags & msg::kFlagLent) != 0;
   // The value's bytes: the payload itself, or the lent range it names.
   net::LendRef ref;
-  Status bad;
+  Status valid;
   if (!dtype_ok || h.length > static_cast<uint64_t>(INT64_MAX) / 8 ||
       h.offset > static_cast<uint64_t>(INT64_MAX)) {
-    bad = {ErrorCode::kProtocolError, "bad dtype or size"};
+    valid = {ErrorCode::kProtocolError, "bad dtype or size"};
   } else if (lent) {
-    bad = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
-    if (bad && ref.bytes != h.length * dtype_size(dtype))
-      bad = {ErrorCode::kProtocolError, "lent range is not the value's size"};
+    valid = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
+    if (valid && ref.bytes != h.length * dtype_size(dtype))
+      valid = {ErrorCode::kProtocolError, "lent range is not the value's size"};
   } else if (m.payload.size() != h.length * dtype_size(dtype)) {
-    bad = {ErrorCode::kProtocolError, "bad dtype or size"};
+    valid = {ErrorCode::kProtocolError, "bad dtype or size"};
   }
-  if (!bad) {
-    std::string why = fmt::format("replica of key id {}: {}", h.key, bad.message());
+  if (!valid) {
+    std::string why = fmt::format("replica of key id {}: {}", h.key, valid.message());
     ack.type = msg::kError;
     node_.transport().send_copy(m.conn, ack, why.data(), why.size());
     return;
