@@ -3,7 +3,8 @@
 // crafted requests a worker could send (sizes that overflow, ranges past the
 // value, bad dtypes and types, garbage payloads) get error replies and the
 // server keeps serving the real workers; and a Server torn down while pushes
-// are arriving never touches its destroyed store.
+// are arriving never touches its destroyed store. A lent replica (net/lend.h)
+// is read only when its reference checks out.
 #include "ps/server.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "net/lend.h"
 #include "ps/protocol.h"
 #include "support/cluster_harness.h"
 
@@ -210,6 +212,104 @@ TEST(Server, TearDownWhilePushesArrive) {
     for (auto& t : senders)
       t.join();
   }
+}
+
+// A real Server next to a bare "server" node that plays its peer by hand:
+// it sends replicas (meta, then a lent value) and acknowledges the real
+// server's own replicas so that its rounds complete.
+class ReplicaPeerJob {
+ public:
+  ReplicaPeerJob() {
+    test::InProcessCluster::Config c;
+    c.servers = 2;
+    c.workers = 1;
+    c.setup = [this](cluster::Node& n) {
+      if (n.role() != Role::kServer) return;
+      if (!server_) {
+        server_ = std::make_unique<Server>(n);
+        return;
+      }
+      peer_ = &n;
+      n.set_handler(msg::kFirst, msg::kLast, [this, &n](net::Message&& m) {
+        if (m.header.type == msg::kReplicaValue) {  // the real server's replica: installed
+          net::Header ack{.type = msg::kReply, .request_id = m.header.request_id};
+          n.transport().send_copy(m.conn, ack, nullptr, 0);
+          return;
+        }
+        if (m.header.type == msg::kReplicaMeta) return;
+        inbox_.add(std::move(m));
+      });
+    };
+    cluster_ = std::make_unique<test::InProcessCluster>(c);
+  }
+  ~ReplicaPeerJob() {
+    server_.reset();
+    cluster_.reset();
+  }
+  int real_rank() const { return 1 - peer_->rank(); }
+  // Sends a replica of `count` float32 elements of `key` whose value message
+  // carries `value` with `flags`; returns the answer to it.
+  Answer replicate(uint64_t key, uint64_t count, uint32_t flags, std::vector<std::byte> value) {
+    const uint64_t id = ++next_id_;
+    ReplicaState st;
+    st.name = "lent" + std::to_string(key);
+    st.home = peer_->rank();
+    st.applied_seq.assign(1, 0);
+    net::Header h = header(msg::kReplicaMeta, key, 0, count);
+    h.request_id = id;
+    auto meta = encode_replica_meta(st);
+    EXPECT_TRUE(peer_->send_copy(Role::kServer, real_rank(), h, meta.data(), meta.size()).is_ok());
+    h.type = msg::kReplicaValue;
+    h.flags = flags;
+    EXPECT_TRUE(
+        peer_->send_copy(Role::kServer, real_rank(), h, value.data(), value.size()).is_ok());
+    return inbox_.wait(id);
+  }
+
+ private:
+  std::unique_ptr<Server> server_;
+  cluster::Node* peer_ = nullptr;
+  Inbox inbox_;
+  std::unique_ptr<test::InProcessCluster> cluster_;
+  uint64_t next_id_ = 1000;
+};
+
+TEST(Server, ALentReplicaIsReadOnlyWhenItsReferenceChecksOut) {
+  ReplicaPeerJob job;
+  std::string why;
+  auto block = net::LendBlock::create(1 << 20, &why);
+  ASSERT_TRUE(block) << why;
+  std::memset(block->data(), 0, block->size());
+  const uint64_t n = 1000;
+  net::LendRef ref = *net::find_lent(block->data() + 4096, n * 4);
+
+  // A good reference: read, installed, acknowledged.
+  Answer ok = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(ref));
+  EXPECT_EQ(ok.type, msg::kReply);
+  EXPECT_EQ(ok.flags, 0u);
+  // A token that is not the block's: not read; the primary is asked for bytes.
+  net::LendRef forged = ref;
+  forged.token[0] ^= std::byte{0xff};
+  Answer bytes = job.replicate(2, n, msg::kFlagLent, net::encode_lend_ref(forged));
+  EXPECT_EQ(bytes.type, msg::kReply);
+  EXPECT_EQ(bytes.flags, msg::kFlagSendBytes);
+  // A range that is not the value's size, a reference that does not decode,
+  // and one that would make the backup allocate past the message limit
+  // (2^42 bytes, inside a block that large): refused, nothing allocated.
+  net::LendRef wrong = ref;
+  wrong.bytes -= 4;
+  EXPECT_EQ(job.replicate(3, n, msg::kFlagLent, net::encode_lend_ref(wrong)).type, msg::kError);
+  EXPECT_EQ(job.replicate(4, n, msg::kFlagLent, std::vector<std::byte>(7)).type, msg::kError);
+  net::LendRef huge = ref;
+  huge.block_bytes = huge.bytes = uint64_t{1} << 42;
+  huge.offset = 0;
+  EXPECT_EQ(job.replicate(5, uint64_t{1} << 40, msg::kFlagLent, net::encode_lend_ref(huge)).type,
+            msg::kError);
+  // The same replica by value still installs.
+  std::vector<std::byte> value(n * 4, std::byte{0});
+  Answer by_value = job.replicate(6, n, 0, value);
+  EXPECT_EQ(by_value.type, msg::kReply);
+  EXPECT_EQ(by_value.flags, 0u);
 }
 
 }  // namespace
