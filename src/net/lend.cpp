@@ -84,13 +84,19 @@ std::unique_ptr<LendBlock> LendBlock::create(size_t bytes, std::string* why) {
   Nonce n = random_nonce();
   std::memcpy(b->token_.data(), n.data(), b->token_.size());
   const std::string name = kLendNamePrefix + hex(b->token_);
-  b->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  b->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (b->fd_ < 0) {
     *why = fmt::format("memfd_create: {}", std::strerror(errno));
     return nullptr;
   }
   if (::ftruncate(b->fd_, static_cast<off_t>(bytes)) != 0) {
     *why = fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno));
+    return nullptr;
+  }
+  // Sealed at its size: a reader's mapping can never lose its pages (a
+  // shrunk file would fault the reader), and the reader checks the seals.
+  if (::fcntl(b->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    *why = fmt::format("sealing: {}", std::strerror(errno));
     return nullptr;
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd_, 0);
@@ -180,10 +186,14 @@ Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block
     struct stat st {};
     const bool size_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
                          static_cast<uint64_t>(st.st_size) == r.block_bytes;
-    if (got != want || !size_ok) {
+    // Its owner cannot shrink it under our mapping (which would fault us).
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    const bool sealed = seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_SEAL);
+    if (got != want || !size_ok || !sealed) {
       ::close(fd);
       return refused(r, got != want ? fmt::format("it is '{}', not the block named", got)
-                                    : "its size is not the block's");
+                        : !size_ok  ? std::string("its size is not the block's")
+                                    : std::string("it is not sealed against shrinking"));
     }
     void* p = ::mmap(nullptr, r.block_bytes, PROT_READ, MAP_SHARED, fd, 0);
     const int err = errno;
@@ -203,7 +213,6 @@ Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block
     lru_.splice(lru_.begin(), lru_, it);
     it = lru_.begin();
   }
-  // (A read of a block whose owner truncated it would fault: owners never do.)
   *block = it->data;
   return Status::ok();
 }

@@ -9,8 +9,9 @@
 // The owner tells a peer a LendRef {pid, fd, token, block size, offset,
 // bytes}; LendReader opens /proc/<pid>/fd/<fd>, checks that the file it got
 // is a memfd named with that token (read back through its own descriptor, so
-// a descriptor closed and reused in between is noticed) and of that size,
-// maps it read-only and copies the range out. Nothing is named in a
+// a descriptor closed and reused in between is noticed), of that size and
+// sealed against shrinking (so the owner cannot make the reader's mapping
+// fault), maps it read-only and copies the range out. Nothing is named in a
 // filesystem, so nothing is left behind when a process dies: the memory goes
 // with its last mapping.
 //

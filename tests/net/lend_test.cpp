@@ -2,9 +2,10 @@
 // Lending buffers to a same-host peer (net/lend.h): the block is found from
 // any address inside it, a reader copies the right bytes (also from another
 // process), and a reference that names the wrong token, size, descriptor or
-// range is refused instead of read. The lending BufferPool hands out slab
-// pieces that find_lent() knows.
+// range, or a look-alike that is not sealed, is refused instead of read. The lending BufferPool
+// hands out slab pieces that find_lent() knows.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,6 +96,22 @@ TEST(Lend, AWrongTokenSizeOrDescriptorIsRefused) {
   closed.fd = 100000;
   EXPECT_FALSE(reader.copy(closed, out.data()).is_ok());
   EXPECT_EQ(reader.mapped_bytes(), 0u);  // nothing refused stays mapped
+}
+
+TEST(Lend, AnUnsealedLookAlikeIsRefused) {
+  // A memfd with a block's name and size but no seals: its owner could
+  // shrink it under the reader's mapping, so it is not read.
+  const std::string name = std::string(kLendNamePrefix) + std::string(32, '0');
+  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  LendRef r{static_cast<uint32_t>(::getpid()), fd, {}, 1 << 20, 0, 64};
+  LendReader reader;
+  std::vector<std::byte> out(64);
+  Status st = reader.copy(r, out.data());
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("not sealed"), std::string::npos) << st.message();
+  ::close(fd);
 }
 
 TEST(Lend, AReusedDescriptorDropsTheOldMapping) {
