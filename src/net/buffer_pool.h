@@ -7,13 +7,13 @@
 // when destroyed; it keeps the pool's state alive (shared ownership: a
 // handler may keep a payload after its Transport is gone).
 //
-// A lending pool (TransportConfig::shared_memory) carves buffers of 256 KiB
-// to 32 MiB out of memfd-backed LendBlocks ("slabs" of 32 MiB, or one block
-// for a larger class) instead of the heap, so a node can lend what it holds to
-// a peer on the same host (net/lend.h). Such buffers always go back to their
-// free list (a slab is never split back), so the pool keeps its peak; slabs
-// hold one descriptor each, at most kMaxSlabs per pool (the heap after that,
-// and when a block cannot be made).
+// A lending pool (TransportConfig::lend_buffers; a replicating server's
+// store) carves buffers of 256 KiB to 32 MiB out of memfd-backed LendBlocks
+// ("slabs" of 32 MiB, or one block for a larger class) instead of the heap,
+// so a node can lend what it holds to a peer on the same host (net/lend.h). Such buffers always go
+// back to their free list (a slab is never split back), so the pool keeps its peak; slabs hold one
+// descriptor each, at most kMaxSlabs per pool (the heap after that, and when a block cannot be
+// made).
 //
 // Thread safety: acquire() and Buffer destruction may happen on any thread.
 #pragma once
