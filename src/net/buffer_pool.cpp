@@ -6,9 +6,9 @@
 
 namespace pushpull::net {
 namespace {
-constexpr size_t kMinClass = 8;    // 256 B
-constexpr size_t kMaxClass = 26;   // 64 MiB
-constexpr size_t kLendClass = 18;  // 256 KiB: a lending pool's slabs from here up
+constexpr size_t kMinClass = 8;                                               // 256 B
+constexpr size_t kMaxClass = 26;                                              // 64 MiB
+constexpr size_t kLendClass = std::bit_width(BufferPool::kLendMinBytes - 1);  // 256 KiB
 constexpr size_t kSlabClass = 25;  // 32 MiB slabs (a larger class: one block per buffer)
 constexpr size_t kMaxSlabs = 256;  // descriptors a lending pool may hold
 }  // namespace

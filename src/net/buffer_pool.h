@@ -64,6 +64,8 @@ class Buffer {
 
 class BufferPool {
  public:
+  // The smallest buffer a lending pool takes from a slab (256 KiB).
+  static constexpr size_t kLendMinBytes = size_t{1} << 18;
   explicit BufferPool(size_t max_cached = 8, bool lending = false);
   // A buffer of exactly `size` bytes (contents unspecified).
   Buffer acquire(size_t size);

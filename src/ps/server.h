@@ -82,10 +82,13 @@ class Server : public ServerResponder {
   // Sends `state` to `backups`; `done` once each acknowledged (or died).
   void send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
                     std::vector<int> backups, std::function<void()> done);
-  // Sends replication `id` of `part` to backup `b`: lent when `lend`.
+  // Sends replication `id` of `part` to backup `b`: lent as `*lend` when
+  // given, else by value.
   void send_replica_to(uint64_t id, const PartId& part,
-                       const std::shared_ptr<const ReplicaState>& state, int b, bool lend);
-  // Backup side of kReplicaValue: installs the value (bytes or lent) and answers.
+                       const std::shared_ptr<const ReplicaState>& state, int b,
+                       const net::LendRef* lend);
+  // Backup side of kReplicaValue (server_replica_install.cpp): installs the
+  // value (bytes or lent) and answers.
   void on_replica_value(const cluster::NodeAddress& from, net::Message&& m);
   // Server rejoin: a live server sends `to` its ranges; the rejoined side.
   void on_rejoin_request(int to);

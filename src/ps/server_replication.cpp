@@ -64,8 +64,8 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
   const ArrayView& v = state->value.view;
   // Same host: the backups copy the value straight out of this process
   // (one copy instead of the ring's two, docs/ps.md).
-  const bool lendable =
-      lending() && v.nbytes() > 0 && net::find_lent(v.data, v.nbytes()).has_value();
+  std::optional<net::LendRef> ref;
+  if (lending() && v.nbytes() > 0) ref = net::find_lent(v.data, v.nbytes());
   uint64_t id;
   std::vector<char> lend(backups.size(), 0);
   {
@@ -73,17 +73,18 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
     id = next_replication_++;
     bool any = false;
     for (size_t i = 0; i < backups.size(); ++i)
-      any |= lend[i] = lendable && !no_lending_.contains(backups[i]);
+      any |= lend[i] = ref && !no_lending_.contains(backups[i]);
     outgoing_[id] = Outgoing{backups, std::move(done), part, any ? state : nullptr};
   }
   for (size_t i = 0; i < backups.size(); ++i)
-    send_replica_to(id, part, state, backups[i], lend[i] != 0);
+    send_replica_to(id, part, state, backups[i], lend[i] ? &*ref : nullptr);
   // A send to a dead backup fails at once or later; either way the next
   // placement (which names it dead) completes the replication for it.
 }
 
 void Server::send_replica_to(uint64_t id, const PartId& part,
-                             const std::shared_ptr<const ReplicaState>& state, int b, bool lend) {
+                             const std::shared_ptr<const ReplicaState>& state, int b,
+                             const net::LendRef* lend) {
   const ArrayView& v = state->value.view;
   auto meta = std::make_shared<std::vector<std::byte>>(encode_replica_meta(*state));
   net::Header h{.type = msg::kReplicaMeta,
@@ -106,9 +107,9 @@ void Server::send_replica_to(uint64_t id, const PartId& part,
                gate->leave();
              });
   h.type = msg::kReplicaValue;
-  if (std::optional<net::LendRef> ref; lend && (ref = net::find_lent(v.data, v.nbytes()))) {
+  if (lend) {
     h.flags = msg::kFlagLent;
-    std::vector<std::byte> bytes = net::encode_lend_ref(*ref);
+    std::vector<std::byte> bytes = net::encode_lend_ref(*lend);
     node_.send_copy(Role::kServer, b, h, bytes.data(), bytes.size());
     return;
   }
@@ -117,99 +118,6 @@ void Server::send_replica_to(uint64_t id, const PartId& part,
   node_.send(Role::kServer, b, h, v.data, v.nbytes(), [state](const Status& s) {
     if (!s.is_ok()) PP_DEBUG("replica not delivered: {}", s.to_string());
   });
-}
-
-void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m) {
-  const net::Header& h = m.header;
-  ReplicaState state;
-  {
-    std::lock_guard lock(repl_mu_);
-    auto it = incoming_meta_.find({from.rank, h.request_id});
-    if (it == incoming_meta_.end()) {
-      // Refused, not ignored: silence would hold the primary's round forever.
-      PP_WARN("replica value {} from server {} without its metadata; refused", h.request_id,
-              from.rank);
-      std::string why = fmt::format("replica value {} without its metadata", h.request_id);
-      net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
-      node_.transport().send_copy(m.conn, err, why.data(), why.size());
-      return;
-    }
-    state = std::move(it->second);
-    incoming_meta_.erase(it);
-  }
-  const bool dtype_ok = h.dtype <= 0xff && is_valid_dtype(static_cast<uint8_t>(h.dtype));
-  auto dtype = static_cast<DType>(h.dtype);
-  net::Header ack{.type = msg::kReply, .request_id = h.request_id, .key = h.key};
-  const bool lent = (h.flags & msg::kFlagLent) != 0;
-  // The value's bytes: the payload itself, or the lent range it names.
-  net::LendRef ref;
-  Status valid;
-  if (!dtype_ok || h.length > static_cast<uint64_t>(INT64_MAX) / 8 ||
-      h.offset > static_cast<uint64_t>(INT64_MAX)) {
-    valid = {ErrorCode::kProtocolError, "bad dtype or size"};
-  } else if (lent) {
-    valid = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
-    if (valid && ref.bytes != h.length * dtype_size(dtype))
-      valid = {ErrorCode::kProtocolError, "lent range is not the value's size"};
-    // The bound a value sent by value has (the transport's message limit):
-    // a reference must not make this node allocate more.
-    else if (valid && ref.bytes > node_.options().net.max_message_bytes)
-      valid = {ErrorCode::kProtocolError, "lent value larger than the message limit"};
-  } else if (m.payload.size() != h.length * dtype_size(dtype)) {
-    valid = {ErrorCode::kProtocolError, "bad dtype or size"};
-  }
-  if (!valid) {
-    std::string why = fmt::format("replica of key id {}: {}", h.key, valid.message());
-    ack.type = msg::kError;
-    node_.transport().send_copy(m.conn, ack, why.data(), why.size());
-    return;
-  }
-  // A lent value is copied on the part's thread, not on this (I/O) thread,
-  // which has the workers' pushes and pulls to move meanwhile.
-  std::function<Status()> fill;
-  auto unreadable = std::make_shared<bool>(false);
-  if (lent) {
-    // Into a buffer of this node's (lending) pool, so that after a fail-over
-    // this server can lend the value on in turn.
-    m.payload = node_.transport().pool().acquire(ref.bytes);
-    {
-      std::lock_guard lock(repl_mu_);
-      lent_by_[from.rank] = ref.pid;
-    }
-    fill = [this, ref, dst = m.payload.data(), unreadable] {
-      Status st = lending() ? lend_reader_.copy(ref, dst)
-                            : Status(ErrorCode::kIoError, "PUSHPULL_PS_LEND=0 on this server");
-      *unreadable = !st.is_ok();
-      return st;
-    };
-  }
-  auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
-  state.value =
-      Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
-  PartId part{h.key, static_cast<int64_t>(h.offset)};
-  int primary = from.rank;
-  // The answer goes back on the connection the replica came in on, not
-  // to the primary's rank: at the job's start this node (the connector
-  // to lower ranks) may not have recorded that connection yet, and an
-  // acknowledgement lost that way held the round, or the init, forever.
-  // (A closed connection fails the send: that primary is gone.)
-  net::ConnId back = m.conn;
-  auto answer = [this, ack, primary, back, unreadable](const Status& s) {
-    net::Header a = ack;
-    if (s.is_ok()) {
-      node_.transport().send_copy(back, a, nullptr, 0);
-    } else if (*unreadable) {
-      PP_INFO("server {}: replica from server {} not readable in place ({}); asking for bytes",
-              node_.rank(), primary, s.message());
-      a.flags = msg::kFlagSendBytes;
-      node_.transport().send_copy(back, a, nullptr, 0);
-    } else {
-      PP_ERROR("cannot install a replica from server {}: {}", primary, s.to_string());
-      a.type = msg::kError;
-      node_.transport().send_copy(back, a, s.message().data(), s.message().size());
-    }
-  };
-  store()->install_replica(part, std::move(state), std::move(answer), std::move(fill));
 }
 
 void Server::rejoin() {
@@ -336,7 +244,7 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
           part = it->second.part;
           state = it->second.lent;
         }
-        return send_replica_to(h.request_id, part, state, from.rank, false);
+        return send_replica_to(h.request_id, part, state, from.rank, nullptr);
       }
       return replica_acked(h.request_id, from.rank);
     case msg::kError: {

@@ -39,7 +39,7 @@ inline Key state_key(const PartId& p) {
 // (lendable memory, net/lend.h) when given and the value is 256 KiB or more.
 inline Payload fresh(const Shape& shape, DType dtype, net::BufferPool* pool = nullptr) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
-  if (pool && bytes >= (size_t{256} << 10)) {
+  if (pool && bytes >= net::BufferPool::kLendMinBytes) {
     auto b = std::make_shared<net::Buffer>(pool->acquire(bytes));
     return Payload{ArrayView(b->data(), dtype, shape), b};
   }

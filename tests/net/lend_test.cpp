@@ -128,7 +128,9 @@ TEST(Lend, AReusedDescriptorDropsTheOldMapping) {
   ASSERT_TRUE(ref2);
   ASSERT_TRUE(reader.copy(*ref2, out.data()).is_ok());
   EXPECT_EQ(out[0], std::byte{0x11});
-  if (ref2->fd == ref1->fd) EXPECT_EQ(reader.mapped_bytes(), size_t{1} << 20);
+  if (ref2->fd == ref1->fd) {
+    EXPECT_EQ(reader.mapped_bytes(), size_t{1} << 20);
+  }
 }
 
 TEST(Lend, AnotherProcessReadsTheBlock) {
