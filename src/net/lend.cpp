@@ -157,6 +157,16 @@ Status LendReader::copy(const LendRef& r, void* dst) {
   return Status::ok();
 }
 
+Status LendReader::pin(const LendRef& r, std::shared_ptr<const std::byte>* range) {
+  std::shared_ptr<const std::byte> block;
+  if (Status st = map(r, &block); !st) return st;
+  // Aliasing: shares the mapping's count, so dropping it from the LRU (or
+  // forget()) leaves a pinned range mapped.
+  *range = std::shared_ptr<const std::byte>(block, block.get() + r.offset);
+  metrics::add(metrics::Counter::kNetLentBytes, static_cast<int64_t>(r.bytes));
+  return Status::ok();
+}
+
 Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block) {
   std::lock_guard lock(mu_);
   auto same_block = [&](const Mapping& m) {

@@ -104,6 +104,11 @@ class LendReader {
   // Copies r.bytes bytes of the lent range to `dst`. An error says why the
   // block could not be read (the owner then sends the bytes).
   Status copy(const LendRef& r, void* dst);
+  // Holds the lent range in place instead of copying it: *range points at
+  // its first byte, read-only, and keeps the block mapped (and so alive,
+  // even after its owner exits) until the last copy of it is dropped. The
+  // owner must not change or reuse the range until told the reader let go.
+  Status pin(const LendRef& r, std::shared_ptr<const std::byte>* range);
   // Drops every mapping of process `pid` (its owner died or was replaced).
   void forget(uint32_t pid);
   size_t mapped_bytes() const;

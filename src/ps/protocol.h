@@ -31,7 +31,12 @@
 //                               primary's memory instead (same host); a
 //                               backup that cannot read it answers kReply
 //                               with kFlagSendBytes, and the primary sends
-//                               meta and value again, by value
+//                               meta and value again, by value. A backup
+//                               that holds the lent range in place instead
+//                               of copying it answers with kFlagPinned: the
+//                               primary then keeps the range unchanged until
+//   kReplicaRelease backup -> primary  that request_id; payload = the
+//                               LendRef: the backup dropped the range
 //
 // Requests from workers carry the sender's placement epoch in flags bits
 // 8..31 (mod 2^24); a server holds a request whose epoch it has not reached
@@ -70,12 +75,14 @@ inline constexpr uint16_t kReplicaValue = 71;
 inline constexpr uint16_t kRejoinRequest = 72;  // rejoined -> live server: send me my ranges
 inline constexpr uint16_t kRejoinSetup = 73;    // live -> rejoined: "sync|async\n<optimizer spec>"
 inline constexpr uint16_t kRejoinDone = 74;     // live -> rejoined: every range sent and installed
+inline constexpr uint16_t kReplicaRelease = 75;
 inline constexpr uint16_t kFirst = 64;
-inline constexpr uint16_t kLast = 74;
+inline constexpr uint16_t kLast = 75;
 inline constexpr uint32_t kFlagCompressed = 1;
 inline constexpr uint32_t kFlagRejoin = 2;
 inline constexpr uint32_t kFlagLent = 4;       // kReplicaValue: payload is a net::LendRef
 inline constexpr uint32_t kFlagSendBytes = 8;  // backup's kReply: cannot read lent memory
+inline constexpr uint32_t kFlagPinned = 16;    // backup's kReply: holds the lent range in place
 }  // namespace msg
 
 // A rejoin reply's head: for the asking worker's rank, the sequence number of

@@ -74,11 +74,22 @@ class Server : public ServerResponder {
     std::function<void()> done;
     PartId part;
     std::shared_ptr<const ReplicaState> lent;
+    net::LendRef ref;  // where `lent`'s value is, when lent
+  };
+  // A value a backup holds in place (pinned, kFlagPinned): kept here,
+  // unchanged and out of the buffer pool, until the backup releases it
+  // (kReplicaRelease) or dies.
+  struct Pinned {
+    net::LendRef ref;
+    std::shared_ptr<const ReplicaState> state;
   };
   void on_server_message(const cluster::NodeAddress& from, net::Message&& m);
   void on_placement(const cluster::Placement& p);
-  // Acknowledgement (or death) of `backup` for replication `id`.
-  void replica_acked(uint64_t id, int backup);
+  // Acknowledgement (or death) of `backup` for replication `id`; `pinned`:
+  // the backup holds the lent value in place.
+  void replica_acked(uint64_t id, int backup, bool pinned = false);
+  // A backup let go of a pinned value.
+  void on_replica_release(int backup, const net::Message& m);
   // Sends `state` to `backups`; `done` once each acknowledged (or died).
   void send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
                     std::vector<int> backups, std::function<void()> done);
@@ -140,6 +151,8 @@ class Server : public ServerResponder {
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
   net::LendReader lend_reader_;      // backup side: lent values of same-host primaries
   std::map<int, uint32_t> lent_by_;  // backup side: the process of each server that lent to us
+  // Primary side: values pinned by backups, by (backup, replication id).
+  std::map<std::pair<int, uint64_t>, Pinned> pinned_;
   // Worker requests from a newer placement epoch than ours, in arrival order.
   std::deque<net::Message> future_;
   std::shared_ptr<ServerStore> store() {

@@ -13,6 +13,33 @@
 #include "pushpull/log.h"
 
 namespace pushpull::ps {
+namespace {
+
+// A lent value held in place (net::LendReader::pin): keeps the primary's
+// block mapped, and tells the primary when the last reference goes, so that
+// it may update or reuse that memory again.
+class PinnedValue {
+ public:
+  PinnedValue(std::shared_ptr<const std::byte> range, std::function<void()> release)
+      : range_(std::move(range)), release_(std::move(release)) {}
+  ~PinnedValue() {
+    try {
+      release_();
+    } catch (const std::exception& e) {
+      PP_DEBUG("replica release not sent: {}", e.what());
+    }
+  }
+  PinnedValue(const PinnedValue&) = delete;
+  PinnedValue& operator=(const PinnedValue&) = delete;
+  // Mapped read-only: Payload::read_only keeps the store from writing it.
+  void* data() const { return const_cast<std::byte*>(range_.get()); }
+
+ private:
+  std::shared_ptr<const std::byte> range_;
+  std::function<void()> release_;
+};
+
+}  // namespace
 
 void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m) {
   const net::Header& h = m.header;
@@ -59,28 +86,44 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
     node_.transport().send_copy(m.conn, ack, why.data(), why.size());
     return;
   }
-  // A lent value is copied on the part's thread, not on this (I/O) thread,
-  // which has the workers' pushes and pulls to move meanwhile.
-  std::function<Status()> fill;
+  // A lent value is pinned on the part's thread, not on this (I/O) thread,
+  // which has the workers' pushes and pulls to move meanwhile. Nothing is
+  // copied: the backup reads the primary's buffer in place (mapped, it stays
+  // readable if the primary dies), and the primary leaves it unchanged until
+  // told (kReplicaRelease) that this server dropped it.
+  std::function<Status(ReplicaState&)> fill;
   auto unreadable = std::make_shared<bool>(false);
+  const int64_t count = static_cast<int64_t>(h.length);
   if (lent) {
-    // Into a buffer of this node's (lending) pool, so that after a fail-over
-    // this server can lend the value on in turn.
-    m.payload = node_.transport().pool().acquire(ref.bytes);
     {
       std::lock_guard lock(repl_mu_);
       lent_by_[from.rank] = ref.pid;
     }
-    fill = [this, ref, dst = m.payload.data(), unreadable] {
-      Status st = lending() ? lend_reader_.copy(ref, dst)
+    fill = [this, ref, dtype, count, unreadable, back = m.conn, id = h.request_id,
+            key = h.key](ReplicaState& s) {
+      std::shared_ptr<const std::byte> range;
+      Status st = lending() ? lend_reader_.pin(ref, &range)
                             : Status(ErrorCode::kIoError, "PUSHPULL_PS_LEND=0 on this server");
-      *unreadable = !st.is_ok();
-      return st;
+      if (!st) {
+        *unreadable = true;
+        return st;
+      }
+      auto release = [this, gate = gate_, back, id, key, ref] {
+        if (!gate->enter()) return;  // this server is going away
+        net::Header rel{.type = msg::kReplicaRelease, .request_id = id, .key = key};
+        std::vector<std::byte> bytes = net::encode_lend_ref(ref);
+        // Fails at once when the primary is gone: nothing to tell it then.
+        (void)node_.transport().send_copy(back, rel, bytes.data(), bytes.size());
+        gate->leave();
+      };
+      auto pinned = std::make_shared<PinnedValue>(std::move(range), std::move(release));
+      s.value = Payload{ArrayView(pinned->data(), dtype, Shape{count}), pinned, true};
+      return Status::ok();
     };
+  } else {
+    auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
+    state.value = Payload{ArrayView(owner->data(), dtype, Shape{count}), owner};
   }
-  auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
-  state.value =
-      Payload{ArrayView(owner->data(), dtype, Shape{static_cast<int64_t>(h.length)}), owner};
   PartId part{h.key, static_cast<int64_t>(h.offset)};
   int primary = from.rank;
   // The answer goes back on the connection the replica came in on, not
@@ -89,9 +132,10 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
   // acknowledgement lost that way held the round, or the init, forever.
   // (A closed connection fails the send: that primary is gone.)
   net::ConnId back = m.conn;
-  auto answer = [this, ack, primary, back, unreadable](const Status& s) {
+  auto answer = [this, ack, primary, back, unreadable, lent](const Status& s) {
     net::Header a = ack;
     if (s.is_ok()) {
+      if (lent) a.flags = msg::kFlagPinned;
       node_.transport().send_copy(back, a, nullptr, 0);
     } else if (*unreadable) {
       PP_INFO("server {}: replica from server {} not readable in place ({}); asking for bytes",

@@ -74,7 +74,8 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
     bool any = false;
     for (size_t i = 0; i < backups.size(); ++i)
       any |= lend[i] = ref && !no_lending_.contains(backups[i]);
-    outgoing_[id] = Outgoing{backups, std::move(done), part, any ? state : nullptr};
+    outgoing_[id] = Outgoing{backups, std::move(done), part, any ? state : nullptr,
+                             any ? *ref : net::LendRef{}};
   }
   for (size_t i = 0; i < backups.size(); ++i)
     send_replica_to(id, part, state, backups[i], lend[i] ? &*ref : nullptr);
@@ -204,19 +205,40 @@ void Server::on_rejoin_done(int from) {
   node_.report_rejoined();
 }
 
-void Server::replica_acked(uint64_t id, int backup) {
+void Server::replica_acked(uint64_t id, int backup, bool pinned) {
   std::function<void()> done;
   {
     std::lock_guard lock(repl_mu_);
     auto it = outgoing_.find(id);
     if (it == outgoing_.end()) return;
     auto& w = it->second.waiting;
+    const auto before = w.size();
     w.erase(std::remove(w.begin(), w.end(), backup), w.end());
+    // Kept before the round can complete: the next round must not update
+    // (or the pool reuse) the buffer the backup now reads as its value.
+    if (pinned && it->second.lent && w.size() < before)
+      pinned_[{backup, id}] = Pinned{it->second.ref, it->second.lent};
     if (!w.empty()) return;
     done = std::move(it->second.done);
     outgoing_.erase(it);
   }
   done();
+}
+
+void Server::on_replica_release(int backup, const net::Message& m) {
+  net::LendRef ref;
+  if (Status st = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref); !st) {
+    PP_WARN("bad replica release from server {}: {}", backup, st.to_string());
+    return;
+  }
+  std::shared_ptr<const ReplicaState> state;  // released outside the lock
+  std::lock_guard lock(repl_mu_);
+  auto it = pinned_.find({backup, m.header.request_id});
+  // The reference must match too: a release meant for an earlier incarnation
+  // of this server must not free one of ours.
+  if (it == pinned_.end() || !(it->second.ref == ref)) return;
+  state = std::move(it->second.state);
+  pinned_.erase(it);
 }
 
 void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& m) {
@@ -246,7 +268,9 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
         }
         return send_replica_to(h.request_id, part, state, from.rank, nullptr);
       }
-      return replica_acked(h.request_id, from.rank);
+      return replica_acked(h.request_id, from.rank, (h.flags & msg::kFlagPinned) != 0);
+    case msg::kReplicaRelease:
+      return on_replica_release(from.rank, m);
     case msg::kError: {
       // The backup could not install it: it keeps no copy of this round, so
       // this is a broken job, not something to retry.
@@ -279,6 +303,7 @@ void Server::on_placement(const cluster::Placement& p) {
   // Replications waiting for a backup that is now dead are complete.
   std::vector<std::function<void()>> finished;
   std::deque<net::Message> ready;
+  std::vector<Pinned> unpinned;  // released outside the lock
   {
     std::lock_guard lock(repl_mu_);
     dead_ = p.dead;
@@ -296,6 +321,12 @@ void Server::on_placement(const cluster::Placement& p) {
         if (auto it = lent_by_.find(static_cast<int>(s)); it != lent_by_.end()) {
           lend_reader_.forget(it->second);
           lent_by_.erase(it);
+        }
+        // What it held in place of ours: nobody reads it any more.
+        for (auto it = pinned_.lower_bound({static_cast<int>(s), 0});
+             it != pinned_.end() && it->first.first == static_cast<int>(s);) {
+          unpinned.push_back(std::move(it->second));
+          it = pinned_.erase(it);
         }
       }
     for (auto it = outgoing_.begin(); it != outgoing_.end();) {

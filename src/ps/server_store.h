@@ -96,6 +96,9 @@ struct PartIdHash {
 struct Payload {
   ArrayView view;
   std::shared_ptr<void> owner;
+  // Never written in place, even with no other reference: another process's
+  // memory, mapped read-only (a pinned replica, net/lend.h).
+  bool read_only = false;
 };
 
 // An element range of a key's slice (row_sparse_pull asks for rows).
@@ -185,10 +188,10 @@ class ServerStore {
   // A backup: replaces the part's state with the primary's (creating the
   // part when new); `done` runs on the store's thread once installed, with
   // an error when the state does not fit (e.g. another dtype). `fill`, when
-  // given, runs first on that thread (it copies a lent value into
-  // state.value's buffer, net/lend.h); its error goes to `done` instead.
+  // given, runs first on that thread and sets state.value (a lent value,
+  // net/lend.h); its error goes to `done` instead.
   void install_replica(PartId part, ReplicaState state, std::function<void(const Status&)> done,
-                       std::function<Status()> fill = {});
+                       std::function<Status(ReplicaState&)> fill = {});
 
   // Installs a checkpoint's parts (before any request: the caller makes sure
   // nothing runs). A restored part answers the first init for it without

@@ -92,10 +92,10 @@ struct ServerStore::Entry {
   std::vector<WaitingPull> waiting;
   Status round_status;  // the update's outcome, told to the round's pushers
 
-  // Makes `value` exclusively ours before writing it (a new buffer from
-  // `pool` when one is needed and given).
+  // Makes `value` exclusively ours and writable before writing it (a new
+  // buffer from `pool` when one is needed and given).
   void own_value(net::BufferPool* pool) {
-    if (value.owner.use_count() > 1) {
+    if (value.owner.use_count() > 1 || value.read_only) {
       Payload copy = server_store_detail::fresh(value.view.shape, value.view.dtype, pool);
       std::memcpy(copy.view.data, value.view.data, value.view.nbytes());
       value = std::move(copy);

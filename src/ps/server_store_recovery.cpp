@@ -15,11 +15,11 @@ using namespace server_store_detail;
 
 void ServerStore::install_replica(PartId part, ReplicaState state,
                                   std::function<void(const Status&)> done,
-                                  std::function<Status()> fill) {
+                                  std::function<Status(ReplicaState&)> fill) {
   executor_.submit(shard_of(part), [this, part, state = std::move(state), done = std::move(done),
-                                    fill = std::move(fill)] {
+                                    fill = std::move(fill)]() mutable {
     if (fill)
-      if (Status filled = fill(); !filled) return done(filled);
+      if (Status filled = fill(state); !filled) return done(filled);
     Status st;
     try {
       if (static_cast<int>(state.applied_seq.size()) != config_.num_workers)

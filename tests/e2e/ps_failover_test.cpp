@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -35,8 +36,10 @@ using test::read_rank_pids;
 using test::TempDir;
 
 struct Job {
+  // `large` > 0 adds a key of that many elements, in default-sized chunks
+  // (the others use 4 KiB ones), with `env` on top of the defaults below.
   Job(const std::string& dir, const std::string& mode, int rounds, int replicas = -1,
-      int sleep_ms = 20)
+      int sleep_ms = 20, int64_t large = 0, std::map<std::string, std::string> extra = {})
       : pids(dir + "/servers") {
     std::string server =
         "sh -c 'echo $PUSHPULL_RANK $$ >> " + pids + "; exec " + bin("pushpull") + " server'";
@@ -45,12 +48,25 @@ struct Job {
                                               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
                                               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}};
     if (replicas >= 0) env["PUSHPULL_PS_REPLICAS"] = std::to_string(replicas);
-    proc = std::make_unique<test::ChildProcess>(
-        // (no --timeout: it would set the heartbeat timeout too)
-        std::vector<std::string>{bin("pushpull"), "launch", "-n", "3", "-s", "3",
-                                 "--server-command", server, "--", bin("ps_failover_worker"), mode,
-                                 std::to_string(rounds), std::to_string(sleep_ms)},
-        env);
+    if (large > 0) env.erase("PUSHPULL_PS_CHUNK_BYTES");
+    for (auto& [k, v] : extra)
+      env[k] = v;
+    std::vector<std::string> args{bin("pushpull"),
+                                  "launch",
+                                  "-n",
+                                  "3",
+                                  "-s",
+                                  "3",
+                                  "--server-command",
+                                  server,
+                                  "--",
+                                  bin("ps_failover_worker"),
+                                  mode,
+                                  std::to_string(rounds),
+                                  std::to_string(sleep_ms)};
+    if (large > 0) args.push_back(std::to_string(large));
+    // (no --timeout: it would set the heartbeat timeout too)
+    proc = std::make_unique<test::ChildProcess>(args, env);
   }
   // Waits until worker 0 finished round `round`; at the deadline stops the
   // launcher (so its whole output, with the report, is there) and fails.
@@ -130,6 +146,36 @@ TEST(PsFailover, SyncServerStoppedPullsClosedForm) {
 
 TEST(PsFailover, AsyncServerKilledKeepsTheExactTotal) {
   kill_at_random_rounds("async", SIGKILL);
+}
+
+// The last value of counter `name` in a metrics file (PUSHPULL_METRICS); -1
+// when the file or the counter is missing.
+int64_t last_counter(const std::string& path, const std::string& name) {
+  std::ifstream in(path);
+  std::string line;
+  int64_t value = -1;
+  const std::string field = "\"" + name + "\":";
+  while (std::getline(in, line))
+    if (auto at = line.find(field); at != std::string::npos)
+      value = std::stoll(line.substr(at + field.size()));
+  return value;
+}
+
+TEST(PsFailover, PinnedReplicasOutliveTheirKilledPrimary) {
+  // A 24 MiB key: 8 MiB slices, in chunks of 256 KiB, which same-host
+  // backups hold in place in their primary's memory (docs/ps.md,
+  // "Replication on one host"). SIGKILLed, the primary's memory stays
+  // readable for them, and every pull still equals the closed form.
+  TempDir dir("pp-failover-lent");
+  const std::string metrics = dir.path + "/metrics";
+  Job job(dir.path, "sync", 30, -1, 0, 6 << 20, {{"PUSHPULL_METRICS", metrics}});
+  ASSERT_TRUE(job.wait_round(10)) << job.proc->output();
+  job.signal_server(1, SIGKILL);
+  expect_success(job, 30);
+  // The survivors read lent replicas (the killed one wrote no final line).
+  const int64_t lent = last_counter(metrics + ".server0.jsonl", "net_lent_bytes") +
+                       last_counter(metrics + ".server2.jsonl", "net_lent_bytes");
+  EXPECT_GT(lent, int64_t{10} * (16 << 20)) << job.proc->output();
 }
 
 TEST(PsFailover, NoReplicaLeftFailsNamingTheRangesServers) {

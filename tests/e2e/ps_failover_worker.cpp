@@ -35,12 +35,15 @@ using namespace pushpull;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fmt::print(stderr, "usage: ps_failover_worker sync|async ROUNDS SLEEP_MS\n");
+    fmt::print(stderr, "usage: ps_failover_worker sync|async ROUNDS SLEEP_MS [LARGE_ELEMENTS]\n");
     return 2;
   }
   const std::string mode = argv[1];
   const int rounds = std::stoi(argv[2]);
   const int sleep_ms = std::stoi(argv[3]);
+  // A fourth key this large (float32), when given: its slices are chunked in
+  // pieces big enough for same-host replicas to be lent (net/lend.h).
+  const int64_t large = argc > 4 ? std::stoll(argv[4]) : 0;
   const double rate = 0.5;
   try {
     auto options = Options::from_env();
@@ -52,6 +55,10 @@ int main(int argc, char** argv) {
     values.push_back(Array::full(Shape{10}, 1.0));
     values.push_back(Array::full(Shape{10}, 1.0, DType::kFloat16));
     values.push_back(Array::full(Shape{6000}, 1.0));
+    if (large > 0) {
+      names.push_back("large");
+      values.push_back(Array::full(Shape{large}, 1.0));
+    }
     for (auto& v : values)
       grads.push_back(Array::full(v.shape(), r + 1.0, v.dtype()));
     std::vector<Key> keys(names.begin(), names.end());

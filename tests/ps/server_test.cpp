@@ -9,12 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "net/lend.h"
@@ -49,6 +51,10 @@ class Inbox {
       return {};
     }
     return answers_[id];
+  }
+  bool has(uint64_t id) {
+    std::lock_guard lock(mu_);
+    return answers_.count(id) > 0;
   }
 
  private:
@@ -224,7 +230,11 @@ class ReplicaPeerJob {
     c.servers = 2;
     c.workers = 1;
     c.setup = [this](cluster::Node& n) {
-      if (n.role() != Role::kServer) return;
+      if (n.role() == Role::kWorker) {
+        n.set_handler(msg::kFirst, msg::kLast,
+                      [this](net::Message&& m) { worker_inbox_.add(std::move(m)); });
+        return;
+      }
       if (!server_) {
         server_ = std::make_unique<Server>(n);
         return;
@@ -233,11 +243,19 @@ class ReplicaPeerJob {
       n.set_handler(msg::kFirst, msg::kLast, [this, &n](net::Message&& m) {
         if (m.header.type == msg::kReplicaValue) {  // the real server's replica: installed
           net::Header ack{.type = msg::kReply, .request_id = m.header.request_id};
+          net::LendRef ref;
+          // Lent: held in place, as a real backup does, until release().
+          if ((m.header.flags & msg::kFlagLent) &&
+              net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref).is_ok()) {
+            ack.flags = msg::kFlagPinned;
+            std::lock_guard lock(mu_);
+            pinned_.push_back({m.conn, m.header.request_id, m.header.key, ref});
+          }
           n.transport().send_copy(m.conn, ack, nullptr, 0);
           return;
         }
         if (m.header.type == msg::kReplicaMeta) return;
-        inbox_.add(std::move(m));
+        (m.header.type == msg::kReplicaRelease ? releases_ : inbox_).add(std::move(m));
       });
     };
     cluster_ = std::make_unique<test::InProcessCluster>(c);
@@ -265,16 +283,50 @@ class ReplicaPeerJob {
         peer_->send_copy(Role::kServer, real_rank(), h, value.data(), value.size()).is_ok());
     return inbox_.wait(id);
   }
+  // The real server's kReplicaRelease of the replica sent as request `id`.
+  Answer release_of(uint64_t id) { return releases_.wait(id); }
+  bool released(uint64_t id) { return releases_.has(id); }
+
+  // The worker's request to the real server, and its answer.
+  uint64_t worker_send(net::Header h, std::span<const std::byte> payload) {
+    h.request_id = ++next_id_;
+    EXPECT_TRUE(cluster_->worker(0)
+                    .send_copy(Role::kServer, real_rank(), h, payload.data(), payload.size())
+                    .is_ok());
+    return h.request_id;
+  }
+  Answer worker_wait(uint64_t id) { return worker_inbox_.wait(id); }
+
+  // The real server's replicas that this peer holds in place, in order.
+  struct Pin {
+    net::ConnId conn;
+    uint64_t id, key;
+    net::LendRef ref;
+  };
+  std::vector<Pin> pinned() {
+    std::lock_guard lock(mu_);
+    return pinned_;
+  }
+  // Tells the real server this peer let go of `p`.
+  void release(const Pin& p) {
+    net::Header h{.type = msg::kReplicaRelease, .request_id = p.id, .key = p.key};
+    auto bytes = net::encode_lend_ref(p.ref);
+    EXPECT_TRUE(peer_->transport().send_copy(p.conn, h, bytes.data(), bytes.size()).is_ok());
+  }
 
  private:
   std::unique_ptr<Server> server_;
   cluster::Node* peer_ = nullptr;
   Inbox inbox_;
+  Inbox releases_;
+  Inbox worker_inbox_;
+  std::mutex mu_;
+  std::vector<Pin> pinned_;
   std::unique_ptr<test::InProcessCluster> cluster_;
   uint64_t next_id_ = 1000;
 };
 
-TEST(Server, ALentReplicaIsReadOnlyWhenItsReferenceChecksOut) {
+TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
   ReplicaPeerJob job;
   std::string why;
   auto block = net::LendBlock::create(1 << 20, &why);
@@ -283,10 +335,21 @@ TEST(Server, ALentReplicaIsReadOnlyWhenItsReferenceChecksOut) {
   const uint64_t n = 1000;
   net::LendRef ref = *net::find_lent(block->data() + 4096, n * 4);
 
-  // A good reference: read, installed, acknowledged.
+  // A good reference: held in place (pinned), installed, acknowledged.
   Answer ok = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(ref));
   EXPECT_EQ(ok.type, msg::kReply);
-  EXPECT_EQ(ok.flags, 0u);
+  EXPECT_EQ(ok.flags, msg::kFlagPinned);
+  // The next round of that key replaces it: the first range is released
+  // (named by its reference), the second one stays held.
+  net::LendRef next = *net::find_lent(block->data() + 8192, n * 4);
+  Answer ok2 = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(next));
+  EXPECT_EQ(ok2.flags, msg::kFlagPinned);
+  Answer released = job.release_of(1001);
+  EXPECT_EQ(released.type, msg::kReplicaRelease);
+  net::LendRef named;
+  ASSERT_TRUE(net::decode_lend_ref(released.payload, &named).is_ok());
+  EXPECT_EQ(named, ref);
+  EXPECT_FALSE(job.released(1002));
   // A token that is not the block's: not read; the primary is asked for bytes.
   net::LendRef forged = ref;
   forged.token[0] ^= std::byte{0xff};
@@ -310,6 +373,54 @@ TEST(Server, ALentReplicaIsReadOnlyWhenItsReferenceChecksOut) {
   Answer by_value = job.replicate(6, n, 0, value);
   EXPECT_EQ(by_value.type, msg::kReply);
   EXPECT_EQ(by_value.flags, 0u);
+}
+
+TEST(Server, AValueItsBackupHoldsInPlaceIsNotReusedUntilReleased) {
+  ReplicaPeerJob job;
+  // 400 KB: cut out of the lending pool, so replicated by reference.
+  const int64_t n = 100000;
+  const uint64_t key = 9;
+  std::vector<float> v(n, 0.0f);
+  Answer init = job.worker_wait(job.worker_send(
+      header(msg::kInit, key, 0, n), encode_init("pinned", bytes_of(v), job.real_rank())));
+  ASSERT_EQ(init.type, msg::kReply);
+  // No optimizer: each round's sum (the pushed buffer itself, adopted) is the
+  // new value, and the old one would go back to the pool at once.
+  for (int round = 1; round <= 4; ++round) {
+    std::fill(v.begin(), v.end(), static_cast<float>(round));
+    ASSERT_EQ(job.worker_wait(job.worker_send(header(msg::kPush, key, 0, n), bytes_of(v))).type,
+              msg::kReply);
+  }
+  auto pinned = job.pinned();
+  ASSERT_GE(pinned.size(), 4u);  // every round's value (and the init's, lent too)
+  const size_t first = pinned.size() - 4;
+  net::LendReader reader;
+  auto holds = [&](const ReplicaPeerJob::Pin& p, float want) {
+    std::vector<float> got(static_cast<size_t>(n));
+    EXPECT_TRUE(reader.copy(p.ref, got.data()).is_ok());
+    return std::count(got.begin(), got.end(), want) == n;
+  };
+  // Held, none was reused for a later push: each still reads its own round.
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(holds(pinned[first + i], static_cast<float>(i + 1))) << "round " << i + 1;
+  // Released, their buffers go back to the pool: later pushes land in them.
+  // The value still held (round 4's) is never one of them.
+  std::set<std::pair<int32_t, uint64_t>> freed;  // (block, offset)
+  for (size_t i = 0; i + 1 < pinned.size(); ++i) {
+    job.release(pinned[i]);
+    freed.insert({pinned[i].ref.fd, pinned[i].ref.offset});
+  }
+  bool reused = false;
+  for (int round = 5; round <= 40 && !reused; ++round) {
+    std::fill(v.begin(), v.end(), static_cast<float>(round));
+    ASSERT_EQ(job.worker_wait(job.worker_send(header(msg::kPush, key, 0, n), bytes_of(v))).type,
+              msg::kReply);
+    const auto& last = job.pinned().back();
+    reused = freed.count({last.ref.fd, last.ref.offset}) > 0;
+    EXPECT_TRUE(holds(pinned.back(), 4.0f)) << "round " << round;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(reused) << "no released buffer was used again";
 }
 
 }  // namespace
