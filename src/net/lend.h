@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lending large buffers to a peer on the same host by reference, so the peer
-// copies them out in one memcpy instead of the shared-memory ring's two
-// (docs/ps.md, "Replication on one host"; the parameter server's replicas use
-// it).
+// copies them out in one memcpy instead of the shared-memory ring's two, or
+// holds them in place with no copy at all (docs/ps.md, "Replication on one
+// host"; the parameter server's replicas are held in place).
 //
 // A LendBlock is anonymous shared memory (memfd_create) named
 // "pushpull-lend-" + 32 random hex digits and mapped read-write by its owner.
@@ -11,9 +11,10 @@
 // is a memfd named with that token (read back through its own descriptor, so
 // a descriptor closed and reused in between is noticed), of that size and
 // sealed against shrinking (so the owner cannot make the reader's mapping
-// fault), maps it read-only and copies the range out. Nothing is named in a
-// filesystem, so nothing is left behind when a process dies: the memory goes
-// with its last mapping.
+// fault), maps it read-only and copies the range out, or pins it: keeps a
+// reference to the mapping, which keeps the memory even after its owner
+// exits. Nothing is named in a filesystem, so nothing is left behind when a
+// process dies: the memory goes with its last mapping.
 //
 // Security: opening another process's descriptor through /proc needs the
 // kernel's ptrace read check (same user, not made undumpable), so only a

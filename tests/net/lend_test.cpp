@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Lending buffers to a same-host peer (net/lend.h): the block is found from
 // any address inside it, a reader copies the right bytes (also from another
-// process), and a reference that names the wrong token, size, descriptor or
-// range, or a look-alike that is not sealed, is refused instead of read. The lending BufferPool
-// hands out slab pieces that find_lent() knows.
+// process), a pinned range outlives its owner, and a reference that names the
+// wrong token, size, descriptor or range, or a look-alike that is not sealed,
+// is refused instead of read. The lending BufferPool hands out slab pieces
+// that find_lent() knows.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -151,6 +152,52 @@ TEST(Lend, AnotherProcessReadsTheBlock) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "2: refused, 3: wrong bytes";
+}
+
+TEST(Lend, APinnedRangeOutlivesItsOwnerAndTheReadersMappings) {
+  // The owner is a child process that lends a block, is pinned, and exits;
+  // the range stays readable through the pin (a backup's value after its
+  // primary died), after forget() and past the reader's mapping budget.
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  ASSERT_EQ(::pipe(to_child), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string why;
+    auto b = LendBlock::create(1 << 20, &why);
+    if (!b) ::_exit(2);
+    for (size_t i = 0; i < b->size(); ++i)
+      b->data()[i] = static_cast<std::byte>(i * 7);
+    auto wire = encode_lend_ref(*find_lent(b->data() + 4096, 8192));
+    char go = 0;
+    if (::write(to_parent[1], wire.data(), wire.size()) != static_cast<ssize_t>(wire.size()) ||
+        ::read(to_child[0], &go, 1) != 1)
+      ::_exit(3);
+    ::_exit(0);  // the block is gone from this process
+  }
+  std::vector<std::byte> wire(256);
+  const ssize_t got = ::read(to_parent[0], wire.data(), wire.size());
+  ASSERT_GT(got, 0);
+  wire.resize(static_cast<size_t>(got));
+  LendRef ref;
+  ASSERT_TRUE(decode_lend_ref(wire, &ref).is_ok());
+  LendReader reader(1);  // a budget of one byte: nothing stays in its cache
+  std::shared_ptr<const std::byte> range;
+  ASSERT_TRUE(reader.pin(ref, &range).is_ok());
+  ASSERT_EQ(::write(to_child[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  reader.forget(ref.pid);
+  EXPECT_EQ(reader.mapped_bytes(), 0u);
+  for (size_t i = 0; i < 8192; ++i)
+    ASSERT_EQ(range.get()[i], static_cast<std::byte>((4096 + i) * 7)) << i;
+  // Its owner is gone: a new reference to it cannot be opened.
+  std::vector<std::byte> out(8192);
+  EXPECT_FALSE(LendReader().copy(ref, out.data()).is_ok());
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]})
+    ::close(fd);
 }
 
 TEST(Lend, TheReferenceRoundTripsAndBadOnesAreRefused) {
