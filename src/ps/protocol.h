@@ -32,11 +32,13 @@
 //                               backup that cannot read it answers kReply
 //                               with kFlagSendBytes, and the primary sends
 //                               meta and value again, by value. A backup
-//                               that holds the lent range in place instead
-//                               of copying it answers with kFlagPinned: the
-//                               primary then keeps the range unchanged until
-//   kReplicaRelease backup -> primary  that request_id; payload = the
-//                               LendRef: the backup dropped the range
+//                               that holds the lent range in place answers
+//                               with kFlagPinned: the primary then keeps
+//                               the range unchanged until the backup's
+//                               kReplicaRelease (or its death)
+//   kReplicaRelease backup -> primary  the kReplicaValue's request_id and
+//                               key; payload = its LendRef: the backup
+//                               dropped the range it held
 //
 // Requests from workers carry the sender's placement epoch in flags bits
 // 8..31 (mod 2^24); a server holds a request whose epoch it has not reached
