@@ -123,7 +123,9 @@ std::vector<std::vector<double>> measure(int workers, int servers,
                                          const std::vector<uint64_t>& sizes, int iters,
                                          const std::vector<compress::Settings>& types,
                                          int replicas = -1, int shm = -1) {
-  InProcessJob job{servers, workers, "dist_sync", Options{}};
+  // The environment's PUSHPULL_* settings apply (PUSHPULL_PS_LEND=0,
+  // PUSHPULL_PS_CHUNK_BYTES, ...), as on a launched job's nodes.
+  InProcessJob job{servers, workers, "dist_sync", Options::from_env()};
   job.options.log_level = LogLevel::kWarning;
   job.options.cluster.ps_replicas = replicas;
   if (shm >= 0) job.options.net.ps_shared_memory = shm == 1;
