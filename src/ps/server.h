@@ -63,6 +63,12 @@ class Server : public ServerResponder {
   // the ranges it backs up; once all of them sent theirs it tells the
   // scheduler, which makes it a (late) backup again. Call after node.start().
   void rejoin();
+  // How many values same-host backups hold in place of this server's (kept
+  // until released). Thread-safe; for tests.
+  size_t held_by_backups() {
+    std::lock_guard lock(repl_mu_);
+    return pinned_.size();
+  }
 
  private:
   // A replication in flight: the backups that have not acknowledged it.

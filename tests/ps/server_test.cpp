@@ -307,6 +307,9 @@ class ReplicaPeerJob {
     std::lock_guard lock(mu_);
     return pinned_;
   }
+  // The peer server dies: its connections close, the scheduler fails it over.
+  void kill_peer() { peer_->stop_delivery(); }
+  Server& real_server() { return *server_; }
   // Tells the real server this peer let go of `p`.
   void release(const Pin& p) {
     net::Header h{.type = msg::kReplicaRelease, .request_id = p.id, .key = p.key};
@@ -421,6 +424,27 @@ TEST(Server, AValueItsBackupHoldsInPlaceIsNotReusedUntilReleased) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(reused) << "no released buffer was used again";
+}
+
+TEST(Server, ABackupsDeathReleasesTheValuesItHeld) {
+  ReplicaPeerJob job;
+  const int64_t n = 100000;  // lent, as above
+  std::vector<float> v(n, 1.0f);
+  ASSERT_EQ(job.worker_wait(job.worker_send(header(msg::kInit, 9, 0, n),
+                                            encode_init("pinned", bytes_of(v), job.real_rank())))
+                .type,
+            msg::kReply);
+  for (int round = 1; round <= 3; ++round)
+    ASSERT_EQ(job.worker_wait(job.worker_send(header(msg::kPush, 9, 0, n), bytes_of(v))).type,
+              msg::kReply);
+  // Never released: every round's value is still held for the backup.
+  EXPECT_GE(job.real_server().held_by_backups(), 3u);
+  job.kill_peer();
+  // Once the placement names it dead, nothing is held for it any more.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (job.real_server().held_by_backups() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(job.real_server().held_by_backups(), 0u);
 }
 
 }  // namespace
