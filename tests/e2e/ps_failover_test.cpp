@@ -51,19 +51,10 @@ struct Job {
     if (large > 0) env.erase("PUSHPULL_PS_CHUNK_BYTES");
     for (auto& [k, v] : extra)
       env[k] = v;
-    std::vector<std::string> args{bin("pushpull"),
-                                  "launch",
-                                  "-n",
-                                  "3",
-                                  "-s",
-                                  "3",
-                                  "--server-command",
-                                  server,
-                                  "--",
-                                  bin("ps_failover_worker"),
-                                  mode,
-                                  std::to_string(rounds),
-                                  std::to_string(sleep_ms)};
+    std::vector<std::string> args = {bin("pushpull"),    "launch", "-n", "3", "-s", "3",
+                                     "--server-command", server,   "--"};
+    args.insert(args.end(), {bin("ps_failover_worker"), mode, std::to_string(rounds),
+                             std::to_string(sleep_ms)});
     if (large > 0) args.push_back(std::to_string(large));
     // (no --timeout: it would set the heartbeat timeout too)
     proc = std::make_unique<test::ChildProcess>(args, env);

@@ -182,7 +182,7 @@ TEST(Lend, APinnedRangeOutlivesItsOwnerAndTheReadersMappings) {
   wire.resize(static_cast<size_t>(got));
   LendRef ref;
   ASSERT_TRUE(decode_lend_ref(wire, &ref).is_ok());
-  LendReader reader(1);  // a budget of one byte: nothing stays in its cache
+  LendReader reader(1);  // a budget of one byte: it keeps only its latest mapping
   std::shared_ptr<const std::byte> range;
   ASSERT_TRUE(reader.pin(ref, &range).is_ok());
   ASSERT_EQ(::write(to_child[1], "x", 1), 1);
