@@ -74,6 +74,12 @@ class Optimizer {
   // InvalidArgument for other dtypes, shapes, non-CPU arrays, or a state
   // (e.g. loaded from a file) whose size does not fit the weight.
   void update(const Key& key, const ArrayView& weight, const ArrayView& grad);
+  // The same step written to `out` instead of `weight` (same shape and
+  // dtype; it may be `weight`, or `grad`'s buffer when grad has weight's
+  // dtype), leaving `weight` unchanged: a parameter server updates this way
+  // when another reader still holds the weight, instead of copying it first.
+  // The result is bit for bit the in-place one.
+  void update(const Key& key, const ArrayView& weight, const ArrayView& grad, const ArrayView& out);
 
   // How many updates `key` had (0 if none); Adam's bias correction uses it.
   int64_t update_count(const Key& key) const;
@@ -107,9 +113,13 @@ class Optimizer {
   explicit Optimizer(OptimizerSpec full_spec);
   // How many state arrays the rule keeps per weight (momentum, mean, ...).
   virtual int num_rule_states() const = 0;
-  // One step over n elements. `t` is this key's update count, from 1.
-  virtual void step(float* w, const float* g, float* const* s, size_t n, int64_t t) = 0;
-  virtual void step(double* w, const double* g, double* const* s, size_t n, int64_t t) = 0;
+  // One step over n elements, from weight `w` into `out` (which may be `w`
+  // or `g`: read w[i] and g[i] before writing out[i]). `t` is this key's
+  // update count, from 1.
+  virtual void step(float* out, const float* w, const float* g, float* const* s, size_t n,
+                    int64_t t) = 0;
+  virtual void step(double* out, const double* w, const double* g, double* const* s, size_t n,
+                    int64_t t) = 0;
 
  private:
   KeyState& state_for(const Key& key);

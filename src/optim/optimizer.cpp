@@ -55,7 +55,15 @@ void ensure_f32(Array& a, const Shape& shape) {
 }  // namespace
 
 void Optimizer::update(const Key& key, const ArrayView& weight, const ArrayView& grad) {
+  update(key, weight, grad, weight);
+}
+
+void Optimizer::update(const Key& key, const ArrayView& weight, const ArrayView& grad,
+                       const ArrayView& out) {
   auto where = [&] { return fmt::format("optimizer {} on key {}", spec_.name, key.to_string()); };
+  if (out.dtype != weight.dtype || !(out.shape == weight.shape) || !out.device.is_cpu())
+    throw InvalidArgument(fmt::format("{}: output {} does not match weight {}", where(),
+                                      out.describe(), weight.describe()));
   if (!weight.device.is_cpu() || !grad.device.is_cpu())
     throw InvalidArgument(
         fmt::format("{}: arrays on {} are not supported yet (CPU only)", where(),
@@ -72,7 +80,7 @@ void Optimizer::update(const Key& key, const ArrayView& weight, const ArrayView&
     throw InvalidArgument(fmt::format("{}: gradient shape {} differs from weight shape {}", where(),
                                       grad.shape.to_string(), weight.shape.to_string()));
   const size_t n = static_cast<size_t>(weight.numel());
-  if (n > 0 && (!weight.data || !grad.data))
+  if (n > 0 && (!weight.data || !grad.data || !out.data))
     throw InvalidArgument(
         fmt::format("{}: weight or gradient has no data (null pointer)", where()));
 
@@ -107,14 +115,14 @@ void Optimizer::update(const Key& key, const ArrayView& weight, const ArrayView&
     std::array<double*, 8> s{};
     for (size_t i = 0; i < nstates; ++i)
       s[i] = st.arrays[i].as<double>();
-    step(weight.as<double>(), grad.as<const double>(), s.data(), n, t);
+    step(out.as<double>(), weight.as<const double>(), grad.as<const double>(), s.data(), n, t);
     return;
   }
   std::array<float*, 8> s{};
   for (size_t i = 0; i < nstates; ++i)
     s[i] = st.arrays[i].as<float>();
   if (!half) {
-    step(weight.as<float>(), grad.as<const float>(), s.data(), n, t);
+    step(out.as<float>(), weight.as<const float>(), grad.as<const float>(), s.data(), n, t);
     return;
   }
   // 16-bit weights: compute in float32, round once when writing back.
@@ -134,8 +142,8 @@ void Optimizer::update(const Key& key, const ArrayView& weight, const ArrayView&
     convert(DType::kFloat32, st.scratch_g.data(), grad.dtype, grad.data, n);
     g32 = st.scratch_g.as<const float>();
   }
-  step(w32, g32, s.data(), n, t);
-  convert(weight.dtype, weight.data, DType::kFloat32, w32, n);
+  step(w32, w32, g32, s.data(), n, t);
+  convert(out.dtype, out.data, DType::kFloat32, w32, n);
 }
 
 }  // namespace pushpull

@@ -32,18 +32,22 @@ struct Common {
   double lr, wd, rescale, clip_gradient;
 };
 
-// Implements both step() overloads with one template `run<T>`.
+// Implements both step() overloads with one template `run<T>`. A rule reads
+// w[i] and g[i] before it writes out[i], and nothing else at i: `out` may be
+// `w` (in place) or `g` (the update lands in the gradient's buffer).
 template <typename Derived>
 class Rule : public Optimizer {
  public:
   explicit Rule(OptimizerSpec s) : Optimizer(std::move(s)), c(spec()) {}
 
  protected:
-  void step(float* w, const float* g, float* const* s, size_t n, int64_t t) override {
-    static_cast<Derived*>(this)->template run<float>(w, g, s, n, t);
+  void step(float* out, const float* w, const float* g, float* const* s, size_t n,
+            int64_t t) override {
+    static_cast<Derived*>(this)->template run<float>(out, w, g, s, n, t);
   }
-  void step(double* w, const double* g, double* const* s, size_t n, int64_t t) override {
-    static_cast<Derived*>(this)->template run<double>(w, g, s, n, t);
+  void step(double* out, const double* w, const double* g, double* const* s, size_t n,
+            int64_t t) override {
+    static_cast<Derived*>(this)->template run<double>(out, w, g, s, n, t);
   }
   double hp(const char* name) const { return spec().hyperparameters.at(name); }
   Common c;
@@ -54,17 +58,18 @@ class Sgd : public Rule<Sgd> {
   explicit Sgd(OptimizerSpec s) : Rule(std::move(s)), momentum_(hp("momentum")) {}
   int num_rule_states() const override { return momentum_ != 0 ? 1 : 0; }
   template <typename T>
-  void run(T* w, const T* g, T* const* s, size_t n, int64_t) {
+  void run(T* out, const T* w, const T* g, T* const* s, size_t n, int64_t) {
     const T lr = c.lr, wd = c.wd, rs = c.rescale, cl = c.clip_gradient, mom = momentum_;
     if (momentum_ == 0) {
       for (size_t i = 0; i < n; ++i)
-        w[i] = (T(1) - lr * wd) * w[i] - lr * clip(rs * g[i], cl);
+        out[i] = (T(1) - lr * wd) * w[i] - lr * clip(rs * g[i], cl);
       return;
     }
     T* m = s[0];
     for (size_t i = 0; i < n; ++i) {
-      m[i] = mom * m[i] - lr * wd * w[i] - lr * clip(rs * g[i], cl);
-      w[i] += m[i];
+      const T wi = w[i];
+      m[i] = mom * m[i] - lr * wd * wi - lr * clip(rs * g[i], cl);
+      out[i] = wi + m[i];
     }
   }
 
@@ -77,18 +82,21 @@ class Nag : public Rule<Nag> {
   explicit Nag(OptimizerSpec s) : Rule(std::move(s)), momentum_(hp("momentum")) {}
   int num_rule_states() const override { return momentum_ != 0 ? 1 : 0; }
   template <typename T>
-  void run(T* w, const T* g, T* const* s, size_t n, int64_t) {
+  void run(T* out, const T* w, const T* g, T* const* s, size_t n, int64_t) {
     const T lr = c.lr, wd = c.wd, rs = c.rescale, cl = c.clip_gradient, mom = momentum_;
     if (momentum_ == 0) {
-      for (size_t i = 0; i < n; ++i)
-        w[i] -= lr * (clip(rs * g[i], cl) + wd * w[i]);
+      for (size_t i = 0; i < n; ++i) {
+        const T wi = w[i];
+        out[i] = wi - lr * (clip(rs * g[i], cl) + wd * wi);
+      }
       return;
     }
     T* m = s[0];
     for (size_t i = 0; i < n; ++i) {
-      T grad = clip(rs * g[i], cl) + wd * w[i];
+      const T wi = w[i];
+      T grad = clip(rs * g[i], cl) + wd * wi;
       m[i] = mom * m[i] + grad;
-      w[i] -= lr * (grad + mom * m[i]);
+      out[i] = wi - lr * (grad + mom * m[i]);
     }
   }
 
@@ -102,7 +110,7 @@ class Adam : public Rule<Adam> {
       : Rule(std::move(s)), b1_(hp("beta1")), b2_(hp("beta2")), eps_(hp("epsilon")) {}
   int num_rule_states() const override { return 2; }
   template <typename T>
-  void run(T* w, const T* g, T* const* s, size_t n, int64_t t) {
+  void run(T* out, const T* w, const T* g, T* const* s, size_t n, int64_t t) {
     // Bias correction folded into the step size, as MXNet does.
     const double coef1 = 1 - std::pow(b1_, static_cast<double>(t));
     const double coef2 = 1 - std::pow(b2_, static_cast<double>(t));
@@ -111,10 +119,11 @@ class Adam : public Rule<Adam> {
     T* mean = s[0];
     T* var = s[1];
     for (size_t i = 0; i < n; ++i) {
-      T grad = clip(rs * g[i] + wd * w[i], cl);
+      const T wi = w[i];
+      T grad = clip(rs * g[i] + wd * wi, cl);
       mean[i] = b1 * mean[i] + (T(1) - b1) * grad;
       var[i] = b2 * var[i] + (T(1) - b2) * grad * grad;
-      w[i] -= lr * mean[i] / (std::sqrt(var[i]) + eps);
+      out[i] = wi - lr * mean[i] / (std::sqrt(var[i]) + eps);
     }
   }
 
@@ -127,13 +136,14 @@ class AdaGrad : public Rule<AdaGrad> {
   explicit AdaGrad(OptimizerSpec s) : Rule(std::move(s)), eps_(hp("epsilon")) {}
   int num_rule_states() const override { return 1; }
   template <typename T>
-  void run(T* w, const T* g, T* const* s, size_t n, int64_t) {
+  void run(T* out, const T* w, const T* g, T* const* s, size_t n, int64_t) {
     const T lr = c.lr, wd = c.wd, rs = c.rescale, cl = c.clip_gradient, eps = eps_;
     T* hist = s[0];
     for (size_t i = 0; i < n; ++i) {
+      const T wi = w[i];
       T grad = clip(rs * g[i], cl);
       hist[i] += grad * grad;
-      w[i] -= lr * (grad / std::sqrt(hist[i] + eps) + wd * w[i]);
+      out[i] = wi - lr * (grad / std::sqrt(hist[i] + eps) + wd * wi);
     }
   }
 
@@ -152,23 +162,24 @@ class RmsProp : public Rule<RmsProp> {
         clip_weights_(hp("clip_weights")) {}
   int num_rule_states() const override { return centered_ ? 3 : 1; }
   template <typename T>
-  void run(T* w, const T* g, T* const* s, size_t n, int64_t) {
+  void run(T* out, const T* w, const T* g, T* const* s, size_t n, int64_t) {
     const T lr = c.lr, wd = c.wd, rs = c.rescale, cl = c.clip_gradient, g1 = g1_, g2 = g2_,
             eps = eps_, cw = clip_weights_;
     T* sn = s[0];
     for (size_t i = 0; i < n; ++i) {
-      T grad = clip(rs * g[i] + wd * w[i], cl);
+      T wi = w[i];
+      T grad = clip(rs * g[i] + wd * wi, cl);
       sn[i] = (T(1) - g1) * grad * grad + g1 * sn[i];
       if (centered_) {
         T* sg = s[1];
         T* delta = s[2];
         sg[i] = (T(1) - g1) * grad + g1 * sg[i];
         delta[i] = g2 * delta[i] - lr * grad / std::sqrt(sn[i] - sg[i] * sg[i] + eps);
-        w[i] += delta[i];
+        wi += delta[i];
       } else {
-        w[i] -= lr * grad / std::sqrt(sn[i] + eps);
+        wi -= lr * grad / std::sqrt(sn[i] + eps);
       }
-      w[i] = clip(w[i], cw);
+      out[i] = clip(wi, cw);
     }
   }
 
@@ -184,10 +195,10 @@ class TestRule : public Rule<TestRule> {
   using Rule::Rule;
   int num_rule_states() const override { return 0; }
   template <typename T>
-  void run(T* w, const T* g, T* const*, size_t n, int64_t) {
+  void run(T* out, const T* w, const T* g, T* const*, size_t n, int64_t) {
     const T rs = c.rescale;
     for (size_t i = 0; i < n; ++i)
-      w[i] += rs * g[i];
+      out[i] = w[i] + rs * g[i];
   }
 };
 

@@ -242,8 +242,16 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
         opt->merge_states(e.restored_states, restored_from_);
         e.restored_states.clear();
       }
-      e.own_value(lending_pool());
-      opt->update(state_key(part), e.value.view, e.merged.view);
+      if (e.value_shared() && e.merged.owner && !e.merged.read_only &&
+          e.merged.view.dtype == e.value.view.dtype) {
+        // Out of place, into the round's sum (ours: an adopted push or a
+        // fresh buffer), which becomes the value: no copy of the held one.
+        opt->update(state_key(part), e.value.view, e.merged.view, e.merged.view);
+        e.value = std::move(e.merged);
+      } else {
+        e.own_value(lending_pool());
+        opt->update(state_key(part), e.value.view, e.merged.view);
+      }
     } else if (e.merged_dtype == e.value.view.dtype && e.merged.owner) {
       e.value = std::move(e.merged);  // the sum becomes the value: no copy
     } else {

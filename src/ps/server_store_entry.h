@@ -92,10 +92,14 @@ struct ServerStore::Entry {
   std::vector<WaitingPull> waiting;
   Status round_status;  // the update's outcome, told to the round's pushers
 
+  // Whether `value` must not be written in place: another reader holds it
+  // (a pull reply or replica in flight, a backup, a checkpoint) or it is
+  // another process's memory.
+  bool value_shared() const { return value.owner.use_count() > 1 || value.read_only; }
   // Makes `value` exclusively ours and writable before writing it (a new
   // buffer from `pool` when one is needed and given).
   void own_value(net::BufferPool* pool) {
-    if (value.owner.use_count() > 1 || value.read_only) {
+    if (value_shared()) {
       Payload copy = server_store_detail::fresh(value.view.shape, value.view.dtype, pool);
       std::memcpy(copy.view.data, value.view.data, value.view.nbytes());
       value = std::move(copy);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -114,6 +115,63 @@ TEST_P(OptimizerRefTest, Float64MatchesReference) {
   run_against_reference<double>(GetParam(), 1e-12);
 }
 
+// Three optimizers of one spec take the same steps: in place, into the
+// gradient's buffer, and into a separate array (the parameter server's
+// update when a backup still holds the weight). Every result is bit for bit
+// the in-place one, and the weight read out of place is left unchanged.
+template <typename T>
+void out_of_place_matches_in_place(const char* text) {
+  const int n = 37, steps = 6;
+  auto in_place = create_optimizer(OptimizerSpec::parse(text));
+  auto into_grad = create_optimizer(OptimizerSpec::parse(text));
+  auto into_other = create_optimizer(OptimizerSpec::parse(text));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<T> w(n);
+  for (auto& x : w)
+    x = static_cast<T>(u(rng));
+  std::vector<T> w_grad = w, w_other = w;
+  for (int t = 1; t <= steps; ++t) {
+    std::vector<T> g(n);
+    for (auto& x : g)
+      x = static_cast<T>(2 * u(rng));
+    std::vector<T> g_in = g, out(n);
+    in_place->update(Key(3), ArrayView(w.data(), {n}), ArrayView(g_in.data(), {n}));
+    const std::vector<T> before = w_grad;
+    into_grad->update(Key(3), ArrayView(w_grad.data(), {n}), ArrayView(g.data(), {n}),
+                      ArrayView(g.data(), {n}));
+    EXPECT_EQ(w_grad, before) << text << ": the weight read out of place changed";
+    w_grad = g;
+    std::vector<T> g2 = g_in;
+    into_other->update(Key(3), ArrayView(w_other.data(), {n}), ArrayView(g2.data(), {n}),
+                       ArrayView(out.data(), {n}));
+    w_other = out;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&w[i], &w_grad[i], sizeof(T)), 0)
+          << text << " step " << t << " i " << i;
+      ASSERT_EQ(std::memcmp(&w[i], &w_other[i], sizeof(T)), 0)
+          << text << " step " << t << " i " << i;
+    }
+  }
+}
+
+TEST_P(OptimizerRefTest, OutOfPlaceIsBitForBitInPlace) {
+  out_of_place_matches_in_place<float>(GetParam());
+  out_of_place_matches_in_place<double>(GetParam());
+}
+
+TEST(OptimizerTest, AnOutputOfAnotherShapeOrDtypeIsRefused) {
+  auto opt = create_optimizer(OptimizerSpec::parse("sgd"));
+  float w[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, small[2] = {};
+  double wide[4] = {};
+  EXPECT_THROW(opt->update(0, ArrayView(w, {4}), ArrayView(g, {4}), ArrayView(small, {2})),
+               InvalidArgument);
+  EXPECT_THROW(opt->update(0, ArrayView(w, {4}), ArrayView(g, {4}), ArrayView(wide, {4})),
+               InvalidArgument);
+  EXPECT_EQ(opt->update_count(0), 0);
+  EXPECT_EQ(w[0], 1.0f);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, OptimizerRefTest,
     ::testing::Values("test:rescale_grad=0.5", "sgd:learning_rate=0.1",
@@ -183,6 +241,27 @@ TEST(OptimizerTest, Float16WeightsUpdateInFloat32) {
     check_half<float_to_half, half_to_float>(DType::kFloat16, "sgd:learning_rate=0.1,momentum=0.9",
                                              f32_grad);
     check_half<float_to_half, half_to_float>(DType::kFloat16, "adam:learning_rate=0.01", f32_grad);
+  }
+}
+
+TEST(OptimizerTest, Float16WeightsUpdateOutOfPlaceAsInPlace) {
+  for (const char* text : {"sgd:learning_rate=0.1,momentum=0.9", "adam:learning_rate=0.01",
+                           "sgd:learning_rate=0.1,multi_precision=1"}) {
+    auto in_place = create_optimizer(OptimizerSpec::parse(text));
+    auto out_of_place = create_optimizer(OptimizerSpec::parse(text));
+    std::vector<uint16_t> w(8), w2(8), out(8);
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = w2[i] = float_to_half(0.25f * static_cast<float>(i) - 1.0f);
+    std::vector<float> g(8, 0.5f);
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<uint16_t> before = w2;
+      in_place->update(0, ArrayView(w.data(), DType::kFloat16, {8}), ArrayView(g.data(), {8}));
+      out_of_place->update(0, ArrayView(w2.data(), DType::kFloat16, {8}), ArrayView(g.data(), {8}),
+                           ArrayView(out.data(), DType::kFloat16, {8}));
+      EXPECT_EQ(w2, before) << text;
+      EXPECT_EQ(out, w) << text << " step " << t;
+      w2 = out;
+    }
   }
 }
 

@@ -197,6 +197,40 @@ TEST(Replication, APromotedBackupContinuesAndDropsReSentPushes) {
   EXPECT_EQ(backup_r.get(61).first.code(), ErrorCode::kProtocolError);
 }
 
+TEST(Replication, AnUpdateOfAHeldValueGoesIntoTheRoundsSumNotACopy) {
+  // Every replicated state stays held (as a same-host backup holds its
+  // primary's value in place): the optimizer must not write those values,
+  // and instead of copying one before each update it writes the update
+  // into the round's sum, the pushed buffer itself with one worker.
+  HoldingResponder r;
+  ServerStore store(replicated(1, true), r);
+  store.set_optimizer({0, 100}, OptimizerSpec::parse("sgd:learning_rate=0.5,momentum=0.5"));
+  ASSERT_TRUE(r.wait_reply(100));
+  store.init({0, 1}, kPart, "w", floats({1, 2}), 0);
+  r.release(1);
+  ASSERT_TRUE(r.wait_reply(1));
+  // In float: m = 0.5 m - 0.5 g; w += m. With g = 2 each round:
+  // m = -1, -1.5, -1.75; w0 = 0, -1.5, -3.25 (w1 = w0 + 1).
+  const std::vector<std::vector<float>> want = {{0, 1}, {-1.5f, -0.5f}, {-3.25f, -2.25f}};
+  std::vector<const void*> pushed;
+  for (uint32_t round = 1; round <= 3; ++round) {
+    Payload g = floats({2, 2});
+    pushed.push_back(g.view.data);
+    store.push({0, 10 * round}, kPart, std::move(g), false, round);
+    r.release(round + 1);
+    ASSERT_TRUE(r.wait_reply(10 * round));
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    ReplicaState s = r.state(i + 1);
+    const float* v = s.value.view.as<float>();
+    EXPECT_EQ((std::vector<float>{v[0], v[1]}), want[i]) << "round " << i + 1 << " changed";
+    EXPECT_EQ(s.value.view.data, pushed[i]) << "round " << i + 1 << " was a copy";
+  }
+  store.pull({0, 50}, kPart, {});
+  ASSERT_TRUE(r.wait_reply(50));
+  EXPECT_EQ(r.get(50).second, want.back());
+}
+
 TEST(Replication, AReSentInitOfAReplicatedKeyIsAcknowledged) {
   HoldingResponder r;
   ServerStore store(ServerStoreConfig{1, true, 1, 1}, r);
@@ -290,8 +324,7 @@ TEST(Replication, Codecs) {
   // A rejoined (late) server comes last in its chains: its return moves no primary.
   EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {true, false, false}).primary,
             1);
-  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, true, false}, {true, false, false}).primary,
-            0);
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, true, false}, {true, false, false}).primary, 0);
   auto bytes = cluster::encode_placement(p);
   bytes.pop_back();
   EXPECT_FALSE(cluster::decode_placement(bytes, &q).is_ok());
