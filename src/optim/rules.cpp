@@ -43,11 +43,22 @@ class Rule : public Optimizer {
  protected:
   void step(float* out, const float* w, const float* g, float* const* s, size_t n,
             int64_t t) override {
-    static_cast<Derived*>(this)->template run<float>(out, w, g, s, n, t);
+    dispatch<float>(out, w, g, s, n, t);
   }
   void step(double* out, const double* w, const double* g, double* const* s, size_t n,
             int64_t t) override {
-    static_cast<Derived*>(this)->template run<double>(out, w, g, s, n, t);
+    dispatch<double>(out, w, g, s, n, t);
+  }
+  // In place, the rule is inlined with one pointer for `out` and `w`, so the
+  // compiler vectorises it as a two-array loop (a third possibly aliasing
+  // pointer cost about 30% at 64 MiB).
+  template <typename T>
+  void dispatch(T* out, const T* w, const T* g, T* const* s, size_t n, int64_t t) {
+    auto* rule = static_cast<Derived*>(this);
+    if (out == w)
+      rule->template run<T>(out, out, g, s, n, t);
+    else
+      rule->template run<T>(out, w, g, s, n, t);
   }
   double hp(const char* name) const { return spec().hyperparameters.at(name); }
   Common c;
