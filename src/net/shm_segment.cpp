@@ -3,10 +3,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -35,9 +37,21 @@ std::string path_of(const std::string& dir, const std::string& name) {
   return dir + "/" + name;
 }
 
+// Whether the segment file `name` in directory `dirfd` names a creator pid
+// that no longer exists (false when its header cannot be read).
+bool creator_gone(int dirfd, const char* name) {
+  Fd fd(::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  std::array<std::byte, 16> head{};
+  if (!fd.valid() || ::pread(fd.get(), head.data(), head.size(), 0) != 16) return false;
+  if (load_le<uint64_t>(head.data()) != kSegMagic) return false;
+  const auto pid = static_cast<pid_t>(load_le<uint32_t>(head.data() + 12));
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
-int ShmSegment::sweep_stale(const std::string& dir, std::chrono::seconds older_than) {
+int ShmSegment::sweep_stale(const std::string& dir, std::chrono::seconds older_than,
+                            std::chrono::seconds orphan_after) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   int removed = 0;
@@ -47,7 +61,9 @@ int ShmSegment::sweep_stale(const std::string& dir, std::chrono::seconds older_t
     struct stat st {};
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
-    if (now - st.st_mtime < older_than.count()) continue;
+    const time_t age = now - st.st_mtime;
+    if (age < orphan_after.count()) continue;
+    if (age < older_than.count() && !creator_gone(::dirfd(d), e->d_name)) continue;
     if (::unlinkat(::dirfd(d), e->d_name, 0) == 0) ++removed;
   }
   ::closedir(d);
@@ -100,7 +116,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::str
   s->base_ = static_cast<std::byte*>(p);
   store_le<uint64_t>(s->base_, kSegMagic);
   store_le<uint32_t>(s->base_ + 8, kSegVersion);
-  store_le<uint32_t>(s->base_ + 12, 0);
+  store_le<uint32_t>(s->base_ + 12, static_cast<uint32_t>(::getpid()));  // for sweep_stale
   store_le<uint64_t>(s->base_ + 16, ring_bytes);
   std::memcpy(s->base_ + kTokenAt, s->token_.data(), s->token_.size());
   return s;

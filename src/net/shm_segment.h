@@ -3,8 +3,8 @@
 // payload bytes in a file under /dev/shm (tmpfs), written by the node that
 // created it and read by its peer (net/shm_setup.h has the protocol).
 //
-// Layout: a 4 KiB header page {magic u64, version u32, zero u32, ring bytes
-// u64, token 32 bytes} (little-endian) and then the ring. The token is
+// Layout: a 4 KiB header page {magic u64, version u32, creator pid u32, ring
+// bytes u64, token 32 bytes} (little-endian) and then the ring. The token is
 // random, written only into the segment and never sent anywhere: a peer that
 // repeats it over the authenticated TCP connection has proven it mapped the
 // segment, i.e. that it runs on this host as this user.
@@ -17,8 +17,9 @@
 // only a regular file owned by this user with no group/other permissions and
 // exactly the size its header announces, and maps it read-only. A name
 // left behind by a process killed during the setup (before its peer's proof)
-// is removed once it is an hour old, when a Transport with shared memory
-// next starts on this host (sweep_stale).
+// is removed when a Transport with shared memory next starts on this host
+// (sweep_stale): once its creator is gone and it is two minutes old, or in
+// any case once it is an hour old.
 //
 // Positions are byte offsets into an endless stream; the ring holds stream
 // byte p at p % ring_bytes(). write()/read() copy across the wrap.
@@ -48,6 +49,10 @@ inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
 // connect timeout): one older than this was left by a process killed in
 // that window, and Transport::start() removes it (sweep_stale).
 inline constexpr std::chrono::seconds kShmStaleAfter{3600};
+// ... and one whose creator (the pid in its header) no longer exists is
+// removed once this old: a setup takes milliseconds, and this is longer than
+// the default connect timeout bounding it (30 s).
+inline constexpr std::chrono::seconds kShmOrphanAfter{120};
 
 class ShmSegment {
  public:
@@ -63,10 +68,13 @@ class ShmSegment {
   // True when `name` has the form create() gives (no path separators).
   static bool valid_name(const std::string& name);
   // Removes from `dir` the segments of this user, of valid_name() form,
-  // last modified at least `older_than` ago (regular files only, symlinks
-  // not followed). Transport::start() calls it with kShmStaleAfter when
-  // shared memory is on. Returns how many it removed.
-  static int sweep_stale(const std::string& dir, std::chrono::seconds older_than);
+  // last modified at least `older_than` ago, or at least `orphan_after` ago
+  // when the creator pid in their header no longer exists (regular files
+  // only, symlinks not followed). Transport::start() calls it with
+  // kShmStaleAfter and kShmOrphanAfter when shared memory is on. Returns how
+  // many it removed.
+  static int sweep_stale(const std::string& dir, std::chrono::seconds older_than,
+                         std::chrono::seconds orphan_after = kShmOrphanAfter);
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;

@@ -96,7 +96,8 @@ void Transport::start() {
   if (started_) return;
   started_ = true;
   // Segment names left on this host by processes killed mid-setup.
-  if (config_.shared_memory) ShmSegment::sweep_stale(config_.shm_dir, kShmStaleAfter);
+  if (config_.shared_memory)
+    ShmSegment::sweep_stale(config_.shm_dir, kShmStaleAfter, kShmOrphanAfter);
   thread_ = std::thread([this] {
     ScopedLogContext ctx(config_.label);
     loop();

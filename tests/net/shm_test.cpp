@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ctime>
@@ -425,6 +426,61 @@ TEST(ShmSegment, NamesLeftByKilledProcessesAreSweptOnceStale) {
   EXPECT_EQ(::lstat(link.c_str(), &st), 0) << "a symlink was followed or removed";
   for (const std::string& p : {fresh, other, link})
     ::unlink(p.c_str());
+}
+
+// A name whose creator is gone (the pid in its header) goes after two
+// minutes instead of an hour; one whose creator lives, or that is younger,
+// stays.
+TEST(ShmSegment, NamesWhoseCreatorDiedAreSweptAfterTwoMinutes) {
+  TempShmDir dir;
+  int names[2];
+  ASSERT_EQ(::pipe(names), 0);
+  // Two segments made by a child that then dies without removing them (as a
+  // SIGKILL mid-setup leaves them).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string why, both;
+    for (int i = 0; i < 2; ++i) {
+      auto s = ShmSegment::create(kShmMinRingBytes, dir.path, &why);
+      if (!s) ::_exit(2);
+      both += s->name() + "\n";
+      s.release();  // never unlinked: the process "dies" with the names
+    }
+    if (::write(names[1], both.data(), both.size()) != static_cast<ssize_t>(both.size()))
+      ::_exit(3);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  char buf[256] = {};
+  ASSERT_GT(::read(names[0], buf, sizeof buf - 1), 0);
+  ::close(names[0]);
+  ::close(names[1]);
+  std::string text = buf;
+  const std::string orphan = dir.path + "/" + text.substr(0, text.find('\n'));
+  const std::string young = dir.path + "/" + text.substr(text.find('\n') + 1, kShmNameBytes);
+  // And one of this (live) process.
+  std::string why;
+  auto mine = ShmSegment::create(kShmMinRingBytes, dir.path, &why);
+  ASSERT_TRUE(mine) << why;
+  const std::string live = dir.path + "/" + mine->name();
+  auto age = [](const std::string& path, int seconds) {
+    timespec t[2];
+    t[0].tv_sec = t[1].tv_sec = ::time(nullptr) - seconds;
+    t[0].tv_nsec = t[1].tv_nsec = 0;
+    EXPECT_EQ(::utimensat(AT_FDCWD, path.c_str(), t, 0), 0) << path;
+  };
+  age(orphan, 300);
+  age(young, 30);
+  age(live, 300);
+  EXPECT_EQ(ShmSegment::sweep_stale(dir.path, kShmStaleAfter, kShmOrphanAfter), 1);
+  EXPECT_NE(::access(orphan.c_str(), F_OK), 0) << "a dead creator's segment is still there";
+  EXPECT_EQ(::access(young.c_str(), F_OK), 0) << "a segment younger than two minutes went";
+  EXPECT_EQ(::access(live.c_str(), F_OK), 0) << "a live creator's segment went";
+  ::unlink(young.c_str());
+  mine.reset();  // unlinks its own name
 }
 
 TEST(ShmSegment, OnlyItsOwnNamesAndWellFormedSetupMessages) {
