@@ -148,12 +148,11 @@ void LendReader::drop(std::list<Mapping>::iterator it) {
 }
 
 Status LendReader::copy(const LendRef& r, void* dst) {
-  std::shared_ptr<const std::byte> block;
-  if (Status st = map(r, &block); !st) return st;
+  std::shared_ptr<const std::byte> range;
+  if (Status st = pin(r, &range); !st) return st;
   // Outside the lock: copies from several threads run at once, and a
   // mapping dropped meanwhile stays until this copy is over.
-  if (r.bytes) std::memcpy(dst, block.get() + r.offset, r.bytes);
-  metrics::add(metrics::Counter::kNetLentBytes, static_cast<int64_t>(r.bytes));
+  if (r.bytes) std::memcpy(dst, range.get(), r.bytes);
   return Status::ok();
 }
 

@@ -74,7 +74,7 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
     if (valid && ref.bytes != h.length * dtype_size(dtype))
       valid = {ErrorCode::kProtocolError, "lent range is not the value's size"};
     // The bound a value sent by value has (the transport's message limit):
-    // a reference must not make this node allocate more.
+    // a reference must not make this node map or hold more.
     else if (valid && ref.bytes > node_.options().net.max_message_bytes)
       valid = {ErrorCode::kProtocolError, "lent value larger than the message limit"};
   } else if (m.payload.size() != h.length * dtype_size(dtype)) {

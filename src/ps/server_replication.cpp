@@ -62,8 +62,8 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
 void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
                           std::vector<int> backups, std::function<void()> done) {
   const ArrayView& v = state->value.view;
-  // Same host: the backups copy the value straight out of this process
-  // (one copy instead of the ring's two, docs/ps.md).
+  // Same host: the backups hold the value in this process's memory instead
+  // of receiving it (docs/ps.md, "Replication on one host").
   std::optional<net::LendRef> ref;
   if (lending() && v.nbytes() > 0) ref = net::find_lent(v.data, v.nbytes());
   uint64_t id;
