@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/inprocess_transport.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -24,14 +26,54 @@ struct InProcessFabric::Impl {
     std::deque<Op> sends_in;  // sends addressed to this rank, not yet matched
     std::deque<Op> recvs;     // receives this rank posted, not yet matched
     std::optional<Status> closed;
-    int copying = 0;  // matched messages of this rank being copied right now
+    // Matched messages of this rank being copied, and completions of its
+    // operations being run, right now, by any thread: close() waits for
+    // them, so none runs once it returned (the owner may be gone then).
+    int busy = 0;
   };
 
   explicit Impl(int n) : boxes(static_cast<size_t>(n)) {}
 
   std::mutex mu;
-  std::condition_variable copied;  // a copy ended (close() waits for them)
+  std::condition_variable idle;  // a busy count dropped
   std::vector<Mailbox> boxes;
+
+  // The busy counts this thread holds (a completion that closes its own
+  // rank must not wait for itself).
+  struct Held {
+    const Impl* fabric;
+    int rank;
+  };
+  static thread_local std::vector<Held> held_here;
+
+  int held_by_this_thread(int rank) const {
+    return static_cast<int>(std::count_if(held_here.begin(), held_here.end(), [&](const Held& h) {
+      return h.fabric == this && h.rank == rank;
+    }));
+  }
+
+  // Runs `fn` counted as this thread holding one busy count of each rank in
+  // `ranks` (counted under the lock by the caller), then gives them back.
+  template <typename Fn>
+  void while_held(std::initializer_list<int> ranks, Fn&& fn) {
+    for (int r : ranks)
+      held_here.push_back(Held{this, r});
+    struct Release {
+      Impl* f;
+      std::initializer_list<int> ranks;
+      ~Release() {
+        for (size_t i = 0; i < ranks.size(); ++i)
+          held_here.pop_back();
+        {
+          std::lock_guard lock(f->mu);
+          for (int r : ranks)
+            --f->boxes[static_cast<size_t>(r)].busy;
+        }
+        f->idle.notify_all();
+      }
+    } release{this, ranks};
+    fn();
+  }
 
   static std::optional<Op> take(std::deque<Op>& q, int peer, uint64_t tag) {
     for (auto it = q.begin(); it != q.end(); ++it) {
@@ -49,26 +91,22 @@ struct InProcessFabric::Impl {
                   fmt::format("collective: rank {} is gone ({})", rank, why.message()));
   }
 
-  // Copies a matched pair outside the lock and completes both.
-  // The caller counted the copy in both mailboxes under the lock.
+  // Copies a matched pair outside the lock and completes both. The caller
+  // counted the pair busy in both mailboxes under the lock.
   void deliver(int sender, int receiver, Op& send, Op& recv) {
-    Status st;
-    if (send.bytes != recv.bytes) {
-      st = Status(ErrorCode::kProtocolError,
-                  fmt::format("collective: message of {} bytes (tag {:#x}) for a receive of {} "
-                              "bytes; the ranks disagree about the operation",
-                              send.bytes, send.tag, recv.bytes));
-    } else if (send.bytes > 0) {
-      std::memcpy(recv.buf, send.buf, send.bytes);
-    }
-    {
-      std::lock_guard lock(mu);
-      --boxes[static_cast<size_t>(sender)].copying;
-      --boxes[static_cast<size_t>(receiver)].copying;
-    }
-    copied.notify_all();
-    send.done(st);
-    recv.done(st);
+    while_held({sender, receiver}, [&] {
+      Status st;
+      if (send.bytes != recv.bytes) {
+        st = Status(ErrorCode::kProtocolError,
+                    fmt::format("collective: message of {} bytes (tag {:#x}) for a receive of {} "
+                                "bytes; the ranks disagree about the operation",
+                                send.bytes, send.tag, recv.bytes));
+      } else if (send.bytes > 0) {
+        std::memcpy(recv.buf, send.buf, send.bytes);
+      }
+      send.done(st);
+      recv.done(st);
+    });
   }
 
   void post(bool is_send, int self, int peer, uint64_t tag, void* buf, size_t bytes,
@@ -100,7 +138,7 @@ struct InProcessFabric::Impl {
         boxes[peer].sends_in.push_back(Op{self, tag, buf, bytes, std::move(mine.done)});
         return;
       }
-      ++boxes[self].copying, ++boxes[peer].copying;
+      ++boxes[self].busy, ++boxes[peer].busy;
       lock.unlock();
       deliver(self, peer, mine, *match);
     } else {
@@ -109,35 +147,47 @@ struct InProcessFabric::Impl {
         boxes[self].recvs.push_back(std::move(mine));
         return;
       }
-      ++boxes[self].copying, ++boxes[peer].copying;
+      ++boxes[self].busy, ++boxes[peer].busy;
       lock.unlock();
       deliver(peer, self, *match, mine);
     }
   }
 
   void close(int self, const Status& reason) {
-    std::vector<std::pair<Completion, Status>> failed;
+    struct Failed {
+      int owner;  // the rank whose operation it is
+      Completion done;
+      Status status;
+    };
+    std::vector<Failed> failed;
     {
       std::unique_lock lock(mu);
-      if (boxes[self].closed) return;
-      // A copy already matched finishes first: after close() returns nobody
-      // touches this rank's buffers.
-      // (a memcpy always ends; the deadline only honours the rule)
-      copied.wait_for(lock, std::chrono::seconds(60), [&] { return boxes[self].copying == 0; });
-      boxes[self].closed = reason;
+      Mailbox& mine = boxes[static_cast<size_t>(self)];
+      // Every copy and completion of this rank already under way ends first
+      // (also on a second close): after close() returns nobody touches this
+      // rank's buffers or runs its callbacks. The deadline only honours the
+      // rule that every wait has one; a memcpy or a completion always ends.
+      const int own = held_by_this_thread(self);
+      idle.wait_for(lock, std::chrono::seconds(60), [&] { return mine.busy <= own; });
+      if (mine.closed) return;
+      mine.closed = reason;
       Status peer_sees = gone(self, reason);
-      for (auto& op : boxes[self].sends_in)
-        failed.emplace_back(std::move(op.done), peer_sees);
-      for (auto& op : boxes[self].recvs)
-        failed.emplace_back(std::move(op.done), reason);
-      boxes[self].sends_in.clear();
-      boxes[self].recvs.clear();
+      auto fail = [&](int owner, Op& op, const Status& st) {
+        ++boxes[static_cast<size_t>(owner)].busy;
+        failed.push_back(Failed{owner, std::move(op.done), st});
+      };
+      for (auto& op : mine.sends_in)
+        fail(op.peer, op, peer_sees);
+      for (auto& op : mine.recvs)
+        fail(self, op, reason);
+      mine.sends_in.clear();
+      mine.recvs.clear();
       for (size_t r = 0; r < boxes.size(); ++r) {
         if (static_cast<int>(r) == self) continue;
         auto& b = boxes[r];
         for (auto it = b.sends_in.begin(); it != b.sends_in.end();) {
           if (it->peer == self) {
-            failed.emplace_back(std::move(it->done), reason);
+            fail(self, *it, reason);
             it = b.sends_in.erase(it);
           } else {
             ++it;
@@ -145,7 +195,7 @@ struct InProcessFabric::Impl {
         }
         for (auto it = b.recvs.begin(); it != b.recvs.end();) {
           if (it->peer == self) {
-            failed.emplace_back(std::move(it->done), peer_sees);
+            fail(static_cast<int>(r), *it, peer_sees);
             it = b.recvs.erase(it);
           } else {
             ++it;
@@ -153,10 +203,12 @@ struct InProcessFabric::Impl {
         }
       }
     }
-    for (auto& [done, st] : failed)
-      done(st);
+    for (auto& f : failed)
+      while_held({f.owner}, [&] { f.done(f.status); });
   }
 };
+
+thread_local std::vector<InProcessFabric::Impl::Held> InProcessFabric::Impl::held_here;
 
 namespace {
 

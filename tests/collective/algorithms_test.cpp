@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "fabrics.h"
 #include "harness.h"
@@ -216,6 +219,48 @@ TEST(Transport, SizeMismatchIsProtocolError) {
   Request r = irecv(*a, 1, 5, buf, 4);
   Request s = isend(*b, 0, 5, buf, 8);
   EXPECT_THROW(r.wait(Clock::now() + Millis(1000), "recv"), ProtocolError);
+}
+
+// The transport's contract: close() returns only after every completion of
+// the closing rank has run. A peer's close that fails this rank's receive
+// runs its completion on the peer's thread; closing this rank meanwhile must
+// wait for it (the owner is freed right after: the elastic store's
+// heap-use-after-free under load).
+TEST(Transport, CloseWaitsForACompletionAnotherRanksCloseIsRunning) {
+  InProcessFabric fabric(2);
+  auto a = fabric.endpoint(0);
+  auto b = fabric.endpoint(1);
+  char buf[4];
+  std::atomic<bool> started{false}, finished{false};
+  a->post_recv(1, 9, buf, sizeof buf, [&](const Status& st) {
+    EXPECT_FALSE(st.is_ok());
+    started = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    finished = true;
+  });
+  std::thread killer([&] { b->close(Status(ErrorCode::kPeerFailure, "test killed rank 1")); });
+  while (!started)
+    std::this_thread::yield();
+  a->close(Status(ErrorCode::kPeerFailure, "rank 0 shuts down"));
+  EXPECT_TRUE(finished) << "close() returned while its completion was still running";
+  killer.join();
+}
+
+// A completion may close its own rank without waiting for itself.
+TEST(Transport, ACompletionMayCloseItsOwnRank) {
+  InProcessFabric fabric(2);
+  auto a = fabric.endpoint(0);
+  auto b = fabric.endpoint(1);
+  char in[4], out[4] = {1, 2, 3, 4};
+  const auto t0 = Clock::now();
+  a->post_recv(1, 9, in, sizeof in, [&](const Status& st) {
+    EXPECT_TRUE(st.is_ok());
+    a->close(Status(ErrorCode::kPeerFailure, "closed from its own completion"));
+  });
+  Request s = isend(*b, 0, 9, out, sizeof out);
+  s.wait(Clock::now() + Millis(5000), "send");
+  EXPECT_LT(Clock::now() - t0, Millis(5000));
+  EXPECT_EQ(in[3], 4);
 }
 
 }  // namespace
