@@ -38,12 +38,15 @@ std::string path_of(const std::string& dir, const std::string& name) {
 }
 
 // Whether the segment file `name` in directory `dirfd` names a creator pid
-// that no longer exists (false when its header cannot be read).
+// that no longer exists, or has no header at all: its creator died between
+// creating the name and writing the header, microseconds that the caller's
+// two minutes long exceed (false when the file cannot be opened).
 bool creator_gone(int dirfd, const char* name) {
   Fd fd(::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) return false;
   std::array<std::byte, 16> head{};
-  if (!fd.valid() || ::pread(fd.get(), head.data(), head.size(), 0) != 16) return false;
-  if (load_le<uint64_t>(head.data()) != kSegMagic) return false;
+  if (::pread(fd.get(), head.data(), head.size(), 0) != 16) return true;
+  if (load_le<uint64_t>(head.data()) != kSegMagic) return true;
   const auto pid = static_cast<pid_t>(load_le<uint32_t>(head.data() + 12));
   return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
 }

@@ -472,10 +472,24 @@ TEST(ShmSegment, NamesWhoseCreatorDiedAreSweptAfterTwoMinutes) {
     t[0].tv_nsec = t[1].tv_nsec = 0;
     EXPECT_EQ(::utimensat(AT_FDCWD, path.c_str(), t, 0), 0) << path;
   };
+  // Names whose creator died before it wrote the header: one empty, one
+  // truncated to size but all zeroes.
+  const std::string empty = dir.path + "/" + kShmNamePrefix + std::string(32, 'e');
+  const std::string zeroes = dir.path + "/" + kShmNamePrefix + std::string(32, '0');
+  for (const std::string& path : {empty, zeroes}) {
+    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << path;
+    if (path == zeroes) EXPECT_EQ(::ftruncate(fd, 4096), 0);
+    ::close(fd);
+  }
   age(orphan, 300);
   age(young, 30);
   age(live, 300);
-  EXPECT_EQ(ShmSegment::sweep_stale(dir.path, kShmStaleAfter, kShmOrphanAfter), 1);
+  age(empty, 300);
+  age(zeroes, 300);
+  EXPECT_EQ(ShmSegment::sweep_stale(dir.path, kShmStaleAfter, kShmOrphanAfter), 3);
+  EXPECT_NE(::access(empty.c_str(), F_OK), 0) << "a segment with no header is still there";
+  EXPECT_NE(::access(zeroes.c_str(), F_OK), 0) << "a segment with a zero header is still there";
   EXPECT_NE(::access(orphan.c_str(), F_OK), 0) << "a dead creator's segment is still there";
   EXPECT_EQ(::access(young.c_str(), F_OK), 0) << "a segment younger than two minutes went";
   EXPECT_EQ(::access(live.c_str(), F_OK), 0) << "a live creator's segment went";
