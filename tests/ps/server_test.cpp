@@ -406,10 +406,29 @@ TEST(Server, AValueItsBackupHoldsInPlaceIsNotReusedUntilReleased) {
   // Held, none was reused for a later push: each still reads its own round.
   for (size_t i = 0; i < 4; ++i)
     EXPECT_TRUE(holds(pinned[first + i], static_cast<float>(i + 1))) << "round " << i + 1;
+  // A release whose reference does not match (an earlier incarnation's, or
+  // a confused peer's) frees nothing; then a good one frees exactly one. The
+  // releases travel on one connection, in order, so once the good one took
+  // effect the bad ones were seen.
+  const size_t held = job.real_server().held_by_backups();
+  for (const auto& p : pinned) {
+    ReplicaPeerJob::Pin wrong = p;
+    wrong.ref.offset += 4096;
+    job.release(wrong);
+    wrong = p;
+    wrong.ref.token[0] ^= std::byte{1};
+    job.release(wrong);
+  }
+  job.release(pinned.front());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (job.real_server().held_by_backups() == held && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(job.real_server().held_by_backups(), held - 1) << "a mismatched release freed a pin";
   // Released, their buffers go back to the pool: later pushes land in them.
   // The value still held (round 4's) is never one of them.
   std::set<std::pair<int32_t, uint64_t>> freed;  // (block, offset)
-  for (size_t i = 0; i + 1 < pinned.size(); ++i) {
+  freed.insert({pinned.front().ref.fd, pinned.front().ref.offset});
+  for (size_t i = 1; i + 1 < pinned.size(); ++i) {
     job.release(pinned[i]);
     freed.insert({pinned[i].ref.fd, pinned[i].ref.offset});
   }
