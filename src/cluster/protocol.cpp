@@ -86,6 +86,17 @@ Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* 
   return r.done() ? Status{} : bad("register");
 }
 
+bool same_host(const AddressBook& book) {
+  const std::string* first = nullptr;
+  for (const auto* list : {&book.servers, &book.workers})
+    for (const NodeAddress& a : *list) {
+      if (a.host.empty()) return false;
+      if (!first) first = &a.host;
+      if (a.host != *first) return false;
+    }
+  return first != nullptr;
+}
+
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
   net::Writer w;
   w.u<int32_t>(your_rank);
@@ -96,7 +107,7 @@ std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
   w.u<uint32_t>(static_cast<uint32_t>(book.workers.size()));
   for (auto& a : book.workers)
     put(w, a);
-  w.u<uint8_t>(book.worker_restarts ? 1 : 0);
+  w.u<uint8_t>(static_cast<uint8_t>((book.worker_restarts ? 1 : 0) | (book.one_host ? 2 : 0)));
   w.u<int32_t>(book.incarnation);
   return w.take();
 }
@@ -114,8 +125,9 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
   }
   const auto flags = r.u<uint8_t>();
   book->incarnation = r.u<int32_t>();
-  if (!r.ok() || flags > 1 || book->incarnation < 0) return bad("address book");
-  book->worker_restarts = flags == 1;
+  if (!r.ok() || flags > 3 || book->incarnation < 0) return bad("address book");
+  book->worker_restarts = (flags & 1) != 0;
+  book->one_host = (flags & 2) != 0;
   return r.done() ? Status{} : bad("address book");
 }
 

@@ -76,6 +76,11 @@ struct AddressBook {
   // failing the job, and the receiver's incarnation (0: the original process;
   // n: the n-th replacement of its rank, which rejoins a running job).
   bool worker_restarts = false;
+  // Whether every server and worker registered with the same host address
+  // when the job formed (a replacement's book keeps it): workers then cut
+  // values into fewer, bigger chunks, since a message between processes of
+  // one host costs CPU, not link time (kvstore/dist_store.cpp).
+  bool one_host = false;
   int32_t incarnation = 0;
   const NodeAddress& at(Role role, int rank) const;  // throws NotFound
 };
@@ -89,6 +94,11 @@ NodeAddress from_node_id(uint32_t id);
 
 std::vector<std::byte> encode_register(const NodeAddress& me, int32_t preferred_rank);
 Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* preferred_rank);
+// Whether every server and worker of `book` has the same, known host (what
+// the scheduler puts in AddressBook::one_host; the scheduler's own host
+// does not count: it carries no tensors).
+bool same_host(const AddressBook& book);
+
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book);
 Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book);
 // Parameter-server placement: which servers are gone. Epoch 0 is the job's

@@ -255,6 +255,7 @@ void Scheduler::assign_ranks() {
     for (auto* e : list)
       out[static_cast<size_t>(e->addr.rank)] = e->addr;
   }
+  book.one_host = same_host(book);
   for (auto& [id, e] : nodes_) {
     // The connection is that node from now on: its messages carry this rank
     // and nobody else can connect claiming it.

@@ -65,6 +65,7 @@ DistStore::DistStore(std::string type, const Options& options)
   node_->on_placement([this](const cluster::Placement& p) { on_placement(p); });
   try {
     node_->start();
+    one_host_ = node_->address_book().one_host;
     if (const int incarnation = node_->incarnation(); incarnation > 0) {
       // A replacement: the servers may still answer requests of the old
       // process to this rank; ids it never used cannot match them.
@@ -315,9 +316,14 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       k->dtype = values[i].dtype;
       const auto esize = static_cast<int64_t>(dtype_size(k->dtype));
       auto placed = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
-      // At least 32 chunks per slice, of 128 KiB .. chunk_bytes (ps::chunk_count says why).
+      // Across hosts at least 32 chunks per slice, of 128 KiB .. chunk_bytes
+      // (ps::chunk_count says why). On one host a chunk costs CPU on the same
+      // cores, not link time (a message's wake-ups, frames and bookkeeping on
+      // both ends), while a pipeline of chunk_bytes fills in about a
+      // millisecond at memory speed: slices go in chunks of chunk_bytes.
+      const int pieces = one_host_ ? 1 : 32;
       int64_t chunk = ps::chunk_count(placed, std::max<int64_t>(1, chunk_bytes_ / esize),
-                                      std::max<int64_t>(1, (128 << 10) / esize), 32);
+                                      std::max<int64_t>(1, (128 << 10) / esize), pieces);
       k->slices = ps::chunk(placed, chunk);
       k->push_seq.assign(k->slices.size(), 0);
       made.push_back(k.get());

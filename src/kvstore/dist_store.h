@@ -156,6 +156,7 @@ class DistStore final : public KVStore {
   // Null without compression; pushes capture the current one (residuals inside).
   std::shared_ptr<compress::Compressor> compressor_;
   int replicas_ = 0;
+  bool one_host_ = false;  // every node on one host (AddressBook::one_host): bigger chunks
   cluster::Placement placement_;
 
   std::atomic<uint64_t> next_request_{1};

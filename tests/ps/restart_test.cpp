@@ -181,8 +181,29 @@ TEST(WorkerRestart, AddressBookCarriesTheRestartFields) {
   EXPECT_EQ(back.incarnation, 2);
   for (size_t n = 0; n < bytes.size(); ++n)
     EXPECT_FALSE(cluster::decode_book(std::span(bytes).first(n), &rank, &back).is_ok()) << n;
+  EXPECT_FALSE(back.one_host);
   bytes[bytes.size() - 5] = std::byte{7};  // an unknown flag
   EXPECT_FALSE(cluster::decode_book(bytes, &rank, &back).is_ok());
+  book.one_host = true;
+  bytes = cluster::encode_book(1, book);
+  ASSERT_TRUE(cluster::decode_book(bytes, &rank, &back).is_ok());
+  EXPECT_TRUE(back.one_host);
+  EXPECT_TRUE(back.worker_restarts);
+}
+
+// One host means every server and worker registered the same known host;
+// the scheduler's host does not count (it carries no tensors).
+TEST(WorkerRestart, OneHostIsEveryServerAndWorkerOnTheSameHost) {
+  cluster::AddressBook book;
+  book.scheduler = {Role::kScheduler, 0, "10.0.0.9", 1};
+  book.servers = {{Role::kServer, 0, "10.0.0.1", 2}, {Role::kServer, 1, "10.0.0.1", 3}};
+  book.workers = {{Role::kWorker, 0, "10.0.0.1", 4}};
+  EXPECT_TRUE(cluster::same_host(book));
+  book.workers.push_back({Role::kWorker, 1, "10.0.0.2", 5});
+  EXPECT_FALSE(cluster::same_host(book));
+  book.workers.back().host = "";
+  EXPECT_FALSE(cluster::same_host(book)) << "an unknown host is not this one";
+  EXPECT_FALSE(cluster::same_host(cluster::AddressBook{}));
 }
 
 }  // namespace
