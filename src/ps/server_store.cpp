@@ -77,7 +77,9 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
               Status(
                   ErrorCode::kInvalidArgument,
                   fmt::format("init of key {} ({}) does not match checkpoint '{}', which holds "
-                              "key {} ({}) under this id: resume with the same program",
+                              "key {} ({}) under this id: resume with the same program and "
+                              "layout (servers, workers, and all on one host or not: that "
+                              "sets the chunks)",
                               name, value.view.describe(), restored_from_, e.name, v.describe())),
               DType::kFloat32, {});
           return;
