@@ -118,6 +118,11 @@ DistStore::KeyInfo& DistStore::info(const char* op, const Key& key) const {
   return *it->second;
 }
 
+std::vector<ps::Slice> DistStore::chunks_of(const Key& key) const {
+  std::lock_guard lock(mu_);
+  return info("chunks_of", key).slices;
+}
+
 std::vector<DistStore::KeyInfo*> DistStore::infos(const char* op, const std::vector<Key>& keys,
                                                   size_t lists) const {
   std::lock_guard lock(mu_);

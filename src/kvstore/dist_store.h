@@ -95,6 +95,9 @@ class DistStore final : public KVStore {
   void barrier() override;
   const std::string& type() const override { return type_; }
   int64_t restart_round() const override;
+  // How `key` travels: its server slices cut into chunks, one message each
+  // (diagnostics and tests); throws as pull() does for a key not initialised.
+  std::vector<ps::Slice> chunks_of(const Key& key) const;
 
  private:
   struct KeyInfo {

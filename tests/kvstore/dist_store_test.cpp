@@ -3,6 +3,7 @@
 // scheduler, servers and workers of a job as threads of this process on
 // loopback. What every store type does is in conformance_test.cpp.
 #include "kvstore/dist_store.h"
+#include "base/metrics.h"
 #include "kvstore/inprocess_job.h"
 
 #include <gtest/gtest.h>
@@ -25,6 +26,43 @@ void run_job(int servers, int workers, const std::string& type,
   job.options.kvstore.server_threads = 2;
   job.options.kvstore.wait_timeout = Millis(30000);
   run_inprocess_job(job, body);
+}
+
+// On one host (every node registered the same address) a slice travels in
+// chunks of chunk_bytes; with a node on another address (127.0.0.2, still
+// loopback) in at least 32 per slice of 128 KiB and up. 1 Mi floats over 2
+// servers: slices of 2 MiB, so 1 chunk each against 16; the values arrive
+// whole either way.
+size_t chunks_of_a_4_mib_key(const char* other_host) {
+  InProcessJob job{2, 1, "dist_sync", Options{}};
+  job.options.cluster.startup_timeout = Millis(30000);
+  job.options.kvstore.bigarray_bound = 65536;
+  job.options.kvstore.wait_timeout = Millis(30000);
+  job.node_options = [&](Role role, int i, Options& o) {
+    if (other_host && role == Role::kServer && i == 1) o.net.node_host = other_host;
+  };
+  size_t chunks = 0;
+  run_inprocess_job(job, [&](KVStore& kv) {
+    constexpr int64_t n = 1 << 20;
+    kv.init(3, Array::full(Shape{n}, 1.0).view());
+    chunks = dynamic_cast<DistStore&>(kv).chunks_of(3).size();
+    std::vector<float> g(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      g[static_cast<size_t>(i)] = static_cast<float>(i % 1000);
+    kv.push(3, ArrayView(g.data(), DType::kFloat32, Shape{n}));
+    Array out(Shape{n}, DType::kFloat32);
+    kv.pull(3, out.view());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i)
+      wrong += out.as<float>()[i] != static_cast<float>(i % 1000);
+    EXPECT_EQ(wrong, 0);
+  });
+  return chunks;
+}
+
+TEST(DistStore, OnOneHostASliceTravelsInChunksOfChunkBytes) {
+  EXPECT_EQ(chunks_of_a_4_mib_key(nullptr), 2u);
+  EXPECT_EQ(chunks_of_a_4_mib_key("127.0.0.2"), 32u);
 }
 
 TEST(DistStore, AsyncAppliesEveryPush) {
