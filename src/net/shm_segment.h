@@ -18,8 +18,8 @@
 // exactly the size its header announces, and maps it read-only. A name
 // left behind by a process killed during the setup (before its peer's proof)
 // is removed when a Transport with shared memory next starts on this host
-// (sweep_stale): once its creator is gone and it is two minutes old, or in
-// any case once it is an hour old.
+// (sweep_stale): once its creator is gone (or it never got a header) and it
+// is two minutes old, or in any case once it is an hour old.
 //
 // Positions are byte offsets into an endless stream; the ring holds stream
 // byte p at p % ring_bytes(). write()/read() copy across the wrap.
@@ -49,9 +49,10 @@ inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
 // connect timeout): one older than this was left by a process killed in
 // that window, and Transport::start() removes it (sweep_stale).
 inline constexpr std::chrono::seconds kShmStaleAfter{3600};
-// ... and one whose creator (the pid in its header) no longer exists is
-// removed once this old: a setup takes milliseconds, and this is longer than
-// the default connect timeout bounding it (30 s).
+// ... and one whose creator (the pid in its header) no longer exists, or
+// with no header at all, is removed once this old: a setup takes
+// milliseconds, and this is longer than the default connect timeout
+// bounding it (30 s).
 inline constexpr std::chrono::seconds kShmOrphanAfter{120};
 
 class ShmSegment {
@@ -69,8 +70,8 @@ class ShmSegment {
   static bool valid_name(const std::string& name);
   // Removes from `dir` the segments of this user, of valid_name() form,
   // last modified at least `older_than` ago, or at least `orphan_after` ago
-  // when the creator pid in their header no longer exists (regular files
-  // only, symlinks not followed). Transport::start() calls it with
+  // when the creator pid in their header no longer exists or they have no
+  // header (regular files only, symlinks not followed). Transport::start() calls it with
   // kShmStaleAfter and kShmOrphanAfter when shared memory is on. Returns how
   // many it removed.
   static int sweep_stale(const std::string& dir, std::chrono::seconds older_than,
