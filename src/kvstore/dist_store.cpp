@@ -149,6 +149,7 @@ void DistStore::request(int home, net::Header h, const void* data, size_t n,
                         std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
                         int priority, OnData on_data, bool command) {
   uint64_t rid = next_request_++;
+  requests_sent_.fetch_add(1, std::memory_order_relaxed);
   auto resend = [this, home, h, data, n, keep_alive, done, priority, on_data, command] {
     request(home, h, data, n, keep_alive, done, priority, on_data, command);
   };
@@ -224,12 +225,7 @@ void DistStore::on_message(net::Message&& m) {
   }
   Status status;
   if (h.type == ps::msg::kError) {
-    if (p->posted) {
-      try {  // runs on the I/O thread: nothing may escape
-        node_->transport().cancel_recv(node_->conn(Role::kServer, p->server), *p->posted);
-      } catch (...) {  // that server is gone: the posted receive went with it
-      }
-    }
+    if (p->posted) cancel_posted(p->server, *p->posted);  // never throws (I/O thread)
     std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
     auto code = h.flags > 0 && h.flags <= static_cast<uint32_t>(ErrorCode::kInternal)
                     ? static_cast<ErrorCode>(h.flags)
@@ -428,7 +424,7 @@ int64_t DistStore::restart_round() const {
 
 void DistStore::push_key(KeyInfo& k, const ArrayList& values,
                          const std::shared_ptr<Completion>& done, int priority,
-                         const std::function<void(const ps::Slice&)>& after_slice) {
+                         const ArrayList* pull_into) {
   const size_t n = static_cast<size_t>(k.shape.numel());
   const size_t esize = dtype_size(k.dtype);
   std::shared_ptr<compress::Compressor> compressor;
@@ -488,33 +484,49 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
   for (size_t i = 0; i < k.slices.size(); ++i) {
     const ps::Slice& s = k.slices[i];
     net::Header h{.type = ps::msg::kPush,
-                  .flags = compressor ? ps::msg::kFlagCompressed : 0u,
+                  .flags = (compressor ? ps::msg::kFlagCompressed : 0u) |
+                           (pull_into ? ps::msg::kFlagPullBack : 0u),
                   .key = k.id,
                   .dtype = ps::dtype_field(static_cast<uint32_t>(k.dtype), seqs[i]),
                   .offset = static_cast<uint64_t>(s.begin),
                   .length = static_cast<uint64_t>(s.count)};
+    const std::byte* data = src + s.begin * esize;
+    size_t bytes = static_cast<size_t>(s.count) * esize;
     if (compressor) {
-      size_t bytes = compressor->encoded_bytes(static_cast<size_t>(s.count));
-      request(s.server, h, buf->data() + base_offset, bytes, buf, done, priority);
+      data = buf->data() + base_offset;
+      bytes = compressor->encoded_bytes(static_cast<size_t>(s.count));
       base_offset += bytes;
-    } else {
-      request(s.server, h, src + s.begin * esize, static_cast<size_t>(s.count) * esize, buf, done,
-              priority);
     }
-    if (after_slice) after_slice(s);
+    if (pull_into)
+      value_request(k, s, h, data, bytes, buf, *pull_into, done, priority);
+    else
+      request(s.server, h, data, bytes, buf, done, priority);
   }
 }
 
 void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
                            const std::shared_ptr<Completion>& done, int priority) {
+  net::Header h{.type = ps::msg::kPull,
+                .key = k.id,
+                .dtype = static_cast<uint32_t>(k.dtype),
+                .offset = static_cast<uint64_t>(s.begin),
+                .length = static_cast<uint64_t>(s.count)};
+  value_request(k, s, h, nullptr, 0, nullptr, outs, done, priority);
+}
+
+void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, const void* data,
+                              size_t n, std::shared_ptr<void> keep_alive, const ArrayList& outs,
+                              const std::shared_ptr<Completion>& done, int priority) {
   const size_t esize = dtype_size(k.dtype);
   const size_t bytes = static_cast<size_t>(s.count) * esize;
   const size_t at = static_cast<size_t>(s.begin) * esize;
   uint64_t rid = next_request_++;
+  requests_sent_.fetch_add(1, std::memory_order_relaxed);
   net::RecvMatch match{ps::msg::kReply, rid, k.id};
-  PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, bytes);  // metrics hook
-  PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), "PULL", rid, static_cast<int64_t>(k.id),
-                          static_cast<int64_t>(bytes));  // timeline hook
+  PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, n + bytes);  // metrics hook
+  PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), n > 0 ? "PUSHPULL" : "PULL", rid,
+                          static_cast<int64_t>(k.id),
+                          static_cast<int64_t>(n + bytes));  // timeline hook
   int server;
   uint64_t epoch;
   {
@@ -523,19 +535,19 @@ void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs
     server = primary_of(s.server);
     epoch = placement_.epoch;
     pending_[rid] = std::make_unique<Pending>(
-        Pending{done, server, match, {}, false, [this, &k, s, outs, done, priority] {
-                  pull_slice(k, s, outs, done, priority);
+        Pending{done, server, match, {}, false, [=, this, &k] {
+                  value_request(k, s, h, data, n, keep_alive, outs, done, priority);
                 }});
   }
   auto* dst = static_cast<std::byte*>(outs[0].data) + at;
   Status posted = node_->post_recv(
       Role::kServer, server, match, dst, bytes,
-      [this, rid, outs, at, bytes](const Status& st, const net::Header& h) {
+      [this, rid, outs, at, bytes](const Status& st, const net::Header& reply) {
         Status result = st;
-        if (result.is_ok() && h.payload_bytes != bytes)
-          result =
-              Status(ErrorCode::kProtocolError,
-                     fmt::format("pull reply has {} bytes, expected {}", h.payload_bytes, bytes));
+        if (result.is_ok() && reply.payload_bytes != bytes)
+          result = Status(
+              ErrorCode::kProtocolError,
+              fmt::format("pull reply has {} bytes, expected {}", reply.payload_bytes, bytes));
         if (result.is_ok())
           for (size_t d = 1; d < outs.size(); ++d)
             std::memcpy(static_cast<std::byte*>(outs[d].data) + at,
@@ -543,20 +555,30 @@ void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs
         finish(rid, result);
       });
   if (!posted.is_ok()) return finish(rid, posted);
-  net::Header h{.type = ps::msg::kPull,
-                .flags = ps::epoch_flags(epoch),
-                .request_id = rid,
-                .key = k.id,
-                .dtype = static_cast<uint32_t>(k.dtype),
-                .offset = static_cast<uint64_t>(s.begin),
-                .length = static_cast<uint64_t>(s.count)};
+  h.request_id = rid;
+  h.flags |= ps::epoch_flags(epoch);
+  if (n > 0) {  // a push: its bytes are sent from where they are (kept alive until written)
+    node_->send(
+        Role::kServer, server, h, data, n,
+        [this, rid, server, match, keep_alive](const Status& st) {
+          if (st.is_ok()) return;
+          cancel_posted(server, match);
+          finish(rid, st);
+        },
+        priority);
+    return;
+  }
   Status sent = node_->send_copy(Role::kServer, server, h, nullptr, 0, priority);
   if (!sent.is_ok()) {
-    try {
-      node_->transport().cancel_recv(node_->conn(Role::kServer, server), match);
-    } catch (...) {  // that server is gone: its posted receive went with it
-    }
+    cancel_posted(server, match);
     finish(rid, sent);
+  }
+}
+
+void DistStore::cancel_posted(int server, const net::RecvMatch& match) {
+  try {
+    node_->transport().cancel_recv(node_->conn(Role::kServer, server), match);
+  } catch (...) {  // that server is gone: its posted receive went with it
   }
 }
 
@@ -584,13 +606,13 @@ KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
       kv::check_list(op, type_, ks[i]->key, ks[i]->shape, ks[i]->dtype, values[i], "value");
     if (!outs.empty())
       kv::check_list(op, type_, ks[i]->key, ks[i]->shape, ks[i]->dtype, outs[i], "output");
-    parts += ks[i]->slices.size() * ((values.empty() ? 0 : 1) + (outs.empty() ? 0 : 1));
+    // A pushpull's slice is one request (a push answered with the value).
+    parts += ks[i]->slices.size();
   }
   auto done = std::make_shared<Completion>(static_cast<int>(parts));
   for (size_t i = 0; i < ks.size(); ++i) {
-    if (!values.empty() && !outs.empty()) {  // each slice's pull right behind its push
-      push_key(*ks[i], values[i], done, priority,
-               [&](const ps::Slice& s) { pull_slice(*ks[i], s, outs[i], done, priority); });
+    if (!values.empty() && !outs.empty()) {  // each slice's push answered with its value
+      push_key(*ks[i], values[i], done, priority, &outs[i]);
       continue;
     }
     if (!values.empty()) push_key(*ks[i], values[i], done, priority);

@@ -98,6 +98,10 @@ class DistStore final : public KVStore {
   // How `key` travels: its server slices cut into chunks, one message each
   // (diagnostics and tests); throws as pull() does for a key not initialised.
   std::vector<ps::Slice> chunks_of(const Key& key) const;
+  // Requests this worker sent to the servers so far (re-sent ones included;
+  // diagnostics and tests): a push or a pull is one per chunk, and so is a
+  // pushpull (each push asks for the chunk's value back).
+  uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
 
  private:
   struct KeyInfo {
@@ -127,16 +131,25 @@ class DistStore final : public KVStore {
   // Posts the reply's destination, then sends the pull.
   void pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
                   const std::shared_ptr<Completion>& done, int priority);
-  // `after_slice` (pushpull) runs after each slice's push is queued: the
-  // pull of that slice goes right behind it, so the server answers slice j
-  // while slice j+1 still arrives (push and pull overlap on the links).
+  // A request answered with slice `s`'s value, written into `outs`: a pull
+  // (h.type kPull, no payload) or a push with kFlagPullBack (the push's
+  // bytes, kept alive by `keep_alive` until sent). Posts the reply's
+  // destination, then sends; re-sent whole on a fail-over.
+  void value_request(KeyInfo& k, const ps::Slice& s, net::Header h, const void* data, size_t n,
+                     std::shared_ptr<void> keep_alive, const ArrayList& outs,
+                     const std::shared_ptr<Completion>& done, int priority);
+  // With `pull_into` (pushpull) each slice's push asks for the slice's value
+  // back (kFlagPullBack): one request and one reply per slice, and the
+  // server answers slice j while slice j+1 still arrives.
   void push_key(KeyInfo& k, const ArrayList& values, const std::shared_ptr<Completion>& done,
-                int priority, const std::function<void(const ps::Slice&)>& after_slice = {});
+                int priority, const ArrayList* pull_into = nullptr);
   // Sends a command to every server and waits for all answers.
   // `payloads`: one for all servers, or one per server.
   void command_all(uint64_t command, const std::vector<std::string>& payloads,
                    std::vector<std::string>* answers = nullptr);
   void finish(uint64_t request_id, const Status& s);
+  // Drops a posted receive for `server`'s reply (its request failed).
+  void cancel_posted(int server, const net::RecvMatch& match);
   void on_message(net::Message&& m);
   void on_failure(const Status& s);
   // Throws the job's failure, if any.
@@ -163,6 +176,7 @@ class DistStore final : public KVStore {
   cluster::Placement placement_;
 
   std::atomic<uint64_t> next_request_{1};
+  std::atomic<uint64_t> requests_sent_{0};
   // A restarted worker before its first push or pull (see above).
   std::atomic<bool> rejoining_{false};
   int64_t restart_round_ = -1;  // guarded by mu_; -1 until a rejoining init

@@ -7,7 +7,11 @@
 //   kPush     worker -> server  key, offset, length, dtype; flags bit 0 =
 //                               compressed (payload = compress/compressor.h
 //                               wire form: header + codec bytes), else the
-//                               slice's bytes
+//                               slice's bytes; flags bit 5 = pull back
+//                               (a pushpull): once the push is applied the
+//                               kReply carries the slice's value, exactly
+//                               as for a kPull sent right behind the push,
+//                               instead of an empty acknowledgement
 //   kPull     worker -> server  key; payload empty (the whole slice) or
 //                               (i64 begin, i64 count) element ranges,
 //                               relative to the slice; flags bit 1 =
@@ -85,6 +89,7 @@ inline constexpr uint32_t kFlagRejoin = 2;
 inline constexpr uint32_t kFlagLent = 4;       // kReplicaValue: payload is a net::LendRef
 inline constexpr uint32_t kFlagSendBytes = 8;  // backup's kReply: cannot read lent memory
 inline constexpr uint32_t kFlagPinned = 16;    // backup's kReply: holds the lent range in place
+inline constexpr uint32_t kFlagPullBack = 32;  // kPush: answer with the value (a pushpull)
 }  // namespace msg
 
 // A rejoin reply's head: for the asking worker's rank, the sequence number of

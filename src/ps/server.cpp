@@ -253,6 +253,7 @@ void Server::on_message(net::Message&& m) {
       if (!compressed && owner->size() % dtype_size(dtype) != 0)
         return reject(Status(ErrorCode::kProtocolError, "push payload is not whole elements"));
       ArrayView view(owner->data(), compressed ? DType::kUInt8 : dtype, Shape{n});
+      meta.pull_back = (m.header.flags & msg::kFlagPullBack) != 0;
       s->push(meta, part, Payload{view, owner}, compressed, seq);
       return;
     }

@@ -141,6 +141,7 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
         // Applied (and replicated) already: a worker re-sent the push of an
         // unfinished round after a fail-over. Counting it again would be wrong.
         PP_DEBUG("duplicate push {} of key {} from worker {} dropped", seq, e->name, m.worker);
+        if (m.pull_back) return pull_when_applied(*e, m, {});
         return responder_.reply(m, Status::ok(), DType::kFloat32, {});
       }
       if (seq <= e->last_seq[m.worker] && e->rejoined[m.worker] && adopt(*e, m, seq)) return;
@@ -333,7 +334,7 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
   e.round_status = Status();
   for (const RequestMeta& m : e.round_pushes) {
     e.applied[m.worker]++;
-    responder_.reply(m, status, DType::kFloat32, {});
+    acknowledge_push(e, m, status);
   }
   e.round_pushes.clear();
   e.round_seqs.clear();
@@ -377,6 +378,13 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
     }
   }
   if (failed_held) answer_ready_pulls(e);
+}
+
+void ServerStore::acknowledge_push(Entry& e, const RequestMeta& m, const Status& status) {
+  if (!m.pull_back || !status.is_ok()) return responder_.reply(m, status, DType::kFloat32, {});
+  // Answered by answer_ready_pulls right after the round's acknowledgements,
+  // behind this worker's pulls that were already waiting.
+  e.waiting.push_back({m, {}, e.applied[m.worker]});
 }
 
 void ServerStore::answer_ready_pulls(Entry& e) {
@@ -434,19 +442,23 @@ void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ran
     if (m.worker < 0 || m.worker >= config_.num_workers)
       return fail(m, Status(ErrorCode::kInvalidArgument,
                             fmt::format("pull from unknown worker {}", m.worker)));
-    if (e->applied[m.worker] < e->received[m.worker] || e->replicating) {
-      auto queued =
-          std::count_if(e->waiting.begin(), e->waiting.end(),
-                        [&](const Entry::WaitingPull& w) { return w.meta.worker == m.worker; });
-      if (queued >= config_.max_queued_per_worker)
-        return fail(m, Status(ErrorCode::kProtocolError,
-                              fmt::format("pull of key {}: worker {} already has {} pulls waiting",
-                                          e->name, m.worker, queued)));
-      e->waiting.push_back({m, ranges, e->received[m.worker]});
-      return;
-    }
-    answer_pull(*e, m, ranges);
+    pull_when_applied(*e, m, ranges);
   });
+}
+
+void ServerStore::pull_when_applied(Entry& e, const RequestMeta& m, std::vector<Range> ranges) {
+  if (e.applied[m.worker] < e.received[m.worker] || e.replicating) {
+    auto queued =
+        std::count_if(e.waiting.begin(), e.waiting.end(),
+                      [&](const Entry::WaitingPull& w) { return w.meta.worker == m.worker; });
+    if (queued >= config_.max_queued_per_worker)
+      return fail(m, Status(ErrorCode::kProtocolError,
+                            fmt::format("pull of key {}: worker {} already has {} pulls waiting",
+                                        e.name, m.worker, queued)));
+    e.waiting.push_back({m, std::move(ranges), e.received[m.worker]});
+    return;
+  }
+  answer_pull(e, m, ranges);
 }
 
 void ServerStore::rejoin(const RequestMeta& m, PartId part) {

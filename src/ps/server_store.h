@@ -78,6 +78,9 @@ struct RequestMeta {
   int worker = 0;
   uint64_t request_id = 0;
   uint64_t key = 0;  // echoed in the answer (the worker matches on it)
+  // A push answered with the part's value once applied, as a pull sent right
+  // behind it would be, instead of an empty acknowledgement (kFlagPullBack).
+  bool pull_back = false;
 };
 
 // One part of a key held by this server.
@@ -230,6 +233,12 @@ class ServerStore {
   void apply_push(Entry& e, const Payload& grad, bool compressed);
   void answer_ready_pulls(Entry& e);
   void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);
+  // A pull (or a push's pull-back) of `m.worker`: answered now when every
+  // push received from that worker is applied, else queued until it is.
+  void pull_when_applied(Entry& e, const RequestMeta& m, std::vector<Range> ranges);
+  // A push of the closing round is done: its acknowledgement, or for a
+  // pull-back (and no error) the value, in order with the waiting pulls.
+  void acknowledge_push(Entry& e, const RequestMeta& m, const Status& status);
   void answer_rejoin(Entry& e, const RequestMeta& m);
   // A replacement's push of sequence number `seq` takes the place of the old
   // process's accepted push with that number; false when there is none.

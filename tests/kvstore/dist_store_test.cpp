@@ -65,6 +65,31 @@ TEST(DistStore, OnOneHostASliceTravelsInChunksOfChunkBytes) {
   EXPECT_EQ(chunks_of_a_4_mib_key("127.0.0.2"), 32u);
 }
 
+TEST(DistStore, APushpullIsOneRequestPerChunkAndGetsItsRoundsValue) {
+  // 1 Mi floats over 2 servers on one host: 2 chunks. Each chunk's push asks
+  // for the chunk's value back (kFlagPullBack): no separate pull.
+  constexpr int64_t n = 1 << 20;
+  run_job(
+      2, 2, "dist_sync",
+      [&](KVStore& kv) {
+        auto& ds = dynamic_cast<DistStore&>(kv);
+        kv.init(3, Array::full(Shape{n}, 1.0).view());
+        ASSERT_EQ(ds.chunks_of(3).size(), 2u);
+        for (int round = 1; round <= 3; ++round) {
+          Array g = Array::full(Shape{n}, static_cast<double>(kv.rank() + round));
+          Array out(Shape{n}, DType::kFloat32);
+          const uint64_t before = ds.requests_sent();
+          kv.pushpull(3, g.view(), out.view());
+          EXPECT_EQ(ds.requests_sent() - before, 2u);
+          // No optimizer: the round's sum, (0 + r) + (1 + r), replaces the value.
+          const float want = static_cast<float>(2 * round + 1);
+          EXPECT_EQ(out.as<float>()[0], want) << "round " << round;
+          EXPECT_EQ(out.as<float>()[n - 1], want) << "round " << round;
+        }
+      },
+      65536);
+}
+
 TEST(DistStore, AsyncAppliesEveryPush) {
   const int n = 3, pushes = 20;
   run_job(

@@ -73,6 +73,14 @@ class ServerStoreTest : public ::testing::Test {
     store_->push({worker, id}, PartId{key, 0}, payload_of(std::move(grad)), compressed);
     return id;
   }
+  // A pushpull's push (kFlagPullBack): answered with the value once applied.
+  uint64_t push_pull(int worker, uint64_t key, Array grad, uint32_t seq = 0) {
+    uint64_t id = next();
+    RequestMeta m{worker, id};
+    m.pull_back = true;
+    store_->push(m, PartId{key, 0}, payload_of(std::move(grad)), false, seq);
+    return id;
+  }
   uint64_t pull(int worker, uint64_t key, std::vector<Range> ranges = {}) {
     uint64_t id = next();
     store_->pull({worker, id}, PartId{key, 0}, std::move(ranges));
@@ -313,6 +321,53 @@ TEST_F(ServerStoreTest, APulledValueInFlightIsNotChangedByTheNextRound) {
   float first;
   std::memcpy(&first, keeper.bytes.data(), 4);
   EXPECT_EQ(first, 1.0f);  // what was being sent is still the init value
+}
+
+TEST_F(ServerStoreTest, APushWithPullBackIsAnsweredWithItsRoundsValue) {
+  make(2, true, 1);
+  init(4, Array::full(Shape{3}, 0.0));
+  uint64_t first = push_pull(0, 4, Array::full(Shape{3}, 1.0));
+  uint64_t between = pull(0, 4);                                   // after round 1
+  uint64_t second = push_pull(0, 4, Array::full(Shape{3}, 10.0));  // held for round 2
+  idle();
+  EXPECT_FALSE(rec_.has(first));  // no acknowledgement before its round
+  uint64_t plain = push(1, 4, Array::full(Shape{3}, 2.0));
+  idle();
+  EXPECT_TRUE(rec_.get(plain).status.is_ok());
+  EXPECT_TRUE(rec_.get(plain).data.empty());  // a plain push still gets an empty acknowledgement
+  EXPECT_EQ(rec_.floats(first), std::vector<float>(3, 3.0f));  // round 1's value, not an ack
+  EXPECT_EQ(rec_.floats(between), std::vector<float>(3, 3.0f));
+  EXPECT_FALSE(rec_.has(second));
+  push_pull(1, 4, Array::full(Shape{3}, 20.0));
+  idle();
+  EXPECT_EQ(rec_.floats(second), std::vector<float>(3, 30.0f));
+}
+
+TEST_F(ServerStoreTest, AResentPushWithPullBackIsAnsweredWithTheValueNotAppliedTwice) {
+  // A worker re-sends the pushpull of an unfinished round after a fail-over;
+  // the new primary had applied it already.
+  make(1, true, 1);
+  init(6, Array::full(Shape{2}, 0.0));
+  uint64_t once = push_pull(0, 6, Array::full(Shape{2}, 4.0), 1);
+  idle();
+  EXPECT_EQ(rec_.floats(once), std::vector<float>(2, 4.0f));
+  uint64_t again = push_pull(0, 6, Array::full(Shape{2}, 4.0), 1);
+  idle();
+  EXPECT_EQ(rec_.floats(again), std::vector<float>(2, 4.0f));
+}
+
+TEST_F(ServerStoreTest, AFailedPushWithPullBackIsAnsweredWithItsErrorOnly) {
+  make(1, true, 1);
+  init(7, Array::full(Shape{2}, 0.0));
+  uint64_t wrong_size = push_pull(0, 7, Array::full(Shape{3}, 1.0));
+  uint64_t unknown = push_pull(0, 99, Array::full(Shape{2}, 1.0));
+  idle();
+  EXPECT_EQ(rec_.get(wrong_size).status.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(rec_.get(unknown).status.code(), ErrorCode::kNotFound);
+  // Nothing was counted: the next pushpull is round 1.
+  uint64_t good = push_pull(0, 7, Array::full(Shape{2}, 5.0));
+  idle();
+  EXPECT_EQ(rec_.floats(good), std::vector<float>(2, 5.0f));
 }
 
 TEST_F(ServerStoreTest, OptimizerStatesSaveAndLoad) {

@@ -25,9 +25,9 @@ pushes every gradient (the store sums the workers'), then
 
 From the second step on each gradient is pushed from a hook on its
 AccumulateGrad node as soon as backward() produced it (priority -i: the first
-layers, needed first by the next forward pass, go first), and its pull is
-requested right behind the push (``pushpull_async``), so both directions of
-the exchange overlap the rest of the backward pass. backward() no longer
+layers, needed first by the next forward pass, go first) with
+``pushpull_async``: the push asks for the new value back, so both directions
+of the exchange overlap the rest of the backward pass. backward() no longer
 reads a parameter once its gradient is accumulated, so the new value may
 land in it before step() returns: read parameters after step(), as with
 Horovod's gradients. One backward per step with hooks on; for gradient
@@ -154,9 +154,9 @@ class Trainer:
         self._initialized = True
 
     def _exchange(self, i, grad):
-        # Push the gradient and pull the result in one call: the store sends
-        # each slice's pull right behind its push, so a server answers it as
-        # soon as the round is complete. The result is the new weight
+        # Push the gradient and pull the result in one call: each slice's push
+        # asks for the value back, so a server answers it as soon as the
+        # round is complete. The result is the new weight
         # (update_on_kvstore) or the summed gradient.
         out = self._params[i].detach() if self._update_on_kvstore else self._summed[i]
         return self._kv.pushpull_async(self._keys[i], grad, out=out, priority=-i)
