@@ -54,6 +54,9 @@ Status refused(const LendRef& r, const std::string& why) {
 
 }  // namespace
 
+// pid, fd, token, block size, offset, bytes.
+static_assert(4 + 4 + sizeof(LendToken) + 3 * 8 == kLendRefBytes);
+
 std::vector<std::byte> encode_lend_ref(const LendRef& r) {
   Writer w;
   w.u<uint32_t>(r.pid).u<int32_t>(r.fd).bytes(r.token);

@@ -62,6 +62,8 @@ struct LendRef {
   bool operator==(const LendRef&) const = default;
 };
 
+// Its wire form is always this long.
+inline constexpr size_t kLendRefBytes = 48;
 std::vector<std::byte> encode_lend_ref(const LendRef& r);
 // Bounds-checked: the range lies inside the block, the descriptor is not
 // negative, nothing trails.

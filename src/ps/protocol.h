@@ -40,6 +40,9 @@
 //                               with kFlagPinned: the primary then keeps
 //                               the range unchanged until the backup's
 //                               kReplicaRelease (or its death)
+//                               With kFlagLent | kFlagWithMeta there is no
+//                               kReplicaMeta: the payload is the LendRef
+//                               (net::kLendRefBytes) then the metadata
 //   kReplicaRelease backup -> primary  the kReplicaValue's request_id and
 //                               key; payload = its LendRef: the backup
 //                               dropped the range it held
@@ -90,6 +93,7 @@ inline constexpr uint32_t kFlagLent = 4;       // kReplicaValue: payload is a ne
 inline constexpr uint32_t kFlagSendBytes = 8;  // backup's kReply: cannot read lent memory
 inline constexpr uint32_t kFlagPinned = 16;    // backup's kReply: holds the lent range in place
 inline constexpr uint32_t kFlagPullBack = 32;  // kPush: answer with the value (a pushpull)
+inline constexpr uint32_t kFlagWithMeta = 64;  // lent kReplicaValue: the metadata follows the ref
 }  // namespace msg
 
 // A rejoin reply's head: for the asking worker's rank, the sequence number of

@@ -43,19 +43,27 @@ class PinnedValue {
 
 void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m) {
   const net::Header& h = m.header;
+  // Refused, not ignored: silence would hold the primary's round forever.
+  auto refuse = [&](const std::string& why) {
+    PP_WARN("replica {} from server {} refused: {}", h.request_id, from.rank, why);
+    net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
+    node_.transport().send_copy(m.conn, err, why.data(), why.size());
+  };
   ReplicaState state;
-  {
+  std::span<const std::byte> body{m.payload.data(), m.payload.size()};
+  if (h.flags & msg::kFlagWithMeta) {
+    // Lent, with its metadata behind the reference (no kReplicaMeta).
+    Status st =
+        (h.flags & msg::kFlagLent) && body.size() >= net::kLendRefBytes
+            ? decode_replica_meta(body.subspan(net::kLendRefBytes), node_.num_workers(), &state)
+            : Status(ErrorCode::kProtocolError, "not a lent reference and metadata");
+    if (!st) return refuse(fmt::format("replica {}: {}", h.request_id, st.message()));
+    body = body.first(net::kLendRefBytes);
+  } else {
     std::lock_guard lock(repl_mu_);
     auto it = incoming_meta_.find({from.rank, h.request_id});
-    if (it == incoming_meta_.end()) {
-      // Refused, not ignored: silence would hold the primary's round forever.
-      PP_WARN("replica value {} from server {} without its metadata; refused", h.request_id,
-              from.rank);
-      std::string why = fmt::format("replica value {} without its metadata", h.request_id);
-      net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
-      node_.transport().send_copy(m.conn, err, why.data(), why.size());
-      return;
-    }
+    if (it == incoming_meta_.end())
+      return refuse(fmt::format("replica value {} without its metadata", h.request_id));
     state = std::move(it->second);
     incoming_meta_.erase(it);
   }
@@ -70,7 +78,7 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
       h.offset > static_cast<uint64_t>(INT64_MAX)) {
     valid = {ErrorCode::kProtocolError, "bad dtype or size"};
   } else if (lent) {
-    valid = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
+    valid = net::decode_lend_ref(body, &ref);
     if (valid && ref.bytes != h.length * dtype_size(dtype))
       valid = {ErrorCode::kProtocolError, "lent range is not the value's size"};
     // The bound a value sent by value has (the transport's message limit):

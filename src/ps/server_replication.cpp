@@ -87,33 +87,39 @@ void Server::send_replica_to(uint64_t id, const PartId& part,
                              const std::shared_ptr<const ReplicaState>& state, int b,
                              const net::LendRef* lend) {
   const ArrayView& v = state->value.view;
-  auto meta = std::make_shared<std::vector<std::byte>>(encode_replica_meta(*state));
+  std::vector<std::byte> meta = encode_replica_meta(*state);
   net::Header h{.type = msg::kReplicaMeta,
                 .request_id = id,
                 .key = part.key,
                 .dtype = static_cast<uint32_t>(v.dtype),
                 .offset = static_cast<uint64_t>(part.begin),
                 .length = static_cast<uint64_t>(v.numel())};
-  node_.send(Role::kServer, b, h, meta->data(), meta->size(),
-             [this, gate = gate_, meta, id, b](const Status& s) {
-               // A rejoined server that dies while catching up is not in
-               // any placement's chain: its failed send completes it here.
-               if (s.is_ok() || !gate->enter()) return;
-               bool catching_up;
-               {
-                 std::lock_guard lock(repl_mu_);
-                 catching_up = catching_up_.erase(b) > 0;
-               }
-               if (catching_up) replica_acked(id, b);
-               gate->leave();
-             });
-  h.type = msg::kReplicaValue;
+  auto on_sent = [this, gate = gate_, id, b](const Status& s) {
+    // A rejoined server that dies while catching up is not in any
+    // placement's chain: its failed send completes it here.
+    if (s.is_ok() || !gate->enter()) return;
+    bool catching_up;
+    {
+      std::lock_guard lock(repl_mu_);
+      catching_up = catching_up_.erase(b) > 0;
+    }
+    if (catching_up) replica_acked(id, b);
+    gate->leave();
+  };
   if (lend) {
-    h.flags = msg::kFlagLent;
-    std::vector<std::byte> bytes = net::encode_lend_ref(*lend);
-    node_.send_copy(Role::kServer, b, h, bytes.data(), bytes.size());
+    // One message: the reference, then the metadata (both small).
+    auto payload = std::make_shared<std::vector<std::byte>>(net::encode_lend_ref(*lend));
+    payload->insert(payload->end(), meta.begin(), meta.end());
+    h.type = msg::kReplicaValue;
+    h.flags = msg::kFlagLent | msg::kFlagWithMeta;
+    node_.send(Role::kServer, b, h, payload->data(), payload->size(),
+               [payload, on_sent](const Status& s) { on_sent(s); });
     return;
   }
+  auto bytes = std::make_shared<std::vector<std::byte>>(std::move(meta));
+  node_.send(Role::kServer, b, h, bytes->data(), bytes->size(),
+             [bytes, on_sent](const Status& s) { on_sent(s); });
+  h.type = msg::kReplicaValue;
   // Zero-copy; the state (and so the value) is released once written, so
   // the next round does not have to copy the value to update it.
   node_.send(Role::kServer, b, h, v.data, v.nbytes(), [state](const Status& s) {

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -244,9 +245,13 @@ class ReplicaPeerJob {
         if (m.header.type == msg::kReplicaValue) {  // the real server's replica: installed
           net::Header ack{.type = msg::kReply, .request_id = m.header.request_id};
           net::LendRef ref;
+          std::span<const std::byte> body{m.payload.data(), m.payload.size()};
+          if (m.header.flags & msg::kFlagWithMeta) {  // the metadata behind the reference
+            EXPECT_GT(body.size(), net::kLendRefBytes);
+            body = body.first(std::min(body.size(), net::kLendRefBytes));
+          }
           // Lent: held in place, as a real backup does, until release().
-          if ((m.header.flags & msg::kFlagLent) &&
-              net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref).is_ok()) {
+          if ((m.header.flags & msg::kFlagLent) && net::decode_lend_ref(body, &ref).is_ok()) {
             ack.flags = msg::kFlagPinned;
             std::lock_guard lock(mu_);
             pinned_.push_back({m.conn, m.header.request_id, m.header.key, ref});
@@ -281,6 +286,25 @@ class ReplicaPeerJob {
     h.flags = flags;
     EXPECT_TRUE(
         peer_->send_copy(Role::kServer, real_rank(), h, value.data(), value.size()).is_ok());
+    return inbox_.wait(id);
+  }
+  // The same replica in one message (kFlagLent | kFlagWithMeta): `ref`'s
+  // bytes, then the metadata (or `meta` instead when given).
+  Answer replicate_in_one(uint64_t key, uint64_t count, uint32_t flags, std::vector<std::byte> ref,
+                          std::optional<std::vector<std::byte>> meta = std::nullopt) {
+    const uint64_t id = ++next_id_;
+    ReplicaState st;
+    st.name = "one" + std::to_string(key);
+    st.home = peer_->rank();
+    st.applied_seq.assign(1, 0);
+    std::vector<std::byte> payload = std::move(ref);
+    std::vector<std::byte> m = meta ? *meta : encode_replica_meta(st);
+    payload.insert(payload.end(), m.begin(), m.end());
+    net::Header h = header(msg::kReplicaValue, key, 0, count);
+    h.request_id = id;
+    h.flags = flags;
+    EXPECT_TRUE(
+        peer_->send_copy(Role::kServer, real_rank(), h, payload.data(), payload.size()).is_ok());
     return inbox_.wait(id);
   }
   // The real server's kReplicaRelease of the replica sent as request `id`.
@@ -376,6 +400,31 @@ TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
   Answer by_value = job.replicate(6, n, 0, value);
   EXPECT_EQ(by_value.type, msg::kReply);
   EXPECT_EQ(by_value.flags, 0u);
+}
+
+TEST(Server, ALentReplicaWithItsMetadataInOneMessageIsHeldInPlace) {
+  // What a same-host primary sends: no kReplicaMeta, the metadata behind the
+  // reference in the kReplicaValue.
+  ReplicaPeerJob job;
+  std::string why;
+  auto block = net::LendBlock::create(1 << 20, &why);
+  ASSERT_TRUE(block) << why;
+  std::memset(block->data(), 0, block->size());
+  const uint64_t n = 1000;
+  const uint32_t both = msg::kFlagLent | msg::kFlagWithMeta;
+  auto ref = net::encode_lend_ref(*net::find_lent(block->data() + 4096, n * 4));
+  Answer ok = job.replicate_in_one(1, n, both, ref);
+  EXPECT_EQ(ok.type, msg::kReply);
+  EXPECT_EQ(ok.flags, msg::kFlagPinned);
+  // Metadata without a lent reference, a payload shorter than a reference,
+  // and metadata that does not decode: refused with an error (the primary
+  // would otherwise wait for this round's acknowledgement forever).
+  EXPECT_EQ(job.replicate_in_one(2, n, msg::kFlagWithMeta, ref).type, msg::kError);
+  EXPECT_EQ(job.replicate_in_one(3, n, both, {}, std::vector<std::byte>(5)).type, msg::kError);
+  EXPECT_EQ(job.replicate_in_one(4, n, both, ref, std::vector<std::byte>(3, std::byte{0xff})).type,
+            msg::kError);
+  // A reference that is not the value's size is refused as in two messages.
+  EXPECT_EQ(job.replicate_in_one(5, n + 1, both, ref).type, msg::kError);
 }
 
 TEST(Server, AValueItsBackupHoldsInPlaceIsNotReusedUntilReleased) {
