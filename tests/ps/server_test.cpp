@@ -353,12 +353,19 @@ class ReplicaPeerJob {
   uint64_t next_id_ = 1000;
 };
 
-TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
-  ReplicaPeerJob job;
+// A zeroed 1 MiB block to lend from.
+std::unique_ptr<net::LendBlock> zeroed_block() {
   std::string why;
   auto block = net::LendBlock::create(1 << 20, &why);
-  ASSERT_TRUE(block) << why;
-  std::memset(block->data(), 0, block->size());
+  EXPECT_TRUE(block) << why;
+  if (block) std::memset(block->data(), 0, block->size());
+  return block;
+}
+
+TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
+  ReplicaPeerJob job;
+  auto block = zeroed_block();
+  ASSERT_TRUE(block);
   const uint64_t n = 1000;
   net::LendRef ref = *net::find_lent(block->data() + 4096, n * 4);
 
@@ -406,10 +413,8 @@ TEST(Server, ALentReplicaWithItsMetadataInOneMessageIsHeldInPlace) {
   // What a same-host primary sends: no kReplicaMeta, the metadata behind the
   // reference in the kReplicaValue.
   ReplicaPeerJob job;
-  std::string why;
-  auto block = net::LendBlock::create(1 << 20, &why);
-  ASSERT_TRUE(block) << why;
-  std::memset(block->data(), 0, block->size());
+  auto block = zeroed_block();
+  ASSERT_TRUE(block);
   const uint64_t n = 1000;
   const uint32_t both = msg::kFlagLent | msg::kFlagWithMeta;
   auto ref = net::encode_lend_ref(*net::find_lent(block->data() + 4096, n * 4));
