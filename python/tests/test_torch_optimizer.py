@@ -46,10 +46,12 @@ def test_horovod_script_runs_after_changing_only_the_import(tmp_path):
 def test_trainer_over_dist_sync_matches_one_full_batch():
     # pushpull.torch.Trainer, 2 workers x 1 server: local torch optimizer,
     # local pushpull optimizer and optimizer on the servers, each within 1e-5
-    # of plain torch on the whole batch; pushes from hooks after step 1; misuse.
+    # of plain torch on the whole batch; small parameters packed into one key,
+    # in small buckets, or one key each; pushes from hooks after step 1; misuse.
     out = run_case('trainer', 2, servers=1, timeout=120)
-    for label in ('local torch optimizer', 'local pushpull optimizer',
-                  'optimizer on the servers'):
+    for label in ('local torch optimizer', 'small buckets with a torch optimizer',
+                  'local pushpull optimizer', 'optimizer on the servers',
+                  'one key per parameter'):
         assert out.count('%s: max |w - w_ref|' % label) == 2, out
 
 

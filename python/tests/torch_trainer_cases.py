@@ -48,9 +48,10 @@ def equivalence(kv, rank, workers, make_trainer, label, key_base, steps=4, per_r
     print('rank %d: %s: max |w - w_ref| = %.3g, stats %s' % (rank, label, diff, trainer.stats))
     if diff > TOL:
         raise AssertionError('%s: Trainer differs from the full-batch run by %g' % (label, diff))
-    if trainer.stats['hook_pushes'] != (steps - 1) * 4:
+    if trainer.stats['hook_pushes'] != (steps - 1) * len(trainer.keys):
         raise AssertionError('%s: expected every push after the first step to come from a hook, '
                              'got %s' % (label, trainer.stats))
+    return trainer
 
 
 def case_trainer():
@@ -60,12 +61,30 @@ def case_trainer():
     equivalence(kv, rank, workers, lambda m, kb: pushpull.torch.Trainer(
         m.parameters(), torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM), kvstore=kv,
         key_base=kb), 'local torch optimizer', 100)
+    # In buckets of at most 260 bytes (parameters of 640, 64, 192 and 12 bytes:
+    # 0.weight alone, the next two packed, 2.bias alone): the same weights.
+    t = equivalence(kv, rank, workers, lambda m, kb: pushpull.torch.Trainer(
+        m.named_parameters(), torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM),
+        kvstore=kv, key_base=kb, bucket_bytes=260), 'small buckets with a torch optimizer', 500)
+    if t.keys != [500, 501, 503]:
+        raise AssertionError('bucket_bytes=260: expected keys 500, 501 (packed with 502) and '
+                             '503; got %s' % t.keys)
     equivalence(kv, rank, workers, lambda m, kb: pushpull.torch.Trainer(
         m.named_parameters(), 'sgd', {'learning_rate': LR, 'momentum': MOMENTUM}, kvstore=kv,
         update_on_kvstore=False, key_base=kb), 'local pushpull optimizer', 200)
-    equivalence(kv, rank, workers, lambda m, kb: pushpull.torch.Trainer(
+    # The model's 4 parameters (under 256 KiB each) travel as one packed key,
+    # the first parameter's.
+    t = equivalence(kv, rank, workers, lambda m, kb: pushpull.torch.Trainer(
         m.named_parameters(), 'sgd', {'learning_rate': LR, 'momentum': MOMENTUM}, kvstore=kv,
         key_base=kb), 'optimizer on the servers', 0)
+    if t.keys != [0]:
+        raise AssertionError('expected one packed key (key_base + 0), got %s' % t.keys)
+    # Unpacked (fuse_below=0): the same weights.
+    t = equivalence(kv, rank, workers, lambda m, kb: pushpull.torch.Trainer(
+        m.named_parameters(), 'sgd', {'learning_rate': LR, 'momentum': MOMENTUM}, kvstore=kv,
+        key_base=kb, fuse_below=0), 'one key per parameter', 400)
+    if t.keys != [400, 401, 402, 403]:
+        raise AssertionError('fuse_below=0: expected keys 400..403, got %s' % t.keys)
     # Misuse: a missing gradient, a wrong dtype, a second backward with hooks on.
     model = make_model()
     trainer = pushpull.torch.Trainer(model.named_parameters(), 'sgd', {'learning_rate': LR},

@@ -10,7 +10,15 @@ server or any other store type), for torch models.
         trainer.step(len(x))                          # samples this worker processed
         model.zero_grad()
 
-Parameter i (in the order given) is key ``key_base + i``. The constructor
+Parameter i (in the order given) is key ``key_base + i``, except small ones:
+parameters of fewer than ``fuse_below`` bytes (default 256 KiB, where a value
+starts to be split over the servers) are packed, in order, into flat keys of
+up to ``bucket_bytes`` (default 1 MiB), each under the key of its first
+parameter, as DDP packs gradients into buckets: one request, round and reply
+for many biases and small layers instead of one each. Every pushpull
+optimizer is elementwise, so a packed key updates exactly as its parameters
+would one by one; ``fuse_below=0`` turns packing off. A Trainer uses keys in
+``key_base .. key_base + P - 1`` (P parameters) either way. The constructor
 stores worker 0's weights and pulls them into every worker (every worker must
 create its Trainer; it blocks until worker 0's values are there). step(batch_size)
 pushes every gradient (the store sums the workers'), then
@@ -60,9 +68,71 @@ def _named(params):
     return named
 
 
+class _Unit:
+    """One key of the store: one parameter, or several small ones packed in
+    order into a flat float32 buffer (`value`: the weights; `grad`: the
+    gradients gathered for a push; `summed`: the summed gradients pulled
+    when the update runs here)."""
+
+    def __init__(self, key, members, params):
+        self.key = key
+        self.members = members
+        self.packed = len(members) > 1
+        self.offsets = []
+        n = 0
+        for i in members:
+            self.offsets.append(n)
+            n += params[i].numel()
+        if self.packed:
+            self.value = torch.empty(n, dtype=torch.float32)
+            self.grad = torch.empty(n, dtype=torch.float32)
+        else:
+            self.value = params[members[0]].detach()
+        self.summed = None
+
+    def views(self, flat, params):
+        """(i, the slice of `flat` shaped as parameter i) per member."""
+        for i, at in zip(self.members, self.offsets):
+            n = params[i].numel()
+            yield i, flat[at:at + n].view_as(params[i])
+
+    def gather(self, params, get, flat):
+        """Copies get(parameter) of each member into `flat` (a packed unit)."""
+        for i, view in self.views(flat, params):
+            view.copy_(get(params[i]))
+
+    def scatter(self, flat, params):
+        """Copies `flat` back into the members' weights (a packed unit)."""
+        for i, view in self.views(flat, params):
+            params[i].detach().copy_(view)
+
+
+def _pack(params, key_base, fuse_below, bucket_bytes):
+    """The store's keys: a parameter of at least `fuse_below` bytes is key
+    key_base + i; smaller ones are packed in order into units of up to
+    `bucket_bytes`, each the key of its first parameter."""
+    if fuse_below < 0 or bucket_bytes <= 0:
+        raise InvalidArgument('Trainer: fuse_below must be >= 0 and bucket_bytes > 0')
+    groups, bucket, size = [], [], 0
+    for i, p in enumerate(params):
+        nbytes = p.numel() * 4
+        if nbytes >= fuse_below:
+            groups.append([i])
+            continue
+        if bucket and size + nbytes > bucket_bytes:
+            groups.append(bucket)
+            bucket, size = [], 0
+        bucket.append(i)
+        size += nbytes
+    if bucket:
+        groups.append(bucket)
+    return [_Unit(key_base + members[0], members, params) for members in sorted(groups)]
+
+
 class Trainer:
     def __init__(self, params, optimizer='sgd', optimizer_params=None, kvstore='dist_sync',
-                 update_on_kvstore=None, key_base=0, push_from_hooks=True):
+                 update_on_kvstore=None, key_base=0, push_from_hooks=True,
+                 fuse_below=256 << 10, bucket_bytes=1 << 20):
         self._named = _named(params)
         self._params = [p for _, p in self._named]
         for i, (name, p) in enumerate(self._named):
@@ -71,7 +141,12 @@ class Trainer:
                 raise InvalidArgument('Trainer: parameter %r (key %d) must be a leaf tensor that '
                                       'requires grad' % (name, key_base + i))
         self._kv = pushpull.kv.create(kvstore) if isinstance(kvstore, str) else kvstore
-        self._keys = [key_base + i for i in range(len(self._params))]
+        self._keys = [key_base + i for i in range(len(self._params))]  # one per parameter
+        self._units = _pack(self._params, key_base, fuse_below, bucket_bytes)
+        self._unit_of = [0] * len(self._params)
+        for u, unit in enumerate(self._units):
+            for i in unit.members:
+                self._unit_of[i] = u
 
         self._torch_opt = None
         self._spec = None
@@ -99,7 +174,9 @@ class Trainer:
         self._steps = 0
         self._push_from_hooks = push_from_hooks
         self._armed = False
-        self._pushed = {}
+        self._pushed = {}  # unit -> its exchange in flight
+        self._ready = set()  # parameters whose gradient a hook saw this step
+        self._left = [len(u.members) for u in self._units]  # per unit: gradients to come
         self._grad_accs = []
         self.stats = {'steps': 0, 'hook_pushes': 0, 'step_pushes': 0}
         if push_from_hooks:
@@ -114,6 +191,12 @@ class Trainer:
     @property
     def kvstore(self):
         return self._kv
+
+    @property
+    def keys(self):
+        """The store keys this Trainer uses, ascending (a packed unit's is its
+        first parameter's)."""
+        return sorted(u.key for u in self._units)
 
     @property
     def update_on_kvstore(self):
@@ -142,38 +225,60 @@ class Trainer:
         constructor does it; later calls do nothing)."""
         if self._initialized:
             return
-        values = [p.detach() for p in self._params]
-        self._kv.init(self._keys, values)
-        self._kv.pull(self._keys, out=values)
+        packed = [u for u in self._units if u.packed]
+        for unit in packed:
+            unit.gather(self._params, torch.Tensor.detach, unit.value)
+        keys = [u.key for u in self._units]
+        values = [u.value for u in self._units]
+        self._kv.init(keys, values)
+        self._kv.pull(keys, out=values)
+        for unit in packed:
+            unit.scatter(unit.value, self._params)
         if not self._update_on_kvstore:
-            self._summed = [torch.empty_like(v) for v in values]
+            self._summed = [None] * len(self._params)
+            for unit in self._units:
+                unit.summed = torch.empty_like(unit.value)
+                for i, view in unit.views(unit.summed, self._params):
+                    self._summed[i] = view
             if self._torch_opt is None:
                 self._local_kv = pushpull.kv.create('local')
-                self._local_kv.init(self._keys, values)
+                self._local_kv.init(self._keys, [p.detach() for p in self._params])
                 self._local_kv.set_optimizer(self._spec)
         self._initialized = True
 
-    def _exchange(self, i, grad):
+    def _exchange(self, u):
         # Push the gradient and pull the result in one call: each slice's push
         # asks for the value back, so a server answers it as soon as the
         # round is complete. The result is the new weight
-        # (update_on_kvstore) or the summed gradient.
-        out = self._params[i].detach() if self._update_on_kvstore else self._summed[i]
-        return self._kv.pushpull_async(self._keys[i], grad, out=out, priority=-i)
+        # (update_on_kvstore) or the summed gradient; a packed key's lands in
+        # its flat buffer, copied into the parameters by step().
+        unit = self._units[u]
+        if unit.packed:
+            unit.gather(self._params, lambda p: p.grad, unit.grad)
+            grad = unit.grad
+            out = unit.value if self._update_on_kvstore else unit.summed
+        else:
+            i = unit.members[0]
+            grad = self._params[i].grad
+            out = self._params[i].detach() if self._update_on_kvstore else self._summed[i]
+        return self._kv.pushpull_async(unit.key, grad, out=out, priority=-unit.members[0])
 
     def _make_hook(self, i):
         def hook(*unused):
             if not self._armed:
                 return
-            if i in self._pushed:
+            if i in self._ready:
                 raise InvalidArgument(
                     'Trainer: parameter %r got a second gradient before step(); the Trainer '
                     'pushes each gradient once per step from its hook. For several backward '
                     'passes per step create it with push_from_hooks=False' % self._named[i][0])
-            grad = self._params[i].grad
-            self._check_tensor(grad, self._named[i][0], i, 'gradient')
-            self._pushed[i] = self._exchange(i, grad)
-            self.stats['hook_pushes'] += 1
+            self._check_tensor(self._params[i].grad, self._named[i][0], i, 'gradient')
+            self._ready.add(i)
+            u = self._unit_of[i]
+            self._left[u] -= 1
+            if self._left[u] == 0:  # the unit's last gradient: send it
+                self._pushed[u] = self._exchange(u)
+                self.stats['hook_pushes'] += 1
         return hook
 
     def step(self, batch_size, ignore_stale_grad=False):
@@ -197,23 +302,29 @@ class Trainer:
                               % (batch_size, self._batch_size))
         # Check every gradient before pushing any, so a bad one changes nothing.
         for i, (name, p) in enumerate(self._named):
-            if i in self._pushed:
+            if self._unit_of[i] in self._pushed:
                 continue
             if p.grad is None:
                 raise InvalidArgument('Trainer.step: parameter %r (key %d) has no gradient; run '
                                       'backward() first (every worker pushes every key)'
-                                      % (name, self._keys[i]))
+                                      % (name, self._units[self._unit_of[i]].key))
             self._check_tensor(p.grad, name, i, 'gradient')
         exchanges = []
-        for i, p in enumerate(self._params):
-            h = self._pushed.pop(i, None)
+        for u in range(len(self._units)):
+            h = self._pushed.pop(u, None)
             if h is None:
-                h = self._exchange(i, p.grad)
+                h = self._exchange(u)
                 self.stats['step_pushes'] += 1
             exchanges.append(h)
+        self._ready.clear()
+        self._left = [len(unit.members) for unit in self._units]
         for h in exchanges:
             h.wait()
-        if not self._update_on_kvstore:
+        if self._update_on_kvstore:
+            for unit in self._units:
+                if unit.packed:
+                    unit.scatter(unit.value, self._params)
+        else:
             self._local_update(scale)
         self._steps += 1
         self.stats['steps'] = self._steps
