@@ -33,12 +33,13 @@ pushes every gradient (the store sums the workers'), then
 
 From the second step on each gradient is pushed from a hook on its
 AccumulateGrad node as soon as backward() produced it (priority -i: the first
-layers, needed first by the next forward pass, go first) with
-``pushpull_async``: the push asks for the new value back, so both directions
-of the exchange overlap the rest of the backward pass. backward() no longer
-reads a parameter once its gradient is accumulated, so the new value may
-land in it before step() returns: read parameters after step(), as with
-Horovod's gradients. One backward per step with hooks on; for gradient
+layers, needed first by the next forward pass, go first; a packed key once
+its last parameter's gradient is there) with ``pushpull_async``: the push
+asks for the new value back, so both directions of the exchange overlap the
+rest of the backward pass. backward() no longer reads a parameter once its
+gradient is accumulated, so the new value may land in it before step()
+returns (a packed key's is copied in by step()): read parameters after
+step(), as with Horovod's gradients. One backward per step with hooks on; for gradient
 accumulation pass ``push_from_hooks=False``.
 
 Parameters must be float32, contiguous, CPU tensors. Thread safety: one
