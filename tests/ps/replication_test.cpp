@@ -61,7 +61,7 @@ class HoldingResponder : public ServerResponder {
     std::lock_guard lock(mu_);
     auto& r = replies_.at(id);
     std::vector<float> f(r.second.size() / 4);
-    std::memcpy(f.data(), r.second.data(), f.size() * 4);
+    if (!f.empty()) std::memcpy(f.data(), r.second.data(), f.size() * 4);  // empty: no pointer
     return {r.first, f};
   }
   ReplicaState state(size_t i) {

@@ -491,7 +491,7 @@ TEST(Server, AValueItsBackupHoldsInPlaceIsNotReusedUntilReleased) {
     std::fill(v.begin(), v.end(), static_cast<float>(round));
     ASSERT_EQ(job.worker_wait(job.worker_send(header(msg::kPush, key, 0, n), bytes_of(v))).type,
               msg::kReply);
-    const auto& last = job.pinned().back();
+    const auto last = job.pinned().back();  // a copy: pinned() returns a temporary
     reused = freed.count({last.ref.fd, last.ref.offset}) > 0;
     EXPECT_TRUE(holds(pinned.back(), 4.0f)) << "round " << round;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
