@@ -73,6 +73,26 @@ Status decode_replica_meta(std::span<const std::byte> in, int max_workers, Repli
   return Status::ok();
 }
 
+std::vector<std::byte> encode_lent_replica(const net::LendRef& ref, const ReplicaState& s) {
+  std::vector<std::byte> out = net::encode_lend_ref(ref);
+  std::vector<std::byte> meta = encode_replica_meta(s);
+  out.insert(out.end(), meta.begin(), meta.end());
+  return out;
+}
+
+Status decode_lent_replica(std::span<const std::byte> in, int max_workers, net::LendRef* ref,
+                           ReplicaState* s) {
+  if (in.size() < net::kLendRefBytes)
+    return Status(ErrorCode::kProtocolError,
+                  fmt::format("lent replica of {} bytes: shorter than its reference", in.size()));
+  net::LendRef r;
+  if (Status st = net::decode_lend_ref(in.first(net::kLendRefBytes), &r); !st) return st;
+  if (Status st = decode_replica_meta(in.subspan(net::kLendRefBytes), max_workers, s); !st)
+    return st;
+  *ref = r;
+  return Status::ok();
+}
+
 std::vector<std::byte> encode_ranges(const std::vector<Range>& ranges) {
   net::Writer w;
   w.reserve(ranges.size() * kRangeBytes);

@@ -66,6 +66,7 @@
 #include <string_view>
 #include <vector>
 
+#include "net/lend.h"
 #include "net/message.h"
 #include "ps/server_store.h"
 
@@ -147,6 +148,13 @@ Status decode_init(std::span<const std::byte> in, std::string* name,
 // Decoding refuses more than `max_workers` workers.
 std::vector<std::byte> encode_replica_meta(const ReplicaState& s);
 Status decode_replica_meta(std::span<const std::byte> in, int max_workers, ReplicaState* s);
+
+// kReplicaValue payload with kFlagLent | kFlagWithMeta: the lent value's
+// reference (net::kLendRefBytes), then its kReplicaMeta payload. Decoding
+// checks both (net::decode_lend_ref, decode_replica_meta).
+std::vector<std::byte> encode_lent_replica(const net::LendRef& ref, const ReplicaState& s);
+Status decode_lent_replica(std::span<const std::byte> in, int max_workers, net::LendRef* ref,
+                           ReplicaState* s);
 
 // kPull payload. Decoding rejects negative ranges and begin + count
 // overflowing int64; whether a range lies inside the value is the store's check.

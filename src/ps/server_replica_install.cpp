@@ -50,15 +50,15 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
     node_.transport().send_copy(m.conn, err, why.data(), why.size());
   };
   ReplicaState state;
-  std::span<const std::byte> body{m.payload.data(), m.payload.size()};
-  if (h.flags & msg::kFlagWithMeta) {
+  net::LendRef ref;
+  const bool with_meta = (h.flags & msg::kFlagWithMeta) != 0;
+  if (with_meta) {
     // Lent, with its metadata behind the reference (no kReplicaMeta).
-    Status st =
-        (h.flags & msg::kFlagLent) && body.size() >= net::kLendRefBytes
-            ? decode_replica_meta(body.subspan(net::kLendRefBytes), node_.num_workers(), &state)
-            : Status(ErrorCode::kProtocolError, "not a lent reference and metadata");
+    Status st = (h.flags & msg::kFlagLent)
+                    ? decode_lent_replica({m.payload.data(), m.payload.size()}, node_.num_workers(),
+                                          &ref, &state)
+                    : Status(ErrorCode::kProtocolError, "metadata without a lent reference");
     if (!st) return refuse(fmt::format("replica {}: {}", h.request_id, st.message()));
-    body = body.first(net::kLendRefBytes);
   } else {
     std::lock_guard lock(repl_mu_);
     auto it = incoming_meta_.find({from.rank, h.request_id});
@@ -71,14 +71,14 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
   auto dtype = static_cast<DType>(h.dtype);
   net::Header ack{.type = msg::kReply, .request_id = h.request_id, .key = h.key};
   const bool lent = (h.flags & msg::kFlagLent) != 0;
-  // The value's bytes: the payload itself, or the lent range it names.
-  net::LendRef ref;
+  // The value's bytes: the payload itself, or the lent range it names
+  // (decoded above when the metadata came with it).
   Status valid;
   if (!dtype_ok || h.length > static_cast<uint64_t>(INT64_MAX) / 8 ||
       h.offset > static_cast<uint64_t>(INT64_MAX)) {
     valid = {ErrorCode::kProtocolError, "bad dtype or size"};
   } else if (lent) {
-    valid = net::decode_lend_ref(body, &ref);
+    if (!with_meta) valid = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
     if (valid && ref.bytes != h.length * dtype_size(dtype))
       valid = {ErrorCode::kProtocolError, "lent range is not the value's size"};
     // The bound a value sent by value has (the transport's message limit):

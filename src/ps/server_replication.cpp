@@ -87,7 +87,6 @@ void Server::send_replica_to(uint64_t id, const PartId& part,
                              const std::shared_ptr<const ReplicaState>& state, int b,
                              const net::LendRef* lend) {
   const ArrayView& v = state->value.view;
-  std::vector<std::byte> meta = encode_replica_meta(*state);
   net::Header h{.type = msg::kReplicaMeta,
                 .request_id = id,
                 .key = part.key,
@@ -108,15 +107,14 @@ void Server::send_replica_to(uint64_t id, const PartId& part,
   };
   if (lend) {
     // One message: the reference, then the metadata (both small).
-    auto payload = std::make_shared<std::vector<std::byte>>(net::encode_lend_ref(*lend));
-    payload->insert(payload->end(), meta.begin(), meta.end());
+    auto payload = std::make_shared<std::vector<std::byte>>(encode_lent_replica(*lend, *state));
     h.type = msg::kReplicaValue;
     h.flags = msg::kFlagLent | msg::kFlagWithMeta;
     node_.send(Role::kServer, b, h, payload->data(), payload->size(),
                [payload, on_sent](const Status& s) { on_sent(s); });
     return;
   }
-  auto bytes = std::make_shared<std::vector<std::byte>>(std::move(meta));
+  auto bytes = std::make_shared<std::vector<std::byte>>(encode_replica_meta(*state));
   node_.send(Role::kServer, b, h, bytes->data(), bytes->size(),
              [bytes, on_sent](const Status& s) { on_sent(s); });
   h.type = msg::kReplicaValue;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the parameter-server payloads (ps/protocol.h): init (name +
-// value) and pull ranges. What decodes lies inside the input.
+// value), pull ranges, replica metadata and a lent replica with its
+// metadata. What decodes lies inside the input and encodes back to it.
 #include "fuzz_input.h"
 #include "ps/protocol.h"
 
@@ -8,7 +9,7 @@ using namespace pushpull::ps;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto [sel, in] = pushpull::fuzz::split(data, size);
-  switch (sel % 2) {
+  switch (sel % 4) {
     case 0: {
       std::string name;
       std::span<const std::byte> value;
@@ -17,6 +18,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             value.empty() ||
             (value.data() >= in.data() && value.data() + value.size() <= in.data() + in.size()));
         pushpull::fuzz::require(name.size() <= in.size());
+      }
+      break;
+    }
+    case 2: {
+      ReplicaState st;
+      if (decode_replica_meta(in, 8, &st).is_ok()) {
+        pushpull::fuzz::require(st.applied_seq.size() <= 8);
+        pushpull::fuzz::require(encode_replica_meta(st).size() == in.size());
+      }
+      break;
+    }
+    case 3: {
+      pushpull::net::LendRef ref;
+      ReplicaState st;
+      if (decode_lent_replica(in, 8, &ref, &st).is_ok()) {
+        pushpull::fuzz::require(ref.offset <= ref.block_bytes &&
+                                ref.bytes <= ref.block_bytes - ref.offset);
+        pushpull::fuzz::require(encode_lent_replica(ref, st).size() == in.size());
       }
       break;
     }

@@ -8,7 +8,8 @@
 //
 // Input: byte 0 picks 1 or 2 workers, then records
 //   u8 op, u8 worker, u8 dtype, u8 flags, u64 key, i64 offset, i64 length,
-//   u16 payload size, payload.
+//   u16 payload size, payload. A push's flags: bit 0 compressed, bit 5
+//   (kFlagPullBack) answered with the value.
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -67,6 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         store.init(meta, part, name, Payload{view, owner});
       } else if (op == 1) {
         const bool compressed = flags & 1;
+        meta.pull_back = (flags & msg::kFlagPullBack) != 0;  // a pushpull: answered with the value
         if (!compressed && owner->size() % elem != 0) continue;
         const auto count = static_cast<int64_t>(compressed ? owner->size() : owner->size() / elem);
         ArrayView view(owner->data(), compressed ? DType::kUInt8 : dtype, Shape{count});

@@ -101,6 +101,14 @@ void ps_seeds(const fs::path& root) {
   ps.add(0, ps::encode_init("", {}));
   ps.add(1, ps::encode_ranges({{0, 10}, {20, 5}}));
   ps.add(1, ps::encode_ranges({}));
+  ps::ReplicaState st;
+  st.name = "weight";
+  st.home = 1;
+  st.applied_seq = {3, 4};
+  st.optimizer_states = "momentum";
+  ps.add(2, ps::encode_replica_meta(st));
+  net::LendRef ref{.pid = 42, .fd = 7, .block_bytes = 1 << 20, .offset = 4096, .bytes = 4000};
+  ps.add(3, ps::encode_lent_replica(ref, st));
 }
 
 // One request record of fuzz_ps_store.
@@ -122,6 +130,7 @@ void ps_store_seeds(const fs::path& root) {
     for (uint8_t k = 0; k <= workers; ++k)
       ps_record(w, 1, k, DType::kFloat32, 0, 1, 0, 4, grad);
     ps_record(w, 1, 0, DType::kFloat32, 1, 1, 0, 4, words);
+    ps_record(w, 1, 0, DType::kFloat32, ps::msg::kFlagPullBack, 1, 0, 4, grad);  // a pushpull
     ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, {});
     ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, ps::encode_ranges({{1, 2}}));
     st.add(workers, w.data());
