@@ -10,7 +10,6 @@ rank killed during DDP training.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ if importlib.util.find_spec('pushpull._pushpull_torch_pg') is None:  # built wit
                 allow_module_level=True)
 import pushpull.torch.distributed as ppd  # noqa: E402  (an ABI mismatch fails here, loudly)
 
-from torch_launch import HERE
+from torch_launch import HERE, unused_port
 
 WORKER = str(HERE / 'torch_pg_worker.py')
 
@@ -42,9 +41,7 @@ def test_import_registers_the_backend():
 
 def test_world_of_one_in_process():
     import torch.distributed as dist
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
+    port = unused_port()
     dist.init_process_group('pushpull', init_method=f'tcp://127.0.0.1:{port}', rank=0,
                             world_size=1)
     try:
@@ -105,18 +102,12 @@ def test_an_operation_some_rank_never_calls_times_out():
     assert 'PASS timeout rank 0 of 2' in out and 'PASS timeout rank 1 of 2' in out, out
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def spawn_torchrun_style(n, args, extra_env=None):
     """n processes with torchrun's variables (no launcher, no job secret:
     loopback only). Each in its own process group."""
     import pushpull
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(pushpull.__file__)))
-    port = free_port()
+    port = unused_port()
     procs = []
     for r in range(n):
         env = dict(os.environ)

@@ -9,13 +9,35 @@ its workers, then that process group gets SIGKILL.
 
 import os
 import pathlib
+import random
 import signal
+import socket
 import subprocess
 import sys
 
 import pushpull._pushpull as _ext
 
 HERE = pathlib.Path(__file__).resolve().parent
+
+
+def unused_port():
+    """A port free on 127.0.0.1 now, for a listener a job binds later: below
+    the kernel's ephemeral range when it can, so no connect() on the machine
+    takes it as its source port meanwhile (as the launcher picks its ports)."""
+    try:
+        with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = [random.randrange(10000, low) for _ in range(64)] if low > 11000 else []
+    for port in candidates + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError('no free port on 127.0.0.1')
 
 
 def launcher():

@@ -15,6 +15,7 @@
 
 #include "collective/shm_data_transport.h"
 #include "net/address.h"
+#include "net/socket.h"
 #include "net/transport.h"
 #include "pushpull/elastic.h"
 #include "pushpull/log.h"
@@ -212,26 +213,6 @@ Slot& slot() {
   return s;
 }
 
-// A free TCP port on `host` now (the mesh binds it a moment later; the
-// round's book must name it before the mesh, whose rank it fixes, exists).
-int free_port(const std::string& host) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw IoError("elastic: socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = 0;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  (void)host;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    throw IoError("elastic: cannot find a free port for the mesh");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -282,7 +263,9 @@ Bootstrapped bootstrap_elastic(const Options& o) {
     host = "127.0.0.1";
   else
     host = net::choose_host(o.net);
-  const int port = free_port(host);
+  // Free now; the mesh binds it a moment later (the round's book must name it
+  // before the mesh, whose rank it fixes, exists).
+  const int port = net::pick_unused_port("");
   Assignment a = client->join(host, port, o.collective.elastic_timeout);
   PP_INFO("elastic: worker {} is rank {} of {} in round {}", cfg->worker_id, a.rank, a.size(),
           a.round);

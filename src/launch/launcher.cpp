@@ -18,6 +18,7 @@
 
 #include "launch/commands.h"
 #include "launch/supervisor.h"
+#include "net/socket.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 
@@ -79,15 +80,17 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
     auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers);
     rv.master_addr =
         cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[size_t(cfg.num_servers)]].host;
-    if (!dry_run) rv.master_port = pick_free_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
+    if (!dry_run)
+      rv.master_port = net::pick_unused_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
     return rv;
   }
   // No scheduler: worker 0 binds MASTER_PORT on its own host. The port is
   // free here now; the worker binds it a moment later (see docs/launch.md).
   auto hosts_of = place(cfg.hosts, 0, cfg.num_workers);
   rv.addr = cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[0]].host;
-  rv.port =
-      cfg.port != 0 || dry_run ? cfg.port : pick_free_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
+  rv.port = cfg.port != 0 || dry_run
+                ? cfg.port
+                : net::pick_unused_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
   return rv;
 }
 
@@ -314,11 +317,11 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       std::string bind = cfg.bind_any ? "" : cfg.host_ip;
       rv.port = scheduler->start(cfg.host_ip, bind, cfg.port);
       while (rv.master_port == rv.port)  // never the scheduler's port (docs/launch.md)
-        rv.master_port = pick_free_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
+        rv.master_port = net::pick_unused_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
       PP_INFO("scheduler listening on {}:{}{}", bind.empty() ? "*" : bind, rv.port,
               bind.empty() ? " (PUSHPULL_BIND_ANY=1)" : "");
     } else {
-      if (rv.port == 0) rv.port = pick_free_port(cfg.host_ip);
+      if (rv.port == 0) rv.port = net::pick_unused_port(cfg.host_ip);
       PP_WARN(
           "this build has no embedded scheduler (the cluster layer is not linked): nothing "
           "listens on {}:{}; the processes must not need a scheduler",

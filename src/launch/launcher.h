@@ -48,9 +48,6 @@ void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv
 // start. Its last log line names the root cause ("job failed: ...").
 int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
 
-// A free TCP port on `addr` at the time of the call (bound to port 0, read,
-// released). Throws IoError.
-int pick_free_port(const std::string& addr);
 // This host's first non-loopback IPv4 address, else "127.0.0.1".
 std::string first_ipv4_address();
 // The IPv4 address of network interface `name`, if it has one.

@@ -17,25 +17,6 @@
 
 namespace pushpull::launch {
 
-int pick_free_port(const std::string& addr) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw IoError(fmt::format("socket: {}", std::strerror(errno)));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = 0;
-  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof sa;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    int err = errno;
-    close(fd);
-    throw IoError(
-        fmt::format("cannot find a free port on {}: {} (pass --port)", addr, std::strerror(err)));
-  }
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 std::string first_ipv4_address() {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return "127.0.0.1";

@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <random>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -170,8 +173,69 @@ Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::st
       return {};
     }
   }
+  if (is_self_connection(fd.get())) {
+    // Nothing listened on a loopback port inside the ephemeral range, and the
+    // kernel picked that very port as our source: TCP's simultaneous open
+    // connected the socket to itself. It would hold the port the listener is
+    // about to bind and read back its own hello; drop it and let the caller
+    // retry.
+    *error = "connected to itself (nothing listens there yet)";
+    return {};
+  }
   set_nonblocking(fd.get(), false);
   return fd;
+}
+
+bool is_self_connection(int fd) {
+  SockAddr local, peer;
+  local.len = peer.len = sizeof local.storage;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local.storage), &local.len) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer.storage), &peer.len) != 0)
+    return false;
+  return local.len == peer.len && local.port() == peer.port() &&
+         local.to_string() == peer.to_string();
+}
+
+namespace {
+// The kernel's ephemeral port range (connect()'s source ports).
+std::pair<int, int> ephemeral_port_range() {
+  std::pair<int, int> range{32768, 60999};
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int lo = 0, hi = 0;
+    if (std::fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 0 && hi >= lo) range = {lo, hi};
+    std::fclose(f);
+  }
+  return range;
+}
+
+// Binds a probe socket to host:port; returns the port bound (0: failed).
+int probe_bind(const std::string& host, int port) {
+  SockAddr addr;
+  try {
+    addr = resolve(host.empty() ? "0.0.0.0" : host, port);
+  } catch (const std::exception&) {
+    addr = resolve("0.0.0.0", port);
+  }
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return 0;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) != 0) return 0;
+  return local_port(fd.get());
+}
+}  // namespace
+
+int pick_unused_port(const std::string& host) {
+  const auto [lo, hi] = ephemeral_port_range();
+  constexpr int kLowest = 10000;
+  if (lo > kLowest + 1000) {
+    std::random_device seed;
+    std::mt19937 rng(seed());
+    std::uniform_int_distribution<int> pick(kLowest, lo - 1);
+    for (int attempt = 0; attempt < 64; ++attempt)
+      if (int port = probe_bind(host, pick(rng)); port != 0) return port;
+  }
+  if (int port = probe_bind(host, 0); port != 0) return port;
+  throw IoError(
+      fmt::format("cannot find a free port on {} (pass --port)", host.empty() ? "*" : host));
 }
 
 namespace {

@@ -95,7 +95,20 @@ int auto_socket_buffer_bytes(int data_peers);
 
 // Connects once to `addr`, waiting at most `timeout`. Returns an invalid Fd
 // and fills *error on failure (so callers can retry); the socket is blocking.
+// A socket connected to itself (see connect_once) is refused like a failed
+// connect.
 Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::string* error);
+// Whether a connected socket's peer is the socket itself: a connect() to a
+// loopback port in the ephemeral range that nothing listens on can pick that
+// port as its source and complete by TCP's simultaneous open.
+bool is_self_connection(int fd);
+
+// A TCP port that is free on `host` now, for a listener another process binds
+// a moment later (a rendezvous port handed out by the launcher). Preferably
+// below the kernel's ephemeral range, so no connect() anywhere on the machine
+// takes it as its source port in the meantime; the kernel's choice otherwise.
+// Throws IoError when no port can be bound.
+int pick_unused_port(const std::string& host);
 
 // Blocking full-buffer I/O with a deadline (handshakes only). Return false and
 // fill *error on timeout, EOF or error.
