@@ -22,6 +22,7 @@ attack. Every process started here is stopped on exit, even on failure.
 import argparse
 import ctypes
 import os
+import random
 import resource
 import secrets
 import signal
@@ -41,9 +42,22 @@ FD_LIMIT = 256  # the job's RLIMIT_NOFILE in the explicit-secret runs
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, below the ephemeral range when it can be
+    (as the launcher picks its ports): no connect() takes it meanwhile."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = [random.randrange(10000, low) for _ in range(64)] if low > 11000 else []
+    for port in candidates + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port on 127.0.0.1")
 
 
 class CaptureProxy:

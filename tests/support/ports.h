@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// A free TCP port on loopback (bind to port 0, read it back, close). Racy by
-// nature: prefer letting the code under test bind port 0 where it can.
+// A free TCP port on loopback (net::pick_unused_port: below the ephemeral
+// range, bound, read back, released). Still racy by nature: prefer letting
+// the code under test bind port 0 where it can.
 #pragma once
 
 namespace pushpull::test {
