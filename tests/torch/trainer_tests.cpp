@@ -86,8 +86,10 @@ std::vector<torch::Tensor> reference_weights(int shards) {
 // One worker of the job: `devices` replicas with different initial weights
 // (init must make them rank 0's replica 0, i.e. make_model(1)), each running
 // its shard in its own thread. Returns every replica's final weights.
+// pack: the default packing (this model's four parameters are all small: one
+// key); otherwise one key per parameter.
 std::vector<std::vector<torch::Tensor>> run_worker(KVStore& kv, int devices, int shards,
-                                                   bool update_on_kvstore) {
+                                                   bool update_on_kvstore, bool pack) {
   const int rank = kv.rank();
   std::vector<torch::nn::Sequential> models;
   std::vector<pushpull::torch::ParameterList> params;
@@ -96,8 +98,12 @@ std::vector<std::vector<torch::Tensor>> run_worker(KVStore& kv, int devices, int
     params.push_back(models.back()->parameters());
   }
   const Data data = make_data(shards);
+  TrainerOptions options{.update_on_kvstore = update_on_kvstore};
+  if (!pack) options.fuse_below = 0;
   Trainer trainer(params, OptimizerSpec::parse("sgd:learning_rate=" + std::to_string(kLr)), kv,
-                  update_on_kvstore);
+                  options);
+  if (trainer.keys().size() != (pack ? 1 : params[0].size()))
+    throw pushpull::InvalidArgument("unexpected keys: " + std::to_string(trainer.keys().size()));
   trainer.init();
   ReplicaRunner runner(devices);
   for (int s = 0; s < kSteps; ++s) {
@@ -164,6 +170,7 @@ struct EqSetup {
   int workers;
   int devices;
   bool update_on_kvstore;
+  bool pack = true;  // TrainerOptions' default packing, else fuse_below = 0
 };
 
 std::string setup_name(const testing::TestParamInfo<EqSetup>& info) {
@@ -172,7 +179,8 @@ std::string setup_name(const testing::TestParamInfo<EqSetup>& info) {
                   : s.procs == Procs::kChild  ? "child"
                                               : "launched";
   return std::string(s.kvstore) + "_" + p + "_" + std::to_string(s.workers) + "x" +
-         std::to_string(s.devices) + (s.update_on_kvstore ? "_store_update" : "_local_update");
+         std::to_string(s.devices) + (s.update_on_kvstore ? "_store_update" : "_local_update") +
+         (s.pack ? "" : "_unpacked");
 }
 
 class Equivalence : public testing::TestWithParam<EqSetup> {};
@@ -184,7 +192,7 @@ TEST_P(Equivalence, MatchesOneProcessOnTheUnionBatch) {
   if (s.procs == Procs::kOneStore) {
     ASSERT_EQ(s.workers, 1) << "one store holds one worker";
     auto kv = pushpull::create_kvstore(s.kvstore);
-    auto replicas = run_worker(*kv, s.devices, shards, s.update_on_kvstore);
+    auto replicas = run_worker(*kv, s.devices, shards, s.update_on_kvstore, s.pack);
     for (size_t d = 0; d < replicas.size(); ++d) {
       expect_close(replicas[d], ref, "replica " + std::to_string(d));
     }
@@ -204,6 +212,8 @@ TEST_P(Equivalence, MatchesOneProcessOnTheUnionBatch) {
                                      std::to_string(shards),
                                      "--update-on-kvstore",
                                      s.update_on_kvstore ? "1" : "0",
+                                     "--pack",
+                                     s.pack ? "1" : "0",
                                      "--out-dir",
                                      dir.string()};
   std::vector<std::string> argv;
@@ -244,7 +254,11 @@ INSTANTIATE_TEST_SUITE_P(
                     EqSetup{"dist_sync", Procs::kLaunched, 2, 2, true},
                     EqSetup{"dist_device_sync", Procs::kLaunched, 2, 2, false},
                     EqSetup{"dist_sync_allreduce", Procs::kLaunched, 2, 1, false},
-                    EqSetup{"dist_sync_allreduce", Procs::kLaunched, 3, 1, true}),
+                    EqSetup{"dist_sync_allreduce", Procs::kLaunched, 3, 1, true},
+                    EqSetup{"local", Procs::kOneStore, 1, 2, true, false},
+                    EqSetup{"local", Procs::kOneStore, 1, 3, false, false},
+                    EqSetup{"dist_sync", Procs::kLaunched, 2, 2, true, false},
+                    EqSetup{"dist_sync", Procs::kLaunched, 3, 1, false, false}),
     setup_name);
 
 // The equivalence worker: trains like run_worker and writes replica 0's
@@ -253,17 +267,18 @@ int equivalence_worker(int argc, char** argv) {
   CLI::App app("torch_trainer_test equivalence worker");
   std::string type = "local", out_dir;
   int devices = 1, shards = 1;
-  bool update_on_kvstore = true, unused = false;
+  bool update_on_kvstore = true, pack = true, unused = false;
   app.add_flag("--equivalence-worker", unused);
   app.add_option("--kvstore", type);
   app.add_option("--devices", devices);
   app.add_option("--shards", shards);
   app.add_option("--update-on-kvstore", update_on_kvstore);
+  app.add_option("--pack", pack);
   app.add_option("--out-dir", out_dir)->required();
   CLI11_PARSE(app, argc, argv);
   try {
     auto kv = pushpull::create_kvstore(type, pushpull::Options::from_env());
-    auto replicas = run_worker(*kv, devices, shards, update_on_kvstore);
+    auto replicas = run_worker(*kv, devices, shards, update_on_kvstore, pack);
     for (size_t d = 1; d < replicas.size(); ++d) {
       for (size_t i = 0; i < replicas[0].size(); ++i) {
         if (!torch::equal(replicas[d][i], replicas[0][i])) {
@@ -283,6 +298,16 @@ int equivalence_worker(int argc, char** argv) {
 
 // ---- Hooks, stats, init ----
 
+template <typename F>
+void expect_invalid(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no InvalidArgument (expected one mentioning '" << needle << "')";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, InitMakesEveryReplicaStartFromReplicaZero) {
   auto kv = pushpull::create_kvstore("local");
   auto m0 = make_model(1), m1 = make_model(2);
@@ -296,6 +321,60 @@ TEST(Trainer, InitMakesEveryReplicaStartFromReplicaZero) {
   EXPECT_EQ(trainer.num_parameters(), w0.size());
 }
 
+// Parameters of 40, 40, 4000 and 40 bytes, packing below 4000: the small ones
+// go in order into keys of their first parameter; an exact SGD step either way.
+TEST(Trainer, PacksSmallParametersInOrderUnderTheirFirstKey) {
+  auto make_params = [] {
+    std::vector<torch::Tensor> ps;
+    for (int64_t numel : {10, 10, 1000, 10})
+      ps.push_back(torch::arange(numel, torch::kFloat).requires_grad_());
+    return ps;
+  };
+  auto keys_of = [&](TrainerOptions o) {
+    auto kv = pushpull::create_kvstore("local");
+    Trainer t(Replicas{make_params()}, OptimizerSpec::parse("sgd"), *kv, o);
+    std::vector<int64_t> ks;
+    for (const auto& k : t.keys())
+      ks.push_back(k.as_int());
+    return ks;
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(keys_of({.fuse_below = 4000}), (V{0, 2}));
+  EXPECT_EQ(keys_of({.fuse_below = 4000, .bucket_bytes = 80}), (V{0, 2, 3}));
+  EXPECT_EQ(keys_of({.fuse_below = 0}), (V{0, 1, 2, 3}));
+  EXPECT_EQ(keys_of({.key_base = 10, .fuse_below = 4000}), (V{10, 12}));
+  EXPECT_EQ(keys_of({}), (V{0}));  // all under the 256 KiB default, one 1 MiB bucket
+
+  for (bool on_store : {true, false}) {
+    auto kv = pushpull::create_kvstore("local");
+    auto ps = make_params();
+    Trainer trainer(Replicas{ps}, OptimizerSpec::parse("sgd:learning_rate=0.5"), *kv,
+                    {.update_on_kvstore = on_store, .key_base = 10, .fuse_below = 4000});
+    for (int step = 0; step < 3; ++step) {  // the first from step(), then from hooks
+      torch::Tensor loss = torch::zeros({});
+      for (size_t i = 0; i < ps.size(); ++i)
+        loss = loss + (ps[i] * static_cast<double>(i + 1)).sum();
+      loss.backward();
+      trainer.step(2);  // rescale_grad 1/2: each step moves p_i by 0.25 (i + 1)
+      for (auto& p : ps)
+        p.mutable_grad().zero_();
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto want = torch::arange(ps[i].numel(), torch::kFloat) - 3 * 0.25 * double(i + 1);
+      EXPECT_TRUE(torch::allclose(ps[i].detach(), want))
+          << "parameter " << i << (on_store ? ", store update" : ", local update");
+    }
+    EXPECT_EQ(trainer.stats().hook_pushes, 2 * 2);  // 2 keys, steps 2 and 3
+  }
+  auto kv = pushpull::create_kvstore("local");
+  expect_invalid(
+      [&] {
+        Trainer(Replicas{make_params()}, OptimizerSpec::parse("sgd"), *kv,
+                TrainerOptions{.fuse_below = -1});
+      },
+      "fuse_below");
+}
+
 TEST(Trainer, PushesFromHooksAfterTheFirstStep) {
   auto kv = pushpull::create_kvstore("local");
   auto m = make_model(1);
@@ -307,10 +386,11 @@ TEST(Trainer, PushesFromHooksAfterTheFirstStep) {
     m->zero_grad();
   }
   const auto st = trainer.stats();
-  const auto n = static_cast<int64_t>(trainer.num_parameters());
+  const auto n = static_cast<int64_t>(trainer.keys().size());
+  EXPECT_EQ(n, 1);  // the model's four small parameters, packed
   EXPECT_EQ(st.steps, 3);
   EXPECT_EQ(st.step_pushes, n);      // the first step (the store's optimizer is set there)
-  EXPECT_EQ(st.hook_pushes, 2 * n);  // then every gradient as soon as it was ready
+  EXPECT_EQ(st.hook_pushes, 2 * n);  // then every key as soon as its gradients were ready
   EXPECT_GE(st.wait_seconds, 0.0);
 }
 
@@ -351,16 +431,6 @@ TEST(Trainer, AccumulatesOverSeveralBackwardsWithoutHooks) {
 
 // ---- Error cases ----
 
-template <typename F>
-void expect_invalid(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no InvalidArgument (expected one mentioning '" << needle << "')";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(TrainerErrors, RejectsBadParameters) {
   auto kv = pushpull::create_kvstore("local");
   auto sgd = OptimizerSpec::parse("sgd");
@@ -386,7 +456,7 @@ TEST(TrainerErrors, RejectsMissingAndBadGradients) {
   auto unused = torch::ones({2}).requires_grad_();
   Trainer trainer(std::vector<torch::Tensor>{used, unused}, OptimizerSpec::parse("sgd"), *kv);
   (used * 3).sum().backward();
-  expect_invalid([&] { trainer.step(1); }, "parameter 1 (key 1) of replica 0");
+  expect_invalid([&] { trainer.step(1); }, "parameter 1 (packed in key 0) of replica 0");
   expect_invalid([&] { trainer.step(0); }, "batch_size");
   unused.mutable_grad() = torch::zeros({2}, torch::kDouble);
   expect_invalid([&] { trainer.step(1); }, "float32");

@@ -15,9 +15,15 @@
 //
 // Model: one replica of the model per device of this worker (replicas[d][i] is
 // parameter i on device d; every replica lists the same shapes in the same
-// order). Parameter i is key `key_base + i` in the store. init() stores
-// replica 0's values (the store keeps rank 0's: "worker 0 wins") and pulls
-// them into every replica of every worker, so all replicas start identical.
+// order). Parameter i is key `key_base + i` in the store, except that
+// parameters under `fuse_below` bytes (256 KiB) are packed, in order, into flat
+// keys of up to `bucket_bytes` (1 MiB), each under the key of its first
+// parameter: one message instead of one per bias or norm, as DDP packs its
+// gradients into buckets (the pushpull optimizers are elementwise, so the
+// update is the same). keys() lists the keys used; fuse_below = 0 gives
+// every parameter its own key. init() stores replica 0's values (the store
+// keeps rank 0's: "worker 0 wins") and pulls them into every replica of every
+// worker, so all replicas start identical.
 //
 // step(batch_size): every gradient is pushed as the key's ArrayList (one per
 // replica: the store sums them, then sums across workers), with priority -i,
@@ -37,15 +43,17 @@
 // right behind it (pushpull_async), so both directions overlap the rest of the
 // backward pass; step() then pushes only what is left and waits. The new
 // value may therefore land in a parameter before step() returns (backward no
-// longer reads it by then): read parameters after step(). The first step pushes everything from
+// longer reads it by then): read parameters after step(). A packed key is
+// pushed once the last of its parameters has its gradients (copied into the
+// key's flat buffer); its result is copied back in step(). The first step pushes everything from
 // step(), because the store gets its optimizer (whose scale needs batch_size) there. A parameter
 // may get one gradient per replica between two steps: for gradient accumulation over several
 // backward passes, set push_from_hooks = false.
 //
 // Tensors: defined, float32, contiguous, on the CPU, at most 8 dimensions, and
 // requiring grad; their gradients the same. They cross into the store as
-// ArrayViews over data_ptr (no copy), so a pushed gradient must not change, and
-// a weight must not be read, until step() returns.
+// ArrayViews over data_ptr (no copy; a packed key's are copied), so a pushed
+// gradient must not change, and a weight must not be read, until step() returns.
 //
 // Errors: InvalidArgument naming the parameter (index, replica, shape, what is
 // wrong and what to do) for bad tensors, a parameter without a gradient at
@@ -84,6 +92,10 @@ struct TrainerOptions {
   int64_t key_base = 0;
   // Multiplies rescale_grad (Gluon's `scale`).
   double scale = 1.0;
+  // Parameters of fewer bytes are packed into flat keys of at most
+  // bucket_bytes (see above); 0: no packing.
+  int64_t fuse_below = 256 << 10;
+  int64_t bucket_bytes = 1 << 20;
 };
 
 class Trainer {
@@ -111,13 +123,16 @@ class Trainer {
   void step(int64_t batch_size);
 
   size_t num_parameters() const;
+  // The store keys this Trainer uses, ascending (one per packed group or
+  // unpacked parameter).
+  std::vector<Key> keys() const;
   int num_devices() const;
   bool update_on_kvstore() const;
   KVStore& kvstore() const;
 
   struct Stats {
     int64_t steps = 0;
-    // Gradients pushed from hooks during backward / from step().
+    // Keys pushed from hooks during backward / from step().
     int64_t hook_pushes = 0;
     int64_t step_pushes = 0;
     // Time step() spent waiting for the store (communication not hidden by
