@@ -47,6 +47,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,8 +114,17 @@ class DistStore final : public KVStore {
     std::mutex seq_mu;               // guards push_seq
     std::vector<uint64_t> push_seq;  // per slice: pushes sent (the next one's number - 1)
   };
-  struct Pending;
   using OnData = std::function<void(const std::byte* data, size_t n)>;
+  // A request sent and not answered yet (pending_).
+  struct Pending {
+    std::shared_ptr<Completion> done;
+    int server = 0;
+    std::optional<net::RecvMatch> posted;
+    OnData on_data;
+    bool command = false;
+    // Sends this request again (a new request id) to the current primary.
+    std::function<void()> resend;
+  };
 
   KeyInfo& info(const char* op, const Key& key) const;
   std::vector<KeyInfo*> infos(const char* op, const std::vector<Key>& keys, size_t lists) const;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The DistStore's control operations: commands to every server (mode,
 // optimizer, states) and gradient compression settings. The data path (init,
-// push, pull) is in dist_store.cpp.
+// push, pull) is in dist_store_data.cpp.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
