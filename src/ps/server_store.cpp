@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
+// ServerStore's rounds: init, pushes, applying a round and publishing it to
+// the backups. Pulls are in server_store_pull.cpp, the control commands in
+// server_store_control.cpp, rejoins and replicas in server_store_recovery.cpp.
 #include "ps/server_store.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <utility>
@@ -15,7 +17,6 @@
 #include "ps/checkpoint.h"
 #include "ps/protocol.h"
 #include "ps/server_store_entry.h"
-#include "pushpull/checked.h"
 #include "pushpull/kernels.h"
 #include "pushpull/log.h"
 
@@ -385,201 +386,6 @@ void ServerStore::acknowledge_push(Entry& e, const RequestMeta& m, const Status&
   // Answered by answer_ready_pulls right after the round's acknowledgements,
   // behind this worker's pulls that were already waiting.
   e.waiting.push_back({m, {}, e.applied[m.worker]});
-}
-
-void ServerStore::answer_ready_pulls(Entry& e) {
-  if (e.replicating) return;
-  auto waiting = std::move(e.waiting);
-  e.waiting.clear();
-  for (auto& w : waiting) {
-    if (e.applied[w.meta.worker] >= w.needs_applied) {
-      answer_pull(e, w.meta, w.ranges);
-    } else {
-      e.waiting.push_back(std::move(w));
-    }
-  }
-}
-
-void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges) {
-  PP_TIMELINE_SPAN(timeline::process_node(), e.name, "PULL_REPLY");  // timeline hook
-  PP_METRIC_ADD(kServerPulls, 1);                                    // metrics hook
-  const ArrayView& v = e.value.view;
-  const size_t esize = dtype_size(v.dtype);
-  auto* base = static_cast<const std::byte*>(v.data);
-  if (ranges.empty()) {
-    // The value itself, kept alive (and unchanged: copy on write) until sent.
-    responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, e.value.owner);
-    return;
-  }
-  // Ranges are distinct rows (the worker deduplicates), so a reply is never
-  // larger than the value: more is a request for unbounded memory.
-  int64_t total = 0;
-  for (const Range& r : ranges)
-    if (r.count < 0 || !checked_add(total, r.count, &total) || total > v.numel())
-      return fail(m, Status(ErrorCode::kInvalidArgument,
-                            fmt::format("pull of key {}: {} ranges ask for more than its {} "
-                                        "elements",
-                                        e.name, ranges.size(), v.numel())));
-  auto gathered = std::make_shared<std::vector<std::byte>>();
-  gathered->reserve(static_cast<size_t>(total) * esize);
-  for (const Range& r : ranges) {
-    if (!range_inside(r.begin, r.count, v.numel()))
-      return fail(m, Status(ErrorCode::kInvalidArgument,
-                            fmt::format("pull of key {}: range (begin {}, count {}) is outside "
-                                        "its {} elements",
-                                        e.name, r.begin, r.count, v.numel())));
-    gathered->insert(gathered->end(), base + r.begin * esize, base + (r.begin + r.count) * esize);
-  }
-  responder_.reply(m, Status::ok(), v.dtype, *gathered, gathered);
-}
-
-void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ranges) {
-  executor_.submit(shard_of(part), [this, m, part, ranges = std::move(ranges)] {
-    Entry* e = find(part);
-    if (!e)
-      return fail(m, Status(ErrorCode::kNotFound,
-                            fmt::format("pull of key id {} that was never initialised", part.key)));
-    if (m.worker < 0 || m.worker >= config_.num_workers)
-      return fail(m, Status(ErrorCode::kInvalidArgument,
-                            fmt::format("pull from unknown worker {}", m.worker)));
-    pull_when_applied(*e, m, ranges);
-  });
-}
-
-void ServerStore::pull_when_applied(Entry& e, const RequestMeta& m, std::vector<Range> ranges) {
-  if (e.applied[m.worker] < e.received[m.worker] || e.replicating) {
-    auto queued =
-        std::count_if(e.waiting.begin(), e.waiting.end(),
-                      [&](const Entry::WaitingPull& w) { return w.meta.worker == m.worker; });
-    if (queued >= config_.max_queued_per_worker)
-      return fail(m, Status(ErrorCode::kProtocolError,
-                            fmt::format("pull of key {}: worker {} already has {} pulls waiting",
-                                        e.name, m.worker, queued)));
-    e.waiting.push_back({m, std::move(ranges), e.received[m.worker]});
-    return;
-  }
-  answer_pull(e, m, ranges);
-}
-
-void ServerStore::rejoin(const RequestMeta& m, PartId part) {
-  executor_.submit(shard_of(part), [this, m, part] {
-    Entry* e = find(part);
-    if (!e)
-      return fail(m, Status(ErrorCode::kNotFound,
-                            fmt::format("rejoin: key id {} was never initialised (a restarted "
-                                        "worker initialises the keys the job has)",
-                                        part.key)));
-    if (m.worker < 0 || m.worker >= config_.num_workers)
-      return fail(m, Status(ErrorCode::kInvalidArgument,
-                            fmt::format("rejoin from unknown worker {}", m.worker)));
-    const int w = m.worker;
-    e->rejoined[w] = 1;
-    // The old process's requests: their ids mean nothing to the replacement.
-    std::erase_if(e->waiting, [&](const Entry::WaitingPull& p) { return p.meta.worker == w; });
-    for (RequestMeta& r : e->round_pushes)
-      if (r.worker == w) r.request_id = 0;
-    for (auto& h : e->held)
-      if (h.meta.worker == w) h.meta.request_id = 0;
-    for (RequestMeta& r : e->init_acks)
-      if (r.worker == w) r.request_id = 0;
-    if (e->replicating) {
-      e->rejoins.push_back(m);
-      return;
-    }
-    answer_rejoin(*e, m);
-  });
-}
-
-void ServerStore::answer_rejoin(Entry& e, const RequestMeta& m) {
-  const int w = m.worker;
-  const ArrayView& v = e.value.view;
-  auto out = std::make_shared<std::vector<std::byte>>(
-      encode_rejoin(e.applied_seq[w], std::max(e.last_seq[w], e.applied_seq[w])));
-  auto* base = static_cast<const std::byte*>(v.data);
-  out->insert(out->end(), base, base + v.nbytes());
-  responder_.reply(m, Status::ok(), v.dtype, *out, out);
-}
-
-bool ServerStore::adopt(Entry& e, const RequestMeta& m, uint64_t seq) {
-  for (size_t i = 0; i < e.round_pushes.size(); ++i)
-    if (e.round_pushes[i].worker == m.worker && e.round_seqs[i] == seq) {
-      e.round_pushes[i] = m;
-      return true;
-    }
-  for (auto& h : e.held)
-    if (h.meta.worker == m.worker && h.seq == seq) {
-      h.meta = m;
-      return true;
-    }
-  return false;
-}
-
-void ServerStore::on_all_threads(std::function<void()> fn) {
-  // Every thread stops at a shared latch; the last to arrive runs fn while the
-  // others wait, so fn sees all earlier work and no later work overtakes it.
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    int arrived = 0;
-    bool done = false;
-  };
-  auto gate = std::make_shared<Gate>();
-  int threads = executor_.num_threads();
-  for (int t = 0; t < threads; ++t) {
-    executor_.submit(static_cast<uint64_t>(t), [gate, threads, fn] {
-      std::unique_lock lock(gate->mu);
-      if (++gate->arrived == threads) {
-        fn();
-        gate->done = true;
-        gate->cv.notify_all();
-      } else {
-        gate->cv.wait(lock, [&] { return gate->done; });
-      }
-    });
-  }
-}
-
-void ServerStore::set_optimizer(const RequestMeta& m, const OptimizerSpec& spec) {
-  std::shared_ptr<Optimizer> opt;
-  try {
-    opt = create_optimizer(spec);
-  } catch (...) {
-    return fail(m, Status::from_current_exception());
-  }
-  on_all_threads([this, m, opt] {
-    {
-      std::lock_guard lock(mu_);
-      optimizer_ = opt;
-    }
-    responder_.reply(m, Status::ok(), DType::kUInt8, {});
-  });
-}
-
-void ServerStore::save_states(const RequestMeta& m) {
-  on_all_threads([this, m] {
-    auto opt = optimizer();
-    if (!opt)
-      return fail(m, Status(ErrorCode::kInvalidArgument,
-                            "save_optimizer_states: no optimizer is set on the servers"));
-    auto bytes = std::make_shared<std::string>(opt->save_states());
-    responder_.reply(m, Status::ok(), DType::kUInt8,
-                     {reinterpret_cast<const std::byte*>(bytes->data()), bytes->size()}, bytes);
-  });
-}
-
-void ServerStore::load_states(const RequestMeta& m, std::string bytes) {
-  on_all_threads([this, m, bytes = std::move(bytes)] {
-    auto opt = optimizer();
-    if (!opt)
-      return fail(m, Status(ErrorCode::kInvalidArgument,
-                            "load_optimizer_states: set the optimizer before loading its states"));
-    try {
-      opt->load_states(bytes, fmt::format("server {}", config_.server_rank));
-    } catch (...) {
-      return fail(m, Status::from_current_exception());
-    }
-    responder_.reply(m, Status::ok(), DType::kUInt8, {});
-  });
 }
 
 }  // namespace pushpull::ps

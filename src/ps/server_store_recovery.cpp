@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // ServerStore's recovery paths (docs/ps.md, "Fault tolerance", "Checkpoints"):
-// installing a primary's replica on a backup, writing this server's ranges
-// every N rounds, and restoring them on --resume.
+// a restarted worker rejoining, installing a primary's replica on a backup,
+// writing this server's ranges every N rounds, and restoring them on --resume.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "ps/checkpoint.h"
@@ -12,6 +14,59 @@
 namespace pushpull::ps {
 
 using namespace server_store_detail;
+
+void ServerStore::rejoin(const RequestMeta& m, PartId part) {
+  executor_.submit(shard_of(part), [this, m, part] {
+    Entry* e = find(part);
+    if (!e)
+      return fail(m, Status(ErrorCode::kNotFound,
+                            fmt::format("rejoin: key id {} was never initialised (a restarted "
+                                        "worker initialises the keys the job has)",
+                                        part.key)));
+    if (m.worker < 0 || m.worker >= config_.num_workers)
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("rejoin from unknown worker {}", m.worker)));
+    const int w = m.worker;
+    e->rejoined[w] = 1;
+    // The old process's requests: their ids mean nothing to the replacement.
+    std::erase_if(e->waiting, [&](const Entry::WaitingPull& p) { return p.meta.worker == w; });
+    for (RequestMeta& r : e->round_pushes)
+      if (r.worker == w) r.request_id = 0;
+    for (auto& h : e->held)
+      if (h.meta.worker == w) h.meta.request_id = 0;
+    for (RequestMeta& r : e->init_acks)
+      if (r.worker == w) r.request_id = 0;
+    if (e->replicating) {
+      e->rejoins.push_back(m);
+      return;
+    }
+    answer_rejoin(*e, m);
+  });
+}
+
+void ServerStore::answer_rejoin(Entry& e, const RequestMeta& m) {
+  const int w = m.worker;
+  const ArrayView& v = e.value.view;
+  auto out = std::make_shared<std::vector<std::byte>>(
+      encode_rejoin(e.applied_seq[w], std::max(e.last_seq[w], e.applied_seq[w])));
+  auto* base = static_cast<const std::byte*>(v.data);
+  out->insert(out->end(), base, base + v.nbytes());
+  responder_.reply(m, Status::ok(), v.dtype, *out, out);
+}
+
+bool ServerStore::adopt(Entry& e, const RequestMeta& m, uint64_t seq) {
+  for (size_t i = 0; i < e.round_pushes.size(); ++i)
+    if (e.round_pushes[i].worker == m.worker && e.round_seqs[i] == seq) {
+      e.round_pushes[i] = m;
+      return true;
+    }
+  for (auto& h : e.held)
+    if (h.meta.worker == m.worker && h.seq == seq) {
+      h.meta = m;
+      return true;
+    }
+  return false;
+}
 
 void ServerStore::install_replica(PartId part, ReplicaState state,
                                   std::function<void(const Status&)> done,

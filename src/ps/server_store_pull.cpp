@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+// ServerStore's pulls: a pull (or a pull-back push's answer) waits until the
+// worker's pushes are applied, then gets the value or its rows.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "base/metrics.h"
+#include "base/timeline.h"
+#include "ps/server_store.h"
+#include "ps/server_store_entry.h"
+#include "pushpull/checked.h"
+
+namespace pushpull::ps {
+
+using namespace server_store_detail;
+
+void ServerStore::answer_ready_pulls(Entry& e) {
+  if (e.replicating) return;
+  auto waiting = std::move(e.waiting);
+  e.waiting.clear();
+  for (auto& w : waiting) {
+    if (e.applied[w.meta.worker] >= w.needs_applied) {
+      answer_pull(e, w.meta, w.ranges);
+    } else {
+      e.waiting.push_back(std::move(w));
+    }
+  }
+}
+
+void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges) {
+  PP_TIMELINE_SPAN(timeline::process_node(), e.name, "PULL_REPLY");  // timeline hook
+  PP_METRIC_ADD(kServerPulls, 1);                                    // metrics hook
+  const ArrayView& v = e.value.view;
+  const size_t esize = dtype_size(v.dtype);
+  auto* base = static_cast<const std::byte*>(v.data);
+  if (ranges.empty()) {
+    // The value itself, kept alive (and unchanged: copy on write) until sent.
+    responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, e.value.owner);
+    return;
+  }
+  // Ranges are distinct rows (the worker deduplicates), so a reply is never
+  // larger than the value: more is a request for unbounded memory.
+  int64_t total = 0;
+  for (const Range& r : ranges)
+    if (r.count < 0 || !checked_add(total, r.count, &total) || total > v.numel())
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("pull of key {}: {} ranges ask for more than its {} "
+                                        "elements",
+                                        e.name, ranges.size(), v.numel())));
+  auto gathered = std::make_shared<std::vector<std::byte>>();
+  gathered->reserve(static_cast<size_t>(total) * esize);
+  for (const Range& r : ranges) {
+    if (!range_inside(r.begin, r.count, v.numel()))
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("pull of key {}: range (begin {}, count {}) is outside "
+                                        "its {} elements",
+                                        e.name, r.begin, r.count, v.numel())));
+    gathered->insert(gathered->end(), base + r.begin * esize, base + (r.begin + r.count) * esize);
+  }
+  responder_.reply(m, Status::ok(), v.dtype, *gathered, gathered);
+}
+
+void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ranges) {
+  executor_.submit(shard_of(part), [this, m, part, ranges = std::move(ranges)] {
+    Entry* e = find(part);
+    if (!e)
+      return fail(m, Status(ErrorCode::kNotFound,
+                            fmt::format("pull of key id {} that was never initialised", part.key)));
+    if (m.worker < 0 || m.worker >= config_.num_workers)
+      return fail(m, Status(ErrorCode::kInvalidArgument,
+                            fmt::format("pull from unknown worker {}", m.worker)));
+    pull_when_applied(*e, m, ranges);
+  });
+}
+
+void ServerStore::pull_when_applied(Entry& e, const RequestMeta& m, std::vector<Range> ranges) {
+  if (e.applied[m.worker] < e.received[m.worker] || e.replicating) {
+    auto queued =
+        std::count_if(e.waiting.begin(), e.waiting.end(),
+                      [&](const Entry::WaitingPull& w) { return w.meta.worker == m.worker; });
+    if (queued >= config_.max_queued_per_worker)
+      return fail(m, Status(ErrorCode::kProtocolError,
+                            fmt::format("pull of key {}: worker {} already has {} pulls waiting",
+                                        e.name, m.worker, queued)));
+    e.waiting.push_back({m, std::move(ranges), e.received[m.worker]});
+    return;
+  }
+  answer_pull(e, m, ranges);
+}
+
+}  // namespace pushpull::ps
