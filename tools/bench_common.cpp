@@ -2,6 +2,7 @@
 #include "bench_common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -38,10 +39,31 @@ void BenchTable::print(const std::string& title) {
 }
 
 double median(std::vector<double> v) {
+  std::erase_if(v, [](double x) { return !std::isfinite(x); });
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+PairedRatio paired_ratio(const std::vector<double>& impl, const std::vector<double>& base) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < std::min(impl.size(), base.size()); ++i)
+    if (std::isfinite(impl[i]) && std::isfinite(base[i]) && base[i] > 0)
+      ratios.push_back(impl[i] / base[i]);
+  PairedRatio r;
+  if (ratios.empty()) return r;
+  r.rounds = ratios.size();
+  r.median = median(ratios);
+  r.min = *std::min_element(ratios.begin(), ratios.end());
+  r.max = *std::max_element(ratios.begin(), ratios.end());
+  return r;
+}
+
+std::string format_paired(const PairedRatio& r) {
+  if (r.rounds == 0) return "";
+  if (r.rounds == 1) return fmt::format("{:.3f}", r.median);
+  return fmt::format("{:.3f} ({:.3f}-{:.3f})", r.median, r.min, r.max);
 }
 
 namespace {

@@ -51,7 +51,20 @@ class BenchTable {
   bool header_done_ = false;
 };
 
+// The median of the finite values (NaN marks a failed run); 0 when none.
 double median(std::vector<double> v);
+
+// Round by round, the ratio of an implementation's time to the baseline's
+// in the same interleaved round (NaN: a failed run, skipped). Pairing
+// cancels the machine's load drifting from round to round; min and max show
+// the noise left. rounds == 0 when no round has both.
+struct PairedRatio {
+  double median = 0, min = 0, max = 0;
+  size_t rounds = 0;
+};
+PairedRatio paired_ratio(const std::vector<double>& impl, const std::vector<double>& base);
+// "0.781 (0.742-0.830)", "0.781" for one round, "" for none.
+std::string format_paired(const PairedRatio& r);
 // "4K..256M" (powers of two between), "1K,64K,1M" (a list) or "4096".
 std::vector<uint64_t> parse_sizes(const std::string& text);
 std::string format_bytes(uint64_t bytes);  // "64 KiB"

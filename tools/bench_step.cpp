@@ -30,6 +30,7 @@
 // The Python package is found next to this executable (build/bin ->
 // build/python) unless PYTHONPATH already names one.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -139,7 +140,9 @@ void run_bench(const Config& cfg) {
     return;
   }
   const bool csv = cfg.format == "csv";
-  if (csv) std::printf("impl,n,servers,grad_bytes,layers,step_ms,vs_ddp\n");
+  if (csv)
+    std::printf(
+        "impl,n,servers,grad_bytes,layers,step_ms,vs_ddp,paired_median,paired_min,paired_max\n");
   for (int n : ranks) {
     const int servers = cfg.servers > 0 ? cfg.servers : n;
     for (double mb : sizes) {
@@ -171,33 +174,39 @@ void run_bench(const Config& cfg) {
           auto res = g.run(std::chrono::seconds(cfg.timeout_s + 30));
           double ms = 0;
           if (!res.ok || !parse_result(res.output, script_impl, &ms)) {
-            std::fprintf(stderr, "bench step: %s n=%d %s MiB failed: %s; its row is missing\n",
+            std::fprintf(stderr, "bench step: %s n=%d %s MiB failed: %s; left out of its row\n",
                          impl.c_str(), n, format_mb(mb).c_str(),
                          res.ok ? "no result line" : res.failure.c_str());
-            continue;
+            ms = std::nan("");  // keeps the rounds aligned for the paired ratios
           }
           got[impl].push_back(ms);
         }
       }
       const char* base = got.count("ddp") ? "ddp" : "ddp-gloo";
-      const double ddp = got.count(base) ? median(got[base]) : 0;
+      const double ddp = median(got[base]);
       if (!csv)
         std::printf(
             "\nstep, %d workers, %s MiB of gradients in %d layers, batch %d, median of %d "
-            "steps, median of %d interleaved run(s)\n%-10s %12s %8s\n",
+            "steps, median of %d interleaved run(s)\n%-10s %12s %8s   %s\n",
             n, format_mb(mb).c_str(), cfg.layers, cfg.batch, cfg.steps, cfg.repeats, "impl",
-            "step ms", "vs ddp");
+            "step ms", "vs ddp", "paired vs ddp: median (min-max) over the runs");
       for (const auto& impl : impls) {
-        if (!got.count(impl)) continue;
         const double ms = median(got[impl]);
+        if (ms == 0) continue;  // every run failed
+        const PairedRatio paired = paired_ratio(got[impl], got[base]);
         const std::string ratio = ddp > 0 ? fmt::format("{:.3f}", ms / ddp) : "";
         const std::string name = impl == "trainer" ? fmt::format("trainer_{}s", servers) : impl;
         if (csv)
           std::printf(
-              "%s,%d,%d,%llu,%d,%.3f,%s\n", name.c_str(), n, impl == "trainer" ? servers : 0,
-              static_cast<unsigned long long>(mb * (1 << 20)), cfg.layers, ms, ratio.c_str());
+              "%s,%d,%d,%llu,%d,%.3f,%s,%s\n", name.c_str(), n, impl == "trainer" ? servers : 0,
+              static_cast<unsigned long long>(mb * (1 << 20)), cfg.layers, ms, ratio.c_str(),
+              paired.rounds
+                  ? fmt::format("{:.3f},{:.3f},{:.3f}", paired.median, paired.min, paired.max)
+                        .c_str()
+                  : ",,");
         else
-          std::printf("%-12s %12.2f %8s\n", name.c_str(), ms, ratio.c_str());
+          std::printf("%-12s %12.2f %8s   %s\n", name.c_str(), ms, ratio.c_str(),
+                      impl == base ? "" : format_paired(paired).c_str());
       }
       std::fflush(stdout);
     }

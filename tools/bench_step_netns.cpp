@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -47,7 +48,10 @@ void run_step_netns(const StepNetnsArgs& a) {
   // Across hosts the ranks prove a secret (as `pushpull launch --nnodes`
   // requires); it reaches them through the environment, not argv.
   ::setenv("PUSHPULL_JOB_SECRET", random_hex(32).c_str(), 1);
-  if (a.csv) std::printf("impl,n,rate,grad_bytes,layers,step_ms,vs_ddp_gloo\n");
+  if (a.csv)
+    std::printf(
+        "impl,n,rate,grad_bytes,layers,step_ms,vs_ddp_gloo,paired_median,paired_min,"
+        "paired_max\n");
   for (double mb : a.grad_mb) {
     std::map<std::string, std::vector<double>> got;
     for (int rep = 0; rep < a.repeats; ++rep) {
@@ -89,32 +93,38 @@ void run_step_netns(const StepNetnsArgs& a) {
         auto res = g.run(std::chrono::seconds(a.timeout_s));
         double ms = 0;
         if (!res.ok || !result_of(res.output, impl, &ms)) {
-          std::fprintf(stderr, "bench step --netns: %s %s MiB failed: %s; its row is missing\n",
+          std::fprintf(stderr, "bench step --netns: %s %s MiB failed: %s; left out of its row\n",
                        impl.c_str(), mb_str(mb).c_str(),
                        res.ok ? "no result line" : res.failure.c_str());
-          continue;
+          ms = std::nan("");  // keeps the rounds aligned for the paired ratios
         }
         got[impl].push_back(ms);
       }
     }
-    const double base = got.count("ddp-gloo") ? median(got["ddp-gloo"]) : 0;
+    const double base = median(got["ddp-gloo"]);
     if (!a.csv)
       std::printf(
           "\nstep, %d ranks on %d network-namespace hosts, links %s (goodput %.3f Gbit/s), %s "
           "MiB of gradients in %d layers, batch %d, median of %d steps, median of %d "
-          "interleaved run(s)\n%-14s %10s %12s\n",
+          "interleaved run(s)\n%-14s %10s %12s   %s\n",
           a.hosts, a.hosts, a.rate.empty() ? "unshaped" : a.rate.c_str(), goodput / 1e9,
           mb_str(mb).c_str(), a.layers, a.batch, a.steps, a.repeats, "impl", "step ms",
-          "vs ddp-gloo");
+          "vs ddp-gloo", "paired: median (min-max) over the runs");
     for (const auto& impl : a.impls) {
-      if (!got.count(impl)) continue;
       const double ms = median(got[impl]);
+      if (ms == 0) continue;  // every run failed
+      const PairedRatio paired = paired_ratio(got[impl], got["ddp-gloo"]);
       const std::string ratio = base > 0 ? fmt::format("{:.3f}", ms / base) : "";
       if (a.csv)
-        std::printf("%s,%d,%s,%llu,%d,%.3f,%s\n", impl.c_str(), a.hosts, a.rate.c_str(),
-                    static_cast<unsigned long long>(mb * (1 << 20)), a.layers, ms, ratio.c_str());
+        std::printf(
+            "%s,%d,%s,%llu,%d,%.3f,%s,%s\n", impl.c_str(), a.hosts, a.rate.c_str(),
+            static_cast<unsigned long long>(mb * (1 << 20)), a.layers, ms, ratio.c_str(),
+            paired.rounds
+                ? fmt::format("{:.3f},{:.3f},{:.3f}", paired.median, paired.min, paired.max).c_str()
+                : ",,");
       else
-        std::printf("%-14s %10.2f %12s\n", impl.c_str(), ms, ratio.c_str());
+        std::printf("%-14s %10.2f %12s   %s\n", impl.c_str(), ms, ratio.c_str(),
+                    impl == "ddp-gloo" ? "" : format_paired(paired).c_str());
     }
     std::fflush(stdout);
   }

@@ -6,3 +6,7 @@ add_test(NAME bench_scaling_netns
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/scaling_netns_test.py ${PROJECT_BINARY_DIR}/bin)
 set_tests_properties(bench_scaling_netns PROPERTIES LABELS bench TIMEOUT 600 SKIP_RETURN_CODE 77
                      RUN_SERIAL TRUE)
+
+# The benchmarks' statistics (tools/bench_common.cpp) as a unit test.
+target_sources(bench_common_test PRIVATE ${PROJECT_SOURCE_DIR}/tools/bench_common.cpp)
+target_include_directories(bench_common_test PRIVATE ${PROJECT_SOURCE_DIR}/tools)
