@@ -1,19 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Small address helpers of the launcher (the net layer is above it).
+// Small address helpers of the launcher: this host's addresses.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
-#include <fmt/format.h>
 
 #include "launch/launcher.h"
-#include "pushpull/error.h"
 
 namespace pushpull::launch {
 

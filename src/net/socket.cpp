@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <utility>
 
 #include <fmt/format.h>
 
@@ -197,15 +196,15 @@ bool is_self_connection(int fd) {
 }
 
 namespace {
-// The kernel's ephemeral port range (connect()'s source ports).
-std::pair<int, int> ephemeral_port_range() {
-  std::pair<int, int> range{32768, 60999};
+// The lowest port of the kernel's ephemeral range (connect()'s source ports).
+int lowest_ephemeral_port() {
+  int lowest = 32768;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     int lo = 0, hi = 0;
-    if (std::fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 0 && hi >= lo) range = {lo, hi};
+    if (std::fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 0 && hi >= lo) lowest = lo;
     std::fclose(f);
   }
-  return range;
+  return lowest;
 }
 
 // Binds a probe socket to host:port; returns the port bound (0: failed).
@@ -224,8 +223,8 @@ int probe_bind(const std::string& host, int port) {
 }  // namespace
 
 int pick_unused_port(const std::string& host) {
-  const auto [lo, hi] = ephemeral_port_range();
-  constexpr int kLowest = 10000;
+  const int lo = lowest_ephemeral_port();
+  constexpr int kLowest = 10000;  // above the ports services usually own
   if (lo > kLowest + 1000) {
     std::random_device seed;
     std::mt19937 rng(seed());

@@ -95,7 +95,7 @@ int auto_socket_buffer_bytes(int data_peers);
 
 // Connects once to `addr`, waiting at most `timeout`. Returns an invalid Fd
 // and fills *error on failure (so callers can retry); the socket is blocking.
-// A socket connected to itself (see connect_once) is refused like a failed
+// A socket connected to itself (is_self_connection) is refused like a failed
 // connect.
 Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::string* error);
 // Whether a connected socket's peer is the socket itself: a connect() to a

@@ -479,7 +479,9 @@ TEST(ShmSegment, NamesWhoseCreatorDiedAreSweptAfterTwoMinutes) {
   for (const std::string& path : {empty, zeroes}) {
     const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     ASSERT_GE(fd, 0) << path;
-    if (path == zeroes) EXPECT_EQ(::ftruncate(fd, 4096), 0);
+    if (path == zeroes) {
+      EXPECT_EQ(::ftruncate(fd, 4096), 0);
+    }
     ::close(fd);
   }
   age(orphan, 300);

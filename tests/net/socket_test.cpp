@@ -32,7 +32,9 @@ int ephemeral_low() {
 TEST(Socket, AnUnusedPortIsBelowTheEphemeralRangeAndCanBeBound) {
   for (int i = 0; i < 20; ++i) {
     const int port = pick_unused_port("127.0.0.1");
-    if (ephemeral_low() > 11000) EXPECT_LT(port, ephemeral_low());
+    if (ephemeral_low() > 11000) {
+      EXPECT_LT(port, ephemeral_low());
+    }
     EXPECT_GT(port, 0);
     Fd listener = listen_on("127.0.0.1", port);  // throws if it was taken
     EXPECT_EQ(local_port(listener.get()), port);
