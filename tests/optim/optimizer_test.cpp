@@ -141,8 +141,8 @@ void out_of_place_matches_in_place(const char* text) {
     into_grad->update(Key(3), ArrayView(w_grad.data(), {n}), ArrayView(g.data(), {n}),
                       ArrayView(g.data(), {n}));
     EXPECT_EQ(w_grad, before) << text << ": the weight read out of place changed";
-    std::copy(g.begin(), g.end(),
-              w_grad.begin());  // (operator= trips g++ 12's -Wstringop-overflow)
+    // Not `w_grad = g`: that trips g++ 12's -Wstringop-overflow (a false positive).
+    std::copy(g.begin(), g.end(), w_grad.begin());
     std::vector<T> g2 = g_in;
     into_other->update(Key(3), ArrayView(w_other.data(), {n}), ArrayView(g2.data(), {n}),
                        ArrayView(out.data(), {n}));
