@@ -54,6 +54,8 @@ struct Args {
   uint64_t seed = 42;
   std::string data_dir = pushpull::data::kFashionMnistDir;
   bool update_on_kvstore = true;
+  // Parameters under this many bytes share flat keys (TrainerOptions).
+  int64_t fuse_below = pushpull::torch::TrainerOptions{}.fuse_below;
   int64_t max_batches = 0;  // per epoch; 0 = all
   int64_t test_limit = 0;   // test images evaluated; 0 = all
   int log_every = 200;
@@ -208,7 +210,10 @@ int run(const Args& a) {
   } else {
     const auto spec = pushpull::OptimizerSpec::parse(
         fmt::format("sgd:learning_rate={},momentum={},wd={}", a.lr, a.momentum, a.wd));
-    trainer = std::make_unique<pushpull::torch::Trainer>(params, spec, *kv, a.update_on_kvstore);
+    trainer = std::make_unique<pushpull::torch::Trainer>(
+        params, spec, *kv,
+        pushpull::torch::TrainerOptions{.update_on_kvstore = a.update_on_kvstore,
+                                        .fuse_below = a.fuse_below});
     trainer->init();
   }
   auto comm_wait = [&] {
@@ -430,6 +435,10 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", a.data_dir, "Directory of the IDX files")->capture_default_str();
   app.add_option("--update-on-kvstore", a.update_on_kvstore,
                  "Run the optimizer on the store (true) or on the worker (false)")
+      ->capture_default_str();
+  app.add_option("--fuse-below", a.fuse_below,
+                 "kvstore mode: parameters under this many bytes share flat keys (0: one key "
+                 "per parameter)")
       ->capture_default_str();
   app.add_option("--max-batches", a.max_batches, "Batches per epoch at most (0: all)")
       ->capture_default_str();
