@@ -45,7 +45,11 @@
 // close() without a verdict first says goodbye (kByeType) to the peers: they
 // fail their operations with this rank at once, without suspecting it.
 // close() stops the heartbeat thread and the net transport (its thread
-// joined, every pending completion run) before returning.
+// joined, every pending completion run) before returning. Only the first call
+// does that; a later or concurrent one returns at once, possibly before the
+// first has finished, so whoever destroys the transport closes it from the
+// owning thread (the communicator's shutdown, the destructor), not from a
+// callback.
 //
 // Thread safety: everything is thread-safe after connect_all().
 #pragma once
