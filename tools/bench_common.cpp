@@ -66,6 +66,11 @@ std::string format_paired(const PairedRatio& r) {
   return fmt::format("{:.3f} ({:.3f}-{:.3f})", r.median, r.min, r.max);
 }
 
+std::string paired_csv(const PairedRatio& r) {
+  if (r.rounds == 0) return ",,";
+  return fmt::format("{:.3f},{:.3f},{:.3f}", r.median, r.min, r.max);
+}
+
 namespace {
 uint64_t parse_size(std::string t) {
   if (t.empty()) throw InvalidArgument("empty size");

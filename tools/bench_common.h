@@ -65,6 +65,9 @@ struct PairedRatio {
 PairedRatio paired_ratio(const std::vector<double>& impl, const std::vector<double>& base);
 // "0.781 (0.742-0.830)", "0.781" for one round, "" for none.
 std::string format_paired(const PairedRatio& r);
+// The CSV columns paired_median,paired_min,paired_max ("0.781,0.742,0.830";
+// ",," for none).
+std::string paired_csv(const PairedRatio& r);
 // "4K..256M" (powers of two between), "1K,64K,1M" (a list) or "4096".
 std::vector<uint64_t> parse_sizes(const std::string& text);
 std::string format_bytes(uint64_t bytes);  // "64 KiB"

@@ -197,13 +197,10 @@ void run_bench(const Config& cfg) {
         const std::string ratio = ddp > 0 ? fmt::format("{:.3f}", ms / ddp) : "";
         const std::string name = impl == "trainer" ? fmt::format("trainer_{}s", servers) : impl;
         if (csv)
-          std::printf(
-              "%s,%d,%d,%llu,%d,%.3f,%s,%s\n", name.c_str(), n, impl == "trainer" ? servers : 0,
-              static_cast<unsigned long long>(mb * (1 << 20)), cfg.layers, ms, ratio.c_str(),
-              paired.rounds
-                  ? fmt::format("{:.3f},{:.3f},{:.3f}", paired.median, paired.min, paired.max)
-                        .c_str()
-                  : ",,");
+          std::printf("%s,%d,%d,%llu,%d,%.3f,%s,%s\n", name.c_str(), n,
+                      impl == "trainer" ? servers : 0,
+                      static_cast<unsigned long long>(mb * (1 << 20)), cfg.layers, ms,
+                      ratio.c_str(), paired_csv(paired).c_str());
         else
           std::printf("%-12s %12.2f %8s   %s\n", name.c_str(), ms, ratio.c_str(),
                       impl == base ? "" : format_paired(paired).c_str());

@@ -116,12 +116,9 @@ void run_step_netns(const StepNetnsArgs& a) {
       const PairedRatio paired = paired_ratio(got[impl], got["ddp-gloo"]);
       const std::string ratio = base > 0 ? fmt::format("{:.3f}", ms / base) : "";
       if (a.csv)
-        std::printf(
-            "%s,%d,%s,%llu,%d,%.3f,%s,%s\n", impl.c_str(), a.hosts, a.rate.c_str(),
-            static_cast<unsigned long long>(mb * (1 << 20)), a.layers, ms, ratio.c_str(),
-            paired.rounds
-                ? fmt::format("{:.3f},{:.3f},{:.3f}", paired.median, paired.min, paired.max).c_str()
-                : ",,");
+        std::printf("%s,%d,%s,%llu,%d,%.3f,%s,%s\n", impl.c_str(), a.hosts, a.rate.c_str(),
+                    static_cast<unsigned long long>(mb * (1 << 20)), a.layers, ms, ratio.c_str(),
+                    paired_csv(paired).c_str());
       else
         std::printf("%-14s %10.2f %12s   %s\n", impl.c_str(), ms, ratio.c_str(),
                     impl == "ddp-gloo" ? "" : format_paired(paired).c_str());
