@@ -270,69 +270,6 @@ void Node::dial_if_absent(const NodeAddress& t) {
   }
 }
 
-void Node::heartbeat_loop() {
-  const auto& c = options_.cluster;
-  std::unique_lock lock(mu_);
-  // Heartbeats go out on real time; the silence and suspect decisions read
-  // clock_ (injectable). Waits are at most one interval either way.
-  using Real = std::chrono::steady_clock;
-  auto next_beat = Real::now();
-  while (!stop_heartbeat_) {
-    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
-                           c.heartbeat_interval);
-    // (A suspect matters only while the job is healthy: once failed, its
-    // deadline would wake this loop again and again.)
-    if (!suspect_.is_ok() && failure_.is_ok())
-      left = std::min(left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(
-                                                    suspect_deadline_ - clock_.now())));
-    if (left > Millis{0}) cv_.wait_for(lock, left);
-    if (stop_heartbeat_ || shutdown_) break;
-    if (!suspect_.is_ok() && clock_.now() >= suspect_deadline_ && failure_.is_ok()) {
-      Status s = suspect_;
-      lock.unlock();
-      fail(s);
-      lock.lock();
-      continue;
-    }
-    if (failure_.is_ok() && !verdict_due_.empty()) {
-      auto late = std::find_if(verdict_due_.begin(), verdict_due_.end(),
-                               [&](const auto& v) { return clock_.now() >= v.second.deadline; });
-      if (late != verdict_due_.end()) {
-        const auto [peer_role, peer_rank] = late->first;
-        std::string peer = fmt::format("{} {}", role_name(peer_role), peer_rank);
-        try {
-          peer = book_.at(peer_role, peer_rank).describe();
-        } catch (const Error&) {  // not in the book: its role and rank say enough
-        }
-        Status s{ErrorCode::kPeerFailure,
-                 fmt::format("{} failed: its connection to {} {} closed ({}) and the scheduler, "
-                             "which still hears it, did not fail it over or replace it: the link "
-                             "between the two is broken",
-                             peer, role_name(role()), rank_, late->second.why)};
-        verdict_due_.clear();
-        lock.unlock();
-        fail(s);
-        lock.lock();
-        continue;
-      }
-    }
-    if (Real::now() < next_beat) continue;
-    next_beat = Real::now() + c.heartbeat_interval;
-    auto silent = scheduler_silence_.silence(0);
-    net::ConnId sched = scheduler_;
-    lock.unlock();
-    transport_->send_copy(sched, net::Header{.type = msg::kHeartbeat}, nullptr, 0);
-    if (silent > c.heartbeat_timeout)
-      fail({ErrorCode::kPeerFailure,
-            fmt::format("{} failed: no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
-                        "unreachable",
-                        book_.scheduler.port > 0 ? book_.scheduler.describe()
-                                                 : "scheduler (host " + c.root_uri + ")",
-                        silent.count(), c.heartbeat_timeout.count())});
-    lock.lock();
-  }
-}
-
 void Node::on_control(net::Message&& m) {
   std::span<const std::byte> payload(m.payload.data(), m.payload.size());
   std::unique_lock lock(mu_);
@@ -404,90 +341,6 @@ void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
   if (p.role == Role::kWorker || p.role == Role::kServer) peers_[{p.role, p.rank}] = id;
   verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
   cv_.notify_all();
-}
-
-void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
-  std::unique_lock lock(mu_);
-  if (shutdown_ || leaving_) return;
-  if (id == scheduler_) {
-    std::string who = book_.scheduler.port > 0
-                          ? book_.scheduler.describe()
-                          : "scheduler (host " + options_.cluster.root_uri + ")";
-    lock.unlock();
-    fail({ErrorCode::kPeerFailure,
-          fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
-                      "network",
-                      who, why.message())});
-    return;
-  }
-  // A peer's connection closed. When another node died first, this peer may
-  // just be exiting because of it; the scheduler's verdict (kPeerDead, which
-  // names the node that really failed) is on its way, so wait a short grace
-  // period before blaming this peer. The transport has already failed every
-  // send and posted receive of this connection.
-  if (!suspect_.is_ok()) return;
-  if (p.role == Role::kServer && replicas_ > 0) {
-    // The verdict may have come first: a placement that failed this server
-    // over dropped the connection from peers_ (apply_placement) before its
-    // close reached us. Waiting for a verdict again would blame the link
-    // once the deadline passed (seen under load: BrokenLink tests).
-    auto cur = peers_.find({p.role, p.rank});
-    const bool failed_over = p.rank >= 0 && static_cast<size_t>(p.rank) < placement_.dead.size() &&
-                             placement_.dead[static_cast<size_t>(p.rank)];
-    if (failed_over && (cur == peers_.end() || cur->second != id)) return;
-    // A server may be failed over: the scheduler decides (kPlacement or
-    // kPeerDead). Requests to it stay pending until then.
-    PP_WARN("connection to {} closed ({}); waiting for the scheduler's verdict", p.describe(),
-            why.message());
-    verdict_due_[{p.role, p.rank}] = {
-        clock_.now() + options_.cluster.heartbeat_timeout + suspect_grace(), why.message()};
-    return;
-  }
-  if (p.role == Role::kWorker && book_.worker_restarts) {
-    // A worker may be restarted (--max-restarts): the scheduler decides
-    // (kPeerDead when it is not replaced in time).
-    PP_WARN("connection to {} closed ({}); waiting for its replacement or the scheduler's verdict",
-            p.describe(), why.message());
-    verdict_due_[{p.role, p.rank}] = {
-        clock_.now() + options_.cluster.startup_timeout + options_.cluster.heartbeat_timeout,
-        why.message()};
-    return;
-  }
-  suspect_ = {ErrorCode::kPeerFailure,
-              fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
-                          "network",
-                          p.describe(), why.message())};
-  suspect_deadline_ = clock_.now() + suspect_grace();
-  cv_.notify_all();
-}
-
-Millis Node::suspect_grace() const {
-  const auto& c = options_.cluster;
-  return std::min(c.heartbeat_timeout / 2, 2 * c.heartbeat_interval + Millis{500});
-}
-
-void Node::report_rejoined() {
-  net::ConnId sched;
-  {
-    std::lock_guard lock(mu_);
-    sched = scheduler_;
-  }
-  transport_->send_copy(sched, net::Header{.type = msg::kServerRejoined}, nullptr, 0);
-}
-
-void Node::fail(Status why) {
-  std::vector<std::function<void(const Status&)>> callbacks;
-  {
-    std::lock_guard lock(mu_);
-    if (!failure_.is_ok()) return;
-    if (why.code() != ErrorCode::kPeerFailure) why = {ErrorCode::kPeerFailure, why.message()};
-    failure_ = why;
-    callbacks = failure_callbacks_;
-  }
-  cv_.notify_all();
-  PP_ERROR("PeerFailure: {}", why.message());
-  for (auto& cb : callbacks)
-    cb(why);
 }
 
 void Node::barrier(Group group, std::optional<Millis> timeout) {
@@ -563,23 +416,6 @@ Status Node::post_recv(Role role, int rank, net::RecvMatch match, void* dst, siz
   } catch (const Error&) {
     return Status::from_current_exception();
   }
-}
-
-void Node::report_failure(const Status& why) {
-  std::unique_lock lock(mu_);
-  if (!failure_.is_ok()) return;
-  net::ConnId sched = scheduler_;
-  NodeAddress me{role(), rank_, "", 0};
-  lock.unlock();
-  auto p = encode_dead(me, why.message());
-  Status sent =
-      transport_->send_copy(sched, net::Header{.type = msg::kFailureReport}, p.data(), p.size());
-  lock.lock();
-  if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_.is_ok(); });
-  if (!failure_.is_ok()) return;
-  lock.unlock();
-  // The scheduler did not answer (gone, or slow): fail locally with the reason.
-  fail(why);
 }
 
 void Node::wait_for_workers() {
