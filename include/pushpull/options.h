@@ -178,6 +178,12 @@ struct CollectiveOptions {
   // threads, which costs more than the copy below this size). 0: every
   // message through shared memory. PUSHPULL_SHM_MIN_MESSAGE_BYTES.
   uint64_t shm_min_message_bytes = 512 << 10;
+  // The shared-memory arena of a one-host allreduce (docs/collectives.md):
+  // each rank's two slots, and the bytes one lock-step of the arena moves.
+  // Every rank of a host must use the same slot size (the segments'
+  // layout). PUSHPULL_SHM_ARENA_SLOT_BYTES, PUSHPULL_SHM_ARENA_STEP_BYTES.
+  uint64_t shm_arena_slot_bytes = 1 << 20;
+  uint64_t shm_arena_step_bytes = 128 << 10;
   // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
   // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
   // never, 1 = whenever every host has the same number of ranks.

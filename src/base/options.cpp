@@ -199,6 +199,8 @@ Options Options::from_env(const Environment& env) {
          &col.stall_shutdown_seconds);
   r.flag({"PUSHPULL_SHM"}, &col.shared_memory);
   r.integer({"PUSHPULL_SHM_MIN_MESSAGE_BYTES"}, &col.shm_min_message_bytes);
+  r.integer({"PUSHPULL_SHM_ARENA_SLOT_BYTES"}, &col.shm_arena_slot_bytes);
+  r.integer({"PUSHPULL_SHM_ARENA_STEP_BYTES"}, &col.shm_arena_step_bytes);
   if (auto v = r.find({"PUSHPULL_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"}).second;
       v && !v->empty()) {  // empty: automatic
     bool hierarchical = false;
@@ -246,6 +248,11 @@ void Options::validate() const {
         "kvstore wait timeout must be positive (PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS)");
   check(collective.cycle_time_ms >= 0, "cycle time must not be negative");
   check(collective.ring_segment_bytes >= 4096, "ring segment must be at least 4096 bytes");
+  check(collective.shm_arena_slot_bytes == 0 || (collective.shm_arena_slot_bytes >= 4096 &&
+                                                 collective.shm_arena_slot_bytes <= (1u << 30)),
+        "PUSHPULL_SHM_ARENA_SLOT_BYTES must be 0 (no arena) or 4096 .. 1 GiB");
+  check(collective.shm_arena_step_bytes >= 4096 && collective.shm_arena_step_bytes <= (1u << 30),
+        "PUSHPULL_SHM_ARENA_STEP_BYTES must be 4096 .. 1 GiB");
   check(collective.hierarchical_allreduce >= -1 && collective.hierarchical_allreduce <= 1,
         "hierarchical_allreduce must be -1 (automatic), 0 or 1");
 }

@@ -116,6 +116,8 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   const int rank = tcp->rank(), size = tcp->size();
   const auto deadline = Clock::now() + startup;
   ShmOptions o;
+  o.arena_slot_bytes = static_cast<size_t>(c.shm_arena_slot_bytes);
+  o.arena_chunk_bytes = static_cast<size_t>(c.shm_arena_step_bytes);
   // Every rank takes part in both exchanges, even one that cannot make a
   // probe (it proves nothing): the others must not wait for it.
   std::unique_ptr<HostProbe> probe;

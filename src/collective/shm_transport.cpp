@@ -156,6 +156,8 @@ ShmTransport::ShmTransport(int rank, int size, const std::string& prefix, ShmOpt
         fmt::format("ShmTransport: {} rank names for size {}", options.rank_names.size(), size));
   if (options.ring_bytes < 4096)
     throw InvalidArgument("ShmTransport: ring_bytes must be at least 4096");
+  if (options.arena_slot_bytes > UINT32_MAX)
+    throw InvalidArgument("ShmTransport: arena_slot_bytes must be below 4 GiB");
   impl_ = std::make_unique<Impl>(rank, size, prefix, options, dir);
   impl_->setup();
   impl_->progress = std::thread([this] { impl_->loop(); });

@@ -42,7 +42,7 @@ inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
 struct alignas(64) SegHeader {
   std::atomic<uint64_t> magic;  // set last by the creator (release)
   uint32_t size;
-  uint32_t reserved;
+  uint32_t arena_slot_bytes;  // ShmOptions::arena_slot_bytes (at most 4 GiB - 1)
   uint64_t ring_bytes;
   std::atomic<uint32_t> doorbell;  // bumped by anyone with news for the owner
   std::atomic<uint32_t> closed;    // the owner closed
@@ -169,6 +169,9 @@ struct ShmTransport::Impl {
   Status arena_check(int p);
   // Maps rank p's segment once it exists, is complete, and is ours to trust.
   bool try_attach(int p, size_t len);
+  // Why rank p's segment (of that layout) is not this rank's to share.
+  std::string disagreement(int p, uint32_t their_size, uint64_t their_ring,
+                           uint32_t their_slot) const;
 
   // How messages name rank r: its rank in the job.
   int name(int r) const { return o.rank_names.empty() ? r : o.rank_names[static_cast<size_t>(r)]; }

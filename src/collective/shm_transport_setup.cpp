@@ -6,9 +6,21 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 namespace pushpull::collective {
+namespace {
+
+// A field of a segment header read as bytes (before the segment is mapped).
+template <class T>
+T load_at(const unsigned char* raw, size_t offset) {
+  T v;
+  std::memcpy(&v, raw + offset, sizeof v);
+  return v;
+}
+
+}  // namespace
 
 ShmTransport::Impl::Impl(int r, int n, std::string pre, ShmOptions opts, std::string d)
     : rank(r),
@@ -73,6 +85,7 @@ void ShmTransport::Impl::setup() {
   SegHeader* h = map(rank).h;
   h->size = static_cast<uint32_t>(size);
   h->ring_bytes = o.ring_bytes;
+  h->arena_slot_bytes = static_cast<uint32_t>(o.arena_slot_bytes);
   h->pid.store(static_cast<int32_t>(::getpid()));
   h->magic.store(kMagic, std::memory_order_release);
 
@@ -119,6 +132,18 @@ Status ShmTransport::Impl::arena_check(int p) {
   return Status::ok();
 }
 
+std::string ShmTransport::Impl::disagreement(int p, uint32_t their_size, uint64_t their_ring,
+                                             uint32_t their_slot) const {
+  auto layout = [](uint64_t n, uint64_t ring, uint64_t slot) {
+    return fmt::format("{} ranks, {}-byte rings and {}-byte arena slots", n, ring, slot);
+  };
+  return fmt::format(
+      "collective shm: rank {}'s segment {} is laid out for {}, this rank's for {}; every rank of "
+      "a host needs the same PUSHPULL_SHM_ARENA_SLOT_BYTES",
+      name(p), path_of(p), layout(their_size, their_ring, their_slot),
+      layout(static_cast<uint64_t>(size), o.ring_bytes, o.arena_slot_bytes));
+}
+
 bool ShmTransport::Impl::try_attach(int p, size_t len) {
   int fd = ::open(path_of(p).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
@@ -132,15 +157,20 @@ bool ShmTransport::Impl::try_attach(int p, size_t len) {
     throw IoError(fmt::format(
         "collective shm: {} is not a private segment of this user; refusing it", path_of(p)));
   }
-  if (static_cast<size_t>(st.st_size) < len) {  // still being sized
-    ::close(fd);
-    return false;
-  }
   if (static_cast<size_t>(st.st_size) != len) {
+    // posix_fallocate sizes a segment in one call and its header is written
+    // after: a segment of another size is still being set up, or (its header
+    // written) laid out for another job shape or arena.
+    unsigned char raw[sizeof(SegHeader)];
+    const bool written = static_cast<size_t>(st.st_size) >= sizeof raw &&
+                         ::pread(fd, raw, sizeof raw, 0) == static_cast<ssize_t>(sizeof raw) &&
+                         load_at<uint64_t>(raw, offsetof(SegHeader, magic)) == kMagic;
     ::close(fd);
-    throw InvalidArgument(fmt::format(
-        "collective shm: {} has {} bytes, expected {}; ranks disagree on size or ring bytes",
-        path_of(p), st.st_size, len));
+    if (!written) return false;
+    throw InvalidArgument(
+        disagreement(p, load_at<uint32_t>(raw, offsetof(SegHeader, size)),
+                     load_at<uint64_t>(raw, offsetof(SegHeader, ring_bytes)),
+                     load_at<uint32_t>(raw, offsetof(SegHeader, arena_slot_bytes))));
   }
   try {
     map_fd(fd, p, len);
@@ -155,10 +185,9 @@ bool ShmTransport::Impl::try_attach(int p, size_t len) {
     m = Map{};
     return false;
   }
-  if (m.h->size != static_cast<uint32_t>(size) || m.h->ring_bytes != o.ring_bytes)
-    throw InvalidArgument(
-        fmt::format("collective shm: rank {} has size {} ring {}, this rank {} {}", name(p),
-                    m.h->size, m.h->ring_bytes, size, o.ring_bytes));
+  if (m.h->size != static_cast<uint32_t>(size) || m.h->ring_bytes != o.ring_bytes ||
+      m.h->arena_slot_bytes != o.arena_slot_bytes)
+    throw InvalidArgument(disagreement(p, m.h->size, m.h->ring_bytes, m.h->arena_slot_bytes));
   m.h->attached.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }

@@ -64,6 +64,8 @@ TEST(Options, DefaultsAndDmlcNames) {
   EXPECT_EQ(d.net.socket_buffer_bytes, -1);  // automatic (net::auto_socket_buffer_bytes)
   EXPECT_EQ(d.collective.fusion_threshold_bytes, 64u << 20);
   EXPECT_EQ(d.collective.shm_min_message_bytes, 512u << 10);
+  EXPECT_EQ(d.collective.shm_arena_slot_bytes, 1u << 20);
+  EXPECT_EQ(d.collective.shm_arena_step_bytes, 128u << 10);
   EXPECT_EQ(d.cluster.heartbeat_interval, Millis(1000));
 
   Environment env{{"DMLC_ROLE", "server"},
@@ -77,9 +79,13 @@ TEST(Options, DefaultsAndDmlcNames) {
                   {"RANK", "1"},
                   {"WORLD_SIZE", "3"},
                   {"PUSHPULL_LOG_LEVEL", "debug"},
-                  {"PUSHPULL_SHM_MIN_MESSAGE_BYTES", "0"}};
+                  {"PUSHPULL_SHM_MIN_MESSAGE_BYTES", "0"},
+                  {"PUSHPULL_SHM_ARENA_SLOT_BYTES", "0"},
+                  {"PUSHPULL_SHM_ARENA_STEP_BYTES", "1048576"}};
   Options o = Options::from_env(env);
   EXPECT_EQ(o.collective.shm_min_message_bytes, 0u);
+  EXPECT_EQ(o.collective.shm_arena_slot_bytes, 0u);  // no arena
+  EXPECT_EQ(o.collective.shm_arena_step_bytes, 1u << 20);
   EXPECT_EQ(o.cluster.role, Role::kServer);
   EXPECT_EQ(o.cluster.root_uri, "10.0.0.1");
   EXPECT_EQ(o.cluster.root_port, 9000);
@@ -102,6 +108,10 @@ TEST(Options, BadValuesNameTheVariable) {
   EXPECT_THROW(Options::from_env(Environment{{"DMLC_ROLE", "boss"}}), InvalidArgument);
   EXPECT_THROW(Options::from_env(Environment{{"DMLC_NUM_WORKER", "0"}}), InvalidArgument);
   EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_LOG_LEVEL", "loud"}}), InvalidArgument);
+  EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_SHM_ARENA_SLOT_BYTES", "100"}}),
+               InvalidArgument);
+  EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_SHM_ARENA_STEP_BYTES", "0"}}),
+               InvalidArgument);
 }
 
 TEST(Log, LevelsAndContext) {

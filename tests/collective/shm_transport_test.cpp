@@ -90,6 +90,45 @@ TEST(ShmTransport, ASegmentOthersCanReadIsRefused) {
   EXPECT_FALSE(any_file_with(prefix)) << "rank 0's own segment must be removed on failure";
 }
 
+// PUSHPULL_SHM_ARENA_SLOT_BYTES set differently on two ranks of a host: the
+// one that finds the other's segment says so at once, naming the setting,
+// instead of waiting out the connect timeout for a segment of its own size.
+TEST(ShmTransport, RanksWithDifferentArenaSlotsRefuseEachOtherNamingTheSetting) {
+  const std::string prefix = fresh_prefix();
+  std::vector<std::string> errors(2);
+  std::vector<bool> invalid(2, false);
+  const auto start = Clock::now();
+  std::vector<Clock::duration> took(2);
+  testing::on_threads(2, [&](int r) {
+    ShmOptions o;
+    o.connect_timeout = 1500ms;
+    o.arena_slot_bytes = r == 0 ? 1 << 20 : 2 << 20;
+    try {
+      ShmTransport t(r, 2, prefix, o);
+      errors[static_cast<size_t>(r)] = "connected";
+    } catch (const InvalidArgument& e) {
+      invalid[static_cast<size_t>(r)] = true;
+      errors[static_cast<size_t>(r)] = e.what();
+    } catch (const Error& e) {  // the other one gave up first: its segment is gone
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+    took[static_cast<size_t>(r)] = Clock::now() - start;
+  });
+  int told = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    EXPECT_NE(e, "connected") << "rank " << r;
+    if (!invalid[static_cast<size_t>(r)]) continue;
+    ++told;
+    EXPECT_NE(e.find("PUSHPULL_SHM_ARENA_SLOT_BYTES"), std::string::npos) << e;
+    EXPECT_NE(e.find("1048576-byte arena slots"), std::string::npos) << e;
+    EXPECT_NE(e.find("2097152-byte arena slots"), std::string::npos) << e;
+    EXPECT_LT(took[static_cast<size_t>(r)], 1s) << "rank " << r << " waited for its own size";
+  }
+  EXPECT_GE(told, 1) << errors[0] << " / " << errors[1];
+  EXPECT_FALSE(any_file_with(prefix));
+}
+
 TEST(ShmTransport, AMissingPeerTimesOut) {
   ShmOptions o;
   o.connect_timeout = 200ms;
