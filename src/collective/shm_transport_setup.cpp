@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "net/socket.h"
+
 namespace pushpull::collective {
 namespace {
 
@@ -61,27 +63,21 @@ void ShmTransport::Impl::map_fd(int fd, int r, size_t len) {
 void ShmTransport::Impl::setup() {
   const size_t len = segment_bytes(size, o.ring_bytes, o.arena_slot_bytes);
   own_path = path_of(rank);
-  int fd = ::open(own_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) {
+  net::Fd fd(::open(own_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
     std::string why = std::strerror(errno);
     own_path.clear();  // not ours: never unlink it
     throw IoError(fmt::format("collective shm: cannot create {}: {}", path_of(rank), why));
   }
   // Reserves the pages now (posix_fallocate): a full /dev/shm is a clean
   // IoError here, not a SIGBUS on the first write into the segment.
-  if (int e = ::posix_fallocate(fd, 0, static_cast<off_t>(len)); e != 0) {
+  if (int e = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(len)); e != 0) {
     std::string why = std::strerror(e);
-    ::close(fd);
     throw IoError(
         fmt::format("collective shm: cannot size {} to {} bytes: {}", own_path, len, why));
   }
-  try {
-    map_fd(fd, rank, len);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  map_fd(fd.get(), rank, len);
+  fd.reset();  // the mapping outlives the descriptor
   SegHeader* h = map(rank).h;
   h->size = static_cast<uint32_t>(size);
   h->ring_bytes = o.ring_bytes;
@@ -145,15 +141,14 @@ std::string ShmTransport::Impl::disagreement(int p, uint32_t their_size, uint64_
 }
 
 bool ShmTransport::Impl::try_attach(int p, size_t len) {
-  int fd = ::open(path_of(p).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
+  net::Fd fd(::open(path_of(p).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) {
     if (errno == ENOENT) return false;
     throw IoError(
         fmt::format("collective shm: cannot open {}: {}", path_of(p), std::strerror(errno)));
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    ::close(fd);
+  if (::fstat(fd.get(), &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
     throw IoError(fmt::format(
         "collective shm: {} is not a private segment of this user; refusing it", path_of(p)));
   }
@@ -162,23 +157,17 @@ bool ShmTransport::Impl::try_attach(int p, size_t len) {
     // after: a segment of another size is still being set up, or (its header
     // written) laid out for another job shape or arena.
     unsigned char raw[sizeof(SegHeader)];
-    const bool written = static_cast<size_t>(st.st_size) >= sizeof raw &&
-                         ::pread(fd, raw, sizeof raw, 0) == static_cast<ssize_t>(sizeof raw) &&
-                         load_at<uint64_t>(raw, offsetof(SegHeader, magic)) == kMagic;
-    ::close(fd);
+    const bool written =
+        static_cast<size_t>(st.st_size) >= sizeof raw &&
+        ::pread(fd.get(), raw, sizeof raw, 0) == static_cast<ssize_t>(sizeof raw) &&
+        load_at<uint64_t>(raw, offsetof(SegHeader, magic)) == kMagic;
     if (!written) return false;
     throw InvalidArgument(
         disagreement(p, load_at<uint32_t>(raw, offsetof(SegHeader, size)),
                      load_at<uint64_t>(raw, offsetof(SegHeader, ring_bytes)),
                      load_at<uint32_t>(raw, offsetof(SegHeader, arena_slot_bytes))));
   }
-  try {
-    map_fd(fd, p, len);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  map_fd(fd.get(), p, len);
   Map& m = map(p);
   if (m.h->magic.load(std::memory_order_acquire) != kMagic) {  // header not written yet
     ::munmap(m.base, m.len);
