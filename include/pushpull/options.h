@@ -184,6 +184,12 @@ struct CollectiveOptions {
   // layout). PUSHPULL_SHM_ARENA_SLOT_BYTES, PUSHPULL_SHM_ARENA_STEP_BYTES.
   uint64_t shm_arena_slot_bytes = 1 << 20;
   uint64_t shm_arena_step_bytes = 128 << 10;
+  // How a rank writes the chunks its peers read from its slots: "cached"
+  // (they read them from this core's cache), "streaming" (non-temporal
+  // stores: through memory), or "auto" (each host measures both on large
+  // allreduces and keeps the faster). The result is the same either way.
+  // PUSHPULL_SHM_ARENA_STORES.
+  std::string shm_arena_stores = "auto";
   // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
   // group spans >= 2 hosts with the same number >= 2 of ranks on each), 0 =
   // never, 1 = whenever every host has the same number of ranks.

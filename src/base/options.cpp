@@ -201,6 +201,7 @@ Options Options::from_env(const Environment& env) {
   r.integer({"PUSHPULL_SHM_MIN_MESSAGE_BYTES"}, &col.shm_min_message_bytes);
   r.integer({"PUSHPULL_SHM_ARENA_SLOT_BYTES"}, &col.shm_arena_slot_bytes);
   r.integer({"PUSHPULL_SHM_ARENA_STEP_BYTES"}, &col.shm_arena_step_bytes);
+  r.string({"PUSHPULL_SHM_ARENA_STORES"}, &col.shm_arena_stores);
   if (auto v = r.find({"PUSHPULL_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"}).second;
       v && !v->empty()) {  // empty: automatic
     bool hierarchical = false;
@@ -253,6 +254,10 @@ void Options::validate() const {
         "PUSHPULL_SHM_ARENA_SLOT_BYTES must be 0 (no arena) or 4096 .. 1 GiB");
   check(collective.shm_arena_step_bytes >= 4096 && collective.shm_arena_step_bytes <= (1u << 30),
         "PUSHPULL_SHM_ARENA_STEP_BYTES must be 4096 .. 1 GiB");
+  check(collective.shm_arena_stores == "auto" || collective.shm_arena_stores == "cached" ||
+            collective.shm_arena_stores == "streaming",
+        "PUSHPULL_SHM_ARENA_STORES must be auto, cached or streaming, got '" +
+            collective.shm_arena_stores + "'");
   check(collective.hierarchical_allreduce >= -1 && collective.hierarchical_allreduce <= 1,
         "hierarchical_allreduce must be -1 (automatic), 0 or 1");
 }

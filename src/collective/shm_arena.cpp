@@ -2,9 +2,15 @@
 #include "collective/shm_arena.h"
 
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <fmt/format.h>
 
@@ -31,16 +37,79 @@ inline void cpu_relax() {
 #endif
 }
 
+// memcpy with non-temporal stores: the bytes go to memory, not into this
+// core's cache (the peers read them from there). Ordered before the next
+// publish() by the fence.
+void copy_streaming(char* dst, const char* src, size_t bytes) {
+#if defined(__SSE2__)
+  size_t i = std::min(bytes, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, i);
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// CPU time of the calling thread: what an allreduce's copies and
+// reductions cost, without the time it waited for peers (which depends on
+// what else the host runs at that moment, e.g. a backward pass).
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 }  // namespace
 
+std::optional<SlotStores> parse_slot_stores(std::string_view text) {
+  if (text == "auto") return SlotStores::kAuto;
+  if (text == "cached") return SlotStores::kCached;
+  if (text == "streaming") return SlotStores::kStreaming;
+  return std::nullopt;
+}
+
 ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes,
-                   Check check, std::function<int(int)> name)
+                   Check check, std::function<int(int)> name, SlotStores stores)
     : rank_(rank),
       ranks_(std::move(ranks)),
       slot_bytes_(slot_bytes),
       chunk_bytes_(std::max<size_t>(1, chunk_bytes)),
       check_(std::move(check)),
-      name_(std::move(name)) {}
+      name_(std::move(name)),
+      stores_(stores) {
+  // A step's reduced piece is at most max(chunk, one element) bytes.
+  scratch_storage_ = std::make_unique<char[]>(std::max<size_t>(chunk_bytes_, 64) + 128);
+  const auto at = reinterpret_cast<uintptr_t>(scratch_storage_.get());
+  scratch_ = scratch_storage_.get() + ((64 - (at & 63)) & 63);
+}
+
+bool ShmArena::pick_streaming() {
+  const uint64_t k = tuned_ops_++;
+  // The first four alternate; every rank runs the same operations in the
+  // same order, so they try the same stores at the same time.
+  if (k < 4) return k % 2 == 1;
+  const bool best = rate_[1] > rate_[0];
+  return k % kRetryEvery == 0 ? !best : best;  // the other one may have become faster
+}
+
+void ShmArena::record(bool streaming, double bytes_per_second) {
+  double& r = rate_[streaming ? 1 : 0];
+  r = r == 0 ? bytes_per_second : 0.75 * r + 0.25 * bytes_per_second;
+}
 
 bool ShmArena::handles_allreduce(size_t) const {
   return true;  // in segments
@@ -123,14 +192,22 @@ void ShmArena::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Mil
   // not wait for the peers still reading this one's slot (two slots).
   const size_t esize = dtype_size(dtype);
   const size_t per_segment = std::max<size_t>(1, slot_bytes_ / esize);
+  const size_t total = count * esize;
+  const bool tuned = stores_ == SlotStores::kAuto && total >= kTunedBytes;
+  const bool streaming = tuned ? pick_streaming() : stores_ == SlotStores::kStreaming;
+  const double start = tuned ? thread_cpu_seconds() : 0;
   char* bytes = static_cast<char*>(data);
   for (size_t at = 0; at < count; at += per_segment)
     slot_allreduce(bytes + at * esize, std::min(per_segment, count - at), dtype, op, peer_timeout,
-                   postscale);
+                   postscale, streaming);
+  if (tuned) {
+    const double seconds = thread_cpu_seconds() - start;
+    if (seconds > 0) record(streaming, static_cast<double>(total) / seconds);
+  }
 }
 
 void ShmArena::slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
-                              double postscale) {
+                              double postscale, bool streaming) {
   const int n = size();
   const size_t esize = dtype_size(dtype);
   const size_t s = slot_ops_++ % 2;
@@ -161,7 +238,10 @@ void ShmArena::slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op
       if (p == rank_) continue;
       size_t len;
       const size_t off = piece(p, c, &len);
-      std::memcpy(slot(rank_) + off, data + off, len * esize);
+      if (streaming)
+        copy_streaming(slot(rank_) + off, data + off, len * esize);
+      else
+        std::memcpy(slot(rank_) + off, data + off, len * esize);
     }
     publish(in(c));
   };
@@ -175,11 +255,12 @@ void ShmArena::slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op
     const size_t off = piece(rank_, c, &len);
     if (len > 0) {
       auto src = [&](int q) { return q == rank_ ? data + off : slot(q) + off; };
-      char* acc = slot(rank_) + off;
+      char* acc = streaming ? scratch_ : slot(rank_) + off;
       reduce3(op, dtype, acc, src(0), src(1), len);
       for (int q = 2; q < n; ++q)
         reduce(op, dtype, acc, src(q), len);
       if (postscale != 1.0) scale(dtype, acc, postscale, len);
+      if (streaming) copy_streaming(slot(rank_) + off, acc, len * esize);
       std::memcpy(data + off, acc, len * esize);
     }
     publish(res(c));

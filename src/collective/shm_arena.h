@@ -23,6 +23,18 @@
 //   than a slot goes in slot-sized segments, one after the other; this
 //   beat reading the peers' buffers directly (process_vm_readv, which pins
 //   every page) by 2-3x at 2-64 MiB (docs/performance.md).
+// - How a rank writes its slot (SlotStores): with cached stores the peers
+//   read the chunk from this core's cache, which is fastest when the cores
+//   share a cache and the buffers are warm (the allreduce benchmark's
+//   case); with streaming (non-temporal) stores the chunk goes to memory
+//   and the peers read it from there, which was 3x faster for a training
+//   step's cold 256 MiB of gradients on some runs of the 2-core test host
+//   and 1.6x slower on others (docs/performance.md). Auto measures both on
+//   allreduces of at least kTunedBytes by the CPU time they cost this rank
+//   (waits for peers left out: they say what else the host ran) and keeps
+//   the cheaper, trying the other again every kRetryEvery such operations.
+//   Either way every rank reduces in rank order, so the result's bits do
+//   not depend on it.
 // - Barrier: one phase.
 //
 // Waits spin briefly (yielding the CPU), then sleep on a futex in the
@@ -38,13 +50,20 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collective/host_collectives.h"
 #include "pushpull/error.h"
 
 namespace pushpull::collective {
+
+enum class SlotStores : uint8_t { kAuto = 0, kCached = 1, kStreaming = 2 };
+// "auto", "cached", "streaming" (PUSHPULL_SHM_ARENA_STORES); nullopt otherwise.
+std::optional<SlotStores> parse_slot_stores(std::string_view text);
 
 // In each rank's segment. The first line is written only by its owner, the
 // second mostly by its peers.
@@ -69,7 +88,12 @@ class ShmArena final : public HostCollectives {
   // `ranks[rank]` is this rank. Allreduces move `chunk_bytes` per step.
   // `name(r)`: how errors name rank r.
   ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t chunk_bytes, Check check,
-           std::function<int(int)> name);
+           std::function<int(int)> name, SlotStores stores = SlotStores::kAuto);
+
+  // Auto's choice is measured on allreduces of at least this many bytes
+  // (smaller ones stay in cache: cached stores).
+  static constexpr size_t kTunedBytes = size_t{4} << 20;
+  static constexpr uint64_t kRetryEvery = 31;
 
   bool handles_allreduce(size_t bytes) const override;
   void allreduce(void* data, size_t count, DType dtype, ReduceOp op, Millis peer_timeout,
@@ -85,7 +109,10 @@ class ShmArena final : public HostCollectives {
   void wait_for(int peer, uint64_t phase, Millis timeout, const char* what);
   // One segment: at most slot_bytes_.
   void slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op, Millis timeout,
-                      double postscale);
+                      double postscale, bool streaming);
+  // Auto: which stores the next tuned allreduce uses, and what it measured.
+  bool pick_streaming();
+  void record(bool streaming, double bytes_per_second);
 
   int rank_;
   std::vector<Rank> ranks_;
@@ -96,6 +123,13 @@ class ShmArena final : public HostCollectives {
   uint64_t phase_ = 0;       // the last phase this rank published
   uint64_t slot_ops_ = 0;    // which slot the next segment uses
   uint64_t slot_free_[2]{};  // the phase after which every rank is done reading a slot
+  SlotStores stores_;
+  // A streaming step reduces here first (in cache), then streams the result
+  // into the slot and copies it into the buffer.
+  std::unique_ptr<char[]> scratch_storage_;
+  char* scratch_ = nullptr;
+  uint64_t tuned_ops_ = 0;
+  double rate_[2]{};  // bytes/s of tuned allreduces, [cached, streaming] (moving averages)
 };
 
 }  // namespace pushpull::collective

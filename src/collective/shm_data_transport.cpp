@@ -118,6 +118,7 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   ShmOptions o;
   o.arena_slot_bytes = static_cast<size_t>(c.shm_arena_slot_bytes);
   o.arena_chunk_bytes = static_cast<size_t>(c.shm_arena_step_bytes);
+  o.arena_stores = parse_slot_stores(c.shm_arena_stores).value_or(SlotStores::kAuto);
   // Every rank takes part in both exchanges, even one that cannot make a
   // probe (it proves nothing): the others must not wait for it.
   std::unique_ptr<HostProbe> probe;

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "collective/shm_arena.h"
 #include "collective/transport.h"
 #include "pushpull/options.h"
 
@@ -60,6 +61,9 @@ struct ShmOptions {
   // With 2 ranks, 1 MiB: 62-73 us in 128 KiB steps; 64 and 256 KiB no better
   // (interleaved runs, docs/performance.md).
   size_t arena_chunk_bytes = 128 << 10;
+  // How the arena writes its slots (shm_arena.h): measured per host (auto),
+  // or fixed.
+  SlotStores arena_stores = SlotStores::kAuto;
 };
 
 class ShmTransport final : public Transport {

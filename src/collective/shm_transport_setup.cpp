@@ -114,7 +114,7 @@ void ShmTransport::Impl::make_arena() {
     ranks.push_back({map(p).arena, map(p).slots});
   arena = std::make_unique<ShmArena>(
       rank, std::move(ranks), o.arena_slot_bytes, o.arena_chunk_bytes,
-      [this](int p) { return arena_check(p); }, [this](int r) { return name(r); });
+      [this](int p) { return arena_check(p); }, [this](int r) { return name(r); }, o.arena_stores);
 }
 
 Status ShmTransport::Impl::arena_check(int p) {

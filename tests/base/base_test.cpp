@@ -66,6 +66,7 @@ TEST(Options, DefaultsAndDmlcNames) {
   EXPECT_EQ(d.collective.shm_min_message_bytes, 512u << 10);
   EXPECT_EQ(d.collective.shm_arena_slot_bytes, 1u << 20);
   EXPECT_EQ(d.collective.shm_arena_step_bytes, 128u << 10);
+  EXPECT_EQ(d.collective.shm_arena_stores, "auto");
   EXPECT_EQ(d.cluster.heartbeat_interval, Millis(1000));
 
   Environment env{{"DMLC_ROLE", "server"},
@@ -81,11 +82,13 @@ TEST(Options, DefaultsAndDmlcNames) {
                   {"PUSHPULL_LOG_LEVEL", "debug"},
                   {"PUSHPULL_SHM_MIN_MESSAGE_BYTES", "0"},
                   {"PUSHPULL_SHM_ARENA_SLOT_BYTES", "0"},
-                  {"PUSHPULL_SHM_ARENA_STEP_BYTES", "1048576"}};
+                  {"PUSHPULL_SHM_ARENA_STEP_BYTES", "1048576"},
+                  {"PUSHPULL_SHM_ARENA_STORES", "streaming"}};
   Options o = Options::from_env(env);
   EXPECT_EQ(o.collective.shm_min_message_bytes, 0u);
   EXPECT_EQ(o.collective.shm_arena_slot_bytes, 0u);  // no arena
   EXPECT_EQ(o.collective.shm_arena_step_bytes, 1u << 20);
+  EXPECT_EQ(o.collective.shm_arena_stores, "streaming");
   EXPECT_EQ(o.cluster.role, Role::kServer);
   EXPECT_EQ(o.cluster.root_uri, "10.0.0.1");
   EXPECT_EQ(o.cluster.root_port, 9000);
@@ -112,6 +115,15 @@ TEST(Options, BadValuesNameTheVariable) {
                InvalidArgument);
   EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_SHM_ARENA_STEP_BYTES", "0"}}),
                InvalidArgument);
+  try {
+    Options::from_env(Environment{{"PUSHPULL_SHM_ARENA_STORES", "fast"}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("PUSHPULL_SHM_ARENA_STORES must be auto, cached or "
+                                         "streaming, got 'fast'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Log, LevelsAndContext) {

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <thread>
 
-
 #include "collective/algorithms.h"
 #include "fabrics.h"
 #include "harness.h"
@@ -93,6 +92,74 @@ TEST(ShmArena, EverySizeDtypeOpAndWorldInOneSegmentOrMany) {
   }
 }
 
+TEST(ShmArena, StreamingStoresGiveEverySizeDtypeOpAndWorldTheSameResult) {
+  ShmOptions o;
+  o.arena_slot_bytes = 4096;
+  o.arena_chunk_bytes = 1000;  // pieces of odd sizes and alignments
+  o.arena_stores = SlotStores::kStreaming;
+  for (int n : {2, 3, 4}) {
+    auto g = testing::connect_shm_group(n, o);
+    uint64_t op_id = 0;
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kFloat16})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax})
+        for (size_t count : {size_t{1}, size_t{3}, size_t{1025}, size_t{70001}}) {
+          ++op_id;
+          const auto want = reference(n, count, dtype, op);
+          run_ranks(g, [&](int r, Transport& t) {
+            auto buf = input(r, count, dtype, op);
+            auto ctx = context(t, op_id);
+            allreduce(ctx, buf.data(), count, dtype, op);
+            ASSERT_EQ(std::memcmp(buf.data(), want.data(), count * dtype_size(dtype)), 0)
+                << "n " << n << " rank " << r << " dtype " << dtype_name(dtype) << " op "
+                << reduce_op_name(op) << " count " << count;
+          });
+        }
+  }
+}
+
+// Float sums whose bits depend on the order of the additions.
+std::vector<float> rounded_input(int r, size_t count) {
+  std::vector<float> buf(count);
+  for (size_t i = 0; i < count; ++i)
+    buf[i] = 1.0f / static_cast<float>(3 + r + static_cast<int>(i % 17)) * (r % 2 ? 1e7f : 1);
+  return buf;
+}
+
+TEST(ShmArena, CachedStreamingAndMeasuredStoresGiveTheSameBits) {
+  // Above kTunedBytes, so auto tries both kinds of stores (the first
+  // allreduces alternate) and then keeps one; a count that is no multiple
+  // of anything, so the pieces start at odd offsets.
+  const size_t count = ShmArena::kTunedBytes / 4 + 12345;
+  const int n = 3;
+  std::vector<float> first;
+  for (SlotStores stores : {SlotStores::kCached, SlotStores::kStreaming, SlotStores::kAuto}) {
+    ShmOptions o;
+    o.arena_stores = stores;
+    auto g = testing::connect_shm_group(n, o);
+    for (int round = 0; round < 6; ++round) {
+      std::vector<std::vector<float>> got(n);
+      run_ranks(g, [&](int r, Transport& t) {
+        auto buf = rounded_input(r, count);
+        auto ctx = context(t, static_cast<uint64_t>(round) + 1);
+        allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum, 0.5);
+        got[static_cast<size_t>(r)] = std::move(buf);
+      });
+      if (first.empty()) first = got[0];
+      for (int r = 0; r < n; ++r)
+        ASSERT_EQ(std::memcmp(got[static_cast<size_t>(r)].data(), first.data(), count * 4), 0)
+            << "stores " << static_cast<int>(stores) << " round " << round << " rank " << r;
+    }
+  }
+}
+
+TEST(ShmArena, SlotStoresByName) {
+  EXPECT_EQ(parse_slot_stores("auto"), SlotStores::kAuto);
+  EXPECT_EQ(parse_slot_stores("cached"), SlotStores::kCached);
+  EXPECT_EQ(parse_slot_stores("streaming"), SlotStores::kStreaming);
+  EXPECT_EQ(parse_slot_stores("Streaming"), std::nullopt);
+  EXPECT_EQ(parse_slot_stores(""), std::nullopt);
+}
+
 TEST(ShmArena, TheSameBitsOnEveryRankForRoundedSums) {
   // Values whose float sums depend on the order: every rank still ends with
   // the same bits (one rank reduces each block, in rank order).
@@ -104,9 +171,7 @@ TEST(ShmArena, TheSameBitsOnEveryRankForRoundedSums) {
   for (size_t count : {size_t{1000}, size_t{50000}}) {
     std::vector<std::vector<float>> got(n);
     run_ranks(g, [&](int r, Transport& t) {
-      std::vector<float> buf(count);
-      for (size_t i = 0; i < count; ++i)
-        buf[i] = 1.0f / static_cast<float>(3 + r + static_cast<int>(i % 17)) * (r % 2 ? 1e7f : 1);
+      std::vector<float> buf = rounded_input(r, count);
       auto ctx = context(t, count);
       allreduce(ctx, buf.data(), count, DType::kFloat32, ReduceOp::kSum);
       got[static_cast<size_t>(r)] = std::move(buf);
