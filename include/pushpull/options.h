@@ -186,8 +186,9 @@ struct CollectiveOptions {
   uint64_t shm_arena_step_bytes = 128 << 10;
   // How a rank writes the chunks its peers read from its slots: "cached"
   // (they read them from this core's cache), "streaming" (non-temporal
-  // stores: through memory), or "auto" (each host measures both on large
-  // allreduces and keeps the faster). The result is the same either way.
+  // stores: through memory), or "auto" (each rank measures both by the CPU
+  // time they cost on allreduces of 4 MiB and more and keeps the cheaper).
+  // The result has the same bits either way, so ranks need not agree.
   // PUSHPULL_SHM_ARENA_STORES.
   std::string shm_arena_stores = "auto";
   // Hierarchical allreduce (docs/collectives.md): -1 = automatic (used when the
