@@ -90,12 +90,9 @@ ShmArena::ShmArena(int rank, std::vector<Rank> ranks, size_t slot_bytes, size_t 
       chunk_bytes_(std::max<size_t>(1, chunk_bytes)),
       check_(std::move(check)),
       name_(std::move(name)),
-      stores_(stores) {
-  // A step's reduced piece is at most max(chunk, one element) bytes.
-  scratch_storage_ = std::make_unique<char[]>(std::max<size_t>(chunk_bytes_, 64) + 128);
-  const auto at = reinterpret_cast<uintptr_t>(scratch_storage_.get());
-  scratch_ = scratch_storage_.get() + ((64 - (at & 63)) & 63);
-}
+      stores_(stores),
+      // A step's reduced piece is at most max(chunk, one element) bytes.
+      scratch_(Shape{static_cast<int64_t>(std::max<size_t>(chunk_bytes_, 64))}, DType::kUInt8) {}
 
 bool ShmArena::pick_streaming() {
   const uint64_t k = tuned_ops_++;
@@ -255,7 +252,7 @@ void ShmArena::slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op
     const size_t off = piece(rank_, c, &len);
     if (len > 0) {
       auto src = [&](int q) { return q == rank_ ? data + off : slot(q) + off; };
-      char* acc = streaming ? scratch_ : slot(rank_) + off;
+      char* acc = streaming ? static_cast<char*>(scratch_.data()) : slot(rank_) + off;
       reduce3(op, dtype, acc, src(0), src(1), len);
       for (int q = 2; q < n; ++q)
         reduce(op, dtype, acc, src(q), len);

@@ -50,13 +50,13 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "collective/host_collectives.h"
+#include "pushpull/array.h"
 #include "pushpull/error.h"
 
 namespace pushpull::collective {
@@ -125,9 +125,8 @@ class ShmArena final : public HostCollectives {
   uint64_t slot_free_[2]{};  // the phase after which every rank is done reading a slot
   SlotStores stores_;
   // A streaming step reduces here first (in cache), then streams the result
-  // into the slot and copies it into the buffer.
-  std::unique_ptr<char[]> scratch_storage_;
-  char* scratch_ = nullptr;
+  // into the slot and copies it into the buffer (64-byte aligned).
+  Array scratch_;
   uint64_t tuned_ops_ = 0;
   double rate_[2]{};  // bytes/s of tuned allreduces, [cached, streaming] (moving averages)
 };
