@@ -207,7 +207,9 @@ struct CollectiveOptions {
 };
 
 struct Options {
-  // PUSHPULL_LOG_LEVEL.
+  // PUSHPULL_LOG_LEVEL; from_env() also applies it to this process's log
+  // (set_log_level), so a library user's PUSHPULL_LOG_LEVEL=debug works
+  // without a call of its own.
   LogLevel log_level = LogLevel::kInfo;
   NetOptions net;
   ClusterOptions cluster;

@@ -127,6 +127,7 @@ Options Options::from_env(const Environment& env) {
     if (!parse_log_level(*v, &o.log_level))
       throw InvalidArgument(fmt::format(
           "{}='{}' is not a log level (use error, warning, info, debug or trace)", name, *v));
+    set_log_level(o.log_level);
   }
 
   NetOptions& n = o.net;

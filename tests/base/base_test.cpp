@@ -84,7 +84,13 @@ TEST(Options, DefaultsAndDmlcNames) {
                   {"PUSHPULL_SHM_ARENA_SLOT_BYTES", "0"},
                   {"PUSHPULL_SHM_ARENA_STEP_BYTES", "1048576"},
                   {"PUSHPULL_SHM_ARENA_STORES", "streaming"}};
+  const LogLevel before = log_level();
   Options o = Options::from_env(env);
+  // Reading the environment applies the level too (a library user's
+  // PUSHPULL_LOG_LEVEL works without a set_log_level call of its own).
+  EXPECT_EQ(o.log_level, LogLevel::kDebug);
+  EXPECT_EQ(log_level(), LogLevel::kDebug);
+  set_log_level(before);
   EXPECT_EQ(o.collective.shm_min_message_bytes, 0u);
   EXPECT_EQ(o.collective.shm_arena_slot_bytes, 0u);  // no arena
   EXPECT_EQ(o.collective.shm_arena_step_bytes, 1u << 20);
