@@ -95,7 +95,8 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
 }
 
 Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
-  Options o = Options::from_env(ctx.env);
+  Options o = Options::from_env(ctx.env);            // applies PUSHPULL_LOG_LEVEL
+  if (cfg.verbose) set_log_level(LogLevel::kDebug);  // --verbose wins over the environment
   o.cluster.role = Role::kScheduler;
   o.cluster.num_servers = cfg.num_servers;
   o.cluster.num_workers = cfg.num_workers;
