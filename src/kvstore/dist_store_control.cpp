@@ -49,7 +49,14 @@ void DistStore::set_updater(Updater) {
 
 void DistStore::set_optimizer(const OptimizerSpec& spec) {
   create_optimizer(spec);  // the same InvalidArgument on every worker, before any traffic
-  if (rejoining_) return;  // a restarted worker: the servers have it already
+  if (rejoining_) {
+    // A restarted worker: the servers have it already, unless worker 0 died
+    // before sending it; its replacement sends it to the servers that lack
+    // it (the others keep theirs, with the optimizer's states).
+    if (rank() == 0)
+      command_all(static_cast<uint64_t>(ps::Command::kSetOptimizerIfAbsent), {spec.to_string()});
+    return;
+  }
   Status sent;
   if (rank() == 0) {
     try {
@@ -58,7 +65,7 @@ void DistStore::set_optimizer(const OptimizerSpec& spec) {
       sent = Status::from_current_exception();
     }
   }
-  node_->barrier(cluster::Group::kWorkers);
+  workers_barrier();
   sent.raise();
 }
 
