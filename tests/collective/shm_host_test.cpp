@@ -372,10 +372,10 @@ TEST(UseSharedMemory, EveryRanksSegmentNameIsItsOwnRandomName) {
   // No two share their random part, not even a 4-byte run of it.
   for (size_t i = 0; i < 3; ++i)
     for (size_t j = 0; j < 3; ++j)
-      if (i != j)
-        for (size_t k = 0; k + 8 <= 32; k += 8)
-          EXPECT_EQ(seen[j].find(seen[i].substr(14 + k, 8)), std::string::npos)
-              << seen[i] << " " << seen[j];
+      for (size_t k = 0; i != j && k + 8 <= 32; k += 8) {
+        EXPECT_EQ(seen[j].find(seen[i].substr(14 + k, 8)), std::string::npos)
+            << seen[i] << " " << seen[j];
+      }
   EXPECT_EQ(dynamic_cast<ShmDataTransport*>(ts[0].get())->group(), (std::vector<int>{0, 1, 2}));
   squat::allreduce_is_right(ts);
   EXPECT_EQ(a.entries(), 0u);
@@ -443,8 +443,12 @@ TEST_P(ShmSquat, ASquattedSegmentFallsBackToTcpAndTheJobIsRight) {
   EXPECT_EQ(a.entries(), 1u);
   struct stat st {};
   ASSERT_EQ(::lstat(squatted.c_str(), &st), 0);
-  if (how == Squat::kOtherUser) EXPECT_EQ(st.st_uid, 65534u);
-  if (how == Squat::kSymlink) EXPECT_TRUE(S_ISLNK(st.st_mode));
+  if (how == Squat::kOtherUser) {
+    EXPECT_EQ(st.st_uid, 65534u);
+  }
+  if (how == Squat::kSymlink) {
+    EXPECT_TRUE(S_ISLNK(st.st_mode));
+  }
   std::ifstream in(victim);
   std::string text;
   std::getline(in, text);
