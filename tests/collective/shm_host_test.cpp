@@ -19,6 +19,7 @@
 #include <fstream>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -428,9 +429,23 @@ TEST_P(ShmSquat, ASquattedSegmentFallsBackToTcpAndTheJobIsRight) {
         break;
     }
   };
+  ::testing::internal::CaptureStderr();
   auto ts = choose(testing::connect_tcp_group(3),
                    {a.path.string(), a.path.string(), a.path.string()}, true, 0, hook);
+  const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(squat_made);
+  // One warning line for the job (from rank 1, which could not make its
+  // segment), naming the squatted path; the other ranks say it at INFO.
+  size_t warnings = 0;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("[pushpull W") && line.find("shared memory") != std::string::npos &&
+        line.find("secret") == std::string::npos) {
+      ++warnings;
+      EXPECT_NE(line.find(squatted), std::string::npos) << line;
+      EXPECT_NE(line.find("over TCP instead of shared memory"), std::string::npos) << line;
+    }
+  EXPECT_EQ(warnings, 1u) << log;
   for (auto& t : ts) {
     auto* s = dynamic_cast<ShmDataTransport*>(t.get());
     ASSERT_NE(s, nullptr);
