@@ -111,7 +111,9 @@ void per_node_config(LaunchArgs& a, bool workers_given) {
   if (std::getenv("PUSHPULL_JOB_SECRET") == nullptr)
     throw InvalidArgument(
         "--nnodes: set PUSHPULL_JOB_SECRET to the same value on every node (each node's launcher "
-        "would make its own); PUSHPULL_JOB_SECRET= (empty) runs without one on trusted networks");
+        "would make its own), e.g. from `openssl rand -hex 16`; an empty PUSHPULL_JOB_SECRET is "
+        "refused for a job that reaches other hosts unless PUSHPULL_ALLOW_INSECURE=1 is set as "
+        "well (no authentication: only on a network you trust)");
   // Every node's launcher must name the same job (peers check it): derived
   // from the meeting point unless PUSHPULL_JOB_ID says otherwise.
   if (c.job_id.empty() && std::getenv("PUSHPULL_JOB_ID") == nullptr)

@@ -216,6 +216,10 @@ TEST(LaunchConventionsCli, PerNodeBadInput) {
       {"--nproc-per-node", "1", "--node-rank", "0", "--master-addr", "h", "--master-port", "1"});
   EXPECT_EQ(no_secret.code, 2);
   EXPECT_NE(no_secret.out.find("PUSHPULL_JOB_SECRET"), std::string::npos) << no_secret.out;
+  // It says what setup does with an empty secret across hosts (refuses it
+  // unless PUSHPULL_ALLOW_INSECURE=1), not that an empty one is fine.
+  EXPECT_NE(no_secret.out.find("PUSHPULL_ALLOW_INSECURE=1"), std::string::npos) << no_secret.out;
+  EXPECT_EQ(no_secret.out.find("trusted networks"), std::string::npos) << no_secret.out;
   CliRun no_n = pushpull({"launch", "--dry-run", "./train"});
   EXPECT_EQ(no_n.code, 2);
   EXPECT_NE(no_n.out.find("-n/--num-workers is required"), std::string::npos) << no_n.out;
