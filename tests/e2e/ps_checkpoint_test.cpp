@@ -34,7 +34,8 @@ using test::TempDir;
 // `pushpull launch -n 3 -s S <flags> -- ps_failover_worker sync ROUNDS 10`;
 // servers append "rank pid" to DIR/servers.
 std::unique_ptr<test::ChildProcess> launch(const std::string& dir, int servers, int rounds,
-                                           std::vector<std::string> flags) {
+                                           std::vector<std::string> flags,
+                                           std::map<std::string, std::string> env = {}) {
   std::string server =
       "sh -c 'echo $PUSHPULL_RANK $$ >> " + dir + "/servers; exec " + bin("pushpull") + " server'";
   std::vector<std::string> argv = {bin("pushpull"),         "launch",           "-n",  "3", "-s",
@@ -43,11 +44,11 @@ std::unique_ptr<test::ChildProcess> launch(const std::string& dir, int servers, 
   for (std::string a : {std::string("--"), bin("ps_failover_worker"), std::string("sync"),
                         std::to_string(rounds), std::string("10")})
     argv.push_back(a);
-  return std::make_unique<test::ChildProcess>(
-      argv, std::map<std::string, std::string>{{"PUSHPULL_BIGARRAY_BOUND", "1000"},
-                                               {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
-                                               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
-                                               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}});
+  env.insert({{"PUSHPULL_BIGARRAY_BOUND", "1000"},
+              {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
+              {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
+              {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "2000"}});
+  return std::make_unique<test::ChildProcess>(argv, env);
 }
 
 void expect_all_ok(test::ChildProcess& job) {
@@ -129,6 +130,36 @@ TEST(PsCheckpoint, AResumedJobStillFailsOverExactly) {
   ::kill(servers[1], SIGKILL);
   expect_all_ok(*resumed);
   EXPECT_THAT(resumed->output(), HasSubstr("fail-over")) << resumed->output();
+}
+
+TEST(PsCheckpoint, AHomeKilledAfterTheResumeBeforeTheInitLeavesTheRestoredValues) {
+  // Server 1 dies after it loaded the checkpoint and before worker 0's init:
+  // the init of its ranges goes to their backup, which must hold the
+  // checkpoint's values (it loads the files of the homes it backs up), not
+  // create the ranges from the program's initial weights while the rounds
+  // go on from 8 (every pull after that would be WRONG).
+  TempDir dir("pp-ckpt-e2e");
+  const std::string ckpt = dir.path + "/ckpt";
+  auto first = launch(dir.path, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
+  expect_all_ok(*first);
+  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 8);
+  std::filesystem::remove(dir.path + "/servers");
+  auto resumed =
+      launch(dir.path, 3, 20, {"--resume", ckpt}, {{"PP_TEST_PAUSE_BEFORE_INIT_MS", "1500"}});
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (resumed->output().find("BEFORE INIT") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_THAT(resumed->output(), HasSubstr("BEFORE INIT"));
+  std::ifstream pids(dir.path + "/servers");
+  std::map<int, int> servers;
+  for (int rank, pid; pids >> rank >> pid;)
+    servers[rank] = pid;
+  ASSERT_EQ(servers.count(1), 1u) << resumed->output();
+  ::kill(servers[1], SIGKILL);
+  expect_all_ok(*resumed);
+  EXPECT_THAT(resumed->output(), HasSubstr("fail-over")) << resumed->output();
+  EXPECT_THAT(resumed->output(), HasSubstr("as their backup")) << resumed->output();
 }
 
 TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {

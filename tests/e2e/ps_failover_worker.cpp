@@ -30,6 +30,8 @@
 //                            before_barrier (the others wait in it),
 //                            in_barrier (after entering it),
 //                            before_set_optimizer (K ignored)
+//   PP_TEST_PAUSE_BEFORE_INIT_MS=N  worker 0 prints "BEFORE INIT" and waits
+//                            N ms after creating the store, before init
 #include <fmt/format.h>
 
 #include <signal.h>
@@ -99,6 +101,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < values.size(); ++i) {
       views.push_back(values[i].view());
       gviews.push_back(grads[i].view());
+    }
+    if (const char* p = std::getenv("PP_TEST_PAUSE_BEFORE_INIT_MS"); p && r == 0 && !replacement) {
+      fmt::print("BEFORE INIT\n");
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(p)));
     }
     kv->init(keys, views);
     if (die_rank == r && die_where == "before_set_optimizer") {
