@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize chaos fuzz package plots scaling
+.PHONY: all deps configure build test demo bench format clean sanitize chaos fuzz package plots scaling simulate
 
 all: build
 
@@ -42,6 +42,15 @@ CHAOS_FLAGS  ?=
 chaos: deps
 	@$(MAKE) --no-print-directory build
 	/usr/bin/python3 tests/chaos/chaos.py --build-dir $(BUILD_DIR) --trials $(CHAOS_TRIALS) $(CHAOS_FLAGS)
+
+# The deterministic simulation of parameter-server recovery (tests/sim/,
+# docs/reliability.md): SIM_SEEDS seeds of random fault schedules, each
+# checked against the reference values; a failing seed prints its schedule
+# (replay: build/bin/ps_sim --seed N). `make test` runs 2000 of them.
+SIM_SEEDS ?= 10000
+simulate: deps
+	@$(MAKE) --no-print-directory build
+	$(BUILD_DIR)/bin/ps_sim --seeds $(SIM_SEEDS)
 
 # libFuzzer targets of every wire decoder (tests/fuzz/) over a clang
 # ASan+UBSan build in build-fuzz/, 10^7 executions each (FUZZ_RUNS=N to change;

@@ -44,9 +44,14 @@ void TaskHandle::wait(Millis timeout) const {
 }
 
 ShardedExecutor::ShardedExecutor(int num_threads, std::string name) {
-  if (num_threads < 1)
-    throw InvalidArgument(
-        fmt::format("ShardedExecutor needs at least one thread, got {}", num_threads));
+  if (num_threads < 0)
+    throw InvalidArgument(fmt::format(
+        "ShardedExecutor needs at least one thread (or 0: manual), got {}", num_threads));
+  if (num_threads == 0) {
+    manual_ = true;
+    workers_.push_back(std::make_unique<Worker>());  // the queue, without a thread
+    return;
+  }
   workers_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i)
     workers_.push_back(std::make_unique<Worker>());
@@ -59,7 +64,31 @@ ShardedExecutor::ShardedExecutor(int num_threads, std::string name) {
   }
 }
 
+size_t ShardedExecutor::run_queued() {
+  if (!manual_) return 0;
+  Worker& w = *workers_[0];
+  size_t ran = 0;
+  for (;;) {
+    Task task;
+    {
+      std::lock_guard lock(w.mu);
+      if (w.queue.empty()) return ran;
+      task = std::move(w.queue.front());
+      w.queue.pop_front();
+    }
+    Status s;
+    try {
+      task.fn();
+    } catch (...) {
+      s = Status::from_current_exception();
+    }
+    if (task.done) task.done->finish(s);
+    ++ran;
+  }
+}
+
 ShardedExecutor::~ShardedExecutor() {
+  run_queued();  // manual mode: queued work was promised to its waiters
   for (auto& w : workers_) {
     std::lock_guard lock(w->mu);
     w->stop = true;
@@ -108,6 +137,10 @@ void ShardedExecutor::submit(uint64_t shard, std::function<void()> fn,
 }
 
 void ShardedExecutor::wait_idle(Millis timeout) {
+  if (manual_) {
+    run_queued();
+    return;
+  }
   // A no-op on every thread: once each has run, everything queued before ran.
   auto done = std::make_shared<Completion>(num_threads());
   for (int i = 0; i < num_threads(); ++i)
@@ -119,6 +152,10 @@ void ShardedExecutor::wait_idle(Millis timeout) {
 }
 
 void ShardedExecutor::run_exclusive(const std::function<void()>& fn, Millis timeout) {
+  if (manual_) {
+    run_queued();
+    return fn();
+  }
   auto parked = std::make_shared<Completion>(num_threads());
   auto gate = std::make_shared<Completion>(1);
   for (int i = 0; i < num_threads(); ++i) {

@@ -75,6 +75,10 @@ class TaskHandle {
 class ShardedExecutor {
  public:
   // `num_threads` >= 1; `name` labels the threads (visible in debuggers).
+  // `num_threads` = 0: manual mode, no thread at all: tasks run, in
+  // submission order, when the owner calls run_queued() (or wait_idle /
+  // run_exclusive / the destructor). The deterministic simulation
+  // (tests/sim/) drives servers this way: nothing runs behind its back.
   explicit ShardedExecutor(int num_threads, std::string name = "pp-exec");
   // Runs every task already queued, then joins the threads.
   ~ShardedExecutor();
@@ -91,6 +95,10 @@ class ShardedExecutor {
   // Same, but finishes one part of `done` (which may be shared by several
   // tasks) instead of making a new handle.
   void submit(uint64_t shard, std::function<void()> fn, std::shared_ptr<Completion> done);
+
+  // Manual mode: runs queued tasks (and those they submit) until none is
+  // left; returns how many ran. 0 with threads.
+  size_t run_queued();
 
   // Blocks until every task submitted before this call has run, or until
   // `timeout` passes (Timeout). Must not be called from a task.
@@ -118,6 +126,7 @@ class ShardedExecutor {
   void run(Worker& w);
 
   std::vector<std::unique_ptr<Worker>> workers_;
+  bool manual_ = false;  // num_threads == 0: one queue, no thread
 };
 
 // A 64-bit mix of `x` (splitmix64 finaliser), so shard numbers derived from

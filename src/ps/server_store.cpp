@@ -28,7 +28,7 @@ ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
     : config_(config),
       responder_(responder),
       value_pool_(8, config.lendable_values),
-      executor_(std::max(1, config.threads), fmt::format("pp-server{}", config.server_rank)) {}
+      executor_(std::max(0, config.threads), fmt::format("pp-server{}", config.server_rank)) {}
 
 ServerStore::~ServerStore() = default;
 

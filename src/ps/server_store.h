@@ -140,7 +140,7 @@ class ServerResponder {
 struct ServerStoreConfig {
   int num_workers = 1;
   bool sync = true;
-  int threads = 1;
+  int threads = 1;      // 0: no thread; the owner calls run_queued() (tests/sim/)
   int server_rank = 0;  // for messages
   // Memory bound: per worker and part, at most this many pushes held for a
   // later round (sync mode) and as many pulls waiting for its pushes; one
@@ -216,6 +216,8 @@ class ServerStore {
 
   // Blocks until everything queued so far has run.
   void wait_idle(Millis timeout) { executor_.wait_idle(timeout); }
+  // threads = 0: runs what is queued (and what that queues); how many ran.
+  size_t run_queued() { return executor_.run_queued(); }
   bool sync() const { return config_.sync; }
   // Whether any key was initialised (queued inits that have not run yet do
   // not count).

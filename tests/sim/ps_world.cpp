@@ -1,0 +1,686 @@
+// SPDX-License-Identifier: Apache-2.0
+// The simulated parameter-server job (ps_world.h): events on a simulated
+// clock, a network of per-link FIFO connections, the real ServerStores, and
+// models of the scheduler, the servers' replication and the worker stores.
+#include "sim/ps_world.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <queue>
+#include <random>
+#include <set>
+
+#include "cluster/protocol.h"
+#include "ps/server_store.h"
+#include "pushpull/array.h"
+#include "pushpull/optimizer.h"
+
+namespace pushpull::sim {
+
+std::string Fault::describe() const {
+  if (kind == kKill) return fmt::format("kill server {} at {} us", server, at_us);
+  if (continue_after_us == 0) return fmt::format("stop server {} at {} us for good", server, at_us);
+  return fmt::format("stop server {} at {} us, continue {} us later", server, at_us,
+                     continue_after_us);
+}
+
+std::string Scenario::describe() const {
+  std::string out =
+      fmt::format("seed {}: {} servers, {} workers, PUSHPULL_PS_REPLICAS={}, {}, {} rounds", seed,
+                  servers, workers, replicas, sync ? "dist_sync" : "dist_async", rounds);
+  for (const Fault& f : faults)
+    out += "\n  " + f.describe();
+  return out;
+}
+
+Scenario scenario_for_seed(uint64_t seed) {
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 1);
+  auto pick = [&](uint64_t n) { return rng() % n; };
+  Scenario s;
+  s.seed = seed;
+  s.servers = 3 + static_cast<int>(pick(2));  // 3 or 4
+  s.workers = 2 + static_cast<int>(pick(2));
+  s.replicas = static_cast<int>(pick(static_cast<uint64_t>(s.servers)));  // 0 .. S-1
+  s.sync = pick(4) != 0;
+  s.rounds = 8 + static_cast<int>(pick(8));
+  const int faults = static_cast<int>(pick(3)) + (s.replicas > 0 ? 1 : 0);
+  for (int i = 0; i < faults; ++i) {
+    Fault f;
+    f.server = static_cast<int>(pick(static_cast<uint64_t>(s.servers)));
+    // Rounds take a few ms of simulated time; faults land anywhere in the job,
+    // often close together (a second failure during the first's recovery).
+    f.at_us = pick(3) == 0 ? pick(2'000) : pick(40'000);
+    if (i > 0 && pick(2) == 0) f.at_us = s.faults.back().at_us + pick(3'000);
+    if (pick(3) == 0) {
+      f.kind = Fault::kStop;
+      const uint64_t mode = pick(3);  // shorter than the heartbeat timeout, longer, never
+      f.continue_after_us = mode == 0   ? 1 + pick(1'500'000)
+                            : mode == 1 ? 2'100'000 + pick(1'000'000)
+                                        : 0;
+    }
+    s.faults.push_back(f);
+  }
+  return s;
+}
+
+namespace {
+
+using cluster::Placement;
+using ps::PartId;
+using ps::Payload;
+using ps::ReplicaState;
+using ps::RequestMeta;
+
+constexpr uint64_t kHeartbeatTimeoutUs = 2'000'000;
+constexpr uint64_t kDeadlineUs = 600'000'000;  // the job's: every wait ends before it
+constexpr int kScheduler = 0;
+
+struct Msg {
+  enum Type { kInit, kPush, kPull, kReply, kError, kReplica, kReplicaAck, kPlacement, kAbort };
+  Type type = kReply;
+  uint64_t request_id = 0;
+  int part = 0;  // index into World::parts_
+  uint64_t seq = 0;
+  uint64_t epoch = 0;
+  std::vector<float> values;
+  std::string text;
+  std::shared_ptr<const ReplicaState> state;
+  uint64_t replication = 0;
+  Placement placement;
+};
+
+struct PartInfo {
+  PartId id;
+  int64_t count;
+  int home;
+  std::string name;
+};
+
+Payload floats(const std::vector<float>& v) {
+  auto a = std::make_shared<Array>(Shape{static_cast<int64_t>(v.size())}, DType::kFloat32);
+  if (!v.empty()) std::memcpy(a->data(), v.data(), v.size() * sizeof(float));
+  return Payload{a->view(), a};
+}
+
+class World;
+
+// A server: the real store, the replication model (ps::Server::replicate).
+class Server : public ps::ServerResponder {
+ public:
+  Server(World& w, int rank);
+  void reply(const RequestMeta& to, const Status& status, DType, std::span<const std::byte> data,
+             std::shared_ptr<void>) override;
+  bool replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
+                 std::function<void()> done) override;
+  void handle(int from, const Msg& m);
+  ps::ServerStore& store() { return *store_; }
+
+ private:
+  void request(int from, const Msg& m);
+  void apply_placement(const Placement& p);
+  World& w_;
+  int rank_;
+  std::unique_ptr<ps::ServerStore> store_;
+  Placement view_;
+  struct Outgoing {
+    std::set<int> waiting;
+    std::function<void()> done;
+  };
+  std::map<uint64_t, Outgoing> outgoing_;
+  uint64_t next_replication_ = 1;
+  std::deque<std::pair<int, Msg>> held_;  // requests of a newer placement epoch
+};
+
+// A worker's store (dist_store*.cpp): every round a pushpull of every part.
+struct Worker {
+  int rank = 0;
+  Placement view;
+  int round = 0;  // the round in flight (0: init)
+  struct Pending {
+    int part;
+    Msg::Type type;
+    uint64_t seq;
+    int server;
+  };
+  std::map<uint64_t, Pending> pending;  // request id -> what it is
+  std::map<int, uint64_t> current;      // part -> its live request id
+  std::map<int, std::vector<float>> got;
+  bool finished = false;
+  uint64_t next_rid = 1;
+};
+
+class World {
+ public:
+  explicit World(const Scenario& s);
+  Outcome run();
+
+  // The network.
+  void send(int from, int to, Msg m);
+  void close(int a, int b);  // their connection, both directions
+  int server_node(int rank) const { return 1 + rank; }
+  int worker_node(int rank) const { return 1 + s_.servers + rank; }
+  const Scenario& scenario() const { return s_; }
+  const std::vector<PartInfo>& parts() const { return parts_; }
+  int replicas() const { return s_.replicas; }
+  void violation(std::string what) { out_.violations.push_back(std::move(what)); }
+  uint64_t now() const { return now_; }
+  // A failed-over server acted on the scheduler's abort: it exits.
+  void abort_server(int rank) { kill(rank); }
+
+ private:
+  void at(uint64_t t, std::function<void()> fn) { events_.push({t, next_event_++, std::move(fn)}); }
+  void deliver(int from, int to, uint64_t gen, const Msg& m);
+  void handle(int node, int from, const Msg& m);
+  // The scheduler (scheduler_failures.cpp): a server is lost.
+  void lose(int server, const std::string& why);
+  void inject(const Fault& f);
+  void kill(int server);
+  // Workers.
+  int primary(const Worker& w, int part) const;
+  void send_request(Worker& w, int part, Msg::Type type, uint64_t seq);
+  void start_round(Worker& w);
+  void on_reply(Worker& w, const Msg& m);
+  void on_placement(Worker& w, const Placement& p);
+  void all_inited();
+  void check_round(Worker& w);
+  void final_pulls();
+
+  Scenario s_;
+  std::mt19937_64 rng_;
+  uint64_t now_ = 0, next_event_ = 0;
+  struct Event {
+    uint64_t t, order;
+    std::function<void()> fn;
+    bool operator>(const Event& o) const { return t != o.t ? t > o.t : order > o.order; }
+  };
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  struct Link {
+    uint64_t gen = 0;
+    uint64_t last = 0;
+    bool closed = false;
+  };
+  std::map<std::pair<int, int>, Link> links_;
+  std::vector<bool> dead_, stopped_;                               // by server rank (processes)
+  std::vector<std::deque<std::tuple<int, uint64_t, Msg>>> inbox_;  // a stopped server's
+  std::vector<uint64_t> stop_token_;
+  Placement placement_;  // the scheduler's
+  std::vector<PartInfo> parts_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<Worker> workers_;
+  // The reference: each part's value after every round, from the same
+  // optimizer on one copy.
+  std::vector<std::vector<std::vector<float>>> expected_;  // [round][part] (sync)
+  std::vector<std::vector<float>> initial_;
+  std::string spec_;
+  bool job_failed_ = false;
+  bool pulled_final_ = false;
+  int inits_left_ = 0;
+  std::map<uint64_t, int> init_rids_;
+  Outcome out_;
+};
+
+// ---- the world -------------------------------------------------------------
+
+World::World(const Scenario& s) : s_(s), rng_(s.seed) {
+  dead_.assign(s.servers, false);
+  stopped_.assign(s.servers, false);
+  inbox_.resize(s.servers);
+  stop_token_.assign(s.servers, 0);
+  placement_.dead.assign(s.servers, false);
+  placement_.late.assign(s.servers, false);
+  placement_.restarting.assign(s.servers, false);
+  // Parts: three whole keys at homes 0, 1, 2 and a key split over two servers.
+  parts_ = {{{1, 0}, 4, 0, "a"},
+            {{2, 0}, 3, 1 % s.servers, "b"},
+            {{3, 0}, 3, 2 % s.servers, "c.0"},
+            {{3, 3}, 3, 3 % s.servers, "c.1"}};
+  for (size_t p = 0; p < parts_.size(); ++p) {
+    std::vector<float> v(static_cast<size_t>(parts_[p].count));
+    for (size_t e = 0; e < v.size(); ++e)
+      v[e] = static_cast<float>(1 + e + 10 * p);  // distinct per element and part
+    initial_.push_back(v);
+  }
+  spec_ = s.sync ? "sgd:learning_rate=0.5,momentum=0.5" : "test:rescale_grad=0.5";
+  if (s.sync) {
+    auto opt = create_optimizer(OptimizerSpec::parse(spec_));
+    std::vector<std::vector<float>> w = initial_;
+    expected_.push_back(w);
+    const float sum = static_cast<float>(s.workers * (s.workers + 1) / 2);
+    for (int k = 1; k <= s.rounds; ++k) {
+      for (size_t p = 0; p < parts_.size(); ++p) {
+        std::vector<float> g(w[p].size(), sum);
+        ArrayView wv(w[p].data(), DType::kFloat32, Shape{static_cast<int64_t>(w[p].size())});
+        ArrayView gv(g.data(), DType::kFloat32, Shape{static_cast<int64_t>(g.size())});
+        opt->update(Key(static_cast<int64_t>(p)), wv, gv);
+      }
+      expected_.push_back(w);
+    }
+  }
+  for (int r = 0; r < s.servers; ++r)
+    servers_.push_back(std::make_unique<Server>(*this, r));
+  workers_.resize(static_cast<size_t>(s.workers));
+  for (int r = 0; r < s.workers; ++r) {
+    workers_[r].rank = r;
+    workers_[r].view = placement_;
+  }
+}
+
+void World::send(int from, int to, Msg m) {
+  Link& l = links_[{from, to}];
+  if (l.closed) return;  // that connection is gone: the send fails
+  uint64_t delay = 20 + rng_() % 1'000;
+  if (rng_() % 40 == 0) delay += rng_() % 30'000;         // a burst on this link
+  const uint64_t t = std::max(now_ + delay, l.last + 1);  // per-link FIFO (TCP)
+  l.last = t;
+  const uint64_t gen = l.gen;
+  at(t, [this, from, to, gen, m = std::move(m)] { deliver(from, to, gen, m); });
+}
+
+void World::close(int a, int b) {
+  for (auto key : {std::make_pair(a, b), std::make_pair(b, a)}) {
+    Link& l = links_[key];
+    l.closed = true;
+    ++l.gen;  // what is in flight is lost with it
+  }
+}
+
+void World::deliver(int from, int to, uint64_t gen, const Msg& m) {
+  if (links_[{from, to}].gen != gen || job_failed_) return;
+  if (to >= 1 && to <= s_.servers) {
+    const int r = to - 1;
+    if (dead_[r]) return;
+    if (stopped_[r]) {
+      inbox_[r].emplace_back(from, gen, m);  // in its socket buffer
+      return;
+    }
+  }
+  handle(to, from, m);
+}
+
+void World::handle(int node, int from, const Msg& m) {
+  ++out_.events;
+  if (node >= 1 && node <= s_.servers) return servers_[node - 1]->handle(from, m);
+  Worker& w = workers_[static_cast<size_t>(node - 1 - s_.servers)];
+  if (m.type == Msg::kPlacement) return on_placement(w, m.placement);
+  on_reply(w, m);
+}
+
+void World::kill(int server) {
+  if (dead_[server]) return;
+  dead_[server] = true;
+  inbox_[server].clear();
+  const int node = server_node(server);
+  for (int n = 1; n <= s_.servers + s_.workers; ++n)
+    if (n != node) close(node, n);
+  // The scheduler sees its connection close at once.
+  at(now_ + 500, [this, server] { lose(server, "its connection closed"); });
+}
+
+void World::inject(const Fault& f) {
+  if (f.kind == Fault::kKill) return kill(f.server);
+  if (dead_[f.server] || stopped_[f.server]) return;
+  stopped_[f.server] = true;
+  const uint64_t token = ++stop_token_[f.server];
+  // Silent for heartbeat_timeout: the scheduler declares it dead.
+  at(now_ + kHeartbeatTimeoutUs, [this, f, token] {
+    if (stopped_[f.server] && stop_token_[f.server] == token)
+      lose(f.server, "no heartbeat for 2000 ms");
+  });
+  if (f.continue_after_us > 0)
+    at(now_ + f.continue_after_us, [this, f] {
+      if (dead_[f.server] || !stopped_[f.server]) return;
+      stopped_[f.server] = false;
+      // A zombie when it was failed over meanwhile: it reads what its
+      // sockets hold, the scheduler's abort last, and acts on it.
+      auto inbox = std::move(inbox_[f.server]);
+      for (auto& [from, gen, m] : inbox) {
+        if (dead_[f.server]) break;
+        if (links_[{from, server_node(f.server)}].gen == gen || from == kScheduler)
+          handle(server_node(f.server), from, m);
+      }
+    });
+}
+
+void World::lose(int server, const std::string& why) {
+  if (job_failed_ || placement_.dead[server]) return;
+  placement_.dead[server] = true;
+  if (int home = cluster::first_lost_home(s_.servers, s_.replicas, placement_.dead); home >= 0) {
+    job_failed_ = true;
+    out_.failed_cleanly = true;
+    out_.failure = fmt::format("server {} failed ({}); no replica left for the ranges of server {}",
+                               server, why, home);
+    return;
+  }
+  placement_.epoch++;
+  Msg p;
+  p.type = Msg::kPlacement;
+  p.placement = placement_;
+  for (int r = 0; r < s_.servers; ++r)
+    if (r != server && !placement_.dead[r]) send(kScheduler, server_node(r), p);
+  for (int r = 0; r < s_.workers; ++r)
+    send(kScheduler, worker_node(r), p);
+  // The failed-over server is told to abort (a stopped one acts on it if it
+  // ever wakes up).
+  Msg abort;
+  abort.type = Msg::kAbort;
+  send(kScheduler, server_node(server), abort);
+}
+
+// ---- workers -----------------------------------------------------------------
+
+int World::primary(const Worker& w, int part) const {
+  return cluster::replica_chain(parts_[part].home, s_.servers, s_.replicas, w.view.dead,
+                                w.view.late)
+      .primary;
+}
+
+void World::send_request(Worker& w, int part, Msg::Type type, uint64_t seq) {
+  const int server = primary(w, part);
+  const uint64_t rid = w.next_rid++;
+  w.pending[rid] = {part, type, seq, server};
+  w.current[part] = rid;
+  if (server < 0) return;  // the job fails (no replica left)
+  Msg m;
+  m.type = type;
+  m.request_id = rid;
+  m.part = part;
+  m.seq = seq;
+  m.epoch = w.view.epoch;
+  if (type == Msg::kInit) m.values = initial_[part];
+  if (type == Msg::kPush)
+    m.values.assign(static_cast<size_t>(parts_[part].count), static_cast<float>(w.rank + 1));
+  send(worker_node(w.rank), server_node(server), std::move(m));
+}
+
+void World::start_round(Worker& w) {
+  ++w.round;
+  w.got.clear();
+  for (int p = 0; p < static_cast<int>(parts_.size()); ++p)
+    send_request(w, p, Msg::kPush, static_cast<uint64_t>(w.round));
+}
+
+void World::on_reply(Worker& w, const Msg& m) {
+  auto it = w.pending.find(m.request_id);
+  if (it == w.pending.end()) return;
+  const Worker::Pending p = it->second;
+  w.pending.erase(it);
+  if (w.current[p.part] != m.request_id) return;  // superseded by a re-send
+  if (m.type == Msg::kError) {
+    violation(fmt::format("worker {}: {} of part {} (round {}) refused: {}", w.rank,
+                          p.type == Msg::kInit ? "init" : "push", parts_[p.part].name, p.seq,
+                          m.text));
+    job_failed_ = true;
+    return;
+  }
+  w.current.erase(p.part);
+  if (p.type == Msg::kInit) {
+    if (--inits_left_ == 0) all_inited();
+    return;
+  }
+  if (p.type == Msg::kPull) {
+    std::vector<float> want = initial_[p.part];
+    const float total = 0.5f * static_cast<float>(s_.rounds * s_.workers * (s_.workers + 1) / 2);
+    for (float& x : want)
+      x += total;
+    if (m.values != want)
+      violation(fmt::format("dist_async: part {} holds {} after every push; exactly {} expected",
+                            parts_[p.part].name, fmt::join(m.values, ","), fmt::join(want, ",")));
+    if (w.current.empty()) w.finished = true;
+    return;
+  }
+  if (s_.sync) w.got[p.part] = m.values;
+  if (!w.current.empty()) return;  // the round's other parts
+  check_round(w);
+  if (w.round < s_.rounds) return start_round(w);
+  w.finished = true;
+  if (!s_.sync &&
+      std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.finished; }))
+    final_pulls();
+}
+
+void World::check_round(Worker& w) {
+  if (!s_.sync) return;
+  for (size_t p = 0; p < parts_.size(); ++p)
+    if (w.got[static_cast<int>(p)] != expected_[static_cast<size_t>(w.round)][p])
+      violation(fmt::format("worker {} round {} part {}: pulled {}, expected {}", w.rank, w.round,
+                            parts_[p].name, fmt::join(w.got[static_cast<int>(p)], ","),
+                            fmt::join(expected_[static_cast<size_t>(w.round)][p], ",")));
+}
+
+void World::final_pulls() {
+  // dist_async: every push acknowledged; worker 0 pulls every part.
+  Worker& w = workers_[0];
+  w.finished = false;
+  pulled_final_ = true;
+  for (int p = 0; p < static_cast<int>(parts_.size()); ++p)
+    send_request(w, p, Msg::kPull, 0);
+}
+
+void World::on_placement(Worker& w, const Placement& p) {
+  if (p.epoch <= w.view.epoch) return;
+  const Placement old = w.view;
+  w.view = p;
+  for (int s = 0; s < s_.servers; ++s)
+    if (p.dead[s] && !old.dead[s]) close(worker_node(w.rank), server_node(s));
+  // Re-send what was pending on a server that is no longer its part's primary.
+  std::vector<Worker::Pending> again;
+  for (auto it = w.pending.begin(); it != w.pending.end();) {
+    if (w.current[it->second.part] == it->first &&
+        primary(w, it->second.part) != it->second.server) {
+      again.push_back(it->second);
+      it = w.pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& r : again)
+    send_request(w, r.part, r.type, r.seq);
+}
+
+void World::all_inited() {
+  // The barrier after init: every worker starts its rounds.
+  for (Worker& w : workers_)
+    at(now_ + 100, [this, &w] { start_round(w); });
+}
+
+Outcome World::run() {
+  for (const Fault& f : s_.faults)
+    at(f.at_us, [this, f] { inject(f); });
+  // Worker 0 initialises every part.
+  inits_left_ = static_cast<int>(parts_.size());
+  at(0, [this] {
+    for (int p = 0; p < static_cast<int>(parts_.size()); ++p)
+      send_request(workers_[0], p, Msg::kInit, 0);
+  });
+  auto done = [&] {
+    return std::all_of(workers_.begin(), workers_.end(),
+                       [](const Worker& w) { return w.finished; }) &&
+           (s_.sync || pulled_final_);
+  };
+  while (!events_.empty() && !job_failed_ && !done()) {
+    Event e = events_.top();
+    events_.pop();
+    now_ = e.t;
+    if (now_ > kDeadlineUs) break;
+    e.fn();
+  }
+  out_.end_us = now_;
+  out_.finished = done();
+  if (!out_.finished && !job_failed_) {
+    std::string who;
+    for (const Worker& w : workers_)
+      if (!w.finished)
+        who += fmt::format(" worker {} (round {}, {} requests pending)", w.rank, w.round,
+                           w.pending.size());
+    violation(fmt::format("hang: {} at {} us with nothing left to happen:{}",
+                          events_.empty() ? "every event ran" : "past the job's deadline", now_,
+                          who));
+  }
+  return out_;
+}
+
+// ---- servers ---------------------------------------------------------------
+
+Server::Server(World& w, int rank) : w_(w), rank_(rank) {
+  const Scenario& s = w.scenario();
+  ps::ServerStoreConfig c;
+  c.num_workers = s.workers;
+  c.sync = s.sync;
+  c.threads = 0;  // run by this simulation only
+  c.server_rank = rank;
+  c.replicate = s.replicas > 0;
+  c.num_servers = s.servers;
+  store_ = std::make_unique<ps::ServerStore>(c, *this);
+  view_.dead.assign(s.servers, false);
+  view_.late.assign(s.servers, false);
+  store_->set_optimizer({0, 0}, OptimizerSpec::parse(s.sync ? "sgd:learning_rate=0.5,momentum=0.5"
+                                                            : "test:rescale_grad=0.5"));
+  store_->run_queued();
+}
+
+void Server::reply(const RequestMeta& to, const Status& status, DType,
+                   std::span<const std::byte> data, std::shared_ptr<void>) {
+  if (to.request_id == 0) return;  // set_optimizer at the start
+  Msg m;
+  m.request_id = to.request_id;
+  if (!status.is_ok()) {
+    m.type = Msg::kError;
+    m.text = status.to_string();
+  } else {
+    m.type = Msg::kReply;
+    m.values.resize(data.size() / sizeof(float));
+    if (!data.empty()) std::memcpy(m.values.data(), data.data(), m.values.size() * sizeof(float));
+  }
+  w_.send(w_.server_node(rank_), w_.worker_node(to.worker), std::move(m));
+}
+
+bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
+                       std::function<void()> done) {
+  const int home = state->home >= 0 ? state->home : rank_;
+  cluster::ReplicaChain chain =
+      cluster::replica_chain(home, w_.scenario().servers, w_.replicas(), view_.dead, view_.late);
+  std::vector<int> backups;
+  if (chain.primary == rank_) {
+    backups = chain.backups;
+  } else if (auto it = std::find(chain.backups.begin(), chain.backups.end(), rank_);
+             it != chain.backups.end()) {
+    backups.assign(it + 1, chain.backups.end());
+  }
+  if (backups.empty()) return false;
+  int index = -1;
+  for (size_t i = 0; i < w_.parts().size(); ++i)
+    if (w_.parts()[i].id == part) index = static_cast<int>(i);
+  const uint64_t id = next_replication_++;
+  outgoing_[id] = {std::set<int>(backups.begin(), backups.end()), std::move(done)};
+  for (int b : backups) {
+    // A copy on the wire: the backup owns what it receives.
+    auto copy = std::make_shared<ReplicaState>(*state);
+    auto a = std::make_shared<Array>(Array::copy_of(state->value.view));
+    copy->value = Payload{a->view(), a};
+    Msg m;
+    m.type = Msg::kReplica;
+    m.part = index;
+    m.state = copy;
+    m.replication = id;
+    w_.send(w_.server_node(rank_), w_.server_node(b), std::move(m));
+  }
+  return true;
+}
+
+void Server::handle(int from, const Msg& m) {
+  switch (m.type) {
+    case Msg::kInit:
+    case Msg::kPush:
+    case Msg::kPull:
+      request(from, m);
+      break;
+    case Msg::kReplica: {
+      const int to = from;
+      const uint64_t id = m.replication;
+      ReplicaState st = *m.state;
+      store_->install_replica(w_.parts()[m.part].id, std::move(st), [this, to, id](const Status&) {
+        Msg ack;
+        ack.type = Msg::kReplicaAck;
+        ack.replication = id;
+        w_.send(w_.server_node(rank_), to, std::move(ack));
+      });
+      break;
+    }
+    case Msg::kReplicaAck: {
+      auto it = outgoing_.find(m.replication);
+      if (it == outgoing_.end()) break;
+      it->second.waiting.erase(from - 1);
+      if (it->second.waiting.empty()) {
+        auto done = std::move(it->second.done);
+        outgoing_.erase(it);
+        done();
+      }
+      break;
+    }
+    case Msg::kPlacement:
+      apply_placement(m.placement);
+      break;
+    case Msg::kAbort:
+      // Failed over: the process ends (its connections close).
+      return w_.abort_server(rank_);
+    default:
+      break;
+  }
+  store_->run_queued();
+}
+
+void Server::request(int from, const Msg& m) {
+  if (m.epoch > view_.epoch) {
+    held_.emplace_back(from, m);  // held until this server's placement arrives
+    return;
+  }
+  const int worker = from - w_.worker_node(0);
+  const PartInfo& p = w_.parts()[m.part];
+  RequestMeta meta{worker, m.request_id, p.id.key, w_.scenario().sync};
+  if (m.type == Msg::kInit) {
+    store_->init(meta, p.id, p.name, floats(m.values), p.home);
+  } else if (m.type == Msg::kPush) {
+    store_->push(meta, p.id, floats(m.values), false, static_cast<uint32_t>(m.seq % (1u << 24)));
+  } else {
+    meta.pull_back = false;
+    store_->pull(meta, p.id, {});
+  }
+}
+
+void Server::apply_placement(const Placement& p) {
+  if (p.epoch <= view_.epoch) return;
+  const Placement old = view_;
+  view_ = p;
+  for (int s = 0; s < w_.scenario().servers; ++s)
+    if (p.dead[s] && !old.dead[s] && s != rank_) w_.close(w_.server_node(rank_), w_.server_node(s));
+  // Replications waiting for a backup that is now dead are complete.
+  std::vector<std::function<void()>> finished;
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    std::erase_if(it->second.waiting, [&](int b) { return p.dead[b]; });
+    if (it->second.waiting.empty()) {
+      finished.push_back(std::move(it->second.done));
+      it = outgoing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& f : finished)
+    f();
+  auto held = std::move(held_);
+  for (auto& [from, m] : held)
+    request(from, m);
+}
+
+}  // namespace
+
+Outcome run(const Scenario& s) {
+  World w(s);
+  return w.run();
+}
+
+}  // namespace pushpull::sim
