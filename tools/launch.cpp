@@ -76,6 +76,11 @@ void checkpoint_config(LaunchArgs& a) {
   } catch (const IoError& e) {
     throw InvalidArgument(fmt::format("--resume {}: {}", a.resume_dir, e.what()));
   }
+  // The crashed run's rounds after R are incomplete; left in place, the
+  // resumed run's files of such a round would complete it with theirs.
+  if (!a.dry_run)
+    for (const auto& moved : ps::set_aside_rounds_after(a.resume_dir, *round))
+      fmt::print(stderr, "pushpull launch: set aside the incomplete round {}\n", moved);
   c.env_server.emplace_back("PUSHPULL_RESUME_DIR",
                             std::filesystem::absolute(a.resume_dir).string());
   c.env.emplace_back("PUSHPULL_RESUME_ROUND", std::to_string(*round));

@@ -142,19 +142,46 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
   return decode_checkpoint(bytes, path, expect);
 }
 
+namespace {
+
+// The round of a directory named round-<10 digits>, else nullopt.
+std::optional<int64_t> round_of(const std::string& name) {
+  if (name.rfind("round-", 0) != 0 || name.size() != 16) return std::nullopt;
+  int64_t round = 0;
+  for (char ch : name.substr(6)) {
+    if (ch < '0' || ch > '9') return std::nullopt;
+    round = round * 10 + (ch - '0');
+  }
+  return round;
+}
+
+}  // namespace
+
+std::vector<std::string> set_aside_rounds_after(const std::string& dir, int64_t resumed) {
+  std::vector<std::string> moved;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    auto round = round_of(name);
+    if (!round || *round <= resumed) continue;
+    const auto to = entry.path().parent_path() / fmt::format("{}.abandoned-{}", name, resumed);
+    std::filesystem::rename(entry.path(), to, ec);
+    if (ec)
+      throw IoError(fmt::format("cannot set aside checkpoint round '{}': {}", entry.path().string(),
+                                ec.message()));
+    moved.push_back(to.string());
+  }
+  if (ec) throw IoError(fmt::format("checkpoint directory '{}': {}", dir, ec.message()));
+  return moved;
+}
+
 std::optional<int64_t> last_complete_checkpoint(const std::string& dir, int num_servers) {
   std::optional<int64_t> best;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("round-", 0) != 0 || name.size() != 16) continue;
-    int64_t round = 0;
-    bool digits = true;
-    for (char ch : name.substr(6)) {
-      if (ch < '0' || ch > '9') digits = false;
-      round = round * 10 + (ch - '0');
-    }
-    if (!digits || (best && round <= *best)) continue;
+    auto found = round_of(entry.path().filename().string());
+    if (!found || (best && *found <= *best)) continue;
+    const int64_t round = *found;
     bool complete = true;
     for (int s = 0; s < num_servers && complete; ++s)
       complete = std::filesystem::exists(checkpoint_path(dir, round, s), ec);

@@ -68,5 +68,10 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
 // The highest round whose files exist for every server 0..num_servers-1;
 // nullopt when none is complete.
 std::optional<int64_t> last_complete_checkpoint(const std::string& dir, int num_servers);
+// A job resumed from round `resumed` sets aside the rounds after it (the
+// crashed run's incomplete ones): renamed to round-<N>.abandoned-<resumed>,
+// so that a later crash cannot assemble a "complete" round from two runs'
+// files. Returns the directories renamed. Throws IoError.
+std::vector<std::string> set_aside_rounds_after(const std::string& dir, int64_t resumed);
 
 }  // namespace pushpull::ps

@@ -108,9 +108,11 @@ class Server : public ServerResponder {
   // value (bytes or lent) and answers.
   void on_replica_value(const cluster::NodeAddress& from, net::Message&& m);
   // Server rejoin: a live server sends `to` its ranges; the rejoined side.
-  void on_rejoin_request(int to);
+  // `generation`: which catch-up of the rejoining server (it starts over
+  // when a server it was catching up from dies), echoed in kRejoinDone.
+  void on_rejoin_request(int to, uint64_t generation);
   void on_rejoin_setup(const std::string& text);
-  void on_rejoin_done(int from);
+  void on_rejoin_done(int from, uint64_t generation);
   // Deliveries from the I/O thread enter the gate; close() refuses new ones
   // and waits until those inside have left.
   struct Gate {
@@ -151,6 +153,7 @@ class Server : public ServerResponder {
   std::vector<bool> dead_;          // the placement's dead servers, as on_placement saw it
   std::vector<bool> late_;          // and its rejoined ones
   std::set<int> catching_up_;       // rejoined servers we send our rounds to already
+  uint64_t rejoin_generation_ = 0;  // this server's catch-ups (Server::rejoin), under repl_mu_
   std::set<int> rejoin_waiting_;    // (rejoined side) live servers still sending
   bool rejoin_setup_done_ = false;  // (rejoined side) mode and optimizer installed
   std::string optimizer_spec_;      // the last kSetOptimizer's text (for rejoined servers)

@@ -128,8 +128,11 @@ void Server::send_replica_to(uint64_t id, const PartId& part,
 void Server::rejoin() {
   const cluster::Placement p = node_.placement();
   std::vector<int> live;
+  uint64_t generation;
   {
     std::lock_guard lock(repl_mu_);
+    generation = ++rejoin_generation_;
+    rejoin_waiting_.clear();
     for (int s = 0; s < node_.num_servers(); ++s)
       if (s != node_.rank() && !(static_cast<size_t>(s) < p.dead.size() && p.dead[s])) {
         rejoin_waiting_.insert(s);
@@ -139,11 +142,12 @@ void Server::rejoin() {
   PP_WARN("server {} restarted (replacement {}): asking servers {} for its key ranges",
           node_.rank(), node_.incarnation(), fmt::join(live, ", "));
   for (int s : live)
-    node_.send_copy(Role::kServer, s, net::Header{.type = msg::kRejoinRequest}, nullptr, 0);
+    node_.send_copy(Role::kServer, s, net::Header{.type = msg::kRejoinRequest, .key = generation},
+                    nullptr, 0);
   if (live.empty()) node_.report_rejoined();
 }
 
-void Server::on_rejoin_request(int to) {
+void Server::on_rejoin_request(int to, uint64_t generation) {
   const int me = node_.rank(), servers = node_.num_servers(), replicas = node_.ps_replicas();
   std::string setup;
   {
@@ -167,9 +171,10 @@ void Server::on_rejoin_request(int to) {
                          std::function<void()> done) {
     send_replica(part, std::move(state), {to}, std::move(done));
   };
-  store()->transfer(wanted, send, [this, to, me] {
+  store()->transfer(wanted, send, [this, to, me, generation] {
     PP_INFO("server {}: every key range sent to server {}", me, to);
-    node_.send_copy(Role::kServer, to, net::Header{.type = msg::kRejoinDone}, nullptr, 0);
+    node_.send_copy(Role::kServer, to, net::Header{.type = msg::kRejoinDone, .key = generation},
+                    nullptr, 0);
   });
 }
 
@@ -198,10 +203,12 @@ void Server::on_rejoin_setup(const std::string& text) {
   }
 }
 
-void Server::on_rejoin_done(int from) {
+void Server::on_rejoin_done(int from, uint64_t generation) {
   bool all = false;
   {
     std::lock_guard lock(repl_mu_);
+    // (A done of an earlier catch-up, restarted since, does not count.)
+    if (generation != rejoin_generation_) return;
     all = rejoin_waiting_.erase(from) > 0 && rejoin_waiting_.empty();
   }
   if (!all) return;
@@ -249,12 +256,12 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
   const net::Header& h = m.header;
   switch (h.type) {
     case msg::kRejoinRequest:
-      return on_rejoin_request(from.rank);
+      return on_rejoin_request(from.rank, m.header.key);
     case msg::kRejoinSetup:
       return on_rejoin_setup(
           std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
     case msg::kRejoinDone:
-      return on_rejoin_done(from.rank);
+      return on_rejoin_done(from.rank, m.header.key);
     case msg::kReply:
       if (h.flags & msg::kFlagSendBytes) {
         // The backup cannot read this process's memory: by value from now on.
@@ -308,6 +315,7 @@ void Server::on_placement(const cluster::Placement& p) {
   std::vector<std::function<void()>> finished;
   std::deque<net::Message> ready;
   std::vector<Pinned> unpinned;  // released outside the lock
+  bool restart_rejoin = false;
   {
     std::lock_guard lock(repl_mu_);
     dead_ = p.dead;
@@ -321,7 +329,12 @@ void Server::on_placement(const cluster::Placement& p) {
                                                                      : std::next(it);
     for (size_t s = 0; s < p.dead.size(); ++s)
       if (p.dead[s]) {
-        rejoin_waiting_.erase(static_cast<int>(s));
+        // A server this one was catching up from died: the ranges it led
+        // moved to other servers, which never sent them here. Catch up
+        // again from every live server (installing a state twice is
+        // harmless); before, the wait ended with the set empty and nobody
+        // reported the rejoin: the replication factor never came back.
+        restart_rejoin |= rejoin_waiting_.erase(static_cast<int>(s)) > 0;
         // Its lent blocks: mapped here, they would keep its memory alive.
         if (auto it = lent_by_.find(static_cast<int>(s)); it != lent_by_.end()) {
           lend_reader_.forget(it->second);
@@ -367,6 +380,10 @@ void Server::on_placement(const cluster::Placement& p) {
     f();
   for (auto& m : ready)
     on_message_guarded(std::move(m));
+  if (restart_rejoin) {
+    PP_WARN("server {}: a server it was catching up from died; catching up again", node_.rank());
+    rejoin();
+  }
 }
 
 }  // namespace pushpull::ps

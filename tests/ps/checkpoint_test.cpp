@@ -106,6 +106,23 @@ TEST(Checkpoint, OnlyRoundsWithEveryServersFileAreComplete) {
   EXPECT_THROW(last_complete_checkpoint(dir.path + "/nope", 2), IoError);
 }
 
+TEST(Checkpoint, AResumeSetsAsideTheCrashedRunsLaterRounds) {
+  // The crashed run wrote server 0's file of round 10 and died; the resumed
+  // run (from round 5) writes server 1's file of round 10 and dies too:
+  // without setting aside the old file, round 10 would look complete,
+  // assembled from two runs.
+  TempDir dir;
+  write_file_atomically(checkpoint_path(dir.path, 5, 0), "a");
+  write_file_atomically(checkpoint_path(dir.path, 5, 1), "b");
+  write_file_atomically(checkpoint_path(dir.path, 10, 0), "old run");
+  auto moved = set_aside_rounds_after(dir.path, 5);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_THAT(moved[0], ::testing::HasSubstr("round-0000000010.abandoned-5"));
+  write_file_atomically(checkpoint_path(dir.path, 10, 1), "new run");
+  EXPECT_EQ(last_complete_checkpoint(dir.path, 2), 5);
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_path(dir.path, 5, 0)));
+}
+
 // A symlink planted at a checkpoint's name (shared directory, predictable
 // name) is replaced, never written through; another user's file there is
 // refused; the round directory is 0700 and the file 0600.
