@@ -40,7 +40,12 @@ void ServerStore::rejoin(const RequestMeta& m, PartId part) {
       e->rejoins.push_back(m);
       return;
     }
-    answer_rejoin(*e, m);
+    // What the replacement adopts must be on every live server of the
+    // range: this one may hold it only as the replica of a primary that
+    // died before the other backups had it (found by the simulation, seed
+    // 1232: the replacement resumed after a round the next primary never
+    // had, and pulled values a round behind).
+    acknowledge_after_republish(part, *e, [this, m](Entry& e) { answer_rejoin(e, m); });
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -15,7 +16,9 @@
 #include <random>
 #include <set>
 
+#include "cluster/barrier_book.h"
 #include "cluster/protocol.h"
+#include "ps/protocol.h"
 #include "ps/server_store.h"
 #include "pushpull/array.h"
 #include "pushpull/optimizer.h"
@@ -23,6 +26,9 @@
 namespace pushpull::sim {
 
 std::string Fault::describe() const {
+  if (kind == kKillWorker)
+    return fmt::format("kill worker {} at {} us, its replacement starts {} us later", server, at_us,
+                       continue_after_us);
   if (kind == kKill) return fmt::format("kill server {} at {} us", server, at_us);
   if (continue_after_us == 0) return fmt::format("stop server {} at {} us for good", server, at_us);
   return fmt::format("stop server {} at {} us, continue {} us later", server, at_us,
@@ -30,9 +36,9 @@ std::string Fault::describe() const {
 }
 
 std::string Scenario::describe() const {
-  std::string out =
-      fmt::format("seed {}: {} servers, {} workers, PUSHPULL_PS_REPLICAS={}, {}, {} rounds", seed,
-                  servers, workers, replicas, sync ? "dist_sync" : "dist_async", rounds);
+  std::string out = fmt::format(
+      "seed {}: {} servers, {} workers, PUSHPULL_PS_REPLICAS={}, {}, {} rounds, barrier every {}",
+      seed, servers, workers, replicas, sync ? "dist_sync" : "dist_async", rounds, barrier_every);
   for (const Fault& f : faults)
     out += "\n  " + f.describe();
   return out;
@@ -48,9 +54,18 @@ Scenario scenario_for_seed(uint64_t seed) {
   s.replicas = static_cast<int>(pick(static_cast<uint64_t>(s.servers)));  // 0 .. S-1
   s.sync = pick(4) != 0;
   s.rounds = 8 + static_cast<int>(pick(8));
+  if (s.sync && pick(2) == 0) s.barrier_every = 1 + static_cast<int>(pick(4));
   const int faults = static_cast<int>(pick(3)) + (s.replicas > 0 ? 1 : 0);
   for (int i = 0; i < faults; ++i) {
     Fault f;
+    if (pick(3) == 0) {
+      f.kind = Fault::kKillWorker;
+      f.server = static_cast<int>(pick(static_cast<uint64_t>(s.workers)));
+      f.at_us = pick(40'000);
+      f.continue_after_us = 100 + pick(20'000);
+      s.faults.push_back(f);
+      continue;
+    }
     f.server = static_cast<int>(pick(static_cast<uint64_t>(s.servers)));
     // Rounds take a few ms of simulated time; faults land anywhere in the job,
     // often close together (a second failure during the first's recovery).
@@ -81,14 +96,30 @@ constexpr uint64_t kDeadlineUs = 600'000'000;  // the job's: every wait ends bef
 constexpr int kScheduler = 0;
 
 struct Msg {
-  enum Type { kInit, kPush, kPull, kReply, kError, kReplica, kReplicaAck, kPlacement, kAbort };
+  enum Type {
+    kInit,
+    kPush,
+    kPull,
+    kRejoin,  // a replacement's pull with the rejoin flag (ServerStore::rejoin)
+    kReply,
+    kError,
+    kReplica,
+    kReplicaAck,
+    kPlacement,
+    kAbort,
+    kBarrier,  // worker -> scheduler: seq = its barrier count, tag
+    kBarrierDone,
+    kBarrierPass,  // worker -> scheduler: seq = its position
+  };
   Type type = kReply;
   uint64_t request_id = 0;
   int part = 0;  // index into World::parts_
   uint64_t seq = 0;
   uint64_t epoch = 0;
   std::vector<float> values;
+  std::vector<std::byte> bytes;  // a reply's data
   std::string text;
+  cluster::BarrierTag tag;
   std::shared_ptr<const ReplicaState> state;
   uint64_t replication = 0;
   Placement placement;
@@ -152,6 +183,14 @@ struct Worker {
   std::map<int, std::vector<float>> got;
   bool finished = false;
   uint64_t next_rid = 1;
+  // Worker restart (dist_store.cpp): incarnation, adoption, barriers.
+  bool dead = false;
+  int incarnation = 0;
+  std::map<int, uint64_t> applied;  // a replacement's adoption: part -> applied seq
+  bool pass_due = false;
+  uint64_t position = 0;  // pushes issued (one per part and round)
+  uint64_t tag_position = 0, tag_seq = 0, barriers = 0;
+  bool in_barrier = false;
 };
 
 class World {
@@ -162,6 +201,9 @@ class World {
   // The network.
   void send(int from, int to, Msg m);
   void close(int a, int b);  // their connection, both directions
+  // A process ended: nothing reaches it any more, it sends nothing more, and
+  // what it had sent still arrives (the kernel delivers it).
+  void close_dead(int node);
   int server_node(int rank) const { return 1 + rank; }
   int worker_node(int rank) const { return 1 + s_.servers + rank; }
   const Scenario& scenario() const { return s_; }
@@ -171,6 +213,7 @@ class World {
   uint64_t now() const { return now_; }
   // A failed-over server acted on the scheduler's abort: it exits.
   void abort_server(int rank) { kill(rank); }
+  bool is_worker(int node) const { return node > s_.servers; }
 
  private:
   void at(uint64_t t, std::function<void()> fn) { events_.push({t, next_event_++, std::move(fn)}); }
@@ -180,6 +223,11 @@ class World {
   void lose(int server, const std::string& why);
   void inject(const Fault& f);
   void kill(int server);
+  void kill_worker(int rank, uint64_t restart_after);
+  void restart_worker(int rank);
+  void on_scheduler(int from, const Msg& m);
+  void barrier_done(const std::vector<cluster::BarrierBook::Answer>& answers);
+  void after_round(Worker& w);
   // Workers.
   int primary(const Worker& w, int part) const;
   void send_request(Worker& w, int part, Msg::Type type, uint64_t seq);
@@ -220,8 +268,12 @@ class World {
   bool job_failed_ = false;
   bool pulled_final_ = false;
   int inits_left_ = 0;
+  bool inited_ = false;
+  cluster::BarrierBook barriers_;  // the scheduler's (real)
+  std::map<uint64_t, int> barrier_conns_;
   std::map<uint64_t, int> init_rids_;
   Outcome out_;
+  const bool trace_ = std::getenv("PP_SIM_TRACE") != nullptr;  // every message handled
 };
 
 // ---- the world -------------------------------------------------------------
@@ -289,8 +341,19 @@ void World::close(int a, int b) {
   }
 }
 
+void World::close_dead(int node) {
+  for (int n = 0; n <= s_.servers + s_.workers; ++n) {
+    if (n == node) continue;
+    Link& in = links_[{n, node}];
+    in.closed = true;
+    ++in.gen;
+    links_[{node, n}].closed = true;
+  }
+}
+
 void World::deliver(int from, int to, uint64_t gen, const Msg& m) {
   if (links_[{from, to}].gen != gen || job_failed_) return;
+  if (is_worker(to) && workers_[static_cast<size_t>(to - 1 - s_.servers)].dead) return;
   if (to >= 1 && to <= s_.servers) {
     const int r = to - 1;
     if (dead_[r]) return;
@@ -304,8 +367,19 @@ void World::deliver(int from, int to, uint64_t gen, const Msg& m) {
 
 void World::handle(int node, int from, const Msg& m) {
   ++out_.events;
+  if (trace_)
+    fmt::print("{:>8} {} -> {}: type {} rid {} part {} seq {} epoch {} values {} bytes {}\n", now_,
+               from, node, static_cast<int>(m.type), m.request_id, m.part, m.seq,
+               m.type == Msg::kPlacement ? m.placement.epoch : m.epoch, fmt::join(m.values, ","),
+               m.bytes.size());
+  if (node == kScheduler) return on_scheduler(from, m);
   if (node >= 1 && node <= s_.servers) return servers_[node - 1]->handle(from, m);
   Worker& w = workers_[static_cast<size_t>(node - 1 - s_.servers)];
+  if (w.dead) return;
+  if (m.type == Msg::kBarrierDone) {
+    w.in_barrier = false;
+    return start_round(w);
+  }
   if (m.type == Msg::kPlacement) return on_placement(w, m.placement);
   on_reply(w, m);
 }
@@ -314,14 +388,18 @@ void World::kill(int server) {
   if (dead_[server]) return;
   dead_[server] = true;
   inbox_[server].clear();
-  const int node = server_node(server);
-  for (int n = 1; n <= s_.servers + s_.workers; ++n)
-    if (n != node) close(node, n);
+  close_dead(server_node(server));
   // The scheduler sees its connection close at once.
   at(now_ + 500, [this, server] { lose(server, "its connection closed"); });
 }
 
 void World::inject(const Fault& f) {
+  if (f.kind == Fault::kKillWorker) {
+    // (After the job's start: a worker 0 that dies before its init is out
+    // of this model.)
+    if (!inited_) return at(now_ + 5'000, [this, f] { inject(f); });
+    return kill_worker(f.server, f.continue_after_us);
+  }
   if (f.kind == Fault::kKill) return kill(f.server);
   if (dead_[f.server] || stopped_[f.server]) return;
   stopped_[f.server] = true;
@@ -373,6 +451,95 @@ void World::lose(int server, const std::string& why) {
 
 // ---- workers -----------------------------------------------------------------
 
+void World::kill_worker(int rank, uint64_t restart_after) {
+  Worker& w = workers_[static_cast<size_t>(rank)];
+  if (w.dead || w.finished) return;
+  w.dead = true;
+  const int node = worker_node(rank);
+  close_dead(node);
+  // The scheduler sees the close after what the worker sent it: away (its
+  // barrier arrivals go; the barrier waits for its replacement); then the
+  // launcher's restart.
+  const uint64_t lost = std::max(now_, links_[{node, kScheduler}].last) + 1;
+  at(lost, [this, rank] { barriers_.lose({Role::kWorker, rank}); });
+  at(std::max(lost, now_ + restart_after) + 1, [this, rank] { restart_worker(rank); });
+}
+
+void World::restart_worker(int rank) {
+  if (job_failed_) return;
+  Worker& w = workers_[static_cast<size_t>(rank)];
+  const int node = worker_node(rank);
+  for (int n = 0; n <= s_.servers + s_.workers; ++n) {  // new connections
+    links_[{node, n}] = Link{links_[{node, n}].gen + 1, 0, false};
+    links_[{n, node}] = Link{links_[{n, node}].gen + 1, 0, false};
+  }
+  for (int s = 0; s < s_.servers; ++s)
+    if (placement_.dead[s]) close(node, server_node(s));
+  const int incarnation = w.incarnation + 1;
+  w = Worker{};
+  w.rank = rank;
+  w.incarnation = incarnation;
+  w.next_rid = (static_cast<uint64_t>(incarnation) << 40) + 1;
+  w.view = placement_;  // the scheduler sends it first
+  // init: adopt every part's value and counts (kPull with the rejoin flag).
+  for (int p = 0; p < static_cast<int>(parts_.size()); ++p)
+    send_request(w, p, Msg::kRejoin, 0);
+}
+
+void World::on_scheduler(int from, const Msg& m) {
+  if (!is_worker(from)) return;
+  const int rank = from - worker_node(0);
+  if (m.type == Msg::kBarrierPass) {
+    barriers_.pass(rank, m.seq);
+    for (uint8_t g : barriers_.waiting_groups()) {
+      std::vector<cluster::BarrierBook::Member> all;
+      for (int r = 0; r < s_.workers; ++r)
+        all.emplace_back(Role::kWorker, r);
+      barrier_done(barriers_.settle(g, all));
+    }
+    return;
+  }
+  if (m.type != Msg::kBarrier) return;
+  std::vector<cluster::BarrierBook::Member> all;
+  for (int r = 0; r < s_.workers; ++r)
+    all.emplace_back(Role::kWorker, r);
+  barrier_done(barriers_.arrive(1, {Role::kWorker, rank}, static_cast<net::ConnId>(from), m.seq,
+                                m.tag, all));
+}
+
+void World::barrier_done(const std::vector<cluster::BarrierBook::Answer>& answers) {
+  for (const auto& a : answers) {
+    Msg done;
+    done.type = Msg::kBarrierDone;
+    done.seq = a.count;
+    send(kScheduler, static_cast<int>(a.conn), std::move(done));
+  }
+}
+
+void World::after_round(Worker& w) {
+  if (w.round >= s_.rounds) {
+    w.finished = true;
+    if (!s_.sync &&
+        std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.finished; }))
+      final_pulls();
+    return;
+  }
+  if (s_.barrier_every > 0 && w.round % s_.barrier_every == 0) {
+    // kv.barrier() at an epoch's end, tagged with the worker's position.
+    if (w.position != w.tag_position) {
+      w.tag_position = w.position;
+      w.tag_seq = 0;
+    }
+    Msg b;
+    b.type = Msg::kBarrier;
+    b.seq = ++w.barriers;
+    b.tag = {true, w.tag_position, ++w.tag_seq};
+    w.in_barrier = true;
+    return send(worker_node(w.rank), kScheduler, std::move(b));
+  }
+  start_round(w);
+}
+
 int World::primary(const Worker& w, int part) const {
   return cluster::replica_chain(parts_[part].home, s_.servers, s_.replicas, w.view.dead,
                                 w.view.late)
@@ -398,13 +565,27 @@ void World::send_request(Worker& w, int part, Msg::Type type, uint64_t seq) {
 }
 
 void World::start_round(Worker& w) {
+  if (w.pass_due) {
+    // A replacement's first push: past every barrier at its position.
+    w.pass_due = false;
+    Msg pass;
+    pass.type = Msg::kBarrierPass;
+    pass.seq = w.position;
+    send(worker_node(w.rank), kScheduler, std::move(pass));
+  }
   ++w.round;
+  w.position += parts_.size();
   w.got.clear();
   for (int p = 0; p < static_cast<int>(parts_.size()); ++p)
     send_request(w, p, Msg::kPush, static_cast<uint64_t>(w.round));
 }
 
-void World::on_reply(Worker& w, const Msg& m) {
+void World::on_reply(Worker& w, const Msg& in) {
+  Msg m = in;
+  if (m.type == Msg::kReply && m.values.empty() && !m.bytes.empty()) {
+    m.values.resize(m.bytes.size() / sizeof(float));
+    std::memcpy(m.values.data(), m.bytes.data(), m.values.size() * sizeof(float));
+  }
   auto it = w.pending.find(m.request_id);
   if (it == w.pending.end()) return;
   const Worker::Pending p = it->second;
@@ -418,6 +599,25 @@ void World::on_reply(Worker& w, const Msg& m) {
     return;
   }
   w.current.erase(p.part);
+  if (p.type == Msg::kRejoin) {
+    uint64_t applied = 0, accepted = 0;
+    if (Status st = ps::decode_rejoin(m.bytes, &applied, &accepted); !st) {
+      violation(fmt::format("worker {}: bad rejoin answer: {}", w.rank, st.message()));
+      job_failed_ = true;
+      return;
+    }
+    w.applied[p.part] = applied;
+    if (!w.current.empty()) return;
+    // Resume after the rounds every part completed (restart_round()).
+    uint64_t round = UINT64_MAX;
+    for (const auto& [part, a] : w.applied)
+      round = std::min(round, a);
+    w.round = static_cast<int>(round);
+    w.position = round * parts_.size();
+    w.pass_due = s_.sync;
+    if (w.round >= s_.rounds) return after_round(w);  // its predecessor had finished
+    return start_round(w);
+  }
   if (p.type == Msg::kInit) {
     if (--inits_left_ == 0) all_inited();
     return;
@@ -436,11 +636,7 @@ void World::on_reply(Worker& w, const Msg& m) {
   if (s_.sync) w.got[p.part] = m.values;
   if (!w.current.empty()) return;  // the round's other parts
   check_round(w);
-  if (w.round < s_.rounds) return start_round(w);
-  w.finished = true;
-  if (!s_.sync &&
-      std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.finished; }))
-    final_pulls();
+  after_round(w);
 }
 
 void World::check_round(Worker& w) {
@@ -483,6 +679,7 @@ void World::on_placement(Worker& w, const Placement& p) {
 }
 
 void World::all_inited() {
+  inited_ = true;
   // The barrier after init: every worker starts its rounds.
   for (Worker& w : workers_)
     at(now_ + 100, [this, &w] { start_round(w); });
@@ -553,8 +750,7 @@ void Server::reply(const RequestMeta& to, const Status& status, DType,
     m.text = status.to_string();
   } else {
     m.type = Msg::kReply;
-    m.values.resize(data.size() / sizeof(float));
-    if (!data.empty()) std::memcpy(m.values.data(), data.data(), m.values.size() * sizeof(float));
+    m.bytes.assign(data.begin(), data.end());
   }
   w_.send(w_.server_node(rank_), w_.worker_node(to.worker), std::move(m));
 }
@@ -597,6 +793,7 @@ void Server::handle(int from, const Msg& m) {
     case Msg::kInit:
     case Msg::kPush:
     case Msg::kPull:
+    case Msg::kRejoin:
       request(from, m);
       break;
     case Msg::kReplica: {
@@ -646,6 +843,8 @@ void Server::request(int from, const Msg& m) {
     store_->init(meta, p.id, p.name, floats(m.values), p.home);
   } else if (m.type == Msg::kPush) {
     store_->push(meta, p.id, floats(m.values), false, static_cast<uint32_t>(m.seq % (1u << 24)));
+  } else if (m.type == Msg::kRejoin) {
+    store_->rejoin(meta, p.id);
   } else {
     meta.pull_back = false;
     store_->pull(meta, p.id, {});

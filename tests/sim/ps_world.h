@@ -21,7 +21,10 @@
 //
 // Faults, at random moments: a server killed; a server stopped and continued
 // later (a zombie that wakes up after it was failed over, or before its
-// heartbeat timeout); delays and bursts of them on any link. The checker:
+// heartbeat timeout); a worker killed and restarted with its rank (it
+// rejoins through the real ServerStore::rejoin and re-sends its round;
+// epoch-end barriers run through the real cluster::BarrierBook); delays and
+// bursts of them on any link. The checker:
 // every value a worker pulls equals the reference (the same optimizer run on
 // one copy, bit for bit: per-element distinct values and a key split over
 // two servers, so offset or chunk mix-ups show), in dist_async the exact
@@ -39,7 +42,9 @@
 namespace pushpull::sim {
 
 struct Fault {
-  enum Kind { kKill, kStop } kind = kKill;
+  // kKillWorker: `server` is the worker's rank; the launcher restarts it
+  // (--max-restarts) after `continue_after_us`.
+  enum Kind { kKill, kStop, kKillWorker } kind = kKill;
   int server = 0;
   uint64_t at_us = 0;
   uint64_t continue_after_us = 0;  // kStop: 0 = never
@@ -53,6 +58,7 @@ struct Scenario {
   int replicas = 1;
   bool sync = true;
   int rounds = 12;
+  int barrier_every = 0;  // dist_sync: kv.barrier() after every this many rounds (0: none)
   std::vector<Fault> faults;
   std::string describe() const;
 };
