@@ -105,6 +105,15 @@ bool proof_equal(const Proof& a, const Proof& b);
 // True when `proof` is right for `input` (always true without a secret).
 bool verify_proof(const std::string& secret, const ProofInput& input, const Proof& proof);
 
+// What to do when proofs fail between hosts: the secrets differ, most often
+// because each host made its own per-user secret file (no shared home).
+inline constexpr const char* kSecretAdvice =
+    "set the same PUSHPULL_JOB_SECRET or PUSHPULL_JOB_SECRET_FILE on every host, or give every "
+    "host the same per-user secret file (~/.config/pushpull/secret, e.g. a shared home; "
+    "docs/security.md)";
+// Where this node's secret came from, for errors: NetOptions::job_secret_source.
+std::string secret_source(const NetOptions& opts);
+
 // The acceptor's decision on a decoded hello: empty when accepted, else the
 // reason to send back. `acceptor_nonce` is the one of its challenge.
 std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
