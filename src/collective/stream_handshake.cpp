@@ -68,10 +68,9 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
   std::vector<net::Fd> fds(static_cast<size_t>(size));
   std::vector<Pending> pending;
   net::PendingLimit per_source;
-  std::vector<std::string> local_hosts;
-  if (auth.local_only)
-    for (const auto& i : net::list_interfaces())
-      local_hosts.push_back(i.address);
+  std::vector<std::string> local_hosts;  // this machine's addresses: not capped, see peer_policy.h
+  for (const auto& i : net::list_interfaces())
+    local_hosts.push_back(i.address);
   net::RefusalLog log;
   const std::string key = auth.key();
   int expected = size - 1 - rank;
@@ -173,13 +172,14 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
       p.fd = net::Fd(fd);
       p.address = remote.to_string();
       p.host = net::host_of(remote);
-      if (auth.local_only && !net::is_local_peer(remote, local_hosts)) {
+      const bool local = net::is_local_peer(remote, local_hosts);
+      if (auth.local_only && !local) {
         log.note(p.host, fmt::format("{}: refused a data stream connection from {}: no job "
                                      "secret, so only this machine's peers are accepted",
                                      what, p.address));
         continue;
       }
-      if (!per_source.admit(p.host)) {
+      if (!local && !per_source.admit(p.host)) {
         log.note(p.host, fmt::format("{}: closed a data stream connection from {} at once: {} "
                                      "from that address are already authenticating",
                                      what, p.address, per_source.limit()));

@@ -45,9 +45,13 @@ std::string dial_refusal(const SockAddr& peer, const NetOptions& opts,
 // Loopback, or one of `local_hosts` (IPv4-mapped addresses unwrapped).
 bool is_local_peer(const SockAddr& peer, const std::vector<std::string>& local_hosts);
 
-// How many unauthenticated connections one source address may hold at once
-// in a node's handshake: a stranger's flood from one address cannot take
-// every descriptor, and one source cannot starve the others.
+// How many unauthenticated connections one source address of another
+// machine may hold at once in a node's handshake: a stranger's flood from
+// one address cannot take every descriptor, and one source cannot starve
+// the others. This machine's own addresses are not capped: the job's own
+// nodes share them (a cap would let any local user lock them out), and a
+// local user could use any of 127.0.0.0/8 anyway; the descriptor-limit
+// pause of the accept loop bounds them.
 inline constexpr size_t kMaxPendingPerSource = 64;
 
 // Counts pending (unauthenticated) connections per source address. admit()

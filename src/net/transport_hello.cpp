@@ -45,17 +45,20 @@ void Transport::send_hello_ack(Conn& c, const std::string& reason, const Hello* 
 // Why a peer at this connection's address may not even try (peer policy).
 std::string Transport::refusal_for(const Conn& c) {
   if (!config_.net.job_secret.empty() || config_.net.allow_insecure) return {};
-  std::string why = peer_refusal(c.remote, config_.net, local_hosts_);
+  if (from_this_machine(c.remote)) return {};
+  return peer_refusal(c.remote, config_.net, local_hosts_);
+}
+
+bool Transport::from_this_machine(const SockAddr& a) {
+  if (is_local_peer(a, local_hosts_)) return true;
   auto now = std::chrono::steady_clock::now();
-  if (!why.empty() && now - local_hosts_at_ > std::chrono::seconds(5)) {
-    // Interfaces may have changed (or were never read): look again, at most every 5 s.
-    local_hosts_.clear();
-    for (const auto& i : list_interfaces())
-      local_hosts_.push_back(i.address);
-    local_hosts_at_ = now;
-    why = peer_refusal(c.remote, config_.net, local_hosts_);
-  }
-  return why;
+  if (now - local_hosts_at_ <= std::chrono::seconds(5)) return false;
+  // Interfaces may have changed (or were never read): look again, at most every 5 s.
+  local_hosts_.clear();
+  for (const auto& i : list_interfaces())
+    local_hosts_.push_back(i.address);
+  local_hosts_at_ = now;
+  return is_local_peer(a, local_hosts_);
 }
 
 void Transport::on_hello(Conn& c, Message&& m) {

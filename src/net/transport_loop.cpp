@@ -121,11 +121,14 @@ void Transport::accept_all() {
       return;
     }
     accept_backoff_ = Millis{100};
-    // At most kMaxPendingPerSource connections from one address may be
-    // authenticating at once; more are closed before anything is sent (an
-    // honest connector retries: Transport::connect).
+    // At most kMaxPendingPerSource connections from one address of another
+    // machine may be authenticating at once; more are closed before anything
+    // is sent (an honest connector retries: Transport::connect). Not this
+    // machine's addresses: the job's own nodes share them, so a cap would let
+    // any local user lock them out (peer_policy.h).
     const std::string source = host_of(remote);
-    if (!pending_.admit(source)) {
+    const bool counted = !from_this_machine(remote);
+    if (counted && !pending_.admit(source)) {
       ::close(fd);
       refusals_.note(source, fmt::format("closed a connection from {} at once: {} connections "
                                          "from that address are already authenticating (the most "
@@ -136,7 +139,7 @@ void Transport::accept_all() {
     auto c = std::make_shared<Conn>();
     c->fd = Fd(fd);
     c->remote = remote;
-    c->pending_source = source;
+    if (counted) c->pending_source = source;
     tune_socket(fd, config_.net.socket_buffer_bytes);
     set_dead_link_timeout(fd, config_.dead_link_timeout);
     c->peer.address = remote.to_string();
