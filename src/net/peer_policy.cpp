@@ -100,8 +100,8 @@ void warn_insecure_once(const NetOptions& opts) {
           "PUSHPULL_JOB_SECRET");
     else
       PP_WARN(
-          "no job secret (PUSHPULL_JOB_SECRET): accepting connections from this machine "
-          "only; set the same secret on every node to run across machines");
+          "no job secret: accepting and opening connections to this machine only; set the same "
+          "PUSHPULL_JOB_SECRET on every node to run across machines");
   });
 }
 
