@@ -30,7 +30,9 @@ struct PlaceError : IoError {
   using IoError::IoError;
 };
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 std::string parent_of(const std::string& path) {
   auto slash = path.find_last_of('/');
@@ -136,15 +138,16 @@ std::string read_fd(int fd, const std::string& path) {
   }
   ::close(fd);
   if (data.size() > kMaxFileBytes)
-    throw IoError(fmt::format("the job secret file {} is larger than {} bytes", path,
-                              kMaxFileBytes));
+    throw IoError(
+        fmt::format("the job secret file {} is larger than {} bytes", path, kMaxFileBytes));
   // One line: the trailing newline (and a CR of an edited file) is not part of it.
   auto end = data.find_first_of("\r\n");
   if (end != std::string::npos) data.resize(end);
   if (data.empty())
-    throw IoError(fmt::format("the job secret file {} is empty; remove it (a new one is made) "
-                              "or write a secret into it",
-                              path));
+    throw IoError(
+        fmt::format("the job secret file {} is empty; remove it (a new one is made) "
+                    "or write a secret into it",
+                    path));
   return data;
 }
 
@@ -163,15 +166,17 @@ bool create_secret(const std::string& path) {
   const std::string tmp = fmt::format("{}/.secret.{}.{}", dir, ::getpid(), hex(tag, sizeof tag));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
-    throw PlaceError(fmt::format("cannot create the job secret file in {}: {}", dir,
-                                 errno_text(errno)));
+    throw PlaceError(
+        fmt::format("cannot create the job secret file in {}: {}", dir, errno_text(errno)));
   const std::string line = hex(raw, sizeof raw) + "\n";
   bool ok = ::fchmod(fd, 0600) == 0;  // whatever the umask
   for (size_t off = 0; ok && off < line.size();) {
     ssize_t n = ::write(fd, line.data() + off, line.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) ok = false;
-    else off += static_cast<size_t>(n);
+    if (n <= 0)
+      ok = false;
+    else
+      off += static_cast<size_t>(n);
   }
   ok = ok && ::fsync(fd) == 0;
   int err = ok ? 0 : errno;
@@ -188,8 +193,8 @@ bool create_secret(const std::string& path) {
   if (!created && err != EEXIST) {
 #ifdef SYS_renameat2
     constexpr unsigned kNoReplace = 1;  // RENAME_NOREPLACE
-    created = ::syscall(SYS_renameat2, AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(),
-                        kNoReplace) == 0;
+    created =
+        ::syscall(SYS_renameat2, AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), kNoReplace) == 0;
     err = created ? 0 : errno;
 #endif
   }
@@ -266,8 +271,7 @@ UserSecret load_or_create_secret(const std::string& path) {
       if (errno == ENOTDIR || errno == EACCES)
         throw PlaceError(
             fmt::format("cannot open the job secret file {}: {}", path, errno_text(errno)));
-      throw IoError(
-          fmt::format("cannot open the job secret file {}: {}", path, errno_text(errno)));
+      throw IoError(fmt::format("cannot open the job secret file {}: {}", path, errno_text(errno)));
     }
     out.created = create_secret(path) || out.created;
   }
@@ -293,9 +297,10 @@ UserSecret user_secret(const Environment& env) {
   out.fallback = true;
   static std::once_flag once;
   std::call_once(once, [&] {
-    PP_WARN("{}; using the per-host job secret {} instead (jobs across hosts then need the same "
-            "PUSHPULL_JOB_SECRET or PUSHPULL_JOB_SECRET_FILE on every host)",
-            why, out.path);
+    PP_WARN(
+        "{}; using the per-host job secret {} instead (jobs across hosts then need the same "
+        "PUSHPULL_JOB_SECRET or PUSHPULL_JOB_SECRET_FILE on every host)",
+        why, out.path);
   });
   return out;
 }

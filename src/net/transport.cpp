@@ -216,8 +216,7 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     if (config_.net.job_secret.empty() && !config_.net.allow_insecure) {
       SockAddr remote;
       remote.len = sizeof remote.storage;
-      if (::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&remote.storage), &remote.len) ==
-          0) {
+      if (::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&remote.storage), &remote.len) == 0) {
         std::vector<std::string> local;
         if (!is_loopback(remote))
           for (const auto& i : list_interfaces())

@@ -309,9 +309,9 @@ class Transport {
   std::chrono::steady_clock::time_point listen_resume_{};
   Millis accept_backoff_{100};
   std::chrono::steady_clock::time_point accept_log_next_{};
-  uint64_t accept_failures_ = 0;          // since the last accept-failure log line
-  size_t held_count_ = 0;                 // connections with a held hello
-  PendingLimit pending_;  // unauthenticated connections per source address (other machines)
+  uint64_t accept_failures_ = 0;  // since the last accept-failure log line
+  size_t held_count_ = 0;         // connections with a held hello
+  PendingLimit pending_;          // unauthenticated connections per source address (other machines)
   std::vector<std::string> local_hosts_;  // this machine's addresses (peer policy)
   std::chrono::steady_clock::time_point local_hosts_at_{};
 

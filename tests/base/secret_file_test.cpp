@@ -70,7 +70,8 @@ TEST(SecretFile, CreatedOnFirstUsePrivateAndStable) {
   EXPECT_EQ(again.secret, first.secret);
   // No temporary files left behind.
   size_t entries = 0;
-  for ([[maybe_unused]] auto& e : fs::directory_iterator(t.path + "/cfg/pushpull")) ++entries;
+  for ([[maybe_unused]] auto& e : fs::directory_iterator(t.path + "/cfg/pushpull"))
+    ++entries;
   EXPECT_EQ(entries, 1u);
 }
 
@@ -118,7 +119,8 @@ TEST(SecretFile, RacingCreatorsAgree) {
       std::string s;
       char buf[256];
       ssize_t n;
-      while ((n = ::read(fds[i][0], buf, sizeof buf)) > 0) s.append(buf, size_t(n));
+      while ((n = ::read(fds[i][0], buf, sizeof buf)) > 0)
+        s.append(buf, size_t(n));
       ::close(fds[i][0]);
       int status = 0;
       ::waitpid(pids[i], &status, 0);

@@ -107,10 +107,6 @@ TEST(LaunchConventions, HostArgumentIsAFileWhenOneExists) {
   EXPECT_EQ(read_hosts("h1:2"), (std::vector<HostEntry>{{"h1", 22, 2}}));
   EXPECT_THROW(read_hosts((dir / "missing").string()), InvalidArgument);  // has '/': a file
   std::filesystem::remove_all(dir);
-  if (before)
-    ::setenv("PUSHPULL_SECRET_FILE", saved.c_str(), 1);
-  else
-    ::unsetenv("PUSHPULL_SECRET_FILE");
 }
 
 // ---- the real binary ----
@@ -228,6 +224,10 @@ TEST(LaunchConventionsCli, PerNodeBadInput) {
   EXPECT_EQ(no_secret.code, 0) << no_secret.out;
   EXPECT_TRUE(std::filesystem::exists(dir + "/secret"));
   std::filesystem::remove_all(dir);
+  if (before)
+    ::setenv("PUSHPULL_SECRET_FILE", saved.c_str(), 1);
+  else
+    ::unsetenv("PUSHPULL_SECRET_FILE");
   CliRun no_n = pushpull({"launch", "--dry-run", "./train"});
   EXPECT_EQ(no_n.code, 2);
   EXPECT_NE(no_n.out.find("-n/--num-workers is required"), std::string::npos) << no_n.out;
