@@ -13,7 +13,9 @@
 
 #include <fmt/format.h>
 
+#include "base/private_file.h"
 #include "base/timeline.h"
+#include "pushpull/error.h"
 #include "pushpull/log.h"
 
 namespace pushpull::metrics {
@@ -134,9 +136,14 @@ bool init_from_env() {
     Writer& w = writer();
     if (const char* ms = std::getenv("PUSHPULL_METRICS_INTERVAL_MS"); ms && std::atoi(ms) > 0)
       w.interval = std::chrono::milliseconds(std::atoi(ms));
-    w.file = std::fopen(path.c_str(), "w");
+    // O_NOFOLLOW, 0600, never another user's file (base/private_file.h).
+    try {
+      w.file = base::fopen_private(path, "metrics");
+    } catch (const IoError& e) {
+      w.file = nullptr;
+      PP_WARN("{}; no metrics for this process", e.what());
+    }
     if (w.file == nullptr) {
-      PP_WARN("metrics: cannot write {}; no metrics for this process", path);
       g_state.store(1, std::memory_order_relaxed);
       return;
     }

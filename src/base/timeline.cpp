@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "base/private_file.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 #include "pushpull/timeline.h"
@@ -57,9 +58,9 @@ double micros(Clock::time_point t) {
 }  // namespace
 
 Recorder::Recorder(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "w");
-  if (file_ == nullptr)
-    throw IoError(fmt::format("timeline: cannot write {}: {}", path, std::strerror(errno)));
+  // O_NOFOLLOW, 0600, never another user's file (base/private_file.h):
+  // trace names are predictable and often in /tmp.
+  file_ = base::fopen_private(path, "timeline");
   std::fputs("[\n", file_);
   buffer_.reserve(kFlushBytes + 4096);
 }

@@ -101,10 +101,13 @@ void Node::apply_placement(Placement p) {
     cv_.notify_all();
     p.dead.resize(static_cast<size_t>(num_servers()), false);
     for (int s = 0; s < num_servers(); ++s) {
-      // Newly dead only: a server dead before may have rejoined since (a
-      // new connection, kept).
-      if (!p.dead[static_cast<size_t>(s)] || (static_cast<size_t>(s) < placement_.dead.size() &&
-                                              placement_.dead[static_cast<size_t>(s)]))
+      if (!p.dead[static_cast<size_t>(s)]) continue;
+      // Dead before too: a server dead before may have been restarted since
+      // and be catching up (a new connection, kept) — unless the scheduler
+      // says it has no live process any more (it died or was stopped while
+      // catching up: this placement is its verdict), or that connection
+      // closed too.
+      if (placement_.is_dead(s) && p.is_restarting(s) && !verdict_due_.count({Role::kServer, s}))
         continue;
       verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
       auto it = peers_.find({Role::kServer, s});
@@ -343,19 +346,34 @@ void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
   cv_.notify_all();
 }
 
-void Node::barrier(Group group, std::optional<Millis> timeout) {
+void Node::barrier(Group group, std::optional<Millis> timeout, BarrierTag tag) {
   std::unique_lock lock(mu_);
   if (!failure_.is_ok()) failure_.raise();
   uint8_t g = static_cast<uint8_t>(group);
   uint64_t seq = ++barrier_sent_[g];
   net::ConnId sched = scheduler_;
   lock.unlock();
-  transport_->send_copy(sched, net::Header{.type = msg::kBarrier, .request_id = seq, .key = g},
+  transport_->send_copy(sched,
+                        net::Header{.type = msg::kBarrier,
+                                    .request_id = seq,
+                                    .key = g,
+                                    .offset = tag.tracked ? tag.position + 1 : 0,
+                                    .length = tag.seq},
                         nullptr, 0);
   lock.lock();
   wait_for(lock, timeout.value_or(options_.cluster.barrier_timeout),
            fmt::format("barrier of {}", group_name(group)),
            [&] { return barrier_done_[g] >= seq; });
+}
+
+void Node::pass_barriers(uint64_t position) {
+  net::ConnId sched;
+  {
+    std::lock_guard lock(mu_);
+    sched = scheduler_;
+  }
+  transport_->send_copy(sched, net::Header{.type = msg::kBarrierPass, .offset = position}, nullptr,
+                        0);
 }
 
 net::ConnId Node::conn(Role role, int rank) const {

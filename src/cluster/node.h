@@ -50,6 +50,7 @@
 
 #include "base/clock.h"
 #include "base/liveness.h"
+#include "cluster/barrier_book.h"
 #include "cluster/protocol.h"
 #include "net/transport.h"
 #include "pushpull/options.h"
@@ -85,7 +86,12 @@ class Node {
   // Waits until every node of `group` called barrier(group) as often as this
   // one. Throws the job's failure, or Timeout after `timeout`
   // (ClusterOptions::barrier_timeout by default). Not for servers in kWorkers.
-  void barrier(Group group, std::optional<Millis> timeout = {});
+  // `tag`: a dist_sync worker's place in its program (cluster/barrier_book.h),
+  // which lets a replacement worker meet the others at the right barrier.
+  void barrier(Group group, std::optional<Millis> timeout = {}, BarrierTag tag = {});
+  // A replacement worker's first push, at `position` (pushes issued before
+  // it): it is past every barrier at that position (barrier_book.h).
+  void pass_barriers(uint64_t position);
 
   // The connection to (role, rank); throws NotFound for pairs that are not
   // connected (server-server, self) and the failure if that peer died.

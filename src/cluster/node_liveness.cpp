@@ -111,13 +111,13 @@ void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
     return;
   }
   if (p.role == Role::kWorker && book_.worker_restarts) {
-    // A worker may be restarted (--max-restarts): the scheduler decides
-    // (kPeerDead when it is not replaced in time).
+    // A worker may be restarted (--max-restarts): the scheduler decides, and
+    // it watches that worker itself (kPeerDead when it is lost for good). No
+    // deadline of our own: a replacement dials only the servers, so nothing
+    // here would ever clear one, and it would fail the job long after the
+    // replacement trains (a parameter-server worker uses no worker link).
     PP_WARN("connection to {} closed ({}); waiting for its replacement or the scheduler's verdict",
             p.describe(), why.message());
-    verdict_due_[{p.role, p.rank}] = {
-        clock_.now() + options_.cluster.startup_timeout + options_.cluster.heartbeat_timeout,
-        why.message()};
     return;
   }
   suspect_ = {ErrorCode::kPeerFailure,

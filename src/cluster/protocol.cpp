@@ -180,7 +180,8 @@ std::vector<std::byte> encode_placement(const Placement& p) {
   net::Writer w;
   w.u<uint64_t>(p.epoch).u<uint32_t>(static_cast<uint32_t>(p.dead.size()));
   for (size_t i = 0; i < p.dead.size(); ++i)
-    w.u<uint8_t>((p.dead[i] ? 1 : 0) | (i < p.late.size() && p.late[i] ? 2 : 0));
+    w.u<uint8_t>((p.dead[i] ? 1 : 0) | (i < p.late.size() && p.late[i] ? 2 : 0) |
+                 (i < p.restarting.size() && p.restarting[i] ? 4 : 0));
   return w.take();
 }
 
@@ -192,9 +193,10 @@ Status decode_placement(std::span<const std::byte> in, Placement* p) {
   if (!r.ok() || n > kMaxNodes) return bad("placement");
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     const auto b = r.u<uint8_t>();
-    if (b > 3) return bad("placement");
+    if (b > 7) return bad("placement");
     out.dead.push_back((b & 1) != 0);
     out.late.push_back((b & 2) != 0);
+    out.restarting.push_back((b & 4) != 0);
   }
   if (!r.done()) return bad("placement");
   *p = std::move(out);

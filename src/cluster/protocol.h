@@ -4,7 +4,11 @@
 //   kRegister     node -> scheduler   {role, preferred rank, host, port}
 //   kAddressBook  scheduler -> node   {your rank, AddressBook, restart flags,
 //                                     your incarnation}
-//   kBarrier      node -> scheduler   key = group, request_id = the node's barrier count
+//   kBarrier      node -> scheduler   key = group, request_id = the node's barrier count,
+//                                     offset = position + 1 (0: untracked), length = the
+//                                     barrier's seq at that position (barrier_book.h)
+//   kBarrierPass  worker -> scheduler offset = position: a replacement's first push; it
+//                                     is past every barrier at that position or before
 //   kBarrierDone  scheduler -> node   key = group, request_id = that count
 //   kHeartbeat    both ways           empty
 //   kPeerDead     scheduler -> node   {role, rank, host, port, reason}
@@ -51,7 +55,8 @@ inline constexpr uint16_t kWorkersDone = 25;
 inline constexpr uint16_t kFailureReport = 26;
 inline constexpr uint16_t kPlacement = 27;
 inline constexpr uint16_t kServerRejoined = 28;
-inline constexpr uint16_t kLast = 28;
+inline constexpr uint16_t kBarrierPass = 29;
+inline constexpr uint16_t kLast = 29;
 }  // namespace msg
 
 // Barrier groups (bit set; kAll = servers and workers, not the scheduler).
@@ -109,6 +114,16 @@ struct Placement {
   // Servers that rejoined after a fail-over (launch --max-restarts): last in
   // every chain, so a rejoin never moves a primary.
   std::vector<bool> late;
+  // Dead servers whose restarted process registered and is catching up
+  // (server rejoin): its connections are kept. A dead server without this
+  // flag has no live process: a connection from it is stale, and a server
+  // sending it ranges stops waiting for it (it died or was stopped while
+  // catching up).
+  std::vector<bool> restarting;
+  bool is_dead(int s) const { return s >= 0 && static_cast<size_t>(s) < dead.size() && dead[s]; }
+  bool is_restarting(int s) const {
+    return s >= 0 && static_cast<size_t>(s) < restarting.size() && restarting[s];
+  }
 };
 
 // Backups per key range a job uses: `configured` (PUSHPULL_PS_REPLICAS; -1 =

@@ -65,6 +65,33 @@ int Scheduler::group_size(Group g) const {
   return n;
 }
 
+std::vector<BarrierBook::Member> Scheduler::members(uint8_t group) const {
+  std::vector<BarrierBook::Member> out;
+  if (group & static_cast<uint8_t>(Group::kWorkers))
+    for (int w = 0; w < options_.cluster.num_workers; ++w)
+      out.emplace_back(Role::kWorker, w);
+  if (group & static_cast<uint8_t>(Group::kServers))
+    for (int s = 0; s < options_.cluster.num_servers; ++s)
+      if (static_cast<size_t>(s) >= placement_.dead.size() ||
+          !placement_.dead[static_cast<size_t>(s)])
+        out.emplace_back(Role::kServer, s);
+  return out;
+}
+
+void Scheduler::answer_barrier(uint8_t group, const std::vector<BarrierBook::Answer>& answers) {
+  // Each member is answered with its own count (a replacement worker's count
+  // started afresh).
+  for (const auto& a : answers)
+    transport_->send_copy(
+        a.conn, net::Header{.type = msg::kBarrierDone, .request_id = a.count, .key = group},
+        nullptr, 0);
+}
+
+void Scheduler::settle_barriers() {
+  for (uint8_t g : barriers_.waiting_groups())
+    answer_barrier(g, barriers_.settle(g, members(g)));
+}
+
 void Scheduler::broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key,
                           uint64_t request_id) {
   for (auto& [id, e] : nodes_)
@@ -132,19 +159,21 @@ void Scheduler::on_message(net::Message&& m) {
       return;
     }
     case msg::kBarrier: {
-      auto g = static_cast<Group>(m.header.key);
-      if (m.header.key < 1 || m.header.key > 3 || it == nodes_.end()) return;
-      auto& waiting = barrier_waiting_[static_cast<uint8_t>(g)];
-      waiting[m.conn] = m.header.request_id;
-      if (static_cast<int>(waiting.size()) < group_size(g)) return;
-      // Each member is answered with its own count (a replacement worker's
-      // count started afresh).
-      auto members = std::move(waiting);
-      waiting.clear();
-      for (auto& [id, count] : members)
-        transport_->send_copy(
-            id, net::Header{.type = msg::kBarrierDone, .request_id = count, .key = m.header.key},
-            nullptr, 0);
+      if (m.header.key < 1 || m.header.key > 3 || it == nodes_.end() || it->second.addr.rank < 0)
+        return;
+      const auto g = static_cast<uint8_t>(m.header.key);
+      // offset: the worker's position + 1 (0: untracked); length: its seq there.
+      BarrierTag tag{m.header.offset > 0, m.header.offset > 0 ? m.header.offset - 1 : 0,
+                     m.header.length};
+      answer_barrier(g, barriers_.arrive(g, {it->second.addr.role, it->second.addr.rank}, m.conn,
+                                         m.header.request_id, tag, members(g)));
+      return;
+    }
+    case msg::kBarrierPass: {
+      if (it == nodes_.end() || it->second.addr.role != Role::kWorker || it->second.addr.rank < 0)
+        return;
+      barriers_.pass(it->second.addr.rank, m.header.offset);
+      settle_barriers();
       return;
     }
     case msg::kHeartbeat:
@@ -156,6 +185,8 @@ void Scheduler::on_message(net::Message&& m) {
       placement_.dead[r] = false;
       placement_.late.resize(placement_.dead.size(), false);
       placement_.late[r] = true;
+      placement_.restarting.resize(placement_.dead.size(), false);
+      placement_.restarting[r] = false;
       placement_.epoch++;
       PP_WARN(
           "server {} rejoined: it holds its key ranges again and is their backup (placement "

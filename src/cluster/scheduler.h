@@ -44,8 +44,9 @@
 // the current placement, then the address book with its incarnation (how
 // many times that rank was lost). A worker away longer than startup_timeout,
 // or whose process the launcher does not restart (process_exited), fails the
-// job naming it. Barriers count the members present; a replacement joins
-// the next one.
+// job naming it. Barriers count every worker, away ones too: a replacement
+// arrives at the one its predecessor missed, or moves past it with its first
+// push (cluster/barrier_book.h).
 //
 // Root cause: the job's status is the first failure recorded; later failures
 // (nodes exiting because of it) are consequences and only logged.
@@ -69,6 +70,7 @@
 
 #include "base/clock.h"
 #include "base/liveness.h"
+#include "cluster/barrier_book.h"
 #include "cluster/protocol.h"
 #include "net/transport.h"
 #include "pushpull/options.h"
@@ -155,9 +157,14 @@ class Scheduler {
   bool complete_ = false;  // every node registered and got its book
   bool finished_ = false;  // every node left
   Status failure_;
-  // Per group: the members waiting in the barrier, with their barrier count
-  // (each is answered with its own: a replacement's count starts afresh).
-  std::map<uint8_t, std::map<net::ConnId, uint64_t>> barrier_waiting_;
+  // The barriers, by member (role, rank): see barrier_book.h.
+  BarrierBook barriers_;
+  // The expected members of a barrier group: every worker (away ones too)
+  // and the live servers (mu_ held).
+  std::vector<BarrierBook::Member> members(uint8_t group) const;
+  void answer_barrier(uint8_t group, const std::vector<BarrierBook::Answer>& answers);  // mu_ held
+  // Completes the barriers a loss, a pass or a placement let through (mu_ held).
+  void settle_barriers();
   // Worker restart: the book sent at registration (a replacement gets it
   // with its own new address), the workers away (rank -> since, why) and
   // how many times each rank was lost.

@@ -44,8 +44,9 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   if (who.rank < 0) who.rank = it->second.preferred;
   silence_.forget(id);
   nodes_.erase(it);
-  for (auto& [group, waiting] : barrier_waiting_)
-    waiting.erase(id);
+  // Its barrier arrivals go (an away worker blocks the barrier until its
+  // replacement arrives or moves past it: BarrierBook).
+  if (who.rank >= 0) barriers_.lose({who.role, who.rank});
   if (who.role == Role::kWorker && mark_away(who, reason)) {
     // A stopped worker that wakes up must not act as the rank any more.
     auto bye = encode_dead(who, "this worker was replaced: " + reason);
@@ -62,6 +63,9 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   placement_.dead[static_cast<size_t>(who.rank)] = true;
   if (static_cast<size_t>(who.rank) < placement_.late.size())
     placement_.late[static_cast<size_t>(who.rank)] = false;
+  // A restarted server lost while catching up: its connections are stale.
+  placement_.restarting.resize(placement_.dead.size(), false);
+  placement_.restarting[static_cast<size_t>(who.rank)] = false;
   ++server_losses_[who.rank];
   if (int home = first_lost_home(servers, replicas_, placement_.dead); home >= 0) {
     std::string chain;
@@ -79,6 +83,7 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   // to abort, and its connection is closed.
   auto bye = encode_dead(who, "this server was failed over: " + reason);
   broadcast(msg::kPlacement, encode_placement(placement_));
+  settle_barriers();  // a barrier of servers no longer waits for this one
   transport_->send_copy(id, net::Header{.type = msg::kAbort}, bye.data(), bye.size());
   transport_->close(id, {ErrorCode::kPeerFailure, "failed over"});
 }
@@ -108,6 +113,10 @@ void Scheduler::rejoin(net::ConnId id, Entry e) {
             role_name(e.addr.role), rank);
   nodes_[id] = e;
   (server ? book_.servers : book_.workers)[static_cast<size_t>(rank)] = e.addr;
+  if (server) {
+    placement_.restarting.resize(placement_.dead.size(), false);
+    placement_.restarting[static_cast<size_t>(rank)] = true;
+  }
   // The placement first: the replacement connects only to live servers.
   if (placement_.epoch > 0) {
     auto p = encode_placement(placement_);

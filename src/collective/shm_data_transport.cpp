@@ -15,6 +15,8 @@ namespace {
 
 constexpr uint64_t kHostTag = kControlTagBit | 0x53484d484f5354ull;   // "SHMHOST"
 constexpr uint64_t kProofTag = kControlTagBit | 0x53484d50524f46ull;  // "SHMPROF"
+// The setup's agreements (ShmOptions::agree): "SHMAGR" + the step.
+constexpr uint64_t kAgreeTag = kControlTagBit | 0x53484d41475200ull;
 
 bool is_control(uint64_t tag) {
   return (tag & kControlTagBit) != 0;
@@ -34,6 +36,26 @@ std::vector<std::vector<uint8_t>> exchange(TcpTransport& tcp, uint64_t tag,
     if (p == rank) continue;
     reqs.push_back(isend(tcp, p, tag, mine.data(), mine.size()));
     reqs.push_back(irecv(tcp, p, tag, rows[static_cast<size_t>(p)].data(), mine.size()));
+  }
+  for (auto& r : reqs)
+    r.wait(deadline, what);
+  return rows;
+}
+
+// The same among `group` (the job's ranks, ascending, this rank among
+// them): rows[i] is group[i]'s.
+std::vector<std::vector<uint8_t>> exchange_among(TcpTransport& tcp, const std::vector<int>& group,
+                                                 uint64_t tag, const std::vector<uint8_t>& mine,
+                                                 Deadline deadline, std::string_view what) {
+  std::vector<std::vector<uint8_t>> rows(group.size(), std::vector<uint8_t>(mine.size()));
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] == tcp.rank()) {
+      rows[i] = mine;
+      continue;
+    }
+    reqs.push_back(isend(tcp, group[i], tag, mine.data(), mine.size()));
+    reqs.push_back(irecv(tcp, group[i], tag, rows[i].data(), mine.size()));
   }
   for (auto& r : reqs)
     r.wait(deadline, what);
@@ -110,7 +132,8 @@ void ShmDataTransport::abort(const Status& why) {
 
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
                                              const CollectiveOptions& c, Millis startup,
-                                             const std::string& dir) {
+                                             const std::string& dir,
+                                             const SegmentsHook& before_segments) {
   if (!c.shared_memory || tcp->size() < 2) return tcp;
   const uint64_t stream_below = c.shm_min_message_bytes;
   const int rank = tcp->rank(), size = tcp->size();
@@ -162,13 +185,57 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
     alone->set_stream_below(stream_below);
     return alone;
   }
-  std::string prefix = "pushpull-";
-  for (uint8_t b : records[static_cast<size_t>(group.front())].token)
-    prefix += fmt::format("{:02x}", b);
+  // Every rank's segment is named by that rank's own random 128 bits
+  // (HostRecord::token, RAND_bytes, sent only over the authenticated mesh):
+  // a name that shows in /dev/shm says nothing about the others', so no
+  // local user can create a peer's name first.
+  std::vector<std::string> names;
+  for (int r : group) {
+    std::string n = "pushpull-coll-";
+    for (uint8_t b : records[static_cast<size_t>(r)].token)
+      n += fmt::format("{:02x}", b);
+    names.push_back(std::move(n));
+  }
   const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   o.connect_timeout = std::chrono::duration_cast<Millis>(deadline - Clock::now());
   o.rank_names = group;
-  auto shm = std::make_unique<ShmTransport>(me, static_cast<int>(group.size()), prefix, o, dir);
+  o.segment_names = names;
+  // The group agrees after each step of the setup, so a segment that
+  // cannot be made or mapped (squatted, refused, no room) sends the whole
+  // group back to TCP together.
+  std::vector<uint8_t> agreed;
+  uint64_t step = 0;
+  o.agree = [&](bool ok) {
+    auto rows = exchange_among(*tcp, group, kAgreeTag + step++, {static_cast<uint8_t>(ok)},
+                               deadline, "collective: shared-memory setup");
+    agreed.clear();
+    for (const auto& row : rows)
+      agreed.push_back(row.at(0));
+    return agreed;
+  };
+  if (before_segments) before_segments(me, names);
+  std::unique_ptr<ShmTransport> shm;
+  try {
+    shm = std::make_unique<ShmTransport>(me, static_cast<int>(group.size()), "pushpull", o, dir);
+  } catch (const InvalidArgument&) {
+    throw;  // a setting the ranks of a host disagree on: the user's to fix
+  } catch (const Error& e) {
+    const auto first_failed = std::find(agreed.begin(), agreed.end(), 0);
+    if (agreed.empty() || first_failed == agreed.end()) throw;  // not a failure agreed on
+    // One warning for the job: from the lowest rank whose own step failed,
+    // with its reason; the others say it at INFO.
+    if (first_failed - agreed.begin() == me)
+      PP_WARN("{}; ranks {} exchange data over TCP instead of shared memory", e.what(),
+              fmt::join(group, ","));
+    else
+      PP_INFO("collective: rank {} falls back to TCP with ranks {}: {}", rank,
+              fmt::join(group, ","), e.what());
+    // Every rank computed others_share as true (this group proved itself),
+    // so this rank gives its direct streams up too (see above).
+    auto alone = std::make_unique<ShmDataTransport>(std::move(tcp), nullptr, std::vector<int>{});
+    alone->set_stream_below(stream_below);
+    return alone;
+  }
   PP_INFO("collective: rank {} moves data through shared memory with ranks {} ({} of {} ranks)",
           rank, fmt::join(group, ","), group.size(), size);
   auto both = std::make_unique<ShmDataTransport>(std::move(tcp), std::move(shm), std::move(group));

@@ -14,13 +14,16 @@
 // PUSHPULL_SHM=0 turns it off): the ranks exchange host records over the
 // mesh (shm_host.h: boot id, host name, namespaces, a probe file each must
 // see), find the groups of ranks that can really share memory, and build
-// one ShmTransport per group of two or more (named by its lowest rank's
-// random token). Without any such group the TCP transport is returned
-// unchanged.
+// one ShmTransport per group of two or more (each rank's segment named by
+// its own random 128-bit token, created O_EXCL | O_NOFOLLOW, 0600). A group
+// whose segments cannot be made or mapped (a name squatted, a file refused,
+// no room) falls back to TCP together, with one warning line; it never fails
+// the job. Without any such group the TCP transport is returned unchanged.
 //
 // Ownership: owns both transports. Thread safety: as Transport.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -76,11 +79,18 @@ class ShmDataTransport final : public Transport {
   uint64_t stream_below_ = 0;
 };
 
+// A test seam: called on every rank of a group just before the segments
+// are made, with its index in the group and the group's segment file names
+// under `dir`, so a test can create them first as a squatter who could
+// predict them would. Never set outside tests.
+using SegmentsHook = std::function<void(int me, const std::vector<std::string>& names)>;
+
 // See above. From `c`: shared_memory (on or off), shm_min_message_bytes (see
 // ShmDataTransport::set_stream_below).
 // `startup` bounds the exchange and the segments' setup. `dir` is where the segments live.
 std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
                                              const CollectiveOptions& c, Millis startup,
-                                             const std::string& dir = "/dev/shm");
+                                             const std::string& dir = "/dev/shm",
+                                             const SegmentsHook& before_segments = {});
 
 }  // namespace pushpull::collective

@@ -154,6 +154,14 @@ ShmTransport::ShmTransport(int rank, int size, const std::string& prefix, ShmOpt
   if (!options.rank_names.empty() && options.rank_names.size() != static_cast<size_t>(size))
     throw InvalidArgument(
         fmt::format("ShmTransport: {} rank names for size {}", options.rank_names.size(), size));
+  if (!options.segment_names.empty()) {
+    if (options.segment_names.size() != static_cast<size_t>(size))
+      throw InvalidArgument(fmt::format("ShmTransport: {} segment names for size {}",
+                                        options.segment_names.size(), size));
+    for (const auto& n : options.segment_names)
+      if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos)
+        throw InvalidArgument(fmt::format("ShmTransport: bad segment name '{}'", n));
+  }
   if (options.ring_bytes < 4096)
     throw InvalidArgument("ShmTransport: ring_bytes must be at least 4096");
   if (options.arena_slot_bytes > UINT32_MAX)

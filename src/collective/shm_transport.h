@@ -2,7 +2,9 @@
 // The collective Transport between ranks of one host, over shared memory.
 //
 // Every rank creates one segment (a file under /dev/shm, mode 0600, created
-// exclusively, its pages reserved up front, named `<prefix>.<rank>`) holding a header and one
+// O_EXCL | O_NOFOLLOW, its pages reserved up front, named `<prefix>.<rank>`
+// or ShmOptions::segment_names; a peer's is mapped only when it is a regular
+// file of this user that nobody else may open) holding a header and one
 // inbound ring per peer; every rank maps every segment. Rank i sends to rank j by copying {tag u64,
 // bytes u64, little-endian} and the payload into ring i of j's segment (single producer, single
 // consumer, head/tail atomics), so a message is one copy in and one copy out, no system call on the
@@ -33,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +67,21 @@ struct ShmOptions {
   // How the arena writes its slots (shm_arena.h): measured per host (auto),
   // or fixed.
   SlotStores arena_stores = SlotStores::kAuto;
+  // Each rank's segment file name under the directory (one per rank, no
+  // '/'); empty: `<prefix>.<rank>`. use_shared_memory gives every rank a
+  // name with its own random 128 bits, so a name seen in /dev/shm tells
+  // nobody the others' (a predictable name can be created first by another
+  // local user: a squat).
+  std::vector<std::string> segment_names;
+  // When set, every rank calls it twice during the setup, collectively:
+  // after creating its own segment and after mapping every peer's, with
+  // whether that step worked; it returns every rank's answer (size()
+  // entries). A step that failed anywhere then fails the constructor on
+  // every rank at once (IoError naming the rank, or the rank's own error)
+  // instead of leaving the others waiting for a segment until
+  // connect_timeout, so the caller can fall back together. Unset: each rank
+  // on its own, waiting up to connect_timeout for the peers' segments.
+  std::function<std::vector<uint8_t>(bool ok)> agree;
 };
 
 class ShmTransport final : public Transport {

@@ -175,7 +175,15 @@ struct ShmTransport::Impl {
 
   // How messages name rank r: its rank in the job.
   int name(int r) const { return o.rank_names.empty() ? r : o.rank_names[static_cast<size_t>(r)]; }
-  std::string path_of(int r) const { return fmt::format("{}/{}.{}", dir, prefix, r); }
+  std::string path_of(int r) const {
+    return o.segment_names.empty() ? fmt::format("{}/{}.{}", dir, prefix, r)
+                                   : fmt::format("{}/{}", dir, o.segment_names[size_t(r)]);
+  }
+  // Creates, sizes and maps this rank's segment and writes its header.
+  void create_own(size_t len);
+  // Runs one step of the setup; with ShmOptions::agree, every rank learns
+  // whether it worked on every rank, and all fail together (see there).
+  void step(const std::function<void()>& f);
   Map& map(int r) { return maps[static_cast<size_t>(r)]; }
   char* ring_data(int owner, int from) {
     return map(owner).data + static_cast<size_t>(from) * o.ring_bytes;

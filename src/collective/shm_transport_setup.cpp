@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 
 #include "net/socket.h"
 
@@ -60,8 +61,7 @@ void ShmTransport::Impl::map_fd(int fd, int r, size_t len) {
   m.slots = reinterpret_cast<char*>(m.arena) + sizeof(ArenaCtl);
 }
 
-void ShmTransport::Impl::setup() {
-  const size_t len = segment_bytes(size, o.ring_bytes, o.arena_slot_bytes);
+void ShmTransport::Impl::create_own(size_t len) {
   own_path = path_of(rank);
   net::Fd fd(::open(own_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd.valid()) {
@@ -84,19 +84,44 @@ void ShmTransport::Impl::setup() {
   h->arena_slot_bytes = static_cast<uint32_t>(o.arena_slot_bytes);
   h->pid.store(static_cast<int32_t>(::getpid()));
   h->magic.store(kMagic, std::memory_order_release);
+}
+
+void ShmTransport::Impl::step(const std::function<void()>& f) {
+  if (!o.agree) return f();
+  // Every rank must reach the agreement, whatever its own step did.
+  std::exception_ptr mine;
+  try {
+    f();
+  } catch (const Error&) {
+    mine = std::current_exception();
+  }
+  const std::vector<uint8_t> all = o.agree(mine == nullptr);
+  if (mine) std::rethrow_exception(mine);
+  for (int p = 0; p < size; ++p)
+    if (static_cast<size_t>(p) >= all.size() || all[static_cast<size_t>(p)] == 0)
+      throw IoError(
+          fmt::format("collective shm: rank {} could not set up its shared memory", name(p)));
+}
+
+void ShmTransport::Impl::setup() {
+  const size_t len = segment_bytes(size, o.ring_bytes, o.arena_slot_bytes);
+  step([&] { create_own(len); });
+  SegHeader* h = map(rank).h;
 
   const auto deadline = Clock::now() + o.connect_timeout;
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
-    for (;;) {
-      if (try_attach(p, len)) break;
-      if (Clock::now() > deadline)
-        throw Timeout(
-            fmt::format("collective shm: rank {}'s segment {} did not appear within {} ms", name(p),
-                        path_of(p), o.connect_timeout.count()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  step([&] {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      for (;;) {
+        if (try_attach(p, len)) break;
+        if (Clock::now() > deadline)
+          throw Timeout(
+              fmt::format("collective shm: rank {}'s segment {} did not appear within {} ms",
+                          name(p), path_of(p), o.connect_timeout.count()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }
-  }
+  });
   while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(size - 1)) {
     if (Clock::now() > deadline)
       throw Timeout(fmt::format("collective shm: not every peer mapped {} within {} ms", own_path,
@@ -105,6 +130,7 @@ void ShmTransport::Impl::setup() {
   }
   ::unlink(own_path.c_str());  // every peer has it mapped; nothing to leak from here on
   own_path.clear();
+  o.agree = nullptr;  // its captures live only as long as the constructor
   if (o.arena_slot_bytes > 0) make_arena();
 }
 

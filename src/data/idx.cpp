@@ -7,7 +7,10 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "data/idx_decode.h"
+#include "pushpull/checked.h"
 #include "pushpull/error.h"
 
 namespace pushpull::data {
@@ -55,8 +58,8 @@ uint32_t be32(const uint8_t* p) {
 
 }  // namespace
 
-IdxArray read_idx(const std::string& path) {
-  std::vector<uint8_t> bytes = read_all(path);
+IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view source) {
+  const std::string path(source);
   if (bytes.size() < 4)
     throw InvalidArgument(
         fmt::format("IDX file '{}' is truncated: {} bytes, expected at least a 4-byte header", path,
@@ -78,11 +81,22 @@ IdxArray read_idx(const std::string& path) {
   if (bytes.size() < header)
     throw InvalidArgument(fmt::format("IDX file '{}' is truncated in its header", path));
   IdxArray a;
-  size_t total = 1;
-  for (size_t i = 0; i < ndim; ++i) {
+  for (size_t i = 0; i < ndim; ++i)
     a.dims.push_back(be32(&bytes[4 + 4 * i]));
-    total *= a.dims.back();
-  }
+  // Checked: four 32-bit dimensions can multiply past 2^64 and wrap (to 0
+  // with 65536^4), which would pass the size check below with no data.
+  // The item size (dimensions after the first) is checked on its own:
+  // with a first dimension of 0 it is not bounded by the total.
+  size_t item = 1, total = 0;
+  for (size_t i = 1; i < ndim; ++i)
+    if (!checked_mul<size_t>(item, a.dims[i], &item))
+      throw InvalidArgument(
+          fmt::format("IDX file '{}' has dimensions {} whose product overflows 64 bits", path,
+                      fmt::join(a.dims, "x")));
+  if (!checked_mul<size_t>(item, a.dims[0], &total))
+    throw InvalidArgument(
+        fmt::format("IDX file '{}' has dimensions {} whose product overflows 64 bits", path,
+                    fmt::join(a.dims, "x")));
   if (bytes.size() - header < total)
     throw InvalidArgument(
         fmt::format("IDX file '{}' is truncated: {} data bytes, expected {} for dimensions {}",
@@ -90,6 +104,11 @@ IdxArray read_idx(const std::string& path) {
   a.values.assign(bytes.begin() + static_cast<ptrdiff_t>(header),
                   bytes.begin() + static_cast<ptrdiff_t>(header + total));
   return a;
+}
+
+IdxArray read_idx(const std::string& path) {
+  std::vector<uint8_t> bytes = read_all(path);
+  return decode_idx(bytes, path);
 }
 
 ImageDataset load_mnist(const std::string& dir, const std::string& prefix) {

@@ -56,6 +56,10 @@ DistStore::DistStore(std::string type, const Options& options)
       // process to this rank; ids it never used cannot match them.
       next_request_ = (static_cast<uint64_t>(incarnation) << 40) + 1;
       rejoining_ = true;
+      {
+        std::lock_guard lock(mu_);
+        pass_due_ = sync_;
+      }
       PP_WARN(
           "{} worker {} restarted (replacement {}): rejoining the running job; init adopts "
           "the servers' values",
@@ -70,7 +74,7 @@ DistStore::DistStore(std::string type, const Options& options)
         mode = Status::from_current_exception();
       }
     }
-    node_->barrier(cluster::Group::kWorkers);
+    workers_barrier();
     mode.raise();
   } catch (...) {
     // No destructor runs for a constructor that throws, and the members the
@@ -295,8 +299,26 @@ void DistStore::wait_all() {
 
 void DistStore::barrier() {
   check_failure();
-  if (rejoining_) return;  // a restarted worker: the others passed it long ago
-  node_->barrier(cluster::Group::kWorkers);
+  // dist_async: workers push at their own pace, so there is no position to
+  // meet at; a restarted worker skips barriers until its first push (the
+  // others passed them long ago) and then joins the one they are in.
+  if (!sync_ && rejoining_) return;
+  workers_barrier();
+}
+
+void DistStore::workers_barrier() {
+  // dist_sync: the scheduler matches a replacement to the barrier at its
+  // position (the one its predecessor missed, or none: it moves past it).
+  node_->barrier(cluster::Group::kWorkers, {}, sync_ ? next_barrier_tag() : cluster::BarrierTag{});
+}
+
+cluster::BarrierTag DistStore::next_barrier_tag() {
+  std::lock_guard lock(mu_);
+  if (pushes_issued_ != tag_position_) {
+    tag_position_ = pushes_issued_;
+    tag_seq_ = 0;
+  }
+  return {true, tag_position_, ++tag_seq_};
 }
 
 }  // namespace pushpull

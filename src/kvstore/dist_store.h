@@ -190,6 +190,19 @@ class DistStore final : public KVStore {
   // A restarted worker before its first push or pull (see above).
   std::atomic<bool> rejoining_{false};
   int64_t restart_round_ = -1;  // guarded by mu_; -1 until a rejoining init
+  // dist_sync barriers are tagged with the worker's place in its program
+  // (cluster/barrier_book.h): pushes issued so far (a replacement starts at
+  // the ones it adopted) and the user barriers called at that position.
+  // Guarded by mu_.
+  uint64_t pushes_issued_ = 0;
+  uint64_t tag_position_ = 0, tag_seq_ = 0;
+  // A replacement in dist_sync tells the scheduler its position at its first
+  // push (Node::pass_barriers); guarded by mu_.
+  bool pass_due_ = false;
+  cluster::BarrierTag next_barrier_tag();
+  // Every barrier of the workers (the user's and init's, set_optimizer's):
+  // tagged in dist_sync.
+  void workers_barrier();
 };
 
 }  // namespace pushpull

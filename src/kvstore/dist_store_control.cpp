@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/executor.h"
+#include "base/private_file.h"
 #include "kvstore/dist_store.h"
 #include "net/wire.h"
 #include "ps/protocol.h"
@@ -49,7 +50,14 @@ void DistStore::set_updater(Updater) {
 
 void DistStore::set_optimizer(const OptimizerSpec& spec) {
   create_optimizer(spec);  // the same InvalidArgument on every worker, before any traffic
-  if (rejoining_) return;  // a restarted worker: the servers have it already
+  if (rejoining_) {
+    // A restarted worker: the servers have it already, unless worker 0 died
+    // before sending it; its replacement sends it to the servers that lack
+    // it (the others keep theirs, with the optimizer's states).
+    if (rank() == 0)
+      command_all(static_cast<uint64_t>(ps::Command::kSetOptimizerIfAbsent), {spec.to_string()});
+    return;
+  }
   Status sent;
   if (rank() == 0) {
     try {
@@ -58,7 +66,7 @@ void DistStore::set_optimizer(const OptimizerSpec& spec) {
       sent = Status::from_current_exception();
     }
   }
-  node_->barrier(cluster::Group::kWorkers);
+  workers_barrier();
   sent.raise();
 }
 
@@ -66,20 +74,16 @@ void DistStore::save_optimizer_states(const std::string& path) {
   wait_all();
   std::vector<std::string> states;
   command_all(static_cast<uint64_t>(ps::Command::kSaveStates), {""}, &states);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw IoError(fmt::format("save_optimizer_states: cannot write '{}'", tmp));
-    net::Writer w;
-    w.bytes(std::as_bytes(std::span(kStatesMagic, 4)));
-    w.u<uint32_t>(kStatesVersion).u<uint32_t>(static_cast<uint32_t>(states.size()));
-    for (const auto& s : states)
-      w.str<uint64_t>(s);
-    f.write(reinterpret_cast<const char*>(w.data().data()),
-            static_cast<std::streamsize>(w.data().size()));
-    if (!f) throw IoError(fmt::format("save_optimizer_states: writing '{}' failed", tmp));
-  }
-  std::filesystem::rename(tmp, path);
+  net::Writer w;
+  w.bytes(std::as_bytes(std::span(kStatesMagic, 4)));
+  w.u<uint32_t>(kStatesVersion).u<uint32_t>(static_cast<uint32_t>(states.size()));
+  for (const auto& s : states)
+    w.str<uint64_t>(s);
+  // An O_EXCL temporary renamed over `path` (base/private_file.h): 0600,
+  // never through a symlink, never over another user's file.
+  base::write_private_file(
+      path, std::string_view(reinterpret_cast<const char*>(w.data().data()), w.data().size()),
+      "save_optimizer_states");
 }
 
 void DistStore::load_optimizer_states(const std::string& path) {

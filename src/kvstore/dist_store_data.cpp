@@ -83,7 +83,7 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
     }
     sent = done->wait_for(wait_timeout());
   }
-  node_->barrier(cluster::Group::kWorkers);  // after it, every worker pulls the init value
+  workers_barrier();  // after it, every worker pulls the init value
   sent.raise();
 }
 
@@ -138,6 +138,7 @@ void DistStore::rejoin_keys(const std::vector<KeyInfo*>& made,
     std::lock_guard lock(mu_);
     const auto r = static_cast<int64_t>(round);
     restart_round_ = restart_round_ < 0 ? r : std::min(restart_round_, r);
+    pushes_issued_ += round * made.size();  // its predecessor's, as the others count them
   }
   PP_WARN("worker {}: rejoined: {} keys adopted from the servers; resuming after round {}", rank(),
           made.size(), round);
@@ -324,6 +325,19 @@ KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
                                    const std::vector<ArrayList>& outs, int priority) {
   const char* op = values.empty() ? "pull" : (outs.empty() ? "push" : "pushpull");
   rejoining_ = false;  // a restarted worker trains with the others from here
+  if (!values.empty()) {
+    bool pass = false;
+    uint64_t position;
+    {
+      std::lock_guard lock(mu_);
+      position = pushes_issued_;
+      pushes_issued_ += keys.size();
+      std::swap(pass, pass_due_);
+    }
+    // A replacement's first push: it will not call a barrier at the position
+    // it resumed from, so the others must not wait for it there.
+    if (pass) node_->pass_barriers(position);
+  }
   std::vector<KeyInfo*> ks = infos(op, keys, values.empty() ? outs.size() : values.size());
   if (!values.empty() && !outs.empty()) kv::check_counts(op, keys.size(), outs.size());
   size_t parts = 0;

@@ -140,6 +140,7 @@ std::vector<std::string> rsync_argv(const LaunchConfig& cfg, const HostEntry& ho
           shell_join(ssh_base(cfg, host.ssh_port)),
           "--rsync-path",
           fmt::format("mkdir -p {} && rsync", shell_quote(dst_dir)),
+          "--",  // the directories are never options, whatever they are named
           src,
           fmt::format("{}:{}", host.host, dst_dir)};
 }

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "base/clock.h"
+#include "base/private_file.h"
 #include "collective/elastic_rendezvous.h"
 #include "launch/commands.h"
 #include "launch/elastic_discovery.h"
@@ -136,7 +137,7 @@ bool Driver::check_min_workers() {
 
 int Driver::run() {
   signals_ = std::make_unique<SignalGuard>();
-  if (!cfg_.log_dir.empty()) std::filesystem::create_directories(cfg_.log_dir);
+  if (!cfg_.log_dir.empty()) base::make_private_dirs(cfg_.log_dir, "--log-dir");
   ce::ServerConfig sc;
   sc.net.job_id = cfg_.job_id;
   sc.net.job_secret = cfg_.job_secret;

@@ -8,7 +8,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
-#include <fstream>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/private_file.h"
 #include "collective/elastic_rendezvous.h"
 #include "launch/elastic_discovery.h"
 #include "launch/elastic_driver.h"
@@ -28,12 +29,33 @@ namespace pushpull::launch::elastic_detail {
 using Clock = std::chrono::steady_clock;
 namespace ce = collective::elastic;
 
+// A worker's log file, opened through base/private_file.h (O_NOFOLLOW,
+// created 0600, never another user's file); closed on destruction.
+class PrivateLog {
+ public:
+  explicit PrivateLog(const std::string& path) : f_(base::fopen_private(path, "log file")) {}
+  ~PrivateLog() { std::fclose(f_); }
+  PrivateLog(const PrivateLog&) = delete;
+  PrivateLog& operator=(const PrivateLog&) = delete;
+  PrivateLog& operator<<(std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), f_);
+    return *this;
+  }
+  PrivateLog& operator<<(char c) {
+    std::fputc(c, f_);
+    return *this;
+  }
+
+ private:
+  std::FILE* f_;
+};
+
 struct Worker {
   std::string id;
   std::string host;
   Spawned proc;
   LineSplitter out_lines, err_lines;
-  std::unique_ptr<std::ofstream> log;
+  std::unique_ptr<PrivateLog> log;
   bool stopping = false;  // asked to stop by the launcher (not a failure of its own)
   Clock::time_point stop_sent{};
   bool killed = false;

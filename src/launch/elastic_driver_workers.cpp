@@ -73,7 +73,7 @@ void Driver::spawn_on(const std::string& host) {
   w->id = id;
   w->host = host;
   if (!cfg_.log_dir.empty())
-    w->log = std::make_unique<std::ofstream>(fmt::format("{}/worker.{}.log", cfg_.log_dir, id));
+    w->log = std::make_unique<PrivateLog>(fmt::format("{}/worker.{}.log", cfg_.log_dir, id));
   server_->add_worker(id);
   if (std::string why = spawn_child(spec, &w->proc); !why.empty()) {
     server_->remove_worker(id, why);

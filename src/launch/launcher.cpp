@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 #include <openssl/rand.h>
 
+#include "base/private_file.h"
 #include "base/secret_file.h"
 #include "launch/commands.h"
 #include "launch/supervisor.h"
@@ -170,9 +171,9 @@ std::vector<ChildSpec> child_specs(const LaunchConfig& cfg, const LaunchContext&
     s.label = "srun";
     std::string conf = fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id);
     auto srun = srun_command(cfg, rv, conf);
-    std::ofstream f(conf);
-    f << srun.multi_prog;
-    if (!f.flush()) throw IoError(fmt::format("cannot write the srun configuration {}", conf));
+    // A command file at a predictable name: written private, never through
+    // a symlink or over another user's file (base/private_file.h).
+    base::write_private_file(conf, srun.multi_prog, "srun configuration", /*durable=*/false);
     s.argv = srun.argv;
   }
   s.log_path = log_path(cfg, s.label);
@@ -313,9 +314,7 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   }
   SignalGuard signals;  // before the scheduler's threads exist
   if (!cfg.log_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.log_dir, ec);
-    if (ec) throw IoError(fmt::format("cannot create --log-dir {}: {}", cfg.log_dir, ec.message()));
+    base::make_private_dirs(cfg.log_dir, "--log-dir");
   }
   if (!cfg.sync_dst_dir.empty())
     if (int rc = sync_hosts(signals, cfg, ctx); rc != 0) return rc;

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "base/private_file.h"
 #include "launch/guardian.h"
 #include "launch/line_splitter.h"
 #include "launch/spawn.h"
@@ -95,10 +96,12 @@ class Job {
       c.result.label = s.label;
       c.result.host = s.host;
       if (!s.log_path.empty()) {
-        c.log.reset(open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-        if (c.log.get() < 0)
-          throw IoError(fmt::format("cannot create log file {}: {} (check --log-dir)", s.log_path,
-                                    std::strerror(errno)));
+        // O_NOFOLLOW, 0600, never another user's file (base/private_file.h).
+        try {
+          c.log.reset(base::open_private_for_write(s.log_path, "log file"));
+        } catch (const IoError& e) {
+          throw IoError(fmt::format("{} (check --log-dir)", e.what()));
+        }
       }
       c.spec = std::move(s);
       children_.push_back(std::move(c));

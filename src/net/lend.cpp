@@ -196,7 +196,9 @@ Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block
     // Checked on the descriptor we hold: what it names cannot change now.
     const std::string got = read_link(fmt::format("/proc/self/fd/{}", fd));
     struct stat st {};
-    const bool size_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+    // Owned by this user as well: a root reader never maps another
+    // user's memory, whatever the token says.
+    const bool size_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
                          static_cast<uint64_t>(st.st_size) == r.block_bytes;
     // Its owner cannot shrink it under our mapping (which would fault us).
     const int seals = ::fcntl(fd, F_GET_SEALS);
@@ -204,7 +206,7 @@ Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block
     if (got != want || !size_ok || !sealed) {
       ::close(fd);
       return refused(r, got != want ? fmt::format("it is '{}', not the block named", got)
-                        : !size_ok  ? std::string("its size is not the block's")
+                        : !size_ok  ? std::string("its owner or size is not the block's")
                                     : std::string("it is not sealed against shrinking"));
     }
     void* p = ::mmap(nullptr, r.block_bytes, PROT_READ, MAP_SHARED, fd, 0);

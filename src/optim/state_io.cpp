@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "base/file_codec.h"
+#include "base/private_file.h"
 #include "pushpull/error.h"
 #include "pushpull/optimizer.h"
 
@@ -155,25 +156,9 @@ void Optimizer::load_some(std::string_view bytes, std::string_view source, bool 
 }
 
 void Optimizer::save_states_to_file(const std::string& path) const {
-  std::string bytes = save_states();
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f)
-      throw IoError(
-          fmt::format("cannot write optimizer states to '{}': {}", tmp, std::strerror(errno)));
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw IoError(fmt::format("writing optimizer states to '{}' failed (disk full?)", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
-  }
+  // An O_EXCL temporary renamed over `path` (base/private_file.h): 0600,
+  // never through a symlink, never over another user's file.
+  base::write_private_file(path, save_states(), "optimizer states");
 }
 
 void Optimizer::load_states_from_file(const std::string& path) {

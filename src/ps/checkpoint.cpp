@@ -1,9 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ps/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -14,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "base/file_codec.h"
+#include "base/private_file.h"
 #include "pushpull/checked.h"
 #include "pushpull/error.h"
 
@@ -24,10 +22,6 @@ using base::put_le;
 
 constexpr char kMagic[8] = {'P', 'P', 'C', 'K', 'P', 'T', '\0', '\0'};
 constexpr uint32_t kVersion = 1;
-
-void sys_fail(const std::string& what, const std::string& path) {
-  throw IoError(fmt::format("checkpoint: cannot {} '{}': {}", what, path, std::strerror(errno)));
-}
 
 }  // namespace
 
@@ -130,40 +124,12 @@ std::string checkpoint_path(const std::string& dir, int64_t round, int rank) {
 }
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
+  // Through the one private-file helper (base/private_file.h): round
+  // directories 0700, the file 0600 via an O_EXCL temporary, fsync'd and
+  // renamed over `path`; never through a symlink or over another user's file.
   std::filesystem::path p(path);
-  std::error_code ec;
-  std::filesystem::create_directories(p.parent_path(), ec);
-  if (ec)
-    throw IoError(
-        fmt::format("checkpoint: cannot create '{}': {}", p.parent_path().string(), ec.message()));
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) sys_fail("create", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      errno = err;
-      sys_fail("write", tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    errno = err;
-    sys_fail("fsync", tmp);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) sys_fail("rename to", path);
-  int dfd = ::open(p.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);  // the rename itself survives a crash
-    ::close(dfd);
-  }
+  if (p.has_parent_path()) base::make_private_dirs(p.parent_path().string(), "checkpoint");
+  base::write_private_file(path, bytes, "checkpoint", /*durable=*/true);
 }
 
 Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expect) {

@@ -126,6 +126,10 @@ enum class Command : uint64_t {
   kSetOptimizer = 2,  // payload OptimizerSpec::to_string()
   kSaveStates = 3,    // reply payload: the server's optimizer states
   kLoadStates = 4,    // payload: states saved by kSaveStates of the same server
+  // A restarted worker 0's set_optimizer: as kSetOptimizer on a server that
+  // has none (its predecessor died before sending it), else nothing (the
+  // running optimizer and its states stay).
+  kSetOptimizerIfAbsent = 5,
 };
 
 // Longest key name carried by kInit (longer names are cut by the encoder).

@@ -140,16 +140,26 @@ void Server::restore_checkpoint() {
   std::lock_guard lock(mu_);
   if (restored_store_.lock() == store_) return;
   const int64_t round = env_count("PUSHPULL_RESUME_ROUND");
-  const std::string path = checkpoint_path(dir, round, node_.rank());
-  if (!resume_) {
-    auto c = read_checkpoint(path, {node_.num_servers(), node_.rank(), node_.num_workers()});
-    if (c.round != round)
-      throw IoError(fmt::format("checkpoint '{}': holds round {}, not {}", path, c.round, round));
-    resume_ = std::make_shared<const Checkpoint>(std::move(c));
-    PP_INFO("server {}: resuming from checkpoint {} (round {}, {} parts)", node_.rank(), path,
-            round, resume_->parts.size());
+  const int servers = node_.num_servers(), me = node_.rank();
+  // Its own ranges, and those it backs up (the homes whose chain holds it):
+  // if a home dies before its first round, worker 0's re-sent init reaches
+  // this backup, which must hold the checkpoint's value then, not create the
+  // range from the program's initial one.
+  const int replicas = std::min(node_.ps_replicas(), servers - 1);
+  if (resume_.empty()) {
+    for (int i = 0; i <= replicas; ++i) {
+      const int home = ((me - i) % servers + servers) % servers;
+      const std::string path = checkpoint_path(dir, round, home);
+      auto c = read_checkpoint(path, {servers, home, node_.num_workers()});
+      if (c.round != round)
+        throw IoError(fmt::format("checkpoint '{}': holds round {}, not {}", path, c.round, round));
+      PP_INFO("server {}: resuming from checkpoint {} (round {}, {} parts{})", me, path, round,
+              c.parts.size(), i ? ", as their backup" : "");
+      resume_.emplace_back(path, std::make_shared<const Checkpoint>(std::move(c)));
+    }
   }
-  store_->restore(*resume_, path);
+  for (const auto& [path, c] : resume_)
+    store_->restore(*c, path);
   restored_store_ = store_;
 }
 
@@ -298,6 +308,11 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
       }
       restore_checkpoint();  // throws: the error goes back to worker 0
       return reply(meta, Status::ok(), DType::kUInt8, {});
+    case Command::kSetOptimizerIfAbsent: {
+      std::lock_guard lock(repl_mu_);
+      if (!optimizer_spec_.empty()) return reply(meta, Status::ok(), DType::kUInt8, {});
+    }
+      [[fallthrough]];
     case Command::kSetOptimizer: {
       std::lock_guard lock(repl_mu_);
       optimizer_spec_ = text;

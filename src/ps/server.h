@@ -140,7 +140,9 @@ class Server : public ServerResponder {
   int threads_;
   std::mutex mu_;  // guards store_ replacement (set_mode before any key exists)
   std::shared_ptr<ServerStore> store_;
-  std::shared_ptr<const Checkpoint> resume_;   // loaded by restore_checkpoint
+  // Loaded by restore_checkpoint: its own file and those of the homes it
+  // backs up (path, contents).
+  std::vector<std::pair<std::string, std::shared_ptr<const Checkpoint>>> resume_;
   std::weak_ptr<ServerStore> restored_store_;  // the store resume_ went into
   std::shared_ptr<Gate> gate_;
   std::mutex repl_mu_;  // guards the members below

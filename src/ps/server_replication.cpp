@@ -313,11 +313,12 @@ void Server::on_placement(const cluster::Placement& p) {
     dead_ = p.dead;
     late_ = p.late;
     // A rejoined server alive in the placement is a backup like any other;
-    // one dead again gets nothing more.
+    // one lost again while catching up (dead and no longer restarting: it
+    // died or was stopped) gets nothing more, and nothing waits for it
+    // (below: it is dead).
     for (auto it = catching_up_.begin(); it != catching_up_.end();)
-      it = static_cast<size_t>(*it) < p.dead.size() && !p.dead[*it] && p.epoch > 0
-               ? catching_up_.erase(it)
-               : std::next(it);
+      it = p.epoch > 0 && (!p.is_dead(*it) || !p.is_restarting(*it)) ? catching_up_.erase(it)
+                                                                     : std::next(it);
     for (size_t s = 0; s < p.dead.size(); ++s)
       if (p.dead[s]) {
         rejoin_waiting_.erase(static_cast<int>(s));

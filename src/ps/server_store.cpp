@@ -56,6 +56,7 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
                        int home) {
   executor_.submit(shard_of(part), [this, m, part, name = std::move(name), value, home]() mutable {
     Entry* made = nullptr;
+    Entry* resent = nullptr;
     {
       std::lock_guard lock(mu_);
       auto it = entries_.find(part);
@@ -64,12 +65,12 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
         Entry& e = *it->second;
         if (e.replicating) {
           e.init_acks.push_back(m);
-        } else {
-          responder_.reply(m, Status::ok(), DType::kFloat32, {});
+          return;
         }
-        return;
+        resent = &e;
       }
-      if (it != entries_.end() && it->second->restored) {
+      if (resent) {
+      } else if (it != entries_.end() && it->second->restored) {
         Entry& e = *it->second;
         const ArrayView& v = e.value.view;
         if (e.name != name || v.dtype != value.view.dtype || !(v.shape == value.view.shape)) {
@@ -96,7 +97,7 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
         responder_.reply(m, Status(ErrorCode::kAlreadyExists, what), DType::kFloat32, {});
         return;
       }
-      if (!made) {
+      if (!made && !resent) {
         auto e = std::make_unique<Entry>();
         e->name = name;
         // A copy, aligned for the kernels (the request's bytes follow the key's name).
@@ -110,9 +111,33 @@ void ServerStore::init(const RequestMeta& m, PartId part, std::string name, Payl
         entries_.emplace(part, std::move(e));
       }
     }
+    if (resent)
+      return acknowledge_after_republish(part, *resent, [this, m](Entry&) {
+        responder_.reply(m, Status::ok(), DType::kFloat32, {});
+      });
     made->init_acks.push_back(m);
     publish(part, *made);
   });
+}
+
+void ServerStore::acknowledge_after_republish(const PartId& part, Entry& e,
+                                              std::function<void(Entry&)> answer) {
+  // This server may hold the state only as a replica of a primary that died
+  // before every backup of the range had it: a backup further down the chain
+  // can be a round behind. Acknowledging now, and dying before the next
+  // round, would let that backup be promoted and lose what was acknowledged.
+  // So this server sends its state to its own backups first.
+  if (config_.replicate) {
+    auto shared = std::make_shared<std::function<void(Entry&)>>(std::move(answer));
+    const bool waiting = responder_.replicate(part, state_of(part, e), [this, part, shared] {
+      executor_.submit(shard_of(part), [this, part, shared] {
+        if (Entry* e = find(part)) (*shared)(*e);
+      });
+    });
+    if (waiting) return;
+    return (*shared)(e);
+  }
+  answer(e);
 }
 
 void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool compressed,
@@ -142,8 +167,10 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
         // Applied (and replicated) already: a worker re-sent the push of an
         // unfinished round after a fail-over. Counting it again would be wrong.
         PP_DEBUG("duplicate push {} of key {} from worker {} dropped", seq, e->name, m.worker);
-        if (m.pull_back) return pull_when_applied(*e, m, {});
-        return responder_.reply(m, Status::ok(), DType::kFloat32, {});
+        return acknowledge_after_republish(part, *e, [this, m](Entry& e) {
+          if (m.pull_back) return pull_when_applied(e, m, {});
+          responder_.reply(m, Status::ok(), DType::kFloat32, {});
+        });
       }
       if (seq <= e->last_seq[m.worker] && e->rejoined[m.worker] && adopt(*e, m, seq)) return;
       if (seq <= e->last_seq[m.worker])

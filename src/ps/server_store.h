@@ -236,6 +236,10 @@ class ServerStore {
   // A pull (or a push's pull-back) of `m.worker`: answered now when every
   // push received from that worker is applied, else queued until it is.
   void pull_when_applied(Entry& e, const RequestMeta& m, std::vector<Range> ranges);
+  // A re-sent push or init this server applied already: `answer` runs (on
+  // the part's thread) once this server's backups hold its state of the part.
+  void acknowledge_after_republish(const PartId& part, Entry& e,
+                                   std::function<void(Entry&)> answer);
   // A push of the closing round is done: its acknowledgement, or for a
   // pull-back (and no error) the value, in order with the waiting pulls.
   void acknowledge_push(Entry& e, const RequestMeta& m, const Status& status);

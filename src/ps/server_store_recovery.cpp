@@ -99,6 +99,14 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
       e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
       e.applied_seq = state.applied_seq;
       e.last_seq = state.applied_seq;
+      // What the primary replicated replaces what a resume restored here.
+      e.restored = false;
+      e.restored_states.clear();
+      // Optimizer states that arrive before set_optimizer (a resumed job's
+      // init is replicated before it) are kept until the optimizer is set:
+      // the first round merges them, and they go on to further backups.
+      if (!state.optimizer_states.empty() && !optimizer_)
+        e.restored_states = state.optimizer_states;
       // A promoted backup starts with no round open: what it holds is what
       // every worker's acknowledged pushes made.
       for (int w = 0; w < config_.num_workers; ++w)
@@ -108,6 +116,7 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
     }
     if (st.is_ok() && !state.optimizer_states.empty()) {
       try {
+        // (Without an optimizer they were kept in the entry, above.)
         if (auto opt = optimizer())
           opt->merge_states(state.optimizer_states, fmt::format("replica of key {}", state.name));
       } catch (...) {

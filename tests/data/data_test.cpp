@@ -99,6 +99,43 @@ TEST(Idx, ClearErrors) {
   }
 }
 
+// A header only: `dims` as big-endian uint32s, and `data` bytes after it.
+std::vector<uint8_t> idx_header(const std::vector<uint32_t>& dims, size_t data) {
+  std::vector<uint8_t> b = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims)
+    for (int s = 24; s >= 0; s -= 8)
+      b.push_back(static_cast<uint8_t>(d >> s));
+  b.resize(b.size() + data, 7);
+  return b;
+}
+
+// 65536^4 = 2^64 wraps to 0 bytes in unchecked 64-bit size math: without the
+// check, this 20-byte file "holds" a 2^64-byte array and reads as empty.
+TEST(Idx, DimensionProductThatWrapsToZeroIsRefused) {
+  TempDir dir;
+  write_plain(dir.file("wrap"), idx_header({65536, 65536, 65536, 65536}, 0));
+  try {
+    read_idx(dir.file("wrap"));
+    FAIL() << "a header whose dimensions wrap to 0 bytes was accepted";
+  } catch (const InvalidArgument& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("overflows"), std::string::npos) << m;
+    EXPECT_NE(m.find("wrap"), std::string::npos) << m;  // names the file
+    EXPECT_NE(m.find("65536x65536x65536x65536"), std::string::npos) << m;
+  }
+  // Wrapping to a small non-zero size (2^64 + 4) is refused as well.
+  write_plain(dir.file("wrap4"), idx_header({65536, 65536, 65536, 65537}, 64));
+  EXPECT_THROW(read_idx(dir.file("wrap4")), InvalidArgument);
+  // A first dimension of 0 does not hide an item size that overflows.
+  write_plain(dir.file("zero"), idx_header({0, 0xffffffff, 0xffffffff, 0xffffffff}, 0));
+  EXPECT_THROW(read_idx(dir.file("zero")), InvalidArgument);
+  // An honest empty file still reads.
+  write_plain(dir.file("empty"), idx_header({0, 28, 28}, 0));
+  IdxArray a = read_idx(dir.file("empty"));
+  EXPECT_EQ(a.count(), 0u);
+  EXPECT_EQ(a.item_size(), 28u * 28u);
+}
+
 TEST(Idx, LoadMnistChecksCounts) {
   TempDir dir;
   write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_bytes({5, 2, 3}, 0));

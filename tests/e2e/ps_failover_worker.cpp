@@ -18,9 +18,23 @@
 // "Checkpoints") starts at round R + 1: the servers hold round R's values.
 // A restarted worker (launch --max-restarts, docs/ps.md "Worker restart")
 // starts at restart_round() + 1.
+//
+// Values start per element at 1 + (e mod 10), so a value read at the wrong
+// offset or from the wrong chunk shows. Fault hooks (tests that need a fault
+// at an exact place of the program; PP_TEST_REPLACEMENT=1 in a restarted
+// process turns them off):
+//   PP_TEST_BARRIER_EVERY=E  sync: kv->barrier() every E rounds, after the
+//                            round (PP_TEST_BARRIER_AT=end, an epoch end) or
+//                            before it (=start)
+//   PP_TEST_DIE=R:K:WHERE    worker R kills itself (SIGKILL) at round K:
+//                            before_barrier (the others wait in it),
+//                            in_barrier (after entering it),
+//                            before_set_optimizer (K ignored)
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +73,25 @@ int main(int argc, char** argv) {
       names.push_back("large");
       values.push_back(Array::full(Shape{large}, 1.0));
     }
+    auto initial = [](int64_t e) { return 1.0 + static_cast<double>(e % 10); };
+    for (auto& v : values)
+      for (int64_t e = 0; e < v.numel(); ++e)
+        set_element(v.view(), e, initial(e));
+    // Fault hooks (see above).
+    const bool replacement = std::getenv("PP_TEST_REPLACEMENT") != nullptr;
+    int die_rank = -1, die_round = -1;
+    std::string die_where;
+    if (const char* d = std::getenv("PP_TEST_DIE"); d && !replacement) {
+      std::string spec = d;
+      auto a = spec.find(':'), b = spec.find(':', a + 1);
+      die_rank = std::stoi(spec.substr(0, a));
+      die_round = std::stoi(spec.substr(a + 1, b - a - 1));
+      die_where = spec.substr(b + 1);
+    }
+    const char* every_env = std::getenv("PP_TEST_BARRIER_EVERY");
+    const int every = every_env ? std::atoi(every_env) : 0;
+    const char* at_env = std::getenv("PP_TEST_BARRIER_AT");
+    const bool at_start = at_env && std::string(at_env) == "start";
     for (auto& v : values)
       grads.push_back(Array::full(v.shape(), r + 1.0, v.dtype()));
     std::vector<Key> keys(names.begin(), names.end());
@@ -68,12 +101,17 @@ int main(int argc, char** argv) {
       gviews.push_back(grads[i].view());
     }
     kv->init(keys, views);
+    if (die_rank == r && die_where == "before_set_optimizer") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others wait in it
+      ::raise(SIGKILL);
+    }
     kv->set_optimizer(OptimizerSpec::parse(fmt::format("test:rescale_grad={}", rate)));
     auto check = [&](int k) {
-      const double want = 1.0 + n * (n + 1) / 2.0 * rate * k;
       for (size_t i = 0; i < values.size(); ++i)
         for (int64_t e = 0; e < values[i].numel(); ++e)
-          if (double got = get_element(values[i].view(), e); got != want) {
+          if (double got = get_element(values[i].view(), e),
+              want = initial(e) + n * (n + 1) / 2.0 * rate * k;
+              got != want) {
             fmt::print("WRONG worker {} key {} element {} after round {}: {} != {}\n", r, names[i],
                        e, k, got, want);
             std::fflush(stdout);
@@ -85,7 +123,20 @@ int main(int argc, char** argv) {
     // A restarted worker (--max-restarts) resumes after the rounds its rank
     // completed: the servers' values and counts were adopted by init.
     const int first = std::max<int>(resumed ? std::atoi(resumed) + 1 : 1, kv->restart_round() + 1);
+    auto epoch_barrier = [&](int k) {
+      if (die_rank == r && die_round == k && die_where == "before_barrier") {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others wait in it
+        ::raise(SIGKILL);
+      }
+      if (die_rank == r && die_round == k && die_where == "in_barrier") {
+        std::thread([&] { kv->barrier(); }).detach();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it arrived
+        ::raise(SIGKILL);
+      }
+      kv->barrier();
+    };
     for (int k = first; k <= rounds; ++k) {
+      if (mode == "sync" && every > 0 && at_start && (k - 1) % every == 0) epoch_barrier(k);
       if (mode == "async") {
         for (size_t i = 0; i < keys.size(); ++i)
           kv->push(keys[i], gviews[i]);
@@ -93,6 +144,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < keys.size(); ++i)
           kv->pushpull(keys[i], gviews[i], views[i]);
         if (!check(k)) return 4;
+        if (every > 0 && !at_start && k % every == 0) epoch_barrier(k);
       }
       if (r == 0) {
         fmt::print("ROUND {}\n", k);

@@ -62,7 +62,8 @@ struct Job {
           // PP_TEST_HANG_RESTARTED=1: a restarted worker hangs before it registers.
           "m=" + pids +
               ".$PUSHPULL_RANK; if [ -n \"$PP_TEST_HANG_RESTARTED\" ] && [ -e $m ]; then "
-              "sleep 60; fi; touch $m; echo $PUSHPULL_RANK $$ >> " +
+              "sleep 60; fi; if [ -e $m ]; then export PP_TEST_REPLACEMENT=1; fi; touch $m; echo "
+              "$PUSHPULL_RANK $$ >> " +
               pids + "; exec " + bin("ps_failover_worker") + " \"$@\"",
           std::string("worker"), mode, std::to_string(rounds), std::to_string(sleep_ms)})
       argv.push_back(a);
@@ -223,6 +224,60 @@ TEST(PsRestart, AKilledServerRejoinsAndTheNextFailOverIsSurvived) {
     EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
   EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
   EXPECT_THAT(out, Not(HasSubstr("no replica left"))) << out;
+}
+
+TEST(PsRestart, AReplacementOutlivesEveryDeadlineAfterTheLoss) {
+  // The surviving worker's record of the dead worker's connection must not
+  // fail the job startup_timeout + heartbeat_timeout after the loss (the
+  // replacement dials only the servers): the job runs well past that.
+  TempDir dir("pp-restart");
+  Job job(dir.path, "sync", 400, 1, 20, "", {{"PUSHPULL_STARTUP_TIMEOUT_MS", "3000"}});
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  job.signal_worker(1, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  expect_success(job);
+  // 3 s + 2 s + the grace: the test means nothing if the job ended sooner.
+  EXPECT_GT(std::chrono::steady_clock::now() - killed, 6s) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), Not(HasSubstr("link between the two is broken")));
+}
+
+// A worker dies at an epoch-end (or epoch-start) barrier, before or after
+// entering it, while the others wait in it; its replacement resumes after
+// the last completed round and the barrier neither deadlocks nor completes
+// without it (cluster/barrier_book.h).
+struct BarrierFault {
+  const char* where;  // PP_TEST_DIE's place
+  const char* at;     // PP_TEST_BARRIER_AT
+};
+
+class PsRestartBarrier : public ::testing::TestWithParam<BarrierFault> {};
+
+TEST_P(PsRestartBarrier, AWorkerKilledAtABarrierIsReplacedAndTheJobEndsExact) {
+  const BarrierFault f = GetParam();
+  TempDir dir("pp-restart");
+  // Barriers every 5 rounds; worker 1 dies at round 10's.
+  Job job(dir.path, "sync", 30, 1, 20, "",
+          {{"PP_TEST_BARRIER_EVERY", "5"},
+           {"PP_TEST_BARRIER_AT", f.at},
+           {"PP_TEST_DIE", fmt::format("1:{}:{}", std::string(f.at) == "start" ? 11 : 10, f.where)},
+           {"PUSHPULL_BARRIER_TIMEOUT_MS", "60000"}});
+  expect_success(job);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, PsRestartBarrier,
+    ::testing::Values(BarrierFault{"before_barrier", "end"}, BarrierFault{"in_barrier", "end"},
+                      BarrierFault{"before_barrier", "start"}, BarrierFault{"in_barrier", "start"}),
+    [](const auto& info) { return std::string(info.param.where) + "_" + info.param.at; });
+
+TEST(PsRestart, WorkerZeroKilledBeforeSetOptimizerIsReplacedAndTheServersGetIt) {
+  // The others wait in set_optimizer's barrier; the replacement of worker 0
+  // sends the optimizer to servers that lack it (a rejoining worker skipped
+  // set_optimizer before: the servers had none and every push failed).
+  TempDir dir("pp-restart");
+  Job job(dir.path, "sync", 20, 1, 20, "",
+          {{"PP_TEST_DIE", "0:0:before_set_optimizer"}, {"PUSHPULL_BARRIER_TIMEOUT_MS", "60000"}});
+  expect_success(job);
 }
 
 TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {

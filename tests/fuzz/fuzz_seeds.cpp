@@ -159,6 +159,24 @@ void checkpoint_seeds(const fs::path& root) {
   ck.add(0, ps::encode_checkpoint(c));
 }
 
+// IDX files: a small image set, a label file, and the 65536^4 header whose
+// dimension product wraps to 0 in unchecked size math.
+void idx_seeds(const fs::path& root) {
+  Corpus idx(root, "fuzz_data_idx");
+  auto file = [](std::vector<uint32_t> dims, size_t data) {
+    std::string b = {0, 0, 0x08, static_cast<char>(dims.size())};
+    for (uint32_t d : dims)
+      for (int s = 24; s >= 0; s -= 8)
+        b.push_back(static_cast<char>(d >> s));
+    for (size_t i = 0; i < data; ++i)
+      b.push_back(static_cast<char>(i));
+    return b;
+  };
+  idx.add(0, file({2, 3, 3}, 18));
+  idx.add(0, file({5}, 5));
+  idx.add(0, file({65536, 65536, 65536, 65536}, 0));
+}
+
 void collective_seeds(const fs::path& root) {
   Corpus co(root, "fuzz_collective_messages");
   collective::Spec s;
@@ -201,5 +219,6 @@ int main(int argc, char** argv) {
   optimizer_seeds(root);
   checkpoint_seeds(root);
   collective_seeds(root);
+  idx_seeds(root);
   return 0;
 }

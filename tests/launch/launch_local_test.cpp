@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `pushpull launch` on one host: real processes, real signals.
+#include <sys/stat.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -195,6 +197,32 @@ TEST(LaunchLocal, LinesArePrefixedAndNeverInterleaved) {
     EXPECT_EQ(log[1], std::string(kWidth, mark));
     EXPECT_EQ(log[kLines], std::string(kWidth, mark));
   }
+}
+
+// --log-dir files go through base/private_file.h: a symlink planted at a
+// worker's log name stops the job before anything runs, naming the file,
+// and its target is untouched; otherwise logs are 0600 in a 0700 directory.
+TEST(LaunchLocal, LogFilesArePrivateAndNeverFollowASymlink) {
+  TempDir logs, elsewhere;
+  const std::string victim = elsewhere.path() + "/victim";
+  std::ofstream(victim) << "precious\n";
+  const std::string link = logs.path() + "/worker.1.log";
+  std::filesystem::create_symlink(victim, link);
+  auto r = run_launcher({"-n", "2", "-s", "0", "--log-dir", logs.path(), "--", "true"});
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(link));
+  EXPECT_THAT(r.err, HasSubstr("symbolic link"));
+  EXPECT_EQ(read_file(victim), "precious\n");
+
+  std::filesystem::remove(link);
+  const std::string fresh = logs.path() + "/new";
+  r = run_launcher({"-n", "2", "-s", "0", "--log-dir", fresh, "--", "true"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  struct stat st {};
+  ASSERT_EQ(::stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  ASSERT_EQ(::stat((fresh + "/worker.0.log").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
 TEST(LaunchLocal, AProgramThatCannotStartFailsTheJob) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Units of the launcher: hostfile parsing, placement, variables, command
 // builders, line splitting.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -222,7 +223,14 @@ TEST(Commands, RsyncUsesTheSamePortAndCreatesTheDirectory) {
   cfg.ssh_options = {"-i", "/k/id"};
   auto argv = rsync_argv(cfg, cfg.hosts[0], "/src", "/dst");
   EXPECT_THAT(argv, ElementsAre("rsync", "-a", "-e", "ssh -o BatchMode=yes -p 2200 -i /k/id",
-                                "--rsync-path", "mkdir -p /dst && rsync", "/src/", "a:/dst"));
+                                "--rsync-path", "mkdir -p /dst && rsync", "--", "/src/", "a:/dst"));
+  // Positional arguments come after "--": a directory named like an option
+  // ("-e sh", "--rsh=...") is a path to rsync, never an option.
+  argv = rsync_argv(cfg, cfg.hosts[0], "--rsh=touch /tmp/pwned", "-e sh");
+  const auto dashes = std::find(argv.begin(), argv.end(), "--");
+  ASSERT_NE(dashes, argv.end());
+  EXPECT_THAT(std::vector<std::string>(dashes + 1, argv.end()),
+              ElementsAre("--rsh=touch /tmp/pwned/", "a:-e sh"));
 }
 
 TEST(Commands, MpirunHasTwoAppContexts) {

@@ -6,6 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -100,6 +104,65 @@ TEST(Checkpoint, OnlyRoundsWithEveryServersFileAreComplete) {
   EXPECT_EQ(last_complete_checkpoint(dir.path, 2), 5);
   EXPECT_FALSE(std::filesystem::exists(checkpoint_path(dir.path, 5, 0) + ".tmp"));
   EXPECT_THROW(last_complete_checkpoint(dir.path + "/nope", 2), IoError);
+}
+
+// A symlink planted at a checkpoint's name (shared directory, predictable
+// name) is replaced, never written through; another user's file there is
+// refused; the round directory is 0700 and the file 0600.
+TEST(Checkpoint, FilesAreWrittenPrivatelyNeverThroughASymlink) {
+  TempDir dir;
+  ::chmod(dir.path.c_str(), 01777);  // a shared directory, like /tmp
+  const std::string victim = dir.path + "/victim";
+  std::ofstream(victim) << "precious";
+  const std::string path = checkpoint_path(dir.path, 7, 0);
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  ::chmod(std::filesystem::path(path).parent_path().c_str(), 0755);
+  std::filesystem::create_symlink(victim, path);
+  write_file_atomically(path, "checkpoint bytes");
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  std::ifstream in(victim);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "precious");
+  // A round directory the checkpoint makes is 0700.
+  const std::string fresh = checkpoint_path(dir.path, 8, 0);
+  write_file_atomically(fresh, "x");
+  ASSERT_EQ(::stat(std::filesystem::path(fresh).parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root and setpriv to act as uid 65534";
+  // A round directory made by another user (uid 65534) is refused, and so
+  // is their file in a directory of ours.
+  const std::string theirs = checkpoint_path(dir.path, 9, 0);
+  const std::string dir9 = std::filesystem::path(theirs).parent_path().string();
+  ASSERT_EQ(
+      std::system(("setpriv --reuid=65534 --regid=65534 --clear-groups mkdir " + dir9).c_str()), 0);
+  try {
+    write_file_atomically(theirs, "x");
+    FAIL() << "wrote into another user's directory";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir9));
+    EXPECT_THAT(e.what(), HasSubstr("owned by uid 65534"));
+  }
+  const std::string planted = dir.path + "/round-0000000010";
+  std::filesystem::create_directories(planted);
+  ::chmod(planted.c_str(), 01777);
+  const std::string file10 = checkpoint_path(dir.path, 10, 0);
+  ASSERT_EQ(std::system(("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo theirs "
+                         "> " +
+                         file10 + "'")
+                            .c_str()),
+            0);
+  try {
+    write_file_atomically(file10, "x");
+    FAIL() << "replaced another user's file";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(file10));
+    EXPECT_THAT(e.what(), HasSubstr("owned by uid 65534"));
+  }
 }
 
 class Recorder : public ServerResponder {

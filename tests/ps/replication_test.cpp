@@ -252,6 +252,42 @@ TEST(Replication, AReSentInitOfAReplicatedKeyIsAcknowledged) {
   EXPECT_EQ(r.get(3).first.code(), ErrorCode::kAlreadyExists);
 }
 
+// R = 2: the primary replicated round k to backup 1 but not to backup 2 and
+// died; the workers re-send round k to backup 1 (now the primary), which has
+// applied it. Acknowledging at once would leave backup 2 a round behind: if
+// backup 1 died next, backup 2 would be promoted and lose round k, silently.
+// So the duplicate (and a re-sent init) is acknowledged only once this
+// server's own backups hold its state.
+TEST(Replication, APromotedBackupRepublishesWhatAWorkerReSendsBeforeAcknowledgingIt) {
+  HoldingResponder r;
+  ServerStore store(replicated(2, true), r);
+  ReplicaState s;
+  s.name = "w";
+  s.home = 0;
+  s.value = floats({7, 8});
+  s.applied_seq = {3, 3};  // round 3 applied
+  store.install_replica(kPart, s, [](const Status&) {});
+  store.push({1, 10}, kPart, floats({2, 2}), false, 3);  // worker 1 re-sends round 3
+  EXPECT_FALSE(r.wait_reply(10, 200ms)) << "acknowledged before its backups had round 3";
+  r.release(1);
+  ASSERT_TRUE(r.wait_reply(10));
+  EXPECT_TRUE(r.get(10).first.is_ok());
+  ReplicaState sent = r.state(0);
+  EXPECT_EQ(sent.applied_seq, (std::vector<uint64_t>{3, 3}));
+  EXPECT_EQ(sent.value.view.as<float>()[1], 8.0f);
+  // Not counted: round 4 starts from round 3's value.
+  store.pull({0, 11}, kPart, {});
+  ASSERT_TRUE(r.wait_reply(11));
+  EXPECT_EQ(r.get(11).second, (std::vector<float>{7, 8}));
+  // The re-sent init: the same.
+  store.init({0, 12}, kPart, "w", floats({1, 1}), 0);
+  EXPECT_FALSE(r.wait_reply(12, 200ms)) << "a re-sent init acknowledged before its backups had it";
+  r.release(2);
+  ASSERT_TRUE(r.wait_reply(12));
+  EXPECT_TRUE(r.get(12).first.is_ok());
+  EXPECT_EQ(r.state(1).value.view.as<float>()[0], 7.0f);
+}
+
 TEST(Replication, AReplicaThatDoesNotFitIsRefused) {
   HoldingResponder r;
   ServerStore store(ServerStoreConfig{2, true, 1, 1}, r);
@@ -316,11 +352,12 @@ TEST(Replication, ChainsAndLostRanges) {
 }
 
 TEST(Replication, Codecs) {
-  cluster::Placement p{3, {false, true, false}, {true, false, false}}, q;
+  cluster::Placement p{3, {false, true, false}, {true, false, false}, {false, true, false}}, q;
   ASSERT_TRUE(cluster::decode_placement(cluster::encode_placement(p), &q).is_ok());
   EXPECT_EQ(q.epoch, 3u);
   EXPECT_EQ(q.dead, p.dead);
   EXPECT_EQ(q.late, p.late);
+  EXPECT_EQ(q.restarting, p.restarting);
   // A rejoined (late) server comes last in its chains: its return moves no primary.
   EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {true, false, false}).primary,
             1);
