@@ -16,8 +16,10 @@
 // does not admit worker 2). The acceptor checks the connector's proof before
 // accepting; the connector checks the acceptor's proof in the ack before it
 // uses the connection. Without a secret proofs are all zeros and only the
-// version and job tag are checked (net/peer_policy.h then limits peers to
-// loopback). The refused side gets the reason in the ack and does not retry.
+// version and job tag are checked (net/peer_policy.h then limits the peers a
+// node accepts and dials to this machine; Options::from_env() leaves the
+// secret empty only with PUSHPULL_ALLOW_INSECURE=1). The refused side gets
+// the reason in the ack and does not retry.
 //
 // This authenticates who is at the other end when the connection opens; it
 // does not encrypt or sign the traffic that follows (an attacker on the path
