@@ -87,10 +87,13 @@ TEST(PeerClaims, WithoutASecretANodeDialsThisMachineOnly) {
 class OtherHost {
  public:
   OtherHost() {
-    const int id = static_cast<int>(::getpid() % 200) + 20;
-    ns_ = "ppdial" + std::to_string(::getpid());
-    here_ = "10.231." + std::to_string(id) + ".1";
-    there_ = "10.231." + std::to_string(id) + ".2";
+    // A /24 of its own per process (tests run in parallel): 10.128-191.x.
+    const int pid = static_cast<int>(::getpid());
+    const std::string net =
+        "10." + std::to_string(128 + ((pid >> 8) & 63)) + "." + std::to_string(pid & 255);
+    ns_ = "ppdial" + std::to_string(pid);
+    here_ = net + ".1";
+    there_ = net + ".2";
     const std::string a = "ppd" + std::to_string(::getpid()) + "a";
     const std::string b = "ppd" + std::to_string(::getpid()) + "b";
     link_ = a;
