@@ -90,8 +90,9 @@ void ensure_private_dir(const std::string& dir) {
         dir, st.st_mode & 07777, dir));
 }
 
-// Opens `path` without following a symbolic link; empty optional-like -1
-// with errno ENOENT when it does not exist.
+// Opens `path` for reading without following a symbolic link. Returns the
+// descriptor, or -1 with errno set (ENOENT: missing; ELOOP: a symbolic
+// link); throws InvalidArgument when the file is not private to this user.
 int open_private(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return -1;
