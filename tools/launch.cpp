@@ -112,13 +112,9 @@ void per_node_config(LaunchArgs& a, bool workers_given) {
   c.num_workers = a.nproc_per_node;
   c.num_servers = 0;
   // Every node's workers prove the same secret (a fresh one per launcher
-  // would differ): the user shares one, as with torchrun's rendezvous id.
-  if (std::getenv("PUSHPULL_JOB_SECRET") == nullptr)
-    throw InvalidArgument(
-        "--nnodes: set PUSHPULL_JOB_SECRET to the same value on every node (each node's launcher "
-        "would make its own), e.g. from `openssl rand -hex 16`; an empty PUSHPULL_JOB_SECRET is "
-        "refused for a job that reaches other hosts unless PUSHPULL_ALLOW_INSECURE=1 is set as "
-        "well (no authentication: only on a network you trust)");
+  // would differ): PUSHPULL_JOB_SECRET or PUSHPULL_JOB_SECRET_FILE when set,
+  // else the per-user secret file, the same on hosts sharing the home
+  // directory (launch::resolve_launch_secret, docs/security.md).
   // Every node's launcher must name the same job (peers check it): derived
   // from the meeting point unless PUSHPULL_JOB_ID says otherwise.
   if (c.job_id.empty() && std::getenv("PUSHPULL_JOB_ID") == nullptr)

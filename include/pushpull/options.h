@@ -73,10 +73,19 @@ struct NetOptions {
   // Jobs only talk to nodes with the same id. PUSHPULL_JOB_ID.
   std::string job_id = "pushpull";
   // When set, both ends of every connection prove knowledge of it (HMAC-SHA256,
-  // see docs/transport.md). PUSHPULL_JOB_SECRET.
+  // see docs/security.md). from_env() takes PUSHPULL_JOB_SECRET, else the file
+  // PUSHPULL_JOB_SECRET_FILE names, else (unless allow_insecure) the per-user
+  // secret file, created on first use (src/base/secret_file.h); an empty
+  // PUSHPULL_JOB_SECRET counts as unset. Options built in code without one
+  // keep the old rule below (this machine's peers only).
   std::string job_secret;
-  // Without a job secret a node accepts loopback peers only; true accepts any
-  // peer unauthenticated (trusted, isolated networks). PUSHPULL_ALLOW_INSECURE=1.
+  // Where job_secret came from, for error messages: "PUSHPULL_JOB_SECRET",
+  // "PUSHPULL_JOB_SECRET_FILE=<path>", "the per-user secret file <path>", or
+  // empty (set in code).
+  std::string job_secret_source;
+  // Without a job secret a node accepts and dials peers on this machine only;
+  // true accepts any peer unauthenticated (trusted, isolated networks), and is
+  // the only way from_env() leaves job_secret empty. PUSHPULL_ALLOW_INSECURE=1.
   bool allow_insecure = false;
   // Listen on every address instead of the advertised one. PUSHPULL_BIND_ANY=1.
   bool bind_any = false;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "base/secret_file.h"
 #include "pushpull/error.h"
 
 extern char** environ;
@@ -118,6 +119,29 @@ class Reader {
   const Environment& env_;
 };
 
+// The job secret (docs/security.md, "The job secret"): PUSHPULL_JOB_SECRET,
+// else PUSHPULL_JOB_SECRET_FILE, else none with PUSHPULL_ALLOW_INSECURE=1,
+// else the per-user secret file. An empty PUSHPULL_JOB_SECRET is unset:
+// PUSHPULL_ALLOW_INSECURE=1 is the only way to run without a secret.
+void resolve_job_secret(const Environment& env, NetOptions* n) {
+  if (auto v = env.get("PUSHPULL_JOB_SECRET"); v && !v->empty()) {
+    n->job_secret = *v;
+    n->job_secret_source = "PUSHPULL_JOB_SECRET";
+    return;
+  }
+  if (auto f = env.get("PUSHPULL_JOB_SECRET_FILE"); f && !f->empty()) {
+    n->job_secret = base::read_secret_file(*f);
+    n->job_secret_source = "PUSHPULL_JOB_SECRET_FILE=" + *f;
+    return;
+  }
+  n->job_secret.clear();
+  n->job_secret_source.clear();
+  if (n->allow_insecure) return;
+  base::UserSecret s = base::user_secret(env);
+  n->job_secret = std::move(s.secret);
+  n->job_secret_source = "the per-user secret file " + s.path;
+}
+
 }  // namespace
 
 Options Options::from_env(const Environment& env) {
@@ -138,7 +162,6 @@ Options Options::from_env(const Environment& env) {
   r.integer({"PUSHPULL_SOCKET_BUFFER_BYTES"}, &n.socket_buffer_bytes);
   r.millis({"PUSHPULL_CONNECT_TIMEOUT_MS"}, &n.connect_timeout);
   r.string({"PUSHPULL_JOB_ID"}, &n.job_id);
-  r.string({"PUSHPULL_JOB_SECRET"}, &n.job_secret);
   r.flag({"PUSHPULL_ALLOW_INSECURE"}, &n.allow_insecure);
   r.flag({"PUSHPULL_BIND_ANY"}, &n.bind_any);
   r.flag({"PUSHPULL_PS_SHM"}, &n.ps_shared_memory);
@@ -216,6 +239,8 @@ Options Options::from_env(const Environment& env) {
   if (elastic_s > 0) col.elastic_timeout = Millis(static_cast<int64_t>(elastic_s * 1000));
 
   o.validate();
+  // Last, after every value is checked: this may create the per-user file.
+  resolve_job_secret(env, &n);
   return o;
 }
 

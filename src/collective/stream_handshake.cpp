@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "net/address.h"
 #include "net/peer_policy.h"
 #include "pushpull/log.h"
 
@@ -65,6 +67,10 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
                                     const std::function<std::optional<Status>()>& abandon) {
   std::vector<net::Fd> fds(static_cast<size_t>(size));
   std::vector<Pending> pending;
+  net::PendingLimit per_source;
+  std::vector<std::string> local_hosts;  // this machine's addresses: not capped, see peer_policy.h
+  for (const auto& i : net::list_interfaces())
+    local_hosts.push_back(i.address);
   net::RefusalLog log;
   const std::string key = auth.key();
   int expected = size - 1 - rank;
@@ -72,6 +78,7 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
   auto drop = [&](size_t i, const std::string& why) {
     log.note(pending[i].host, fmt::format("{}: dropped a data stream connection from {}: {}", what,
                                           pending[i].address, why));
+    per_source.release(pending[i].host);
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
   };
   while (expected > 0) {
@@ -140,6 +147,7 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
         continue;
       }
       fds[q] = std::move(p.fd);
+      per_source.release(p.host);
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       --expected;
     }
@@ -164,9 +172,25 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
       p.fd = net::Fd(fd);
       p.address = remote.to_string();
       p.host = net::host_of(remote);
+      const bool local = net::is_local_peer(remote, local_hosts);
+      if (auth.local_only && !local) {
+        log.note(p.host, fmt::format("{}: refused a data stream connection from {}: no job "
+                                     "secret, so only this machine's peers are accepted",
+                                     what, p.address));
+        continue;
+      }
+      if (!local && !per_source.admit(p.host)) {
+        log.note(p.host, fmt::format("{}: closed a data stream connection from {} at once: {} "
+                                     "from that address are already authenticating",
+                                     what, p.address, per_source.limit()));
+        continue;
+      }
       p.deadline = std::min(deadline, Clock::now() + handshake_timeout);
       p.nonce = net::random_nonce();
-      if (!send_now(fd, p.nonce.data(), p.nonce.size())) continue;
+      if (!send_now(fd, p.nonce.data(), p.nonce.size())) {
+        per_source.release(p.host);
+        continue;
+      }
       pending.push_back(std::move(p));
     }
   }
@@ -177,16 +201,38 @@ net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth
                        int peer, Clock::time_point deadline, const std::string& what) {
   std::string error;
   const std::string where = net::format_address(host, port);
-  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  net::Fd fd = net::connect_once(net::resolve(host, port), std::max(left, Millis(1)), &error);
   auto fail = [&](const std::string& why) {
     return IoError(fmt::format("{}: cannot open the data stream to rank {} at {}: {}", what, peer,
                                where, why));
   };
-  if (!fd.valid()) throw fail(error);
-  const std::string key = auth.key();
+  const net::SockAddr addr = net::resolve(host, port);
+  if (auth.local_only) {
+    std::vector<std::string> local;
+    if (!net::is_loopback(addr))
+      for (const auto& i : net::list_interfaces())
+        local.push_back(i.address);
+    if (!net::is_local_peer(addr, local))
+      throw ProtocolError(fmt::format(
+          "{}: not opening the data stream to rank {} at {}: this node has no job secret and so "
+          "connects to this machine only; set the same PUSHPULL_JOB_SECRET on every node",
+          what, peer, where));
+  }
+  net::Fd fd;
   net::Nonce theirs;
-  if (!net::read_all(fd.get(), theirs.data(), theirs.size(), deadline, &error)) throw fail(error);
+  Millis backoff{10};
+  for (;;) {
+    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    fd = net::connect_once(addr, std::max(left, Millis(1)), &error);
+    if (!fd.valid()) throw fail(error);
+    if (net::read_all(fd.get(), theirs.data(), theirs.size(), deadline, &error)) break;
+    // Closed before the nonce with time left: the listener's per-source
+    // limit of pending connections was full (a flood); dial again.
+    if (Clock::now() + backoff >= deadline) throw fail(error);
+    fd.reset();
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, Millis(1000));
+  }
+  const std::string key = auth.key();
   net::Nonce mine = net::random_nonce();
   std::byte hello[kHelloBytes];
   put(hello, static_cast<uint64_t>(rank));

@@ -15,7 +15,9 @@
 // accept_streams() serves every pending connection at once, each with its own
 // deadline, so a silent or slow connection to the port cannot make a real
 // rank miss its deadline; a failed or timed-out connection is dropped and
-// logged (rate-limited) and never fails the group.
+// logged (rate-limited) and never fails the group. At most
+// net::kMaxPendingPerSource connections from one address are pending at
+// once; more are closed at once (connect_stream retries those).
 //
 // Thread safety: free functions; each call uses only its own sockets.
 #pragma once
@@ -36,6 +38,9 @@ struct StreamAuth {
   std::string job_id;
   std::string job_secret;
   net::Nonce token{};  // the acceptor's listener token
+  // No job secret and not PUSHPULL_ALLOW_INSECURE (net/peer_policy.h): streams
+  // are accepted from, and opened to, addresses of this machine only.
+  bool local_only = false;
   std::string key() const;
 };
 

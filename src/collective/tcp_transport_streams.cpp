@@ -33,7 +33,8 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
   const std::string what = fmt::format("collective rank {}: data streams", rank_);
   std::vector<net::Fd> fds(static_cast<size_t>(size_));
   net::Fd listener;
-  StreamAuth mine{opts_.job_id, opts_.job_secret, {}};
+  const bool local_only = opts_.job_secret.empty() && !opts_.allow_insecure;
+  StreamAuth mine{opts_.job_id, opts_.job_secret, {}, local_only};
   std::vector<Request> sends;
   std::byte offer[kOfferBytes];
   if (rank_ + 1 < size_) {
@@ -54,7 +55,7 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
     uint64_t port = 0;
     for (int i = 0; i < 8; ++i)
       port |= static_cast<uint64_t>(got[i]) << (8 * i);
-    StreamAuth theirs{opts_.job_id, opts_.job_secret, {}};
+    StreamAuth theirs{opts_.job_id, opts_.job_secret, {}, local_only};
     std::memcpy(theirs.token.data(), got + 8, theirs.token.size());
     if (port == 0 || port > 65535)
       throw ProtocolError(fmt::format("{}: rank {} offered port {}", what, p, port));

@@ -17,6 +17,7 @@
 #include <openssl/rand.h>
 
 #include "base/private_file.h"
+#include "base/secret_file.h"
 #include "launch/commands.h"
 #include "launch/supervisor.h"
 #include "net/socket.h"
@@ -41,6 +42,23 @@ std::string make_job_secret() {
   for (unsigned char b : bytes)
     hex += fmt::format("{:02x}", b);
   return hex;
+}
+
+std::string resolve_launch_secret(const LaunchConfig& cfg, const Environment& env,
+                                  const std::optional<std::string>& given) {
+  if (given && !given->empty()) return *given;
+  if (auto f = env.get("PUSHPULL_JOB_SECRET_FILE"); f && !f->empty())
+    return base::read_secret_file(*f);
+  // Set but empty asks for no secret: only PUSHPULL_ALLOW_INSECURE=1 grants it.
+  if (given && cfg.allow_insecure) return {};
+  if (cfg.nnodes > 0) {
+    // Every node's launcher must give its workers the same secret; a fresh
+    // one each would differ. The per-user file is the same on every host
+    // that shares the home directory (docs/security.md).
+    if (cfg.allow_insecure) return {};
+    return base::user_secret(env).secret;
+  }
+  return make_job_secret();
 }
 
 namespace {
@@ -96,7 +114,11 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
 }
 
 Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
-  Options o = Options::from_env(ctx.env);            // applies PUSHPULL_LOG_LEVEL
+  // The job's secret, decided in prepare(), so reading the environment does
+  // not go looking for (or create) the per-user secret file.
+  Environment env = ctx.env;
+  if (!cfg.job_secret.empty()) env.set("PUSHPULL_JOB_SECRET", cfg.job_secret);
+  Options o = Options::from_env(env);                // applies PUSHPULL_LOG_LEVEL
   if (cfg.verbose) set_log_level(LogLevel::kDebug);  // --verbose wins over the environment
   o.cluster.role = Role::kScheduler;
   o.cluster.num_servers = cfg.num_servers;
@@ -245,15 +267,7 @@ void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
     secret = kv.second;
     return true;
   });
-  cfg.job_secret = secret ? *secret : make_job_secret();
-  bool one_host = cfg.launcher != LauncherKind::kSlurm && is_loopback_host(cfg.host_ip);
-  for (const auto& h : cfg.hosts)
-    one_host = one_host && is_loopback_host(h.host);
-  if (cfg.job_secret.empty() && !one_host && !cfg.allow_insecure)
-    bad("PUSHPULL_JOB_SECRET is set but empty, and this job reaches other hosts: without a "
-        "secret anyone who can reach its ports can join it or pose as one of its nodes. Unset "
-        "PUSHPULL_JOB_SECRET (the launcher then makes one), or set PUSHPULL_ALLOW_INSECURE=1 to "
-        "run without authentication on a network you trust");
+  cfg.job_secret = resolve_launch_secret(cfg, ctx.env, secret);
   // Credentials that could not travel as the launcher passes them.
   ProcessSpec probe;
   for (Role role : {Role::kWorker, Role::kServer}) {

@@ -59,4 +59,13 @@ bool is_loopback_host(std::string_view host);
 // IoError when the generator fails.
 std::string make_job_secret();
 
+// The secret of a launched job (docs/security.md, "The job secret"): `given`
+// (--env's or the launcher's PUSHPULL_JOB_SECRET) when non-empty, else the
+// file PUSHPULL_JOB_SECRET_FILE names, else none when PUSHPULL_JOB_SECRET is
+// set empty and PUSHPULL_ALLOW_INSECURE=1, else, in the per-node mode
+// (--nnodes), the per-user secret file (every node's launcher must agree),
+// else a fresh one. Throws (naming the file) when a file is unusable.
+std::string resolve_launch_secret(const LaunchConfig& cfg, const Environment& env,
+                                  const std::optional<std::string>& given);
+
 }  // namespace pushpull::launch

@@ -54,9 +54,9 @@ struct LaunchConfig {
   // "Worker restart"); 0 = a dead worker fails the job.
   int max_restarts = 0;
   bool verbose = false;
-  // PUSHPULL_JOB_SECRET of every process and of the scheduler: --env's or the
-  // launcher's own, else a fresh random one (prepare()). "" = none: the user
-  // set it empty, allowed on one host or with PUSHPULL_ALLOW_INSECURE=1.
+  // PUSHPULL_JOB_SECRET of every process and of the scheduler:
+  // resolve_launch_secret() (launcher.h). "" = none: only when the user set
+  // it empty together with PUSHPULL_ALLOW_INSECURE=1.
   std::string job_secret;
   bool allow_insecure = false;  // PUSHPULL_ALLOW_INSECURE=1, passed on to every process
   bool bind_any = false;        // PUSHPULL_BIND_ANY=1: the scheduler binds the wildcard address

@@ -72,6 +72,9 @@ struct Transport::Conn {
   std::chrono::steady_clock::time_point handshake_deadline;
   bool hello_seen = false;    // the hello arrived; anything more before the ack is an error
   std::optional<Hello> held;  // a hello waiting until this node has a rank to prove
+  // While counted in the Transport's per-source limit of pending
+  // connections (net/peer_policy.h PendingLimit): the source address.
+  std::string pending_source;
 
   // Send side.
   std::mutex send_mu;

@@ -148,11 +148,16 @@ std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my
   else if (!verify_proof(
                secret, {Direction::kConnector, acceptor_nonce, h.nonce, my_job_id, h.role, h.rank},
                h.proof))
-    reason =
-        "authentication failed: the connecting node does not know this job's secret; set the "
-        "same PUSHPULL_JOB_SECRET on every node";
+    reason = std::string(
+                 "authentication failed: the connecting node does not know this job's secret; ") +
+             kSecretAdvice;
   if (reason.size() > kMaxReason) reason.resize(kMaxReason);
   return reason;
+}
+
+std::string secret_source(const NetOptions& opts) {
+  if (opts.job_secret.empty()) return "no secret";
+  return opts.job_secret_source.empty() ? "set by the program" : opts.job_secret_source;
 }
 
 }  // namespace pushpull::net

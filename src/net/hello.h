@@ -16,8 +16,10 @@
 // does not admit worker 2). The acceptor checks the connector's proof before
 // accepting; the connector checks the acceptor's proof in the ack before it
 // uses the connection. Without a secret proofs are all zeros and only the
-// version and job tag are checked (net/peer_policy.h then limits peers to
-// loopback). The refused side gets the reason in the ack and does not retry.
+// version and job tag are checked (net/peer_policy.h then limits the peers a
+// node accepts and dials to this machine; Options::from_env() leaves the
+// secret empty only with PUSHPULL_ALLOW_INSECURE=1). The refused side gets
+// the reason in the ack and does not retry.
 //
 // This authenticates who is at the other end when the connection opens; it
 // does not encrypt or sign the traffic that follows (an attacker on the path
@@ -104,6 +106,15 @@ Proof compute_proof(const std::string& secret, const ProofInput& input);
 bool proof_equal(const Proof& a, const Proof& b);
 // True when `proof` is right for `input` (always true without a secret).
 bool verify_proof(const std::string& secret, const ProofInput& input, const Proof& proof);
+
+// What to do when proofs fail between hosts: the secrets differ, most often
+// because each host made its own per-user secret file (no shared home).
+inline constexpr const char* kSecretAdvice =
+    "set the same PUSHPULL_JOB_SECRET or PUSHPULL_JOB_SECRET_FILE on every host, or give every "
+    "host the same per-user secret file (~/.config/pushpull/secret, e.g. a shared home; "
+    "docs/security.md)";
+// Where this node's secret came from, for errors: NetOptions::job_secret_source.
+std::string secret_source(const NetOptions& opts);
 
 // The acceptor's decision on a decoded hello: empty when accepted, else the
 // reason to send back. `acceptor_nonce` is the one of its challenge.

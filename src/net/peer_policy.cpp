@@ -38,13 +38,50 @@ std::string host_of(const SockAddr& a) {
   return buf;
 }
 
-std::string peer_refusal(const SockAddr& peer, const NetOptions& opts,
-                         const std::vector<std::string>& local_hosts) {
-  if (!opts.job_secret.empty() || opts.allow_insecure || is_loopback(peer)) return {};
+bool is_local_peer(const SockAddr& peer, const std::vector<std::string>& local_hosts) {
+  if (is_loopback(peer)) return true;
   std::string host = host_of(peer);
   if (host.rfind("::ffff:", 0) == 0) host = host.substr(7);  // IPv4-mapped
   for (const auto& h : local_hosts)
-    if (h == host) return {};
+    if (h == host) return true;
+  return false;
+}
+
+std::string dial_refusal(const SockAddr& peer, const NetOptions& opts,
+                         const std::vector<std::string>& local_hosts) {
+  if (!opts.job_secret.empty() || opts.allow_insecure || is_local_peer(peer, local_hosts))
+    return {};
+  return fmt::format(
+      "this node has no job secret and so connects to this machine only, not to {}: without a "
+      "secret nothing proves that a job member answers there; set the same PUSHPULL_JOB_SECRET "
+      "(or PUSHPULL_JOB_SECRET_FILE) on every node (or PUSHPULL_ALLOW_INSECURE=1 on a trusted, "
+      "isolated network)",
+      host_of(peer));
+}
+
+bool PendingLimit::admit(const std::string& host) {
+  size_t& n = count_[host];
+  if (n >= limit_) return false;
+  ++n;
+  return true;
+}
+
+void PendingLimit::release(const std::string& host) {
+  auto it = count_.find(host);
+  if (it == count_.end()) return;
+  if (--it->second == 0) count_.erase(it);
+}
+
+size_t PendingLimit::pending(const std::string& host) const {
+  auto it = count_.find(host);
+  return it == count_.end() ? 0 : it->second;
+}
+
+std::string peer_refusal(const SockAddr& peer, const NetOptions& opts,
+                         const std::vector<std::string>& local_hosts) {
+  if (!opts.job_secret.empty() || opts.allow_insecure || is_local_peer(peer, local_hosts))
+    return {};
+  const std::string host = host_of(peer);
   return fmt::format(
       "this node has no job secret and so accepts connections from this machine only, "
       "not from {}; set the same PUSHPULL_JOB_SECRET on every node (or "
@@ -63,8 +100,8 @@ void warn_insecure_once(const NetOptions& opts) {
           "PUSHPULL_JOB_SECRET");
     else
       PP_WARN(
-          "no job secret (PUSHPULL_JOB_SECRET): accepting connections from this machine "
-          "only; set the same secret on every node to run across machines");
+          "no job secret: accepting and opening connections to this machine only; set the same "
+          "PUSHPULL_JOB_SECRET on every node to run across machines");
   });
 }
 

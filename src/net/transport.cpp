@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "net/address.h"
 #include "net/conn.h"
 #include "net/host_identity.h"
 #include "net/shm_setup.h"
@@ -191,25 +192,45 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   std::string error;
   Fd fd;
   int attempts = 0;
-  while (true) {
-    ++attempts;
-    auto left = std::chrono::duration_cast<Millis>(deadline - clock::now());
-    fd = connect_once(addr, std::min(left, Millis{2000}), &error);
-    if (fd.valid() || stopping_) break;
-    left = std::chrono::duration_cast<Millis>(deadline - clock::now());
-    if (left <= Millis{0}) break;
-    std::this_thread::sleep_for(std::min(backoff, left));
-    backoff = std::min(backoff * 2, Millis{1000});
-  }
-  if (!fd.valid())
-    throw Timeout(fmt::format(
-        "cannot connect to {} after {} attempts in {} ms (last error: {}); check that the node "
-        "there is running, that the address and port are right (DMLC_PS_ROOT_URI / "
-        "DMLC_PS_ROOT_PORT) and that no firewall blocks it",
-        where, attempts, limit.count(), error));
-
-  // The hello, on this thread with blocking I/O bounded by the deadline.
-  auto hs_deadline = std::max(deadline, clock::now() + Millis{2000});
+  auto hs_deadline = deadline;
+  // Opens the TCP connection, retrying with backoff until the deadline.
+  auto dial = [&] {
+    while (true) {
+      ++attempts;
+      auto left = std::chrono::duration_cast<Millis>(deadline - clock::now());
+      fd = connect_once(addr, std::min(left, Millis{2000}), &error);
+      if (fd.valid() || stopping_) break;
+      left = std::chrono::duration_cast<Millis>(deadline - clock::now());
+      if (left <= Millis{0}) break;
+      std::this_thread::sleep_for(std::min(backoff, left));
+      backoff = std::min(backoff * 2, Millis{1000});
+    }
+    if (!fd.valid())
+      throw Timeout(fmt::format(
+          "cannot connect to {} after {} attempts in {} ms (last error: {}); check that the node "
+          "there is running, that the address and port are right (DMLC_PS_ROOT_URI / "
+          "DMLC_PS_ROOT_PORT) and that no firewall blocks it",
+          where, attempts, limit.count(), error));
+    // Without a secret the acceptor's proof is all zeros and proves
+    // nothing: only a peer on this machine may be trusted (peer_policy.h).
+    if (config_.net.job_secret.empty() && !config_.net.allow_insecure) {
+      SockAddr remote;
+      remote.len = sizeof remote.storage;
+      if (::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&remote.storage), &remote.len) == 0) {
+        std::vector<std::string> local;
+        if (!is_loopback(remote))
+          for (const auto& i : list_interfaces())
+            local.push_back(i.address);
+        if (std::string why = dial_refusal(remote, config_.net, local); !why.empty()) {
+          PP_ERROR("not using the connection to {}: {}", where, why);
+          throw ProtocolError(fmt::format("refused to connect to {}: {}", where, why));
+        }
+      }
+    }
+    // The hello, on this thread with blocking I/O bounded by the deadline.
+    hs_deadline = std::max(deadline, clock::now() + Millis{2000});
+  };
+  dial();
   auto fail = [&](const std::string& what) -> ConnId {
     throw IoError(fmt::format("handshake with {} failed: {}", where, what));
   };
@@ -252,6 +273,17 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   Header h;
   std::vector<std::byte> payload;
   Status st = read_message(msg::kChallenge, &h, &payload);
+  // Closed before the challenge, with time left: the acceptor's per-source
+  // limit of pending connections was full (peer_policy.h), or it was
+  // restarting. Dial again, as for a refused connect.
+  while (!st && st.code() == ErrorCode::kIoError && !stopping_ &&
+         clock::now() + backoff < deadline) {
+    fd.reset();
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, Millis{1000});
+    dial();
+    st = read_message(msg::kChallenge, &h, &payload);
+  }
   if (!st && st.code() == ErrorCode::kProtocolError) {
     // E.g. another protocol version. Say hello anyway so the acceptor logs
     // the mismatch too, then fail without retrying.
@@ -281,8 +313,9 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     PP_ERROR("node at {} failed to authenticate; closing the connection", where);
     throw ProtocolError(fmt::format(
         "authentication failed: the node at {} does not know this job's secret (it claims to "
-        "be {} {}); it is not a member of this job, or PUSHPULL_JOB_SECRET differs",
-        where, role_name(ack.role), ack.rank));
+        "be {} {}); it is not a member of this job, or its secret differs from this node's "
+        "(from {}): {}",
+        where, role_name(ack.role), ack.rank, secret_source(config_.net), kSecretAdvice));
   }
 
   auto c = std::make_shared<Conn>();

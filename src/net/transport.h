@@ -246,6 +246,12 @@ class Transport {
   void send_hello_ack(Conn& c, const std::string& reason, const Hello* hello);
   void refuse_stranger(Conn& c, const std::string& reason, bool tell);
   std::string refusal_for(const Conn& c);
+  // True for loopback and this machine's own addresses (re-read at most
+  // every 5 s when an address is not among them). I/O thread.
+  bool from_this_machine(const SockAddr& a);
+  // Takes `c` out of the per-source count of pending connections (it
+  // authenticated, or closed). I/O thread.
+  void release_pending(Conn& c);
   std::byte* payload_room(Conn& c, size_t* room);
   bool run_guarded(Conn* c, const char* what, const std::function<void()>& f);
   void pause_listener(int error);
@@ -303,8 +309,9 @@ class Transport {
   std::chrono::steady_clock::time_point listen_resume_{};
   Millis accept_backoff_{100};
   std::chrono::steady_clock::time_point accept_log_next_{};
-  uint64_t accept_failures_ = 0;          // since the last accept-failure log line
-  size_t held_count_ = 0;                 // connections with a held hello
+  uint64_t accept_failures_ = 0;  // since the last accept-failure log line
+  size_t held_count_ = 0;         // connections with a held hello
+  PendingLimit pending_;          // unauthenticated connections per source address (other machines)
   std::vector<std::string> local_hosts_;  // this machine's addresses (peer policy)
   std::chrono::steady_clock::time_point local_hosts_at_{};
 

@@ -45,17 +45,20 @@ void Transport::send_hello_ack(Conn& c, const std::string& reason, const Hello* 
 // Why a peer at this connection's address may not even try (peer policy).
 std::string Transport::refusal_for(const Conn& c) {
   if (!config_.net.job_secret.empty() || config_.net.allow_insecure) return {};
-  std::string why = peer_refusal(c.remote, config_.net, local_hosts_);
+  if (from_this_machine(c.remote)) return {};
+  return peer_refusal(c.remote, config_.net, local_hosts_);
+}
+
+bool Transport::from_this_machine(const SockAddr& a) {
+  if (is_local_peer(a, local_hosts_)) return true;
   auto now = std::chrono::steady_clock::now();
-  if (!why.empty() && now - local_hosts_at_ > std::chrono::seconds(5)) {
-    // Interfaces may have changed (or were never read): look again, at most every 5 s.
-    local_hosts_.clear();
-    for (const auto& i : list_interfaces())
-      local_hosts_.push_back(i.address);
-    local_hosts_at_ = now;
-    why = peer_refusal(c.remote, config_.net, local_hosts_);
-  }
-  return why;
+  if (now - local_hosts_at_ <= std::chrono::seconds(5)) return false;
+  // Interfaces may have changed (or were never read): look again, at most every 5 s.
+  local_hosts_.clear();
+  for (const auto& i : list_interfaces())
+    local_hosts_.push_back(i.address);
+  local_hosts_at_ = now;
+  return is_local_peer(a, local_hosts_);
 }
 
 void Transport::on_hello(Conn& c, Message&& m) {
@@ -72,6 +75,7 @@ void Transport::on_hello(Conn& c, Message&& m) {
           fmt::format("{} (it claimed to be {} {})", reason, role_name(hello.role), hello.rank);
     return refuse_stranger(c, reason, true);
   }
+  release_pending(c);  // it proved the secret: no longer a stranger's pending connection
   bool hold;
   {
     std::lock_guard lock(mu_);
@@ -85,18 +89,25 @@ void Transport::on_hello(Conn& c, Message&& m) {
   answer_hello(c, hello);
 }
 
-// Accepts an authenticated hello unless its identity is taken.
+// Accepts an authenticated hello unless its identity is taken: any open
+// connection with that peer, accepted or dialed by this node, holds it.
+// (Connections this node dialed count too: otherwise a second connection
+// claiming a peer this node dialed would be taken as that peer.) A peer that
+// was replaced (worker restart, server rejoin) is no obstacle: the scheduler
+// announced it and this node closed the old connection first (Node's
+// apply_placement), or the old process died and its connections with it.
 void Transport::answer_hello(Conn& c, const Hello& hello) {
   std::string taken;
   if (hello.role != Role::kNone && hello.rank >= 0) {
     std::lock_guard lock(mu_);
     for (auto& [id, other] : conns_)
-      if (other.get() != &c && other->state == Conn::State::kOpen && !other->peer.outgoing &&
+      if (other.get() != &c && other->state == Conn::State::kOpen &&
           other->peer.role == hello.role && other->peer.rank == hello.rank)
         taken = fmt::format(
-            "{} {} is already connected to this node (from {}); a second connection claiming "
+            "{} {} is already connected to this node ({} {}); a second connection claiming "
             "the same identity is refused",
-            role_name(hello.role), hello.rank, other->peer.address);
+            role_name(hello.role), hello.rank,
+            other->peer.outgoing ? "dialed by this node, at" : "from", other->peer.address);
   }
   if (!taken.empty()) {
     PP_ERROR("refused connection from {}: {}", c.peer.address, taken);
@@ -115,6 +126,7 @@ void Transport::answer_hello(Conn& c, const Hello& hello) {
     h = on_connect_;
   }
   c.peer_id = node_id(hello.role, hello.rank);
+  release_pending(c);
   c.state = Conn::State::kOpen;
   if (h) run_guarded(&c, "the connect handler", [&] { h(c.id, c.peer); });
 }

@@ -121,9 +121,25 @@ void Transport::accept_all() {
       return;
     }
     accept_backoff_ = Millis{100};
+    // At most kMaxPendingPerSource connections from one address of another
+    // machine may be authenticating at once; more are closed before anything
+    // is sent (an honest connector retries: Transport::connect). Not this
+    // machine's addresses: the job's own nodes share them, so a cap would let
+    // any local user lock them out (peer_policy.h).
+    const std::string source = host_of(remote);
+    const bool counted = !from_this_machine(remote);
+    if (counted && !pending_.admit(source)) {
+      ::close(fd);
+      refusals_.note(source, fmt::format("closed a connection from {} at once: {} connections "
+                                         "from that address are already authenticating (the most "
+                                         "allowed)",
+                                         remote.to_string(), pending_.limit()));
+      continue;
+    }
     auto c = std::make_shared<Conn>();
     c->fd = Fd(fd);
     c->remote = remote;
+    if (counted) c->pending_source = source;
     tune_socket(fd, config_.net.socket_buffer_bytes);
     set_dead_link_timeout(fd, config_.dead_link_timeout);
     c->peer.address = remote.to_string();
@@ -394,10 +410,17 @@ void Transport::flush(Conn& c) {
   }
 }
 
+void Transport::release_pending(Conn& c) {
+  if (c.pending_source.empty()) return;
+  pending_.release(c.pending_source);
+  c.pending_source.clear();
+}
+
 void Transport::close_conn(Conn& c, const Status& why, bool notify) {
   if (c.state == Conn::State::kClosed) return;
   const bool was_open = c.state == Conn::State::kOpen;
   c.state = Conn::State::kClosed;
+  release_pending(c);
   if (c.held) {
     c.held.reset();
     --held_count_;

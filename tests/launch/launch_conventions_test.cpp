@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -211,15 +212,23 @@ TEST(LaunchConventionsCli, PerNodeBadInput) {
                   "--master-port", "1"})
                 .code,
             2);
+  // No secret set: not bad input any more, the per-user secret file is used
+  // (made here in a private temporary place).
   ::unsetenv("PUSHPULL_JOB_SECRET");
+  char tmpl[] = "/tmp/pp-pernode.XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const char* before = std::getenv("PUSHPULL_SECRET_FILE");
+  const std::string saved = before ? before : "";
+  ::setenv("PUSHPULL_SECRET_FILE", (dir + "/secret").c_str(), 1);
   CliRun no_secret = with(
       {"--nproc-per-node", "1", "--node-rank", "0", "--master-addr", "h", "--master-port", "1"});
-  EXPECT_EQ(no_secret.code, 2);
-  EXPECT_NE(no_secret.out.find("PUSHPULL_JOB_SECRET"), std::string::npos) << no_secret.out;
-  // It says what setup does with an empty secret across hosts (refuses it
-  // unless PUSHPULL_ALLOW_INSECURE=1), not that an empty one is fine.
-  EXPECT_NE(no_secret.out.find("PUSHPULL_ALLOW_INSECURE=1"), std::string::npos) << no_secret.out;
-  EXPECT_EQ(no_secret.out.find("trusted networks"), std::string::npos) << no_secret.out;
+  EXPECT_EQ(no_secret.code, 0) << no_secret.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/secret"));
+  std::filesystem::remove_all(dir);
+  if (before)
+    ::setenv("PUSHPULL_SECRET_FILE", saved.c_str(), 1);
+  else
+    ::unsetenv("PUSHPULL_SECRET_FILE");
   CliRun no_n = pushpull({"launch", "--dry-run", "./train"});
   EXPECT_EQ(no_n.code, 2);
   EXPECT_NE(no_n.out.find("-n/--num-workers is required"), std::string::npos) << no_n.out;
@@ -256,6 +265,41 @@ TEST(LaunchConventionsCli, PerNodeTwoLaunchersOnLoopback) {
   if (!std::filesystem::exists(std::string(PUSHPULL_BIN_DIR) + "/kvstore_basics"))
     GTEST_SKIP() << "kvstore_basics not built (PUSHPULL_BUILD_EXAMPLES=OFF)";
   two_node_job("127.0.0.1", {"127.0.0.1", "127.0.0.1"}, {"", ""});
+}
+
+// Per-node mode with nothing set: each node's launcher uses the per-user
+// secret file. Two nodes whose files differ (hosts without a shared home,
+// made here with two PUSHPULL_SECRET_FILE paths) cannot authenticate each
+// other, and the failure says what to do.
+TEST(LaunchConventionsCli, PerNodeWithoutASharedSecretSaysWhatToDo) {
+  if (!std::filesystem::exists(std::string(PUSHPULL_BIN_DIR) + "/kvstore_basics"))
+    GTEST_SKIP() << "kvstore_basics not built (PUSHPULL_BUILD_EXAMPLES=OFF)";
+  ::unsetenv("PUSHPULL_JOB_SECRET");  // an earlier test of this program may set it
+  char tmpl[] = "/tmp/pp-pernode-homes.XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::string cmd = std::string(PUSHPULL_BIN_DIR) + "/pushpull launch --nnodes 2 --node-rank " +
+                      std::to_string(n) + " --nproc-per-node 1 --master-addr 127.0.0.1 " +
+                      "--master-port " + std::to_string(port) + " --host-ip 127.0.0.1 " +
+                      "--timeout 20 " + PUSHPULL_BIN_DIR + "/kvstore_basics --kvstore " +
+                      "dist_sync_allreduce";
+    nodes.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{"/bin/sh", "-c", cmd},
+        std::map<std::string, std::string>{
+            {"PUSHPULL_SECRET_FILE", dir + "/home" + std::to_string(n) + "/secret"}}));
+  }
+  // Node 1's worker is refused by node 0's rendezvous and fails at once.
+  auto rc = nodes[1]->wait(std::chrono::seconds(60));
+  const std::string out = nodes[0]->output() + nodes[1]->output();
+  nodes.clear();  // stops node 0, still waiting for its peer
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(rc.has_value()) << out;
+  EXPECT_NE(*rc, 0) << out;
+  EXPECT_NE(out.find("authentication failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("PUSHPULL_JOB_SECRET_FILE on every host"), std::string::npos) << out;
+  if (std::getenv("PP_SHOW")) std::cout << out;
 }
 
 // Two network namespaces joined by a veth pair: two hosts, each running its

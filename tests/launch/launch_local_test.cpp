@@ -41,6 +41,9 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
   for (auto& [label, p] : probes) {
     EXPECT_EQ(p.env["PUSHPULL_JOB_SECRET"], secret) << label;
     p.env.erase("PUSHPULL_JOB_SECRET");
+    // Inherited from the test's own environment (tests/CMakeLists.txt keeps
+    // the per-user secret file in the build tree), not set by the launcher.
+    p.env.erase("PUSHPULL_SECRET_FILE");
   }
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE("worker " + std::to_string(i));

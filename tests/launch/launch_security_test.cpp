@@ -256,10 +256,13 @@ TEST_F(StandIns, DryRunAndVerboseNeverShowCredentials) {
   EXPECT_TRUE(files_ending(logs_.path(), ".argv").empty()) << "a dry run ran something";
 }
 
-TEST_F(StandIns, AnEmptySecretIsRefusedAcrossHostsUnlessAllowed) {
-  auto r = launch({"-H", hosts_, "-n", "1", "-s", "0", "--dry-run", "--", "prog"}, "");
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("PUSHPULL_ALLOW_INSECURE=1"));
+// An empty PUSHPULL_JOB_SECRET no longer turns authentication off (issue
+// 35): the launcher makes a secret as when it is unset; only
+// PUSHPULL_ALLOW_INSECURE=1 runs a job without one.
+TEST_F(StandIns, AnEmptySecretIsAFreshOneUnlessInsecureIsAllowed) {
+  auto r = launch({"-H", hosts_, "-n", "1", "-s", "0", "--", kProbe, "--print-env"}, "");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(parse_probes(r.out)["worker 0"].env["PUSHPULL_JOB_SECRET"].size(), 32u) << r.out;
   r = launch({"-H", hosts_, "-n", "1", "-s", "0", "--", kProbe, "--print-env"}, "", "",
              {"PUSHPULL_ALLOW_INSECURE=1"});
   EXPECT_EQ(r.code, 0) << r.err;
@@ -267,7 +270,7 @@ TEST_F(StandIns, AnEmptySecretIsRefusedAcrossHostsUnlessAllowed) {
   // (Empty, not absent: the stand-in ssh passes its own environment on.)
   EXPECT_EQ(probe.env["PUSHPULL_JOB_SECRET"], "");
   EXPECT_EQ(probe.env["PUSHPULL_ALLOW_INSECURE"], "1");
-  // One host: allowed (the nodes then only accept loopback peers).
+  // One host: the same (a fresh secret).
   r = launch({"-n", "1", "-s", "1", "--dry-run", "--", "prog"}, "");
   EXPECT_EQ(r.code, 0) << r.err;
   // A secret for one role only is refused.

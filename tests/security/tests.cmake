@@ -21,4 +21,13 @@ if(PUSHPULL_PYTHON3)
                            RESOURCE_LOCK pushpull_adversary PROCESSORS 2)
     endforeach()
   endforeach()
+  # Another local user (uid 65534, via setpriv) against jobs started without
+  # a secret set by hand (torchrun-style variables, the per-node mode): the
+  # per-user secret file must keep it out (issue 35). Skipped (77) when not
+  # root or without setpriv.
+  add_test(NAME security.local_attacker
+           COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/local_attacker.py
+                   --bin-dir ${CMAKE_BINARY_DIR}/bin)
+  set_tests_properties(security.local_attacker PROPERTIES LABELS security TIMEOUT 300
+                       SKIP_RETURN_CODE 77 RESOURCE_LOCK pushpull_adversary PROCESSORS 2)
 endif()

@@ -9,8 +9,9 @@ Importing this module registers ``pushpull`` with
 runs DDP and the ``torch.distributed`` calls on pushpull's collectives engine
 (its transports, algorithms, fusion, authentication and failure detection).
 Start the processes with ``pushpull launch -n N -s 0`` or torchrun (env://);
-the job secret comes from the launcher's environment (PUSHPULL_JOB_SECRET) as
-for every pushpull job. CPU tensors only. See docs/python.md, "Using pushpull
+the job secret comes from the launcher's environment (PUSHPULL_JOB_SECRET), or
+under torchrun from the per-user secret file (~/.config/pushpull/secret), as
+for every pushpull job (docs/security.md). CPU tensors only. See docs/python.md, "Using pushpull
 from DDP".
 
 The backend is a second extension, ``pushpull._pushpull_torch_pg``, linked
