@@ -203,13 +203,13 @@ void RendezvousServer::add_worker(const std::string& id) {
   impl_->alive.insert(id);
 }
 
-void RendezvousServer::remove_worker(const std::string& id, const std::string& why) {
+void RendezvousServer::remove_worker(const std::string& id, const std::string& why, bool announce) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   s.alive.erase(id);
   s.waiting.erase(id);
   s.conn_of.erase(id);
-  if (!s.is_member(id)) return;
+  if (!announce || !s.is_member(id)) return;
   auto p = encode(MemberGone{s.round.round, why});
   for (const auto& m : s.round.members)
     if (m != id && s.alive.count(m))

@@ -66,8 +66,12 @@ class RendezvousServer {
   // round's other members at once (kMemberGoneType, `why`) when `id` was a
   // member, so their pending collectives fail without waiting for the
   // heartbeat timeout.
+  // `announce` false: a worker that finished (exit 0) leaves quietly. Its
+  // round's other members may still be finishing their own last steps; told
+  // "member gone", a slower one would re-form alone and fail after training
+  // finished. (If one still needs it, its mesh detects the closed peer.)
   void add_worker(const std::string& id);
-  void remove_worker(const std::string& id, const std::string& why);
+  void remove_worker(const std::string& id, const std::string& why, bool announce = true);
   // Forms a round when the rules above say so; returns the stragglers it
   // left out (the caller kills them). Call every few hundred ms.
   std::vector<std::string> poll();

@@ -182,7 +182,9 @@ void Driver::on_exit(Worker& w, int status) {
     return;
   }
   if (ok) {
-    server_->remove_worker(w.id, fmt::format("elastic: {} (host {}) finished", w.label(), w.host));
+    // Quietly: the others may be finishing their own last steps.
+    server_->remove_worker(w.id, fmt::format("elastic: {} (host {}) finished", w.label(), w.host),
+                           /*announce=*/false);
     ++successes_;
     if (!finishing_) PP_INFO("elastic: {} finished: no new workers from now on", w.label());
     finishing_ = true;

@@ -335,6 +335,9 @@ void Server::on_placement(const cluster::Placement& p) {
         // harmless); before, the wait ended with the set empty and nobody
         // reported the rejoin: the replication factor never came back.
         restart_rejoin |= rejoin_waiting_.erase(static_cast<int>(s)) > 0;
+        // A restarted server catching up is dead in the placement but alive:
+        // it may still read the buffers it holds of ours in place.
+        if (p.is_restarting(static_cast<int>(s))) continue;
         // Its lent blocks: mapped here, they would keep its memory alive.
         if (auto it = lent_by_.find(static_cast<int>(s)); it != lent_by_.end()) {
           lend_reader_.forget(it->second);
@@ -349,11 +352,10 @@ void Server::on_placement(const cluster::Placement& p) {
       }
     for (auto it = outgoing_.begin(); it != outgoing_.end();) {
       auto& w = it->second.waiting;
+      // (A restarted server catching up is dead in the placement but
+      // alive: its acknowledgement still comes.)
       w.erase(std::remove_if(w.begin(), w.end(),
-                             [&](int b) {
-                               return static_cast<size_t>(b) < p.dead.size() &&
-                                      p.dead[static_cast<size_t>(b)];
-                             }),
+                             [&](int b) { return p.is_dead(b) && !p.is_restarting(b); }),
               w.end());
       if (w.empty()) {
         finished.push_back(std::move(it->second.done));

@@ -159,6 +159,30 @@ TEST(ElasticRendezvous, AMemberLostBeforeTheMeshConnectsEndsTheOthersWaitAtOnce)
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// A member that finished (exit 0) leaves without a member-gone notice: a
+// slower member still finishing must not re-form alone (it then failed
+// "after training finished"); a member that died is announced.
+TEST(ElasticRendezvous, AFinishedMemberLeavesQuietlyADeadOneIsAnnounced) {
+  for (bool announce : {false, true}) {
+    SCOPED_TRACE(announce ? "died" : "finished");
+    Fixture f;
+    auto a = f.client("a"), b = f.client("b");
+    const int pa = unused_port(), pb = unused_port();
+    auto fa = join_async(*a, pa), fb = join_async(*b, pb);
+    Assignment ra = fa.get(), rb = fb.get();
+    Client* first = ra.rank == 0 ? a.get() : b.get();
+    const Assignment& as = ra.rank == 0 ? ra : rb;
+    NetOptions mesh = net_options();
+    mesh.job_id = "elastic-test#mesh";
+    TcpTransport t0(0, 2, mesh, "127.0.0.1", as.book[0].second);
+    first->attach(as.round, t0.verdict_port());
+    f.server->remove_worker(f.server->current().members[1],
+                            announce ? "worker b was SIGKILLed" : "worker b finished", announce);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(t0.verdict().has_value(), announce);
+  }
+}
+
 TEST(ElasticRendezvous, ANewcomerIsAnnouncedAndJoinsAtTheMembersNextRound) {
   Fixture f;
   auto a = f.client("a"), b = f.client("b");

@@ -12,8 +12,28 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(ExecutorTest, RejectsZeroThreads) {
-  EXPECT_THROW(ShardedExecutor(0), InvalidArgument);
+TEST(ExecutorTest, RejectsNegativeThreads) {
+  EXPECT_THROW(ShardedExecutor(-1), InvalidArgument);
+}
+
+TEST(ExecutorTest, ManualModeRunsNothingBehindItsOwnersBack) {
+  // 0 threads (the deterministic simulation's servers): tasks, and tasks
+  // they submit, run in submission order when the owner asks, on its thread.
+  ShardedExecutor ex(0);
+  std::vector<int> seen;
+  auto h = ex.submit(3, [&] {
+    seen.push_back(1);
+    ex.submit(9, [&] { seen.push_back(3); });
+  });
+  ex.submit(5, [&] { seen.push_back(2); });
+  EXPECT_TRUE(seen.empty());
+  EXPECT_FALSE(h.done());
+  EXPECT_EQ(ex.run_queued(), 3u);
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(h.done());
+  ex.submit(1, [&] { seen.push_back(4); });
+  ex.wait_idle(Millis(10));
+  EXPECT_EQ(seen.size(), 4u);
 }
 
 TEST(ExecutorTest, TasksOfOneShardRunInSubmissionOrder) {
