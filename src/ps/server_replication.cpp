@@ -2,7 +2,10 @@
 // The Server's replication: sending a part's state to its backups, installing
 // what a primary sends, and the placement changes (docs/ps.md, "Fault
 // tolerance"). The request path is in server.cpp.
+#include <signal.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 
 #include <fmt/format.h>
@@ -144,7 +147,10 @@ void Server::rejoin() {
   for (int s : live)
     node_.send_copy(Role::kServer, s, net::Header{.type = msg::kRejoinRequest, .key = generation},
                     nullptr, 0);
-  if (live.empty()) node_.report_rejoined();
+  if (live.empty()) return node_.report_rejoined();
+  // Test hook (tests/e2e/ps_restart_test.cpp): the restarted server stops
+  // while catching up, as a SIGSTOP landing at that moment would.
+  if (std::getenv("PUSHPULL_TEST_STOP_WHILE_CATCHING_UP")) ::raise(SIGSTOP);
 }
 
 void Server::on_rejoin_request(int to, uint64_t generation) {

@@ -40,8 +40,10 @@ using test::TempDir;
 struct Job {
   // `restarts` < 0: no --max-restarts.
   // `server_pids`: a file the servers append "rank pid" to ("" = none).
+  // `server_prefix`: shell commands run before each server (no single quotes).
   Job(const std::string& dir, const std::string& mode, int rounds, int restarts, int sleep_ms,
-      const std::string& server_pids = "", std::map<std::string, std::string> env = {})
+      const std::string& server_pids = "", std::map<std::string, std::string> env = {},
+      const std::string& server_prefix = "")
       : pids(dir + "/workers"), servers(server_pids) {
     env.insert({{"PUSHPULL_BIGARRAY_BOUND", "1000"},
                 {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
@@ -50,8 +52,8 @@ struct Job {
     std::vector<std::string> argv = {bin("pushpull"), "launch", "-n", "3", "-s", "3"};
     if (!server_pids.empty()) {
       argv.push_back("--server-command");
-      argv.push_back("sh -c 'echo $PUSHPULL_RANK $$ >> " + server_pids + "; exec " +
-                     bin("pushpull") + " server'");
+      argv.push_back("sh -c '" + server_prefix + "echo $PUSHPULL_RANK $$ >> " + server_pids +
+                     "; exec " + bin("pushpull") + " server'");
     }
     if (restarts >= 0) {
       argv.push_back("--max-restarts");
@@ -279,6 +281,55 @@ TEST(PsRestart, WorkerZeroKilledBeforeSetOptimizerIsReplacedAndTheServersGetIt) 
           {{"PP_TEST_DIE", "0:0:before_set_optimizer"}, {"PUSHPULL_BARRIER_TIMEOUT_MS", "60000"}});
   expect_success(job);
 }
+
+// A restarted server stopped (or then killed) while catching up: it is
+// failed over again and restarted once more, and nothing else fails. Before,
+// the nodes it had dialed kept a verdict on it that no placement cleared
+// and failed the job ("the link between the two is broken"), and a stopped
+// one could leave a part replicating forever. Its first restart stops itself
+// right after asking the live servers for its ranges (a test hook).
+// With --max-restarts 1 it is not restarted again: the job goes on with the
+// other two servers (every range still has a live one).
+class PsRestartCatchUp : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+
+TEST_P(PsRestartCatchUp, AServerLostWhileCatchingUpIsFailedOverAgain) {
+  const auto [kill_it, restarts] = GetParam();
+  TempDir dir("pp-restart");
+  const std::string servers = dir.path + "/servers";
+  // The second process of a rank (its first restart) gets the hook.
+  const std::string hook = "n=$(grep -c \"^$PUSHPULL_RANK \" " + servers +
+                           " 2>/dev/null); if [ \"$n\" = 1 ]; then export "
+                           "PUSHPULL_TEST_STOP_WHILE_CATCHING_UP=1; fi; ";
+  Job job(dir.path, "sync", 300, restarts, 20, servers, {}, hook);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  ASSERT_GT(job.signal_server(1, SIGKILL), 0);
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (job.proc->output().find("server 1 registered again") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_THAT(job.proc->output(), HasSubstr("server 1 registered again"));
+  std::this_thread::sleep_for(300ms);  // it stopped itself, catching up
+  if (kill_it) job.signal_server(1, SIGKILL);
+  auto code = job.proc->wait(120s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  const std::string out = job.proc->output();
+  EXPECT_EQ(*code, 0) << out;
+  for (int w = 0; w < 3; ++w)
+    EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("link between the two is broken"))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("no replica left"))) << out;
+  if (restarts > 1) EXPECT_THAT(out, HasSubstr("server 1 rejoined")) << out;  // the third process
+}
+
+INSTANTIATE_TEST_SUITE_P(StoppedOrKilled, PsRestartCatchUp,
+                         ::testing::Values(std::make_tuple(false, 1), std::make_tuple(true, 1),
+                                           std::make_tuple(false, 2)),
+                         [](const auto& info) {
+                           return fmt::format("{}_restarts{}",
+                                              std::get<0>(info.param) ? "killed" : "stopped",
+                                              std::get<1>(info.param));
+                         });
 
 TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
   // Only an away rank can be taken back; a node with the job's secret that
