@@ -76,13 +76,7 @@ size_t ShardedExecutor::run_queued() {
       task = std::move(w.queue.front());
       w.queue.pop_front();
     }
-    Status s;
-    try {
-      task.fn();
-    } catch (...) {
-      s = Status::from_current_exception();
-    }
-    if (task.done) task.done->finish(s);
+    run_task(task);
     ++ran;
   }
 }
@@ -109,17 +103,21 @@ void ShardedExecutor::run(Worker& w) {
       task = std::move(w.queue.front());
       w.queue.pop_front();
     }
-    Status s;
-    try {
-      task.fn();
-    } catch (...) {
-      s = Status::from_current_exception();
-    }
-    // Drop the captures before signalling, so a waiter that returns may free
-    // what they referenced.
-    task.fn = nullptr;
-    if (task.done) task.done->finish(s);
+    run_task(task);
   }
+}
+
+void ShardedExecutor::run_task(Task& task) {
+  Status s;
+  try {
+    task.fn();
+  } catch (...) {
+    s = Status::from_current_exception();
+  }
+  // Drop the captures before signalling, so a waiter that returns may free
+  // what they referenced.
+  task.fn = nullptr;
+  if (task.done) task.done->finish(s);
 }
 
 TaskHandle ShardedExecutor::submit(uint64_t shard, std::function<void()> fn) {

@@ -124,6 +124,8 @@ class ShardedExecutor {
     std::thread thread;
   };
   void run(Worker& w);
+  // Runs one task; its exception becomes its handle's status.
+  static void run_task(Task& task);
 
   std::vector<std::unique_ptr<Worker>> workers_;
   bool manual_ = false;  // num_threads == 0: one queue, no thread

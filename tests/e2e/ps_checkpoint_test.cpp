@@ -108,26 +108,36 @@ TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
   EXPECT_THAT(out, Not(HasSubstr(fmt::format("] ROUND {}\n", from)))) << out;
 }
 
+// A 3x3 job checkpointing every 4 rounds runs 8 rounds (round 8 complete);
+// the servers' pid file is emptied for the resumed job.
+void checkpoint_round_8(const std::string& dir, const std::string& ckpt) {
+  auto first = launch(dir, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
+  expect_all_ok(*first);
+  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 8);
+  std::filesystem::remove(dir + "/servers");
+}
+
+void kill_server_1(const std::string& dir, test::ChildProcess& job) {
+  std::ifstream pids(dir + "/servers");
+  std::map<int, int> servers;
+  for (int rank, pid; pids >> rank >> pid;)
+    servers[rank] = pid;
+  ASSERT_EQ(servers.count(1), 1u) << job.output();
+  ::kill(servers[1], SIGKILL);
+}
+
 TEST(PsCheckpoint, AResumedJobStillFailsOverExactly) {
   // The restored ranges reach their backups (at the init, then every round):
   // a server killed after the resume fails over with nothing lost.
   TempDir dir("pp-ckpt-e2e");
   const std::string ckpt = dir.path + "/ckpt";
-  auto first = launch(dir.path, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
-  expect_all_ok(*first);
-  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 8);
-  std::filesystem::remove(dir.path + "/servers");
+  ASSERT_NO_FATAL_FAILURE(checkpoint_round_8(dir.path, ckpt));
   auto resumed = launch(dir.path, 3, 60, {"--resume", ckpt});
   auto until = std::chrono::steady_clock::now() + 60s;
   while (last_round(resumed->output()) < 10 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(5ms);
   ASSERT_GE(last_round(resumed->output()), 10) << resumed->output();
-  std::ifstream pids(dir.path + "/servers");
-  std::map<int, int> servers;
-  for (int rank, pid; pids >> rank >> pid;)
-    servers[rank] = pid;
-  ASSERT_EQ(servers.count(1), 1u) << resumed->output();
-  ::kill(servers[1], SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(kill_server_1(dir.path, *resumed));
   expect_all_ok(*resumed);
   EXPECT_THAT(resumed->output(), HasSubstr("fail-over")) << resumed->output();
 }
@@ -140,10 +150,7 @@ TEST(PsCheckpoint, AHomeKilledAfterTheResumeBeforeTheInitLeavesTheRestoredValues
   // go on from 8 (every pull after that would be WRONG).
   TempDir dir("pp-ckpt-e2e");
   const std::string ckpt = dir.path + "/ckpt";
-  auto first = launch(dir.path, 3, 8, {"--checkpoint-dir", ckpt, "--checkpoint-every", "4"});
-  expect_all_ok(*first);
-  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 8);
-  std::filesystem::remove(dir.path + "/servers");
+  ASSERT_NO_FATAL_FAILURE(checkpoint_round_8(dir.path, ckpt));
   auto resumed =
       launch(dir.path, 3, 20, {"--resume", ckpt}, {{"PP_TEST_PAUSE_BEFORE_INIT_MS", "1500"}});
   auto until = std::chrono::steady_clock::now() + 60s;
@@ -151,12 +158,7 @@ TEST(PsCheckpoint, AHomeKilledAfterTheResumeBeforeTheInitLeavesTheRestoredValues
          std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(5ms);
   ASSERT_THAT(resumed->output(), HasSubstr("BEFORE INIT"));
-  std::ifstream pids(dir.path + "/servers");
-  std::map<int, int> servers;
-  for (int rank, pid; pids >> rank >> pid;)
-    servers[rank] = pid;
-  ASSERT_EQ(servers.count(1), 1u) << resumed->output();
-  ::kill(servers[1], SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(kill_server_1(dir.path, *resumed));
   expect_all_ok(*resumed);
   EXPECT_THAT(resumed->output(), HasSubstr("fail-over")) << resumed->output();
   EXPECT_THAT(resumed->output(), HasSubstr("as their backup")) << resumed->output();
