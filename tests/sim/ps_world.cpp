@@ -26,6 +26,12 @@
 namespace pushpull::sim {
 
 std::string Fault::describe() const {
+  if (kind == kPartition)
+    return fmt::format("cut server {} from {} at {} us for {} us", server,
+                       peer_role == kScheduler
+                           ? std::string("the scheduler")
+                           : fmt::format("{} {}", peer_role == kServer ? "server" : "worker", peer),
+                       at_us, continue_after_us);
   if (kind == kKillWorker)
     return fmt::format("kill worker {} at {} us, its replacement starts {} us later", server, at_us,
                        continue_after_us);
@@ -58,6 +64,25 @@ Scenario scenario_for_seed(uint64_t seed) {
   const int faults = static_cast<int>(pick(3)) + (s.replicas > 0 ? 1 : 0);
   for (int i = 0; i < faults; ++i) {
     Fault f;
+    if (pick(5) == 0) {
+      f.kind = Fault::kPartition;
+      f.server = static_cast<int>(pick(static_cast<uint64_t>(s.servers)));
+      f.at_us = pick(40'000);
+      f.peer_role = static_cast<Fault::PeerRole>(pick(3));
+      if (f.peer_role == Fault::kServer) {
+        f.peer = static_cast<int>(pick(static_cast<uint64_t>(s.servers)));
+        if (f.peer == f.server) f.peer = (f.peer + 1) % s.servers;
+      } else if (f.peer_role == Fault::kWorker) {
+        f.peer = static_cast<int>(pick(static_cast<uint64_t>(s.workers)));
+      }
+      // Data links: shorter than the heartbeat timeout (longer, the nodes
+      // fail the job naming the link: a clean end, not simulated); the
+      // scheduler's: any length.
+      f.continue_after_us =
+          f.peer_role == Fault::kScheduler ? 100'000 + pick(3'000'000) : 1'000 + pick(1'800'000);
+      s.faults.push_back(f);
+      continue;
+    }
     if (pick(3) == 0) {
       f.kind = Fault::kKillWorker;
       f.server = static_cast<int>(pick(static_cast<uint64_t>(s.workers)));
@@ -256,7 +281,8 @@ class World {
   std::vector<bool> dead_, stopped_;                               // by server rank (processes)
   std::vector<std::deque<std::tuple<int, uint64_t, Msg>>> inbox_;  // a stopped server's
   std::vector<uint64_t> stop_token_;
-  Placement placement_;  // the scheduler's
+  std::map<std::pair<int, int>, uint64_t> cut_until_;  // link -> when it heals
+  Placement placement_;                                // the scheduler's
   std::vector<PartInfo> parts_;
   std::vector<std::unique_ptr<Server>> servers_;
   std::vector<Worker> workers_;
@@ -326,8 +352,10 @@ void World::send(int from, int to, Msg m) {
   Link& l = links_[{from, to}];
   if (l.closed) return;  // that connection is gone: the send fails
   uint64_t delay = 20 + rng_() % 1'000;
-  if (rng_() % 40 == 0) delay += rng_() % 30'000;         // a burst on this link
-  const uint64_t t = std::max(now_ + delay, l.last + 1);  // per-link FIFO (TCP)
+  if (rng_() % 40 == 0) delay += rng_() % 30'000;   // a burst on this link
+  uint64_t t = std::max(now_ + delay, l.last + 1);  // per-link FIFO (TCP)
+  if (auto cut = cut_until_.find({from, to}); cut != cut_until_.end() && cut->second > now_)
+    t = std::max(t, cut->second + delay);  // retransmitted once the link is back
   l.last = t;
   const uint64_t gen = l.gen;
   at(t, [this, from, to, gen, m = std::move(m)] { deliver(from, to, gen, m); });
@@ -401,6 +429,20 @@ void World::inject(const Fault& f) {
     return kill_worker(f.server, f.continue_after_us);
   }
   if (f.kind == Fault::kKill) return kill(f.server);
+  if (f.kind == Fault::kPartition) {
+    const int a = server_node(f.server);
+    const int b = f.peer_role == Fault::kScheduler ? kScheduler
+                  : f.peer_role == Fault::kServer  ? server_node(f.peer)
+                                                   : worker_node(f.peer);
+    const uint64_t until = now_ + f.continue_after_us;
+    cut_until_[{a, b}] = std::max(cut_until_[{a, b}], until);
+    cut_until_[{b, a}] = std::max(cut_until_[{b, a}], until);
+    if (b == kScheduler && f.continue_after_us >= kHeartbeatTimeoutUs)
+      // No heartbeat either way: the scheduler fails it over, and the server,
+      // which does not hear the scheduler, exits.
+      at(now_ + kHeartbeatTimeoutUs, [this, f] { kill(f.server); });
+    return;
+  }
   if (dead_[f.server] || stopped_[f.server]) return;
   stopped_[f.server] = true;
   const uint64_t token = ++stop_token_[f.server];

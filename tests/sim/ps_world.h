@@ -23,8 +23,10 @@
 // later (a zombie that wakes up after it was failed over, or before its
 // heartbeat timeout); a worker killed and restarted with its rank (it
 // rejoins through the real ServerStore::rejoin and re-sends its round;
-// epoch-end barriers run through the real cluster::BarrierBook); delays and
-// bursts of them on any link. The checker:
+// epoch-end barriers run through the real cluster::BarrierBook); links cut
+// for a while (shorter than the heartbeat timeout between data nodes; any
+// length between the scheduler and a server); delays and bursts of them on
+// any link. The checker:
 // every value a worker pulls equals the reference (the same optimizer run on
 // one copy, bit for bit: per-element distinct values and a key split over
 // two servers, so offset or chunk mix-ups show), in dist_async the exact
@@ -44,10 +46,17 @@ namespace pushpull::sim {
 struct Fault {
   // kKillWorker: `server` is the worker's rank; the launcher restarts it
   // (--max-restarts) after `continue_after_us`.
-  enum Kind { kKill, kStop, kKillWorker } kind = kKill;
+  // kPartition: the link between server `server` and the peer (the
+  // scheduler, a worker or another server) is cut for `continue_after_us`
+  // (TCP retransmits: messages wait, in order). Cut from the scheduler for
+  // the heartbeat timeout or longer, the server is failed over (and exits:
+  // it does not hear the scheduler either).
+  enum Kind { kKill, kStop, kKillWorker, kPartition } kind = kKill;
   int server = 0;
   uint64_t at_us = 0;
   uint64_t continue_after_us = 0;  // kStop: 0 = never
+  enum PeerRole { kScheduler, kServer, kWorker } peer_role = kScheduler;
+  int peer = 0;
   std::string describe() const;
 };
 
