@@ -51,13 +51,17 @@ bool FileKey::verify(std::string_view bytes, std::string_view t) const {
   return CRYPTO_memcmp(want.data(), t.data(), kFileTagBytes) == 0;
 }
 
+std::string FileKey::describe() const {
+  return fmt::format("key id {}, from {}", id_hex(), source);
+}
+
 std::string FileKey::mismatch_hint() const {
   return fmt::format(
-      "this process's checkpoint key (id {}) comes from {}; files written on other hosts verify "
-      "only when every host reads the same secret: a home directory shared by the hosts, the "
-      "same per-user secret file on each (copy it, mode 0600), or PUSHPULL_CHECKPOINT_KEY_FILE "
-      "naming the same secret file on every host (pushpull launch passes it on to its servers)",
-      id_hex(), source);
+      "if it was written on another host, every host must read the same secret: a home "
+      "directory shared by the hosts, the same secret file{} copied to each (mode 0600), or "
+      "PUSHPULL_CHECKPOINT_KEY_FILE naming the same secret file on every host (pushpull launch "
+      "passes it on to its servers)",
+      secret_path.empty() ? std::string() : " " + secret_path);
 }
 
 FileKey file_key_from_secret(std::string_view secret, std::string source, std::string secret_path) {
@@ -86,10 +90,10 @@ void check_key_id(const FileKey& key, const Environment& env, std::string_view w
   auto want = env.get("PUSHPULL_CHECKPOINT_KEY_ID");
   if (!want || want->empty() || *want == key.id_hex()) return;
   throw InvalidArgument(fmt::format(
-      "{}: the launcher's checkpoint key has id {}, but this host's differs: the checkpoints "
-      "written here could not be resumed from (they would be refused as written by another "
-      "user or with another secret); {}",
-      who, *want, key.mismatch_hint()));
+      "{}: the launcher's checkpoint key has id {}, this host's has another ({}): the "
+      "checkpoints written here could not be resumed from (they would be refused as written by "
+      "another user or with another secret); {}",
+      who, *want, key.describe(), key.mismatch_hint()));
 }
 
 }  // namespace pushpull::base

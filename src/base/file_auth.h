@@ -46,8 +46,10 @@ struct FileKey {
   std::string tag(std::string_view bytes) const;
   // Whether `tag` is the tag of `bytes` (constant time).
   bool verify(std::string_view bytes, std::string_view tag) const;
-  // The end of an error for a file whose tag does not verify: what the key
-  // is, and how to make every host derive the same one.
+  // "key id ..., from <source>", for messages.
+  std::string describe() const;
+  // The end of an error for a file of another key: how to make every host
+  // derive the same one.
   std::string mismatch_hint() const;
 };
 

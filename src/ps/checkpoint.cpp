@@ -151,8 +151,9 @@ Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
     if (std::string_view(id, kKeyId) != key.id)
       head.fail(fmt::format(
           "not authenticated: written by another user or with another secret (its key id is "
-          "{}); refused. {}",
-          base::FileKey{{}, std::string(id, kKeyId), {}, {}, false}.id_hex(), key.mismatch_hint()));
+          "{}; this process's {}); refused; {}",
+          base::FileKey{{}, std::string(id, kKeyId), {}, {}, false}.id_hex(), key.describe(),
+          key.mismatch_hint()));
     head.fail(
         "authentication tag mismatch: the file is torn, corrupt or was modified after it was "
         "written; refused");

@@ -52,7 +52,7 @@ Server::Server(cluster::Node& node)
     // writes checkpoints nobody could resume from (base::check_key_id).
     const Environment env = Environment::current();
     checkpoint_key_ = base::checkpoint_key(env);
-    base::check_key_id(checkpoint_key_, env, fmt::format("server {}", node.rank()));
+    base::check_key_id(checkpoint_key_, env, "server");
   }
   set_mode(true);
   node_.on_placement([gate = gate_, this](const cluster::Placement& p) {

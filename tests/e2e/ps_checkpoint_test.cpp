@@ -5,8 +5,9 @@
 // round) with --checkpoint-every; the whole job is killed (the launcher
 // SIGKILLed: its guardian SIGKILLs every process it started) and relaunched with
 // --resume: it must continue from the last complete checkpoint and end with
-// exactly the values of an uninterrupted job. A torn or foreign checkpoint
-// file is refused before anything starts, naming the file.
+// exactly the values of an uninterrupted job. A torn, foreign, modified or
+// another key's checkpoint file (another secret, another user's job) is
+// refused before anything starts, naming the file.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -142,7 +142,7 @@ TEST(Checkpoint, AFileOfAnotherKeyIsRefused) {
                        "server 2");
     FAIL() << "another host's key was accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("server 2"));
+    EXPECT_THAT(e.what(), HasSubstr("server 2: the launcher"));
     EXPECT_THAT(e.what(), HasSubstr("PUSHPULL_CHECKPOINT_KEY_FILE"));
   }
 }
