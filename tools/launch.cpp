@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "base/file_auth.h"
 #include "commands.h"
 #include "launch/cluster_scheduler.h"
 #include "launch/elastic_driver.h"
@@ -44,8 +45,12 @@ struct LaunchArgs {
 // to the servers (and the resumed round to every process) in the
 // environment. --resume validates every file of the last complete
 // checkpoint first, so a torn or foreign file stops the job before it
-// starts. Throws InvalidArgument.
-void checkpoint_config(LaunchArgs& a) {
+// starts. Every file must verify under the user's checkpoint key
+// (base::checkpoint_key: the per-user secret file or
+// PUSHPULL_CHECKPOINT_KEY_FILE, forwarded to the servers); the servers get
+// the key's id and stop at start-up when theirs differs (another host's
+// secret). Throws InvalidArgument.
+void checkpoint_config(LaunchArgs& a, const Environment& env) {
   auto& c = a.cfg;
   if (a.checkpoint_every < 0) throw InvalidArgument("--checkpoint-every must be >= 0");
   if (!a.resume_dir.empty() && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
@@ -56,6 +61,17 @@ void checkpoint_config(LaunchArgs& a) {
     throw InvalidArgument("--checkpoint-dir needs --checkpoint-every N (rounds, N >= 1)");
   if ((a.checkpoint_every > 0 || !a.resume_dir.empty()) && c.num_servers < 1)
     throw InvalidArgument("checkpoints are the parameter servers': they need -s >= 1");
+  if (a.checkpoint_every == 0 && a.resume_dir.empty()) return;
+  base::FileKey key;
+  try {
+    key = base::checkpoint_key(env);
+  } catch (const Error& e) {
+    throw InvalidArgument(fmt::format("checkpoints need the checkpoint key: {}", e.what()));
+  }
+  if (auto f = env.get("PUSHPULL_CHECKPOINT_KEY_FILE"); f && !f->empty())
+    c.env_server.emplace_back("PUSHPULL_CHECKPOINT_KEY_FILE",
+                              std::filesystem::absolute(*f).string());
+  c.env_server.emplace_back("PUSHPULL_CHECKPOINT_KEY_ID", key.id_hex());
   if (a.checkpoint_every > 0) {
     c.env_server.emplace_back("PUSHPULL_CHECKPOINT_DIR",
                               std::filesystem::absolute(a.checkpoint_dir).string());
@@ -72,7 +88,7 @@ void checkpoint_config(LaunchArgs& a) {
           a.resume_dir, c.num_servers, c.num_servers - 1));
     for (int s = 0; s < c.num_servers; ++s)
       ps::read_checkpoint(ps::checkpoint_path(a.resume_dir, *round, s),
-                          {c.num_servers, s, c.num_workers});
+                          {c.num_servers, s, c.num_workers}, key);
   } catch (const IoError& e) {
     throw InvalidArgument(fmt::format("--resume {}: {}", a.resume_dir, e.what()));
   }
@@ -182,7 +198,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
     if (!a.timeline.empty()) cfg.env.emplace_back("PUSHPULL_TIMELINE", a.timeline);
     cfg.env_server = resolve_env(a.env_server, ctx.env, "--env-server");
     cfg.env_worker = resolve_env(a.env_worker, ctx.env, "--env-worker");
-    checkpoint_config(a);
+    checkpoint_config(a, ctx.env);
     // One --max-restarts: replacements in an elastic job, restarts (same
     // rank) in a parameter-server job.
     if (!a.elastic.enabled()) cfg.max_restarts = a.elastic.max_restarts;

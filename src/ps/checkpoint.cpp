@@ -14,6 +14,7 @@
 #include "base/private_file.h"
 #include "pushpull/checked.h"
 #include "pushpull/error.h"
+#include "pushpull/log.h"
 
 namespace pushpull::ps {
 namespace {
@@ -21,54 +22,13 @@ namespace {
 using base::put_le;
 
 constexpr char kMagic[8] = {'P', 'P', 'C', 'K', 'P', 'T', '\0', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;        // authenticated (HMAC-SHA256 tag)
+constexpr uint32_t kLegacyVersion = 1;  // FNV-1a checksum only
+constexpr size_t kTag = base::kFileTagBytes;
+constexpr size_t kKeyId = base::kFileKeyIdBytes;
 
-}  // namespace
-
-std::string encode_checkpoint(const Checkpoint& c) {
-  std::string out(kMagic, sizeof kMagic);
-  put_le(out, kVersion);
-  put_le(out, static_cast<uint32_t>(c.num_servers));
-  put_le(out, static_cast<uint32_t>(c.rank));
-  put_le(out, static_cast<uint32_t>(c.num_workers));
-  put_le(out, c.round);
-  put_le(out, static_cast<uint64_t>(c.parts.size()));
-  for (const CheckpointPart& p : c.parts) {
-    put_le(out, p.key);
-    put_le(out, p.begin);
-    put_le(out, static_cast<int32_t>(p.home));
-    put_le(out, static_cast<uint32_t>(p.name.size()));
-    out += p.name;
-    put_le(out, static_cast<uint8_t>(p.value.dtype));
-    put_le(out, static_cast<uint8_t>(p.value.shape.ndim()));
-    for (int64_t d : p.value.shape.dims())
-      put_le(out, d);
-    put_le(out, static_cast<uint64_t>(p.value.nbytes()));
-    out.append(static_cast<const char*>(p.value.data), p.value.nbytes());
-    put_le(out, static_cast<uint64_t>(p.optimizer_states.size()));
-    out += p.optimizer_states;
-  }
-  put_le(out, base::fnv1a(out.data(), out.size()));
-  return out;
-}
-
-Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
-                             const CheckpointLayout& expect) {
-  base::FileReader head(bytes, "checkpoint", source, "the file is torn or not a checkpoint");
-  if (std::memcmp(head.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
-    head.fail("bad magic number: not a pushpull checkpoint");
-  auto version = head.get<uint32_t>("the version");
-  if (version != kVersion)
-    head.fail(fmt::format("format version {} is not supported (this build reads version {})",
-                          version, kVersion));
-  if (bytes.size() < sizeof kMagic + 4 + 8) head.take(8, "the checksum");
-  uint64_t stored;
-  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  if (base::fnv1a(bytes.data(), bytes.size() - 8) != stored)
-    head.fail("checksum mismatch: the file is torn or corrupt");
-  base::FileReader r(bytes.substr(0, bytes.size() - 8), "checkpoint", source,
-                     "the file is torn or not a checkpoint");
-  r.take(sizeof kMagic + 4, "the header");
+// The body after the header: the layout, the round and the parts.
+Checkpoint decode_body(base::FileReader& r, const CheckpointLayout& expect) {
   Checkpoint c;
   c.num_servers = static_cast<int>(r.get<uint32_t>("the server count"));
   c.rank = static_cast<int>(r.get<uint32_t>("the server rank"));
@@ -116,7 +76,94 @@ Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
     p.optimizer_states.assign(r.take(slen, "optimizer states"), slen);
     c.parts.push_back(std::move(p));
   }
+  if (r.left() != 0) r.fail(fmt::format("{} unexpected bytes after the parts", r.left()));
   return c;
+}
+
+}  // namespace
+
+std::string encode_checkpoint(const Checkpoint& c, const base::FileKey& key) {
+  if (key.key.empty() || key.id.size() != kKeyId)
+    throw InvalidArgument("encode_checkpoint: no checkpoint key");
+  std::string out(kMagic, sizeof kMagic);
+  put_le(out, kVersion);
+  out += key.id;
+  put_le(out, static_cast<uint32_t>(c.num_servers));
+  put_le(out, static_cast<uint32_t>(c.rank));
+  put_le(out, static_cast<uint32_t>(c.num_workers));
+  put_le(out, c.round);
+  put_le(out, static_cast<uint64_t>(c.parts.size()));
+  for (const CheckpointPart& p : c.parts) {
+    put_le(out, p.key);
+    put_le(out, p.begin);
+    put_le(out, static_cast<int32_t>(p.home));
+    put_le(out, static_cast<uint32_t>(p.name.size()));
+    out += p.name;
+    put_le(out, static_cast<uint8_t>(p.value.dtype));
+    put_le(out, static_cast<uint8_t>(p.value.shape.ndim()));
+    for (int64_t d : p.value.shape.dims())
+      put_le(out, d);
+    put_le(out, static_cast<uint64_t>(p.value.nbytes()));
+    out.append(static_cast<const char*>(p.value.data), p.value.nbytes());
+    put_le(out, static_cast<uint64_t>(p.optimizer_states.size()));
+    out += p.optimizer_states;
+  }
+  out += key.tag(out);
+  return out;
+}
+
+Checkpoint decode_checkpoint(std::string_view bytes, std::string_view source,
+                             const CheckpointLayout& expect, const base::FileKey& key) {
+  base::FileReader head(bytes, "checkpoint", source, "the file is torn or not a checkpoint");
+  if (std::memcmp(head.take(sizeof kMagic, "the magic number"), kMagic, sizeof kMagic) != 0)
+    head.fail("bad magic number: not a pushpull checkpoint");
+  auto version = head.get<uint32_t>("the version");
+  if (version == kLegacyVersion) {
+    // Unauthenticated: anyone who can write the directory could have made it.
+    if (!key.allow_unauthenticated)
+      head.fail(
+          "format version 1 is not authenticated (it carries no tag of your checkpoint key, so "
+          "it may have been written by anyone), and this build reads it only with "
+          "PUSHPULL_ALLOW_INSECURE=1: if you trust the file, resume once with "
+          "PUSHPULL_ALLOW_INSECURE=1 and --checkpoint-every N; the resumed job writes "
+          "authenticated (version 2) checkpoints");
+    if (bytes.size() < sizeof kMagic + 4 + 8) head.take(8, "the checksum");
+    uint64_t stored;
+    std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+    if (base::fnv1a(bytes.data(), bytes.size() - 8) != stored)
+      head.fail("checksum mismatch: the file is torn or corrupt");
+    base::FileReader r(bytes.substr(0, bytes.size() - 8), "checkpoint", source,
+                       "the file is torn or not a checkpoint");
+    r.take(sizeof kMagic + 4, "the header");
+    PP_WARN(
+        "checkpoint '{}': format version 1 is not authenticated; read because "
+        "PUSHPULL_ALLOW_INSECURE=1",
+        source);
+    return decode_body(r, expect);
+  }
+  if (version != kVersion)
+    head.fail(fmt::format("format version {} is not supported (this build reads version {})",
+                          version, kVersion));
+  const char* id = head.take(kKeyId, "the key id");
+  head.take(kTag, "the authentication tag");  // a file this short is torn
+  const std::string_view body = bytes.substr(0, bytes.size() - kTag);
+  if (!key.verify(body, bytes.substr(bytes.size() - kTag))) {
+    if (std::string_view(id, kKeyId) != key.id)
+      head.fail(fmt::format(
+          "not authenticated: written by another user or with another secret (its key id is "
+          "{}; this process's {}); refused; {}",
+          base::FileKey{{}, std::string(id, kKeyId), {}, {}, false}.id_hex(), key.describe(),
+          key.mismatch_hint()));
+    head.fail(
+        "authentication tag mismatch: the file is torn, corrupt or was modified after it was "
+        "written; refused");
+  }
+  // Only a holder of the key could write this (one encoding per content).
+  if (std::string_view(id, kKeyId) != key.id)
+    head.fail("its key id does not match the key that tagged it");
+  base::FileReader r(body, "checkpoint", source, "the file is torn or not a checkpoint");
+  r.take(sizeof kMagic + 4 + kKeyId, "the header");
+  return decode_body(r, expect);
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t round, int rank) {
@@ -132,14 +179,15 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   base::write_private_file(path, bytes, "checkpoint", /*durable=*/true);
 }
 
-Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expect) {
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expect,
+                           const base::FileKey& key) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw IoError(fmt::format("checkpoint '{}': cannot open: {}", path, std::strerror(errno)));
   std::ostringstream ss;
   ss << in.rdbuf();
   std::string bytes = std::move(ss).str();
-  return decode_checkpoint(bytes, path, expect);
+  return decode_checkpoint(bytes, path, expect, key);
 }
 
 namespace {

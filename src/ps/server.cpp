@@ -46,6 +46,14 @@ Server::Server(cluster::Node& node)
     : node_(node),
       threads_(default_threads(node.options().kvstore.server_threads)),
       gate_(std::make_shared<Gate>()) {
+  if (!env_or("PUSHPULL_CHECKPOINT_DIR").empty() || !env_or("PUSHPULL_RESUME_DIR").empty()) {
+    // The user's key, not the job secret (a fresh one per launched job).
+    // A host whose key differs from the launcher's stops here, before it
+    // writes checkpoints nobody could resume from (base::check_key_id).
+    const Environment env = Environment::current();
+    checkpoint_key_ = base::checkpoint_key(env);
+    base::check_key_id(checkpoint_key_, env, "server");
+  }
   set_mode(true);
   node_.on_placement([gate = gate_, this](const cluster::Placement& p) {
     if (!gate->enter()) return;
@@ -127,6 +135,7 @@ void Server::set_mode(bool sync) {
   if (!config.checkpoint_dir.empty())
     config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");
   config.num_servers = node_.num_servers();
+  config.checkpoint_key = checkpoint_key_;
   if (!sync && config.checkpoint_every > 0)
     PP_WARN("server {}: dist_async jobs write no checkpoints (rounds are per push)", node_.rank());
   auto fresh = std::make_shared<ServerStore>(config, *this);
@@ -150,7 +159,7 @@ void Server::restore_checkpoint() {
     for (int i = 0; i <= replicas; ++i) {
       const int home = ((me - i) % servers + servers) % servers;
       const std::string path = checkpoint_path(dir, round, home);
-      auto c = read_checkpoint(path, {servers, home, node_.num_workers()});
+      auto c = read_checkpoint(path, {servers, home, node_.num_workers()}, checkpoint_key_);
       if (c.round != round)
         throw IoError(fmt::format("checkpoint '{}': holds round {}, not {}", path, c.round, round));
       PP_INFO("server {}: resuming from checkpoint {} (round {}, {} parts{})", me, path, round,

@@ -146,6 +146,9 @@ class Server : public ServerResponder {
   // backs up (path, contents).
   std::vector<std::pair<std::string, std::shared_ptr<const Checkpoint>>> resume_;
   std::weak_ptr<ServerStore> restored_store_;  // the store resume_ went into
+  // Authenticates the checkpoints written and read (base/file_auth.h); set
+  // at construction when PUSHPULL_CHECKPOINT_DIR or PUSHPULL_RESUME_DIR is.
+  base::FileKey checkpoint_key_;
   std::shared_ptr<Gate> gate_;
   std::mutex repl_mu_;  // guards the members below
   uint64_t next_replication_ = 1;

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "base/executor.h"
+#include "base/file_auth.h"
 #include "net/buffer_pool.h"
 #include "pushpull/array.h"
 #include "pushpull/error.h"
@@ -156,6 +157,9 @@ struct ServerStoreConfig {
   int64_t checkpoint_every = 0;
   std::string checkpoint_dir = {};
   int num_servers = 1;  // for the checkpoint's header
+  // Authenticates the files (base::checkpoint_key); required with
+  // checkpoint_every > 0 (without it, no file is written: an error is logged).
+  base::FileKey checkpoint_key = {};
   // Values of 256 KiB and more the store allocates live in lendable memory
   // (net/lend.h), so the responder can lend them to same-host backups.
   bool lendable_values = false;

@@ -185,7 +185,7 @@ void ServerStore::count_round(const PartId& part, Entry& e) {
                std::move(ready->parts)};
   std::string path = checkpoint_path(config_.checkpoint_dir, c.round, c.rank);
   try {
-    write_file_atomically(path, encode_checkpoint(c));
+    write_file_atomically(path, encode_checkpoint(c, config_.checkpoint_key));
     PP_INFO("server {}: checkpoint of round {} written to {}", c.rank, c.round, path);
   } catch (const std::exception& ex) {
     // Training goes on; this round's checkpoint stays incomplete.

@@ -5,18 +5,22 @@
 // round) with --checkpoint-every; the whole job is killed (the launcher
 // SIGKILLed: its guardian SIGKILLs every process it started) and relaunched with
 // --resume: it must continue from the last complete checkpoint and end with
-// exactly the values of an uninterrupted job. A torn or foreign checkpoint
-// file is refused before anything starts, naming the file.
+// exactly the values of an uninterrupted job. A torn, foreign, modified or
+// another key's checkpoint file (another secret, another user's job) is
+// refused before anything starts, naming the file.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
 
+#include "base/file_auth.h"
 #include "ps/checkpoint.h"
 #include "support/launched_job.h"
 #include "support/process.h"
@@ -33,13 +37,18 @@ using test::TempDir;
 
 // `pushpull launch -n 3 -s S <flags> -- ps_failover_worker sync ROUNDS 10`;
 // servers append "rank pid" to DIR/servers.
+// `prefix` runs the launcher through another program (setpriv ... env ...).
 std::unique_ptr<test::ChildProcess> launch(const std::string& dir, int servers, int rounds,
                                            std::vector<std::string> flags,
-                                           std::map<std::string, std::string> env = {}) {
+                                           std::map<std::string, std::string> env = {},
+                                           std::vector<std::string> prefix = {}) {
   std::string server =
       "sh -c 'echo $PUSHPULL_RANK $$ >> " + dir + "/servers; exec " + bin("pushpull") + " server'";
-  std::vector<std::string> argv = {bin("pushpull"),         "launch",           "-n",  "3", "-s",
-                                   std::to_string(servers), "--server-command", server};
+  std::vector<std::string> argv = std::move(prefix);
+  for (std::string a :
+       {bin("pushpull"), std::string("launch"), std::string("-n"), std::string("3"),
+        std::string("-s"), std::to_string(servers), std::string("--server-command"), server})
+    argv.push_back(a);
   argv.insert(argv.end(), flags.begin(), flags.end());
   for (std::string a : {std::string("--"), bin("ps_failover_worker"), std::string("sync"),
                         std::to_string(rounds), std::string("10")})
@@ -59,6 +68,24 @@ void expect_all_ok(test::ChildProcess& job) {
   for (int w = 0; w < 3; ++w)
     EXPECT_THAT(out, HasSubstr(fmt::format("[worker {}] OK worker {}", w, w))) << out;
   EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// `--resume ckpt` of a 3x3 job exits 2 before anything starts, naming `file`
+// and saying `why`.
+void expect_refused(const std::string& dir, const std::string& ckpt, const std::string& file,
+                    const std::string& why) {
+  auto job = launch(dir, 3, 4, {"--resume", ckpt});
+  auto code = job->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job->output();
+  EXPECT_EQ(*code, 2) << job->output();
+  EXPECT_THAT(job->output(), HasSubstr(file)) << job->output();
+  EXPECT_THAT(job->output(), HasSubstr(why)) << job->output();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/servers")) << "a server started";
 }
 
 TEST(PsCheckpoint, AJobKilledWholeAndResumedEndsWithTheUninterruptedValues) {
@@ -170,6 +197,7 @@ TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
   auto job = launch(dir.path, 3, 4, {"--checkpoint-dir", ckpt, "--checkpoint-every", "2"});
   expect_all_ok(*job);
   ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 4);
+  std::filesystem::remove(dir.path + "/servers");
 
   // Foreign: the files of a 3-server job for a 2-server job.
   auto foreign = launch(dir.path, 2, 4, {"--resume", ckpt});
@@ -178,6 +206,28 @@ TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
   EXPECT_EQ(*code, 2) << foreign->output();
   EXPECT_THAT(foreign->output(), HasSubstr(ps::checkpoint_path(ckpt, 4, 0))) << foreign->output();
   EXPECT_THAT(foreign->output(), HasSubstr("another job layout")) << foreign->output();
+
+  // Rewritten with another key (another user's secret file): refused as
+  // written by another user, naming the file and where our key comes from.
+  const base::FileKey mine = base::checkpoint_key(Environment::current());
+  const base::FileKey theirs =
+      base::checkpoint_key(Environment{{"PUSHPULL_SECRET_FILE", dir.path + "/their-secret"}});
+  const std::string rekeyed = ps::checkpoint_path(ckpt, 4, 2);
+  const std::string original = read_file(rekeyed);
+  ps::Checkpoint c = ps::decode_checkpoint(original, rekeyed, {3, 2, 3}, mine);
+  ps::write_file_atomically(rekeyed, ps::encode_checkpoint(c, theirs));
+  expect_refused(dir.path, ckpt, rekeyed, "written by another user or with another secret");
+  ps::write_file_atomically(rekeyed, original);
+
+  // One byte flipped in the middle of server 0's file (its checksum and tag
+  // cannot be fixed up without the key).
+  const std::string flipped = ps::checkpoint_path(ckpt, 4, 0);
+  std::string bytes = read_file(flipped);
+  bytes[bytes.size() / 2] ^= 0x01;
+  ps::write_file_atomically(flipped, bytes);
+  expect_refused(dir.path, ckpt, flipped, "authentication tag mismatch");
+  bytes[bytes.size() / 2] ^= 0x01;
+  ps::write_file_atomically(flipped, bytes);
 
   // Torn: server 1's file of round 4 cut short.
   const std::string victim = ps::checkpoint_path(ckpt, 4, 1);
@@ -188,6 +238,29 @@ TEST(PsCheckpoint, TornAndForeignFilesAreRefusedNamingTheFile) {
   EXPECT_EQ(*code, 2) << torn->output();
   EXPECT_THAT(torn->output(), HasSubstr(victim)) << torn->output();
   EXPECT_THAT(torn->output(), HasSubstr("torn")) << torn->output();
+}
+
+// Another local user's job (uid 65534, its own home and so its own per-user
+// secret) writes a complete checkpoint; resuming from its files as root (our
+// secret) is refused: a copied or planted checkpoint is not ours.
+TEST(PsCheckpoint, AnotherUsersCheckpointIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root and setpriv to run a job as uid 65534";
+  TempDir dir("pp-ckpt-e2e");
+  const std::string home = dir.path + "/nobody";
+  std::filesystem::create_directories(home);
+  ASSERT_EQ(::chmod(dir.path.c_str(), 0755), 0);
+  ASSERT_EQ(::chown(home.c_str(), 65534, 65534), 0);
+  const std::string ckpt = home + "/ckpt";
+  auto theirs = launch(
+      home, 3, 4, {"--checkpoint-dir", ckpt, "--checkpoint-every", "2"}, {},
+      {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "-u",
+       "PUSHPULL_SECRET_FILE", "-u", "XDG_CONFIG_HOME", "HOME=" + home});
+  expect_all_ok(*theirs);
+  ASSERT_EQ(ps::last_complete_checkpoint(ckpt, 3), 4);
+  ASSERT_TRUE(std::filesystem::exists(home + "/.config/pushpull/secret"));
+  std::filesystem::remove(home + "/servers");
+  ASSERT_NO_FATAL_FAILURE(expect_refused(dir.path, ckpt, ps::checkpoint_path(ckpt, 4, 0),
+                                         "written by another user or with another secret"));
 }
 
 TEST(PsCheckpoint, BadCheckpointFlagsExit2BeforeAnythingStarts) {

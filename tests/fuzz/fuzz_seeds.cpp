@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file_auth.h"
 #include "cluster/protocol.h"
 #include "collective/messages.h"
 #include "collective/rendezvous.h"
@@ -148,15 +149,23 @@ void optimizer_seeds(const fs::path& root) {
   }
 }
 
+// Checkpoints without their tag (fuzz_ps_checkpoint appends it under its
+// fixed key, selector 0), and whole files (selector 1).
 void checkpoint_seeds(const fs::path& root) {
   Corpus ck(root, "fuzz_ps_checkpoint");
+  const base::FileKey key = base::file_key_from_secret("fuzz", "<fuzz key>");
+  auto add = [&](const ps::Checkpoint& c) {
+    const std::string file = ps::encode_checkpoint(c, key);
+    ck.add(0, std::string_view(file).substr(0, file.size() - base::kFileTagBytes));
+    ck.add(1, file);
+  };
   ps::Checkpoint c{3, 1, 2, 8, {}};
-  ck.add(0, ps::encode_checkpoint(c));
+  add(c);
   auto a = std::make_shared<Array>(Array::full(Shape{2, 2}, 1.5));
   auto h = std::make_shared<Array>(Array::full(Shape{3}, 2.0, DType::kFloat16));
   c.parts.push_back({7, 0, 1, "w", a->view(), a, ""});
   c.parts.push_back({9, 1000, 0, "big", h->view(), h, "states"});
-  ck.add(0, ps::encode_checkpoint(c));
+  add(c);
 }
 
 // IDX files: a small image set, a label file, and the 65536^4 header whose

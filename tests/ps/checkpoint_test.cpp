@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 
+#include "base/file_codec.h"
 #include "ps/server_store.h"
 #include "pushpull/error.h"
 
@@ -47,10 +48,12 @@ Checkpoint sample() {
 }
 
 const CheckpointLayout kLayout{3, 1, 2};
+const base::FileKey kKey = base::file_key_from_secret("test secret", "the test secret");
 
-std::string message_of(std::string_view bytes, const CheckpointLayout& l = kLayout) {
+std::string message_of(std::string_view bytes, const CheckpointLayout& l = kLayout,
+                       const base::FileKey& key = kKey) {
   try {
-    decode_checkpoint(bytes, "F", l);
+    decode_checkpoint(bytes, "F", l, key);
   } catch (const IoError& e) {
     return e.what();
   }
@@ -58,8 +61,8 @@ std::string message_of(std::string_view bytes, const CheckpointLayout& l = kLayo
 }
 
 TEST(Checkpoint, RoundTrips) {
-  std::string bytes = encode_checkpoint(sample());
-  Checkpoint c = decode_checkpoint(bytes, "F", kLayout);
+  std::string bytes = encode_checkpoint(sample(), kKey);
+  Checkpoint c = decode_checkpoint(bytes, "F", kLayout, kKey);
   EXPECT_EQ(c.round, 40);
   ASSERT_EQ(c.parts.size(), 2u);
   EXPECT_EQ(c.parts[0].key, 7u);
@@ -74,13 +77,13 @@ TEST(Checkpoint, RoundTrips) {
 }
 
 TEST(Checkpoint, EveryTruncationIsRefusedNamingTheFile) {
-  std::string bytes = encode_checkpoint(sample());
+  std::string bytes = encode_checkpoint(sample(), kKey);
   for (size_t n = 0; n < bytes.size(); ++n)
     EXPECT_THAT(message_of(bytes.substr(0, n)), HasSubstr("checkpoint 'F'")) << n;
 }
 
 TEST(Checkpoint, EveryFlippedByteIsRefused) {
-  std::string bytes = encode_checkpoint(sample());
+  std::string bytes = encode_checkpoint(sample(), kKey);
   for (size_t i = 0; i < bytes.size(); ++i) {
     std::string bad = bytes;
     bad[i] ^= 0x20;
@@ -89,10 +92,87 @@ TEST(Checkpoint, EveryFlippedByteIsRefused) {
 }
 
 TEST(Checkpoint, AForeignLayoutIsRefused) {
-  std::string bytes = encode_checkpoint(sample());
+  std::string bytes = encode_checkpoint(sample(), kKey);
   EXPECT_THAT(message_of(bytes, {2, 1, 2}), HasSubstr("another job layout"));
   EXPECT_THAT(message_of(bytes, {3, 0, 2}), HasSubstr("another job layout"));
   EXPECT_THAT(message_of(bytes, {3, 1, 4}), HasSubstr("another job layout"));
+}
+
+// The key comes from the user's secret (here: another secret file through
+// PUSHPULL_SECRET_FILE, as the tests' processes get one): a file tagged with
+// another key is refused as another user's, naming the file and the fix.
+TEST(Checkpoint, AFileOfAnotherKeyIsRefused) {
+  TempDir dir;
+  const base::FileKey mine =
+      base::checkpoint_key(Environment{{"PUSHPULL_SECRET_FILE", dir.path + "/mine"}});
+  const base::FileKey theirs =
+      base::checkpoint_key(Environment{{"PUSHPULL_SECRET_FILE", dir.path + "/theirs"}});
+  ASSERT_NE(mine.key, theirs.key);
+  EXPECT_EQ(mine.key,
+            base::checkpoint_key(Environment{{"PUSHPULL_SECRET_FILE", dir.path + "/mine"}}).key);
+  const std::string bytes = encode_checkpoint(sample(), theirs);
+  const std::string why = message_of(bytes, kLayout, mine);
+  EXPECT_THAT(why, HasSubstr("checkpoint 'F'"));
+  EXPECT_THAT(why, HasSubstr("written by another user or with another secret"));
+  EXPECT_THAT(why, HasSubstr(dir.path + "/mine"));  // where this process's key comes from
+  EXPECT_THAT(why, HasSubstr("PUSHPULL_CHECKPOINT_KEY_FILE"));
+  // Its key id copied into the file (it is not secret) does not help: the tag fails.
+  std::string forged = bytes;
+  forged.replace(12, base::kFileKeyIdBytes, mine.id);
+  EXPECT_THAT(message_of(forged, kLayout, mine), HasSubstr("authentication tag mismatch"));
+  EXPECT_EQ(decode_checkpoint(encode_checkpoint(sample(), mine), "F", kLayout, mine).round, 40);
+  // PUSHPULL_CHECKPOINT_KEY_FILE wins over the per-user file; the job
+  // secret is never the key.
+  const base::FileKey file_key =
+      base::checkpoint_key(Environment{{"PUSHPULL_SECRET_FILE", dir.path + "/mine"},
+                                       {"PUSHPULL_CHECKPOINT_KEY_FILE", dir.path + "/theirs"},
+                                       {"PUSHPULL_JOB_SECRET", "per-job"}});
+  EXPECT_EQ(file_key.key, theirs.key);
+  EXPECT_THAT(file_key.source, HasSubstr("PUSHPULL_CHECKPOINT_KEY_FILE"));
+  EXPECT_FALSE(mine.allow_unauthenticated);
+  EXPECT_TRUE(base::checkpoint_key(Environment{{"PUSHPULL_SECRET_FILE", dir.path + "/mine"},
+                                               {"PUSHPULL_ALLOW_INSECURE", "1"}})
+                  .allow_unauthenticated);
+  // A server whose key differs from the launcher's stops at start-up.
+  EXPECT_NO_THROW(
+      base::check_key_id(mine, Environment{{"PUSHPULL_CHECKPOINT_KEY_ID", mine.id_hex()}}, "s"));
+  EXPECT_NO_THROW(base::check_key_id(mine, Environment{}, "s"));
+  try {
+    base::check_key_id(mine, Environment{{"PUSHPULL_CHECKPOINT_KEY_ID", theirs.id_hex()}},
+                       "server 2");
+    FAIL() << "another host's key was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("server 2: the launcher"));
+    EXPECT_THAT(e.what(), HasSubstr("PUSHPULL_CHECKPOINT_KEY_FILE"));
+  }
+}
+
+// Version 1 (an FNV-1a checksum, no tag) is read only with
+// PUSHPULL_ALLOW_INSECURE=1; otherwise the error says how to re-save.
+TEST(Checkpoint, AnUnauthenticatedVersion1FileNeedsAllowInsecure) {
+  const std::string v2 = encode_checkpoint(sample(), kKey);
+  std::string v1(v2.data(), 8);
+  base::put_le(v1, uint32_t{1});
+  v1.append(v2, 12 + base::kFileKeyIdBytes,
+            v2.size() - 12 - base::kFileKeyIdBytes - base::kFileTagBytes);
+  base::put_le(v1, base::fnv1a(v1.data(), v1.size()));
+  const std::string why = message_of(v1);
+  EXPECT_THAT(why, HasSubstr("checkpoint 'F'"));
+  EXPECT_THAT(why, HasSubstr("not authenticated"));
+  EXPECT_THAT(why, HasSubstr("PUSHPULL_ALLOW_INSECURE=1"));
+  base::FileKey insecure = kKey;
+  insecure.allow_unauthenticated = true;
+  Checkpoint c = decode_checkpoint(v1, "F", kLayout, insecure);
+  EXPECT_EQ(c.round, 40);
+  ASSERT_EQ(c.parts.size(), 2u);
+  EXPECT_EQ(c.parts[1].optimizer_states, "opt");
+  // A flipped byte in a version-1 file is still refused (its checksum).
+  v1[30] ^= 1;
+  EXPECT_THAT(message_of(v1, kLayout, insecure), HasSubstr("checksum mismatch"));
+  // Tagged files are checked even then.
+  std::string bad = v2;
+  bad[40] ^= 1;
+  EXPECT_THAT(message_of(bad, kLayout, insecure), HasSubstr("authentication tag mismatch"));
 }
 
 TEST(Checkpoint, OnlyRoundsWithEveryServersFileAreComplete) {
@@ -204,6 +284,7 @@ TEST(Checkpoint, AStoreWritesEveryNRoundsAndResumesFromIt) {
   ServerStoreConfig config{2, true, 2, 0};
   config.checkpoint_every = 2;
   config.checkpoint_dir = dir.path;
+  config.checkpoint_key = kKey;
   uint64_t id = 0;
   {
     ServerStore store(config, rec);
@@ -217,7 +298,7 @@ TEST(Checkpoint, AStoreWritesEveryNRoundsAndResumesFromIt) {
     store.wait_idle(Millis(10000));
   }
   EXPECT_EQ(last_complete_checkpoint(dir.path, 1), 4);
-  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 4, 0), {1, 0, 2});
+  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 4, 0), {1, 0, 2}, kKey);
   ASSERT_EQ(c.parts.size(), 2u);
 
   ServerStore resumed(config, rec);
@@ -269,9 +350,10 @@ TEST(Checkpoint, OptimizerStatesResumeExactly) {
   const std::vector<float> uninterrupted = train(config, 1, 7);
   config.checkpoint_every = 3;
   config.checkpoint_dir = dir.path;
+  config.checkpoint_key = kKey;
   train(config, 1, 4);  // "killed" after round 4: the checkpoint of round 3 stands
   ASSERT_EQ(last_complete_checkpoint(dir.path, 1), 3);
-  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 3, 0), {1, 0, 1});
+  Checkpoint c = read_checkpoint(checkpoint_path(dir.path, 3, 0), {1, 0, 1}, kKey);
   ASSERT_EQ(c.parts.size(), 1u);
   EXPECT_FALSE(c.parts[0].optimizer_states.empty());
   EXPECT_EQ(train(config, 4, 7, &c), uninterrupted);
@@ -285,6 +367,7 @@ TEST(Checkpoint, ARangeNeverPushedDoesNotPileUpPendingRounds) {
   ServerStoreConfig config{1, true, 1, 0};
   config.checkpoint_every = 1;
   config.checkpoint_dir = dir.path;
+  config.checkpoint_key = kKey;
   ServerStore store(config, rec);
   uint64_t id = 0;
   store.init({0, ++id}, {1, 0}, "pushed", payload(Array::full(Shape{2}, 1.0)));
