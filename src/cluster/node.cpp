@@ -230,7 +230,15 @@ void Node::start() {
     for (int s = 0; s < my_rank; ++s)
       targets.push_back(book_.servers[static_cast<size_t>(s)]);
   }
+  size_t gave_up = 0;
   for (const auto& t : targets) {
+    if (book_.incarnation > 0) {
+      // Joining a running job: a server live in the book may be stopped and
+      // failed over while this node dials it (before, a replacement dialed
+      // its dead address for connect_timeout, failed and spent a restart).
+      gave_up += dial_until_failed_over(t) ? 0 : 1;
+      continue;
+    }
     net::ConnId id = transport_->connect(t.host, t.port);
     std::lock_guard lock(mu_);
     peers_[{t.role, t.rank}] = id;
@@ -242,7 +250,33 @@ void Node::start() {
     expected += static_cast<size_t>(c.num_servers - 1);
   std::unique_lock lock(mu_);
   wait_for(lock, c.startup_timeout, "connecting to every peer",
-           [&] { return peers_.size() >= expected; });
+           [&] { return peers_.size() + gave_up >= expected; });
+}
+
+bool Node::dial_until_failed_over(const NodeAddress& t) {
+  const auto until = std::chrono::steady_clock::now() + options_.net.connect_timeout;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (peers_.count({t.role, t.rank}) || shutdown_) return true;
+      if (t.role == Role::kServer && placement_.is_dead(t.rank)) {
+        PP_INFO("{} {}: {} was failed over while this node dialed it", role_name(role()), rank_,
+                t.describe());
+        return false;
+      }
+    }
+    try {
+      // Short attempts: a stopped server accepts (its kernel does) but never
+      // answers the hello; between attempts the placement may have named it.
+      net::ConnId id = transport_->connect(t.host, t.port, Millis{1000});
+      std::lock_guard lock(mu_);
+      if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
+      cv_.notify_all();
+      return true;
+    } catch (const Error&) {
+      if (std::chrono::steady_clock::now() >= until) throw;
+    }
+  }
 }
 
 // A restarted server keeps dialing a worker in short attempts until it

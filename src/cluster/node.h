@@ -162,6 +162,10 @@ class Node {
   void apply_placement(Placement p);
   // Start-up: dials `t` unless it has dialed this node (Node::start).
   void dial_if_absent(const NodeAddress& t);
+  // Joining a running job: dials `t` in short attempts until connected
+  // (true), or until the placement says it was failed over (false); throws
+  // after connect_timeout.
+  bool dial_until_failed_over(const NodeAddress& t);
   void heartbeat_loop();
   Millis suspect_grace() const;
   // Waits on cv_ until pred() or failure or deadline; throws failure/Timeout.

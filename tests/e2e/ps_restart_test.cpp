@@ -319,7 +319,9 @@ TEST_P(PsRestartCatchUp, AServerLostWhileCatchingUpIsFailedOverAgain) {
   EXPECT_THAT(out, Not(HasSubstr("WRONG"))) << out;
   EXPECT_THAT(out, Not(HasSubstr("link between the two is broken"))) << out;
   EXPECT_THAT(out, Not(HasSubstr("no replica left"))) << out;
-  if (restarts > 1) EXPECT_THAT(out, HasSubstr("server 1 rejoined")) << out;  // the third process
+  if (restarts > 1) {
+    EXPECT_THAT(out, HasSubstr("server 1 rejoined")) << out;  // the third process
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(StoppedOrKilled, PsRestartCatchUp,
@@ -330,6 +332,27 @@ INSTANTIATE_TEST_SUITE_P(StoppedOrKilled, PsRestartCatchUp,
                                               std::get<0>(info.param) ? "killed" : "stopped",
                                               std::get<1>(info.param));
                          });
+
+TEST(PsRestart, AReplacementRegisteringWhileAServerIsStoppedDoesNotWaitForIt) {
+  // Found by the survive mode: worker 2 is killed while server 1 is stopped
+  // (not yet failed over); the replacement's book names server 1 live, and
+  // it dialed that address until it was declared lost itself and spent a
+  // restart (with two restarts, one for each fault, the job failed). It now
+  // gives up on a server the placement fails over meanwhile.
+  TempDir dir("pp-restart");
+  const std::string servers = dir.path + "/servers";
+  Job job(dir.path, "sync", 300, 2, 20, servers);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  ASSERT_GT(job.signal_server(1, SIGSTOP), 0);
+  job.signal_worker(2, SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  expect_success(job);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 25s) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), Not(HasSubstr("ERROR Timeout"))) << job.proc->output();
+  // One restart each: the server's is left for it, and it rejoins.
+  EXPECT_THAT(job.proc->output(), Not(HasSubstr("no restarts left"))) << job.proc->output();
+  EXPECT_THAT(job.proc->output(), HasSubstr("server 1 rejoined")) << job.proc->output();
+}
 
 TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
   // Only an away rank can be taken back; a node with the job's secret that
