@@ -110,8 +110,8 @@ class Fault:
     recovery2_s: float = None  # fault -> the second ROUND line after it
 
     def describe(self):
-        what = {'kill': 'SIGKILL', 'stop': 'SIGSTOP for good',
-                'stopcont': f'SIGSTOP, SIGCONT after {self.stop_s:.2f} s'}[self.kind]
+        what = (f'SIGSTOP, SIGCONT after {self.stop_s:.2f} s' if self.kind == 'stopcont' else
+                {'kill': 'SIGKILL', 'stop': 'SIGSTOP for good'}[self.kind])
         when = (f'after ROUND {self.at_round}' if self.after_registered is None else
                 f'once server {self.after_registered} registered again')
         return f'{self.role} {self.rank} {what} {when}'
