@@ -86,8 +86,10 @@ WEIGHTS = {'kill-worker': 1, 'kill-server': 1, 'stopcont-worker': 1, 'stopcont-s
            'stop-worker': 1, 'stop-server': 1, 'catchup-same': 1.5, 'catchup-other': 1,
            'double': 3}
 
-SCHED_FAILOVER = re.compile(r'^\[pushpull \w [\d:.]+ scheduler\] fail-over: server (\d+) ')
-SCHED_REJOINED = re.compile(r'^\[pushpull \w [\d:.]+ scheduler\] server (\d+) rejoined:')
+# The scheduler's lines (in the launcher's own output, not prefixed by a node;
+# tagged "scheduler" or not, whichever thread saw the death first).
+SCHED_FAILOVER = re.compile(r'^\[pushpull \w [\d:.]+( scheduler)?\] fail-over: server (\d+) ')
+SCHED_REJOINED = re.compile(r'^\[pushpull \w [\d:.]+( scheduler)?\] server (\d+) rejoined:')
 SCHED_REGISTERED = 'server {} registered again'
 NO_REPLICA = 'no replica left'
 ROUND_LINE = re.compile(r'^\[worker 0\] ROUND (\d+)$')
@@ -381,15 +383,15 @@ def resolve_expected(t, lines):
     for ts, _, text in lines:
         m = SCHED_FAILOVER.match(text)
         if m:
-            if dead - {int(m.group(1))} and verdict is None:
-                t.reasons.append(f'server {m.group(1)} failed over while server(s) {sorted(dead)} '
+            if dead - {int(m.group(2))} and verdict is None:
+                t.reasons.append(f'server {m.group(2)} failed over while server(s) {sorted(dead)} '
                                  f'were failed too (R=1, 3 servers: a range has no replica '
                                  f'left): {text.strip()}')
-            dead.add(int(m.group(1)))
+            dead.add(int(m.group(2)))
             continue
         m = SCHED_REJOINED.match(text)
         if m:
-            dead.discard(int(m.group(1)))
+            dead.discard(int(m.group(2)))
             continue
         if NO_REPLICA in text and verdict is None:
             verdict = (ts, text, set(dead))
@@ -435,7 +437,7 @@ def judge(t, lines, cwd, cfg, forced_at, proc):
         if f.after_registered is not None:
             f.in_catchup = not any(
                 ts < f.at and SCHED_REJOINED.match(text) and
-                int(SCHED_REJOINED.match(text).group(1)) == f.after_registered and
+                int(SCHED_REJOINED.match(text).group(2)) == f.after_registered and
                 ts > t.faults[0].at for ts, _, text in lines)
     t.expected, verdict = resolve_expected(t, lines)
     if t.apriori == 'survive' and t.expected == 'fail':
