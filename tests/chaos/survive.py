@@ -80,10 +80,11 @@ HANG_S = 30.0  # no new ROUND line and no exit for this long: a hang
 
 SIMPLE = ['kill-worker', 'kill-server', 'stopcont-worker', 'stopcont-server', 'stop-worker',
           'stop-server']
-SCENARIOS = SIMPLE + ['catchup-same', 'catchup-other', 'double']
+SCENARIOS = SIMPLE + ['catchup-same', 'catchup-other', 'rejoined-pair', 'double']
 # How often each scenario is drawn (the two-fault ones are the least tested).
 WEIGHTS = {'kill-worker': 1, 'kill-server': 1, 'stopcont-worker': 1, 'stopcont-server': 1.5,
            'stop-worker': 1, 'stop-server': 1, 'catchup-same': 1.5, 'catchup-other': 1,
+           'rejoined-pair': 1,
            'double': 3}
 
 # The scheduler's lines (in the launcher's own output, not prefixed by a node;
@@ -103,6 +104,7 @@ class Fault:
     rank: int
     at_round: int = None  # injected once worker 0 printed this round
     after_registered: int = None  # or once "server N registered again" follows the last fault
+    after_rejoined: int = None  # or once "server N rejoined" follows the last fault
     stop_s: float = None  # stopcont: SIGCONT after this long
     # results
     at: float = None  # monotonic time of the signal
@@ -114,8 +116,10 @@ class Fault:
     def describe(self):
         what = (f'SIGSTOP, SIGCONT after {self.stop_s:.2f} s' if self.kind == 'stopcont' else
                 {'kill': 'SIGKILL', 'stop': 'SIGSTOP for good'}[self.kind])
-        when = (f'after ROUND {self.at_round}' if self.after_registered is None else
-                f'once server {self.after_registered} registered again')
+        when = (f'once server {self.after_registered} registered again'
+                if self.after_registered is not None else
+                f'once server {self.after_rejoined} rejoined' if self.after_rejoined is not None
+                else f'after ROUND {self.at_round}')
         return f'{self.role} {self.rank} {what} {when}'
 
 
@@ -156,10 +160,12 @@ class Trial:
 def plan_trial(index, seed, scenario=None, mode=None):
     """A trial from its seed alone (--replay SEED rebuilds it)."""
     rng = random.Random(seed)
-    if scenario is None:
-        scenario = rng.choices(SCENARIOS, [WEIGHTS[s] for s in SCENARIOS])[0]
-    if mode is None:
-        mode = 'async' if rng.random() < 0.3 else 'sync'
+    # Drawn always (a given scenario or mode overrides the draw), so that a
+    # seed gives the same faults with --replay-scenario/--replay-mode.
+    drawn = rng.choices(SCENARIOS, [WEIGHTS[s] for s in SCENARIOS])[0]
+    drawn_mode = 'async' if rng.random() < 0.3 else 'sync'
+    scenario = scenario or drawn
+    mode = mode or drawn_mode
 
     def simple(kind_role, at_round):
         kind, role = kind_role.split('-')
@@ -176,6 +182,12 @@ def plan_trial(index, seed, scenario=None, mode=None):
         b = a if scenario == 'catchup-same' else (a + rng.randint(1, 2)) % 3
         faults = [Fault('kill', 'server', a, at_round=first),
                   Fault('kill', 'server', b, after_registered=a)]
+    elif scenario == 'rejoined-pair':
+        # Server A+1 killed, restarted, rejoined (late in its chains); then its
+        # neighbour A is killed: A+1 leads A's ranges; A comes back late too.
+        a = rng.randrange(3)
+        faults = [Fault('kill', 'server', (a + 1) % 3, at_round=first),
+                  Fault('kill', 'server', a, after_rejoined=(a + 1) % 3)]
     else:  # double
         faults = [simple(rng.choice(SIMPLE), first),
                   simple(rng.choice(SIMPLE), first + rng.randint(3, 40))]
@@ -199,6 +211,8 @@ def apriori(t):
         return 'survive'
     if t.scenario == 'catchup-other':
         return 'fail'
+    if t.scenario == 'rejoined-pair':
+        return 'survive'  # the second kill comes after the first server rejoined
     if all(f.kind == 'stopcont' and f.stop_s < HEARTBEAT_MS / 1000.0 * 0.8
            for f in t.faults if f.role == 'server'):
         return 'survive'  # short stops: nobody is failed over
@@ -212,13 +226,21 @@ SAMPLE = [('kill-server', 'sync'), ('stopcont-server', 'sync'), ('catchup-same',
 
 def plan(args):
     if args.replay is not None:
-        return [plan_trial(1, args.replay)]
+        return [plan_trial(1, args.replay, args.replay_scenario, args.replay_mode)]
     rng = random.Random(args.seed)
     if args.sample:
         return [plan_trial(i, rng.randrange(1 << 30), s, m) for i, (s, m) in enumerate(SAMPLE, 1)]
     trials = []
+    chosen = [x for x in args.scenarios.split(',') if x]
+    for x in chosen:
+        if x not in SCENARIOS:
+            sys.exit(f'survive: unknown scenario {x}')
     for i in range(1, args.trials + 1):
-        trials.append(plan_trial(i, rng.randrange(1 << 30)))
+        ts = rng.randrange(1 << 30)
+        # An explicit subset: the scenario from the seed too (--replay needs
+        # the same one: it is printed with the schedule).
+        sc = None if len(chosen) == len(SCENARIOS) else random.Random(ts).choice(chosen)
+        trials.append(plan_trial(i, ts, sc))
     return trials
 
 
@@ -316,8 +338,9 @@ def inject_all(t, cwd, proc, tracker, out, timers):
     prev_at = time.monotonic()
     for f in t.faults:
         deadline = time.monotonic() + 60
-        if f.after_registered is not None:
-            marker = SCHED_REGISTERED.format(f.after_registered)
+        if f.after_registered is not None or f.after_rejoined is not None:
+            marker = (SCHED_REGISTERED.format(f.after_registered) if f.after_registered is not None
+                      else f'server {f.after_rejoined} rejoined:')
             since = prev_at
 
             def ready(lines, marker=marker, since=since):
@@ -581,8 +604,14 @@ def parse_args(argv):
     p.add_argument('--seed', type=int, default=None, help='default: from the clock (printed)')
     p.add_argument('--sample', action='store_true',
                    help=f'the short fixed sample of ctest ({len(SAMPLE)} trials)')
+    p.add_argument('--scenarios', default=','.join(SCENARIOS),
+                   help=f'comma-separated, drawn at random from these: {",".join(SCENARIOS)}')
     p.add_argument('--replay', type=int, metavar='TRIAL_SEED',
                    help='run the one trial of this seed (printed by a failing trial)')
+    p.add_argument('--replay-scenario', choices=SCENARIOS,
+                   help='with --replay: the scenario the failing trial printed')
+    p.add_argument('--replay-mode', choices=['sync', 'async'],
+                   help='with --replay: the mode the failing trial printed')
     p.add_argument('--log-dir', help="keep every trial's output here (default: failed ones "
                    'only, in a temporary directory)')
     p.add_argument('--json', help='write the summary and every trial to this file')
@@ -629,6 +658,7 @@ def main(argv):
                 for r in t.reasons:
                     print(f'    - {r}', flush=True)
                 print(f'    replay: python3 tests/chaos/survive.py --replay {t.seed} '
+                      f'--replay-scenario {t.scenario} --replay-mode {t.mode} '
                       f'--build-dir {args.build_dir}', flush=True)
             if t.status != 'pass' or args.log_dir:
                 path = os.path.join(log_dir, f'survive-{t.index:03d}-{t.seed}.log')
