@@ -381,7 +381,12 @@ def inject_all(t, cwd, proc, tracker, out, timers):
 
 
 def watch(t, proc, out):
-    """Waits for the launcher; a hang: no new ROUND line and no exit for HANG_S."""
+    """Waits for the launcher; a hang: no new ROUND line and no exit for HANG_S.
+    In dist_sync every worker is in worker 0's round; in dist_async worker 0
+    may be done (waiting in the final barrier) while a restarted worker still
+    pushes its rounds silently: there, HANG_S counts from when worker 0's
+    rounds and a whole job's worth of rounds (a replacement resumes from its
+    last round) are over."""
     seen, progress = -1, time.monotonic()
     while proc.poll() is None:
         lines = out.snapshot()
@@ -389,6 +394,8 @@ def watch(t, proc, out):
         now = time.monotonic()
         if k != seen:
             seen, progress = k, now
+            if t.mode == 'async' and k >= t.rounds:
+                progress = now + t.rounds * SLEEP_MS / 1000.0
         elif now - progress > HANG_S:
             t.hang = True
             t.reasons.append(f'hang: no round completed and no exit for {HANG_S:.0f} s '
