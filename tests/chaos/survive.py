@@ -94,6 +94,7 @@ SCHED_REJOINED = re.compile(r'^\[pushpull \w [\d:.]+( scheduler)?\] server (\d+)
 SCHED_REGISTERED = 'server {} registered again'
 NO_REPLICA = 'no replica left'
 ROUND_LINE = re.compile(r'^\[worker 0\] ROUND (\d+)$')
+WORKER_ERROR = re.compile(r'^\[worker \d\] ERROR ')
 OK_LINE = re.compile(r'^\[worker (\d)\] OK worker (\d)$')
 
 
@@ -490,6 +491,10 @@ def judge(t, lines, cwd, cfg, forced_at, proc):
         t.outcome = 'survived' if t.exit_code == 0 else 'died'
         if t.exit_code != 0:
             t.reasons.append(f'exit code {t.exit_code}, expected 0 (survivable): {t.final_line}')
+        # A worker that failed by itself (not one this driver killed): the job
+        # may still end 0 through a restart, but a restart was spent on it.
+        for text in [x for _, _, x in lines if WORKER_ERROR.match(x)][:2]:
+            t.reasons.append('a worker failed although the job survives: ' + text.strip())
         missing = sorted(set(range(3)) - oks)
         if missing:
             t.reasons.append(f'no "OK worker r" from worker(s) {missing}')
