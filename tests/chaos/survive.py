@@ -28,6 +28,7 @@ At a random round one or two faults are injected:
   catchup-same / -other       SIGKILL a server, and as soon as the scheduler
                               says it "registered again" (it fetches its key
                               ranges) SIGKILL the same one or another one
+  rejoined-pair               SIGKILL server A+1, and once it rejoined, server A
   double                      two of the simple faults above, at two rounds
 
 Expected outcome: with R=1 and 3 servers any two servers are neighbours, so
