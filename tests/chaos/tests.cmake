@@ -44,3 +44,15 @@ add_test(NAME chaos.lenet_failover
                  --build-dir ${CMAKE_BINARY_DIR})
 set_tests_properties(chaos.lenet_failover PROPERTIES LABELS "chaos;lenet" TIMEOUT 900
                      RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
+
+# Survive mode (tests/chaos/survive.py, docs/reliability.md "Survive mode"):
+# 3 workers x 3 servers with the default replicas and --max-restarts 3,
+# ps_failover_worker checking every round in closed form; a fixed sample of 6
+# trials (kills, a stop and continue, stops for good, a server killed during
+# another's catch-up, two faults in one trial; one of them is not survivable
+# with R=1 and must fail cleanly). About 2 minutes; `make chaos-survive` runs
+# 200 random trials.
+add_test(NAME chaos.survive_sample
+         COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/survive.py --sample --seed 1
+                 --build-dir ${CMAKE_BINARY_DIR})
+set_tests_properties(chaos.survive_sample PROPERTIES LABELS chaos TIMEOUT 400 RUN_SERIAL TRUE)
