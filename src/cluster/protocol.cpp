@@ -152,15 +152,17 @@ int ps_replicas(int configured, int num_servers) {
 }
 
 ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead,
-                           const std::vector<bool>& late) {
+                           const std::vector<uint32_t>& late) {
   ReplicaChain c;
   std::vector<int> live, rejoined;
+  auto order = [&](int s) { return static_cast<size_t>(s) < late.size() ? late[s] : 0u; };
   for (int i = 0; i <= replicas && num_servers > 0; ++i) {
     int s = (home + i) % num_servers;
     if (static_cast<size_t>(s) < dead.size() && dead[static_cast<size_t>(s)]) continue;
-    (static_cast<size_t>(s) < late.size() && late[static_cast<size_t>(s)] ? rejoined : live)
-        .push_back(s);
+    (order(s) > 0 ? rejoined : live).push_back(s);
   }
+  std::stable_sort(rejoined.begin(), rejoined.end(),
+                   [&](int a, int b) { return order(a) < order(b); });
   live.insert(live.end(), rejoined.begin(), rejoined.end());
   for (int s : live)
     if (c.primary < 0)
@@ -179,9 +181,14 @@ int first_lost_home(int num_servers, int replicas, const std::vector<bool>& dead
 std::vector<std::byte> encode_placement(const Placement& p) {
   net::Writer w;
   w.u<uint64_t>(p.epoch).u<uint32_t>(static_cast<uint32_t>(p.dead.size()));
-  for (size_t i = 0; i < p.dead.size(); ++i)
-    w.u<uint8_t>((p.dead[i] ? 1 : 0) | (i < p.late.size() && p.late[i] ? 2 : 0) |
+  // Per server: flags (1 dead, 2 rejoined, 4 restarting), then a rejoined
+  // server's rejoin order (u32).
+  for (size_t i = 0; i < p.dead.size(); ++i) {
+    const uint32_t late = i < p.late.size() ? p.late[i] : 0;
+    w.u<uint8_t>((p.dead[i] ? 1 : 0) | (late > 0 ? 2 : 0) |
                  (i < p.restarting.size() && p.restarting[i] ? 4 : 0));
+    if (late > 0) w.u<uint32_t>(late);
+  }
   return w.take();
 }
 
@@ -195,7 +202,8 @@ Status decode_placement(std::span<const std::byte> in, Placement* p) {
     const auto b = r.u<uint8_t>();
     if (b > 7) return bad("placement");
     out.dead.push_back((b & 1) != 0);
-    out.late.push_back((b & 2) != 0);
+    out.late.push_back((b & 2) != 0 ? r.u<uint32_t>() : 0);
+    if ((b & 2) != 0 && out.late.back() == 0) return bad("placement");
     out.restarting.push_back((b & 4) != 0);
   }
   if (!r.done()) return bad("placement");

@@ -111,9 +111,13 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
 struct Placement {
   uint64_t epoch = 0;
   std::vector<bool> dead;  // index = server rank
-  // Servers that rejoined after a fail-over (launch --max-restarts): last in
-  // every chain, so a rejoin never moves a primary.
-  std::vector<bool> late;
+  // Servers that rejoined after a fail-over (launch --max-restarts), by the
+  // order of their rejoins (0: never rejoined; k: the job's k-th rejoin):
+  // last in every chain, the later rejoin after the earlier, so a rejoin
+  // never moves a primary (with a plain flag, two rejoined servers of one
+  // chain fell back into home order: the second rejoin moved the primary and
+  // stranded the round in flight, found by the chaos suite's survive mode).
+  std::vector<uint32_t> late;
   // Dead servers whose restarted process registered and is catching up
   // (server rejoin): its connections are kept. A dead server without this
   // flag has no live process: a connection from it is stale, and a server
@@ -138,9 +142,9 @@ struct ReplicaChain {
   int primary = -1;
   std::vector<int> backups;
 };
-// Rejoined (`late`) live servers come after the others.
+// Rejoined (`late`) live servers come after the others, in rejoin order.
 ReplicaChain replica_chain(int home, int num_servers, int replicas, const std::vector<bool>& dead,
-                           const std::vector<bool>& late = {});
+                           const std::vector<uint32_t>& late = {});
 
 // The first home whose whole chain is dead, or -1 when every range has a
 // live server.

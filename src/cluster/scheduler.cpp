@@ -183,8 +183,8 @@ void Scheduler::on_message(net::Message&& m) {
       const auto r = static_cast<size_t>(it->second.addr.rank);
       if (r >= placement_.dead.size() || !placement_.dead[r]) return;
       placement_.dead[r] = false;
-      placement_.late.resize(placement_.dead.size(), false);
-      placement_.late[r] = true;
+      placement_.late.resize(placement_.dead.size(), 0);
+      placement_.late[r] = ++rejoins_;
       placement_.restarting.resize(placement_.dead.size(), false);
       placement_.restarting[r] = false;
       placement_.epoch++;

@@ -177,6 +177,7 @@ class Scheduler {
   std::map<int, Away> away_;
   std::map<int, int> losses_;
   std::map<int, int> server_losses_;
+  uint32_t rejoins_ = 0;  // servers' rejoins so far (Placement::late's order)
   // A worker is gone: away when restarts are allowed (true), else false.
   bool mark_away(const NodeAddress& who, const std::string& reason);  // mu_ held
   // A replacement of an away worker registers (mu_ held).

@@ -62,7 +62,7 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   }
   placement_.dead[static_cast<size_t>(who.rank)] = true;
   if (static_cast<size_t>(who.rank) < placement_.late.size())
-    placement_.late[static_cast<size_t>(who.rank)] = false;
+    placement_.late[static_cast<size_t>(who.rank)] = 0;
   // A restarted server lost while catching up: its connections are stale.
   placement_.restarting.resize(placement_.dead.size(), false);
   placement_.restarting[static_cast<size_t>(who.rank)] = false;

@@ -154,7 +154,7 @@ class Server : public ServerResponder {
   uint64_t next_replication_ = 1;
   std::map<uint64_t, Outgoing> outgoing_;
   std::vector<bool> dead_;          // the placement's dead servers, as on_placement saw it
-  std::vector<bool> late_;          // and its rejoined ones
+  std::vector<uint32_t> late_;      // and its rejoined ones, in rejoin order
   std::set<int> catching_up_;       // rejoined servers we send our rounds to already
   uint64_t rejoin_generation_ = 0;  // this server's catch-ups (Server::rejoin), under repl_mu_
   std::set<int> rejoin_waiting_;    // (rejoined side) live servers still sending

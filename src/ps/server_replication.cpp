@@ -21,7 +21,7 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
                        std::function<void()> done) {
   const int me = node_.rank();
   const int home = state->home >= 0 ? state->home : me;
-  auto live_backups = [&](const std::vector<bool>& dead, const std::vector<bool>& late) {
+  auto live_backups = [&](const std::vector<bool>& dead, const std::vector<uint32_t>& late) {
     cluster::ReplicaChain chain =
         cluster::replica_chain(home, node_.num_servers(), node_.ps_replicas(), dead, late);
     // The live servers after this one in the part's chain.

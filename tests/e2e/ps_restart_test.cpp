@@ -354,6 +354,27 @@ TEST(PsRestart, AReplacementRegisteringWhileAServerIsStoppedDoesNotWaitForIt) {
   EXPECT_THAT(job.proc->output(), HasSubstr("server 1 rejoined")) << job.proc->output();
 }
 
+TEST(PsRestart, NothingIsRestartedOnceTheJobFailed) {
+  // Two neighbouring servers killed at once: no replica left, the job fails.
+  // The workers then exit 3 because of it: consequences, not faults to
+  // repair (before, the launcher restarted them, and a server, after "job
+  // failed": found by the survive mode).
+  TempDir dir("pp-restart");
+  const std::string servers = dir.path + "/servers";
+  Job job(dir.path, "sync", 400, 3, 20, servers);
+  ASSERT_TRUE(job.wait_round(5)) << job.proc->output();
+  ASSERT_GT(job.signal_server(0, SIGKILL), 0);
+  ASSERT_GT(job.signal_server(1, SIGKILL), 0);
+  auto code = job.proc->wait(60s);
+  ASSERT_TRUE(code.has_value()) << job.proc->output();
+  const std::string out = job.proc->output();
+  EXPECT_NE(*code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("no replica left")) << out;
+  EXPECT_FALSE(std::regex_search(
+      out, std::regex(R"(worker \d \(pid \d+\) ended with exit code 3; restarting)")))
+      << out;
+}
+
 TEST(PsRestart, ALateWorkerClaimingALiveRankIsRefused) {
   // Only an away rank can be taken back; a node with the job's secret that
   // claims a live rank is refused and the job goes on.

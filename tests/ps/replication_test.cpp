@@ -352,16 +352,21 @@ TEST(Replication, ChainsAndLostRanges) {
 }
 
 TEST(Replication, Codecs) {
-  cluster::Placement p{3, {false, true, false}, {true, false, false}, {false, true, false}}, q;
+  cluster::Placement p{3, {false, true, false}, {7, 0, 0}, {false, true, false}}, q;
   ASSERT_TRUE(cluster::decode_placement(cluster::encode_placement(p), &q).is_ok());
   EXPECT_EQ(q.epoch, 3u);
   EXPECT_EQ(q.dead, p.dead);
   EXPECT_EQ(q.late, p.late);
   EXPECT_EQ(q.restarting, p.restarting);
   // A rejoined (late) server comes last in its chains: its return moves no primary.
-  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {true, false, false}).primary,
-            1);
-  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, true, false}, {true, false, false}).primary, 0);
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {1, 0, 0}).primary, 1);
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, true, false}, {1, 0, 0}).primary, 0);
+  // Both servers of a chain rejoined: the later rejoin stays behind the
+  // earlier one, whatever their home order (the primary does not move back).
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {2, 1, 0}).primary, 1);
+  EXPECT_EQ(cluster::replica_chain(0, 3, 1, {false, false, false}, {1, 2, 0}).primary, 0);
+  EXPECT_EQ(cluster::replica_chain(0, 3, 2, {false, false, false}, {3, 0, 2}).backups,
+            (std::vector<int>{2, 0}));
   auto bytes = cluster::encode_placement(p);
   bytes.pop_back();
   EXPECT_FALSE(cluster::decode_placement(bytes, &q).is_ok());

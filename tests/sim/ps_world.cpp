@@ -310,7 +310,7 @@ World::World(const Scenario& s) : s_(s), rng_(s.seed) {
   inbox_.resize(s.servers);
   stop_token_.assign(s.servers, 0);
   placement_.dead.assign(s.servers, false);
-  placement_.late.assign(s.servers, false);
+  placement_.late.assign(s.servers, 0);
   placement_.restarting.assign(s.servers, false);
   // Parts: three whole keys at homes 0, 1, 2 and a key split over two servers.
   parts_ = {{{1, 0}, 4, 0, "a"},
@@ -776,7 +776,7 @@ Server::Server(World& w, int rank) : w_(w), rank_(rank) {
   c.num_servers = s.servers;
   store_ = std::make_unique<ps::ServerStore>(c, *this);
   view_.dead.assign(s.servers, false);
-  view_.late.assign(s.servers, false);
+  view_.late.assign(s.servers, 0);
   store_->set_optimizer({0, 0}, OptimizerSpec::parse(s.sync ? "sgd:learning_rate=0.5,momentum=0.5"
                                                             : "test:rescale_grad=0.5"));
   store_->run_queued();
