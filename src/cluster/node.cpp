@@ -110,6 +110,11 @@ void Node::apply_placement(Placement p) {
       if (placement_.is_dead(s) && p.is_restarting(s) && !verdict_due_.count({Role::kServer, s}))
         continue;
       verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
+      // A placement that comes late (after the server's restarted process
+      // connected here): the connection now on record is the new process's,
+      // not the dead one's; closing it would leave the restarted server
+      // without rounds from this one (found by the simulation, seed 38).
+      if (replaced_.erase({Role::kServer, s})) continue;
       auto it = peers_.find({Role::kServer, s});
       if (it != peers_.end()) {
         gone.push_back(it->second);
@@ -329,6 +334,7 @@ void Node::on_control(net::Message&& m) {
       }
       book_ = std::move(book);
       rank_ = rank;
+      joined_epoch_ = placement_.epoch;  // a replacement's placement came first
       have_book_ = true;
       cv_.notify_all();
       return;
@@ -375,7 +381,13 @@ void Node::on_control(net::Message&& m) {
 
 void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
   std::lock_guard lock(mu_);
-  if (p.role == Role::kWorker || p.role == Role::kServer) peers_[{p.role, p.rank}] = id;
+  if (p.role == Role::kWorker || p.role == Role::kServer) {
+    auto& slot = peers_[{p.role, p.rank}];
+    // A second connection for that peer: a restarted process of it (the
+    // transport refuses a second claim while the first is live).
+    if (p.role == Role::kServer && slot != 0 && slot != id) replaced_.insert({p.role, p.rank});
+    slot = id;
+  }
   verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
   cv_.notify_all();
 }

@@ -46,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "base/clock.h"
@@ -81,6 +82,10 @@ class Node {
   // joined a running job (it connects only to the live servers: no worker
   // mesh). Valid after start().
   int incarnation() const { return book_.incarnation; }
+  // The placement epoch this node joined the job at (0 at the job's start;
+  // a restarted process: the one that failed its predecessor over or later).
+  // Valid after start().
+  uint64_t joined_epoch() const { return joined_epoch_; }
   const Options& options() const { return options_; }
 
   // Waits until every node of `group` called barrier(group) as often as this
@@ -200,6 +205,10 @@ class Node {
     std::string why;
   };
   std::map<std::pair<Role, int>, VerdictDue> verdict_due_;
+  // Peers whose connection on record replaced an earlier one (a restarted
+  // process connected): a late placement failing the old one over keeps it.
+  std::set<std::pair<Role, int>> replaced_;
+  uint64_t joined_epoch_ = 0;
   std::vector<std::function<void(const Status&)>> failure_callbacks_;
   const int replicas_;
   Placement placement_;

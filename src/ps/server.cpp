@@ -214,9 +214,22 @@ void Server::on_message(net::Message&& m) {
     return;
   }
   if (node_.ps_replicas() > 0) {
+    uint64_t want = epoch_of_flags(m.header.flags);
+    // A restarted server: a request stamped with an epoch before the one it
+    // joined at was meant for its predecessor, as this range's primary then.
+    // Applied here (a backup, catching up or rejoined late) it would be lost
+    // (found by the simulation, seed 3716); the worker re-sends it to the
+    // new primary when it applies the placement that failed the predecessor
+    // over.
+    if (node_.incarnation() > 0 && want < node_.joined_epoch() % kWrap) {
+      PP_DEBUG(
+          "server {}: dropping a request of worker {} from placement epoch {}, before this "
+          "process joined (epoch {})",
+          node_.rank(), from.rank, want, node_.joined_epoch());
+      return;
+    }
     // A worker that already knows a newer placement: wait for the scheduler's
     // word to us (it is on its way) so we know which ranges we now lead.
-    uint64_t want = epoch_of_flags(m.header.flags);
     if (want > node_.placement_epoch() % kWrap) {
       std::lock_guard lock(repl_mu_);
       if (want > node_.placement_epoch() % kWrap) {

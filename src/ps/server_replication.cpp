@@ -145,8 +145,10 @@ void Server::rejoin() {
   PP_WARN("server {} restarted (replacement {}): asking servers {} for its key ranges",
           node_.rank(), node_.incarnation(), fmt::join(live, ", "));
   for (int s : live)
-    node_.send_copy(Role::kServer, s, net::Header{.type = msg::kRejoinRequest, .key = generation},
-                    nullptr, 0);
+    node_.send_copy(
+        Role::kServer, s,
+        net::Header{.type = msg::kRejoinRequest, .flags = epoch_flags(p.epoch), .key = generation},
+        nullptr, 0);
   if (live.empty()) return node_.report_rejoined();
   // Test hook (tests/e2e/ps_restart_test.cpp): the restarted server stops
   // while catching up, as a SIGSTOP landing at that moment would.
@@ -261,8 +263,21 @@ void Server::on_replica_release(int backup, const net::Message& m) {
 void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& m) {
   const net::Header& h = m.header;
   switch (h.type) {
-    case msg::kRejoinRequest:
+    case msg::kRejoinRequest: {
+      // Which ranges it needs from this server depends on the placement it
+      // rejoins at (the one that failed it over): a server that has not
+      // applied it yet would still count it their primary and send it
+      // nothing (found by the simulation, seed 1543). Held until then.
+      const uint64_t want = epoch_of_flags(h.flags);
+      if (want > node_.placement_epoch() % kWrap) {
+        std::lock_guard lock(repl_mu_);
+        if (want > node_.placement_epoch() % kWrap) {
+          future_.push_back(std::move(m));
+          return;
+        }
+      }
       return on_rejoin_request(from.rank, m.header.key);
+    }
     case msg::kRejoinSetup:
       return on_rejoin_setup(
           std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));

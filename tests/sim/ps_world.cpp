@@ -35,6 +35,9 @@ std::string Fault::describe() const {
   if (kind == kKillWorker)
     return fmt::format("kill worker {} at {} us, its replacement starts {} us later", server, at_us,
                        continue_after_us);
+  if (kind == kKill && continue_after_us > 0)
+    return fmt::format("kill server {} at {} us, restarted {} us after its fail-over", server,
+                       at_us, continue_after_us);
   if (kind == kKill) return fmt::format("kill server {} at {} us", server, at_us);
   if (continue_after_us == 0) return fmt::format("stop server {} at {} us for good", server, at_us);
   return fmt::format("stop server {} at {} us, continue {} us later", server, at_us,
@@ -103,6 +106,9 @@ Scenario scenario_for_seed(uint64_t seed) {
                             : mode == 1 ? 2'100'000 + pick(1'000'000)
                                         : 0;
     }
+    // A killed server is restarted (--max-restarts) half the time: it
+    // catches up and rejoins, last in its chains.
+    if (f.kind == Fault::kKill && pick(2) == 0) f.continue_after_us = 100 + pick(20'000);
     s.faults.push_back(f);
   }
   return s;
@@ -134,7 +140,9 @@ struct Msg {
     kAbort,
     kBarrier,  // worker -> scheduler: seq = its barrier count, tag
     kBarrierDone,
-    kBarrierPass,  // worker -> scheduler: seq = its position
+    kBarrierPass,    // worker -> scheduler: seq = its position
+    kRejoinRequest,  // restarted server -> live server: seq = its catch-up generation
+    kRejoinDone,     // live server -> restarted server: seq = that generation
   };
   Type type = kReply;
   uint64_t request_id = 0;
@@ -169,16 +177,25 @@ class World;
 class Server : public ps::ServerResponder {
  public:
   Server(World& w, int rank);
+  ~Server() override;
   void reply(const RequestMeta& to, const Status& status, DType, std::span<const std::byte> data,
              std::shared_ptr<void>) override;
   bool replicate(const PartId& part, std::shared_ptr<const ReplicaState> state,
                  std::function<void()> done) override;
   void handle(int from, const Msg& m);
   ps::ServerStore& store() { return *store_; }
+  const Placement& view() const { return view_; }
+  // Server rejoin (server_replication.cpp): a restarted server asks every
+  // live server for the ranges it backs up.
+  void rejoin(const Placement& p);
 
  private:
   void request(int from, const Msg& m);
   void apply_placement(const Placement& p);
+  void on_rejoin_request(int from, uint64_t generation);
+  void acked(uint64_t replication, int backup);
+  void send_replica(const PartId& part, const std::shared_ptr<const ReplicaState>& state,
+                    const std::vector<int>& backups, std::function<void()> done);
   World& w_;
   int rank_;
   std::unique_ptr<ps::ServerStore> store_;
@@ -190,6 +207,10 @@ class Server : public ps::ServerResponder {
   std::map<uint64_t, Outgoing> outgoing_;
   uint64_t next_replication_ = 1;
   std::deque<std::pair<int, Msg>> held_;  // requests of a newer placement epoch
+  std::set<int> catching_up_;             // restarted servers this one sends rounds to
+  std::set<int> rejoin_waiting_;          // (restarted side) live servers still sending
+  uint64_t rejoin_generation_ = 0;
+  uint64_t joined_epoch_ = 0;  // a restarted server's placement at registration
 };
 
 // A worker's store (dist_store*.cpp): every round a pushpull of every part.
@@ -223,8 +244,10 @@ class World {
   explicit World(const Scenario& s);
   Outcome run();
 
-  // The network.
-  void send(int from, int to, Msg m);
+  // The network. false when the connection is gone (the real send fails).
+  bool send(int from, int to, Msg m);
+  // Runs `fn` as the next event (a completion callback of the real code).
+  void soon(std::function<void()> fn) { at(now_ + 1, std::move(fn)); }
   void close(int a, int b);  // their connection, both directions
   // A process ended: nothing reaches it any more, it sends nothing more, and
   // what it had sent still arrives (the kernel delivers it).
@@ -238,6 +261,11 @@ class World {
   uint64_t now() const { return now_; }
   // A failed-over server acted on the scheduler's abort: it exits.
   void abort_server(int rank) { kill(rank); }
+  // A restarted server caught up: alive again, last in its chains.
+  void server_rejoined(int rank);
+  // `node` applies a placement that fails `server` over: closes their
+  // connection unless a restarted process of it opened it meanwhile.
+  void close_for_placement(int node, int server);
   bool is_worker(int node) const { return node > s_.servers; }
 
  private:
@@ -249,6 +277,9 @@ class World {
   void inject(const Fault& f);
   void kill(int server);
   void kill_worker(int rank, uint64_t restart_after);
+  void restart_server(int rank);
+  void reopen(int node);                     // a new process at that node: new connections
+  const Placement& view_of(int node) const;  // a server's or worker's placement
   void restart_worker(int rank);
   void on_scheduler(int from, const Msg& m);
   void barrier_done(const std::vector<cluster::BarrierBook::Answer>& answers);
@@ -276,9 +307,14 @@ class World {
     uint64_t gen = 0;
     uint64_t last = 0;
     bool closed = false;
+    // Opened by a restarted process: a late placement failing over its
+    // predecessor keeps it (cluster::Node's replaced_).
+    bool renewed = false;
   };
   std::map<std::pair<int, int>, Link> links_;
-  std::vector<bool> dead_, stopped_;                               // by server rank (processes)
+  std::vector<bool> dead_, stopped_;     // by server rank (processes)
+  std::vector<uint64_t> restart_after_;  // by server rank: the launcher restarts it (0: no)
+  uint32_t rejoins_ = 0;
   std::vector<std::deque<std::tuple<int, uint64_t, Msg>>> inbox_;  // a stopped server's
   std::vector<uint64_t> stop_token_;
   std::map<std::pair<int, int>, uint64_t> cut_until_;  // link -> when it heals
@@ -306,6 +342,7 @@ class World {
 
 World::World(const Scenario& s) : s_(s), rng_(s.seed) {
   dead_.assign(s.servers, false);
+  restart_after_.assign(s.servers, 0);
   stopped_.assign(s.servers, false);
   inbox_.resize(s.servers);
   stop_token_.assign(s.servers, 0);
@@ -348,9 +385,9 @@ World::World(const Scenario& s) : s_(s), rng_(s.seed) {
   }
 }
 
-void World::send(int from, int to, Msg m) {
+bool World::send(int from, int to, Msg m) {
   Link& l = links_[{from, to}];
-  if (l.closed) return;  // that connection is gone: the send fails
+  if (l.closed) return false;  // that connection is gone: the send fails
   uint64_t delay = 20 + rng_() % 1'000;
   if (rng_() % 40 == 0) delay += rng_() % 30'000;   // a burst on this link
   uint64_t t = std::max(now_ + delay, l.last + 1);  // per-link FIFO (TCP)
@@ -359,6 +396,7 @@ void World::send(int from, int to, Msg m) {
   l.last = t;
   const uint64_t gen = l.gen;
   at(t, [this, from, to, gen, m = std::move(m)] { deliver(from, to, gen, m); });
+  return true;
 }
 
 void World::close(int a, int b) {
@@ -428,7 +466,11 @@ void World::inject(const Fault& f) {
     if (!inited_) return at(now_ + 5'000, [this, f] { inject(f); });
     return kill_worker(f.server, f.continue_after_us);
   }
-  if (f.kind == Fault::kKill) return kill(f.server);
+  if (f.kind == Fault::kKill) {
+    if (f.continue_after_us > 0 && !dead_[f.server])
+      restart_after_[f.server] = f.continue_after_us;  // --max-restarts
+    return kill(f.server);
+  }
   if (f.kind == Fault::kPartition) {
     const int a = server_node(f.server);
     const int b = f.peer_role == Fault::kScheduler ? kScheduler
@@ -467,8 +509,13 @@ void World::inject(const Fault& f) {
 }
 
 void World::lose(int server, const std::string& why) {
-  if (job_failed_ || placement_.dead[server]) return;
+  if (job_failed_) return;
+  // Dead already and not restarting: nothing new (a restarted server lost
+  // while catching up is lost again: a new placement, below).
+  if (placement_.dead[server] && !placement_.restarting[server]) return;
   placement_.dead[server] = true;
+  placement_.late[server] = 0;
+  placement_.restarting[server] = false;
   if (int home = cluster::first_lost_home(s_.servers, s_.replicas, placement_.dead); home >= 0) {
     job_failed_ = true;
     out_.failed_cleanly = true;
@@ -481,7 +528,8 @@ void World::lose(int server, const std::string& why) {
   p.type = Msg::kPlacement;
   p.placement = placement_;
   for (int r = 0; r < s_.servers; ++r)
-    if (r != server && !placement_.dead[r]) send(kScheduler, server_node(r), p);
+    if (r != server && (!placement_.dead[r] || placement_.restarting[r]))
+      send(kScheduler, server_node(r), p);
   for (int r = 0; r < s_.workers; ++r)
     send(kScheduler, worker_node(r), p);
   // The failed-over server is told to abort (a stopped one acts on it if it
@@ -489,6 +537,72 @@ void World::lose(int server, const std::string& why) {
   Msg abort;
   abort.type = Msg::kAbort;
   send(kScheduler, server_node(server), abort);
+  // The launcher kills a failed-over process and restarts it while its
+  // budget lasts (here: once per kill fault that asked for it).
+  if (const uint64_t after = std::exchange(restart_after_[server], 0); after > 0)
+    at(now_ + after, [this, server] { restart_server(server); });
+}
+
+void World::reopen(int node) {
+  for (int n = 0; n <= s_.servers + s_.workers; ++n) {
+    if (n == node) continue;
+    // `n` connected by the restarted process before it learned of its
+    // predecessor's death: that late placement must spare this connection.
+    const bool late = n != kScheduler && !view_of(n).dead[static_cast<size_t>(node - 1)];
+    links_[{node, n}] = Link{links_[{node, n}].gen + 1, 0, false, late};
+    links_[{n, node}] = Link{links_[{n, node}].gen + 1, 0, false, late};
+  }
+}
+
+const Placement& World::view_of(int node) const {
+  if (node >= 1 && node <= s_.servers) return servers_[static_cast<size_t>(node - 1)]->view();
+  return workers_[static_cast<size_t>(node - 1 - s_.servers)].view;
+}
+
+void World::close_for_placement(int node, int server) {
+  Link& l = links_[{node, server_node(server)}];
+  if (l.renewed && !l.closed) {  // the restarted process's connection
+    l.renewed = false;
+    links_[{server_node(server), node}].renewed = false;
+    return;
+  }
+  close(node, server_node(server));
+}
+
+void World::restart_server(int rank) {
+  if (job_failed_) return;
+  if (!dead_[rank]) kill(rank);  // a stopped one is killed first
+  const int node = server_node(rank);
+  reopen(node);
+  for (int s = 0; s < s_.servers; ++s)  // no connection to dead servers
+    if (s != rank && placement_.dead[s] && !placement_.restarting[s]) close(node, server_node(s));
+  dead_[rank] = false;
+  stopped_[rank] = false;
+  inbox_[rank].clear();
+  ++stop_token_[rank];
+  // It registers: the scheduler marks it restarting (no broadcast) and sends
+  // it the placement; it asks the live servers for its ranges.
+  placement_.restarting[rank] = true;
+  servers_[rank] = std::make_unique<Server>(*this, rank);
+  servers_[rank]->rejoin(placement_);
+}
+
+void World::server_rejoined(int rank) {
+  at(now_ + 300, [this, rank] {  // (kServerRejoined on its way to the scheduler)
+    if (job_failed_ || dead_[rank] || !placement_.dead[rank] || !placement_.restarting[rank])
+      return;
+    placement_.dead[rank] = false;
+    placement_.restarting[rank] = false;
+    placement_.late[rank] = ++rejoins_;
+    placement_.epoch++;
+    Msg p;
+    p.type = Msg::kPlacement;
+    p.placement = placement_;
+    for (int r = 0; r < s_.servers; ++r)
+      if (!placement_.dead[r] || placement_.restarting[r]) send(kScheduler, server_node(r), p);
+    for (int r = 0; r < s_.workers; ++r)
+      send(kScheduler, worker_node(r), p);
+  });
 }
 
 // ---- workers -----------------------------------------------------------------
@@ -516,7 +630,7 @@ void World::restart_worker(int rank) {
     links_[{n, node}] = Link{links_[{n, node}].gen + 1, 0, false};
   }
   for (int s = 0; s < s_.servers; ++s)
-    if (placement_.dead[s]) close(node, server_node(s));
+    if (placement_.dead[s] && !placement_.restarting[s]) close(node, server_node(s));
   const int incarnation = w.incarnation + 1;
   w = Worker{};
   w.rank = rank;
@@ -577,7 +691,8 @@ void World::after_round(Worker& w) {
     b.seq = ++w.barriers;
     b.tag = {true, w.tag_position, ++w.tag_seq};
     w.in_barrier = true;
-    return send(worker_node(w.rank), kScheduler, std::move(b));
+    send(worker_node(w.rank), kScheduler, std::move(b));
+    return;
   }
   start_round(w);
 }
@@ -704,7 +819,7 @@ void World::on_placement(Worker& w, const Placement& p) {
   const Placement old = w.view;
   w.view = p;
   for (int s = 0; s < s_.servers; ++s)
-    if (p.dead[s] && !old.dead[s]) close(worker_node(w.rank), server_node(s));
+    if (p.dead[s] && !old.dead[s]) close_for_placement(worker_node(w.rank), s);
   // Re-send what was pending on a server that is no longer its part's primary.
   std::vector<Worker::Pending> again;
   for (auto it = w.pending.begin(); it != w.pending.end();) {
@@ -765,6 +880,12 @@ Outcome World::run() {
 
 // ---- servers ---------------------------------------------------------------
 
+Server::~Server() {
+  // Its queued work runs (and sends nothing: a dead node's links are
+  // closed) while every member it uses still exists.
+  store_.reset();
+}
+
 Server::Server(World& w, int rank) : w_(w), rank_(rank) {
   const Scenario& s = w.scenario();
   ps::ServerStoreConfig c;
@@ -809,7 +930,21 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
              it != chain.backups.end()) {
     backups.assign(it + 1, chain.backups.end());
   }
+  // A restarted server catching up gets the rounds of the parts this server
+  // leads whose chain holds it.
+  if (chain.primary == rank_)
+    for (int s : catching_up_)
+      for (int i = 0; i <= w_.replicas(); ++i)
+        if ((home + i) % w_.scenario().servers == s &&
+            std::find(backups.begin(), backups.end(), s) == backups.end())
+          backups.push_back(s);
   if (backups.empty()) return false;
+  send_replica(part, state, backups, std::move(done));
+  return true;
+}
+
+void Server::send_replica(const PartId& part, const std::shared_ptr<const ReplicaState>& state,
+                          const std::vector<int>& backups, std::function<void()> done) {
   int index = -1;
   for (size_t i = 0; i < w_.parts().size(); ++i)
     if (w_.parts()[i].id == part) index = static_cast<int>(i);
@@ -825,9 +960,61 @@ bool Server::replicate(const PartId& part, std::shared_ptr<const ReplicaState> s
     m.part = index;
     m.state = copy;
     m.replication = id;
-    w_.send(w_.server_node(rank_), w_.server_node(b), std::move(m));
+    if (w_.send(w_.server_node(rank_), w_.server_node(b), std::move(m))) continue;
+    // A failed send to a server catching up completes its wait (it is in no
+    // placement's chain: ps::Server::send_replica_to's on_sent).
+    if (catching_up_.erase(b) > 0) w_.soon([this, id, b] { acked(id, b); });
   }
-  return true;
+}
+
+void Server::acked(uint64_t id, int backup) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return;
+  it->second.waiting.erase(backup);
+  if (!it->second.waiting.empty()) return;
+  auto done = std::move(it->second.done);
+  outgoing_.erase(it);
+  done();
+  store_->run_queued();
+}
+
+void Server::rejoin(const Placement& p) {
+  view_ = p;
+  if (joined_epoch_ == 0) joined_epoch_ = p.epoch;
+  const uint64_t generation = ++rejoin_generation_;
+  rejoin_waiting_.clear();
+  for (int s = 0; s < w_.scenario().servers; ++s)
+    if (s != rank_ && !p.dead[s]) rejoin_waiting_.insert(s);
+  if (rejoin_waiting_.empty()) return w_.server_rejoined(rank_);
+  for (int s : rejoin_waiting_) {
+    Msg m;
+    m.type = Msg::kRejoinRequest;
+    m.seq = generation;
+    m.epoch = p.epoch;  // held by a server that has not applied it yet
+    w_.send(w_.server_node(rank_), w_.server_node(s), std::move(m));
+  }
+}
+
+void Server::on_rejoin_request(int from, uint64_t generation) {
+  const int to = from - 1, servers = w_.scenario().servers, replicas = w_.replicas();
+  catching_up_.insert(to);
+  auto wanted = [this, to, servers, replicas](const PartId&, int home) {
+    if (cluster::replica_chain(home, servers, replicas, view_.dead, view_.late).primary != rank_)
+      return false;
+    for (int i = 0; i <= replicas; ++i)
+      if ((home + i) % servers == to) return true;
+    return false;
+  };
+  auto send = [this, to](const PartId& part, std::shared_ptr<const ReplicaState> state,
+                         std::function<void()> done) {
+    send_replica(part, state, {to}, std::move(done));
+  };
+  store_->transfer(wanted, send, [this, to, generation] {
+    Msg m;
+    m.type = Msg::kRejoinDone;
+    m.seq = generation;
+    w_.send(w_.server_node(rank_), w_.server_node(to), std::move(m));
+  });
 }
 
 void Server::handle(int from, const Msg& m) {
@@ -850,23 +1037,27 @@ void Server::handle(int from, const Msg& m) {
       });
       break;
     }
-    case Msg::kReplicaAck: {
-      auto it = outgoing_.find(m.replication);
-      if (it == outgoing_.end()) break;
-      it->second.waiting.erase(from - 1);
-      if (it->second.waiting.empty()) {
-        auto done = std::move(it->second.done);
-        outgoing_.erase(it);
-        done();
-      }
+    case Msg::kReplicaAck:
+      acked(m.replication, from - 1);
       break;
-    }
     case Msg::kPlacement:
       apply_placement(m.placement);
       break;
     case Msg::kAbort:
       // Failed over: the process ends (its connections close).
       return w_.abort_server(rank_);
+    case Msg::kRejoinRequest:
+      if (m.epoch > view_.epoch) {
+        held_.emplace_back(from, m);
+        break;
+      }
+      on_rejoin_request(from, m.seq);
+      break;
+    case Msg::kRejoinDone:
+      if (m.seq == rejoin_generation_ && rejoin_waiting_.erase(from - 1) > 0 &&
+          rejoin_waiting_.empty())
+        w_.server_rejoined(rank_);
+      break;
     default:
       break;
   }
@@ -874,6 +1065,9 @@ void Server::handle(int from, const Msg& m) {
 }
 
 void Server::request(int from, const Msg& m) {
+  // A restarted server drops what was meant for its predecessor (ps::Server:
+  // a request stamped before the epoch it joined at).
+  if (joined_epoch_ > 0 && m.epoch < joined_epoch_) return;
   if (m.epoch > view_.epoch) {
     held_.emplace_back(from, m);  // held until this server's placement arrives
     return;
@@ -898,11 +1092,16 @@ void Server::apply_placement(const Placement& p) {
   const Placement old = view_;
   view_ = p;
   for (int s = 0; s < w_.scenario().servers; ++s)
-    if (p.dead[s] && !old.dead[s] && s != rank_) w_.close(w_.server_node(rank_), w_.server_node(s));
-  // Replications waiting for a backup that is now dead are complete.
+    if (p.dead[s] && !old.dead[s] && s != rank_) w_.close_for_placement(w_.server_node(rank_), s);
+  std::erase_if(catching_up_, [&](int c) { return !p.dead[c] || !p.is_restarting(c); });
+  bool restart_rejoin = false;
+  for (int s = 0; s < w_.scenario().servers; ++s)
+    if (p.dead[s]) restart_rejoin |= rejoin_waiting_.erase(s) > 0;
+  // Replications waiting for a backup that is now dead (and not restarted,
+  // catching up) are complete.
   std::vector<std::function<void()>> finished;
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    std::erase_if(it->second.waiting, [&](int b) { return p.dead[b]; });
+    std::erase_if(it->second.waiting, [&](int b) { return p.dead[b] && !p.is_restarting(b); });
     if (it->second.waiting.empty()) {
       finished.push_back(std::move(it->second.done));
       it = outgoing_.erase(it);
@@ -912,9 +1111,13 @@ void Server::apply_placement(const Placement& p) {
   }
   for (auto& f : finished)
     f();
+  if (restart_rejoin) rejoin(view_);  // a source died: catch up again
   auto held = std::move(held_);
   for (auto& [from, m] : held)
-    request(from, m);
+    if (m.type == Msg::kRejoinRequest)
+      handle(from, m);  // (held again if still ahead)
+    else
+      request(from, m);
 }
 
 }  // namespace

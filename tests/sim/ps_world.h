@@ -54,7 +54,9 @@ struct Fault {
   enum Kind { kKill, kStop, kKillWorker, kPartition } kind = kKill;
   int server = 0;
   uint64_t at_us = 0;
-  uint64_t continue_after_us = 0;  // kStop: 0 = never
+  // kStop: continued this long after (0: never); kKill: restarted this long
+  // after its fail-over (0: not restarted); kKillWorker: restarted after.
+  uint64_t continue_after_us = 0;
   enum PeerRole { kScheduler, kServer, kWorker } peer_role = kScheduler;
   int peer = 0;
   std::string describe() const;
