@@ -30,6 +30,7 @@ using launch::testing::bin;
 using launch::testing::lines_of;
 using launch::testing::run_launcher;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Lines printed by one launched process ("[worker 1] ...").
 std::vector<std::string> lines_from(const std::string& out, const std::string& label) {
@@ -110,8 +111,8 @@ std::string squatter_command(const std::string& args) {
 // port and worker 0 bound it later: the squatter got it, and worker 0 failed
 // "cannot bind"). Every port is held already: the squatter gets none, the
 // job ends with exit 0.
-void squat_in_the_window(const std::vector<std::string>& servers, const std::string& program,
-                         const std::string& ports) {
+void squat_in_the_window(const std::vector<std::string>& servers,
+                         const std::vector<std::string>& program, const std::string& ports) {
   if (python3().empty()) GTEST_SKIP() << "no python3 for tests/security/port_squatter.py";
   if (geteuid() != 0)
     std::cerr << "note: not root: the squatter runs as this user, not another one\n";
@@ -121,7 +122,7 @@ void squat_in_the_window(const std::vector<std::string>& servers, const std::str
   std::vector<std::string> args{"-n", "2", "--timeout", "30"};
   args.insert(args.end(), servers.begin(), servers.end());
   args.insert(args.end(), {"/bin/sh", "-c", wrapper, "sh"});
-  args.push_back(program);
+  args.insert(args.end(), program.begin(), program.end());
   auto r = run_launcher(args, std::chrono::seconds(90));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   auto lines = lines_from(r.out, "worker 0");
@@ -133,7 +134,7 @@ void squat_in_the_window(const std::vector<std::string>& servers, const std::str
 TEST(CollectiveLaunch, PortSquatterInTheWindowGetsNoRendezvousPort) {
   // -s 0: rank 0's rendezvous (PUSHPULL_MASTER_PORT). MASTER_PORT is a
   // torch.distributed store's (nobody listens on it here), not squatted.
-  squat_in_the_window({"-s", "0"}, bin("collective_probe") + " --sizes 1,777",
+  squat_in_the_window({"-s", "0"}, {bin("collective_probe"), "--sizes", "1,777"},
                       "\"$PUSHPULL_MASTER_PORT\"");
 }
 
@@ -141,7 +142,7 @@ TEST(CollectiveLaunch, PortSquatterInTheWindowGetsNoSchedulerPort) {
   // -s 1: the embedded scheduler's port (PUSHPULL_ROOT_PORT).
   squat_in_the_window(
       {"-s", "1", "--server-command", bin("kvstore_basics") + " --kvstore dist_sync_allreduce"},
-      bin("kvstore_basics") + " --kvstore dist_sync_allreduce", "\"$PUSHPULL_ROOT_PORT\"");
+      {bin("kvstore_basics"), "--kvstore", "dist_sync_allreduce"}, "\"$PUSHPULL_ROOT_PORT\"");
 }
 
 // The racing squatter: while the job starts and runs, another user binds and
@@ -165,6 +166,7 @@ TEST(CollectiveLaunch, PortSquatterRacingTheLauncherDoesNotStopTheJob) {
   ASSERT_TRUE(code.has_value()) << squatter.output();
   EXPECT_EQ(*code, 0) << squatter.output();
   EXPECT_THAT(squatter.output(), HasSubstr("squatter done")) << squatter.output();
+  EXPECT_THAT(squatter.output(), Not(HasSubstr("done: 0 squatted"))) << "it squatted nothing";
 }
 
 // A port the user chose (--port) that another program holds fails the job
@@ -172,7 +174,7 @@ TEST(CollectiveLaunch, PortSquatterRacingTheLauncherDoesNotStopTheJob) {
 TEST(CollectiveLaunch, AGivenPortInUseIsSaidToBeInUse) {
   net::Fd squatter = net::listen_on("127.0.0.1", 0);
   const std::string port = std::to_string(net::local_port(squatter.get()));
-  for (const std::vector<std::string> servers :
+  for (const std::vector<std::string>& servers :
        {std::vector<std::string>{"-s", "0"},
         std::vector<std::string>{"-s", "1", "--server-command", bin("pushpull") + " server"}}) {
     std::vector<std::string> args{"-n", "2", "--port", port, "--timeout", "10"};
