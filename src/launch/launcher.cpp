@@ -364,13 +364,14 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       PP_INFO("scheduler listening on {}:{}{}", bind.empty() ? "*" : bind, rv.port,
               bind.empty() ? " (PUSHPULL_BIND_ANY=1)" : "");
     } else {
-      // Held (never accepted from) for the job's life, so no other program
+      // Held (bound, not listening) for the job's life, so no other program
       // is handed it meanwhile.
-      reserved = net::listen_on(cfg.host_ip, rv.port);
+      reserved = net::reserve_port(cfg.host_ip, rv.port);
       rv.port = net::local_port(reserved.get());
       PP_WARN(
           "this build has no embedded scheduler (the cluster layer is not linked): nothing "
-          "listens on {}:{}; the processes must not need a scheduler",
+          "listens on {}:{} (held, connections refused); the processes must not need a "
+          "scheduler",
           rv.addr, rv.port);
     }
   }

@@ -107,7 +107,8 @@ void set_dead_link_timeout(int fd, std::chrono::milliseconds timeout) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
-Fd listen_on(const std::string& host, int port, int backlog) {
+namespace {
+SockAddr bind_address(const std::string& host, int port) {
   SockAddr addr;
   if (host.empty()) {
     auto* a = reinterpret_cast<sockaddr_in*>(&addr.storage);
@@ -115,22 +116,38 @@ Fd listen_on(const std::string& host, int port, int backlog) {
     a->sin_addr.s_addr = htonl(INADDR_ANY);
     a->sin_port = htons(static_cast<uint16_t>(port));
     addr.len = sizeof(sockaddr_in);
-  } else {
-    addr = resolve(host, port);
+    return addr;
   }
+  return resolve(host, port);
+}
+
+void bind_or_throw(int fd, const SockAddr& addr) {
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) == 0) return;
+  if (errno == EADDRINUSE)
+    throw IoError(fmt::format("cannot bind {}: port {} is in use (by another process)",
+                              addr.to_string(), addr.port()));
+  throw IoError(
+      fmt::format("cannot bind {}: {}; is the port in use or the address not on "
+                  "this machine?",
+                  addr.to_string(), std::strerror(errno)));
+}
+}  // namespace
+
+Fd reserve_port(const std::string& host, int port) {
+  SockAddr addr = bind_address(host, port);
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
+  bind_or_throw(fd.get(), addr);
+  return fd;
+}
+
+Fd listen_on(const std::string& host, int port, int backlog) {
+  SockAddr addr = bind_address(host, port);
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
   int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) != 0) {
-    if (errno == EADDRINUSE)
-      throw IoError(fmt::format("cannot bind {}: port {} is in use (by another process)",
-                                addr.to_string(), addr.port()));
-    throw IoError(
-        fmt::format("cannot bind {}: {}; is the port in use or the address not on "
-                    "this machine?",
-                    addr.to_string(), std::strerror(errno)));
-  }
+  bind_or_throw(fd.get(), addr);
   if (::listen(fd.get(), backlog) != 0)
     throw IoError(fmt::format("listen on {}: {}", addr.to_string(), std::strerror(errno)));
   set_nonblocking(fd.get(), true);

@@ -65,6 +65,10 @@ std::string format_address(const std::string& host, int port);
 // us. A port another socket holds throws IoError saying "port P is in use (by
 // another process)".
 Fd listen_on(const std::string& host, int port, int backlog = 512);
+// A socket bound to host:port (0: any free one) that does not listen, without
+// SO_REUSEADDR: no other socket can bind the port while it lives, and
+// connections to it are refused. Throws IoError as listen_on does.
+Fd reserve_port(const std::string& host, int port);
 // The port a bound socket got.
 int local_port(int fd);
 // The address of the peer of a connected socket, as "host:port".

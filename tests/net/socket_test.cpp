@@ -78,6 +78,20 @@ TEST(Socket, ListeningOnATakenPortSaysItIsInUse) {
   }
 }
 
+// A reserved port: nobody else can bind it (even with SO_REUSEADDR, as a
+// listener does), and a connection to it is refused rather than left hanging.
+TEST(Socket, AReservedPortCannotBeBoundAndRefusesConnections) {
+  Fd reserved = reserve_port("127.0.0.1", 0);
+  const int port = local_port(reserved.get());
+  ASSERT_GT(port, 0);
+  EXPECT_THROW(listen_on("127.0.0.1", port), IoError);
+  EXPECT_THROW(reserve_port("127.0.0.1", port), IoError);
+  std::string error;
+  Fd client = connect_once(resolve("127.0.0.1", port), 2s, &error);
+  EXPECT_FALSE(client.valid());
+  EXPECT_THAT(error, ::testing::HasSubstr("refused"));
+}
+
 // A listener handed down by the launcher is adopted when it is what it claims
 // to be (a listening TCP socket on the expected port), close-on-exec and
 // non-blocking; anything else is left alone (not ours to close) and says why.
