@@ -31,9 +31,11 @@ int ephemeral_low() {
   return lo;
 }
 
-// The launcher hands the port to worker 0, which binds it later; a port below
-// the ephemeral range cannot meanwhile become some connect()'s source port
-// (which is how a rank once connected to itself on the rendezvous port).
+// A picked port (racy: only for listeners pushpull cannot hand a socket to,
+// e.g. a torch store's MASTER_PORT or worker 0 started by ssh) is bound
+// later by another process; a port below the ephemeral range cannot
+// meanwhile become some connect()'s source port (which is how a rank once
+// connected to itself on the rendezvous port).
 TEST(Socket, AnUnusedPortIsBelowTheEphemeralRangeAndCanBeBound) {
   for (int i = 0; i < 20; ++i) {
     const int port = pick_unused_port("127.0.0.1");
