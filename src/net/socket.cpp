@@ -296,10 +296,26 @@ Fd adopt_inherited_listener(const char* value, int port, std::string* why_not) {
   return Fd(fd);
 }
 
+namespace {
+std::mutex inherited_mu;
+Fd offered;  // offer_listener()'s, until taken or withdrawn
+}  // namespace
+
+void offer_listener(Fd listening) {
+  std::lock_guard lock(inherited_mu);
+  offered = std::move(listening);
+}
+
+void withdraw_offered_listener() {
+  std::lock_guard lock(inherited_mu);
+  offered.reset();
+}
+
 Fd take_inherited_listener(int port, std::string* why_not) {
-  static std::mutex mu;
   static bool taken = false;
-  std::lock_guard lock(mu);
+  std::lock_guard lock(inherited_mu);
+  if (offered.valid() && (port == 0 || local_port(offered.get()) == port))
+    return std::move(offered);
   if (taken) {
     if (why_not) *why_not = "the inherited listener was taken already";
     return {};

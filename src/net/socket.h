@@ -131,9 +131,18 @@ inline constexpr const char* kListenFdVariable = "PUSHPULL_LISTEN_FD";
 // returns it close-on-exec and non-blocking. Otherwise an invalid Fd, the fd
 // left untouched (it is not ours), and *why_not says why (when given).
 Fd adopt_inherited_listener(const char* value, int port, std::string* why_not = nullptr);
-// adopt_inherited_listener() with $PUSHPULL_LISTEN_FD, at most once per
-// process (the first success owns the fd; later calls return an invalid Fd).
+// The listener offered in this process (offer_listener) when it is bound to
+// `port`; else adopt_inherited_listener() with $PUSHPULL_LISTEN_FD, at most
+// once per process (the first success owns the fd; later calls return an
+// invalid Fd).
 Fd take_inherited_listener(int port, std::string* why_not = nullptr);
+// Hands a listening socket, bound before its port was published, to the
+// next take_inherited_listener() of its port in this process (the torch
+// ProcessGroup's rank 0 publishes the port in torch's store, then starts
+// the Session whose rendezvous listens). One at a time: a new offer closes
+// an untaken one. withdraw_offered_listener() closes one nobody took.
+void offer_listener(Fd listening);
+void withdraw_offered_listener();
 
 // Blocking full-buffer I/O with a deadline (handshakes only). Return false and
 // fill *error on timeout, EOF or error.

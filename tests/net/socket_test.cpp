@@ -160,5 +160,23 @@ TEST(Socket, TheInheritedListenerIsTakenOnce) {
   unsetenv(kListenFdVariable);
 }
 
+// A listener offered in-process (the torch ProcessGroup's rank 0) goes to
+// the rendezvous of its port only, once; withdrawn, nobody gets it.
+TEST(Socket, AnOfferedListenerGoesToItsPortOnce) {
+  Fd listener = listen_on("127.0.0.1", 0);
+  const int port = local_port(listener.get());
+  const int fd = listener.get();
+  offer_listener(std::move(listener));
+  EXPECT_FALSE(take_inherited_listener(port + 1).valid()) << "another port's rendezvous";
+  Fd taken = take_inherited_listener(port);
+  ASSERT_TRUE(taken.valid());
+  EXPECT_EQ(taken.get(), fd);
+  EXPECT_FALSE(take_inherited_listener(port).valid());
+
+  offer_listener(listen_on("127.0.0.1", 0));
+  withdraw_offered_listener();
+  EXPECT_FALSE(take_inherited_listener(0).valid());
+}
+
 }  // namespace
 }  // namespace pushpull::net
