@@ -263,9 +263,12 @@ Bootstrapped bootstrap_elastic(const Options& o) {
     host = "127.0.0.1";
   else
     host = net::choose_host(o.net);
-  // Free now; the mesh binds it a moment later (the round's book must name it
-  // before the mesh, whose rank it fixes, exists).
-  const int port = net::pick_unused_port("");
+  // The mesh's listener, bound (and held) before joining: the round's book
+  // must name its port before the mesh, whose rank it fixes, exists, and no
+  // other program may take the port in between.
+  const std::string bind_host = bind_host_for(host, o.net.bind_any);
+  net::Fd listener = net::listen_on(bind_host, 0);
+  const int port = net::local_port(listener.get());
   Assignment a = client->join(host, port, o.collective.elastic_timeout);
   PP_INFO("elastic: worker {} is rank {} of {} in round {}", cfg->worker_id, a.rank, a.size(),
           a.round);
@@ -275,8 +278,7 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   // a member that died meanwhile must not hold the others for the startup
   // timeout.
   mesh.connect_timeout = std::min(mesh.connect_timeout, o.cluster.heartbeat_timeout + Millis(5000));
-  auto tcp = std::make_unique<TcpTransport>(a.rank, a.size(), mesh,
-                                            bind_host_for(host, o.net.bind_any), port);
+  auto tcp = std::make_unique<TcpTransport>(a.rank, a.size(), mesh, bind_host, std::move(listener));
   client->attach(a.round, tcp->verdict_port());
   try {
     tcp->connect_all(a.book);

@@ -2,6 +2,7 @@
 #include "collective/rendezvous.h"
 
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "collective/bootstrap.h"
 #include "net/node_id.h"
 #include "net/peer_policy.h"
+#include "net/socket.h"
 #include "net/transport.h"
 #include "net/wire.h"
 #include "pushpull/log.h"
@@ -66,7 +68,19 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
   st->book[0] = {c.host, c.port};
   st->arrived[0] = true;
   net::Transport t(config_of(c));
-  t.listen(bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
+  // `pushpull launch` binds rank 0's rendezvous port itself and hands the
+  // listening socket down (PUSHPULL_LISTEN_FD), so nobody can take the port
+  // between its choice and this listen; else (torchrun, by hand) bind it.
+  std::string why_not;
+  if (net::Fd held = net::take_inherited_listener(c.master_port, &why_not); held.valid()) {
+    PP_DEBUG("collective rendezvous: listening on the socket the launcher bound (port {})",
+             c.master_port);
+    t.listen(std::move(held));
+  } else {
+    if (std::getenv(net::kListenFdVariable) != nullptr)
+      PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable, why_not);
+    t.listen(bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
+  }
   // A hello that is malformed, or whose rank is out of range, taken, or not
   // the one its connection authenticated as, closes that connection only
   // (told why); it never fails the rendezvous of the real members.

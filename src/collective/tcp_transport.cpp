@@ -29,6 +29,10 @@ net::TransportConfig config_of(int rank, const NetOptions& net) {
 
 TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
                            int port)
+    : TcpTransport(rank, size, net, host, net::listen_on(host, port)) {}
+
+TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
+                           net::Fd listener)
     : rank_(rank),
       size_(size),
       opts_(net),
@@ -42,7 +46,7 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       host_(host) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
-  net_.listen(host, port);
+  net_.listen(std::move(listener));
   net_.set_handler(kDataType, kDataType, [this](net::Message&& m) { on_message(std::move(m)); });
   net_.set_handler(kHeartbeatType, kByeType,
                    [this](net::Message&& m) { on_control(std::move(m)); });

@@ -126,6 +126,11 @@ class TcpTransport final : public Transport {
   // Listens on host:port (0 = a free port) as `rank` of `size`.
   TcpTransport(int rank, int size, const NetOptions& net, const std::string& host = "127.0.0.1",
                int port = 0);
+  // Listens on `listener`, bound and listening already (its port published
+  // before this transport exists, e.g. in an elastic round's book); `host`
+  // is where it was bound.
+  TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
+               net::Fd listener);
   ~TcpTransport() override;
 
   int port() const { return net_.port(); }

@@ -7,8 +7,9 @@
 //
 // The launch layer only knows this interface; the CLI passes a factory that
 // wraps the cluster layer's Scheduler (see tools/launch.cpp). Without a
-// factory the launcher chooses a free port and warns that nothing listens on
-// it (useful for programs that do not talk to a scheduler).
+// factory the launcher binds a port (without listening: connections are
+// refused) and holds it for the job's life, and warns that nothing listens
+// on it (useful for programs that do not talk to a scheduler).
 //
 // Thread safety: start/status/wait/stop are called from the launcher's main
 // thread only; implementations run their own threads in the background.

@@ -20,6 +20,7 @@
 #include "base/secret_file.h"
 #include "launch/commands.h"
 #include "launch/supervisor.h"
+#include "net/peer_policy.h"
 #include "net/socket.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
@@ -66,6 +67,9 @@ namespace {
 std::vector<std::string> merged_env(const Environment& base,
                                     const std::map<std::string, std::string>& overrides) {
   auto vars = base.vars();
+  // Names a descriptor the launcher passes to one child only (run_launch):
+  // never one from the launcher's own environment.
+  vars.erase(net::kListenFdVariable);
   for (const auto& [k, v] : overrides)
     vars[k] = v;
   std::vector<std::string> out;
@@ -88,7 +92,10 @@ std::string file_name(const std::string& label) {
 }
 
 // Where the nodes meet: the embedded scheduler, or rank 0's rendezvous.
-Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
+// With -s 0 and the local launcher, rank 0's rendezvous port is bound here
+// and held (*held): worker 0 inherits the listening socket (run_launch), so
+// no other program can take the port between its choice and its use.
+Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* held) {
   Rendezvous rv;
   if (cfg.nnodes > 0) return Rendezvous(cfg.master_addr, cfg.port);  // per-node mode: given
   if (cfg.num_servers > 0) {
@@ -96,6 +103,9 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
     rv.port = cfg.port;  // 0 until the scheduler has bound
     // MASTER_* for torch.distributed scripts: worker 0's host, a port other
     // than the scheduler's (checked again once the scheduler has bound).
+    // Picked and released (racy, see net::pick_unused_port): the listener
+    // is torch's store, which cannot be handed a socket; pushpull's own
+    // collectives meet through the scheduler.
     auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers);
     rv.master_addr =
         cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[size_t(cfg.num_servers)]].host;
@@ -103,13 +113,30 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run) {
       rv.master_port = net::pick_unused_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
     return rv;
   }
-  // No scheduler: worker 0 binds MASTER_PORT on its own host. The port is
-  // free here now; the worker binds it a moment later (see docs/launch.md).
+  // No scheduler: worker 0 listens on the rendezvous port on its own host.
   auto hosts_of = place(cfg.hosts, 0, cfg.num_workers);
   rv.addr = cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[0]].host;
-  rv.port = cfg.port != 0 || dry_run
-                ? cfg.port
-                : net::pick_unused_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
+  rv.port = cfg.port;
+  if (dry_run) return rv;
+  if (cfg.launcher == LauncherKind::kLocal) {
+    // Worker 0 is our child: bind its port now (the one given, else any free
+    // one; taken: "port P is in use (by another process)") and hand it the
+    // listening socket. Bound where worker 0 itself would bind it.
+    *held = net::listen_on(net::bind_host_for(rv.addr, cfg.bind_any), cfg.port);
+    rv.port = net::local_port(held->get());
+    // A torch.distributed store cannot adopt that socket: MASTER_PORT is a
+    // port of its own (picked, racy: torch's listener), PUSHPULL_MASTER_PORT
+    // the held one.
+    rv.master_addr = rv.addr;
+    do
+      rv.master_port = net::pick_unused_port(rv.addr);
+    while (rv.master_port == rv.port);
+    return rv;
+  }
+  // Worker 0 is started by ssh, mpirun or srun, possibly on another host: the
+  // launcher cannot hand it a socket. A port free here now, which worker 0
+  // binds a moment later (racy, see docs/launch.md; --port chooses it).
+  if (rv.port == 0) rv.port = net::pick_unused_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
   return rv;
 }
 
@@ -308,7 +335,7 @@ void print_plan(std::ostream& out, const LaunchConfig& cfg, const Rendezvous& rv
 int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   LaunchConfig cfg = cfg_in;
   if (ctx.dry_run) {
-    auto rv = choose_rendezvous(cfg, true);
+    auto rv = choose_rendezvous(cfg, true, nullptr);
     print_plan(std::cout, cfg, rv, make_plan(cfg, rv), geteuid() == 0);
     return 0;
   }
@@ -320,7 +347,9 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
     if (int rc = sync_hosts(signals, cfg, ctx); rc != 0) return rc;
 
   std::unique_ptr<EmbeddedScheduler> scheduler;
-  Rendezvous rv = choose_rendezvous(cfg, false);
+  net::Fd rendezvous_listener;  // -s 0, local: worker 0's, until it is started
+  net::Fd reserved;             // no embedded scheduler: its port, held
+  Rendezvous rv = choose_rendezvous(cfg, false, &rendezvous_listener);
   if (cfg.num_servers > 0) {
     if (ctx.scheduler_factory) {
       scheduler = ctx.scheduler_factory(scheduler_options(cfg, ctx));
@@ -335,10 +364,14 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       PP_INFO("scheduler listening on {}:{}{}", bind.empty() ? "*" : bind, rv.port,
               bind.empty() ? " (PUSHPULL_BIND_ANY=1)" : "");
     } else {
-      if (rv.port == 0) rv.port = net::pick_unused_port(cfg.host_ip);
+      // Held (bound, not listening) for the job's life, so no other program
+      // is handed it meanwhile.
+      reserved = net::reserve_port(cfg.host_ip, rv.port);
+      rv.port = net::local_port(reserved.get());
       PP_WARN(
           "this build has no embedded scheduler (the cluster layer is not linked): nothing "
-          "listens on {}:{}; the processes must not need a scheduler",
+          "listens on {}:{} (held, connections refused); the processes must not need a "
+          "scheduler",
           rv.addr, rv.port);
     }
   }
@@ -406,7 +439,18 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
         return true;
       };
   }
-  auto outcome = supervise(signals, child_specs(cfg, ctx, rv, plan), settings, hooks);
+  auto specs = child_specs(cfg, ctx, rv, plan);
+  if (rendezvous_listener.valid()) {
+    // Worker 0 inherits its rendezvous listener (net::take_inherited_listener);
+    // the supervisor closes our copy once it has started.
+    for (auto& spec : specs)
+      if (spec.role == Role::kWorker && spec.rank == 0) {
+        spec.env.push_back(fmt::format("{}={}", net::kListenFdVariable, rendezvous_listener.get()));
+        spec.pass_fd = rendezvous_listener.release();
+        break;
+      }
+  }
+  auto outcome = supervise(signals, std::move(specs), settings, hooks);
   if (cfg.launcher == LauncherKind::kSlurm)
     std::filesystem::remove(fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id));
   if (scheduler) {

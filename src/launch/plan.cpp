@@ -111,8 +111,11 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
     both("LOCAL_WORLD_SIZE", "PUSHPULL_LOCAL_SIZE", std::to_string(p.local_size));
     const bool own_master = !rv.master_addr.empty();  // -s > 0: not the scheduler's port
     both("MASTER_ADDR", "PUSHPULL_MASTER_ADDR", own_master ? rv.master_addr : rv.addr);
-    both("MASTER_PORT", "PUSHPULL_MASTER_PORT",
-         std::to_string(own_master ? rv.master_port : rv.port));
+    const int master_port = own_master ? rv.master_port : rv.port;
+    env["MASTER_PORT"] = std::to_string(master_port);
+    // -s 0: pushpull's own rendezvous is `port` (which the launcher may hold
+    // for worker 0) even when a torch store gets MASTER_PORT of its own.
+    env["PUSHPULL_MASTER_PORT"] = std::to_string(cfg.num_servers == 0 ? rv.port : master_port);
   }
   auto apply = [&](const EnvList& list) {
     for (const auto& [k, v] : list)

@@ -91,7 +91,10 @@ struct Rendezvous {
   int port = 0;
   // torchrun's MASTER_ADDR / MASTER_PORT when a scheduler holds `port`
   // (-s > 0): worker 0's host and a port of its own, so a torch.distributed
-  // script's store never collides with the scheduler. Empty / 0: addr, port.
+  // script's store never collides with the scheduler. Also with -s 0 when the
+  // launcher holds `port` for worker 0 (PUSHPULL_LISTEN_FD): a torch store
+  // cannot adopt that socket, so it gets a port of its own while
+  // PUSHPULL_MASTER_PORT stays `port`. Empty / 0: addr, port.
   std::string master_addr;
   int master_port = 0;
 };

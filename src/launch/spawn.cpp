@@ -74,6 +74,9 @@ std::string spawn_child(const ChildSpec& s, Spawned* c) {
     dup2(in_r.get(), 0);
     dup2(out_w.get(), 1);
     dup2(err_w.get(), 2);
+    // The one descriptor this child inherits (its copy only: the launcher's
+    // stays close-on-exec).
+    if (s.pass_fd > 2) fcntl(s.pass_fd, F_SETFD, 0);
     for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD})
       signal(sig, SIG_DFL);
     sigset_t none;

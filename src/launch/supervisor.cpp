@@ -158,7 +158,12 @@ class Job {
   // Starts (or restarts) a child; "" or why it could not be started.
   std::string start(Child& c) {
     Spawned sp;
-    if (auto why = spawn_child(c.spec, &sp); !why.empty()) return why;
+    auto why = spawn_child(c.spec, &sp);
+    if (c.spec.pass_fd >= 0) {  // passed once: the child holds it now (supervisor.h)
+      ::close(c.spec.pass_fd);
+      c.spec.pass_fd = -1;
+    }
+    if (!why.empty()) return why;
     guardian_->watch(sp.pid);
     c.pid = sp.pid;
     c.running = true;

@@ -85,6 +85,11 @@ struct ChildSpec {
   // stop_by_closing_stdin only: written to its stdin first (ssh: the
   // credentials the remote script reads). Must fit in a pipe (64 KiB).
   std::string stdin_data;
+  // A descriptor of the launcher's (close-on-exec) this child alone inherits
+  // across exec, at the same number (env names it: PUSHPULL_LISTEN_FD). The
+  // supervisor owns it: it closes its copy once the child is started, so
+  // the child holds it alone and a restart does not get it. -1: none.
+  int pass_fd = -1;
   std::string host;         // where it runs, for the report ("" = not shown)
   Role role = Role::kNone;  // the node it is, for SupervisorHooks::on_exit
   int rank = -1;            //   (kNone: not one node, e.g. mpirun)

@@ -12,7 +12,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include <fmt/format.h>
@@ -105,7 +107,8 @@ void set_dead_link_timeout(int fd, std::chrono::milliseconds timeout) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
-Fd listen_on(const std::string& host, int port, int backlog) {
+namespace {
+SockAddr bind_address(const std::string& host, int port) {
   SockAddr addr;
   if (host.empty()) {
     auto* a = reinterpret_cast<sockaddr_in*>(&addr.storage);
@@ -113,18 +116,38 @@ Fd listen_on(const std::string& host, int port, int backlog) {
     a->sin_addr.s_addr = htonl(INADDR_ANY);
     a->sin_port = htons(static_cast<uint16_t>(port));
     addr.len = sizeof(sockaddr_in);
-  } else {
-    addr = resolve(host, port);
+    return addr;
   }
+  return resolve(host, port);
+}
+
+void bind_or_throw(int fd, const SockAddr& addr) {
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) == 0) return;
+  if (errno == EADDRINUSE)
+    throw IoError(fmt::format("cannot bind {}: port {} is in use (by another process)",
+                              addr.to_string(), addr.port()));
+  throw IoError(
+      fmt::format("cannot bind {}: {}; is the port in use or the address not on "
+                  "this machine?",
+                  addr.to_string(), std::strerror(errno)));
+}
+}  // namespace
+
+Fd reserve_port(const std::string& host, int port) {
+  SockAddr addr = bind_address(host, port);
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
+  bind_or_throw(fd.get(), addr);
+  return fd;
+}
+
+Fd listen_on(const std::string& host, int port, int backlog) {
+  SockAddr addr = bind_address(host, port);
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
   int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) != 0)
-    throw IoError(
-        fmt::format("cannot bind {}: {}; is the port in use or the address not on "
-                    "this machine?",
-                    addr.to_string(), std::strerror(errno)));
+  bind_or_throw(fd.get(), addr);
   if (::listen(fd.get(), backlog) != 0)
     throw IoError(fmt::format("listen on {}: {}", addr.to_string(), std::strerror(errno)));
   set_nonblocking(fd.get(), true);
@@ -235,6 +258,71 @@ int pick_unused_port(const std::string& host) {
   if (int port = probe_bind(host, 0); port != 0) return port;
   throw IoError(
       fmt::format("cannot find a free port on {} (pass --port)", host.empty() ? "*" : host));
+}
+
+Fd adopt_inherited_listener(const char* value, int port, std::string* why_not) {
+  auto no = [&](std::string why) {
+    if (why_not) *why_not = std::move(why);
+    return Fd();
+  };
+  if (value == nullptr || *value == '\0')
+    return no(fmt::format("{} is not set", kListenFdVariable));
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || n <= 2 || n > INT32_MAX)
+    return no(fmt::format("{}='{}' is not a descriptor number above 2", kListenFdVariable, value));
+  const int fd = static_cast<int>(n);
+  if (fcntl(fd, F_GETFD) < 0)
+    return no(fmt::format("{}={}: no such open descriptor", kListenFdVariable, fd));
+  int type = 0, listening = 0;
+  socklen_t len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+    return no(fmt::format("{}={}: not a stream socket", kListenFdVariable, fd));
+  len = sizeof listening;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening == 0)
+    return no(fmt::format("{}={}: not a listening socket", kListenFdVariable, fd));
+  SockAddr a;
+  a.len = sizeof a.storage;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.len) != 0 ||
+      (a.family() != AF_INET && a.family() != AF_INET6))
+    return no(fmt::format("{}={}: not a TCP socket", kListenFdVariable, fd));
+  if (port != 0 && a.port() != port)
+    return no(
+        fmt::format("{}={}: bound to port {}, not {}", kListenFdVariable, fd, a.port(), port));
+  // Ours now: no further program this process starts inherits it.
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  set_nonblocking(fd, true);
+  return Fd(fd);
+}
+
+namespace {
+std::mutex inherited_mu;
+Fd offered;  // offer_listener()'s, until taken or withdrawn
+}  // namespace
+
+void offer_listener(Fd listening) {
+  std::lock_guard lock(inherited_mu);
+  offered = std::move(listening);
+}
+
+void withdraw_offered_listener() {
+  std::lock_guard lock(inherited_mu);
+  offered.reset();
+}
+
+Fd take_inherited_listener(int port, std::string* why_not) {
+  static bool taken = false;
+  std::lock_guard lock(inherited_mu);
+  if (offered.valid() && (port == 0 || local_port(offered.get()) == port))
+    return std::move(offered);
+  if (taken) {
+    if (why_not) *why_not = "the inherited listener was taken already";
+    return {};
+  }
+  Fd fd = adopt_inherited_listener(std::getenv(kListenFdVariable), port, why_not);
+  taken = fd.valid();
+  return fd;
 }
 
 namespace {

@@ -61,9 +61,14 @@ SockAddr resolve(const std::string& host, int port);
 std::string format_address(const std::string& host, int port);
 
 // A listening, non-blocking socket bound to host:port (port 0: any free one).
-// An empty host binds the wildcard address of the family of `advertise_host`
-// (IPv6 when it contains ':'), so other machines can reach us.
+// An empty host binds the IPv4 wildcard address, so other machines can reach
+// us. A port another socket holds throws IoError saying "port P is in use (by
+// another process)".
 Fd listen_on(const std::string& host, int port, int backlog = 512);
+// A socket bound to host:port (0: any free one) that does not listen, without
+// SO_REUSEADDR: no other socket can bind the port while it lives, and
+// connections to it are refused. Throws IoError as listen_on does.
+Fd reserve_port(const std::string& host, int port);
 // The port a bound socket got.
 int local_port(int fd);
 // The address of the peer of a connected socket, as "host:port".
@@ -103,12 +108,41 @@ Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::st
 // port as its source and complete by TCP's simultaneous open.
 bool is_self_connection(int fd);
 
-// A TCP port that is free on `host` now, for a listener another process binds
-// a moment later (a rendezvous port handed out by the launcher). Preferably
-// below the kernel's ephemeral range, so no connect() anywhere on the machine
-// takes it as its source port in the meantime; the kernel's choice otherwise.
-// Throws IoError when no port can be bound.
+// A TCP port that is free on `host` now, released again before returning:
+// RACY, for listeners pushpull cannot hand a socket to (a torch.distributed
+// store's MASTER_PORT; worker 0's rendezvous on another host) and for tests.
+// Between this call and the listener's bind another local user can take the
+// port (denying the job, or, without a secret, posing as the listener): every
+// listener pushpull runs itself binds first and publishes the bound port
+// instead (listen_on(host, 0)), or is handed the bound socket
+// (take_inherited_listener). Preferably below the kernel's ephemeral range,
+// so no connect() anywhere on the machine takes it as its source port in the
+// meantime; the kernel's choice otherwise. Throws IoError when no port can be
+// bound.
 int pick_unused_port(const std::string& host);
+
+// The environment variable naming a listening socket a process inherited
+// from `pushpull launch` (internal: set by the launcher for one child only,
+// worker 0 of a `-s 0` job, whose rendezvous port it bound and held).
+inline constexpr const char* kListenFdVariable = "PUSHPULL_LISTEN_FD";
+
+// Adopts the inherited listening socket named by `value` (a decimal fd) when
+// it is a listening TCP socket bound to `port` (any port when `port` is 0):
+// returns it close-on-exec and non-blocking. Otherwise an invalid Fd, the fd
+// left untouched (it is not ours), and *why_not says why (when given).
+Fd adopt_inherited_listener(const char* value, int port, std::string* why_not = nullptr);
+// The listener offered in this process (offer_listener) when it is bound to
+// `port`; else adopt_inherited_listener() with $PUSHPULL_LISTEN_FD, at most
+// once per process (the first success owns the fd; later calls return an
+// invalid Fd).
+Fd take_inherited_listener(int port, std::string* why_not = nullptr);
+// Hands a listening socket, bound before its port was published, to the
+// next take_inherited_listener() of its port in this process (the torch
+// ProcessGroup's rank 0 publishes the port in torch's store, then starts
+// the Session whose rendezvous listens). One at a time: a new offer closes
+// an untaken one. withdraw_offered_listener() closes one nobody took.
+void offer_listener(Fd listening);
+void withdraw_offered_listener();
 
 // Blocking full-buffer I/O with a deadline (handshakes only). Return false and
 // fill *error on timeout, EOF or error.

@@ -48,8 +48,13 @@ Transport::~Transport() {
 }
 
 int Transport::listen(const std::string& host, int port) {
+  return listen(listen_on(host, port));
+}
+
+int Transport::listen(Fd listening) {
   warn_insecure_once(config_.net);
-  listen_fd_ = listen_on(host, port);
+  set_nonblocking(listening.get(), true);
+  listen_fd_ = std::move(listening);
   port_ = local_port(listen_fd_.get());
   epoll_event ev{};
   ev.events = EPOLLIN;

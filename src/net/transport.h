@@ -175,6 +175,10 @@ class Transport {
   // addresses (see bind_host_for() in net/peer_policy.h). Returns the bound
   // port (a free one when `port` is 0).
   int listen(const std::string& host, int port);
+  // Listens on a socket bound and listening already (listen_on(), or one
+  // inherited from the launcher: take_inherited_listener()); takes it over.
+  // Returns its port.
+  int listen(Fd listening);
   int port() const { return port_; }
 
   // Handler for message types [first, last] (setup only; < 256).

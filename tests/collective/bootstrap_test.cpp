@@ -13,6 +13,7 @@
 
 #include "cluster/scheduler.h"
 #include "collective/rendezvous.h"
+#include "net/socket.h"
 #include "net/transport.h"
 #include "pushpull/collective.h"
 #include "support/ports.h"
@@ -151,6 +152,26 @@ TEST_P(SessionsOverRendezvous, EveryRankJoinsAndAllreduces) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SessionsOverRendezvous, ::testing::Values(1, 2, 3, 4));
+
+// `pushpull launch` binds rank 0's rendezvous port itself and hands worker 0
+// the listening socket (PUSHPULL_LISTEN_FD): rank 0 listens on that socket.
+// Binding the port again would fail (the launcher's socket holds it), so a
+// job that meets proves the socket was taken over.
+TEST(Bootstrap, RankZeroListensOnTheSocketItInherited) {
+  net::Fd held = net::listen_on("127.0.0.1", 0);
+  const int port = net::local_port(held.get());
+  ASSERT_EQ(setenv(net::kListenFdVariable, std::to_string(held.get()).c_str(), 1), 0);
+  held.release();  // rank 0's now
+  auto errors = on_threads(2, [&](int r) {
+    Session s(rendezvous_options(r, 2, port));
+    Array a = Array::full(Shape{10}, r + 1.0);
+    s.communicator().allreduce("x", a.view());
+    EXPECT_EQ(a.as<float>()[9], 3.0f);
+  });
+  unsetenv(net::kListenFdVariable);
+  for (auto& e : errors)
+    EXPECT_FALSE(e) << what(e);
+}
 
 TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
   const int workers = 3;

@@ -11,12 +11,15 @@
 
 #include <unistd.h>
 
+#include <iostream>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "launch/harness.h"
+#include "net/socket.h"
 #include "support/ports.h"
 #include "support/process.h"
 
@@ -27,6 +30,7 @@ using launch::testing::bin;
 using launch::testing::lines_of;
 using launch::testing::run_launcher;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Lines printed by one launched process ("[worker 1] ...").
 std::vector<std::string> lines_from(const std::string& out, const std::string& label) {
@@ -75,6 +79,113 @@ TEST(CollectiveLaunch, KvstoreBasicsPrintsSixesWithoutServers) {
 TEST(CollectiveLaunch, KvstoreBasicsPrintsSixesInAJobWithAServer) {
   expect_sixes(
       {"-s", "1", "--server-command", bin("kvstore_basics") + " --kvstore dist_sync_allreduce"});
+}
+
+// Port squatting (issue 35): another local user binds the ports the job is
+// about to listen on. Every port pushpull listens on is bound once and held
+// until used: the scheduler's by the launcher itself, -s 0 rank 0's
+// rendezvous by the launcher and inherited by worker 0 (PUSHPULL_LISTEN_FD),
+// an elastic member's mesh before it joins. tests/security/port_squatter.py
+// is the squatter; as root it runs as uid 65534 (setpriv), else as this user
+// (a held port is refused to any user alike).
+const std::string kSquatter = std::string(PUSHPULL_SOURCE_DIR) + "/tests/security/port_squatter.py";
+
+std::string python3() {
+  for (const char* p : {"/usr/bin/python3", "/usr/local/bin/python3"})
+    if (access(p, X_OK) == 0) return p;
+  return "";
+}
+
+// The squatter's command line, as another user when we can.
+std::string squatter_command(const std::string& args) {
+  std::string as_other;
+  if (geteuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0)
+    as_other = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  // The script on stdin: readable by uid 65534 wherever the tree lives.
+  return as_other + python3() + " - " + args + " < '" + kSquatter + "'";
+}
+
+// The deterministic race: worker 0's command runs the squatter first, in the
+// very window between the launcher publishing the ports and the job's
+// processes listening on them (where the launcher once only picked a free
+// port and worker 0 bound it later: the squatter got it, and worker 0 failed
+// "cannot bind"). Every port is held already: the squatter gets none, the
+// job ends with exit 0.
+void squat_in_the_window(const std::vector<std::string>& servers,
+                         const std::vector<std::string>& program, const std::string& ports) {
+  if (python3().empty()) GTEST_SKIP() << "no python3 for tests/security/port_squatter.py";
+  if (geteuid() != 0)
+    std::cerr << "note: not root: the squatter runs as this user, not another one\n";
+  const std::string wrapper = "if [ \"$RANK\" = 0 ]; then " +
+                              squatter_command("window " + ports + " --hold 20") +
+                              "; fi; exec \"$@\"";
+  std::vector<std::string> args{"-n", "2", "--timeout", "30"};
+  args.insert(args.end(), servers.begin(), servers.end());
+  args.insert(args.end(), {"/bin/sh", "-c", wrapper, "sh"});
+  args.insert(args.end(), program.begin(), program.end());
+  auto r = run_launcher(args, std::chrono::seconds(90));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  auto lines = lines_from(r.out, "worker 0");
+  EXPECT_EQ(count_containing(lines, "squatted "), 0) << r.out;
+  EXPECT_EQ(count_containing(lines, "squatter done: 0 squatted"), 1) << r.out;
+  EXPECT_GE(count_containing(lines, "held by the job "), 1) << r.out;
+}
+
+TEST(CollectiveLaunch, PortSquatterInTheWindowGetsNoRendezvousPort) {
+  // -s 0: rank 0's rendezvous (PUSHPULL_MASTER_PORT). MASTER_PORT is a
+  // torch.distributed store's (nobody listens on it here), not squatted.
+  squat_in_the_window({"-s", "0"}, {bin("collective_probe"), "--sizes", "1,777"},
+                      "\"$PUSHPULL_MASTER_PORT\"");
+}
+
+TEST(CollectiveLaunch, PortSquatterInTheWindowGetsNoSchedulerPort) {
+  // -s 1: the embedded scheduler's port (PUSHPULL_ROOT_PORT).
+  squat_in_the_window(
+      {"-s", "1", "--server-command", bin("kvstore_basics") + " --kvstore dist_sync_allreduce"},
+      {bin("kvstore_basics"), "--kvstore", "dist_sync_allreduce"}, "\"$PUSHPULL_ROOT_PORT\"");
+}
+
+// The racing squatter: while the job starts and runs, another user binds and
+// holds every port the kernel hands out for port 0 (where the launcher's own
+// port-0 binds land), churning. The job's listeners are never handed a port
+// someone else holds, and none it holds can be taken.
+TEST(CollectiveLaunch, PortSquatterRacingTheLauncherDoesNotStopTheJob) {
+  if (python3().empty()) GTEST_SKIP() << "no python3 for tests/security/port_squatter.py";
+  test::ChildProcess squatter({"/bin/sh", "-c", squatter_command("race --seconds 12")});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // already squatting
+  for (int job = 0; job < 3; ++job) {
+    auto r = run_launcher({"-n", "3", "-s", "0", "--timeout", "30", bin("collective_probe"),
+                           "--dtypes", "float32", "--sizes", "1,777"},
+                          std::chrono::seconds(60));
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    for (int w = 0; w < 3; ++w)
+      EXPECT_EQ(count_containing(lines_from(r.out, "worker " + std::to_string(w)), "PASS "), 1)
+          << r.out;
+  }
+  auto code = squatter.wait(std::chrono::seconds(20));
+  ASSERT_TRUE(code.has_value()) << squatter.output();
+  EXPECT_EQ(*code, 0) << squatter.output();
+  EXPECT_THAT(squatter.output(), HasSubstr("squatter done")) << squatter.output();
+  EXPECT_THAT(squatter.output(), Not(HasSubstr("done: 0 squatted"))) << "it squatted nothing";
+}
+
+// A port the user chose (--port) that another program holds fails the job
+// before anything starts, saying so.
+TEST(CollectiveLaunch, AGivenPortInUseIsSaidToBeInUse) {
+  net::Fd squatter = net::listen_on("127.0.0.1", 0);
+  const std::string port = std::to_string(net::local_port(squatter.get()));
+  for (const std::vector<std::string>& servers :
+       {std::vector<std::string>{"-s", "0"},
+        std::vector<std::string>{"-s", "1", "--server-command", bin("pushpull") + " server"}}) {
+    std::vector<std::string> args{"-n", "2", "--port", port, "--timeout", "10"};
+    args.insert(args.end(), servers.begin(), servers.end());
+    args.push_back(bin("collective_probe"));
+    auto r = run_launcher(args, std::chrono::seconds(30));
+    EXPECT_NE(r.code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out + r.err, HasSubstr("port " + port + " is in use (by another process)"))
+        << servers[1];
+    EXPECT_EQ(count_containing(lines_of(r.out), "[worker "), 0) << "nothing may start:\n" << r.out;
+  }
 }
 
 // Every op x dtype x some sizes, for world sizes 2..4, as processes.

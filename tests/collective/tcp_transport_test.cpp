@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "net/socket.h"
 #include "pushpull/collective.h"
 #include "tcp_group.h"
 
@@ -70,6 +71,49 @@ TEST(TcpTransport, CollectivesOverLoopback) {
       c.barrier();
     });
   }
+}
+
+// An elastic member binds its mesh listener before it joins (the round's book
+// names the port first): the transport takes over that socket, listening on
+// the very port published, and the mesh forms on it.
+TEST(TcpTransport, ListensOnASocketBoundBeforeIt) {
+  const int n = 3;
+  NetOptions net;
+  net.connect_timeout = Millis(5000);
+  std::vector<net::Fd> listeners;
+  std::vector<std::pair<std::string, int>> book;
+  for (int r = 0; r < n; ++r) {
+    listeners.push_back(net::listen_on("127.0.0.1", 0));
+    book.emplace_back("127.0.0.1", net::local_port(listeners.back().get()));
+  }
+  std::vector<std::unique_ptr<TcpTransport>> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.push_back(std::make_unique<TcpTransport>(r, n, net, "127.0.0.1", std::move(listeners[r])));
+    EXPECT_EQ(ts.back()->port(), book[r].second);
+  }
+  std::vector<std::thread> th;
+  for (int r = 0; r < n; ++r)
+    th.emplace_back([&, r] { ts[r]->connect_all(book); });
+  for (auto& t : th)
+    t.join();
+  CommunicatorOptions o;
+  o.peer_timeout = Millis(5000);
+  o.wait_timeout = Millis(20000);
+  std::vector<std::unique_ptr<Communicator>> cs;
+  for (int r = 0; r < n; ++r)
+    cs.push_back(std::make_unique<Communicator>(std::move(ts[r]), o));
+  th.clear();
+  std::vector<int64_t> sums(n, -1);
+  for (int r = 0; r < n; ++r)
+    th.emplace_back([&, r] {
+      Array a = Array::full(Shape{4}, r + 1, DType::kInt64);
+      cs[r]->allreduce("held", a);
+      sums[r] = static_cast<int64_t>(get_element(a, 3));
+    });
+  for (auto& t : th)
+    t.join();
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(sums[r], 6) << "rank " << r;
 }
 
 TEST(TcpTransport, ClosedRankFailsOthers) {

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Units of the launcher: hostfile parsing, placement, variables, command
-// builders, line splitting.
+// builders, line splitting, a descriptor passed to one child.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +19,7 @@
 #include "launch/line_splitter.h"
 #include "launch/plan.h"
 #include "launch/root_cause.h"
+#include "launch/supervisor.h"
 #include "pushpull/error.h"
 
 namespace pushpull::launch {
@@ -193,6 +198,61 @@ TEST(Plan, RanksLocalRanksAndEnvironment) {
   EXPECT_EQ(s.at("S"), "3");
   EXPECT_EQ(s.count("W"), 0u);
   EXPECT_EQ(s.count("RANK"), 0u) << "servers are not part of the workers' world";
+}
+
+// -s 0 with the local launcher: worker 0 inherits the held rendezvous port
+// (PUSHPULL_MASTER_PORT); a torch.distributed store, which cannot adopt that
+// socket, gets MASTER_PORT of its own. Without one (ssh, mpirun, srun), both
+// are the rendezvous port, as before.
+TEST(Plan, WithoutServersAHeldRendezvousPortAndATorchPortOfItsOwn) {
+  LaunchConfig cfg;
+  cfg.num_workers = 2;
+  cfg.num_servers = 0;
+  cfg.command = {"./train"};
+  Rendezvous rv{"127.0.0.1", 4567};
+  rv.master_addr = "127.0.0.1";
+  rv.master_port = 4568;
+  for (const auto& p : make_plan(cfg, rv)) {
+    EXPECT_EQ(p.env.at("PUSHPULL_MASTER_PORT"), "4567") << p.label();
+    EXPECT_EQ(p.env.at("MASTER_PORT"), "4568") << p.label();
+    EXPECT_EQ(p.env.at("MASTER_ADDR"), "127.0.0.1") << p.label();
+    EXPECT_EQ(p.env.count("PUSHPULL_LISTEN_FD"), 0u) << "passed by run_launch to worker 0 only";
+  }
+  for (const auto& p : make_plan(cfg, {"127.0.0.1", 4567})) {
+    EXPECT_EQ(p.env.at("PUSHPULL_MASTER_PORT"), "4567") << p.label();
+    EXPECT_EQ(p.env.at("MASTER_PORT"), "4567") << p.label();
+  }
+}
+
+// ChildSpec::pass_fd: that child alone inherits the descriptor (at the same
+// number), its sibling does not, and the supervisor closes the launcher's
+// copy once the child started (it holds the port alone).
+TEST(Supervisor, APassedDescriptorReachesThatChildOnly) {
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  const int passed = fds[0];
+  ::close(fds[1]);
+  const std::string probe = "/proc/$$/fd/" + std::to_string(passed);
+  auto child = [&](const std::string& label, const std::string& test) {
+    ChildSpec c;
+    c.label = label;
+    c.argv = {"/bin/sh", "-c", test + " || { echo 'fd " + std::to_string(passed) + "'; exit 3; }"};
+    for (char** e = environ; *e; ++e)
+      c.env.emplace_back(*e);
+    return c;
+  };
+  std::vector<ChildSpec> specs;
+  specs.push_back(child("sibling before", "[ ! -e " + probe + " ]"));
+  specs.push_back(child("heir", "[ -e " + probe + " ]"));
+  specs.back().pass_fd = passed;
+  specs.push_back(child("sibling after", "[ ! -e " + probe + " ]"));
+  SignalGuard signals;
+  SupervisorSettings settings;
+  auto outcome = supervise(signals, std::move(specs), settings);
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.reason;
+  errno = 0;
+  EXPECT_EQ(fcntl(passed, F_GETFD), -1) << "the launcher's copy is still open";
+  EXPECT_EQ(errno, EBADF);
 }
 
 TEST(Commands, ShellQuoteSurvivesQuotes) {

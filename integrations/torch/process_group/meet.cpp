@@ -1,58 +1,42 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "meet.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "net/peer_policy.h"
+#include "net/socket.h"
 #include "pushpull/error.h"
 #include "pushpull/options.h"
 
 namespace pushpull::torch_pg {
 namespace {
 
-// A free TCP port, kept bound (not listening, SO_REUSEADDR) while alive: the
-// Session's listener (also SO_REUSEADDR) can bind it, nobody else is handed it.
-class PortReservation {
+// Rank 0's rendezvous listener, bound (and listening) before its port is
+// published in torch's store, and handed in-process to the Session's
+// rendezvous (net::offer_listener): no other program can take the port in
+// between. (A bound, non-listening SO_REUSEADDR reservation, as before, let
+// another user bind the port too, with SO_REUSEADDR, and listen first.)
+// Whatever happens to the Session, an untaken listener is closed.
+class OfferedListener {
  public:
-  PortReservation() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      const int e = errno;
-      ::close(fd_);
-      throw IoError(fmt::format("pushpull ProcessGroup: no free port for the rendezvous: {}",
-                                std::strerror(e)));
-    }
-    port_ = ntohs(a.sin_port);
+  explicit OfferedListener(const std::string& bind_host) {
+    net::Fd fd = net::listen_on(bind_host, 0);
+    port_ = net::local_port(fd.get());
+    net::offer_listener(std::move(fd));
   }
-  ~PortReservation() { ::close(fd_); }
-  PortReservation(const PortReservation&) = delete;
-  PortReservation& operator=(const PortReservation&) = delete;
+  ~OfferedListener() { net::withdraw_offered_listener(); }
+  OfferedListener(const OfferedListener&) = delete;
+  OfferedListener& operator=(const OfferedListener&) = delete;
   int port() const { return port_; }
 
  private:
-  int fd_ = -1;
   int port_ = 0;
 };
 
@@ -100,10 +84,11 @@ std::shared_ptr<collective::Session> meet(const c10::intrusive_ptr<c10d::Store>&
     return std::make_shared<collective::Session>(o);
   }
 
-  std::unique_ptr<PortReservation> reserved;
+  std::unique_ptr<OfferedListener> reserved;
   if (rank == 0) {
     const std::string host = meeting_host(o, store.get());
-    reserved = std::make_unique<PortReservation>();
+    // Bound where the rendezvous would bind it (collective/rendezvous.cpp).
+    reserved = std::make_unique<OfferedListener>(net::bind_host_for(host, o.net.bind_any));
     o.collective.master_addr = host;
     o.collective.master_port = reserved->port();
     store->set(kRendezvousKey, bytes(fmt::format("{} {}", host, reserved->port())));
