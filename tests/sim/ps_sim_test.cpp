@@ -63,7 +63,41 @@ TEST(PsSimulation, SchedulesThatFoundBugsStayFixed) {
                    {{Fault::kKillWorker, 1, 15824, 1724},
                     {Fault::kKill, 0, 16605, 0},
                     {Fault::kKill, 1, 18993, 0}}};
-  for (const Scenario& s : {lost_round, adopted}) {
+  // Server rejoin: 38 (a late placement closed the restarted server's new
+  // connection), 1543 (a rejoin request served before the placement it
+  // names), 3716 (pushes meant for a restarted server's predecessor applied
+  // on it, a backup, and lost).
+  Scenario late_placement{
+      38,
+      4,
+      3,
+      2,
+      true,
+      9,
+      4,
+      {{Fault::kPartition, 0, 21758, 1537949, Fault::kWorker, 1}, {Fault::kKill, 2, 24315, 8061}}};
+  Scenario early_request{1543,
+                         3,
+                         2,
+                         1,
+                         true,
+                         15,
+                         4,
+                         {{Fault::kKillWorker, 0, 5039, 19758},
+                          {Fault::kPartition, 1, 28484, 2870131, Fault::kScheduler, 0},
+                          {Fault::kKill, 0, 28605, 2118}}};
+  Scenario predecessors_pushes{3716,
+                               4,
+                               3,
+                               3,
+                               false,
+                               13,
+                               0,
+                               {{Fault::kKill, 1, 22649, 772},
+                                {Fault::kKillWorker, 1, 32401, 17433},
+                                {Fault::kKillWorker, 1, 35043, 12460}}};
+  for (const Scenario& s :
+       {lost_round, adopted, late_placement, early_request, predecessors_pushes}) {
     const Outcome o = run(s);
     EXPECT_TRUE(o.violations.empty()) << s.describe() << "\n" << o.violations.front();
     EXPECT_TRUE(o.finished || o.failed_cleanly) << s.describe();
