@@ -123,8 +123,9 @@ def torch_pg_extension():
         # Set by BuildExt: setuptools refuses sources outside this directory
         # as setup() arguments (they are in the repository, next to python/).
         sources=[],
+        # src/: meet.cpp hands rank 0's listener to the rendezvous (net/socket.h).
         include_dirs=[os.path.join(REPO, 'include'), TORCH_PG_DIR,
-                      os.path.join(REPO, 'integrations', 'torch', 'src'),
+                      os.path.join(REPO, 'integrations', 'torch', 'src'), os.path.join(REPO, 'src'),
                       sysconfig.get_paths()['include'], *cpp_extension.include_paths()],
         # The ABI of the torch it is built for (checked again at import).
         define_macros=[('_GLIBCXX_USE_CXX11_ABI', str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],

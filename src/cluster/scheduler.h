@@ -107,6 +107,9 @@ class Scheduler {
   bool failed_over(Role role, int rank) const;
   // The current placement epoch (0 until a fail-over).
   uint64_t placement_epoch() const;
+  // OK while the job runs or after it ended well; the first failure as soon
+  // as it is recorded.
+  Status failure() const;
 
   // Worker restart (see above). Call before run().
   void allow_worker_restarts(bool on);

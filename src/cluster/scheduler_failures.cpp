@@ -134,6 +134,11 @@ void Scheduler::rejoin(net::ConnId id, Entry e) {
             e.addr.describe());
 }
 
+Status Scheduler::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
 int Scheduler::server_losses(int rank) const {
   std::lock_guard lock(mu_);
   auto it = server_losses_.find(rank);

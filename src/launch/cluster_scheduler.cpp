@@ -82,6 +82,7 @@ class ClusterScheduler final : public EmbeddedScheduler {
     return scheduler_ ? scheduler_->worker_losses(rank) : 0;
   }
 
+  bool job_failed() noexcept override { return scheduler_ && !scheduler_->failure().is_ok(); }
   int server_losses(int rank) noexcept override {
     return scheduler_ ? scheduler_->server_losses(rank) : 0;
   }

@@ -59,6 +59,9 @@ class EmbeddedScheduler {
   virtual int worker_losses(int) noexcept { return 0; }
   // How many times server `rank` was failed over (a restarted one rejoins).
   virtual int server_losses(int) noexcept { return 0; }
+  // Whether the job failed already (the moment the scheduler decided it,
+  // before status() has the final word).
+  virtual bool job_failed() noexcept { return false; }
 };
 
 // Makes a scheduler for a job described by `node_options` (role scheduler,

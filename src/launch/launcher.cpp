@@ -413,7 +413,7 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
         // Once the job failed nothing is restarted: a process that ended
         // because of the failure is a consequence, not a fault to repair
         // (before, the launcher logged restarts after "job failed").
-        if (auto st = scheduler->status(); st && !st->is_ok()) return false;
+        if (scheduler->job_failed()) return false;
         // Workers, and servers the job went on without (failed over: they
         // rejoin). The scheduler may not have seen a server's connection
         // close yet: its exit, told first, fails it over (or fails the job).
