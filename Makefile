@@ -57,11 +57,15 @@ simulate: deps
 # catch-up, two at once) against PS jobs with the default replicas and
 # --max-restarts; every round checked in closed form, recovery times measured.
 # SURVIVE_FLAGS: e.g. --seed 7 --json survive.json.
+# Then SURVIVE_ELASTIC_TRIALS random elastic trials (tests/chaos/elastic_chaos.py:
+# --min-workers jobs that must re-form and finish).
 SURVIVE_TRIALS ?= 200
+SURVIVE_ELASTIC_TRIALS ?= 20
 SURVIVE_FLAGS  ?=
 chaos-survive: deps
 	@$(MAKE) --no-print-directory build
 	/usr/bin/python3 tests/chaos/survive.py --build-dir $(BUILD_DIR) --trials $(SURVIVE_TRIALS) $(SURVIVE_FLAGS)
+	/usr/bin/python3 tests/chaos/elastic_chaos.py --build-dir $(BUILD_DIR) --trials $(SURVIVE_ELASTIC_TRIALS)
 
 # libFuzzer targets of every wire decoder (tests/fuzz/) over a clang
 # ASan+UBSan build in build-fuzz/, 10^7 executions each (FUZZ_RUNS=N to change;
