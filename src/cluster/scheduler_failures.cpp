@@ -179,7 +179,11 @@ void Scheduler::process_restarting(Role role, int rank, int exit_code, int signa
 
 bool Scheduler::failed_over(Role role, int rank) const {
   std::lock_guard lock(mu_);
-  return role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
+  // Once the job failed nothing goes on without anyone: a server whose loss
+  // left a range without a replica is the cause, not a fail-over (its exit
+  // then carries the scheduler's verdict, "no replica left").
+  return failure_.is_ok() && role == Role::kServer && rank >= 0 &&
+         static_cast<size_t>(rank) < placement_.dead.size() &&
          placement_.dead[static_cast<size_t>(rank)];
 }
 

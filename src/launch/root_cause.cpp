@@ -140,6 +140,15 @@ RootCause find_root_cause(const std::vector<ChildState>& children,
   } else if (const auto& c = children[*root_child]; failed_by_itself(c)) {
     out.exit_code = exit_code_of(c);
     out.reason = describe_child(c) + " " + describe_end(c.exited, c.code);
+    // Why the job could not go on without it, when the scheduler said so
+    // about that very node (a server with replicas: "no replica left").
+    for (const auto& e : events)
+      if (e.kind == FailureEvent::Kind::kScheduler &&
+          index_of(node_named_in(e.message)) == root_child) {
+        if (auto at = e.message.find("no replica left"); at != std::string::npos)
+          out.reason += "; " + e.message.substr(at);
+        break;
+      }
   } else {
     // A node that did not fail by itself: stopped (SIGSTOP, hung), or it
     // exited 0 while the others still needed it.

@@ -525,6 +525,22 @@ TEST(RootCause, TheNamedNodesOwnExitGivesTheCode) {
   EXPECT_THAT(r.consequences, ElementsAre("worker 0 exited with code 1"));
 }
 
+TEST(RootCause, AServerWhoseLossLeftNoReplicaSaysSo) {
+  // Server 0, killed while server 1 catches up: reaped before the
+  // scheduler's report; the final line names it and says why the job could
+  // not go on without it (found by the survive mode: the reason was lost).
+  std::vector<ChildState> c = {child("server 0", true, false, 9), child("worker 0", true, true, 3)};
+  auto r = find_root_cause(
+      c, {child_event(0),
+          scheduler_event("server 0 (host h:1) failed: its connection closed; no replica left: "
+                          "the key ranges placed on server 0 lived on servers 0, 1, all dead"),
+          child_event(1)});
+  EXPECT_EQ(r.exit_code, 137);
+  EXPECT_EQ(r.reason,
+            "server 0 (pid 100, host 127.0.0.1) was killed by signal 9 (SIGKILL); no replica left: "
+            "the key ranges placed on server 0 lived on servers 0, 1, all dead");
+}
+
 TEST(RootCause, AWorkerThatExitedZeroWhileOthersWaited) {
   std::vector<ChildState> c = {child("worker 0", false, false, 0),
                                child("worker 1", true, true, 0)};
