@@ -89,6 +89,10 @@ struct NetOptions {
   bool allow_insecure = false;
   // Listen on every address instead of the advertised one. PUSHPULL_BIND_ANY=1.
   bool bind_any = false;
+  // A listening socket inherited from `pushpull launch` (internal: set for
+  // worker 0 of a `-s 0` job, whose rendezvous port the launcher bound and
+  // held; net::take_inherited_listener). PUSHPULL_LISTEN_FD, a descriptor number.
+  std::string inherited_listener;
   // How long an accepted connection may take to authenticate (capped by
   // connect_timeout). PUSHPULL_HANDSHAKE_TIMEOUT_MS.
   Millis handshake_timeout{10000};
@@ -132,6 +136,11 @@ struct ClusterOptions {
   // -1 = the default (1 when there are at least 2 servers), 0 = off; at most
   // servers - 1 are used. PUSHPULL_PS_REPLICAS.
   int ps_replicas = -1;
+  // Test hook (tests/e2e/ps_restart_test.cpp): a restarted server stops
+  // itself (SIGSTOP) right after asking the live servers for its key ranges,
+  // as a SIGSTOP landing while it catches up would.
+  // PUSHPULL_TEST_STOP_WHILE_CATCHING_UP=1.
+  bool test_stop_while_catching_up = false;
 };
 
 struct KVStoreOptions {

@@ -164,6 +164,7 @@ Options Options::from_env(const Environment& env) {
   r.string({"PUSHPULL_JOB_ID"}, &n.job_id);
   r.flag({"PUSHPULL_ALLOW_INSECURE"}, &n.allow_insecure);
   r.flag({"PUSHPULL_BIND_ANY"}, &n.bind_any);
+  r.string({"PUSHPULL_LISTEN_FD"}, &n.inherited_listener);
   r.flag({"PUSHPULL_PS_SHM"}, &n.ps_shared_memory);
   r.flag({"PUSHPULL_PS_LEND"}, &n.ps_lend);
   r.millis({"PUSHPULL_HANDSHAKE_TIMEOUT_MS"}, &n.handshake_timeout);
@@ -192,6 +193,7 @@ Options Options::from_env(const Environment& env) {
   r.millis({"PUSHPULL_BARRIER_TIMEOUT_MS"}, &c.barrier_timeout);
   r.integer({"PUSHPULL_RANK"}, &c.preferred_rank);
   r.integer({"PUSHPULL_PS_REPLICAS"}, &c.ps_replicas);
+  r.flag({"PUSHPULL_TEST_STOP_WHILE_CATCHING_UP"}, &c.test_stop_while_catching_up);
 
   KVStoreOptions& k = o.kvstore;
   r.integer({"PUSHPULL_BIGARRAY_BOUND", "MXNET_KVSTORE_BIGARRAY_BOUND"}, &k.bigarray_bound);

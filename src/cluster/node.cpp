@@ -77,62 +77,6 @@ Status Node::failure() const {
   return failure_;
 }
 
-Placement Node::placement() const {
-  std::lock_guard lock(mu_);
-  return placement_;
-}
-
-uint64_t Node::placement_epoch() const {
-  std::lock_guard lock(mu_);
-  return placement_.epoch;
-}
-
-void Node::on_placement(std::function<void(const Placement&)> callback) {
-  std::lock_guard lock(mu_);
-  placement_callbacks_.push_back(std::move(callback));
-}
-
-void Node::apply_placement(Placement p) {
-  std::vector<std::function<void(const Placement&)>> callbacks;
-  std::vector<net::ConnId> gone;
-  {
-    std::lock_guard lock(mu_);
-    if (p.epoch <= placement_.epoch) return;
-    cv_.notify_all();
-    p.dead.resize(static_cast<size_t>(num_servers()), false);
-    for (int s = 0; s < num_servers(); ++s) {
-      if (!p.dead[static_cast<size_t>(s)]) continue;
-      // Dead before too: a server dead before may have been restarted since
-      // and be catching up (a new connection, kept) — unless the scheduler
-      // says it has no live process any more (it died or was stopped while
-      // catching up: this placement is its verdict), or that connection
-      // closed too.
-      if (placement_.is_dead(s) && p.is_restarting(s) && !verdict_due_.count({Role::kServer, s}))
-        continue;
-      verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
-      // A placement that comes late (after the server's restarted process
-      // connected here): the connection now on record is the new process's,
-      // not the dead one's; closing it would leave the restarted server
-      // without rounds from this one (found by the simulation, seed 38).
-      if (replaced_.erase({Role::kServer, s})) continue;
-      auto it = peers_.find({Role::kServer, s});
-      if (it != peers_.end()) {
-        gone.push_back(it->second);
-        peers_.erase(it);
-      }
-    }
-    placement_ = p;
-    callbacks = placement_callbacks_;
-  }
-  // A stopped server that wakes up later must not reach us: its connection
-  // is closed (the scheduler closed it too).
-  for (net::ConnId id : gone)
-    transport_->close(id, {ErrorCode::kPeerFailure, "the server was failed over"});
-  PP_WARN("{} {}: parameter-server placement epoch {}", role_name(role()), rank(), p.epoch);
-  for (auto& cb : callbacks)
-    cb(p);
-}
-
 void Node::set_handler(uint16_t first, uint16_t last, net::Handler handler) {
   transport_->set_handler(first, last, std::move(handler));
 }
@@ -258,60 +202,6 @@ void Node::start() {
            [&] { return peers_.size() + gave_up >= expected; });
 }
 
-bool Node::dial_until_failed_over(const NodeAddress& t) {
-  const auto until = std::chrono::steady_clock::now() + options_.net.connect_timeout;
-  for (;;) {
-    {
-      std::lock_guard lock(mu_);
-      if (peers_.count({t.role, t.rank}) || shutdown_) return true;
-      if (t.role == Role::kServer && placement_.is_dead(t.rank)) {
-        PP_INFO("{} {}: {} was failed over while this node dialed it", role_name(role()), rank_,
-                t.describe());
-        return false;
-      }
-    }
-    try {
-      // Short attempts: a stopped server accepts (its kernel does) but never
-      // answers the hello; between attempts the placement may have named it.
-      net::ConnId id = transport_->connect(t.host, t.port, Millis{1000});
-      std::lock_guard lock(mu_);
-      if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
-      cv_.notify_all();
-      return true;
-    } catch (const Error&) {
-      if (std::chrono::steady_clock::now() >= until) throw;
-    }
-  }
-}
-
-// A restarted server keeps dialing a worker in short attempts until it
-// answers or its replacement has dialed in (on_connect), up to
-// connect_timeout; a replacement worker tries a failed-over server once.
-void Node::dial_if_absent(const NodeAddress& t) {
-  const bool server = role() == Role::kServer;
-  const Millis brief = server ? Millis{1000} : Millis{300};
-  const auto until = std::chrono::steady_clock::now() + options_.net.connect_timeout;
-  for (;;) {
-    {
-      std::lock_guard lock(mu_);
-      if (peers_.count({t.role, t.rank}) || shutdown_) return;  // it dialed this node
-    }
-    try {
-      net::ConnId id = transport_->connect(t.host, t.port, brief);
-      std::lock_guard lock(mu_);
-      if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
-      cv_.notify_all();
-      return;
-    } catch (const Error& e) {
-      if (server && std::chrono::steady_clock::now() < until) continue;
-      PP_INFO("{} {}: cannot reach {} ({}); {}", role_name(role()), rank(), t.describe(), e.what(),
-              server ? "waiting for its replacement to dial in"
-                     : "if it is restarted, it dials this worker");
-      return;
-    }
-  }
-}
-
 void Node::on_control(net::Message&& m) {
   std::span<const std::byte> payload(m.payload.data(), m.payload.size());
   std::unique_lock lock(mu_);
@@ -377,19 +267,6 @@ void Node::on_control(net::Message&& m) {
     default:
       return;  // heartbeats
   }
-}
-
-void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
-  std::lock_guard lock(mu_);
-  if (p.role == Role::kWorker || p.role == Role::kServer) {
-    auto& slot = peers_[{p.role, p.rank}];
-    // A second connection for that peer: a restarted process of it (the
-    // transport refuses a second claim while the first is live).
-    if (p.role == Role::kServer && slot != 0 && slot != id) replaced_.insert({p.role, p.rank});
-    slot = id;
-  }
-  verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
-  cv_.notify_all();
 }
 
 void Node::barrier(Group group, std::optional<Millis> timeout, BarrierTag tag) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Node's liveness (node.h): heartbeats, peers whose connection closed,
-// failures reported to the scheduler and the verdicts that end the node.
+// The Node's liveness (node.h): heartbeats, peers whose connection closed or
+// was replaced, placements (the scheduler's fail-over verdicts), failures
+// reported to the scheduler and the verdicts that end the node.
 #include "cluster/node.h"
 
 #include <fmt/format.h>
@@ -172,6 +173,75 @@ void Node::report_failure(const Status& why) {
   lock.unlock();
   // The scheduler did not answer (gone, or slow): fail locally with the reason.
   fail(why);
+}
+
+Placement Node::placement() const {
+  std::lock_guard lock(mu_);
+  return placement_;
+}
+
+uint64_t Node::placement_epoch() const {
+  std::lock_guard lock(mu_);
+  return placement_.epoch;
+}
+
+void Node::on_placement(std::function<void(const Placement&)> callback) {
+  std::lock_guard lock(mu_);
+  placement_callbacks_.push_back(std::move(callback));
+}
+
+void Node::apply_placement(Placement p) {
+  std::vector<std::function<void(const Placement&)>> callbacks;
+  std::vector<net::ConnId> gone;
+  {
+    std::lock_guard lock(mu_);
+    if (p.epoch <= placement_.epoch) return;
+    cv_.notify_all();
+    p.dead.resize(static_cast<size_t>(num_servers()), false);
+    for (int s = 0; s < num_servers(); ++s) {
+      if (!p.dead[static_cast<size_t>(s)]) continue;
+      // Dead before too: a server dead before may have been restarted since
+      // and be catching up (a new connection, kept) — unless the scheduler
+      // says it has no live process any more (it died or was stopped while
+      // catching up: this placement is its verdict), or that connection
+      // closed too.
+      if (placement_.is_dead(s) && p.is_restarting(s) && !verdict_due_.count({Role::kServer, s}))
+        continue;
+      verdict_due_.erase({Role::kServer, s});  // the verdict: failed over
+      // A placement that comes late (after the server's restarted process
+      // connected here): the connection now on record is the new process's,
+      // not the dead one's; closing it would leave the restarted server
+      // without rounds from this one (found by the simulation, seed 38).
+      if (replaced_.erase({Role::kServer, s})) continue;
+      auto it = peers_.find({Role::kServer, s});
+      if (it != peers_.end()) {
+        gone.push_back(it->second);
+        peers_.erase(it);
+      }
+    }
+    placement_ = p;
+    callbacks = placement_callbacks_;
+  }
+  // A stopped server that wakes up later must not reach us: its connection
+  // is closed (the scheduler closed it too).
+  for (net::ConnId id : gone)
+    transport_->close(id, {ErrorCode::kPeerFailure, "the server was failed over"});
+  PP_WARN("{} {}: parameter-server placement epoch {}", role_name(role()), rank(), p.epoch);
+  for (auto& cb : callbacks)
+    cb(p);
+}
+
+void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
+  std::lock_guard lock(mu_);
+  if (p.role == Role::kWorker || p.role == Role::kServer) {
+    auto& slot = peers_[{p.role, p.rank}];
+    // A second connection for that peer: a restarted process of it (the
+    // transport refuses a second claim while the first is live).
+    if (p.role == Role::kServer && slot != 0 && slot != id) replaced_.insert({p.role, p.rank});
+    slot = id;
+  }
+  verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
+  cv_.notify_all();
 }
 
 }  // namespace pushpull::cluster

@@ -72,12 +72,13 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
   // listening socket down (PUSHPULL_LISTEN_FD), so nobody can take the port
   // between its choice and this listen; else (torchrun, by hand) bind it.
   std::string why_not;
-  if (net::Fd held = net::take_inherited_listener(c.master_port, &why_not); held.valid()) {
+  if (net::Fd held = net::take_inherited_listener(c.master_port, c.net.inherited_listener, &why_not);
+      held.valid()) {
     PP_DEBUG("collective rendezvous: listening on the socket the launcher bound (port {})",
              c.master_port);
     t.listen(std::move(held));
   } else {
-    if (std::getenv(net::kListenFdVariable) != nullptr)
+    if (!c.net.inherited_listener.empty())
       PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable, why_not);
     t.listen(bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
   }

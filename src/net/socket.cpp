@@ -311,7 +311,7 @@ void withdraw_offered_listener() {
   offered.reset();
 }
 
-Fd take_inherited_listener(int port, std::string* why_not) {
+Fd take_inherited_listener(int port, const std::string& inherited, std::string* why_not) {
   static bool taken = false;
   std::lock_guard lock(inherited_mu);
   if (offered.valid() && (port == 0 || local_port(offered.get()) == port))
@@ -320,7 +320,7 @@ Fd take_inherited_listener(int port, std::string* why_not) {
     if (why_not) *why_not = "the inherited listener was taken already";
     return {};
   }
-  Fd fd = adopt_inherited_listener(std::getenv(kListenFdVariable), port, why_not);
+  Fd fd = adopt_inherited_listener(inherited.empty() ? nullptr : inherited.c_str(), port, why_not);
   taken = fd.valid();
   return fd;
 }

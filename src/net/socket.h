@@ -132,10 +132,11 @@ inline constexpr const char* kListenFdVariable = "PUSHPULL_LISTEN_FD";
 // left untouched (it is not ours), and *why_not says why (when given).
 Fd adopt_inherited_listener(const char* value, int port, std::string* why_not = nullptr);
 // The listener offered in this process (offer_listener) when it is bound to
-// `port`; else adopt_inherited_listener() with $PUSHPULL_LISTEN_FD, at most
-// once per process (the first success owns the fd; later calls return an
-// invalid Fd).
-Fd take_inherited_listener(int port, std::string* why_not = nullptr);
+// `port`; else adopt_inherited_listener() with `inherited`
+// (NetOptions::inherited_listener, from PUSHPULL_LISTEN_FD), at most once per
+// process (the first success owns the fd; later calls return an invalid Fd).
+Fd take_inherited_listener(int port, const std::string& inherited,
+                           std::string* why_not = nullptr);
 // Hands a listening socket, bound before its port was published, to the
 // next take_inherited_listener() of its port in this process (the torch
 // ProcessGroup's rank 0 publishes the port in torch's store, then starts

@@ -210,4 +210,24 @@ void ServerStore::restore(const Checkpoint& c, const std::string& source) {
   }
 }
 
+void ServerStore::acknowledge_after_republish(const PartId& part, Entry& e,
+                                              std::function<void(Entry&)> answer) {
+  // This server may hold the state only as a replica of a primary that died
+  // before every backup of the range had it: a backup further down the chain
+  // can be a round behind. Acknowledging now, and dying before the next
+  // round, would let that backup be promoted and lose what was acknowledged.
+  // So this server sends its state to its own backups first.
+  if (config_.replicate) {
+    auto shared = std::make_shared<std::function<void(Entry&)>>(std::move(answer));
+    const bool waiting = responder_.replicate(part, state_of(part, e), [this, part, shared] {
+      executor_.submit(shard_of(part), [this, part, shared] {
+        if (Entry* e = find(part)) (*shared)(*e);
+      });
+    });
+    if (waiting) return;
+    return (*shared)(e);
+  }
+  answer(e);
+}
+
 }  // namespace pushpull::ps

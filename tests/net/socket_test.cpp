@@ -142,22 +142,20 @@ TEST(Socket, AnInheritedListenerIsAdoptedOnlyWhenItListensOnThePort) {
   EXPECT_TRUE(client.valid()) << error;
 }
 
-// $PUSHPULL_LISTEN_FD is taken once per process: a second caller (a second
-// rendezvous, after the first closed the socket and its number was reused)
-// never adopts a descriptor it does not own.
+// PUSHPULL_LISTEN_FD (NetOptions::inherited_listener) is taken once per process: a second caller (a
+// second rendezvous, after the first closed the socket and its number was reused) never adopts a
+// descriptor it does not own.
 TEST(Socket, TheInheritedListenerIsTakenOnce) {
   Fd listener = listen_on("127.0.0.1", 0);
   const int port = local_port(listener.get());
   const std::string number = std::to_string(listener.get());
-  ASSERT_EQ(setenv(kListenFdVariable, number.c_str(), 1), 0);
   std::string why;
-  EXPECT_FALSE(take_inherited_listener(port + 1, &why).valid()) << "the wrong port";
-  Fd taken = take_inherited_listener(port, &why);
+  EXPECT_FALSE(take_inherited_listener(port + 1, number, &why).valid()) << "the wrong port";
+  Fd taken = take_inherited_listener(port, number, &why);
   ASSERT_TRUE(taken.valid()) << why;
   listener.release();
-  EXPECT_FALSE(take_inherited_listener(port, &why).valid());
+  EXPECT_FALSE(take_inherited_listener(port, number, &why).valid());
   EXPECT_THAT(why, ::testing::HasSubstr("taken already"));
-  unsetenv(kListenFdVariable);
 }
 
 // A listener offered in-process (the torch ProcessGroup's rank 0) goes to
@@ -167,15 +165,15 @@ TEST(Socket, AnOfferedListenerGoesToItsPortOnce) {
   const int port = local_port(listener.get());
   const int fd = listener.get();
   offer_listener(std::move(listener));
-  EXPECT_FALSE(take_inherited_listener(port + 1).valid()) << "another port's rendezvous";
-  Fd taken = take_inherited_listener(port);
+  EXPECT_FALSE(take_inherited_listener(port + 1, "").valid()) << "another port's rendezvous";
+  Fd taken = take_inherited_listener(port, "");
   ASSERT_TRUE(taken.valid());
   EXPECT_EQ(taken.get(), fd);
-  EXPECT_FALSE(take_inherited_listener(port).valid());
+  EXPECT_FALSE(take_inherited_listener(port, "").valid());
 
   offer_listener(listen_on("127.0.0.1", 0));
   withdraw_offered_listener();
-  EXPECT_FALSE(take_inherited_listener(0).valid());
+  EXPECT_FALSE(take_inherited_listener(0, "").valid());
 }
 
 }  // namespace
