@@ -160,15 +160,17 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, SessionsOverRendezvous, ::testing::Values(1
 TEST(Bootstrap, RankZeroListensOnTheSocketItInherited) {
   net::Fd held = net::listen_on("127.0.0.1", 0);
   const int port = net::local_port(held.get());
-  ASSERT_EQ(setenv(net::kListenFdVariable, std::to_string(held.get()).c_str(), 1), 0);
+  // What Options::from_env() reads from PUSHPULL_LISTEN_FD.
+  const std::string inherited = std::to_string(held.get());
   held.release();  // rank 0's now
   auto errors = on_threads(2, [&](int r) {
-    Session s(rendezvous_options(r, 2, port));
+    Options o = rendezvous_options(r, 2, port);
+    o.net.inherited_listener = inherited;
+    Session s(o);
     Array a = Array::full(Shape{10}, r + 1.0);
     s.communicator().allreduce("x", a.view());
     EXPECT_EQ(a.as<float>()[9], 3.0f);
   });
-  unsetenv(net::kListenFdVariable);
   for (auto& e : errors)
     EXPECT_FALSE(e) << what(e);
 }
