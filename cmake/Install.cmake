@@ -31,7 +31,7 @@ if(PUSHPULL_BUILD_SHARED)
   # would otherwise put each archive on the line a second time.
   target_link_libraries(pushpull_shared
     PRIVATE -Wl,--whole-archive ${_archives} -Wl,--no-whole-archive
-            OpenSSL::Crypto ZLIB::ZLIB
+            OpenSSL::SSL OpenSSL::Crypto ZLIB::ZLIB
     PUBLIC fmt::fmt Threads::Threads)
   target_link_options(pushpull_shared PRIVATE -Wl,--no-undefined)
   target_include_directories(pushpull_shared INTERFACE

@@ -164,6 +164,7 @@ Options Options::from_env(const Environment& env) {
   r.string({"PUSHPULL_JOB_ID"}, &n.job_id);
   r.flag({"PUSHPULL_ALLOW_INSECURE"}, &n.allow_insecure);
   r.flag({"PUSHPULL_BIND_ANY"}, &n.bind_any);
+  r.flag({"PUSHPULL_TLS"}, &n.tls);
   r.string({"PUSHPULL_LISTEN_FD"}, &n.inherited_listener);
   r.flag({"PUSHPULL_PS_SHM"}, &n.ps_shared_memory);
   r.flag({"PUSHPULL_PS_LEND"}, &n.ps_lend);
@@ -243,6 +244,10 @@ Options Options::from_env(const Environment& env) {
   o.validate();
   // Last, after every value is checked: this may create the per-user file.
   resolve_job_secret(env, &n);
+  if (n.tls && n.job_secret.empty())
+    throw InvalidArgument(
+        "PUSHPULL_TLS=1 needs a job secret (the TLS key is derived from it), and "
+        "PUSHPULL_ALLOW_INSECURE=1 turns secrets off: unset one of them");
   return o;
 }
 
