@@ -56,6 +56,7 @@ struct Config {
   WorkerArgs worker;
   std::string worker_sizes, worker_iters;
   std::string compression = "none";  // pushpull rows: "none,fp16" times both
+  std::string tls = "off";           // "both": a pushpull_tls row beside every pushpull row
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -124,16 +125,18 @@ std::string host_of(const NetnsLab* lab, int per_host, int r) {
 }
 
 std::vector<Impl> implementations(bool peers, bool netns, int per_host,
-                                  const std::vector<std::string>& compressions) {
+                                  const std::vector<std::string>& compressions,
+                                  const std::string& tls) {
   std::vector<Impl> out;
   const std::string bin = self_dir();
   // One pushpull rank group: `transport` is "tcp" or "shm", `comp` "none" or
   // a codec the worker applies inside the timing, `algo` "flat" or "hier".
+  // `encrypted`: the ranks run with PUSHPULL_TLS=1 (docs/security.md "Encryption").
   auto pushpull_ranks = [per_host](std::string transport, std::string comp,
-                                   std::string algo = "flat") {
-    return [transport, comp, algo, per_host](ProcessGroup& g, int n, const std::string& dir,
-                                             const std::vector<std::string>& tail,
-                                             const NetnsLab* lab) {
+                                   std::string algo = "flat", bool encrypted = false) {
+    return [transport, comp, algo, per_host, encrypted](
+               ProcessGroup& g, int n, const std::string& dir, const std::vector<std::string>& tail,
+               const NetnsLab* lab) {
       for (int r = 0; r < n; ++r) {
         std::vector<std::string> argv = {self_exe(),
                                          "bench",
@@ -154,14 +157,18 @@ std::vector<Impl> implementations(bool peers, bool netns, int per_host,
                                          algo};
         for (const auto& x : tail)
           argv.push_back(x == "--iters" ? "--worker-iters" : x);
+        if (encrypted) argv.insert(argv.begin(), {"env", "PUSHPULL_TLS=1"});
         g.start(in_host(lab, per_host, r, argv));
       }
     };
   };
   // Shared memory only between ranks of one host (not across namespaces).
   if (!netns) out.push_back({"pushpull_shm", pushpull_ranks("shm", "none")});
-  for (const std::string& comp : compressions)
-    out.push_back({comp == "none" ? "pushpull" : "pushpull_" + comp, pushpull_ranks("tcp", comp)});
+  for (const std::string& comp : compressions) {
+    const std::string name = comp == "none" ? "pushpull" : "pushpull_" + comp;
+    if (tls != "on") out.push_back({name, pushpull_ranks("tcp", comp)});
+    if (tls != "off") out.push_back({name + "_tls", pushpull_ranks("tcp", comp, "flat", true)});
+  }
   // Several ranks per host: the hierarchical allreduce beside the flat ring.
   if (per_host > 1) out.push_back({"pushpull_hier", pushpull_ranks("tcp", "none", "hier")});
   if (!peers) return out;
@@ -232,8 +239,8 @@ void run_bench(const Config& cfg) {
     lab = std::make_unique<NetnsLab>(cfg.netns, cfg.rate);
     goodput = lab->goodput_bps(2);
   }
-  const auto impls =
-      implementations(cfg.flags.peers(), lab != nullptr, per_host, split_list(cfg.compression));
+  const auto impls = implementations(cfg.flags.peers(), lab != nullptr, per_host,
+                                     split_list(cfg.compression), cfg.tls);
   BenchTable table(cfg.flags);
   for (int n : ranks) {
     // impl -> bytes -> one median per repeat.
@@ -375,6 +382,10 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--worker-transport", cfg->worker.transport)
       ->group("")
       ->check(CLI::IsMember({"tcp", "shm"}));
+  cmd->add_option("--tls", cfg->tls,
+                  "pushpull rows over TLS 1.3 (PUSHPULL_TLS=1): off, on, or both (a _tls row "
+                  "beside each, interleaved in the same run)")
+      ->check(CLI::IsMember({"off", "on", "both"}));
   cmd->add_option("--worker-compression", cfg->worker.compression)->group("");
   cmd->add_option("--worker-algo", cfg->worker.algo)
       ->group("")

@@ -12,6 +12,9 @@ class SubgroupTransport::Streams final : public DirectStreams {
   Streams(const SubgroupTransport& view, DirectStreams& base) : view_(view), base_(base) {}
   int rank() const override { return view_.rank(); }
   int stream_fd(int peer) const override { return base_.stream_fd(view_.base_rank(peer)); }
+  net::TlsLink* stream_tls(int peer) const override {
+    return base_.stream_tls(view_.base_rank(peer));
+  }
   std::unique_lock<std::mutex> lock_streams() override { return base_.lock_streams(); }
   bool is_closed() const override { return base_.is_closed(); }
   Status stream_error(int peer, const std::string& why, ErrorCode code) override {

@@ -41,6 +41,7 @@ net::ProofInput input(const StreamAuth& auth, net::Direction d, const net::Nonce
 // A connection to the listener that has not proved who it is yet.
 struct Pending {
   net::Fd fd;
+  std::unique_ptr<net::TlsLink> tls;  // with TLS: the nonce goes out once its handshake is done
   std::string address;
   std::string host;
   Clock::time_point deadline;
@@ -49,8 +50,9 @@ struct Pending {
   size_t got = 0;
 };
 
-bool send_now(int fd, const void* data, size_t n) {
+bool send_now(int fd, net::TlsLink* tls, const void* data, size_t n) {
   // A fresh socket's send buffer always takes these few bytes at once.
+  if (tls != nullptr) return tls->send(data, n) == static_cast<ssize_t>(n) && tls->flush() == 1;
   ssize_t r = ::send(fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   return r == static_cast<ssize_t>(n);
 }
@@ -61,11 +63,11 @@ std::string StreamAuth::key() const {
   return job_secret + std::string(reinterpret_cast<const char*>(token.data()), token.size());
 }
 
-std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
-                                    Clock::time_point deadline, Millis handshake_timeout,
-                                    const std::string& what,
-                                    const std::function<std::optional<Status>()>& abandon) {
-  std::vector<net::Fd> fds(static_cast<size_t>(size));
+std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
+                                   Clock::time_point deadline, Millis handshake_timeout,
+                                   const std::string& what,
+                                   const std::function<std::optional<Status>()>& abandon) {
+  std::vector<Stream> fds(static_cast<size_t>(size));
   std::vector<Pending> pending;
   net::PendingLimit per_source;
   std::vector<std::string> local_hosts;  // this machine's addresses: not capped, see peer_policy.h
@@ -88,7 +90,7 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
     if (now >= deadline) {
       std::vector<int> missing;
       for (int q = rank + 1; q < size; ++q)
-        if (!fds[static_cast<size_t>(q)].valid()) missing.push_back(q);
+        if (!fds[static_cast<size_t>(q)].fd.valid()) missing.push_back(q);
       throw Timeout(fmt::format("{}: rank(s) {} did not open their data stream in time", what,
                                 fmt::join(missing, ", ")));
     }
@@ -103,7 +105,8 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
     std::vector<pollfd> pfds;
     pfds.push_back({listening ? listener : -1, POLLIN, 0});
     for (auto& p : pending)
-      pfds.push_back({p.fd.get(), POLLIN, 0});
+      pfds.push_back(
+          {p.fd.get(), static_cast<short>(p.tls && p.tls->output_pending() ? POLLOUT : POLLIN), 0});
     auto left = std::chrono::duration_cast<Millis>(wake - now).count() + 1;
     int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(left, 0)));
     if (n < 0 && errno != EINTR)
@@ -113,7 +116,18 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
     for (size_t i = pending.size(); i-- > 0;) {
       if (pfds[i + 1].revents == 0) continue;
       Pending& p = pending[i];
-      ssize_t r = ::recv(p.fd.get(), p.in + p.got, kHelloBytes - p.got, MSG_DONTWAIT);
+      if (p.tls && !p.tls->established()) {
+        auto step = p.tls->handshake();
+        if (step == net::TlsLink::Step::kFailed) {
+          drop(i, p.tls->error());
+        } else if (step == net::TlsLink::Step::kDone &&
+                   !send_now(p.fd.get(), p.tls.get(), p.nonce.data(), p.nonce.size())) {
+          drop(i, "could not send the nonce");
+        }
+        continue;
+      }
+      ssize_t r = p.tls ? p.tls->recv(p.in + p.got, kHelloBytes - p.got)
+                        : ::recv(p.fd.get(), p.in + p.got, kHelloBytes - p.got, MSG_DONTWAIT);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       if (r <= 0) {
         drop(i, r == 0 ? "closed before the handshake" : std::strerror(errno));
@@ -136,17 +150,17 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
         drop(i, fmt::format("failed to prove it is rank {} of this job", q));
         continue;
       }
-      if (fds[q].valid()) {
+      if (fds[q].fd.valid()) {
         drop(i, fmt::format("rank {} already has its data stream", q));
         continue;
       }
       net::Proof mine =
           net::compute_proof(key, input(auth, net::Direction::kAcceptor, p.nonce, theirs, rank));
-      if (!send_now(p.fd.get(), mine.data(), mine.size())) {
+      if (!send_now(p.fd.get(), p.tls.get(), mine.data(), mine.size())) {
         drop(i, "could not answer the handshake");
         continue;
       }
-      fds[q] = std::move(p.fd);
+      fds[q] = Stream{std::move(p.fd), std::move(p.tls)};
       per_source.release(p.host);
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       --expected;
@@ -187,7 +201,12 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
       }
       p.deadline = std::min(deadline, Clock::now() + handshake_timeout);
       p.nonce = net::random_nonce();
-      if (!send_now(fd, p.nonce.data(), p.nonce.size())) {
+      if (auth.tls) {
+        p.tls = std::make_unique<net::TlsLink>(auth.tls, fd, net::TlsLink::Side::kServer);
+        pending.push_back(std::move(p));
+        continue;
+      }
+      if (!send_now(fd, nullptr, p.nonce.data(), p.nonce.size())) {
         per_source.release(p.host);
         continue;
       }
@@ -197,8 +216,8 @@ std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int ra
   return fds;
 }
 
-net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank,
-                       int peer, Clock::time_point deadline, const std::string& what) {
+Stream connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank, int peer,
+                      Clock::time_point deadline, const std::string& what) {
   std::string error;
   const std::string where = net::format_address(host, port);
   auto fail = [&](const std::string& why) {
@@ -218,13 +237,25 @@ net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth
           what, peer, where));
   }
   net::Fd fd;
+  std::unique_ptr<net::TlsLink> tls;
+  auto read_exact = [&](void* p, size_t n) {
+    return tls ? net::tls_read_all(*tls, p, n, deadline, &error)
+               : net::read_all(fd.get(), p, n, deadline, &error);
+  };
   net::Nonce theirs;
   Millis backoff{10};
   for (;;) {
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    tls.reset();
     fd = net::connect_once(addr, std::max(left, Millis(1)), &error);
     if (!fd.valid()) throw fail(error);
-    if (net::read_all(fd.get(), theirs.data(), theirs.size(), deadline, &error)) break;
+    bool opened = true;
+    if (auth.tls) {
+      tls = std::make_unique<net::TlsLink>(auth.tls, fd.get(), net::TlsLink::Side::kClient);
+      opened = net::tls_handshake(*tls, deadline, &error);
+      if (!opened && tls->refused()) throw ProtocolError(fail(error).what());
+    }
+    if (opened && read_exact(theirs.data(), theirs.size())) break;
     // Closed before the nonce with time left: the listener's per-source
     // limit of pending connections was full (a flood); dial again.
     if (Clock::now() + backoff >= deadline) throw fail(error);
@@ -240,16 +271,17 @@ net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth
   net::Proof proof =
       net::compute_proof(key, input(auth, net::Direction::kConnector, theirs, mine, rank));
   std::memcpy(hello + 8 + mine.size(), proof.data(), proof.size());
-  if (!net::write_all(fd.get(), hello, sizeof hello, deadline, &error)) throw fail(error);
+  if (!(tls ? net::tls_write_all(*tls, hello, sizeof hello, deadline, &error)
+            : net::write_all(fd.get(), hello, sizeof hello, deadline, &error)))
+    throw fail(error);
   net::Proof answer;
-  if (!net::read_all(fd.get(), answer.data(), answer.size(), deadline, &error))
-    throw fail(fmt::format("{} (refused?)", error));
+  if (!read_exact(answer.data(), answer.size())) throw fail(fmt::format("{} (refused?)", error));
   if (!net::verify_proof(key, input(auth, net::Direction::kAcceptor, theirs, mine, peer), answer))
     throw ProtocolError(fmt::format(
         "{}: the listener at {} failed to prove it is rank {} of this job; refusing its data "
         "stream",
         what, where, peer));
-  return fd;
+  return Stream{std::move(fd), std::move(tls)};
 }
 
 }  // namespace pushpull::collective

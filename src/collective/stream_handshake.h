@@ -19,6 +19,10 @@
 // net::kMaxPendingPerSource connections from one address are pending at
 // once; more are closed at once (connect_stream retries those).
 //
+// With TLS (NetOptions::tls, net/tls.h) each stream runs the TLS handshake
+// first (the acceptor serves those concurrently too, under the same
+// deadlines) and everything above, the proofs included, goes through it.
+//
 // Thread safety: free functions; each call uses only its own sockets.
 #pragma once
 
@@ -31,6 +35,7 @@
 #include "collective/transport.h"
 #include "net/hello.h"
 #include "net/socket.h"
+#include "net/tls.h"
 
 namespace pushpull::collective {
 
@@ -41,7 +46,14 @@ struct StreamAuth {
   // No job secret and not PUSHPULL_ALLOW_INSECURE (net/peer_policy.h): streams
   // are accepted from, and opened to, addresses of this machine only.
   bool local_only = false;
+  std::shared_ptr<const net::TlsContext> tls;  // null: plain TCP
   std::string key() const;
+};
+
+// One data stream: the socket, and its TLS link when TLS is on.
+struct Stream {
+  net::Fd fd;
+  std::unique_ptr<net::TlsLink> tls;
 };
 
 // Accepts one stream from each rank in (rank, size) on the non-blocking
@@ -49,15 +61,15 @@ struct StreamAuth {
 // at `rank`). Throws Timeout naming the missing ranks at `deadline`.
 // `abandon`, when given, is asked every 100 ms: a status it returns (a peer's
 // failure, known from elsewhere) ends the wait at once and is thrown.
-std::vector<net::Fd> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
-                                    Clock::time_point deadline, Millis handshake_timeout,
-                                    const std::string& what,
-                                    const std::function<std::optional<Status>()>& abandon = {});
+std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int rank, int size,
+                                   Clock::time_point deadline, Millis handshake_timeout,
+                                   const std::string& what,
+                                   const std::function<std::optional<Status>()>& abandon = {});
 
 // Opens the stream from `rank` to `peer` at host:port. Throws IoError when
 // the connection or the handshake fails, ProtocolError when the acceptor
 // does not prove it is `peer`.
-net::Fd connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank,
-                       int peer, Clock::time_point deadline, const std::string& what);
+Stream connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank, int peer,
+                      Clock::time_point deadline, const std::string& what);
 
 }  // namespace pushpull::collective

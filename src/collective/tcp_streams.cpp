@@ -24,6 +24,23 @@ void put64(unsigned char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i)
     p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
+// sendmsg(2) / readv(2) on a non-blocking stream, through its TLS link when
+// there is one (net/tls.h: what sendv() took is committed and goes out with
+// later calls or flush()).
+ssize_t stream_writev(int fd, net::TlsLink* tls, iovec* iov, int n) {
+  if (tls != nullptr) return tls->sendv(iov, n);
+  msghdr mh{};
+  mh.msg_iov = iov;
+  mh.msg_iovlen = static_cast<size_t>(n);
+  return ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+ssize_t stream_readv(int fd, net::TlsLink* tls, iovec* iov, int n) {
+  return tls != nullptr ? tls->readv(iov, n) : ::readv(fd, iov, n);
+}
+bool tls_pending(const net::TlsLink* tls) {
+  return tls != nullptr && tls->output_pending();
+}
+
 uint64_t get64(const unsigned char* p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i)
@@ -45,7 +62,7 @@ StreamPump::Peer& StreamPump::peer(int p) {
   if (fd < 0)
     throw InvalidArgument(
         fmt::format("collective: rank {} has no data stream to rank {}", t_.rank(), p));
-  peers_.push_back(Peer{p, fd, {}, {}, 0});
+  peers_.push_back(Peer{p, fd, t_.stream_tls(p), {}, {}, 0});
   return peers_.back();
 }
 
@@ -72,7 +89,7 @@ void StreamPump::wait_recv(int p, size_t index, size_t read_ahead) {
 void StreamPump::finish() {
   progress(-1, SIZE_MAX, [this] {
     for (auto& x : peers_)
-      if (!x.out.empty() || x.in_next < x.in.size()) return false;
+      if (!x.out.empty() || x.in_next < x.in.size() || tls_pending(x.tls)) return false;
     return true;
   });
 }
@@ -86,6 +103,11 @@ void StreamPump::finish() {
 
 bool StreamPump::write_some(Peer& p) {
   bool moved = false;
+  if (tls_pending(p.tls)) {
+    int f = p.tls->flush();
+    if (f < 0) fail(p, errno, "send");
+    moved = f == 1;
+  }
   while (!p.out.empty()) {
     iovec iov[kMaxIov];
     int n = 0;
@@ -97,10 +119,7 @@ bool StreamPump::write_some(Peer& p) {
       if (o.bytes > pd) iov[n++] = {const_cast<char*>(o.data) + pd, o.bytes - pd};
       want += 16 + o.bytes - o.done;
     }
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = static_cast<size_t>(n);
-    ssize_t r = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t r = stream_writev(p.fd, p.tls, iov, n);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
@@ -146,7 +165,7 @@ bool StreamPump::read_some(Peer& p, size_t last) {
       if (in.bytes > pd) iov[n++] = {in.dst + pd, in.bytes - pd};
       want += 16 + in.bytes - in.done;
     }
-    ssize_t r = ::readv(p.fd, iov, n);
+    ssize_t r = stream_readv(p.fd, p.tls, iov, n);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
@@ -197,7 +216,7 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
     }
     fds.clear();
     for (auto& p : peers_) {
-      short ev = p.out.empty() ? 0 : POLLOUT;
+      short ev = p.out.empty() && !tls_pending(p.tls) ? 0 : POLLOUT;
       if ((read_peer < 0 || p.peer == read_peer) && p.in_next < p.in.size()) ev |= POLLIN;
       if (ev) fds.push_back(pollfd{p.fd, ev, 0});
     }
@@ -224,6 +243,7 @@ StreamWriter::StreamWriter(DirectStreams& t, int peer, std::vector<Msg> msgs,
     : t_(t),
       peer_(peer),
       fd_(t.stream_fd(peer)),
+      tls_(t.stream_tls(peer)),
       msgs_(std::move(msgs)),
       hdrs_(msgs_.size()),
       timeout_(progress_timeout),
@@ -286,36 +306,41 @@ void StreamWriter::finish() {
 
 Status StreamWriter::write_all_released(size_t& next, size_t& offset, size_t released) {
   auto deadline = Clock::now() + timeout_;
-  while (next < released) {
-    iovec iov[kMaxIov];
-    int n = 0;
-    size_t want = 0;
-    for (size_t i = next, off = offset; i < released && n + 2 <= kMaxIov; ++i, off = 0) {
-      if (off < 16) iov[n++] = {hdrs_[i].data() + off, 16 - off};
-      size_t pd = off > 16 ? off - 16 : 0;
-      if (msgs_[i].bytes > pd)
-        iov[n++] = {const_cast<char*>(static_cast<const char*>(msgs_[i].data)) + pd,
-                    msgs_[i].bytes - pd};
-      want += 16 + msgs_[i].bytes - off;
+  while (next < released || tls_pending(tls_)) {
+    bool again = false;  // all of it was taken: write again at once
+    ssize_t r;
+    if (next < released) {
+      iovec iov[kMaxIov];
+      int n = 0;
+      size_t want = 0;
+      for (size_t i = next, off = offset; i < released && n + 2 <= kMaxIov; ++i, off = 0) {
+        if (off < 16) iov[n++] = {hdrs_[i].data() + off, 16 - off};
+        size_t pd = off > 16 ? off - 16 : 0;
+        if (msgs_[i].bytes > pd)
+          iov[n++] = {const_cast<char*>(static_cast<const char*>(msgs_[i].data)) + pd,
+                      msgs_[i].bytes - pd};
+        want += 16 + msgs_[i].bytes - off;
+      }
+      r = stream_writev(fd_, tls_, iov, n);
+      if (r > 0) {
+        deadline = Clock::now() + timeout_;
+        size_t left = static_cast<size_t>(r);
+        while (left > 0) {
+          size_t take = std::min(left, 16 + msgs_[next].bytes - offset);
+          offset += take;
+          left -= take;
+          if (offset == 16 + msgs_[next].bytes) ++next, offset = 0;
+        }
+        again = static_cast<size_t>(r) == want;
+      }
+    } else {
+      r = tls_->flush();  // everything was taken: what the TLS link holds goes out
+      if (r == 1) break;
     }
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = static_cast<size_t>(n);
-    ssize_t r = ::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
       return t_.stream_error(peer_, fmt::format("send failed: {}", std::strerror(errno)));
-    if (r > 0) {
-      deadline = Clock::now() + timeout_;
-      size_t left = static_cast<size_t>(r);
-      while (left > 0) {
-        size_t take = std::min(left, 16 + msgs_[next].bytes - offset);
-        offset += take;
-        left -= take;
-        if (offset == 16 + msgs_[next].bytes) ++next, offset = 0;
-      }
-      if (static_cast<size_t>(r) == want) continue;
-    }
+    if (again) continue;
     // Socket buffer full: block until writable, aborted, or the deadline.
     pollfd fds[2] = {{fd_, POLLOUT, 0}, {wake_fd_, POLLIN, 0}};
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();

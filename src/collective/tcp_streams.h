@@ -34,6 +34,7 @@
 
 #include "collective/transport.h"
 #include "collective/worker_thread.h"
+#include "net/tls.h"
 #include "pushpull/options.h"
 
 namespace pushpull::collective {
@@ -88,6 +89,7 @@ class StreamPump {
   struct Peer {
     int peer = -1;
     int fd = -1;
+    net::TlsLink* tls = nullptr;  // with TLS: every byte goes through it
     std::deque<Out> out;
     std::vector<In> in;
     size_t in_next = 0;  // first incomplete receive
@@ -151,6 +153,7 @@ class StreamWriter {
 
   DirectStreams& t_;
   int peer_, fd_;
+  net::TlsLink* tls_;  // the stream's TLS link, or nullptr
   std::vector<Msg> msgs_;
   std::vector<std::array<unsigned char, 16>> hdrs_;
   Millis timeout_;

@@ -419,6 +419,11 @@ int TcpTransport::stream_fd(int peer) const {
   return streams_[static_cast<size_t>(peer)].get();
 }
 
+net::TlsLink* TcpTransport::stream_tls(int peer) const {
+  if (!streams_ready_ || peer < 0 || peer >= size_ || stream_tls_.empty()) return nullptr;
+  return stream_tls_[static_cast<size_t>(peer)].get();
+}
+
 Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) {
   std::unique_lock lock(mu_);
   if (closed_) return *closed_;

@@ -167,6 +167,7 @@ class TcpTransport final : public Transport {
   bool has_streams() const { return streams_ready_; }
   // -1 when there is no stream to `peer`.
   int stream_fd(int peer) const;
+  net::TlsLink* stream_tls(int peer) const;
   // Held by an algorithm for the whole of its use of the streams.
   std::unique_lock<std::mutex> lock_streams() { return std::unique_lock(stream_mu_); }
   // True once closed or a verdict is decided (stream waits end then).
@@ -231,8 +232,9 @@ class TcpTransport final : public Transport {
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
 
-  std::string host_;                        // where the stream listener binds
-  std::vector<net::Fd> streams_;            // per peer; set once by connect_all
+  std::string host_;                                       // where the stream listener binds
+  std::vector<net::Fd> streams_;                           // per peer; set once by connect_all
+  std::vector<std::unique_ptr<net::TlsLink>> stream_tls_;  // per peer, with TLS; set with streams_
   std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation
   std::mutex stream_mu_;
 
@@ -243,6 +245,7 @@ class TcpTransport final : public Transport {
     explicit Streams(TcpTransport& t) : t_(t) {}
     int rank() const override { return t_.rank_; }
     int stream_fd(int peer) const override { return t_.stream_fd(peer); }
+    net::TlsLink* stream_tls(int peer) const override { return t_.stream_tls(peer); }
     std::unique_lock<std::mutex> lock_streams() override { return t_.lock_streams(); }
     bool is_closed() const override { return t_.is_closed(); }
     Status stream_error(int peer, const std::string& why, ErrorCode code) override {

@@ -41,6 +41,10 @@
 
 #include "pushpull/error.h"
 
+namespace pushpull::net {
+class TlsLink;
+}
+
 namespace pushpull::collective {
 
 using Clock = std::chrono::steady_clock;
@@ -59,6 +63,10 @@ class DirectStreams {
   virtual int rank() const = 0;
   // -1 when there is no stream to `peer`.
   virtual int stream_fd(int peer) const = 0;
+  // The stream's TLS link (PUSHPULL_TLS), through which every byte on
+  // stream_fd(peer) must go; nullptr for plain TCP. It lives as long as the
+  // stream; its own lock lets one thread read while another writes.
+  virtual net::TlsLink* stream_tls(int /*peer*/) const { return nullptr; }
   // Held by an algorithm for the whole of its use of the streams.
   virtual std::unique_lock<std::mutex> lock_streams() = 0;
   // True once closed or failed (stream waits end then).

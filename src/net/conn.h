@@ -6,6 +6,9 @@
 // (transport_shm.cpp; the protocol is in net/shm_setup.h).
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -14,6 +17,7 @@
 
 #include "net/hello.h"
 #include "net/shm_segment.h"
+#include "net/tls.h"
 #include "net/transport.h"
 
 namespace pushpull::net {
@@ -59,6 +63,9 @@ struct Transport::Conn {
 
   ConnId id = 0;
   Fd fd;
+  // With PUSHPULL_TLS: every byte on fd goes through this link (net/tls.h);
+  // an accepted connection runs the TLS handshake before the hello.
+  std::unique_ptr<TlsLink> tls;
   PeerInfo peer;
   SockAddr remote;  // the socket's remote address (accepted connections)
   // Written by the I/O thread; read by senders too.
@@ -129,6 +136,19 @@ struct Transport::Conn {
   bool discard = false;              // payload read then dropped (oversize for its post)
 
   size_t payload_left() const { return hdr.payload_bytes - got; }
+  // recv(2) / sendmsg(2) on fd, non-blocking, through the TLS link when on.
+  ssize_t recv_bytes(void* dst, size_t n) {
+    return tls ? tls->recv(dst, n) : ::recv(fd.get(), dst, n, MSG_DONTWAIT);
+  }
+  ssize_t send_iov(iovec* iov, int n) {
+    if (tls) return tls->sendv(iov, n);
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = static_cast<size_t>(n);
+    return ::sendmsg(fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  bool tls_handshaking() const { return tls && !tls->established(); }
+  bool tls_output_pending() const { return tls && tls->output_pending(); }
   // The payload bytes of the current message follow on the TCP stream.
   bool tcp_payload() const { return in_payload && !shm_payload; }
 };

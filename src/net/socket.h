@@ -135,8 +135,7 @@ Fd adopt_inherited_listener(const char* value, int port, std::string* why_not = 
 // `port`; else adopt_inherited_listener() with `inherited`
 // (NetOptions::inherited_listener, from PUSHPULL_LISTEN_FD), at most once per
 // process (the first success owns the fd; later calls return an invalid Fd).
-Fd take_inherited_listener(int port, const std::string& inherited,
-                           std::string* why_not = nullptr);
+Fd take_inherited_listener(int port, const std::string& inherited, std::string* why_not = nullptr);
 // Hands a listening socket, bound before its port was published, to the
 // next take_inherited_listener() of its port in this process (the torch
 // ProcessGroup's rank 0 publishes the port in torch's store, then starts

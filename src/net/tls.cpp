@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "net/tls.h"
 
+#include <fcntl.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -188,6 +189,10 @@ std::shared_ptr<const TlsContext> tls_context(const NetOptions& net) {
 
 TlsLink::TlsLink(std::shared_ptr<const TlsContext> ctx, int fd, Side side)
     : ctx_(std::move(ctx)), fd_(fd) {
+  // libssl reads the socket itself: a blocking one would stall the
+  // handshake with its first flight still in our backlog.
+  if (int fl = ::fcntl(fd, F_GETFL); fl >= 0 && !(fl & O_NONBLOCK))
+    ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   ssl_ = SSL_new(side == Side::kServer ? ctx_->server() : ctx_->client());
   if (ssl_ == nullptr) ssl_fail("SSL_new");
   BIO* in = BIO_new_socket(fd, BIO_NOCLOSE);
@@ -216,6 +221,11 @@ bool TlsLink::established() const {
   return established_;
 }
 
+bool TlsLink::refused() const {
+  std::lock_guard lock(mu_);
+  return refused_;
+}
+
 std::string TlsLink::error() const {
   std::lock_guard lock(mu_);
   return error_;
@@ -240,6 +250,7 @@ TlsLink::Step TlsLink::handshake() {
     return Step::kDone;
   }
   if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) return Step::kWaiting;
+  refused_ = err == SSL_ERROR_SSL;
   if (err == SSL_ERROR_SSL)
     error_ = fmt::format(
         "TLS handshake failed ({}): the peer does not run with PUSHPULL_TLS=1 or does not know "

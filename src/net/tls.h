@@ -82,6 +82,8 @@ class TlsLink {
   // be readable, or writable while output_pending(). kFailed: error() says why.
   Step handshake();
   bool established() const;
+  // The handshake failed on the protocol (another key, not TLS), not on I/O.
+  bool refused() const;
   std::string error() const;
 
   ssize_t readv(const iovec* iov, int count);
@@ -106,6 +108,7 @@ class TlsLink {
   SSL* ssl_ = nullptr;
   mutable std::mutex mu_;
   bool established_ = false;
+  bool refused_ = false;
   std::string error_;
   std::vector<unsigned char> out_;  // ciphertext not yet written
   size_t out_off_ = 0;

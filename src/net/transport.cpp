@@ -41,6 +41,7 @@ Transport::Transport(TransportConfig config)
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // nullptr = the wake fd; &listen_fd_ = the listener
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
+  tls_ = tls_context(config_.net);
 }
 
 Transport::~Transport() {
@@ -196,6 +197,8 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   Millis backoff{10};
   std::string error;
   Fd fd;
+  std::unique_ptr<TlsLink> link;  // with PUSHPULL_TLS, once the TCP connection is open
+  std::string tls_error;          // why its handshake failed
   int attempts = 0;
   auto hs_deadline = deadline;
   // Opens the TCP connection, retrying with backoff until the deadline.
@@ -234,6 +237,26 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     }
     // The hello, on this thread with blocking I/O bounded by the deadline.
     hs_deadline = std::max(deadline, clock::now() + Millis{2000});
+    link.reset();
+    tls_error.clear();
+    if (tls_) {
+      link = std::make_unique<TlsLink>(tls_, fd.get(), TlsLink::Side::kClient);
+      if (!tls_handshake(*link, hs_deadline, &tls_error)) {
+        if (link->refused()) {
+          PP_ERROR("TLS with {} failed: {}", where, tls_error);
+          throw ProtocolError(fmt::format("TLS with {} failed: {}", where, tls_error));
+        }
+        if (tls_error.empty()) tls_error = "TLS handshake failed";
+      }
+    }
+  };
+  auto read_exact = [&](void* p, size_t n) {
+    return link ? tls_read_all(*link, p, n, hs_deadline, &error)
+                : read_all(fd.get(), p, n, hs_deadline, &error);
+  };
+  auto write_exact = [&](const void* p, size_t n) {
+    return link ? tls_write_all(*link, p, n, hs_deadline, &error)
+                : write_all(fd.get(), p, n, hs_deadline, &error);
   };
   dial();
   auto fail = [&](const std::string& what) -> ConnId {
@@ -242,16 +265,15 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   // Reads one handshake message of type `type` (at most kMaxHandshakeBytes).
   auto read_message = [&](uint16_t type, Header* h, std::vector<std::byte>* payload) -> Status {
     HeaderBytes hb;
-    if (!read_all(fd.get(), hb.data(), hb.size(), hs_deadline, &error))
-      return {ErrorCode::kIoError, error};
+    if (!tls_error.empty()) return {ErrorCode::kIoError, tls_error};
+    if (!read_exact(hb.data(), hb.size())) return {ErrorCode::kIoError, error};
     if (Status st = decode_header(hb, kMaxHandshakeBytes, h, config_.protocol_version); !st)
       return st;
     if (h->type != type)
       return {ErrorCode::kProtocolError,
               fmt::format("expected handshake message type {}, got {}", type, h->type)};
     payload->resize(h->payload_bytes);
-    if (!read_all(fd.get(), payload->data(), payload->size(), hs_deadline, &error))
-      return {ErrorCode::kIoError, error};
+    if (!read_exact(payload->data(), payload->size())) return {ErrorCode::kIoError, error};
     return {};
   };
   Hello hello;
@@ -272,8 +294,7 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     auto payload = encode(hello);
     Header out = stamp(Header{.type = msg::kHello}, payload.size());
     auto ob = encode_header(out);
-    return write_all(fd.get(), ob.data(), ob.size(), hs_deadline, &error) &&
-           write_all(fd.get(), payload.data(), payload.size(), hs_deadline, &error);
+    return write_exact(ob.data(), ob.size()) && write_exact(payload.data(), payload.size());
   };
   Header h;
   std::vector<std::byte> payload;
@@ -335,6 +356,7 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   c->peer.address = peer_address(fd.get());
   c->peer.outgoing = true;
   c->fd = std::move(fd);
+  c->tls = std::move(link);
   c->state = Conn::State::kOpen;
   if (config_.shared_memory) offer_shm(*c);
   ConnId id = add_conn(c);
@@ -342,6 +364,8 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   ev.events = EPOLLIN;
   ev.data.ptr = c.get();
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c->fd.get(), &ev);
+  // Records that came with the hello's answer wait in the link, not the socket.
+  if (c->tls && c->tls->input_buffered()) read_again_later(*c);
   if (c->shm_state == Conn::ShmState::kOffered) {
     // Same host? The acceptor answers on its I/O thread; wait for the
     // outcome so this connection's first messages already use the ring.

@@ -91,6 +91,7 @@
 #include "net/node_id.h"
 #include "net/peer_policy.h"
 #include "net/socket.h"
+#include "net/tls.h"
 #include "pushpull/error.h"
 #include "pushpull/options.h"
 
@@ -242,6 +243,9 @@ class Transport {
   void loop();
   void accept_all();
   void on_readable(Conn& c);
+  // The acceptor's TLS handshake step; false while it is not done (or failed).
+  bool tls_accept_step(Conn& c);
+  void read_again_later(Conn& c);
   void on_header(Conn& c);
   void finish_message(Conn& c);
   void on_hello(Conn& c, Message&& m);
@@ -320,7 +324,11 @@ class Transport {
   std::chrono::steady_clock::time_point local_hosts_at_{};
 
   std::vector<std::shared_ptr<Conn>> graveyard_;  // closed this loop turn (guarded by mu_)
-  std::atomic<int64_t> queued_{0};                // sends not yet completed (for drain)
+  // Connections whose TLS link holds received records the socket no longer
+  // signals (net/tls.h): read again without waiting (guarded by mu_).
+  std::vector<ConnId> read_again_;
+  std::shared_ptr<const TlsContext> tls_;  // null without PUSHPULL_TLS
+  std::atomic<int64_t> queued_{0};         // sends not yet completed (for drain)
 };
 
 }  // namespace pushpull::net

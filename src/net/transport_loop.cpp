@@ -42,6 +42,10 @@ void Transport::loop() {
     // The timeout only serves the handshake deadlines and a paused listener;
     // otherwise this blocks.
     int timeout_ms = 500;
+    {
+      std::lock_guard lock(mu_);
+      if (!read_again_.empty()) timeout_ms = 0;
+    }
     if (listen_paused_) {
       auto left =
           std::chrono::duration_cast<Millis>(listen_resume_ - std::chrono::steady_clock::now());
@@ -71,6 +75,13 @@ void Transport::loop() {
       if (c->state != Conn::State::kClosed && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
         on_readable(*c);
     }
+    std::vector<ConnId> again;
+    {
+      std::lock_guard lock(mu_);
+      again.swap(read_again_);
+    }
+    for (ConnId id : again)
+      if (auto c = find(id); c && c->state != Conn::State::kClosed) on_readable(*c);
     std::vector<std::pair<ConnId, Status>> closing;
     std::vector<std::shared_ptr<Conn>> expired;
     auto now = std::chrono::steady_clock::now();
@@ -144,6 +155,9 @@ void Transport::accept_all() {
     set_dead_link_timeout(fd, config_.dead_link_timeout);
     c->peer.address = remote.to_string();
     c->nonce = random_nonce();
+    // With TLS the challenge below waits in the queue until the TLS
+    // handshake is done (write_some, tls_accept_step).
+    if (tls_) c->tls = std::make_unique<TlsLink>(tls_, fd, TlsLink::Side::kServer);
     c->handshake_deadline = std::chrono::steady_clock::now() +
                             std::min(config_.net.connect_timeout, config_.net.handshake_timeout);
     add_conn(c);
@@ -193,12 +207,33 @@ void Transport::resume_listener_if_due() {
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
 }
 
+void Transport::read_again_later(Conn& c) {
+  {
+    std::lock_guard lock(mu_);
+    read_again_.push_back(c.id);
+  }
+  wake();
+}
+
+bool Transport::tls_accept_step(Conn& c) {
+  const auto step = c.tls->handshake();
+  if (step == TlsLink::Step::kFailed) {
+    refuse_stranger(c, c.tls->error(), false);
+    return false;
+  }
+  flush(c);  // the handshake's own records, then (once done) the queued challenge
+  return step == TlsLink::Step::kDone && c.state != Conn::State::kClosed;
+}
+
 void Transport::on_readable(Conn& c) {
+  if (c.tls_handshaking() && !tls_accept_step(c)) return;
   size_t budget = kReadBudget;
   auto fail_io = [&](ssize_t r) {
+    const int err = errno;
+    std::string detail = c.tls ? c.tls->error() : std::string();
+    if (detail.empty()) detail = std::strerror(err);
     Status why = r == 0 ? Status{ErrorCode::kIoError, "connection closed by the peer"}
-                        : Status{ErrorCode::kIoError,
-                                 fmt::format("receive failed: {}", std::strerror(errno))};
+                        : Status{ErrorCode::kIoError, fmt::format("receive failed: {}", detail)};
     if (c.state == Conn::State::kHandshake)
       refuse_stranger(c, fmt::format("gone before authenticating ({})", why.message()), false);
     else
@@ -209,9 +244,8 @@ void Transport::on_readable(Conn& c) {
       size_t room = 0;
       std::byte* dst = payload_room(c, &room);
       // A dropped payload (oversize for its post) goes through the empty staging area.
-      ssize_t r = dst != nullptr ? ::recv(c.fd.get(), dst, room, MSG_DONTWAIT)
-                                 : ::recv(c.fd.get(), c.staging.get(),
-                                          std::min(room, Conn::kStaging), MSG_DONTWAIT);
+      ssize_t r = dst != nullptr ? c.recv_bytes(dst, room)
+                                 : c.recv_bytes(c.staging.get(), std::min(room, Conn::kStaging));
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return fail_io(r);
@@ -222,7 +256,7 @@ void Transport::on_readable(Conn& c) {
     }
     if (c.st_begin == c.st_end) {
       c.st_begin = c.st_end = 0;
-      ssize_t r = ::recv(c.fd.get(), c.staging.get(), Conn::kStaging, MSG_DONTWAIT);
+      ssize_t r = c.recv_bytes(c.staging.get(), Conn::kStaging);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return fail_io(r);
@@ -248,6 +282,9 @@ void Transport::on_readable(Conn& c) {
       }
     }
   }
+  // Out of budget with records already read off the socket: no readiness
+  // event will come for them.
+  if (c.tls && c.state != Conn::State::kClosed && c.tls->input_buffered()) read_again_later(c);
 }
 
 // Where the next payload bytes go and how many fit there (> 0 while the
@@ -319,6 +356,11 @@ void Transport::on_header(Conn& c) {
     if (st && !c.active && !handler(c.hdr.type))
       st = {ErrorCode::kProtocolError, fmt::format("unknown message type {}", c.hdr.type)};
   }
+  if (!st && handshake && !c.tls &&
+      looks_like_tls(reinterpret_cast<const unsigned char*>(c.hdr_bytes.data()), kHeaderBytes))
+    st = {ErrorCode::kProtocolError,
+          "the peer speaks TLS (PUSHPULL_TLS=1) and this node does not: set PUSHPULL_TLS the same "
+          "on every node of the job"};
   if (!st) {
     if (handshake) {
       // Tell the connector why before closing, so both sides log the reason.

@@ -95,10 +95,7 @@ bool Transport::write_tcp_batch(Conn& c, std::vector<SendOp>& completed, bool* w
     if (op.len > pw) iov[n++] = {const_cast<std::byte*>(op.data) + pw, op.len - pw};
     if (!c.ctl.empty()) break;  // let control frames out between messages
   }
-  msghdr mh{};
-  mh.msg_iov = iov;
-  mh.msg_iovlen = static_cast<size_t>(n);
-  ssize_t r = ::sendmsg(c.fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  ssize_t r = c.send_iov(iov, n);
   if (r < 0) {
     if (errno == EINTR) return true;
     *would_block_out = would_block(errno);
@@ -150,8 +147,19 @@ bool Transport::fill_piece(Conn& c, SendOp& op) {
 // Writes control frames, messages and pieces in stream order until the
 // socket or the ring is full or nothing is left. Called with send_mu held.
 Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& completed) {
-  const int fd = c.fd.get();
   auto& q = c.queue;
+  // With TLS, ciphertext the socket did not take yet goes first; nothing
+  // else moves before the TLS handshake is done (tls_accept_step flushes
+  // then). Bytes the link took are sent by it later: while it holds some,
+  // keep watching for EPOLLOUT even with nothing queued or the ring full.
+  if (c.tls) {
+    if (c.tls->flush() < 0) return WriteState::kError;
+    if (!c.tls->established())
+      return c.tls->output_pending() ? WriteState::kSocketFull : WriteState::kIdle;
+  }
+  auto stopped = [&c](WriteState s) {
+    return c.tls_output_pending() && s != WriteState::kError ? WriteState::kSocketFull : s;
+  };
   while (true) {
     if (!c.ctl.empty()) {
       const SendOp* head = q.empty() ? nullptr : &q.front();
@@ -162,8 +170,8 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
                             !head->piece_pending);
       CtlFrame& f = c.ctl.front();
       if (between || f.written > 0) {
-        ssize_t r = ::send(fd, f.bytes.data() + f.written, f.bytes.size() - f.written,
-                           MSG_NOSIGNAL | MSG_DONTWAIT);
+        iovec v{f.bytes.data() + f.written, f.bytes.size() - f.written};
+        ssize_t r = c.send_iov(&v, 1);
         if (r < 0) {
           if (errno == EINTR) continue;
           return would_block(errno) ? WriteState::kSocketFull : WriteState::kError;
@@ -179,7 +187,7 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
         continue;
       }
     }
-    if (q.empty()) return WriteState::kIdle;
+    if (q.empty()) return stopped(WriteState::kIdle);
     SendOp& op = q.front();
     decide_path(c, op, config_.shm_min_payload);
     if (op.path != SendOp::Path::kShm) {
@@ -188,7 +196,8 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
       if (blocked) return WriteState::kSocketFull;
       continue;
     }
-    if (op.written == 0 && !op.piece_pending && !fill_piece(c, op)) return WriteState::kRingFull;
+    if (op.written == 0 && !op.piece_pending && !fill_piece(c, op))
+      return stopped(WriteState::kRingFull);
     if (op.written < kHeaderBytes || op.piece_pending) {
       iovec iov[2];
       int n = 0;
@@ -198,10 +207,7 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
         iov[n++] = {op.piece.data() + op.piece_written, kHeaderBytes - op.piece_written};
       // The ring's bytes are visible before the frame that announces them.
       std::atomic_thread_fence(std::memory_order_release);
-      msghdr mh{};
-      mh.msg_iov = iov;
-      mh.msg_iovlen = static_cast<size_t>(n);
-      ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t r = c.send_iov(iov, n);
       if (r < 0) {
         if (errno == EINTR) continue;
         return would_block(errno) ? WriteState::kSocketFull : WriteState::kError;
@@ -221,7 +227,7 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
       }
       continue;
     }
-    if (!fill_piece(c, op)) return WriteState::kRingFull;
+    if (!fill_piece(c, op)) return stopped(WriteState::kRingFull);
   }
 }
 

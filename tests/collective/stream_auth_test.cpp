@@ -45,7 +45,7 @@ TEST(StreamAuth, SilentConnectionsDoNotDelayRealRanks) {
   for (int i = 0; i < 16; ++i)
     silent.push_back(raw_connect(port));
   auto deadline = Clock::now() + 10s;
-  std::vector<std::future<net::Fd>> ranks;
+  std::vector<std::future<Stream>> ranks;
   for (int q = 1; q <= 2; ++q)
     ranks.push_back(std::async(std::launch::async, [&, q] {
       return connect_stream("127.0.0.1", port, a, q, 0, deadline, "test");
@@ -53,10 +53,10 @@ TEST(StreamAuth, SilentConnectionsDoNotDelayRealRanks) {
   auto t0 = Clock::now();
   auto fds = accept_streams(listener.get(), a, 0, 3, deadline, 5s, "test");
   EXPECT_LT(Clock::now() - t0, 4s);  // well before the silent ones' 5 s handshake deadline
-  EXPECT_TRUE(fds[1].valid());
-  EXPECT_TRUE(fds[2].valid());
+  EXPECT_TRUE(fds[1].fd.valid());
+  EXPECT_TRUE(fds[2].fd.valid());
   for (auto& r : ranks)
-    EXPECT_TRUE(r.get().valid());
+    EXPECT_TRUE(r.get().fd.valid());
 }
 
 // A rank that died before opening its stream (the transport's verdict says
@@ -97,13 +97,13 @@ TEST(StreamAuth, WrongTokenForeignRankAndDuplicatesAreDroppedNotFatal) {
   EXPECT_TRUE(refused(no_secret, 1));
   EXPECT_TRUE(refused(a, 5));  // out of range
   EXPECT_TRUE(refused(a, 0));  // the acceptor's own rank
-  net::Fd real = connect_stream("127.0.0.1", port, a, 1, 0, deadline, "test");
-  EXPECT_TRUE(real.valid());
+  Stream real = connect_stream("127.0.0.1", port, a, 1, 0, deadline, "test");
+  EXPECT_TRUE(real.fd.valid());
   EXPECT_TRUE(refused(a, 1));  // rank 1 again
-  net::Fd two = connect_stream("127.0.0.1", port, a, 2, 0, deadline, "test");
+  Stream two = connect_stream("127.0.0.1", port, a, 2, 0, deadline, "test");
   auto fds = accepted.get();
-  EXPECT_TRUE(fds[1].valid());
-  EXPECT_TRUE(fds[2].valid());
+  EXPECT_TRUE(fds[1].fd.valid());
+  EXPECT_TRUE(fds[2].fd.valid());
 }
 
 TEST(StreamAuth, AProofForAnotherRankIsRefused) {
@@ -158,6 +158,70 @@ TEST(StreamAuth, ConnectorRefusesAnImpostorListener) {
   EXPECT_THROW(connect_stream("127.0.0.1", port, auth(), 1, 0, Clock::now() + 5s, "test"),
                ProtocolError);
   impostor.join();
+}
+
+// With TLS (PUSHPULL_TLS) the streams' handshake runs inside TLS 1.3: ranks
+// with the secret get working streams (bytes checked both ways), a plain
+// connector and one with another secret are dropped without failing the
+// accept, and a connector facing a plain listener refuses it.
+StreamAuth tls_auth(const std::string& secret = "s3cret") {
+  StreamAuth a = auth(secret);
+  NetOptions n;
+  n.tls = true;
+  n.job_id = a.job_id;
+  n.job_secret = secret;
+  a.tls = net::tls_context(n);
+  return a;
+}
+
+TEST(StreamAuthTls, MembersGetEncryptedStreamsStrangersAreDropped) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  const int port = net::local_port(listener.get());
+  StreamAuth a = tls_auth();
+  auto deadline = Clock::now() + 10s;
+  auto accepted = std::async(std::launch::async, [&] {
+    return accept_streams(listener.get(), a, 0, 2, deadline, 2s, "test");
+  });
+  // Plain TCP with the right token and secret: no TLS, no stream.
+  StreamAuth plain = a;
+  plain.tls = nullptr;
+  EXPECT_THROW(connect_stream("127.0.0.1", port, plain, 1, 0, Clock::now() + 3s, "test"), IoError);
+  // TLS with another secret: the TLS handshake itself fails.
+  StreamAuth other = tls_auth("another");
+  other.token = a.token;
+  EXPECT_THROW(connect_stream("127.0.0.1", port, other, 1, 0, Clock::now() + 3s, "test"),
+               ProtocolError);
+  Stream mine = connect_stream("127.0.0.1", port, a, 1, 0, deadline, "test");
+  ASSERT_TRUE(mine.tls);
+  auto fds = accepted.get();
+  ASSERT_TRUE(fds[1].tls);
+  std::string error;
+  const std::string ping = "ping over tls", pong = "pong";
+  ASSERT_TRUE(net::tls_write_all(*mine.tls, ping.data(), ping.size(), deadline, &error)) << error;
+  std::string got(ping.size(), '\0');
+  ASSERT_TRUE(net::tls_read_all(*fds[1].tls, got.data(), got.size(), deadline, &error)) << error;
+  EXPECT_EQ(got, ping);
+  ASSERT_TRUE(net::tls_write_all(*fds[1].tls, pong.data(), pong.size(), deadline, &error));
+  std::string back(pong.size(), '\0');
+  ASSERT_TRUE(net::tls_read_all(*mine.tls, back.data(), back.size(), deadline, &error)) << error;
+  EXPECT_EQ(back, pong);
+}
+
+TEST(StreamAuthTls, AConnectorWithTlsRefusesAPlainListener) {
+  net::Fd listener = net::listen_on("127.0.0.1", 0);
+  const int port = net::local_port(listener.get());
+  StreamAuth a = auth();
+  auto accepted = std::async(std::launch::async, [&] {
+    try {
+      accept_streams(listener.get(), a, 0, 2, Clock::now() + 3s, 2s, "test");
+    } catch (const Timeout&) {
+    }
+  });
+  StreamAuth t = tls_auth();
+  t.token = a.token;
+  EXPECT_THROW(connect_stream("127.0.0.1", port, t, 1, 0, Clock::now() + 3s, "test"),
+               ProtocolError);
+  accepted.get();
 }
 
 RendezvousConfig rv(int rank, int size, int port) {
