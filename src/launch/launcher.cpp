@@ -97,7 +97,14 @@ std::string file_name(const std::string& label) {
 // no other program can take the port between its choice and its use.
 Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* held) {
   Rendezvous rv;
-  if (cfg.nnodes > 0) return Rendezvous(cfg.master_addr, cfg.port);  // per-node mode: given
+  if (cfg.nnodes > 0) {  // per-node mode: given
+    rv = Rendezvous(cfg.master_addr, cfg.port);
+    if (cfg.num_servers > 0) {  // node 0's scheduler has the port; a torch store the next one
+      rv.master_addr = cfg.master_addr;
+      rv.master_port = cfg.port + 1;
+    }
+    return rv;
+  }
   if (cfg.num_servers > 0) {
     rv.addr = cfg.host_ip;
     rv.port = cfg.port;  // 0 until the scheduler has bound
@@ -148,8 +155,9 @@ Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
   Options o = Options::from_env(env);                // applies PUSHPULL_LOG_LEVEL
   if (cfg.verbose) set_log_level(LogLevel::kDebug);  // --verbose wins over the environment
   o.cluster.role = Role::kScheduler;
-  o.cluster.num_servers = cfg.num_servers;
-  o.cluster.num_workers = cfg.num_workers;
+  const int nodes = cfg.nnodes > 0 ? cfg.nnodes : 1;  // per-node mode: the whole job
+  o.cluster.num_servers = cfg.num_servers * nodes;
+  o.cluster.num_workers = cfg.num_workers * nodes;
   o.cluster.root_uri = cfg.host_ip;
   o.cluster.root_port = cfg.port;
   o.net.job_id = cfg.job_id;
@@ -350,7 +358,8 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   net::Fd rendezvous_listener;  // -s 0, local: worker 0's, until it is started
   net::Fd reserved;             // no embedded scheduler: its port, held
   Rendezvous rv = choose_rendezvous(cfg, false, &rendezvous_listener);
-  if (cfg.num_servers > 0) {
+  // Per-node mode: node 0's launcher hosts the scheduler, the others meet it.
+  if (cfg.num_servers > 0 && (cfg.nnodes == 0 || cfg.node_rank == 0)) {
     if (ctx.scheduler_factory) {
       scheduler = ctx.scheduler_factory(scheduler_options(cfg, ctx));
       scheduler->allow_worker_restarts(cfg.max_restarts > 0);
