@@ -11,6 +11,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # tools and tests
   clang clang-format iproute2 procps openssh-server openssh-client rsync
+  # a real Slurm for tests/launch/slurm_cluster_test.py (daemons started by the test only)
+  slurmctld slurmd slurm-client munge
   # peers for the benchmarks
   openmpi-bin libopenmpi-dev libgloo-dev libhiredis-dev libibverbs-dev iperf3
   # training and Python
