@@ -89,12 +89,18 @@ ClusterNodeEnv from_mpi(const Environment& env,
         "mpirun started {} processes on this node: the per-node mode needs one launcher per node "
         "(mpirun --npernode 1 or --map-by ppr:1:node)",
         *local));
+  // Node 0: MASTER_ADDR when mpirun forwards one (-x MASTER_ADDR=...), else
+  // the first host of the hostfile (where mpirun started rank 0).
+  n.master_addr = text(env, "MASTER_ADDR");
+  n.master_port = integer(env, "MASTER_PORT").value_or(0);
   const std::string path = text(env, "OMPI_MCA_orte_default_hostfile");
-  if (path.empty()) return n;
+  if (!n.master_addr.empty() || path.empty()) return n;
   auto body = read(path);
   if (!body)
     throw InvalidArgument(
-        fmt::format("OMPI_MCA_orte_default_hostfile={}: cannot read the hostfile", path));
+        fmt::format("OMPI_MCA_orte_default_hostfile={}: cannot read the hostfile (or pass "
+                    "-x MASTER_ADDR=<node 0> to mpirun)",
+                    path));
   auto hosts = parse_hostfile(*body, path);
   if (!hosts.empty()) n.master_addr = hosts.front().host;
   return n;

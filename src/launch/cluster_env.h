@@ -14,9 +14,10 @@
 //             SLURM_NNODES), SLURM_NODEID, node 0 = the first host of
 //             SLURM_JOB_NODELIST; the port is derived from SLURM_JOB_ID.
 //   mpi       one process per node under Open MPI's mpirun (Kubeflow
-//             MPIJob): OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, node 0 =
-//             the first host of the hostfile OMPI_MCA_orte_default_hostfile
-//             names (MPIJob: /etc/mpi/hostfile).
+//             MPIJob): OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK; node 0 =
+//             MASTER_ADDR when mpirun forwards it (-x), else the first host
+//             of the hostfile OMPI_MCA_orte_default_hostfile names (MPIJob:
+//             /etc/mpi/hostfile, on the launcher pod); MASTER_PORT likewise.
 //
 // Thread safety: pure functions over values (the hostfile is read by the
 // caller's `read`).

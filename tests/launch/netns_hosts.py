@@ -46,9 +46,11 @@ def sh(*args, check=True):
 class Cluster:
     """hosts: [(name, interface)], e.g. [('n1', 'eth0'), ('n2', 'ens5')].
     aliases: {alias: host name} (extra names in every hosts file, e.g. a
-    headless service's DNS name). The hub gets .1 and the name `hub_name`."""
+    headless service's DNS name). The hub gets .1 and the name `hub_name`.
+    decoys: {host name: 'addr/32'}: an extra interface made first in that
+    host, up but connected to nothing."""
 
-    def __init__(self, tag, hosts, aliases=None, hub_name='hub'):
+    def __init__(self, tag, hosts, aliases=None, hub_name='hub', decoys=None):
         pid = os.getpid()
         self.prefix = f'pp{tag}{pid % 100000}'
         self.subnet = f'10.{200 + pid % 50}.{(pid // 50) % 250}'
@@ -57,9 +59,9 @@ class Cluster:
         self.procs = []   # Popen objects started in the hosts
         self.namespaces = []
         self.hub_name = hub_name
-        self._up(hosts, aliases or {})
+        self._up(hosts, aliases or {}, decoys or {})
 
-    def _up(self, hosts, aliases):
+    def _up(self, hosts, aliases, decoys):
         self._add_ns(self.hub)
         sh('ip', '-n', self.hub, 'link', 'add', 'br0', 'type', 'bridge')
         sh('ip', '-n', self.hub, 'addr', 'add', f'{self.subnet}.1/24', 'dev', 'br0')
@@ -68,6 +70,13 @@ class Cluster:
         for i, (name, iface) in enumerate(hosts):
             ns = f'{self.prefix}{i}'
             self._add_ns(ns)
+            if name in decoys:
+                # An interface that is up, listed before the real one, and
+                # leads nowhere: "the first address" would pick it.
+                sh('ip', '-n', ns, 'link', 'add', 'decoy0', 'type', 'veth', 'peer', 'name',
+                   'decoy1')
+                sh('ip', '-n', ns, 'addr', 'add', decoys[name], 'dev', 'decoy0')
+                sh('ip', '-n', ns, 'link', 'set', 'decoy0', 'up')
             addr = f'{self.subnet}.{i + 2}'
             sh('ip', '-n', self.hub, 'link', 'add', f'v{i}', 'type', 'veth', 'peer', 'name', iface,
                'netns', ns)

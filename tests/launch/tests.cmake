@@ -31,3 +31,8 @@ add_test(NAME launch_slurm_cluster
                  ${PROJECT_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR})
 set_tests_properties(launch_slurm_cluster PROPERTIES LABELS launch TIMEOUT 180
                      SKIP_RETURN_CODE 77)
+add_test(NAME launch_kubernetes_pods
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/kubernetes_pods_test.py
+                 ${PROJECT_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR})
+set_tests_properties(launch_kubernetes_pods PROPERTIES LABELS launch TIMEOUT 180
+                     SKIP_RETURN_CODE 77)
