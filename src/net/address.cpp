@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -115,6 +116,8 @@ std::optional<std::string> interface_address(const std::string& name,
 std::optional<std::string> pick_interface(std::string_view spec,
                                           const std::vector<InterfaceAddress>& interfaces,
                                           std::string_view hostname) {
+  // Every entry is checked first, so a typo fails on every host alike.
+  std::vector<std::pair<std::string_view, std::string_view>> entries;  // (host, name)
   size_t start = 0;
   while (start <= spec.size()) {
     size_t comma = spec.find(',', start);
@@ -134,6 +137,9 @@ std::optional<std::string> pick_interface(std::string_view spec,
           fmt::format("interface list '{}': an entry names no interface (use eth0,ens5 or "
                       "host1:eth0,host2:ens5)",
                       spec));
+    entries.emplace_back(host, name);
+  }
+  for (const auto& [host, name] : entries) {
     if (!host.empty() && !same_host(host, hostname)) continue;
     if (interface_address(std::string(name), interfaces)) return std::string(name);
   }

@@ -39,10 +39,14 @@ import sys
 import tempfile
 import time
 
-import yaml
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import netns_hosts  # noqa: E402
+
+try:
+    import yaml
+except ImportError:
+    print('skipped: the Kubernetes pods test reads the manifests with PyYAML (python3-yaml)')
+    sys.exit(netns_hosts.SKIP)
 
 BIN, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 SECRET_MOUNT = '/etc/pushpull/secret'
@@ -249,6 +253,7 @@ def check_interfaces(tmp):
 
 def main():
     netns_hosts.need_root_and_netns('the Kubernetes pods test')
+    netns_hosts.need_programs(BIN, ['pushpull', 'kvstore_basics'], 'the Kubernetes pods test')
     tmp = tempfile.mkdtemp(prefix='pp-k8s-')
     os.chmod(tmp, 0o755)
     netns_hosts.cleanup_on_signals(lambda: shutil.rmtree(tmp, ignore_errors=True))

@@ -36,6 +36,15 @@ def need_root_and_netns(what):
     subprocess.run(['ip', 'netns', 'del', probe], capture_output=True)
 
 
+def need_programs(bin_dir, names, what):
+    """Exits 77 unless every program is built (examples may be turned off)."""
+    missing = [n for n in names if not os.access(os.path.join(bin_dir, n), os.X_OK)]
+    if missing:
+        print(f'skipped: {what} runs {", ".join(missing)}, not built in {bin_dir} '
+              '(PUSHPULL_BUILD_EXAMPLES=ON builds kvstore_basics)')
+        sys.exit(SKIP)
+
+
 def sh(*args, check=True):
     r = subprocess.run(list(args), capture_output=True, text=True)
     if check and r.returncode != 0:

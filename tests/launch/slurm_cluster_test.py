@@ -46,6 +46,7 @@ def skip_unless_ready():
               'apt-get install slurmctld slurmd slurm-client munge, scripts/deps.sh)')
         sys.exit(netns_hosts.SKIP)
     netns_hosts.need_root_and_netns('the Slurm cluster test')
+    netns_hosts.need_programs(BIN, ['pushpull', 'kvstore_basics'], 'the Slurm cluster test')
 
 
 SLURM_CONF = """ClusterName=pptest

@@ -16,7 +16,7 @@ target_include_directories(pushpull_launch_cli PRIVATE ${CMAKE_SOURCE_DIR}/src $
 target_link_libraries(pushpull_launch_cli PRIVATE pushpull_launch pushpull_ps CLI11::CLI11)
 
 foreach(t launch_local_test launch_ssh_test launch_mpi_test launch_cli_test launch_liveness_test
-    launch_security_test)
+    launch_security_test launch_cluster_env_test)
   if(TARGET ${t})
     add_dependencies(${t} launch_probe launch_node_probe pushpull_launch_cli)
   endif()
