@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -180,6 +181,15 @@ void per_node_config(LaunchArgs& a, bool workers_given, const Environment& env) 
       throw InvalidArgument(fmt::format(
           "--interface {}: this host has no IPv4 address on it (give --host-ip)", c.interface));
     c.host_ip = *addr;
+  }
+  if (c.host_ip.empty() && !a.dry_run) {
+    // Node 0's name may not resolve yet (a pod's DNS record appears once the
+    // pod has an address): wait for it, up to --timeout (default 5 min).
+    const auto within = std::chrono::milliseconds(
+        static_cast<int64_t>((c.timeout_s > 0 ? c.timeout_s : 300) * 1000));
+    if (!launch::wait_until_resolvable(c.master_addr, within))
+      throw InvalidArgument(fmt::format("--master-addr {}{} does not resolve after {} s",
+                                        c.master_addr, src, within.count() / 1000));
   }
   if (c.host_ip.empty()) c.host_ip = launch::address_toward(c.master_addr);
 }

@@ -3,8 +3,13 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "launch/launcher.h"
 #include "net/address.h"
@@ -40,6 +45,25 @@ std::string address_toward(const std::string& host) {
   if (is_loopback_host(host)) return "127.0.0.1";  // every node on this host
   if (auto a = net::route_source_address(host); a && !is_loopback_host(*a)) return *a;
   return first_ipv4_address();
+}
+
+bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  auto delay = std::chrono::milliseconds(100);
+  while (true) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
+      freeaddrinfo(res);
+      return true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(delay, deadline - now));
+    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
+  }
 }
 
 bool is_loopback_host(std::string_view host) {
