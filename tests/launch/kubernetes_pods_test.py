@@ -104,8 +104,8 @@ class Pod:
 def trainjob_pods(doc):
     name, t = doc['metadata']['name'], doc['spec']['trainer']
     n, p = int(t['numNodes']), int(t['numProcPerNode'])
-    mounts = [m for o in doc['spec'].get('podSpecOverrides', [])
-              for c in o.get('containers', []) for m in subpath_mounts(c)]
+    mounts = [m for o in doc['spec'].get('podTemplateOverrides', [])
+              for c in o['spec'].get('containers', []) for m in subpath_mounts(c)]
     assert [m['mountPath'] for m in mounts] == [SECRET_MOUNT], mounts
     master = f'{name}-node-0-0.{name}'
     pods = []
