@@ -60,6 +60,14 @@ ClusterNodeEnv from_slurm(const Environment& env) {
   n.node_rank = integer(env, "SLURM_NODEID").value_or(-1);
   auto tasks = integer(env, "SLURM_STEP_NUM_TASKS");
   auto step_nodes = integer(env, "SLURM_STEP_NUM_NODES");
+  // The batch script itself runs on the first node only: the other nodes'
+  // launchers would never start.
+  if (!step_nodes && n.nnodes > 1)
+    throw InvalidArgument(fmt::format(
+        "this is the batch script of a {}-node Slurm job, which runs on its first node only: "
+        "start the per-node launcher on every node with srun --ntasks-per-node=1 (see "
+        "examples/slurm/pushpull-per-node.sbatch), or use --launcher slurm -n N",
+        n.nnodes));
   if (tasks && step_nodes && *tasks != *step_nodes)
     throw InvalidArgument(fmt::format(
         "srun started {} tasks on {} nodes: the per-node mode needs one launcher per node (srun "

@@ -94,6 +94,11 @@ TEST(ClusterEnv, SrunOneTaskPerNode) {
                      {"SLURM_STEP_NUM_NODES", "2"},
                      {"SLURM_STEP_NUM_TASKS", "4"}}),
                InvalidArgument);
+  // The batch script (no srun step) of a 2-node job: only one node would run.
+  EXPECT_THROW(read({{"SLURM_JOB_ID", "1"}, {"SLURM_NODEID", "0"}, {"SLURM_JOB_NUM_NODES", "2"}}),
+               InvalidArgument);
+  EXPECT_EQ(
+      read({{"SLURM_JOB_ID", "1"}, {"SLURM_NODEID", "0"}, {"SLURM_JOB_NUM_NODES", "1"}}).nnodes, 1);
 }
 
 TEST(ClusterEnv, SlurmHostLists) {
