@@ -218,6 +218,7 @@ TEST(ClusterEnvCli, SrunTaskNeedsOnlyTheProcessCount) {
       dry_run({"--nproc-per-node", "2", "--", "./train"}, {{"SLURM_JOB_ID", "77"},
                                                            {"SLURM_JOB_NUM_NODES", "2"},
                                                            {"SLURM_NODEID", "1"},
+                                                           {"SLURM_STEP_NUM_NODES", "2"},
                                                            {"SLURM_JOB_NODELIST", "localhost,n2"}});
   for (const char* want : {"RANK=3", "WORLD_SIZE=4", "MASTER_ADDR=localhost", "MASTER_PORT=20077"})
     EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
