@@ -17,6 +17,13 @@ hosts, that no process of any job ever had the job secret on its command
 line (every /proc/*/cmdline, polled while the jobs run), and that `scancel`
 of a running job (both kinds) leaves none of its processes behind.
 
+The daemons run with proctrack/pgid and task/none: no cgroups are needed,
+and scancel signals only each step's process group, the harder case for a
+launcher whose children run in process groups of their own (with
+proctrack/cgroup, as on most clusters, Slurm kills the whole cgroup anyway).
+slurmd runs in its host's network namespace only (nsenter), not under `ip
+netns exec`, whose fresh /sys hides the cgroup mounts slurmd 22.05 checks.
+
 Needs root, network namespaces and Debian's slurmctld, slurmd, slurm-client
 and munge (scripts/deps.sh); skips (exit 77) saying why otherwise. Daemons
 are stopped by PID, namespaces and files removed, also on failure.
@@ -164,12 +171,23 @@ class Watch:
     """Polls every process while jobs run: command lines, and the secrets and
     job ids in the environments of Slurm job processes."""
 
-    def __init__(self):
+    def __init__(self, job_dir):
+        self.job_dir = job_dir
+        self.srun_files = 0  # --multi-prog files seen (checked for secrets)
         self.cmdlines = {}  # pid -> words
         self.secrets = set()
         self.job_pids = {}  # SLURM_JOB_ID -> {pid: words}
 
     def poll(self):
+        # The launcher's --multi-prog file: the tasks' variables, never a secret.
+        for f in glob.glob(f'{self.job_dir}/.pushpull-*.srun.conf'):
+            try:
+                text = open(f).read()
+            except OSError:
+                continue
+            self.srun_files += 1
+            assert 'PUSHPULL_JOB_SECRET=' not in text, f'{f} holds the secret:\n{text}'
+            self.cmdlines.setdefault(f, text.split())
         for pid, (cmd, env) in netns_hosts.processes().items():
             self.cmdlines.setdefault(pid, cmd)
             job = env.get('SLURM_JOB_ID')
@@ -293,7 +311,7 @@ def main():
         per_node = f'{SRC}/examples/slurm/pushpull-per-node.sbatch'
         # The one-launcher jobs make a fresh secret each (not the file's).
         one = {k: v for k, v in env.items() if k != 'PUSHPULL_JOB_SECRET_FILE'}
-        watch = Watch()
+        watch = Watch(f'{d}/job')
         watch.secrets.add(open(secret_file).read().strip())
         jobs = {
             'launch-ps': slurm.sbatch(launch, [basics, '--kvstore', 'dist_sync'],
@@ -322,7 +340,8 @@ def main():
         leaks = watch.secret_on_command_lines()
         assert not leaks, f'a job secret on a command line: {leaks}'
         print(f'secrets: {len(watch.secrets)} job secrets, on none of '
-              f'{len(watch.cmdlines)} command lines seen')
+              f'{len(watch.cmdlines)} command lines seen '
+              f'({watch.srun_files} reads of srun --multi-prog files among them)')
     finally:
         cleanup()
     assert not glob.glob(f'/etc/netns/{cluster.prefix}*'), 'hosts files left behind'
