@@ -11,11 +11,14 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # tools and tests
   clang clang-format iproute2 procps openssh-server openssh-client rsync
+  # a real Slurm for tests/launch/slurm_cluster_test.py (it runs daemons of its own,
+  # with its own configuration; the packages' system services are not needed)
+  slurmctld slurmd slurm-client munge
   # peers for the benchmarks
   openmpi-bin libopenmpi-dev libgloo-dev libhiredis-dev libibverbs-dev iperf3
   # training and Python
   libtorch-dev python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
-  python3-setuptools python3-venv python3-pip python3-wheel dataset-fashion-mnist
+  python3-setuptools python3-venv python3-pip python3-wheel python3-yaml dataset-fashion-mnist
   # docs figures (scripts/plot.py, make plots) and the timeline writer
   python3-matplotlib nlohmann-json3-dev
 )

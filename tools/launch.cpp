@@ -6,15 +6,20 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "base/file_auth.h"
 #include "commands.h"
+#include "launch/cluster_env.h"
 #include "launch/cluster_scheduler.h"
 #include "launch/elastic_driver.h"
 #include "launch/host_list.h"
@@ -39,6 +44,7 @@ struct LaunchArgs {
   launch::ElasticConfig elastic;           // --min-workers/--max-workers/...: docs/elastic.md
   std::string checkpoint_dir, resume_dir;  // docs/ps.md "Checkpoints"
   int64_t checkpoint_every = 0;
+  std::set<std::string> given;  // the per-node options given on the command line
 };
 
 // --checkpoint-dir/--checkpoint-every/--resume: checks them and passes them
@@ -104,39 +110,88 @@ void checkpoint_config(LaunchArgs& a, const Environment& env) {
              ps::checkpoint_path(a.resume_dir, *round, 0));
 }
 
-// torchrun's per-node mode: checks the options and turns --nproc-per-node
-// into this node's worker count. Throws InvalidArgument.
-void per_node_config(LaunchArgs& a, bool workers_given) {
+// torchrun's per-node mode: --nnodes, --nproc-per-node, or a Kubeflow
+// Trainer pod (PET_NNODES) without -n/-H/--launcher. What the flags leave
+// out comes from the cluster manager's variables (launch/cluster_env.h:
+// Kubeflow, srun, mpirun). Checks the options and turns --nproc-per-node
+// into this node's worker count, -s into this node's server count. Throws
+// InvalidArgument.
+void per_node_config(LaunchArgs& a, bool workers_given, const Environment& env) {
   auto& c = a.cfg;
-  if (c.nnodes <= 0) {
+  const bool wanted =
+      c.nnodes > 0 || a.nproc_per_node > 0 ||
+      (env.get("PET_NNODES") && !workers_given && a.hostfile.empty() && a.launcher.empty());
+  if (!wanted) {
     if (!workers_given)
       throw InvalidArgument("-n/--num-workers is required (or --nnodes with --nproc-per-node)");
+    if (c.num_servers < 0) c.num_servers = c.num_workers;
     return;
   }
-  if (a.nproc_per_node < 1)
-    throw InvalidArgument("--nnodes needs --nproc-per-node N (workers on this node), N >= 1");
+  auto from = launch::cluster_node_env(env, [](const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return std::optional<std::string>();
+    std::stringstream text;
+    text << in.rdbuf();
+    return std::optional<std::string>(text.str());
+  });
+  auto given = [&](const char* flag) { return a.given.count(flag) > 0; };
+  if (!given("--nnodes") && from.nnodes > 0) c.nnodes = from.nnodes;
+  if (!given("--node-rank") && from.node_rank >= 0) c.node_rank = from.node_rank;
+  if (!given("--nproc-per-node") && from.nproc_per_node > 0) a.nproc_per_node = from.nproc_per_node;
+  if (!given("--master-addr") && !from.master_addr.empty()) c.master_addr = from.master_addr;
+  if (!given("--master-port"))
+    c.port = from.master_port > 0 ? from.master_port
+                                  : (from.source.empty() ? 0 : launch::kDefaultMasterPort);
+  if (a.nproc_per_node < 1) a.nproc_per_node = 1;  // torchrun's default
+  const std::string src = from.source.empty()
+                              ? std::string()
+                              : fmt::format(" (read from the {} variables)", from.source);
+  if (c.nnodes <= 0)
+    throw InvalidArgument(
+        "the per-node mode needs --nnodes N (or PET_NNODES, WORLD_SIZE, SLURM_JOB_NUM_NODES, "
+        "OMPI_COMM_WORLD_SIZE)");
   if (workers_given && c.num_workers != a.nproc_per_node * c.nnodes)
     throw InvalidArgument(fmt::format("-n {} is not --nnodes {} x --nproc-per-node {}",
                                       c.num_workers, c.nnodes, a.nproc_per_node));
   if (c.node_rank < 0 || c.node_rank >= c.nnodes)
-    throw InvalidArgument(fmt::format("--node-rank {} is not in 0..{}", c.node_rank, c.nnodes - 1));
-  if (c.master_addr.empty() || c.port <= 0)
-    throw InvalidArgument("--nnodes needs --master-addr (node 0's address) and --master-port");
-  if (c.num_servers > 0 || !a.hostfile.empty() || !a.launcher.empty())
     throw InvalidArgument(
-        "--nnodes runs collective-only workers on this node: no -s, -H or --launcher with it");
+        fmt::format("--node-rank {} is not in 0..{}{}", c.node_rank, c.nnodes - 1, src));
+  if (c.master_addr.empty() || c.port <= 0)
+    throw InvalidArgument(
+        fmt::format("--nnodes needs --master-addr (node 0's address) and --master-port{}", src));
+  if (!a.hostfile.empty() || !a.launcher.empty())
+    throw InvalidArgument(
+        "--nnodes runs this node's share of the job: no -H or --launcher with it");
   c.num_workers = a.nproc_per_node;
-  c.num_servers = 0;
+  // -s in the per-node mode: servers on this node (0: a collectives-only job).
+  if (c.num_servers < 0) c.num_servers = 0;
   // Every node's workers prove the same secret (a fresh one per launcher
   // would differ): PUSHPULL_JOB_SECRET or PUSHPULL_JOB_SECRET_FILE when set,
   // else the per-user secret file, the same on hosts sharing the home
   // directory (launch::resolve_launch_secret, docs/security.md).
   // Every node's launcher must name the same job (peers check it): derived
   // from the meeting point unless PUSHPULL_JOB_ID says otherwise.
-  if (c.job_id.empty() && std::getenv("PUSHPULL_JOB_ID") == nullptr)
+  if (c.job_id.empty() && !env.get("PUSHPULL_JOB_ID"))
     c.job_id = fmt::format("pp-{}-{}", c.master_addr, c.port);
-  // Peers reach this node's workers at its own address, not at the master's.
-  if (c.host_ip.empty()) c.host_ip = launch::first_ipv4_address();
+  // Peers reach this node's workers at its own address, not at the master's:
+  // the --interface one, else the route's toward node 0.
+  if (c.host_ip.empty() && !c.interface.empty()) {
+    auto addr = launch::interface_ipv4_address(c.interface);
+    if (!addr)
+      throw InvalidArgument(fmt::format(
+          "--interface {}: this host has no IPv4 address on it (give --host-ip)", c.interface));
+    c.host_ip = *addr;
+  }
+  if (c.host_ip.empty() && !a.dry_run) {
+    // Node 0's name may not resolve yet (a pod's DNS record appears once the
+    // pod has an address): wait for it, up to --timeout (default 5 min).
+    const auto within = std::chrono::milliseconds(
+        static_cast<int64_t>((c.timeout_s > 0 ? c.timeout_s : 300) * 1000));
+    if (!launch::wait_until_resolvable(c.master_addr, within))
+      throw InvalidArgument(fmt::format("--master-addr {}{} does not resolve after {} s",
+                                        c.master_addr, src, within.count() / 1000));
+  }
+  if (c.host_ip.empty()) c.host_ip = launch::address_toward(c.master_addr);
 }
 
 // "NAME=VALUE" sets; "NAME" forwards the launcher's value.
@@ -184,7 +239,7 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
       throw InvalidArgument(
           fmt::format("unknown option {} (put the program after '--' if its name starts with '-')",
                       command[0]));
-    per_node_config(a, a.workers_given);
+    per_node_config(a, a.workers_given, ctx.env);
     if (!a.hostfile.empty()) cfg.hosts = launch::read_hosts(a.hostfile);  // file or h1:2,h2:2
     if (a.launcher.empty()) {
       cfg.launcher = cfg.hosts.empty() ? launch::LauncherKind::kLocal : launch::LauncherKind::kSsh;
@@ -291,8 +346,9 @@ void register_launch(CLI::App& app) {
       args->workers_given = true;  // -n defaults to --max-workers (else --min-workers)
       args->cfg.num_workers = std::max({1, args->elastic.max_workers, args->elastic.min_workers});
     }
-    if (args->cfg.num_servers < 0)
-      args->cfg.num_servers = args->cfg.nnodes > 0 ? 0 : args->cfg.num_workers;
+    for (const char* flag :
+         {"--nnodes", "--node-rank", "--nproc-per-node", "--master-addr", "--master-port"})
+      if (cmd->count(flag) > 0) args->given.insert(flag);
     int code = run(*args, args->command);
     if (code != 0) throw CLI::RuntimeError(code);
   });

@@ -247,7 +247,9 @@ std::string read_secret_file(const std::string& path) {
     if (err == ELOOP)
       throw InvalidArgument(fmt::format(
           "the job secret file {} is a symbolic link; secrets are not read through links "
-          "(someone else may control its target): remove it",
+          "(someone else may control its target): point PUSHPULL_JOB_SECRET_FILE at a regular "
+          "file (a Kubernetes Secret volume presents its keys as links: mount the key with "
+          "subPath, docs/launch.md \"Kubernetes\")",
           path));
     throw IoError(fmt::format("cannot open the job secret file {}: {}", path, errno_text(err)));
   }

@@ -99,7 +99,7 @@ void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const st
 
 void Node::start() {
   const auto& c = options_.cluster;
-  std::string host = net::choose_host(options_.net);
+  std::string host = net::choose_host(options_.net, c.root_uri);  // the route to the scheduler
   int port = transport_->listen(net::bind_host_for(host, options_.net.bind_any), options_.net.port);
   transport_->set_advertised_address(host, port);
   transport_->set_identity(role(), -1, 0);

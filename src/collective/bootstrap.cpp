@@ -171,7 +171,7 @@ Bootstrapped from_rendezvous(const Options& o) {
   else if (is_loopback(c.master_addr))
     rc.host = "127.0.0.1";
   else
-    rc.host = net::choose_host(o.net);
+    rc.host = net::choose_host(o.net, c.master_addr);  // the route to rank 0
   auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
                                             bind_host_for(rc.host, o.net.bind_any), 0);
   rc.port = tcp->port();

@@ -262,7 +262,7 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   else if (is_loopback(cfg->server_host))
     host = "127.0.0.1";
   else
-    host = net::choose_host(o.net);
+    host = net::choose_host(o.net, cfg->server_host);  // the route to the rendezvous
   // The mesh's listener, bound (and held) before joining: the round's book
   // must name its port before the mesh, whose rank it fixes, exists, and no
   // other program may take the port in between.

@@ -9,6 +9,7 @@
 // grace period, --timeout or the processes' own lifetime.
 #pragma once
 
+#include <chrono>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -50,8 +51,18 @@ int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
 
 // This host's first non-loopback IPv4 address, else "127.0.0.1".
 std::string first_ipv4_address();
-// The IPv4 address of network interface `name`, if it has one.
-std::optional<std::string> interface_ipv4_address(const std::string& name);
+// The IPv4 address of the interface `spec` selects here (one name, a list
+// `eth0,ens5` whose first existing entry wins, or per host
+// `host1:eth0,host2:ens5`: net/address.h), if it has one. Throws
+// InvalidArgument on a malformed spec.
+std::optional<std::string> interface_ipv4_address(const std::string& spec);
+// The address this host sends from toward `host` (the route's source
+// address); 127.0.0.1 for a loopback `host`; else first_ipv4_address().
+std::string address_toward(const std::string& host);
+// Waits until `host` resolves (a headless service's DNS record may appear
+// after the pod that needs it starts), retrying with backoff; false when it
+// still does not after `within`.
+bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds within);
 // "localhost", "::1" or an address in 127.0.0.0/8.
 bool is_loopback_host(std::string_view host);
 

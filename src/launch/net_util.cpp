@@ -3,10 +3,16 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "launch/launcher.h"
+#include "net/address.h"
 
 namespace pushpull::launch {
 
@@ -28,19 +34,36 @@ std::string first_ipv4_address() {
   return found;
 }
 
-std::optional<std::string> interface_ipv4_address(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return std::nullopt;
-  std::optional<std::string> found;
-  for (ifaddrs* i = list; i && !found; i = i->ifa_next) {
-    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !i->ifa_name) continue;
-    if (name != i->ifa_name) continue;
-    char buf[INET_ADDRSTRLEN];
-    auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof buf)) found = buf;
+std::optional<std::string> interface_ipv4_address(const std::string& spec) {
+  const auto interfaces = net::list_interfaces();
+  auto name = net::pick_interface(spec, interfaces, net::local_hostname());
+  if (!name) return std::nullopt;
+  return net::interface_address(*name, interfaces, /*ipv4_only=*/true);
+}
+
+std::string address_toward(const std::string& host) {
+  if (is_loopback_host(host)) return "127.0.0.1";  // every node on this host
+  if (auto a = net::route_source_address(host); a && !is_loopback_host(*a)) return *a;
+  return first_ipv4_address();
+}
+
+bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  auto delay = std::chrono::milliseconds(100);
+  while (true) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
+      freeaddrinfo(res);
+      return true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(delay, deadline - now));
+    delay = std::min(delay * 2, std::chrono::milliseconds(2000));
   }
-  freeifaddrs(list);
-  return found;
 }
 
 bool is_loopback_host(std::string_view host) {

@@ -92,7 +92,8 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
   both("DMLC_PS_ROOT_PORT", "PUSHPULL_ROOT_PORT", std::to_string(rv.port));
   const int world = cfg.num_workers * (cfg.nnodes > 0 ? cfg.nnodes : 1);  // per-node mode
   both("DMLC_NUM_WORKER", "PUSHPULL_NUM_WORKER", std::to_string(world));
-  both("DMLC_NUM_SERVER", "PUSHPULL_NUM_SERVER", std::to_string(cfg.num_servers));
+  const int servers = cfg.num_servers * (cfg.nnodes > 0 ? cfg.nnodes : 1);
+  both("DMLC_NUM_SERVER", "PUSHPULL_NUM_SERVER", std::to_string(servers));
   both("DMLC_NODE_HOST", "PUSHPULL_NODE_HOST", p.host);
   if (!cfg.interface.empty()) both("DMLC_INTERFACE", "PUSHPULL_INTERFACE", cfg.interface);
   env["PUSHPULL_RANK"] = std::to_string(p.rank);
@@ -140,7 +141,9 @@ std::vector<ProcessSpec> make_plan(const LaunchConfig& cfg, const Rendezvous& rv
     ProcessSpec p;
     p.role = i < size_t(cfg.num_servers) ? Role::kServer : Role::kWorker;
     p.rank = p.role == Role::kServer ? int(i) : int(i) - cfg.num_servers;
-    if (p.role == Role::kWorker && cfg.nnodes > 0) p.rank += cfg.node_rank * cfg.num_workers;
+    // Per-node mode: this node's share of the global ranks.
+    if (cfg.nnodes > 0)
+      p.rank += cfg.node_rank * (p.role == Role::kWorker ? cfg.num_workers : cfg.num_servers);
     p.host_index = hosts_of[i];
     if (cfg.hosts.empty()) {
       p.host = cfg.host_ip.empty() ? "127.0.0.1" : cfg.host_ip;

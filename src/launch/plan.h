@@ -60,10 +60,11 @@ struct LaunchConfig {
   std::string job_secret;
   bool allow_insecure = false;  // PUSHPULL_ALLOW_INSECURE=1, passed on to every process
   bool bind_any = false;        // PUSHPULL_BIND_ANY=1: the scheduler binds the wildcard address
-  // torchrun-style per-node mode (--nnodes > 0; collectives only): every host
-  // runs its own launcher for its num_workers workers, global ranks
-  // node_rank * num_workers + local rank of nnodes * num_workers, meeting at
-  // master_addr:port (node 0's worker 0 binds it).
+  // torchrun-style per-node mode (--nnodes > 0): every host runs its own
+  // launcher for its num_workers workers (and num_servers servers), global
+  // ranks node_rank * num_workers + local rank of nnodes * num_workers (the
+  // same for servers), meeting at master_addr:port: node 0's worker 0 binds
+  // it without servers, node 0's launcher's scheduler with them.
   int nnodes = 0;
   int node_rank = 0;
   std::string master_addr;

@@ -198,14 +198,20 @@ TEST(LaunchConventionsCli, PerNodeBadInput) {
     a.push_back("./train");
     return pushpull(a);
   };
-  EXPECT_EQ(with({"--node-rank", "0", "--master-addr", "h", "--master-port", "1"}).code, 2);
+  // --nproc-per-node defaults to 1, as torchrun's.
+  EXPECT_EQ(with({"--node-rank", "0", "--master-addr", "h", "--master-port", "1"}).code, 0);
   EXPECT_EQ(with({"--nproc-per-node", "1", "--node-rank", "2", "--master-addr", "h",
                   "--master-port", "1"})
                 .code,
             2);
   EXPECT_EQ(with({"--nproc-per-node", "1", "--node-rank", "0", "--master-port", "1"}).code, 2);
+  // -s: servers on each node (node 0's launcher hosts the scheduler).
   EXPECT_EQ(with({"--nproc-per-node", "1", "--node-rank", "0", "--master-addr", "h",
                   "--master-port", "1", "-s", "1"})
+                .code,
+            0);
+  EXPECT_EQ(with({"--nproc-per-node", "1", "--node-rank", "0", "--master-addr", "h",
+                  "--master-port", "1", "-H", "h1,h2"})
                 .code,
             2);
   EXPECT_EQ(with({"--nproc-per-node", "2", "-n", "3", "--node-rank", "0", "--master-addr", "h",
