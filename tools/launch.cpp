@@ -335,6 +335,9 @@ void register_launch(CLI::App& app) {
   cmd->add_option("--resume", args->resume_dir,
                   "Restart the job from the last complete checkpoint in DIR (workers get "
                   "PUSHPULL_RESUME_ROUND)");
+  cmd->add_flag("--tls", c.tls,
+                "Run every connection of the job over TLS 1.3 keyed from the job secret "
+                "(PUSHPULL_TLS=1; docs/security.md \"Encryption\")");
   cmd->add_flag("--dry-run", args->dry_run, "Print the plan and exit without running anything");
   cmd->add_flag("-v,--verbose", c.verbose, "Print the plan and each process's variables");
   // Last, so a --max-restarts registered above (the restart policy) is shared.

@@ -141,6 +141,7 @@ int Driver::run() {
   ce::ServerConfig sc;
   sc.net.job_id = cfg_.job_id;
   sc.net.job_secret = cfg_.job_secret;
+  sc.net.tls = cfg_.tls;
   sc.bind_host = cfg_.bind_any ? "" : cfg_.host_ip;
   sc.port = cfg_.port;
   sc.min_workers = ec_.min_workers;

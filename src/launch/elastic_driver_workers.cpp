@@ -37,6 +37,7 @@ void Driver::spawn_on(const std::string& host) {
   env["PUSHPULL_JOB_ID"] = cfg_.job_id;
   if (!cfg_.job_secret.empty()) env["PUSHPULL_JOB_SECRET"] = cfg_.job_secret;
   if (cfg_.allow_insecure) env.insert_or_assign("PUSHPULL_ALLOW_INSECURE", std::string(1, '1'));
+  if (cfg_.tls) env.insert_or_assign("PUSHPULL_TLS", std::string(1, '1'));
   if (cfg_.timeout_s > 0) env["PUSHPULL_TIMEOUT"] = fmt::format("{}", cfg_.timeout_s);
   if (!cfg_.interface.empty()) env["DMLC_INTERFACE"] = cfg_.interface;
   if (!is_loopback_host(host)) env["PUSHPULL_NODE_HOST"] = host;

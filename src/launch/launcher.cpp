@@ -113,6 +113,7 @@ Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
   // not go looking for (or create) the per-user secret file.
   Environment env = ctx.env;
   if (!cfg.job_secret.empty()) env.set("PUSHPULL_JOB_SECRET", cfg.job_secret);
+  if (cfg.tls) env.set("PUSHPULL_TLS", "1");
   Options o = Options::from_env(env);                // applies PUSHPULL_LOG_LEVEL
   if (cfg.verbose) set_log_level(LogLevel::kDebug);  // --verbose wins over the environment
   o.cluster.role = Role::kScheduler;

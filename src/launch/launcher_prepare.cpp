@@ -102,6 +102,11 @@ void prepare(LaunchConfig& cfg, const LaunchContext& ctx) {
   if (cfg.server_command.empty()) cfg.server_command = shell_quote(ctx.self_exe) + " server";
   if (cfg.workdir.empty()) cfg.workdir = cfg.sync_dst_dir.empty() ? ctx.cwd : cfg.sync_dst_dir;
   cfg.allow_insecure = ctx.env.get("PUSHPULL_ALLOW_INSECURE") == "1";
+  cfg.tls = cfg.tls || ctx.env.get("PUSHPULL_TLS") == "1";
+  if (cfg.tls && cfg.allow_insecure)
+    throw InvalidArgument(
+        "--tls (PUSHPULL_TLS=1) needs the job secret its key is derived from, and "
+        "PUSHPULL_ALLOW_INSECURE=1 turns secrets off: unset one of them");
   cfg.bind_any = ctx.env.get("PUSHPULL_BIND_ANY") == "1";
 
   // The job secret: --env's, else the launcher's, else a fresh one. Every

@@ -101,6 +101,7 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
   if (!cfg.job_secret.empty()) env["PUSHPULL_JOB_SECRET"] = cfg.job_secret;
   // (Not `= "1"`: g++ 12 warns, wrongly, -Wrestrict on that assignment here.)
   if (cfg.allow_insecure) env.insert_or_assign("PUSHPULL_ALLOW_INSECURE", std::string(1, '1'));
+  if (cfg.tls) env.insert_or_assign("PUSHPULL_TLS", std::string(1, '1'));
   if (cfg.timeout_s > 0) env["PUSHPULL_TIMEOUT"] = fmt::format("{}", cfg.timeout_s);
   if (p.role == Role::kWorker) {
     // torchrun's names describe the workers only: servers are not part of the

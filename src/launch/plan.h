@@ -59,7 +59,8 @@ struct LaunchConfig {
   // it empty together with PUSHPULL_ALLOW_INSECURE=1.
   std::string job_secret;
   bool allow_insecure = false;  // PUSHPULL_ALLOW_INSECURE=1, passed on to every process
-  bool bind_any = false;        // PUSHPULL_BIND_ANY=1: the scheduler binds the wildcard address
+  bool tls = false;       // --tls or PUSHPULL_TLS=1: every connection over TLS 1.3 (passed on)
+  bool bind_any = false;  // PUSHPULL_BIND_ANY=1: the scheduler binds the wildcard address
   // torchrun-style per-node mode (--nnodes > 0): every host runs its own
   // launcher for its num_workers workers (and num_servers servers), global
   // ranks node_rank * num_workers + local rank of nnodes * num_workers (the
