@@ -19,8 +19,7 @@
 namespace pushpull::collective {
 namespace {
 
-constexpr size_t kNonceBytes = std::tuple_size_v<net::Nonce>;
-constexpr size_t kHelloBytes = 8 + kNonceBytes + std::tuple_size_v<net::Proof>;
+constexpr size_t kHelloBytes = kStreamHelloBytes;
 
 void put(std::byte* p, uint64_t v) {
   for (int i = 0; i < 8; ++i)
@@ -59,6 +58,34 @@ bool send_now(int fd, net::TlsLink* tls, const void* data, size_t n) {
 
 }  // namespace
 
+StreamHelloCheck check_stream_hello(std::span<const std::byte, kStreamHelloBytes> hello,
+                                    const StreamAuth& auth, const net::Nonce& nonce, int rank,
+                                    int size, const std::vector<bool>& taken) {
+  StreamHelloCheck out;
+  const uint64_t q = get(hello.data());
+  net::Nonce theirs;
+  net::Proof proof;
+  std::memcpy(theirs.data(), hello.data() + 8, theirs.size());
+  std::memcpy(proof.data(), hello.data() + 8 + theirs.size(), proof.size());
+  if (q <= static_cast<uint64_t>(rank) || q >= static_cast<uint64_t>(size)) {
+    out.refusal = fmt::format("claims rank {}, not one of {}..{}", q, rank + 1, size - 1);
+    return out;
+  }
+  const int qr = static_cast<int>(q);
+  const std::string key = auth.key();
+  if (!net::verify_proof(key, input(auth, net::Direction::kConnector, nonce, theirs, qr), proof)) {
+    out.refusal = fmt::format("failed to prove it is rank {} of this job", q);
+    return out;
+  }
+  if (static_cast<size_t>(qr) < taken.size() && taken[static_cast<size_t>(qr)]) {
+    out.refusal = fmt::format("rank {} already has its data stream", q);
+    return out;
+  }
+  out.rank = qr;
+  out.answer = net::compute_proof(key, input(auth, net::Direction::kAcceptor, nonce, theirs, rank));
+  return out;
+}
+
 std::string StreamAuth::key() const {
   return job_secret + std::string(reinterpret_cast<const char*>(token.data()), token.size());
 }
@@ -74,7 +101,6 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
   for (const auto& i : net::list_interfaces())
     local_hosts.push_back(i.address);
   net::RefusalLog log;
-  const std::string key = auth.key();
   int expected = size - 1 - rank;
   auto pause_until = Clock::time_point{};
   auto drop = [&](size_t i, const std::string& why) {
@@ -135,28 +161,16 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
       }
       p.got += static_cast<size_t>(r);
       if (p.got < kHelloBytes) continue;
-      const uint64_t q = get(p.in);
-      net::Nonce theirs;
-      net::Proof proof;
-      std::memcpy(theirs.data(), p.in + 8, theirs.size());
-      std::memcpy(proof.data(), p.in + 8 + theirs.size(), proof.size());
-      if (q <= static_cast<uint64_t>(rank) || q >= static_cast<uint64_t>(size)) {
-        drop(i, fmt::format("claims rank {}, not one of {}..{}", q, rank + 1, size - 1));
+      std::vector<bool> taken(static_cast<size_t>(size));
+      for (size_t k = 0; k < fds.size(); ++k)
+        taken[k] = fds[k].fd.valid();
+      StreamHelloCheck check = check_stream_hello(p.in, auth, p.nonce, rank, size, taken);
+      if (check.rank < 0) {
+        drop(i, check.refusal);
         continue;
       }
-      const int qr = static_cast<int>(q);
-      if (!net::verify_proof(key, input(auth, net::Direction::kConnector, p.nonce, theirs, qr),
-                             proof)) {
-        drop(i, fmt::format("failed to prove it is rank {} of this job", q));
-        continue;
-      }
-      if (fds[q].fd.valid()) {
-        drop(i, fmt::format("rank {} already has its data stream", q));
-        continue;
-      }
-      net::Proof mine =
-          net::compute_proof(key, input(auth, net::Direction::kAcceptor, p.nonce, theirs, rank));
-      if (!send_now(p.fd.get(), p.tls.get(), mine.data(), mine.size())) {
+      const auto q = static_cast<size_t>(check.rank);
+      if (!send_now(p.fd.get(), p.tls.get(), check.answer.data(), check.answer.size())) {
         drop(i, "could not answer the handshake");
         continue;
       }

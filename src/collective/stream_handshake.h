@@ -29,6 +29,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,23 @@ struct StreamAuth {
   std::shared_ptr<const net::TlsContext> tls;  // null: plain TCP
   std::string key() const;
 };
+
+// The connector's hello: rank (u64 LE), nonce, proof.
+inline constexpr size_t kStreamHelloBytes =
+    8 + std::tuple_size_v<net::Nonce> + std::tuple_size_v<net::Proof>;
+
+// The acceptor's check of a connector's hello (sans-IO, fuzzed by
+// tests/fuzz/fuzz_stream_hello.cpp): `rank` >= 0 and the acceptor's proof to
+// send back when the connector proved a rank in (rank, size) that is not
+// `taken`; else rank -1 and why.
+struct StreamHelloCheck {
+  int rank = -1;
+  std::string refusal;
+  net::Proof answer{};
+};
+StreamHelloCheck check_stream_hello(std::span<const std::byte, kStreamHelloBytes> hello,
+                                    const StreamAuth& auth, const net::Nonce& nonce, int rank,
+                                    int size, const std::vector<bool>& taken);
 
 // One data stream: the socket, and its TLS link when TLS is on.
 struct Stream {

@@ -5,6 +5,7 @@
 // the repository's own encoder produces, so the fuzzers start from valid
 // messages and mutate from there.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,6 +15,7 @@
 #include "cluster/protocol.h"
 #include "collective/messages.h"
 #include "collective/rendezvous.h"
+#include "collective/stream_handshake.h"
 #include "net/hello.h"
 #include "net/host_identity.h"
 #include "net/lend.h"
@@ -186,6 +188,27 @@ void idx_seeds(const fs::path& root) {
   idx.add(0, file({65536, 65536, 65536, 65536}, 0));
 }
 
+// Data-stream hellos for fuzz_stream_hello's fixed job: rank 1 proving
+// itself to rank 0 (accepted when the selector leaves rank 1 free), and
+// the same proof claiming rank 2.
+void stream_hello_seeds(const fs::path& root) {
+  Corpus sh(root, "fuzz_stream_hello");
+  collective::StreamAuth auth{"fuzz-job", "fuzz-secret", net::Nonce{}, false};
+  net::Nonce acceptor{};
+  acceptor.fill(std::byte{0x5a});
+  net::Nonce mine{};
+  mine.fill(std::byte{7});
+  for (int claimed : {1, 2}) {
+    std::vector<std::byte> hello(collective::kStreamHelloBytes);
+    hello[0] = static_cast<std::byte>(claimed);
+    std::memcpy(hello.data() + 8, mine.data(), mine.size());
+    net::Proof p = net::compute_proof(
+        auth.key(), {net::Direction::kConnector, acceptor, mine, auth.job_id, Role::kWorker, 1});
+    std::memcpy(hello.data() + 8 + mine.size(), p.data(), p.size());
+    sh.add(0 | (2 << 2), hello);  // rank 0 of 3, nothing taken
+  }
+}
+
 void collective_seeds(const fs::path& root) {
   Corpus co(root, "fuzz_collective_messages");
   collective::Spec s;
@@ -228,6 +251,7 @@ int main(int argc, char** argv) {
   optimizer_seeds(root);
   checkpoint_seeds(root);
   collective_seeds(root);
+  stream_hello_seeds(root);
   idx_seeds(root);
   return 0;
 }
