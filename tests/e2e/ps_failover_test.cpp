@@ -169,6 +169,17 @@ TEST(PsFailover, PinnedReplicasOutliveTheirKilledPrimary) {
   EXPECT_GT(lent, int64_t{10} * (16 << 20)) << job.proc->output();
 }
 
+TEST(PsFailover, OverTlsAServerKilledInsideARoundPullsClosedForm) {
+  // PUSHPULL_TLS=1 (docs/security.md "Encryption"): the re-sent pushes and
+  // pulls, the replication to the backups and the new placement all run
+  // over TLS; shared memory off so every payload crosses TLS too.
+  TempDir dir("pp-failover-tls");
+  Job job(dir.path, "sync", 120, -1, 0, 0, {{"PUSHPULL_TLS", "1"}, {"PUSHPULL_PS_SHM", "0"}});
+  ASSERT_TRUE(job.wait_round(30)) << job.proc->output();
+  job.signal_server(2, SIGKILL);
+  expect_success(job, 120);
+}
+
 TEST(PsFailover, TwoBackupsSurviveTwoFailuresInARow) {
   // PUSHPULL_PS_REPLICAS=2: two servers killed 0-30 ms apart, inside rounds
   // (the second often while the first's re-sent round is being re-published):
