@@ -46,6 +46,9 @@ TEST_P(TransportTls, MessagesOfEverySizeArriveInOrderBothWays) {
   });
   b.start();
   ConnId to_a = b.connect("127.0.0.1", a.t.port());
+  // The acceptor's connect handler may run just after connect() returned.
+  for (int i = 0; i < 1000 && a.npeers() == 0; ++i)
+    std::this_thread::sleep_for(5ms);
   ASSERT_EQ(a.npeers(), 1u);
   const ConnId to_b = a.peers[0].first;
   const std::vector<size_t> sizes = {0, 1, 31, 16 << 10, (64 << 10) + 3, 4 << 20, 20 << 20};
