@@ -140,6 +140,12 @@ struct ClusterOptions {
   // -1 = the default (1 when there are at least 2 servers), 0 = off; at most
   // servers - 1 are used. PUSHPULL_PS_REPLICAS.
   int ps_replicas = -1;
+  // Workers also connect to each other (a mesh, n(n-1)/2 connections): only
+  // the collectives' bootstrap through the scheduler uses it, to trade its
+  // ports (src/collective/bootstrap.cpp); a parameter-server worker talks to
+  // the servers and the scheduler only, so start-up stays linear in the job
+  // (docs/scaling.md). Set in code, not from the environment.
+  bool worker_mesh = false;
   // Test hook (tests/e2e/ps_restart_test.cpp): a restarted server stops
   // itself (SIGSTOP) right after asking the live servers for its key ranges,
   // as a SIGSTOP landing while it catches up would.

@@ -2,6 +2,7 @@
 #include "cluster/node.h"
 
 #include <algorithm>
+#include <future>
 
 #include <fmt/format.h>
 
@@ -138,13 +139,16 @@ void Node::start() {
   }
   transport_->set_identity(role(), my_rank, node_id(role(), my_rank));
   PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
-  // The mesh: worker -> every server, worker -> every lower-rank worker.
+  // Worker -> every server; with ClusterOptions::worker_mesh also worker ->
+  // every lower-rank worker.
   std::vector<NodeAddress> targets;
   // Peers that may have died or been replaced since the book was made,
   // dialed in short attempts (see below).
   std::vector<NodeAddress> maybe;
-  size_t expected = role() == Role::kWorker ? static_cast<size_t>(c.num_servers + c.num_workers - 1)
-                                            : static_cast<size_t>(c.num_workers);
+  size_t expected =
+      role() == Role::kWorker
+          ? static_cast<size_t>(c.num_servers + (c.worker_mesh ? c.num_workers - 1 : 0))
+          : static_cast<size_t>(c.num_workers);
   if (role() == Role::kServer && book_.incarnation > 0) {
     // A restarted server joins a running job: it connects to every worker
     // and every live server (they started long ago). A worker that died
@@ -172,26 +176,35 @@ void Node::start() {
     expected = targets.size();
   } else if (role() == Role::kWorker) {
     targets = book_.servers;
-    for (int w = 0; w < my_rank; ++w)
-      targets.push_back(book_.workers[static_cast<size_t>(w)]);
+    if (c.worker_mesh)
+      for (int w = 0; w < my_rank; ++w)
+        targets.push_back(book_.workers[static_cast<size_t>(w)]);
   } else if (replicas_ > 0) {
     // Replication: every server connects to every server of lower rank.
     for (int s = 0; s < my_rank; ++s)
       targets.push_back(book_.servers[static_cast<size_t>(s)]);
   }
   size_t gave_up = 0;
-  for (const auto& t : targets) {
-    if (book_.incarnation > 0) {
-      // Joining a running job: a server live in the book may be stopped and
-      // failed over while this node dials it (before, a replacement dialed
-      // its dead address for connect_timeout, failed and spent a restart).
+  if (book_.incarnation > 0) {
+    // Joining a running job: a server live in the book may be stopped and
+    // failed over while this node dials it (before, a replacement dialed
+    // its dead address for connect_timeout, failed and spent a restart).
+    for (const auto& t : targets)
       gave_up += dial_until_failed_over(t) ? 0 : 1;
-      continue;
+  } else {
+    // The first start: every peer at once (each dial and hello is a round
+    // trip or more; one after another they add up with the job's size).
+    std::vector<std::future<net::ConnId>> dials;
+    for (const auto& t : targets)
+      dials.push_back(std::async(std::launch::async,
+                                 [this, &t] { return transport_->connect(t.host, t.port); }));
+    for (size_t i = 0; i < dials.size(); ++i) {
+      net::ConnId id =
+          dials[i].get();  // the first failure throws (the others end by their deadline)
+      std::lock_guard lock(mu_);
+      peers_[{targets[i].role, targets[i].rank}] = id;
+      cv_.notify_all();
     }
-    net::ConnId id = transport_->connect(t.host, t.port);
-    std::lock_guard lock(mu_);
-    peers_[{t.role, t.rank}] = id;
-    cv_.notify_all();
   }
   for (const auto& t : maybe)
     dial_if_absent(t);
@@ -310,8 +323,8 @@ net::ConnId Node::conn(Role role, int rank) const {
   auto it = peers_.find({role, rank});
   if (it == peers_.end())
     throw NotFound(
-        fmt::format("{} {} has no connection to {} {} (workers connect to servers and "
-                    "workers; servers only to workers)",
+        fmt::format("{} {} has no connection to {} {} (workers connect to the servers, and "
+                    "to each other only for the collectives' bootstrap; servers to workers)",
                     role_name(this->role()), rank_, role_name(role), rank));
   return it->second;
 }

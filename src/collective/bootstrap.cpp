@@ -76,7 +76,9 @@ Bootstrapped from_cluster(const Options& o) {
   ports->port.assign(static_cast<size_t>(std::max(o.cluster.num_workers, 0)), 0);
   Bootstrapped out;
   out.mode = BootstrapMode::kCluster;
-  out.node = std::make_unique<cluster::Node>(o);
+  Options mesh = o;
+  mesh.cluster.worker_mesh = true;  // the ports below travel worker to worker
+  out.node = std::make_unique<cluster::Node>(mesh);
   // Runs on the Node's I/O thread: record the sender's mesh port.
   out.node->set_handler(kPortType, kPortType, [ports](net::Message&& m) {
     cluster::NodeAddress who = cluster::Node::sender(m.header);

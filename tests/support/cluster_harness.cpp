@@ -17,6 +17,7 @@ InProcessCluster::InProcessCluster(Config config) {
   options_.cluster.heartbeat_timeout = config.heartbeat_timeout;
   options_.cluster.startup_timeout = config.startup_timeout;
   options_.cluster.barrier_timeout = Millis{30000};
+  options_.cluster.worker_mesh = true;  // the tests also send worker to worker
   scheduler_ = std::make_unique<cluster::Scheduler>(options_);
   port_ = scheduler_->bind();
   options_.cluster.root_port = port_;
