@@ -69,7 +69,17 @@ int open_private_for_write(const std::string& path, std::string_view what) {
   // No O_TRUNC: the file is checked before anything in it is lost.
   // O_NONBLOCK: a FIFO planted at the name cannot block the open.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
-  if (fd < 0) fail_errno(what, path, "open");
+  if (fd < 0) {
+    // Another user's symlink in a sticky directory may fail with EACCES
+    // (protected_symlinks, some kernels) rather than ELOOP: say what it is.
+    const int err = errno;
+    struct stat link {};
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      errno = ELOOP;
+    else
+      errno = err;
+    fail_errno(what, path, "open");
+  }
   struct stat st {};
   std::string why;
   if (::fstat(fd, &st) != 0)
@@ -155,9 +165,17 @@ void write_private_file(const std::string& path, std::string_view bytes, std::st
 void make_private_dirs(const std::string& dir, std::string_view what) {
   if (dir.empty()) return;
   // Each prefix ending before a '/', then the whole path.
+  // A symbolic link on the way that another user (not root) owns is not
+  // followed: in a shared sticky directory (/tmp) anyone may plant one at a
+  // name the job will use (the kernel's fs.protected_symlinks, often off,
+  // would refuse it too).
   for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
     const std::string prefix = at == std::string::npos ? dir : dir.substr(0, at);
     if (!prefix.empty() && prefix != "." && prefix != "..") {
+      struct stat link {};
+      if (::lstat(prefix.c_str(), &link) == 0 && S_ISLNK(link.st_mode) &&
+          link.st_uid != ::geteuid() && link.st_uid != 0)
+        fail(what, prefix, fmt::format("it is a symbolic link owned by uid {}", link.st_uid));
       if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) fail_errno(what, prefix, "mkdir");
     }
     if (at == std::string::npos) break;

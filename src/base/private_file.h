@@ -49,7 +49,8 @@ void write_private_file(const std::string& path, std::string_view bytes, std::st
 // Creates directory `dir` and its missing parents with mode 0700 (existing
 // ones are kept as they are). Refuses when `dir` exists but is not a
 // directory, or is owned by a user other than this one or root (that user
-// could swap what is inside it).
+// could swap what is inside it), and when `dir` or any directory on its way
+// is a symbolic link owned by another user than this one or root (planted).
 void make_private_dirs(const std::string& dir, std::string_view what);
 
 }  // namespace pushpull::base
