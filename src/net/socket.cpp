@@ -141,6 +141,16 @@ Fd reserve_port(const std::string& host, int port) {
   return fd;
 }
 
+Fd reserve_port_shared(const std::string& host, int port) {
+  SockAddr addr = bind_address(host, port);
+  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  bind_or_throw(fd.get(), addr);
+  return fd;
+}
+
 Fd listen_on(const std::string& host, int port, int backlog) {
   SockAddr addr = bind_address(host, port);
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));

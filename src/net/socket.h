@@ -69,6 +69,16 @@ Fd listen_on(const std::string& host, int port, int backlog = 512);
 // SO_REUSEADDR: no other socket can bind the port while it lives, and
 // connections to it are refused. Throws IoError as listen_on does.
 Fd reserve_port(const std::string& host, int port);
+// The same with SO_REUSEADDR: a program that binds the port with
+// SO_REUSEADDR itself (torch's TCPStore does) can still bind and listen on
+// it while this lives, everyone else is kept off (a bind without
+// SO_REUSEADDR fails with EADDRINUSE, on any address of the family; the
+// kernel hands it to no port-0 bind and to no connect() as a source port).
+// For a port whose listener pushpull cannot hand a socket to (a
+// torch.distributed store's MASTER_PORT): held from its choice until the job
+// ends. Not against a squatter who sets SO_REUSEADDR too and listens first
+// (docs/security.md). Throws IoError as listen_on does.
+Fd reserve_port_shared(const std::string& host, int port);
 // The port a bound socket got.
 int local_port(int fd);
 // The address of the peer of a connected socket, as "host:port".
@@ -135,8 +145,7 @@ Fd adopt_inherited_listener(const char* value, int port, std::string* why_not = 
 // `port`; else adopt_inherited_listener() with `inherited`
 // (NetOptions::inherited_listener, from PUSHPULL_LISTEN_FD), at most once per
 // process (the first success owns the fd; later calls return an invalid Fd).
-Fd take_inherited_listener(int port, const std::string& inherited,
-                           std::string* why_not = nullptr);
+Fd take_inherited_listener(int port, const std::string& inherited, std::string* why_not = nullptr);
 // Hands a listening socket, bound before its port was published, to the
 // next take_inherited_listener() of its port in this process (the torch
 // ProcessGroup's rank 0 publishes the port in torch's store, then starts
