@@ -142,10 +142,28 @@ Fd reserve_port(const std::string& host, int port) {
 }
 
 Fd reserve_port_shared(const std::string& host, int port) {
+  int one = 1;
+  if (host.empty()) {
+    // The IPv6 wildcard, dual-stack, where the host has IPv6: it also keeps
+    // off an IPv6-only bind, which one on 0.0.0.0 would let through.
+    SockAddr any6;
+    auto* a = reinterpret_cast<sockaddr_in6*>(&any6.storage);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_any;
+    a->sin6_port = htons(static_cast<uint16_t>(port));
+    any6.len = sizeof(sockaddr_in6);
+    Fd fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int v6only = 0;
+    if (fd.valid() &&
+        setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only) == 0 &&
+        setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&any6.storage), any6.len) == 0)
+      return fd;
+    if (errno == EADDRINUSE) bind_or_throw(fd.get(), any6);  // says the port is in use
+  }
   SockAddr addr = bind_address(host, port);
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) throw IoError(fmt::format("socket(): {}", std::strerror(errno)));
-  int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   bind_or_throw(fd.get(), addr);
   return fd;

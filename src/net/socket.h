@@ -72,7 +72,8 @@ Fd reserve_port(const std::string& host, int port);
 // The same with SO_REUSEADDR: a program that binds the port with
 // SO_REUSEADDR itself (torch's TCPStore does) can still bind and listen on
 // it while this lives, everyone else is kept off (a bind without
-// SO_REUSEADDR fails with EADDRINUSE, on any address of the family; the
+// SO_REUSEADDR fails with EADDRINUSE, on any address (an empty host: the
+// IPv6 wildcard, dual-stack, where there is IPv6, else 0.0.0.0); the
 // kernel hands it to no port-0 bind and to no connect() as a source port).
 // For a port whose listener pushpull cannot hand a socket to (a
 // torch.distributed store's MASTER_PORT): held from its choice until the job

@@ -12,7 +12,7 @@ anything else:
 
 - binds MASTER_PORT without SO_REUSEADDR, as any other program would: this
   must fail with EADDRINUSE (the port is held, before and after torch's
-  store listens), on the IPv4 and the IPv6 wildcard;
+  store listens), on 0.0.0.0, MASTER_ADDR, [::] and [::1] (IPv6 only);
 - then meets the others through a real torch TCPStore on MASTER_ADDR /
   MASTER_PORT (rank 0 hosts it beside the reservation; with no torch
   importable, a listener with SO_REUSEADDR stands in and the test says so),
@@ -40,8 +40,11 @@ others = {os.environ.get("PUSHPULL_ROOT_PORT" if sys.argv[1] != "0" else "PUSHPU
 print("rank %d: MASTER_PORT %d, pushpull's port(s) %s" % (rank, port, sorted(others - {None})))
 if str(port) in others:
     print("FAIL: MASTER_PORT is pushpull's own port"); sys.exit(1)
-for fam, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET, addr), (socket.AF_INET6, "::")):
+for fam, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET, addr), (socket.AF_INET6, "::"),
+                  (socket.AF_INET6, "::1")):
     s = socket.socket(fam, socket.SOCK_STREAM)
+    if host == "::1":  # IPv6 only: not kept off by a reservation on 0.0.0.0 alone
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     try:
         s.bind((host, port))
         print("FAIL: bound MASTER_PORT %d on %s without SO_REUSEADDR: not held" % (port, host))
