@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// RAII file descriptors and the socket calls pushpull needs (IPv4 and IPv6).
+// RAII file descriptors and the socket calls pushpull needs (IPv4 and IPv6):
+// socket.cpp; the ports chosen for other programs' listeners
+// (pick_unused_port, reserve_port_shared) in ports.cpp.
 //
 // Ownership: Fd owns one descriptor and closes it in its destructor; it is
 // move-only. Thread safety: an Fd is used by one thread at a time (the
