@@ -76,7 +76,8 @@ Fd reserve_port(const std::string& host, int port);
 // it while this lives, everyone else is kept off (a bind without
 // SO_REUSEADDR fails with EADDRINUSE, on any address (an empty host: the
 // IPv6 wildcard, dual-stack, where there is IPv6, else 0.0.0.0); the
-// kernel hands it to no port-0 bind and to no connect() as a source port).
+// kernel, which skips bound ports when it picks one, gives it to no port-0
+// bind and to no connect() as a source port).
 // For a port whose listener pushpull cannot hand a socket to (a
 // torch.distributed store's MASTER_PORT): held from its choice until the job
 // ends. Not against a squatter who sets SO_REUSEADDR too and listens first
