@@ -4,7 +4,8 @@
 
 An attacker running as uid 65534 (`setpriv`) watches /dev/shm with inotify
 (libc's inotify_init1 / inotify_add_watch through ctypes). As soon as a
-name starting with "pushpull-" appears it
+name of a job appears (pushpull-coll-*, pushpull-probe-*, pushpull-net-*;
+other jobs' names on this host included) it
 
 - stats it (mode and owner: the job's segments must be 0600 and the job's
   user's) and tries to open it for reading and for writing, to read its
@@ -45,7 +46,8 @@ import pp_local  # noqa: E402
 ATTACKER = r'''
 import ctypes, errno, json, os, random, select, struct, sys, time
 shm, bait, made_log, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-IN_CREATE, IN_MOVED_TO, IN_NONBLOCK = 0x100, 0x80, 0o4000
+IN_CREATE, IN_MOVED_TO, IN_ISDIR, IN_NONBLOCK = 0x100, 0x80, 0x40000000, 0o4000
+JOB = ("pushpull-coll-", "pushpull-probe-", "pushpull-net-")
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
 fd = libc.inotify_init1(IN_NONBLOCK)
 if fd < 0 or libc.inotify_add_watch(fd, shm.encode(), IN_CREATE | IN_MOVED_TO) < 0:
@@ -99,7 +101,9 @@ while time.monotonic() < end:  # until the test closes stdin, at most `seconds`
         _, mask, _, n = struct.unpack_from("iIII", buf, at)
         name = buf[at + 16:at + 16 + n].rstrip(b"\0").decode(errors="replace")
         at += 16 + n
-        if not name.startswith("pushpull-") or name in made or name in seen:
+        # The job's names (other tests' directories and planted files under
+        # other prefixes, e.g. pushpull-shmtest-*, are not the job's).
+        if mask & IN_ISDIR or not name.startswith(JOB) or name in made or name in seen:
             continue
         path = os.path.join(shm, name)
         rec = {}
