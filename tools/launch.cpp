@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "base/file_auth.h"
+#include "base/private_file.h"
 #include "commands.h"
 #include "launch/cluster_env.h"
 #include "launch/cluster_scheduler.h"
@@ -78,6 +79,17 @@ void checkpoint_config(LaunchArgs& a, const Environment& env) {
     c.env_server.emplace_back("PUSHPULL_CHECKPOINT_KEY_FILE",
                               std::filesystem::absolute(*f).string());
   c.env_server.emplace_back("PUSHPULL_CHECKPOINT_KEY_ID", key.id_hex());
+  if (a.checkpoint_every > 0 && !a.dry_run && c.hosts.empty()) {
+    // Made here (0700) before anything starts, so a directory or symlink
+    // another user planted at its name (in /tmp, say) stops the job now,
+    // naming it, instead of failing every checkpoint (base/private_file.h).
+    try {
+      base::make_private_dirs(std::filesystem::absolute(a.checkpoint_dir).string(),
+                              "--checkpoint-dir");
+    } catch (const IoError& e) {
+      throw InvalidArgument(e.what());
+    }
+  }
   if (a.checkpoint_every > 0) {
     c.env_server.emplace_back("PUSHPULL_CHECKPOINT_DIR",
                               std::filesystem::absolute(a.checkpoint_dir).string());

@@ -171,6 +171,15 @@ struct KVStoreOptions {
   // Deadline of the blocking KVStore calls (push, pull, wait_all, ...): a call
   // whose work is not done by then throws Timeout. PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS.
   Millis wait_timeout{600000};
+  // What the key authenticating a PS job's optimizer-state files
+  // (save_optimizer_states / load_optimizer_states; base/file_auth.h,
+  // docs/security.md) is derived from, the same key as checkpoints': the
+  // variables base::checkpoint_key reads (PUSHPULL_CHECKPOINT_KEY_FILE, else
+  // the per-user secret file: PUSHPULL_SECRET_FILE, XDG_CONFIG_HOME, HOME;
+  // PUSHPULL_ALLOW_INSECURE), as from_env() found them. The secret is read
+  // (or created) only when a file is saved or loaded. Empty (Options built
+  // in code): the per-user secret file under this user's passwd home.
+  Environment file_key_env;
 };
 
 struct CollectiveOptions {

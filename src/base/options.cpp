@@ -202,6 +202,9 @@ Options Options::from_env(const Environment& env) {
   r.integer({"PUSHPULL_SERVER_THREADS"}, &k.server_threads);
   r.integer({"PUSHPULL_KVSTORE_THREADS"}, &k.engine_threads);
   r.millis({"PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS"}, &k.wait_timeout);
+  for (std::string_view name : {"PUSHPULL_CHECKPOINT_KEY_FILE", "PUSHPULL_SECRET_FILE",
+                                "XDG_CONFIG_HOME", "HOME", "PUSHPULL_ALLOW_INSECURE"})
+    if (auto v = env.get(name)) k.file_key_env.set(std::string(name), *v);
 
   CollectiveOptions& col = o.collective;
   r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},

@@ -40,6 +40,22 @@ std::string parent_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Refuses `path` when it, or a directory on its way, is a symbolic link
+// that another user (not root) owns: in a shared sticky directory (/tmp)
+// anyone may plant one at a name the job will use (the kernel's
+// fs.protected_symlinks, often off, would refuse it too). This user's own
+// links (to a scratch volume) are followed.
+void refuse_foreign_links(std::string_view what, const std::string& path) {
+  for (size_t at = path.find('/', 1);; at = path.find('/', at + 1)) {
+    const std::string prefix = at == std::string::npos ? path : path.substr(0, at);
+    struct stat link {};
+    if (!prefix.empty() && ::lstat(prefix.c_str(), &link) == 0 && S_ISLNK(link.st_mode) &&
+        link.st_uid != ::geteuid() && link.st_uid != 0)
+      fail(what, prefix, fmt::format("it is a symbolic link owned by uid {}", link.st_uid));
+    if (at == std::string::npos) return;
+  }
+}
+
 // 64 random bits for a temporary name: O_EXCL does the protecting, the
 // randomness only keeps concurrent writers and leftovers from colliding.
 std::string random_suffix() {
@@ -66,10 +82,21 @@ bool write_all(int fd, std::string_view bytes) {
 }  // namespace
 
 int open_private_for_write(const std::string& path, std::string_view what) {
+  refuse_foreign_links(what, parent_of(path));
   // No O_TRUNC: the file is checked before anything in it is lost.
   // O_NONBLOCK: a FIFO planted at the name cannot block the open.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
-  if (fd < 0) fail_errno(what, path, "open");
+  if (fd < 0) {
+    // Another user's symlink in a sticky directory may fail with EACCES
+    // (protected_symlinks, some kernels) rather than ELOOP: say what it is.
+    const int err = errno;
+    struct stat link {};
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      errno = ELOOP;
+    else
+      errno = err;
+    fail_errno(what, path, "open");
+  }
   struct stat st {};
   std::string why;
   if (::fstat(fd, &st) != 0)
@@ -106,6 +133,7 @@ std::FILE* fopen_private(const std::string& path, std::string_view what) {
 
 void write_private_file(const std::string& path, std::string_view bytes, std::string_view what,
                         bool durable) {
+  refuse_foreign_links(what, parent_of(path));
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     // A symlink of this user is replaced (not followed) by the rename; one
@@ -154,7 +182,9 @@ void write_private_file(const std::string& path, std::string_view bytes, std::st
 
 void make_private_dirs(const std::string& dir, std::string_view what) {
   if (dir.empty()) return;
-  // Each prefix ending before a '/', then the whole path.
+  // Each prefix ending before a '/', then the whole path; never through a
+  // link another user planted on the way.
+  refuse_foreign_links(what, dir);
   for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
     const std::string prefix = at == std::string::npos ? dir : dir.substr(0, at);
     if (!prefix.empty() && prefix != "." && prefix != "..") {

@@ -12,6 +12,9 @@
 //
 // - every open uses O_NOFOLLOW | O_CLOEXEC; a symlink at the final name is
 //   refused (streaming files) or replaced, never followed (atomic writes);
+// - a symlink another user (not root) owns on the way to the file or
+//   directory (a directory of the path planted as a link in /tmp) is
+//   refused: what fs.protected_symlinks would do, when it is on;
 // - new files are created with mode 0600, new directories with 0700;
 // - an existing file is truncated only when it is a regular file owned by
 //   this effective user with a single link (a hard link could point at a
@@ -49,7 +52,9 @@ void write_private_file(const std::string& path, std::string_view bytes, std::st
 // Creates directory `dir` and its missing parents with mode 0700 (existing
 // ones are kept as they are). Refuses when `dir` exists but is not a
 // directory, or is owned by a user other than this one or root (that user
-// could swap what is inside it).
+// could swap what is inside it), and when `dir` or any directory on its way
+// is a symbolic link owned by another user than this one or root (planted),
+// before anything is created.
 void make_private_dirs(const std::string& dir, std::string_view what);
 
 }  // namespace pushpull::base

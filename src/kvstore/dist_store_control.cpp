@@ -9,17 +9,14 @@
 #include <fmt/format.h>
 
 #include "base/executor.h"
+#include "base/file_auth.h"
 #include "base/private_file.h"
 #include "kvstore/dist_store.h"
+#include "kvstore/states_file.h"
 #include "net/wire.h"
 #include "ps/protocol.h"
 
 namespace pushpull {
-
-namespace {
-constexpr char kStatesMagic[4] = {'P', 'P', 'D', 'S'};
-constexpr uint32_t kStatesVersion = 1;
-}  // namespace
 
 void DistStore::command_all(uint64_t command, const std::vector<std::string>& payloads,
                             std::vector<std::string>* answers) {
@@ -71,48 +68,27 @@ void DistStore::set_optimizer(const OptimizerSpec& spec) {
 }
 
 void DistStore::save_optimizer_states(const std::string& path) {
+  // The user's checkpoint key (base/file_auth.h), read before anything is
+  // asked of the servers: an unusable secret file fails here.
+  const base::FileKey key = base::checkpoint_key(node_->options().kvstore.file_key_env);
   wait_all();
   std::vector<std::string> states;
   command_all(static_cast<uint64_t>(ps::Command::kSaveStates), {""}, &states);
-  net::Writer w;
-  w.bytes(std::as_bytes(std::span(kStatesMagic, 4)));
-  w.u<uint32_t>(kStatesVersion).u<uint32_t>(static_cast<uint32_t>(states.size()));
-  for (const auto& s : states)
-    w.str<uint64_t>(s);
-  // An O_EXCL temporary renamed over `path` (base/private_file.h): 0600,
-  // never through a symlink, never over another user's file.
-  base::write_private_file(
-      path, std::string_view(reinterpret_cast<const char*>(w.data().data()), w.data().size()),
-      "save_optimizer_states");
+  // Tagged with the key (kv/states_file.h), then an O_EXCL temporary renamed
+  // over `path` (base/private_file.h): 0600, never through a symlink, never
+  // over another user's file.
+  base::write_private_file(path, kv::encode_states_file(states, key), "save_optimizer_states");
 }
 
 void DistStore::load_optimizer_states(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw IoError(fmt::format("load_optimizer_states: cannot read '{}'", path));
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto corrupt = [&](const std::string& why) {
-    return IoError(
-        fmt::format("load_optimizer_states: '{}' is not a distributed optimizer-state "
-                    "file ({})",
-                    path, why));
-  };
-  // Little-endian (net/wire.h): magic, u32 version, u32 servers, then per
-  // server a u64-length-prefixed blob, nothing after.
-  net::Reader r(std::as_bytes(std::span(bytes.data(), bytes.size())));
-  auto magic = r.view(4);
-  if (!r.ok() || std::memcmp(magic.data(), kStatesMagic, 4) != 0) throw corrupt("bad magic");
-  uint32_t version = r.u<uint32_t>(), servers = r.u<uint32_t>();
-  if (!r.ok()) throw corrupt("truncated");
-  if (version != kStatesVersion) throw corrupt(fmt::format("version {}", version));
-  if (static_cast<int>(servers) != node_->num_servers())
-    throw InvalidArgument(fmt::format(
-        "load_optimizer_states: '{}' was saved by a job with {} servers; this job has {}", path,
-        servers, node_->num_servers()));
-  std::vector<std::string> per_server;
-  for (uint32_t s = 0; s < servers && r.ok(); ++s)
-    per_server.push_back(r.str<uint64_t>(bytes.size()));
-  if (!r.ok()) throw corrupt("truncated");
-  if (!r.done()) throw corrupt("trailing bytes");
+  // Authenticated and decoded whole before anything is sent: a file of
+  // another key, modified or torn is refused here (kv/states_file.h).
+  const base::FileKey key = base::checkpoint_key(node_->options().kvstore.file_key_env);
+  std::vector<std::string> per_server =
+      kv::decode_states_file(bytes, path, node_->num_servers(), key);
   wait_all();
   command_all(static_cast<uint64_t>(ps::Command::kLoadStates), per_server);
 }

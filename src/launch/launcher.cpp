@@ -16,8 +16,8 @@
 
 #include "base/private_file.h"
 #include "launch/commands.h"
+#include "launch/rendezvous_ports.h"
 #include "launch/supervisor.h"
-#include "net/peer_policy.h"
 #include "net/socket.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
@@ -50,62 +50,6 @@ std::string file_name(const std::string& label) {
   for (char& c : s)
     if (c == ' ') c = '.';
   return s;
-}
-
-// Where the nodes meet: the embedded scheduler, or rank 0's rendezvous.
-// With -s 0 and the local launcher, rank 0's rendezvous port is bound here
-// and held (*held): worker 0 inherits the listening socket (run_launch), so
-// no other program can take the port between its choice and its use.
-Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* held) {
-  Rendezvous rv;
-  if (cfg.nnodes > 0) {  // per-node mode: given
-    rv = Rendezvous(cfg.master_addr, cfg.port);
-    if (cfg.num_servers > 0) {  // node 0's scheduler has the port; a torch store the next one
-      rv.master_addr = cfg.master_addr;
-      rv.master_port = cfg.port + 1;
-    }
-    return rv;
-  }
-  if (cfg.num_servers > 0) {
-    rv.addr = cfg.host_ip;
-    rv.port = cfg.port;  // 0 until the scheduler has bound
-    // MASTER_* for torch.distributed scripts: worker 0's host, a port other
-    // than the scheduler's (checked again once the scheduler has bound).
-    // Picked and released (racy, see net::pick_unused_port): the listener
-    // is torch's store, which cannot be handed a socket; pushpull's own
-    // collectives meet through the scheduler.
-    auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers);
-    rv.master_addr =
-        cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[size_t(cfg.num_servers)]].host;
-    if (!dry_run)
-      rv.master_port = net::pick_unused_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
-    return rv;
-  }
-  // No scheduler: worker 0 listens on the rendezvous port on its own host.
-  auto hosts_of = place(cfg.hosts, 0, cfg.num_workers);
-  rv.addr = cfg.hosts.empty() ? cfg.host_ip : cfg.hosts[hosts_of[0]].host;
-  rv.port = cfg.port;
-  if (dry_run) return rv;
-  if (cfg.launcher == LauncherKind::kLocal) {
-    // Worker 0 is our child: bind its port now (the one given, else any free
-    // one; taken: "port P is in use (by another process)") and hand it the
-    // listening socket. Bound where worker 0 itself would bind it.
-    *held = net::listen_on(net::bind_host_for(rv.addr, cfg.bind_any), cfg.port);
-    rv.port = net::local_port(held->get());
-    // A torch.distributed store cannot adopt that socket: MASTER_PORT is a
-    // port of its own (picked, racy: torch's listener), PUSHPULL_MASTER_PORT
-    // the held one.
-    rv.master_addr = rv.addr;
-    do
-      rv.master_port = net::pick_unused_port(rv.addr);
-    while (rv.master_port == rv.port);
-    return rv;
-  }
-  // Worker 0 is started by ssh, mpirun or srun, possibly on another host: the
-  // launcher cannot hand it a socket. A port free here now, which worker 0
-  // binds a moment later (racy, see docs/launch.md; --port chooses it).
-  if (rv.port == 0) rv.port = net::pick_unused_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
-  return rv;
 }
 
 Options scheduler_options(const LaunchConfig& cfg, const LaunchContext& ctx) {
@@ -203,7 +147,7 @@ int sync_hosts(SignalGuard& signals, const LaunchConfig& cfg, const LaunchContex
 int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   LaunchConfig cfg = cfg_in;
   if (ctx.dry_run) {
-    auto rv = choose_rendezvous(cfg, true, nullptr);
+    auto rv = choose_rendezvous(cfg, true, nullptr, nullptr);
     print_plan(std::cout, cfg, rv, make_plan(cfg, rv), geteuid() == 0);
     return 0;
   }
@@ -217,7 +161,8 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   std::unique_ptr<EmbeddedScheduler> scheduler;
   net::Fd rendezvous_listener;  // -s 0, local: worker 0's, until it is started
   net::Fd reserved;             // no embedded scheduler: its port, held
-  Rendezvous rv = choose_rendezvous(cfg, false, &rendezvous_listener);
+  net::Fd torch_store;          // MASTER_PORT (local jobs), held for torch's store
+  Rendezvous rv = choose_rendezvous(cfg, false, &rendezvous_listener, &torch_store);
   // Per-node mode: node 0's launcher hosts the scheduler, the others meet it.
   if (cfg.num_servers > 0 && (cfg.nnodes == 0 || cfg.node_rank == 0)) {
     if (ctx.scheduler_factory) {
@@ -228,8 +173,8 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
       // every interface).
       std::string bind = cfg.bind_any ? "" : cfg.host_ip;
       rv.port = scheduler->start(cfg.host_ip, bind, cfg.port);
-      while (rv.master_port == rv.port)  // never the scheduler's port (docs/launch.md)
-        rv.master_port = net::pick_unused_port(cfg.hosts.empty() ? rv.master_addr : "0.0.0.0");
+      if (rv.master_port == rv.port)  // never the scheduler's port (docs/launch.md)
+        rv.master_port = torch_store_port(cfg, rv.master_addr, rv.port, &torch_store);
       PP_INFO("scheduler listening on {}:{}{}", bind.empty() ? "*" : bind, rv.port,
               bind.empty() ? " (PUSHPULL_BIND_ANY=1)" : "");
     } else {

@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <random>
 
 #include <fmt/format.h>
 
@@ -216,48 +215,6 @@ bool is_self_connection(int fd) {
     return false;
   return local.len == peer.len && local.port() == peer.port() &&
          local.to_string() == peer.to_string();
-}
-
-namespace {
-// The lowest port of the kernel's ephemeral range (connect()'s source ports).
-int lowest_ephemeral_port() {
-  int lowest = 32768;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    int lo = 0, hi = 0;
-    if (std::fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 0 && hi >= lo) lowest = lo;
-    std::fclose(f);
-  }
-  return lowest;
-}
-
-// Binds a probe socket to host:port; returns the port bound (0: failed).
-int probe_bind(const std::string& host, int port) {
-  SockAddr addr;
-  try {
-    addr = resolve(host.empty() ? "0.0.0.0" : host, port);
-  } catch (const std::exception&) {
-    addr = resolve("0.0.0.0", port);
-  }
-  Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return 0;
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) != 0) return 0;
-  return local_port(fd.get());
-}
-}  // namespace
-
-int pick_unused_port(const std::string& host) {
-  const int lo = lowest_ephemeral_port();
-  constexpr int kLowest = 10000;  // above the ports services usually own
-  if (lo > kLowest + 1000) {
-    std::random_device seed;
-    std::mt19937 rng(seed());
-    std::uniform_int_distribution<int> pick(kLowest, lo - 1);
-    for (int attempt = 0; attempt < 64; ++attempt)
-      if (int port = probe_bind(host, pick(rng)); port != 0) return port;
-  }
-  if (int port = probe_bind(host, 0); port != 0) return port;
-  throw IoError(
-      fmt::format("cannot find a free port on {} (pass --port)", host.empty() ? "*" : host));
 }
 
 Fd adopt_inherited_listener(const char* value, int port, std::string* why_not) {

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// RAII file descriptors and the socket calls pushpull needs (IPv4 and IPv6).
+// RAII file descriptors and the socket calls pushpull needs (IPv4 and IPv6):
+// socket.cpp; the ports chosen for other programs' listeners
+// (pick_unused_port, reserve_port_shared) in ports.cpp.
 //
 // Ownership: Fd owns one descriptor and closes it in its destructor; it is
 // move-only. Thread safety: an Fd is used by one thread at a time (the
@@ -69,6 +71,18 @@ Fd listen_on(const std::string& host, int port, int backlog = 512);
 // SO_REUSEADDR: no other socket can bind the port while it lives, and
 // connections to it are refused. Throws IoError as listen_on does.
 Fd reserve_port(const std::string& host, int port);
+// The same with SO_REUSEADDR: a program that binds the port with
+// SO_REUSEADDR itself (torch's TCPStore does) can still bind and listen on
+// it while this lives, everyone else is kept off (a bind without
+// SO_REUSEADDR fails with EADDRINUSE, on any address (an empty host: the
+// IPv6 wildcard, dual-stack, where there is IPv6, else 0.0.0.0); the
+// kernel, which skips bound ports when it picks one, gives it to no port-0
+// bind and to no connect() as a source port).
+// For a port whose listener pushpull cannot hand a socket to (a
+// torch.distributed store's MASTER_PORT): held from its choice until the job
+// ends. Not against a squatter who sets SO_REUSEADDR too and listens first
+// (docs/security.md). Throws IoError as listen_on does.
+Fd reserve_port_shared(const std::string& host, int port);
 // The port a bound socket got.
 int local_port(int fd);
 // The address of the peer of a connected socket, as "host:port".

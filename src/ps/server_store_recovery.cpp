@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "base/private_file.h"
 #include "ps/checkpoint.h"
 #include "ps/server_store.h"
 #include "ps/server_store_entry.h"
@@ -185,6 +186,9 @@ void ServerStore::count_round(const PartId& part, Entry& e) {
                std::move(ready->parts)};
   std::string path = checkpoint_path(config_.checkpoint_dir, c.round, c.rank);
   try {
+    // The directory itself first: never one another user planted (a
+    // symlink, or theirs: they could swap the rounds inside it).
+    base::make_private_dirs(config_.checkpoint_dir, "checkpoint directory");
     write_file_atomically(path, encode_checkpoint(c, config_.checkpoint_key));
     PP_INFO("server {}: checkpoint of round {} written to {}", c.rank, c.round, path);
   } catch (const std::exception& ex) {

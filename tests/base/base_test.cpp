@@ -107,6 +107,19 @@ TEST(Options, DefaultsAndDmlcNames) {
   EXPECT_EQ(o.log_level, LogLevel::kDebug);
 }
 
+// The optimizer-state files' key (base::checkpoint_key) is derived later,
+// from the variables from_env() kept: those and no others.
+TEST(Options, KeepsTheVariablesOfTheFileKey) {
+  Options o = Options::from_env(Environment{{"PUSHPULL_JOB_SECRET", "per-job"},
+                                            {"PUSHPULL_CHECKPOINT_KEY_FILE", "/keys/k"},
+                                            {"HOME", "/home/u"},
+                                            {"RANK", "0"}});
+  EXPECT_EQ(o.kvstore.file_key_env.get("PUSHPULL_CHECKPOINT_KEY_FILE"), "/keys/k");
+  EXPECT_EQ(o.kvstore.file_key_env.get("HOME"), "/home/u");
+  EXPECT_FALSE(o.kvstore.file_key_env.get("PUSHPULL_JOB_SECRET"));  // never the job secret
+  EXPECT_FALSE(o.kvstore.file_key_env.get("RANK"));
+}
+
 TEST(Options, BadValuesNameTheVariable) {
   try {
     Options::from_env(Environment{{"DMLC_NUM_WORKER", "two"}});

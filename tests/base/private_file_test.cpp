@@ -187,5 +187,28 @@ TEST(PrivateFile, AnotherUsersDirectoryIsRefused) {
                  "symbolic link owned by uid 65534");
 }
 
+// A symlink another user planted on the way to a directory or a file
+// (S/link/ckpt with S/link -> a directory of this user) is not followed:
+// nothing is created or written behind it. One of this user's own is (a
+// link to a scratch volume).
+TEST(PrivateFile, AnotherUsersSymlinkOnTheWayIsRefused) {
+  SharedDir d;
+  const std::string victim = d / "victim-dir";
+  ASSERT_EQ(::mkdir(victim.c_str(), 0700), 0);
+  if (!as_other_user(fmt::format("ln -s {0}/victim-dir {0}/link", d.path())))
+    GTEST_SKIP() << "needs root and setpriv to act as uid " << kOther;
+  expect_refused([&] { make_private_dirs(d / "link/ckpt/round-0000000001", "checkpoint"); },
+                 d / "link", "symbolic link owned by uid 65534");
+  // Nor a file written through it, streamed or replaced.
+  expect_refused([&] { ::close(open_private_for_write(d / "link/tl.json", "timeline")); },
+                 d / "link", "symbolic link owned by uid 65534");
+  expect_refused([&] { write_private_file(d / "link/states", "mine", "optimizer states"); },
+                 d / "link", "symbolic link owned by uid 65534");
+  EXPECT_TRUE(fs::is_empty(victim));
+  ASSERT_EQ(::symlink(victim.c_str(), (d / "mine").c_str()), 0);
+  make_private_dirs(d / "mine/ckpt", "checkpoint");
+  EXPECT_TRUE(fs::is_directory(victim + "/ckpt"));
+}
+
 }  // namespace
 }  // namespace pushpull::base

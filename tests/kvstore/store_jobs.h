@@ -44,6 +44,9 @@ inline Options job_options() {
   o.kvstore.server_threads = 2;
   o.kvstore.engine_threads = 2;
   o.kvstore.wait_timeout = Millis(30000);
+  // Optimizer-state files' key: the tests' secret file (PUSHPULL_SECRET_FILE
+  // from ctest), not the home of whoever runs them.
+  o.kvstore.file_key_env = Environment::current();
   return o;
 }
 

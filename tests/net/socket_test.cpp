@@ -94,6 +94,24 @@ TEST(Socket, AReservedPortCannotBeBoundAndRefusesConnections) {
   EXPECT_THAT(error, ::testing::HasSubstr("refused"));
 }
 
+// A shared reservation (MASTER_PORT, held for torch's store): a bind without
+// SO_REUSEADDR fails on every address of the port, a listener that sets
+// SO_REUSEADDR (as torch's TCPStore does) binds and serves beside it.
+TEST(Socket, ASharedReservationLetsOnlyAReuseAddrListenerBindThePort) {
+  Fd held = reserve_port_shared("", 0);
+  const int port = local_port(held.get());
+  ASSERT_GT(port, 0);
+  EXPECT_THROW(reserve_port("127.0.0.1", port), IoError);
+  EXPECT_THROW(reserve_port("", port), IoError);
+  EXPECT_THROW(reserve_port("::1", port), IoError);  // IPv6 only, where there is IPv6
+  Fd store = listen_on("", port);                    // SO_REUSEADDR, the wildcard: as torch's store
+  std::string error;
+  Fd client = connect_once(resolve("127.0.0.1", port), 2s, &error);
+  EXPECT_TRUE(client.valid()) << error;
+  // Once the store listens, nobody else binds the port, SO_REUSEADDR or not.
+  EXPECT_THROW(listen_on("127.0.0.1", port), IoError);
+}
+
 // A listener handed down by the launcher is adopted when it is what it claims
 // to be (a listening TCP socket on the expected port), close-on-exec and
 // non-blocking; anything else is left alone (not ours to close) and says why.

@@ -42,4 +42,22 @@ if(PUSHPULL_PYTHON3)
                    --bin-dir ${CMAKE_BINARY_DIR}/bin)
   set_tests_properties(security.tls_wire PROPERTIES LABELS security TIMEOUT 180
                        SKIP_RETURN_CODE 77 RESOURCE_LOCK pushpull_adversary PROCESSORS 2)
+  # Another local user against the names a job makes in shared places (a
+  # few seconds each): /dev/shm names seen through inotify and squatted
+  # (shm_squatter.py), symlinks and files planted at a job's timeline,
+  # metrics and checkpoint names (planted_links.py). Skipped (77) when not
+  # root or without setpriv.
+  foreach(script shm_squatter planted_links)
+    add_test(NAME security.${script}
+             COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/${script}.py
+                     --bin-dir ${CMAKE_BINARY_DIR}/bin)
+    set_tests_properties(security.${script} PROPERTIES LABELS security TIMEOUT 120
+                         SKIP_RETURN_CODE 77 RESOURCE_LOCK pushpull_adversary PROCESSORS 2)
+  endforeach()
+  # MASTER_PORT, held by the launcher for a torch.distributed store (any user).
+  add_test(NAME security.torch_store_port
+           COMMAND ${PUSHPULL_PYTHON3} ${CMAKE_CURRENT_LIST_DIR}/torch_store_port.py
+                   --bin-dir ${CMAKE_BINARY_DIR}/bin)
+  set_tests_properties(security.torch_store_port PROPERTIES LABELS security TIMEOUT 120
+                       PROCESSORS 2)
 endif()
