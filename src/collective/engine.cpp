@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/metrics.h"
 #include "base/timeline.h"
 #include "pushpull/log.h"
 
@@ -35,6 +36,7 @@ Communicator::Impl::Impl(std::unique_ptr<Transport> transport, CommunicatorOptio
       size_(transport_->size()),
       inbox_(static_cast<size_t>(size_)) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, opts_.collective, cache_);
+  metrics::start_from_env();  // PUSHPULL_METRICS_PORT: the endpoint answers from now on
   std::string note;
   const int mode = opts_.collective.hierarchical_allreduce;
   hierarchy_ = choose_hierarchy(opts_.hosts, rank_, mode, &note);
@@ -216,6 +218,7 @@ void Communicator::Impl::coordinate() {
         "collective: tensor '{}' has waited {:.1f} s for ranks [{}], which have not submitted "
         "it; a rank may be stuck or running a different sequence of collectives",
         s.tensor, s.waited_seconds, fmt::join(s.missing_ranks, ", "));
+    PP_METRIC_ADD(kCollectiveStalls, 1);  // metrics hook
     if (opts_.on_stall) opts_.on_stall(s);
   }
   if (rs.empty()) return;
