@@ -11,6 +11,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # tools and tests
   clang clang-format iproute2 procps openssh-server openssh-client rsync
+  # scrapes the jobs' metrics endpoints in tests/scripts/metrics_prometheus_job_test.py
+  # (19 MB; on a systemd host the package also enables its own service on :9090)
+  prometheus
   # peers for the benchmarks
   openmpi-bin libopenmpi-dev libgloo-dev libhiredis-dev libibverbs-dev iperf3
   # training and Python

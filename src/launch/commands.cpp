@@ -117,7 +117,7 @@ std::vector<std::string> ssh_base(const LaunchConfig& cfg, int port) {
 bool per_process(const std::string& k) {
   return k == "RANK" || k == "PUSHPULL_RANK" || k == "LOCAL_RANK" || k == "PUSHPULL_LOCAL_RANK" ||
          k == "LOCAL_WORLD_SIZE" || k == "PUSHPULL_LOCAL_SIZE" || k == "DMLC_NODE_HOST" ||
-         k == "PUSHPULL_NODE_HOST";
+         k == "PUSHPULL_NODE_HOST" || k == "PUSHPULL_HOST_PROCESS_INDEX";
 }
 
 }  // namespace
