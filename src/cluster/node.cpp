@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/flight_recorder.h"
 #include "base/metrics.h"
 #include "cluster/describe.h"
 #include "net/address.h"
@@ -23,6 +24,7 @@ Node::Node(Options options, const ClockSource& clock)
     throw InvalidArgument(
         fmt::format("a Node is a server or a worker, not a {} (DMLC_ROLE)", role_name(r)));
   metrics::start_from_env();  // PUSHPULL_METRICS_PORT: the endpoint answers from now on
+  flight::start_from_env();   // the ring and its SIGUSR1 dump
   net::TransportConfig tc;
   tc.net = options_.net;
   tc.role = r;

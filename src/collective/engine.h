@@ -43,6 +43,7 @@ struct HandleState {
   Status status;
   Array output;
   int value = -1;  // join: the rank that joined last
+  uint64_t flight = 0;  // its flight recorder entry (base/flight_recorder.h)
   void complete(Status st);
 };
 }  // namespace detail
