@@ -11,3 +11,6 @@ set_tests_properties(timeline_job PROPERTIES LABELS scripts TIMEOUT 600 SKIP_RET
 # when installed (the prometheus part is skipped, with its reason, otherwise).
 add_test(NAME metrics_prometheus_job COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/metrics_prometheus_job_test.py ${PROJECT_BINARY_DIR}/bin)
 set_tests_properties(metrics_prometheus_job PROPERTIES LABELS scripts TIMEOUT 120 SKIP_RETURN_CODE 77)
+# --timeline-filename F: the launcher merges every process's file into F, clocks aligned.
+add_test(NAME timeline_merged_job COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/timeline_merged_job_test.py ${PROJECT_BINARY_DIR}/bin)
+set_tests_properties(timeline_merged_job PROPERTIES LABELS scripts TIMEOUT 180 SKIP_RETURN_CODE 77)
