@@ -271,8 +271,12 @@ std::string dump(std::string_view reason) noexcept {
     std::unique_lock lock(r->dump_mu, std::try_to_lock);
     if (!lock.owns_lock()) return {};  // another thread is dumping right now
     const auto now = std::chrono::steady_clock::now();
-    if (reason != "SIGUSR1" && now - r->last_dump < std::chrono::seconds(1)) return {};
-    r->last_dump = now;
+    if (reason != "SIGUSR1") {  // a failure cascade writes one file; SIGUSR1 always does
+      if (r->last_dump.time_since_epoch().count() != 0 &&
+          now - r->last_dump < std::chrono::seconds(1))
+        return {};
+      r->last_dump = now;
+    }
     const std::string path = dump_path();
     base::write_private_file(path, to_json(reason), "flight recorder dump", /*durable=*/false);
     PP_WARN("flight recorder: wrote its last operations (up to {}) to {} ({})", r->slots.size(), path,
