@@ -55,8 +55,8 @@ struct ClockOffset {
 // Measures this host's offset to the service at `host_port` ("addr:port"):
 // `exchanges` exchanges, each waiting at most 100 ms, all within `deadline`.
 // nullopt when none was answered.
-std::optional<ClockOffset> measure_offset(const std::string& host_port, int exchanges = 16,
-                                          std::chrono::milliseconds deadline =
-                                              std::chrono::milliseconds(1000));
+std::optional<ClockOffset> measure_offset(
+    const std::string& host_port, int exchanges = 16,
+    std::chrono::milliseconds deadline = std::chrono::milliseconds(1000));
 
 }  // namespace pushpull::base

@@ -84,7 +84,7 @@ void on_sigusr1(int) {
 
 // SIGUSR1 → the pipe → this thread → dump(). Only when nobody else owns the signal.
 void install_sigusr1() {
-  struct sigaction old{};
+  struct sigaction old {};
   if (::sigaction(SIGUSR1, nullptr, &old) != 0 || old.sa_handler != SIG_DFL ||
       (old.sa_flags & SA_SIGINFO) != 0)
     return;
@@ -99,7 +99,7 @@ void install_sigusr1() {
       dump("SIGUSR1");
     }
   }).detach();
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_sigusr1;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
@@ -279,8 +279,8 @@ std::string dump(std::string_view reason) noexcept {
     }
     const std::string path = dump_path();
     base::write_private_file(path, to_json(reason), "flight recorder dump", /*durable=*/false);
-    PP_WARN("flight recorder: wrote its last operations (up to {}) to {} ({})", r->slots.size(), path,
-            reason);
+    PP_WARN("flight recorder: wrote its last operations (up to {}) to {} ({})", r->slots.size(),
+            path, reason);
     return path;
   } catch (const std::exception& e) {
     PP_WARN("flight recorder: no dump: {}", e.what());

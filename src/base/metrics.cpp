@@ -87,7 +87,14 @@ std::string_view counter_help(Counter c) {
     case Counter::kCollectiveBytes:
       return "Bytes of the tensors collective operations executed.";
     case Counter::kCollectiveStalls:
-      return "Stall warnings: a tensor some ranks submitted and others did not, for the stall time.";
+      return "Stall warnings: a tensor some ranks submitted and others did not, for the stall "
+             "time.";
+    case Counter::kCollectiveWaitMicros:
+      return "Microseconds callers spent waiting for collective operations to complete.";
+    case Counter::kElasticReformations:
+      return "Times an elastic group re-formed (a member failed, or hosts were added).";
+    case Counter::kPsFailovers:
+      return "Fail-overs a worker saw: a failed server's key ranges moved to their backups.";
     case Counter::kPsRequests:
       return "Parameter-server requests sent by a worker.";
     case Counter::kPsRequestFailures:
@@ -124,6 +131,12 @@ std::string_view counter_name(Counter c) {
       return "collective_bytes";
     case Counter::kCollectiveStalls:
       return "collective_stall_warnings";
+    case Counter::kCollectiveWaitMicros:
+      return "collective_wait_us";
+    case Counter::kElasticReformations:
+      return "elastic_reformations";
+    case Counter::kPsFailovers:
+      return "ps_failovers";
     case Counter::kPsRequests:
       return "ps_requests";
     case Counter::kPsRequestFailures:
@@ -150,8 +163,8 @@ std::string_view counter_name(Counter c) {
 
 std::string prometheus_text(std::string_view role, std::string_view rank) {
   std::string out;
-  const std::string labels = fmt::format(R"({{role="{}",rank="{}"}})", label_escape(role),
-                                         label_escape(rank));
+  const std::string labels =
+      fmt::format(R"({{role="{}",rank="{}"}})", label_escape(role), label_escape(rank));
   for (int i = 0; i < static_cast<int>(Counter::kCount); ++i) {
     const auto c = static_cast<Counter>(i);
     const std::string name = fmt::format("pushpull_{}_total", counter_name(c));

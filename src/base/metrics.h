@@ -27,16 +27,19 @@
 namespace pushpull::metrics {
 
 enum class Counter : int {
-  kCollectiveOps,       // collective ops completed on this rank
-  kCollectiveFailures,  // ... that failed
-  kCollectiveBytes,     // bytes of the tensors those ops executed
-  kCollectiveStalls,    // stall warnings (rank 0: a tensor not every rank submitted)
-  kPsRequests,          // parameter-server requests sent by a worker (push, pull, init, command)
-  kPsRequestFailures,   // ... that failed
-  kPsBytes,             // bytes pushed or pulled by a worker
-  kServerPushes,        // pushes summed by a server
-  kServerRounds,        // rounds (updates) applied by a server
-  kServerPulls,         // pulls answered by a server
+  kCollectiveOps,         // collective ops completed on this rank
+  kCollectiveFailures,    // ... that failed
+  kCollectiveBytes,       // bytes of the tensors those ops executed
+  kCollectiveStalls,      // stall warnings (rank 0: a tensor not every rank submitted)
+  kCollectiveWaitMicros,  // microseconds callers spent waiting for collectives (wait())
+  kElasticReformations,   // times an elastic group re-formed after a failure or new hosts
+  kPsRequests,            // parameter-server requests sent by a worker (push, pull, init, command)
+  kPsRequestFailures,     // ... that failed
+  kPsBytes,               // bytes pushed or pulled by a worker
+  kPsFailovers,           // fail-overs a worker saw (a server's key ranges moved to backups)
+  kServerPushes,          // pushes summed by a server
+  kServerRounds,          // rounds (updates) applied by a server
+  kServerPulls,           // pulls answered by a server
   // Counted always (not only with PUSHPULL_METRICS), by net::Transport:
   kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
   kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)

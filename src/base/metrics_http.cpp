@@ -51,8 +51,7 @@ std::string http_response(std::string_view request, const std::function<std::str
   std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
   if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
   if (target != "/metrics") return reply("404 Not Found", "text/plain", "only /metrics\n");
-  if (method != "GET")
-    return reply("405 Method Not Allowed", "text/plain", "only GET /metrics\n");
+  if (method != "GET") return reply("405 Method Not Allowed", "text/plain", "only GET /metrics\n");
   return reply("200 OK", "text/plain; version=0.0.4; charset=utf-8", render());
 }
 
@@ -75,13 +74,14 @@ void MetricsServer::start(const std::string& host, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 16) == 0;
+  const bool ok =
+      fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 16) == 0;
   const int err = errno;
   ::freeaddrinfo(res);
   if (!ok) {
     if (fd >= 0) ::close(fd);
-    throw IoError(
-        fmt::format("metrics endpoint: cannot listen on {}:{}: {}", host, port, std::strerror(err)));
+    throw IoError(fmt::format("metrics endpoint: cannot listen on {}:{}: {}", host, port,
+                              std::strerror(err)));
   }
   sockaddr_in bound{};
   socklen_t len = sizeof bound;

@@ -345,9 +345,10 @@ bool init_from_env() {
         if (auto o = base::measure_offset(service))
           g_recorder.load()->clock_offset(o->offset_ns, o->rtt_ns, o->samples);
         else
-          PP_WARN("timeline: the launcher's clock service {} did not answer; this file's "
-                  "times stay unaligned in the merged timeline",
-                  service);
+          PP_WARN(
+              "timeline: the launcher's clock service {} did not answer; this file's "
+              "times stay unaligned in the merged timeline",
+              service);
       }
     } catch (const Error& e) {
       PP_WARN("{}; no timeline for this process", e.what());

@@ -107,8 +107,7 @@ void Communicator::Impl::execute(std::vector<Response>& rs) {
       }
     }
     for (const auto& t : r.tensors)  // flight recorder: this rank's tensors start executing
-      if (LocalOp* op = find(t.name))
-        flight::update(op->handle->flight, flight::State::kStarted);
+      if (LocalOp* op = find(t.name)) flight::update(op->handle->flight, flight::State::kStarted);
     for (const auto& t : r.tensors)  // timeline hook: this rank's tensors start executing
       if (timeline::enabled() && find(t.name))
         PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), t.name,

@@ -290,6 +290,7 @@ void DistStore::on_placement(const cluster::Placement& p) {
             p.epoch);
     return;
   }
+  PP_METRIC_ADD(kPsFailovers, 1);  // metrics hook
   PP_WARN(
       "worker {}: fail-over: server {} failed; placement epoch {}: its key ranges moved to "
       "their backups; re-sending {} requests to the new primaries",

@@ -148,8 +148,10 @@ std::vector<std::string> rsync_argv(const LaunchConfig& cfg, const HostEntry& ho
 std::vector<std::string> rsync_fetch_argv(const LaunchConfig& cfg, const HostEntry& host,
                                           const std::string& remote_glob,
                                           const std::string& dst_dir) {
-  return {"rsync", "-a", "-e", shell_join(ssh_base(cfg, host.ssh_port)), "--",
-          fmt::format("{}:{}", host.host, remote_glob), dst_dir + "/"};
+  return {"rsync",      "-a",
+          "-e",         shell_join(ssh_base(cfg, host.ssh_port)),
+          "--",         fmt::format("{}:{}", host.host, remote_glob),
+          dst_dir + "/"};
 }
 
 std::map<std::string, std::string> role_env(const LaunchConfig& cfg, const Rendezvous& rv,

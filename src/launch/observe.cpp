@@ -38,7 +38,7 @@ std::string job_var(const LaunchConfig& cfg, const Environment& env, std::string
 // `path` as the processes see it: relative to the job's working directory.
 std::string in_workdir(const LaunchConfig& cfg, const std::string& path) {
   return path.empty() || path.front() == '/' || cfg.workdir.empty() ? path
-                                                                     : cfg.workdir + "/" + path;
+                                                                    : cfg.workdir + "/" + path;
 }
 
 // One file's events; a file cut short keeps its whole events (one per line).
@@ -52,7 +52,8 @@ std::vector<json> read_events(const std::string& path) {
   std::vector<json> events;
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
-    while (!line.empty() && (line.back() == ',' || line.back() == ' ')) line.pop_back();
+    while (!line.empty() && (line.back() == ',' || line.back() == ' '))
+      line.pop_back();
     if (line.empty() || line == "[" || line == "]") continue;
     json e = json::parse(line, nullptr, false);
     if (e.is_discarded()) break;
@@ -176,15 +177,15 @@ void JobTimeline::merge(SignalGuard& signals, const LaunchConfig& cfg,
 }
 
 std::string flight_recorder_note(const LaunchConfig& cfg, const Environment& env,
-                                 const std::vector<ProcessSpec>& plan,
-                                 fs::file_time_type since) {
+                                 const std::vector<ProcessSpec>& plan, fs::file_time_type since) {
   std::string dir = job_var(cfg, env, "PUSHPULL_FLIGHT_RECORDER_DIR");
   if (job_var(cfg, env, "PUSHPULL_FLIGHT_RECORDER_SIZE") == "0") return {};
   dir = dir.empty() ? cfg.workdir : in_workdir(cfg, dir);
   if (!cfg.hosts.empty())
-    return fmt::format("\n  flight recorder dumps (if any): {}/pushpull-flight.<role><rank>.json on "
-                       "each process's host",
-                       dir);
+    return fmt::format(
+        "\n  flight recorder dumps (if any): {}/pushpull-flight.<role><rank>.json on "
+        "each process's host",
+        dir);
   std::vector<std::string> found;
   for (const auto& p : plan) {
     const std::string f =

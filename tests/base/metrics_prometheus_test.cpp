@@ -86,7 +86,8 @@ TEST(metrics_prometheus, ResponsesByRequest) {
   EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
   EXPECT_NE(ok.find("Content-Length: 4\r\n"), std::string::npos);
   EXPECT_TRUE(ok.ends_with("\r\n\r\nx 1\n"));
-  EXPECT_TRUE(m::http_response("GET /metrics?x=1 HTTP/1.0\r\n\r\n", body).starts_with("HTTP/1.1 200"));
+  EXPECT_TRUE(
+      m::http_response("GET /metrics?x=1 HTTP/1.0\r\n\r\n", body).starts_with("HTTP/1.1 200"));
   EXPECT_TRUE(m::http_response("GET / HTTP/1.1\r\n\r\n", body).starts_with("HTTP/1.1 404"));
   EXPECT_TRUE(m::http_response("POST /metrics HTTP/1.1\r\n\r\n", body).starts_with("HTTP/1.1 405"));
   EXPECT_TRUE(m::http_response("garbage\r\n\r\n", body).starts_with("HTTP/1.1 400"));
@@ -100,10 +101,12 @@ TEST(metrics_prometheus, ServerAnswersAndSurvivesBadClients) {
   const int silent = dial(server.port());
   const std::string got = exchange(server.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_TRUE(got.starts_with("HTTP/1.1 200 OK")) << got;
-  EXPECT_NE(got.find("pushpull_server_rounds_total{role=\"server\",rank=\"0\"}"), std::string::npos);
+  EXPECT_NE(got.find("pushpull_server_rounds_total{role=\"server\",rank=\"0\"}"),
+            std::string::npos);
   // Oversized: answered 431 and closed, never read to the end.
-  const std::string big = exchange(server.port(), "GET /metrics HTTP/1.1\r\nX: " +
-                                                      std::string(m::MetricsServer::kMaxRequestBytes, 'a'));
+  const std::string big =
+      exchange(server.port(), "GET /metrics HTTP/1.1\r\nX: " +
+                                  std::string(m::MetricsServer::kMaxRequestBytes, 'a'));
   EXPECT_TRUE(big.starts_with("HTTP/1.1 431")) << big.substr(0, 80);
   EXPECT_TRUE(exchange(server.port(), "GET /x HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
   // The silent client is closed by its deadline.

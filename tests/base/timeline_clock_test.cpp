@@ -33,9 +33,9 @@ TEST(timeline_clock, NoServiceNoAnswerWithinTheDeadline) {
     port = gone.start("127.0.0.1");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_FALSE(b::measure_offset("127.0.0.1:" + std::to_string(port), 16,
-                                 std::chrono::milliseconds(300))
-                   .has_value());
+  EXPECT_FALSE(
+      b::measure_offset("127.0.0.1:" + std::to_string(port), 16, std::chrono::milliseconds(300))
+          .has_value());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
   EXPECT_FALSE(b::measure_offset("no-port").has_value());
 }

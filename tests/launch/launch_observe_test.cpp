@@ -36,9 +36,9 @@ TEST(launch_observe, TimelineMergeAlignsAndRenumbers) {
         "{\"name\":\"PUSH\",\"ph\":\"X\",\"ts\":20.000,\"dur\":1.0,\"pid\":1,\"tid\":2},\n"
         "{\"name\":\"PU");
   const fs::path out = dir / "all.json";
-  EXPECT_EQ(l::merge_timeline_files({(dir / "a.json").string(), (dir / "b.json").string()},
-                                    out.string()),
-            4u);
+  EXPECT_EQ(
+      l::merge_timeline_files({(dir / "a.json").string(), (dir / "b.json").string()}, out.string()),
+      4u);
   std::ifstream in(out);
   std::stringstream ss;
   ss << in.rdbuf();

@@ -121,8 +121,9 @@ TEST(ShmTransport, PayloadsOfEverySizeArriveInOrderThroughTheRing) {
       ASSERT_EQ(a.got[i].payload.size(), sizes[i]);
       // (memcmp of zero bytes: an empty payload's data() may be null, which
       // memcmp must not be given even for size 0.)
-      if (sizes[i] > 0)
+      if (sizes[i] > 0) {
         EXPECT_EQ(0, std::memcmp(a.got[i].payload.data(), sent[i].data(), sizes[i])) << i;
+      }
     }
   }
   // Every payload byte went through the ring, none over TCP.
