@@ -11,7 +11,8 @@ status=0
 # The flight recorder's dumps (docs/timeline.md) of the many failures the
 # tests cause on purpose: one folder of the build tree, not the tests'
 # working directories (a test that sets its own folder still does).
-export PUSHPULL_FLIGHT_RECORDER_DIR=${PUSHPULL_FLIGHT_RECORDER_DIR:-$PWD/$build/test-flight}
+case $build in /*) build_abs=$build ;; *) build_abs=$PWD/$build ;; esac
+export PUSHPULL_FLIGHT_RECORDER_DIR=${PUSHPULL_FLIGHT_RECORDER_DIR:-$build_abs/test-flight}
 mkdir -p "$PUSHPULL_FLIGHT_RECORDER_DIR"
 # Multi-process tests oversubscribe 2 cores; twice the cores keeps the run short
 # without starving the timing-sensitive fault tests.
