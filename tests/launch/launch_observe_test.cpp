@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "launch/commands.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,6 +52,17 @@ TEST(launch_observe, TimelineMergeAlignsAndRenumbers) {
   EXPECT_EQ(j[2]["pid"], 2001);
   EXPECT_DOUBLE_EQ(j[3]["ts"].get<double>(), 20.0);  // no offset event: unshifted
   fs::remove_all(dir);
+}
+
+TEST(launch_observe, RemoteTimelineFilesComeOverTheJobsSsh) {
+  l::LaunchConfig cfg;
+  cfg.ssh_options = {"-i", "key"};
+  l::HostEntry h;
+  h.host = "node7";
+  h.ssh_port = 2200;
+  EXPECT_EQ(l::rsync_fetch_argv(cfg, h, "/w/t.*.json", "/tmp/f"),
+            (std::vector<std::string>{"rsync", "-a", "-e", "ssh -o BatchMode=yes -p 2200 -i key",
+                                      "--", "node7:/w/t.*.json", "/tmp/f/"}));
 }
 
 TEST(launch_observe, TimelineBaseFromEnvOrLauncher) {
