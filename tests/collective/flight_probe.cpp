@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   } catch (const pushpull::Error& e) {
     fmt::print("ERROR {}\n", e.what());
     std::fflush(stdout);
+    cl::shutdown();
     return 3;
   }
 }
