@@ -146,6 +146,10 @@ void start(int size, std::string dir, std::string tag) {
   std::unique_ptr<Ring> ring;
   if (size > 0) ring = std::make_unique<Ring>(size, std::move(dir), std::move(tag));
   Ring* r = ring.get();
+  // Ids go on from the replaced ring's: an update() of an operation recorded
+  // there never lands on a new operation here.
+  if (Ring* old = g_ring.load(std::memory_order_acquire); old && r)
+    r->next.store(old->next.load(std::memory_order_relaxed), std::memory_order_relaxed);
   if (ring) retired().push_back(std::move(ring));
   g_ring.store(r, std::memory_order_release);
   g_state.store(r ? 2 : 1, std::memory_order_release);
