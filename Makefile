@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize chaos chaos-survive fuzz package plots scaling simulate
+.PHONY: all deps configure build test demo bench format clean sanitize sanitize-core chaos chaos-survive fuzz package plots scaling simulate
 
 all: build
 
@@ -33,6 +33,21 @@ sanitize: deps
 	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo \
 	  SANITIZE=address,undefined \
 	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF"
+
+# The core under ASan+UBSan, quicker than `make sanitize`: the libraries,
+# tools, examples and tests (no libtorch, Python or benchmarks) in
+# build-asan-core/, and only the core layers' own tests (not the
+# multi-process launch, e2e and security jobs, nor chaos, install, lenet,
+# torch, bench, scripts, sim: those stay in `make sanitize`). .ci/run runs it
+# when a change touches src/ or include/ (docs/reliability.md, "Sanitizers
+# in CI").
+SANITIZE_CORE_LABELS ?= base|net|cluster|collective|ps|kvstore|compress|optim|data
+sanitize-core: deps
+	@$(MAKE) --no-print-directory build BUILD_DIR=build-asan-core BUILD_TYPE=RelWithDebInfo \
+	  SANITIZE=address,undefined \
+	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF -DPUSHPULL_BUILD_BENCHMARKS=OFF"
+	ctest --test-dir build-asan-core --output-on-failure -j $$(( $$(nproc) * 2 )) --timeout 900 \
+	  -L '^($(SANITIZE_CORE_LABELS))$$' -LE 'chaos|install|lenet|torch|bench|launch|e2e|security'
 
 # The chaos suite (docs/reliability.md): 100 randomized fault trials (kill,
 # stop or terminate a worker, a server or the launcher mid-training) and the

@@ -14,6 +14,9 @@ PACKAGES=(
   # a real Slurm for tests/launch/slurm_cluster_test.py (it runs daemons of its own,
   # with its own configuration; the packages' system services are not needed)
   slurmctld slurmd slurm-client munge
+  # scrapes the jobs' metrics endpoints in tests/scripts/metrics_prometheus_job_test.py
+  # (19 MB; on a systemd host the package also enables its own service on :9090)
+  prometheus
   # peers for the benchmarks
   openmpi-bin libopenmpi-dev libgloo-dev libhiredis-dev libibverbs-dev iperf3
   # training and Python

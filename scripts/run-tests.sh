@@ -8,6 +8,12 @@ build=${1:-build}
 shift || true
 jobs=$(nproc)
 status=0
+# The flight recorder's dumps (docs/timeline.md) of the many failures the
+# tests cause on purpose: one folder of the build tree, not the tests'
+# working directories (a test that sets its own folder still does).
+case $build in /*) build_abs=$build ;; *) build_abs=$PWD/$build ;; esac
+export PUSHPULL_FLIGHT_RECORDER_DIR=${PUSHPULL_FLIGHT_RECORDER_DIR:-$build_abs/test-flight}
+mkdir -p "$PUSHPULL_FLIGHT_RECORDER_DIR"
 # Multi-process tests oversubscribe 2 cores; twice the cores keeps the run short
 # without starving the timing-sensitive fault tests.
 ctest --test-dir "$build" --output-on-failure -j "$((jobs * 2))" --timeout 300 "$@" || status=1

@@ -243,6 +243,45 @@ struct CollectiveOptions {
   Millis elastic_timeout{600000};
 };
 
+// Observability of one process (docs/timeline.md): the Prometheus endpoint,
+// the flight recorder and the timeline's clock alignment. Read by the
+// process-wide recorders through ObserveOptions::from_env (also filled in
+// Options::from_env).
+struct ObserveOptions {
+  // PUSHPULL_METRICS_PORT=P: serve the metrics counters in Prometheus text
+  // format at http://<advertised address>:(P + port_index)/metrics. 0: off.
+  int metrics_port = 0;
+  // PUSHPULL_METRICS=F: the counters as JSON lines to F.<role><rank>.jsonl
+  // every PUSHPULL_METRICS_INTERVAL_MS (default 10000).
+  std::string metrics_file;
+  int metrics_interval_ms = 10000;
+  // The process's index among the job's processes on its host: the launcher
+  // sets PUSHPULL_HOST_PROCESS_INDEX (its servers, then its workers, in plan
+  // order); without it, the local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+  // SLURM_LOCALID), else 0.
+  int port_index = 0;
+  // Where the endpoint binds: the advertised address (PUSHPULL_NODE_HOST,
+  // DMLC_NODE_HOST; default 127.0.0.1), every interface with PUSHPULL_BIND_ANY=1.
+  std::string bind_host = "127.0.0.1";
+  // This process's role and rank (labels, file names): PUSHPULL_ROLE /
+  // DMLC_ROLE ("worker" when only a rank is known, "process" when neither),
+  // PUSHPULL_RANK / RANK / ... (-1: unknown).
+  std::string role = "process";
+  int rank = -1;
+  // The flight recorder (docs/timeline.md, "Flight recorder"): how many of
+  // the last operations it keeps (0: off), PUSHPULL_FLIGHT_RECORDER_SIZE; the
+  // directory of its dumps, PUSHPULL_FLIGHT_RECORDER_DIR ("": the working
+  // directory).
+  int flight_recorder_size = 1024;
+  std::string flight_recorder_dir;
+  // The launcher's clock service (host:port, UDP) the timeline measures its
+  // clock offset against; set by `pushpull launch --timeline-filename`.
+  // PUSHPULL_TIMELINE_CLOCK.
+  std::string timeline_clock;
+
+  static ObserveOptions from_env(const Environment& env = Environment::current());
+};
+
 struct Options {
   // PUSHPULL_LOG_LEVEL; from_env() also applies it to this process's log
   // (set_log_level), so a library user's PUSHPULL_LOG_LEVEL=debug works
@@ -252,6 +291,7 @@ struct Options {
   ClusterOptions cluster;
   KVStoreOptions kvstore;
   CollectiveOptions collective;
+  ObserveOptions observe;
 
   // Reads every setting above from `env` (the process environment by default).
   static Options from_env(const Environment& env = Environment::current());

@@ -2,6 +2,10 @@
 // Metrics: per-process counters (bytes, operations, failures) written as JSON
 // lines (docs/timeline.md, "Metrics").
 //
+// PUSHPULL_METRICS_PORT=P also turns them on and serves them to Prometheus
+// (metrics_http.h, docs/timeline.md "Prometheus"). Both settings are read
+// through ObserveOptions::from_env (pushpull/options.h).
+//
 // Turned on by PUSHPULL_METRICS=F. The process writes F without a trailing
 // ".jsonl", then ".<role><rank>.jsonl" (the timeline's naming), one line
 // every PUSHPULL_METRICS_INTERVAL_MS (default 10000) from a background thread
@@ -23,15 +27,19 @@
 namespace pushpull::metrics {
 
 enum class Counter : int {
-  kCollectiveOps,       // collective ops completed on this rank
-  kCollectiveFailures,  // ... that failed
-  kCollectiveBytes,     // bytes of the tensors those ops executed
-  kPsRequests,          // parameter-server requests sent by a worker (push, pull, init, command)
-  kPsRequestFailures,   // ... that failed
-  kPsBytes,             // bytes pushed or pulled by a worker
-  kServerPushes,        // pushes summed by a server
-  kServerRounds,        // rounds (updates) applied by a server
-  kServerPulls,         // pulls answered by a server
+  kCollectiveOps,         // collective ops completed on this rank
+  kCollectiveFailures,    // ... that failed
+  kCollectiveBytes,       // bytes of the tensors those ops executed
+  kCollectiveStalls,      // stall warnings (rank 0: a tensor not every rank submitted)
+  kCollectiveWaitMicros,  // microseconds callers spent waiting for collectives (wait())
+  kElasticReformations,   // times an elastic group re-formed after a failure or new hosts
+  kPsRequests,            // parameter-server requests sent by a worker (push, pull, init, command)
+  kPsRequestFailures,     // ... that failed
+  kPsBytes,               // bytes pushed or pulled by a worker
+  kPsFailovers,           // fail-overs a worker saw (a server's key ranges moved to backups)
+  kServerPushes,          // pushes summed by a server
+  kServerRounds,          // rounds (updates) applied by a server
+  kServerPulls,           // pulls answered by a server
   // Counted always (not only with PUSHPULL_METRICS), by net::Transport:
   kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
   kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)
@@ -62,6 +70,19 @@ int64_t value(Counter c) noexcept;
 std::string snapshot_line(std::string_view node, bool final);
 // Writes the final line and stops the writer (also run at exit).
 void shutdown();
+// Every counter in the Prometheus text exposition format (0.0.4):
+//   # HELP pushpull_collective_ops_total ...
+//   # TYPE pushpull_collective_ops_total counter
+//   pushpull_collective_ops_total{role="worker",rank="0"} 12
+std::string prometheus_text(std::string_view role, std::string_view rank);
+// A label value escaped as the format wants (\\, \", \n).
+std::string label_escape(std::string_view v);
+// Starts what the environment asks for (PUSHPULL_METRICS file,
+// PUSHPULL_METRICS_PORT endpoint) if not yet decided; called where a node or
+// a collective session starts, so the endpoint answers before the first op.
+inline void start_from_env() noexcept {
+  (void)enabled();
+}
 
 }  // namespace pushpull::metrics
 

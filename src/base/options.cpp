@@ -244,6 +244,7 @@ Options Options::from_env(const Environment& env) {
   r.real({"PUSHPULL_ELASTIC_TIMEOUT"}, &elastic_s);
   if (elastic_s > 0) col.elastic_timeout = Millis(static_cast<int64_t>(elastic_s * 1000));
 
+  o.observe = ObserveOptions::from_env(env);
   o.validate();
   // Last, after every value is checked: this may create the per-user file.
   resolve_job_secret(env, &n);
@@ -251,6 +252,41 @@ Options Options::from_env(const Environment& env) {
     throw InvalidArgument(
         "PUSHPULL_TLS=1 needs a job secret (the TLS key is derived from it), and "
         "PUSHPULL_ALLOW_INSECURE=1 turns secrets off: unset one of them");
+  return o;
+}
+
+ObserveOptions ObserveOptions::from_env(const Environment& env) {
+  ObserveOptions o;
+  Reader r(env);
+  r.integer({"PUSHPULL_METRICS_PORT"}, &o.metrics_port);
+  r.string({"PUSHPULL_METRICS"}, &o.metrics_file);
+  r.integer({"PUSHPULL_METRICS_INTERVAL_MS"}, &o.metrics_interval_ms);
+  if (o.metrics_interval_ms <= 0) o.metrics_interval_ms = 10000;
+  if (o.metrics_port < 0 || o.metrics_port > 65535)
+    throw InvalidArgument(
+        fmt::format("PUSHPULL_METRICS_PORT={} is not in 0..65535", o.metrics_port));
+  r.integer({"PUSHPULL_HOST_PROCESS_INDEX", "PUSHPULL_LOCAL_RANK", "LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"},
+            &o.port_index);
+  if (o.port_index < 0) o.port_index = 0;
+  if (o.metrics_port > 0 && o.metrics_port + o.port_index > 65535)
+    throw InvalidArgument(fmt::format("PUSHPULL_METRICS_PORT={} + process index {} is above 65535",
+                                      o.metrics_port, o.port_index));
+  r.string({"PUSHPULL_NODE_HOST", "DMLC_NODE_HOST"}, &o.bind_host);
+  bool any = false;
+  r.flag({"PUSHPULL_BIND_ANY"}, &any);
+  if (any || o.bind_host.empty()) o.bind_host = any ? "0.0.0.0" : "127.0.0.1";
+  r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &o.rank);
+  if (auto v = r.find({"PUSHPULL_ROLE", "DMLC_ROLE"}).second; v && !v->empty())
+    o.role = *v;
+  else if (o.rank >= 0)
+    o.role = "worker";
+  r.integer({"PUSHPULL_FLIGHT_RECORDER_SIZE"}, &o.flight_recorder_size);
+  if (o.flight_recorder_size < 0 || o.flight_recorder_size > (1 << 20))
+    throw InvalidArgument(fmt::format("PUSHPULL_FLIGHT_RECORDER_SIZE={} is not in 0..1048576",
+                                      o.flight_recorder_size));
+  r.string({"PUSHPULL_FLIGHT_RECORDER_DIR"}, &o.flight_recorder_dir);
+  r.string({"PUSHPULL_TIMELINE_CLOCK"}, &o.timeline_clock);
   return o;
 }
 

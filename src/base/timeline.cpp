@@ -12,9 +12,11 @@
 
 #include <fmt/format.h>
 
+#include "base/clock_sync.h"
 #include "base/private_file.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
+#include "pushpull/options.h"
 #include "pushpull/timeline.h"
 
 namespace pushpull::timeline {
@@ -188,6 +190,15 @@ void Recorder::append_async_end(int pid, uint64_t id, std::string_view name, Clo
   append_event(ev);
 }
 
+void Recorder::clock_offset(int64_t offset_ns, int64_t rtt_ns, int samples) {
+  std::lock_guard lock(mu_);
+  if (file_ == nullptr) return;
+  append_event(fmt::format(
+      R"({{"name":"pushpull_clock_offset","ph":"M","pid":0,"tid":0,"args":{{"offset_us":{:.3f},)"
+      R"("rtt_us":{:.3f},"samples":{}}}}})",
+      offset_ns / 1000.0, rtt_ns / 1000.0, samples));
+}
+
 void Recorder::instant(std::string_view node, std::string_view lane, std::string_view name,
                        Clock::time_point at) {
   std::string ev = R"({"name":)";
@@ -327,6 +338,18 @@ bool init_from_env() {
     const Identity id = identity_from_env();
     try {
       start(process_file_name(base, id.role, id.rank));
+      // Under `pushpull launch`: this host's clock against the launcher's,
+      // for the merged file (docs/timeline.md, "One file for the job").
+      const std::string service = ObserveOptions::from_env().timeline_clock;
+      if (!service.empty()) {
+        if (auto o = base::measure_offset(service))
+          g_recorder.load()->clock_offset(o->offset_ns, o->rtt_ns, o->samples);
+        else
+          PP_WARN(
+              "timeline: the launcher's clock service {} did not answer; this file's "
+              "times stay unaligned in the merged timeline",
+              service);
+      }
     } catch (const Error& e) {
       PP_WARN("{}; no timeline for this process", e.what());
       g_state.store(1, std::memory_order_relaxed);
@@ -364,22 +387,3 @@ void record_async_end(std::string_view node, uint64_t id) {
 
 }  // namespace detail
 }  // namespace pushpull::timeline
-
-// The public face (include/pushpull/timeline.h).
-namespace pushpull {
-
-bool timeline_enabled() {
-  return timeline::enabled();
-}
-
-void timeline_span(std::string_view node, std::string_view lane, std::string_view name,
-                   std::chrono::steady_clock::time_point begin,
-                   std::chrono::steady_clock::time_point end) {
-  timeline::span(node, lane, name, begin, end);
-}
-
-const std::string& timeline_process_node() {
-  return timeline::process_node();
-}
-
-}  // namespace pushpull

@@ -8,7 +8,9 @@
 // writes its own file: F without a trailing ".json", then ".<role><rank>.json"
 // (F = trace.json gives trace.worker0.json, trace.server1.json, ...), role and
 // rank from the launcher's (or mpirun's, torchrun's, Slurm's) environment
-// variables; scripts/timeline-merge.py merges them into one trace.
+// variables. `pushpull launch` merges them into F when the job ends, the
+// hosts' clocks aligned (docs/timeline.md); scripts/timeline-merge.py merges
+// files by hand.
 //
 // In the trace a pushpull node (worker 0, server 1, ...) is a "process" lane
 // and each tensor or key a "thread" lane inside it, so several nodes sharing
@@ -66,6 +68,10 @@ class Recorder {
   void async_begin(std::string_view node, std::string_view name, uint64_t id, int64_t key,
                    int64_t bytes, Clock::time_point at);
   void async_end(std::string_view node, uint64_t id, Clock::time_point at);
+  // A metadata event "pushpull_clock_offset" (args offset_us, rtt_us,
+  // samples): add offset_us to this file's times to get the launcher's clock
+  // (base/clock_sync.h); the launcher's merge applies it.
+  void clock_offset(int64_t offset_ns, int64_t rtt_ns, int samples);
   // Writes the buffered events to the file (the file stays open).
   void flush();
   // Flushes, ends the JSON array and closes the file; later events are dropped.

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "base/flight_recorder.h"
+#include "base/metrics.h"
 #include "cluster/describe.h"
 #include "net/address.h"
 #include "net/socket.h"
@@ -22,6 +24,8 @@ Node::Node(Options options, const ClockSource& clock)
   if (r != Role::kServer && r != Role::kWorker)
     throw InvalidArgument(
         fmt::format("a Node is a server or a worker, not a {} (DMLC_ROLE)", role_name(r)));
+  metrics::start_from_env();  // PUSHPULL_METRICS_PORT: the endpoint answers from now on
+  flight::start_from_env();   // the ring and its SIGUSR1 dump
   net::TransportConfig tc;
   tc.net = options_.net;
   tc.role = r;

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/flight_recorder.h"
+#include "base/metrics.h"
 #include "collective/engine.h"
 
 namespace pushpull::collective {
@@ -216,11 +218,22 @@ void Communicator::wait(const Handle& h, std::optional<Millis> timeout) const {
   auto& s = *h.state_;
   Millis limit = timeout.value_or(impl_->options().wait_timeout);
   std::unique_lock lock(s.mu);
-  if (!s.cv.wait_for(lock, limit, [&] { return s.done; }))
-    throw Timeout(fmt::format(
+  // metrics hook: the time callers spend waiting for collectives
+  const auto t0 = metrics::enabled() ? std::chrono::steady_clock::now()
+                                     : std::chrono::steady_clock::time_point{};
+  const bool done = s.cv.wait_for(lock, limit, [&] { return s.done; });
+  PP_METRIC_ADD(kCollectiveWaitMicros, std::chrono::duration_cast<std::chrono::microseconds>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count());
+  if (!done) {
+    const std::string what = fmt::format(
         "collective: '{}' on rank {} did not complete within {} ms; other ranks may not have "
         "submitted it (rank 0 logs stall warnings) or may be stuck",
-        s.name, rank(), limit.count()));
+        s.name, rank(), limit.count());
+    lock.unlock();
+    flight::dump("timeout: " + what);
+    throw Timeout(what);
+  }
   s.status.raise();
 }
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/metrics.h"
 #include "pushpull/elastic.h"
 #include "pushpull/log.h"
 
@@ -144,6 +145,7 @@ void run(State& state, const std::function<void()>& fn, const std::function<void
         if (max_resets > 0 && ++resets + 1 > max_resets) throw;
       }
     }
+    PP_METRIC_ADD(kElasticReformations, 1);  // metrics hook
     for (Participant* p : state.participants_)
       p->elastic_rebind();
     state.on_reset();

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/flight_recorder.h"
+#include "base/metrics.h"
 #include "base/timeline.h"
 #include "pushpull/log.h"
 
@@ -22,6 +24,7 @@ void detail::HandleState::complete(Status st) {
   {
     std::lock_guard lock(mu);
     if (done) return;
+    flight::update(flight, st.is_ok() ? flight::State::kDone : flight::State::kFailed);
     status = std::move(st);
     done = true;
   }
@@ -35,6 +38,8 @@ Communicator::Impl::Impl(std::unique_ptr<Transport> transport, CommunicatorOptio
       size_(transport_->size()),
       inbox_(static_cast<size_t>(size_)) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, opts_.collective, cache_);
+  metrics::start_from_env();  // PUSHPULL_METRICS_PORT: the endpoint answers from now on
+  flight::start_from_env();   // the ring and its SIGUSR1 dump
   std::string note;
   const int mode = opts_.collective.hierarchical_allreduce;
   hierarchy_ = choose_hierarchy(opts_.hosts, rank_, mode, &note);
@@ -67,6 +72,8 @@ Handle Communicator::Impl::submit(Spec spec, ArrayView input, ArrayView output) 
           "collective: an op named '{}' is still pending on rank {}; wait for it before reusing "
           "the name",
           spec.name, rank_));
+    h->flight = flight::record(op_type_name(spec.type), spec.name,
+                               static_cast<int64_t>(spec.bytes()), flight::State::kQueued);
     submitted_.push_back(LocalOp{std::move(spec), input, output, h});
     PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), h->name, "QUEUE");  // timeline hook
   }
@@ -216,6 +223,9 @@ void Communicator::Impl::coordinate() {
         "collective: tensor '{}' has waited {:.1f} s for ranks [{}], which have not submitted "
         "it; a rank may be stuck or running a different sequence of collectives",
         s.tensor, s.waited_seconds, fmt::join(s.missing_ranks, ", "));
+    PP_METRIC_ADD(kCollectiveStalls, 1);  // metrics hook
+    flight::dump(fmt::format("stall: tensor '{}' has waited {:.1f} s for ranks [{}]", s.tensor,
+                             s.waited_seconds, fmt::join(s.missing_ranks, ", ")));
     if (opts_.on_stall) opts_.on_stall(s);
   }
   if (rs.empty()) return;
@@ -227,10 +237,12 @@ void Communicator::Impl::coordinate() {
 
 void Communicator::Impl::fatal(const Status& st) {
   std::vector<std::shared_ptr<detail::HandleState>> fail;
+  bool stopping = false;
   {
     std::lock_guard lock(mu_);
     if (!failed_.is_ok()) return;
     failed_ = st;
+    stopping = stopping_;
     for (auto& op : submitted_)
       fail.push_back(op.handle);
     submitted_.clear();
@@ -252,6 +264,7 @@ void Communicator::Impl::fatal(const Status& st) {
   transport_->abort(st);
   for (auto& h : fail)
     h->complete(st);
+  if (!stopping) flight::dump(fmt::format("failure: {}", st.message()));
 }
 
 void Communicator::Impl::run() {

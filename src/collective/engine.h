@@ -42,7 +42,8 @@ struct HandleState {
   bool done = false;
   Status status;
   Array output;
-  int value = -1;  // join: the rank that joined last
+  int value = -1;       // join: the rank that joined last
+  uint64_t flight = 0;  // its flight recorder entry (base/flight_recorder.h)
   void complete(Status st);
 };
 }  // namespace detail

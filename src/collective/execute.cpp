@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "base/flight_recorder.h"
 #include "base/metrics.h"
 #include "base/timeline.h"
 #include "collective/engine.h"
@@ -105,6 +106,8 @@ void Communicator::Impl::execute(std::vector<Response>& rs) {
         t.spec = *s;
       }
     }
+    for (const auto& t : r.tensors)  // flight recorder: this rank's tensors start executing
+      if (LocalOp* op = find(t.name)) flight::update(op->handle->flight, flight::State::kStarted);
     for (const auto& t : r.tensors)  // timeline hook: this rank's tensors start executing
       if (timeline::enabled() && find(t.name))
         PP_TIMELINE_PHASE(fmt::format("rank {}", rank_), t.name,

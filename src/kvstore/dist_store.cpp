@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "base/flight_recorder.h"
 #include "base/metrics.h"
 #include "base/timeline.h"
 #include "kvstore/validate.h"
@@ -157,7 +158,8 @@ void DistStore::request(int home, net::Header h, const void* data, size_t n,
     server = command ? home : primary_of(home);
     h.flags |= ps::epoch_flags(placement_.epoch);
     pending_[rid] = std::make_unique<Pending>(
-        Pending{done, server, std::nullopt, std::move(on_data), command, std::move(resend)});
+        Pending{done, server, std::nullopt, std::move(on_data), command, std::move(resend),
+                flight_record(h.type == ps::msg::kPush ? "push" : "request", h.key, n)});
   }
   node_->send(
       Role::kServer, server, h, data, n,
@@ -165,6 +167,13 @@ void DistStore::request(int home, net::Header h, const void* data, size_t n,
         if (!s.is_ok()) finish(rid, s);
       },
       priority);
+}
+
+uint64_t DistStore::flight_record(std::string_view kind, uint64_t key, size_t bytes) {
+  char name[32];
+  const auto end = fmt::format_to_n(name, sizeof name, "key {}", key).out;
+  return flight::record(kind, std::string_view(name, static_cast<size_t>(end - name)),
+                        static_cast<int64_t>(bytes), flight::State::kStarted);
 }
 
 void DistStore::finish(uint64_t rid, const Status& s) {
@@ -187,6 +196,7 @@ void DistStore::finish(uint64_t rid, const Status& s) {
     pending_.erase(it);
     if (pending_.empty()) idle_cv_.notify_all();
   }
+  flight::update(p->flight, s.is_ok() ? flight::State::kDone : flight::State::kFailed);
   p->done->finish(s);
 }
 
@@ -227,6 +237,7 @@ void DistStore::on_message(net::Message&& m) {
       status = Status::from_current_exception();
     }
   }
+  flight::update(p->flight, status.is_ok() ? flight::State::kDone : flight::State::kFailed);
   p->done->finish(status);
 }
 
@@ -238,8 +249,11 @@ void DistStore::on_failure(const Status& s) {
     failed.swap(pending_);
     idle_cv_.notify_all();
   }
-  for (auto& [rid, p] : failed)
+  for (auto& [rid, p] : failed) {
+    flight::update(p->flight, flight::State::kFailed);
     p->done->finish(s);
+  }
+  flight::dump(fmt::format("failure: {}", s.message()));
 }
 
 void DistStore::on_placement(const cluster::Placement& p) {
@@ -276,6 +290,7 @@ void DistStore::on_placement(const cluster::Placement& p) {
             p.epoch);
     return;
   }
+  PP_METRIC_ADD(kPsFailovers, 1);  // metrics hook
   PP_WARN(
       "worker {}: fail-over: server {} failed; placement epoch {}: its key ranges moved to "
       "their backups; re-sending {} requests to the new primaries",
@@ -291,9 +306,14 @@ void DistStore::on_placement(const cluster::Placement& p) {
 
 void DistStore::wait_all() {
   std::unique_lock lock(mu_);
-  if (!idle_cv_.wait_for(lock, wait_timeout(), [&] { return pending_.empty(); }))
-    throw Timeout(fmt::format("wait_all: {} requests to the servers still unanswered after {} ms",
-                              pending_.size(), wait_timeout().count()));
+  if (!idle_cv_.wait_for(lock, wait_timeout(), [&] { return pending_.empty(); })) {
+    const std::string what =
+        fmt::format("wait_all: {} requests to the servers still unanswered after {} ms",
+                    pending_.size(), wait_timeout().count());
+    lock.unlock();
+    flight::dump("timeout: " + what);
+    throw Timeout(what);
+  }
   failure_.raise();
 }
 

@@ -124,7 +124,10 @@ class DistStore final : public KVStore {
     bool command = false;
     // Sends this request again (a new request id) to the current primary.
     std::function<void()> resend;
+    uint64_t flight = 0;  // its flight recorder entry (base/flight_recorder.h)
   };
+  // A flight recorder entry for request `kind` of key `key` (started now).
+  static uint64_t flight_record(std::string_view kind, uint64_t key, size_t bytes);
 
   KeyInfo& info(const char* op, const Key& key) const;
   std::vector<KeyInfo*> infos(const char* op, const std::vector<Key>& keys, size_t lists) const;

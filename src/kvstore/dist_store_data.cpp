@@ -261,10 +261,14 @@ void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, con
     if (!failure_.is_ok()) return done->finish(failure_);
     server = primary_of(s.server);
     epoch = placement_.epoch;
-    pending_[rid] = std::make_unique<Pending>(
-        Pending{done, server, match, {}, false, [=, this, &k] {
-                  value_request(k, s, h, data, n, keep_alive, outs, done, priority);
-                }});
+    pending_[rid] = std::make_unique<Pending>(Pending{
+        done,
+        server,
+        match,
+        {},
+        false,
+        [=, this, &k] { value_request(k, s, h, data, n, keep_alive, outs, done, priority); },
+        flight_record(n > 0 ? "pushpull" : "pull", k.id, n + bytes)});
   }
   auto* dst = static_cast<std::byte*>(outs[0].data) + at;
   Status posted = node_->post_recv(

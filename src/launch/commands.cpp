@@ -117,7 +117,7 @@ std::vector<std::string> ssh_base(const LaunchConfig& cfg, int port) {
 bool per_process(const std::string& k) {
   return k == "RANK" || k == "PUSHPULL_RANK" || k == "LOCAL_RANK" || k == "PUSHPULL_LOCAL_RANK" ||
          k == "LOCAL_WORLD_SIZE" || k == "PUSHPULL_LOCAL_SIZE" || k == "DMLC_NODE_HOST" ||
-         k == "PUSHPULL_NODE_HOST";
+         k == "PUSHPULL_NODE_HOST" || k == "PUSHPULL_HOST_PROCESS_INDEX";
 }
 
 }  // namespace
@@ -143,6 +143,15 @@ std::vector<std::string> rsync_argv(const LaunchConfig& cfg, const HostEntry& ho
           "--",  // the directories are never options, whatever they are named
           src,
           fmt::format("{}:{}", host.host, dst_dir)};
+}
+
+std::vector<std::string> rsync_fetch_argv(const LaunchConfig& cfg, const HostEntry& host,
+                                          const std::string& remote_glob,
+                                          const std::string& dst_dir) {
+  return {"rsync",      "-a",
+          "-e",         shell_join(ssh_base(cfg, host.ssh_port)),
+          "--",         fmt::format("{}:{}", host.host, remote_glob),
+          dst_dir + "/"};
 }
 
 std::map<std::string, std::string> role_env(const LaunchConfig& cfg, const Rendezvous& rv,

@@ -54,6 +54,11 @@ std::vector<std::string> ssh_argv(const LaunchConfig& cfg, const ProcessSpec& p)
 // on `host`, creating `dst_dir` there first.
 std::vector<std::string> rsync_argv(const LaunchConfig& cfg, const HostEntry& host,
                                     const std::string& src_dir, const std::string& dst_dir);
+// rsync -a over the same ssh of the files matching `remote_glob` on `host`
+// (the remote shell expands it) into the local folder `dst_dir`.
+std::vector<std::string> rsync_fetch_argv(const LaunchConfig& cfg, const HostEntry& host,
+                                          const std::string& remote_glob,
+                                          const std::string& dst_dir);
 
 // OpenMPI mpirun: workers then servers as two app contexts (workers first so
 // OMPI_COMM_WORLD_RANK is the worker rank), every variable shared by a role

@@ -16,6 +16,7 @@
 
 #include "base/private_file.h"
 #include "launch/commands.h"
+#include "launch/observe.h"
 #include "launch/rendezvous_ports.h"
 #include "launch/supervisor.h"
 #include "net/socket.h"
@@ -189,6 +190,7 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
           rv.addr, rv.port);
     }
   }
+  JobTimeline timeline(cfg, ctx.env);  // before the plan: adds PUSHPULL_TIMELINE_CLOCK
   auto plan = make_plan(cfg, rv);
   if (cfg.verbose) print_plan(std::cerr, cfg, rv, plan, geteuid() == 0);
 
@@ -264,6 +266,7 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
         break;
       }
   }
+  const auto started = std::filesystem::file_time_type::clock::now();
   auto outcome = supervise(signals, std::move(specs), settings, hooks);
   if (cfg.launcher == LauncherKind::kSlurm)
     std::filesystem::remove(fmt::format("{}/.pushpull-{}.srun.conf", cfg.workdir, cfg.job_id));
@@ -275,11 +278,13 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
           "the scheduler did not see every node leave (did they all call shutdown?): stopping it");
     scheduler->stop();
   }
+  timeline.merge(signals, cfg, plan);  // F from every process's file, clocks aligned
   if (outcome.exit_code != 0) {
     // The last word: the root cause, then what followed from it.
     std::string text = fmt::format("job failed: {}", outcome.reason);
     if (!outcome.consequences.empty())
       text += "\n  consequences: " + fmt::format("{}", fmt::join(outcome.consequences, ", "));
+    text += flight_recorder_note(cfg, ctx.env, plan, started);
     PP_ERROR("{}", text);
   }
   return outcome.exit_code;

@@ -134,6 +134,7 @@ std::vector<ProcessSpec> make_plan(const LaunchConfig& cfg, const Rendezvous& rv
   plan.reserve(hosts_of.size());
   // Per host and role: how many so far (local rank) and in all (local size).
   std::map<std::pair<size_t, Role>, int> next, count;
+  std::map<size_t, int> on_host;  // per host: its processes so far (servers, then workers)
   for (size_t i = 0; i < hosts_of.size(); ++i) {
     Role role = i < size_t(cfg.num_servers) ? Role::kServer : Role::kWorker;
     ++count[{hosts_of[i], role}];
@@ -159,6 +160,9 @@ std::vector<ProcessSpec> make_plan(const LaunchConfig& cfg, const Rendezvous& rv
     else
       p.argv = cfg.command;
     p.env = process_env(cfg, rv, p);
+    // The process's index among the job's processes on its host: its
+    // Prometheus port is PUSHPULL_METRICS_PORT + this (docs/timeline.md).
+    p.env["PUSHPULL_HOST_PROCESS_INDEX"] = std::to_string(on_host[p.host_index]++);
     plan.push_back(std::move(p));
   }
   return plan;

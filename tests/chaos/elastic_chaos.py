@@ -21,6 +21,10 @@ SIGKILLed 0.3 s after the first, while the group re-forms).
     python3 tests/chaos/elastic_chaos.py --sample          # the fixed sample (5 trials)
     python3 tests/chaos/elastic_chaos.py --trials 20 --seed 3
 
+Under sanitizers (ASan+UBSan run everything 2-5x slower) pass --time-scale 3: every deadline
+(heartbeats, rejoin, recovery limit, job timeout) is multiplied by it; tests/chaos/tests.cmake does
+so in a PUSHPULL_SANITIZE build.
+
 Exit status: 0 when every trial passed, 1 when one failed.
 """
 
@@ -39,6 +43,7 @@ import elastic_job  # noqa: E402
 
 HEARTBEAT_MS = 4000
 REJOIN_S = 6
+SCALE = 1.0  # --time-scale: every deadline times this (sanitizer builds)
 CRASH = re.compile(r'SIGSEGV|SIGABRT|SIGBUS|terminate called|Segmentation fault')
 
 SAMPLE = [('KILL', 'high', False), ('KILL', 'zero', False), ('TERM', 'random', False),
@@ -61,8 +66,9 @@ def trial(index, sig_name, who, double, build, rng, log_dir):
     with open(log_path, 'w') as log:
         r = elastic_job.run_job(build, workers=4, min_workers=2, kill_at=[kill_step],
                                 add_at=kill_step + 20, max_steps=kill_step + 90,
-                                heartbeat_ms=HEARTBEAT_MS, elastic_timeout=30, timeout=400,
-                                extra=['--rejoin-timeout', str(REJOIN_S)], log=log,
+                                heartbeat_ms=int(HEARTBEAT_MS * SCALE),
+                                elastic_timeout=int(30 * SCALE), timeout=int(400 * SCALE),
+                                extra=['--rejoin-timeout', str(int(REJOIN_S * SCALE))], log=log,
                                 victim=victim, sig=sig, second_after=0.3 if double else None)
     problems = []
     if r['rc'] != 0:
@@ -70,7 +76,7 @@ def trial(index, sig_name, who, double, build, rng, log_dir):
     if not r['kills']:
         problems.append('no fault was injected')
     else:
-        limit = HEARTBEAT_MS / 1000 + 5 + (REJOIN_S if sig_name == 'STOP' else 0)
+        limit = (HEARTBEAT_MS / 1000 + 5 + (REJOIN_S if sig_name == 'STOP' else 0)) * SCALE
         rec = r['kills'][0].get('recovery_s')
         if rec is None or rec > limit:
             problems.append('recovery %s s (limit %s s)' % (rec, limit))
@@ -103,7 +109,11 @@ def main():
     p.add_argument('--trials', type=int, default=len(SAMPLE))
     p.add_argument('--seed', type=int, default=1)
     p.add_argument('--log-dir', default=None)
+    p.add_argument('--time-scale', type=float, default=1.0,
+                   help='multiply every deadline (3 under ASan+UBSan)')
     a = p.parse_args()
+    global SCALE
+    SCALE = max(1.0, a.time_scale)
     if not os.path.exists(os.path.join(a.build_dir, 'bin', 'pushpull')):
         print('elastic chaos: %s/bin/pushpull not built' % a.build_dir)
         return 77

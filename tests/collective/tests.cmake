@@ -16,3 +16,13 @@ endif()
 if(TARGET hierarchical_launch_test)
   add_dependencies(hierarchical_launch_test collective_probe)
 endif()
+
+# The flight recorder of a hung job (docs/timeline.md, "Flight recorder"):
+# rank 1 never calls an allreduce; the dumps name the rank and the tensor.
+add_executable(flight_probe ${CMAKE_CURRENT_LIST_DIR}/flight_probe.cpp)
+target_link_libraries(flight_probe PRIVATE pushpull_collective)
+add_test(NAME flight_recorder_job
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/flight_recorder_job_test.py
+                 ${PROJECT_BINARY_DIR}/bin)
+set_tests_properties(flight_recorder_job PROPERTIES LABELS "collective;launch" TIMEOUT 120
+                     SKIP_RETURN_CODE 77)

@@ -82,6 +82,8 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
         {"PUSHPULL_JOB_ID", job},
         {"PROBE_EXTRA", "x"},
         {"PROBE_WORKER_ONLY", "w"},
+        // Its index among the host's processes (2 servers first): Prometheus port P + this.
+        {"PUSHPULL_HOST_PROCESS_INDEX", std::to_string(2 + i)},
     };
     EXPECT_EQ(e, expect);
     // And a pushpull program reads them back through Options::from_env.
@@ -101,7 +103,7 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
         {"DMLC_NODE_HOST", "127.0.0.1"},   {"PUSHPULL_NODE_HOST", "127.0.0.1"},
         {"PUSHPULL_RANK", rank},           {"PUSHPULL_TIMEOUT", "20"},
         {"PUSHPULL_JOB_ID", job},          {"PROBE_EXTRA", "x"},
-        {"PROBE_SERVER_ONLY", "s"},
+        {"PROBE_SERVER_ONLY", "s"},        {"PUSHPULL_HOST_PROCESS_INDEX", rank},
     };
     EXPECT_EQ(e, expect);
   }

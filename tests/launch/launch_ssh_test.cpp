@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include <gmock/gmock.h>
@@ -185,6 +186,34 @@ TEST_F(SshHosts, ClusterNodesOnTwoHostsJoinTheLauncher) {
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_THAT(r.out, HasSubstr("[worker 1] NODE worker 1 of 2+2"));
   EXPECT_THAT(r.out, HasSubstr("[server 1] NODE server 1 of 2+2"));
+}
+
+// --timeline-filename over ssh: each host's processes measure their clock
+// against the launcher's service, the launcher fetches the hosts' files with
+// rsync and writes one trace with every node's spans.
+TEST_F(SshHosts, OneTimelineFileFromBothHosts) {
+  std::string src = dir_.path() + "/tsrc", dst = dir_.path() + "/tsynced";
+  std::filesystem::create_directories(src);
+  std::string node = bin("launch_node_probe");
+  auto r = launch({"-n", "2", "-s", "2", "--timeout", "30", "--sync-dst-dir", dst,
+                   "--timeline-filename", "tl.json", "--server-command", node, "--", node},
+                  src);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_THAT(r.err, HasSubstr("timeline: merged 4 files")) << r.err;
+  const std::string merged = read_file(src + "/tl.json");
+  for (const char* n : {"worker 0", "worker 1", "server 0", "server 1"})
+    EXPECT_THAT(merged, HasSubstr(std::string("\"name\":\"") + n + "\"")) << n;
+  EXPECT_THAT(merged, HasSubstr("\"BARRIER\""));
+  EXPECT_THAT(merged, ::testing::Not(HasSubstr("pushpull_clock_offset")));
+  // Each process measured its offset over the hosts' bridge.
+  for (const char* f :
+       {"/tl.worker0.json", "/tl.worker1.json", "/tl.server0.json", "/tl.server1.json"}) {
+    const std::string text = read_file(dst + f);
+    const auto at = text.find("\"offset_us\"");
+    ASSERT_NE(at, std::string::npos) << f;
+    std::printf("%s: %s\n", f, text.substr(at, text.find('}', at) - at).c_str());
+  }
+  EXPECT_FALSE(std::filesystem::exists(src + "/tl.json.fetch"));
 }
 
 TEST_F(SshHosts, AFailureOnOneHostStopsTheOtherHost) {

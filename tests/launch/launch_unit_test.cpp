@@ -189,8 +189,13 @@ TEST(Plan, RanksLocalRanksAndEnvironment) {
       {"PUSHPULL_JOB_ID", "job7"},
       {"A", "1"},
       {"W", "2"},
+      // Host a holds server 0, worker 0, then this one (Prometheus port P + 2).
+      {"PUSHPULL_HOST_PROCESS_INDEX", "2"},
   };
   EXPECT_EQ(w, expect);
+  EXPECT_EQ(plan[0].env.at("PUSHPULL_HOST_PROCESS_INDEX"), "0");
+  EXPECT_EQ(plan[1].env.at("PUSHPULL_HOST_PROCESS_INDEX"), "1");
+  EXPECT_EQ(plan[2].env.at("PUSHPULL_HOST_PROCESS_INDEX"), "0");  // the first on host b
 
   const auto& s = plan[0].env;
   EXPECT_EQ(s.at("DMLC_ROLE"), "server");

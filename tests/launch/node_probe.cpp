@@ -9,12 +9,15 @@
 //   --fail-how exit3   exits 3 (the default)
 //              kill9   kills itself with SIGKILL
 //              stop    stops itself with SIGSTOP (the heartbeats must notice)
+// With a timeline (PUSHPULL_TIMELINE) its join and barrier are spans "JOIN"
+// and "BARRIER" on lane "probe" (the launcher's merge test).
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "base/timeline.h"
 #include "cluster/node.h"
 #include "pushpull/error.h"
 
@@ -28,7 +31,10 @@ int main(int argc, char** argv) {
   try {
     auto options = pushpull::Options::from_env();
     pushpull::cluster::Node node(options);
+    auto t0 = pushpull::timeline::Clock::now();
     node.start();
+    const std::string& me = pushpull::timeline::process_node();
+    pushpull::timeline::span(me, "probe", "JOIN", t0, pushpull::timeline::Clock::now());
     std::printf("NODE %s %d of %d+%d\n", std::string(pushpull::role_name(node.role())).c_str(),
                 node.rank(), node.num_servers(), node.num_workers());
     std::fflush(stdout);
@@ -38,7 +44,9 @@ int main(int argc, char** argv) {
       if (how == "exit3") std::_Exit(3);
     }
     // Workers only: a real `pushpull server` joins no barrier of ours.
+    t0 = pushpull::timeline::Clock::now();
     if (node.role() == pushpull::Role::kWorker) node.barrier(pushpull::cluster::Group::kWorkers);
+    pushpull::timeline::span(me, "probe", "BARRIER", t0, pushpull::timeline::Clock::now());
     node.shutdown();
   } catch (const pushpull::Error& e) {
     std::fprintf(stderr, "node failed: %s: %s\n",
