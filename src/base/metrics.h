@@ -23,15 +23,17 @@
 namespace pushpull::metrics {
 
 enum class Counter : int {
-  kCollectiveOps,       // collective ops completed on this rank
-  kCollectiveFailures,  // ... that failed
-  kCollectiveBytes,     // bytes of the tensors those ops executed
-  kPsRequests,          // parameter-server requests sent by a worker (push, pull, init, command)
-  kPsRequestFailures,   // ... that failed
-  kPsBytes,             // bytes pushed or pulled by a worker
-  kServerPushes,        // pushes summed by a server
-  kServerRounds,        // rounds (updates) applied by a server
-  kServerPulls,         // pulls answered by a server
+  kCollectiveOps,        // collective ops completed on this rank
+  kCollectiveFailures,   // ... that failed
+  kCollectiveBytes,      // bytes of the tensors those ops executed
+  kPsRequests,           // parameter-server requests sent by a worker (push, pull, init, command)
+  kPsRequestFailures,    // ... that failed
+  kPsBytes,              // bytes pushed or pulled by a worker
+  kServerPushes,         // pushes summed by a server
+  kServerRounds,         // rounds (updates) applied by a server
+  kServerPulls,          // pulls answered by a server
+  kPsLatePushesDropped,  // pushes a server dropped: their round closed without them (backup
+                         // workers)
   // Counted always (not only with PUSHPULL_METRICS), by net::Transport:
   kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
   kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)

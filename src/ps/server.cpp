@@ -131,6 +131,10 @@ void Server::set_mode(bool sync) {
   ServerStoreConfig config{node_.num_workers(), sync, threads_, node_.rank()};
   config.replicate = node_.ps_replicas() > 0;
   config.lendable_values = config.replicate && lending();
+  if (sync) {
+    config.backup_workers = node_.options().kvstore.ps_backup_workers;
+    config.backup_max_late = node_.options().kvstore.ps_backup_max_late;
+  }
   config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
   if (!config.checkpoint_dir.empty())
     config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");

@@ -23,7 +23,8 @@ struct HeldPush {
   RequestMeta meta;
   Payload grad;
   bool compressed;
-  uint64_t seq;  // full sequence number, 0 = none
+  uint64_t seq;       // full sequence number, 0 = none
+  bool late = false;  // backup workers: its round closed without it (dropped)
 };
 
 inline uint64_t shard_of(const PartId& p) {
@@ -73,8 +74,11 @@ struct ServerStore::Entry {
   bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
   std::vector<RequestMeta> init_acks;  // inits answered when replicated
   int64_t rounds = 0;                  // sync rounds completed (checkpoints)
-  bool restored = false;               // from a checkpoint, not yet initialised by a worker
-  std::string restored_states;         // its optimizer states, until merged
+  // Backup workers: the values of the last rounds before the current one
+  // (back() is the previous round's), kept for workers that are behind.
+  std::deque<Payload> history;
+  bool restored = false;        // from a checkpoint, not yet initialised by a worker
+  std::string restored_states;  // its optimizer states, until merged
   void size_for(int workers) {
     pushed.assign(workers, 0);
     received.assign(workers, 0);
@@ -92,6 +96,17 @@ struct ServerStore::Entry {
   std::vector<WaitingPull> waiting;
   Status round_status;  // the update's outcome, told to the round's pushers
 
+  // Backup workers: how many closed rounds worker w has not pushed yet (their
+  // sequence numbers are marked applied when they close without it).
+  uint64_t rounds_behind(int w) const {
+    return applied_seq[w] > last_seq[w] ? applied_seq[w] - last_seq[w] : 0;
+  }
+  // The value worker w sees: its own round's (an earlier one when behind).
+  const Payload& value_for(int w) const {
+    const uint64_t behind = rounds_behind(w);
+    if (behind == 0 || behind > history.size()) return value;
+    return history[history.size() - behind];
+  }
   // Whether `value` must not be written in place: another reader holds it
   // (a pull reply or replica in flight, a backup, a checkpoint) or it is
   // another process's memory.
