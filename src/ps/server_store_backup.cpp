@@ -65,9 +65,16 @@ void ServerStore::open_backup_round(Entry& e) {
     scale(e.merged_dtype, e.merged.view.data,
           static_cast<double>(config_.num_workers) / static_cast<double>(arrived),
           static_cast<size_t>(e.value.view.numel()));
-  // Kept for workers still behind this round: the update then writes a new
-  // buffer (value_shared) instead of this one.
-  e.history.push_back(e.value);
+  // Kept when a worker is or will be behind this round: the update then
+  // writes a new buffer (value_shared) instead of this one.
+  bool keep = false;
+  for (int w = 0; w < config_.num_workers; ++w)
+    keep = keep || !e.pushed[w] || e.rounds_behind(w) > 0;
+  if (keep) {
+    e.history.push_back(e.value);
+  } else {
+    e.history.clear();
+  }
 }
 
 void ServerStore::close_backup_round(Entry& e) {
