@@ -12,6 +12,7 @@
 #include <map>
 #include <vector>
 
+#include "ps/protocol.h"
 #include "ps/server_store.h"
 #include "pushpull/optimizer.h"
 
@@ -222,6 +223,26 @@ TEST_F(BackupWorkers, ALatePushDuringReplicationWaitsAndTheReplicaKnowsItWasLate
   backup.run_queued();
   EXPECT_TRUE(br.has(100));
   EXPECT_FALSE(br.has(101)) << "round 2 needs two pushes of round 2";
+}
+
+TEST_F(BackupWorkers, AReplacementOfALateWorkerResumesAfterTheRoundsItMissed) {
+  make(3, 1);
+  for (uint32_t k = 1; k <= 2; ++k)
+    push(0, k, 1.0f), push(1, k, 1.0f);
+  // Worker 2 died two rounds behind; its replacement asks for the part.
+  uint64_t id = ++id_;
+  store_->rejoin({2, id}, kPart);
+  run();
+  ASSERT_TRUE(r_.has(id));
+  uint64_t applied = 0, accepted = 0;
+  ASSERT_TRUE(decode_rejoin(r_.replies.at(id).second, &applied, &accepted).is_ok());
+  EXPECT_EQ(applied, 2u) << "the rounds closed without it count as done";
+  EXPECT_EQ(accepted, 2u);
+  // restart_round() = 2: its next push is round 3's, and counts.
+  push(2, 3, 4.0f);
+  uint64_t p = push(0, 3, 2.0f, true);
+  EXPECT_EQ(value_of(p), 9.0f) << "round 3: (4 + 2) * 3 / 2 (no optimizer: the sum is the value)";
+  EXPECT_EQ(store_->late_pushes_dropped(), 0);
 }
 
 TEST(BackupWorkersConfig, AsManyBackupsAsWorkersIsRefused) {
