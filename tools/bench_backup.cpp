@@ -15,9 +15,10 @@
 // straggler) over the rounds after --warmup, then the median over repeats;
 // ratio lines pair each repeat's slowed job with its unslowed one. With
 // backup workers the straggler falls behind by a round every 1/(factor - 1)
-// rounds, so PUSHPULL_PS_BACKUP_MAX_LATE is set to the number of rounds: the
-// figure is the step of the workers that are not late, not the job's end
-// (the straggler still runs its own rounds at its own pace; "job" lines).
+// rounds, so PUSHPULL_PS_BACKUP_MAX_LATE is set to the number of rounds
+// (--max-late to change): the figure is the step of the workers that are not
+// late, not the job's end (the straggler still runs its own rounds at its
+// own pace; "job" lines).
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -46,6 +47,7 @@ struct Settings {
   int rounds = 30;
   int warmup = 3;
   int repeats = 3;
+  int max_late = 0;  // 0: the number of rounds
 };
 
 struct Result {
@@ -58,7 +60,7 @@ Result measure(const Settings& st, uint64_t bytes, bool slowed, int backup) {
   InProcessJob job{st.servers, st.workers, "dist_sync", Options::from_env()};
   job.options.log_level = LogLevel::kWarning;
   job.options.kvstore.ps_backup_workers = backup;
-  job.options.kvstore.ps_backup_max_late = std::max(1, st.rounds);
+  job.options.kvstore.ps_backup_max_late = st.max_late > 0 ? st.max_late : std::max(1, st.rounds);
   std::mutex mu;
   std::vector<double> steps0, straggler;
   double job_s = 0;
@@ -150,6 +152,9 @@ void register_bench_backup(CLI::App& bench) {
   cmd->add_option("--rounds", st->rounds, "Timed rounds per job")->check(CLI::Range(1, 10000));
   cmd->add_option("--warmup", st->warmup, "Untimed rounds first")->check(CLI::Range(0, 1000));
   cmd->add_option("--repeats", st->repeats, "Interleaved repeats")->check(CLI::Range(1, 100));
+  cmd->add_option("--max-late", st->max_late,
+                  "PUSHPULL_PS_BACKUP_MAX_LATE of the backup job (0: the number of rounds)")
+      ->check(CLI::Range(0, 100000));
   cmd->callback([st] { run(*st); });
 }
 
