@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ps/protocol.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <limits>
 
@@ -118,6 +120,31 @@ Status decode_ranges(std::span<const std::byte> in, std::vector<Range>* ranges) 
   }
   if (!r.done()) return Status(ErrorCode::kProtocolError, "malformed pull ranges");
   *ranges = std::move(out);
+  return Status::ok();
+}
+
+std::string encode_mode(const Mode& mode) {
+  if (!mode.sync) return "async";
+  if (mode.backup_workers == 0) return "sync";
+  return fmt::format("sync backup={} max_late={}", mode.backup_workers, mode.backup_max_late);
+}
+
+Status decode_mode(std::string_view text, Mode* mode) {
+  Mode m;
+  if (text == "async") {
+    m.sync = false;
+  } else if (text != "sync") {
+    int backup = -1, late = -1, used = 0;
+    const std::string t(text);
+    if (std::sscanf(t.c_str(), "sync backup=%d max_late=%d%n", &backup, &late, &used) != 2 ||
+        used != static_cast<int>(t.size()) || backup < 0 || late < 1)
+      return {ErrorCode::kInvalidArgument,
+              fmt::format("mode must be sync, async or 'sync backup=B max_late=L', got '{}'",
+                          t.substr(0, 64))};
+    m.backup_workers = backup;
+    m.backup_max_late = late;
+  }
+  *mode = m;
   return Status::ok();
 }
 

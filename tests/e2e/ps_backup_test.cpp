@@ -5,7 +5,9 @@
 // must finish with every worker having pulled the same value after each
 // round, each round's step being what a valid set of pushes gives (the sum
 // of the counted pushes scaled to 3), and the servers counting the late
-// pushes they dropped (metrics: ps_late_pushes_dropped). b >= N is refused.
+// pushes they dropped (metrics: ps_late_pushes_dropped). The servers run
+// without the variable (worker 0's setting reaches them with the mode
+// command). b >= N is refused.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,10 +35,12 @@ std::unique_ptr<test::ChildProcess> launch(const std::string& workers, int round
               {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "5000"}});
+  // The servers do not see the variable: worker 0's store sends it to them.
+  const std::string server = "env -u PUSHPULL_PS_BACKUP_WORKERS " + bin("pushpull") + " server";
   return std::make_unique<test::ChildProcess>(
-      std::vector<std::string>{bin("pushpull"), "launch", "-n", workers, "-s", "2", "--",
-                               bin("ps_backup_worker"), std::to_string(rounds),
-                               std::to_string(step_ms)},
+      std::vector<std::string>{bin("pushpull"), "launch", "-n", workers, "-s", "2",
+                               "--server-command", server, "--", bin("ps_backup_worker"),
+                               std::to_string(rounds), std::to_string(step_ms)},
       env);
 }
 

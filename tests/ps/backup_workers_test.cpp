@@ -245,6 +245,22 @@ TEST_F(BackupWorkers, AReplacementOfALateWorkerResumesAfterTheRoundsItMissed) {
   EXPECT_EQ(store_->late_pushes_dropped(), 0);
 }
 
+// Worker 0's setting travels to the servers in the mode command.
+TEST(BackupWorkersConfig, TheModeCommandCarriesTheSetting) {
+  for (Mode m : {Mode{true, 0, 8}, Mode{false, 0, 8}, Mode{true, 1, 8}, Mode{true, 3, 20}}) {
+    Mode back{false, 9, 9};
+    ASSERT_TRUE(decode_mode(encode_mode(m), &back).is_ok()) << encode_mode(m);
+    EXPECT_EQ(back, m) << encode_mode(m);
+  }
+  EXPECT_EQ(encode_mode(Mode{true, 0, 8}), "sync");  // b = 0: the old payload
+  EXPECT_EQ(encode_mode(Mode{false, 0, 8}), "async");
+  Mode m;
+  for (const char* bad :
+       {"", "Sync", "sync backup=1", "sync backup=-1 max_late=8", "sync backup=1 max_late=0",
+        "sync backup=1 max_late=8 x", "async backup=1 max_late=8"})
+    EXPECT_FALSE(decode_mode(bad, &m).is_ok()) << bad;
+}
+
 TEST(BackupWorkersConfig, AsManyBackupsAsWorkersIsRefused) {
   Responder r;
   ServerStoreConfig c{2, true, 0, 0};
