@@ -54,6 +54,11 @@ std::vector<std::byte> encode_replica_meta(const ReplicaState& s) {
   for (uint64_t a : s.applied_seq)
     w.u<uint64_t>(a);
   w.str<uint64_t>(s.optimizer_states);
+  if (!s.behind.empty()) {  // backup workers only: the b = 0 form is unchanged
+    w.u<uint32_t>(static_cast<uint32_t>(s.behind.size()));
+    for (uint64_t b : s.behind)
+      w.u<uint64_t>(b);
+  }
   return w.take();
 }
 
@@ -70,6 +75,13 @@ Status decode_replica_meta(std::span<const std::byte> in, int max_workers, Repli
   for (uint32_t i = 0; i < n && r.ok(); ++i)
     out.applied_seq.push_back(r.u<uint64_t>());
   out.optimizer_states = r.str<uint64_t>(in.size());
+  if (r.ok() && r.remaining() > 0) {  // backup workers: rounds behind per worker
+    uint32_t b = r.u<uint32_t>();
+    if (!r.ok() || b != n)
+      return Status(ErrorCode::kProtocolError, "malformed replica metadata (rounds behind)");
+    for (uint32_t i = 0; i < b && r.ok(); ++i)
+      out.behind.push_back(r.u<uint64_t>());
+  }
   if (!r.done()) return Status(ErrorCode::kProtocolError, "malformed replica metadata");
   *s = std::move(out);
   return Status::ok();

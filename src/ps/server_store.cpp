@@ -310,6 +310,7 @@ std::shared_ptr<ReplicaState> ServerStore::state_of(const PartId& part, Entry& e
   state->value = e.value;
   state->applied_seq = e.applied_seq;
   state->optimizer_states = optimizer_states_of(part, e);
+  add_behind(e, *state);
   return state;
 }
 

@@ -128,6 +128,10 @@ struct ReplicaState {
   Payload value;                      // shared with the store: not written while referenced
   std::vector<uint64_t> applied_seq;  // per worker: last applied push sequence number
   std::string optimizer_states;       // Optimizer::save_key_states; "" without optimizer
+  // Backup workers: per worker, the closed rounds it has not pushed yet
+  // (empty: nobody is behind). A promoted backup answers their pulls with
+  // the values of their rounds, which it kept from earlier replicas.
+  std::vector<uint64_t> behind;
 };
 
 class ServerResponder {
@@ -289,6 +293,12 @@ class ServerStore {
   // numbers applied and trims the kept values (close_).
   void open_backup_round(Entry& e);
   void close_backup_round(Entry& e);
+  // A backup installing `state` over `e` (existed: it held a value): keeps
+  // the replaced value by its round, sets the sequence numbers (a worker
+  // behind has received fewer than applied) and trims what is kept.
+  void install_backup_state(Entry& e, const ReplicaState& state, bool existed);
+  // state_of's part for backup workers: who is behind (ReplicaState::behind).
+  void add_behind(const Entry& e, ReplicaState& state) const;
   // Counts a completed sync round of a part this server is home for and,
   // every checkpoint_every rounds, adds its state to that round's checkpoint.
   void count_round(const PartId& part, Entry& e);

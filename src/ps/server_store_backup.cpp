@@ -71,23 +71,46 @@ void ServerStore::open_backup_round(Entry& e) {
   for (int w = 0; w < config_.num_workers; ++w)
     keep = keep || !e.pushed[w] || e.rounds_behind(w) > 0;
   if (keep) {
-    e.history.push_back(e.value);
+    e.history.emplace_back(e.round_no(), e.value);
   } else {
     e.history.clear();
   }
 }
 
 void ServerStore::close_backup_round(Entry& e) {
-  uint64_t deepest = 0;
-  for (int w = 0; w < config_.num_workers; ++w) {
+  for (int w = 0; w < config_.num_workers; ++w)
     if (!e.pushed[w]) {
       // Its push of this round is late: the number it will carry is applied.
       e.applied_seq[w] = std::max(e.applied_seq[w], e.last_seq[w]) + 1;
     }
-    deepest = std::max(deepest, e.rounds_behind(w));
-  }
-  while (e.history.size() > deepest)
-    e.history.pop_front();
+  e.trim_history();
+}
+
+void ServerStore::install_backup_state(Entry& e, const ReplicaState& state, bool existed) {
+  const uint64_t round = state.applied_seq.empty() ? 0
+                                                   : *std::max_element(state.applied_seq.begin(),
+                                                                       state.applied_seq.end());
+  // Each replicated round's predecessor is kept as the primary keeps it, so
+  // a promoted backup answers a worker that is behind with its round's value.
+  if (existed && e.value.view.data && round > e.round_no())
+    e.history.emplace_back(e.round_no(), e.value);
+  e.applied_seq = state.applied_seq;
+  e.last_seq = state.applied_seq;
+  if (state.behind.size() == state.applied_seq.size())
+    for (size_t w = 0; w < state.behind.size(); ++w)
+      e.last_seq[w] -= std::min(state.behind[w], e.last_seq[w]);
+  e.trim_history();
+}
+
+void ServerStore::add_behind(const Entry& e, ReplicaState& state) const {
+  if (config_.backup_workers <= 0) return;
+  for (int w = 0; w < config_.num_workers; ++w)
+    if (e.rounds_behind(w) > 0) {
+      state.behind.assign(config_.num_workers, 0);
+      for (int v = 0; v < config_.num_workers; ++v)
+        state.behind[v] = e.rounds_behind(v);
+      return;
+    }
 }
 
 }  // namespace pushpull::ps

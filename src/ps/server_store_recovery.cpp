@@ -87,6 +87,7 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
                                         state.name, state.applied_seq.size(), config_.num_workers));
       std::lock_guard lock(mu_);
       auto& slot = entries_[part];
+      const bool existed = slot != nullptr;
       if (!slot) {
         slot = std::make_unique<Entry>();
         slot->size_for(config_.num_workers);
@@ -100,11 +101,14 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
       e.name = state.name;
       e.home = state.home;
       e.from_replica = true;
+      if (config_.sync && config_.backup_workers > 0) {
+        install_backup_state(e, state, existed);  // before the value is replaced
+      } else {
+        e.applied_seq = state.applied_seq;
+        e.last_seq = state.applied_seq;
+      }
       e.value = state.value;  // adopted: the received buffer is the value
-      e.history.clear();      // a primary's earlier values (backup workers) are not replicated
       e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
-      e.applied_seq = state.applied_seq;
-      e.last_seq = state.applied_seq;
       // What the primary replicated replaces what a resume restored here.
       e.restored = false;
       e.restored_states.clear();

@@ -225,6 +225,41 @@ TEST_F(BackupWorkers, ALatePushDuringReplicationWaitsAndTheReplicaKnowsItWasLate
   EXPECT_FALSE(br.has(101)) << "round 2 needs two pushes of round 2";
 }
 
+TEST_F(BackupWorkers, APromotedBackupAnswersAWorkerBehindWithItsRoundsValue) {
+  r_.replicating = true;
+  make(3, 1);
+  optimizer("test:rescale_grad=1");
+  std::vector<float> seen;  // rounds 1 and 2 close without worker 2
+  for (uint32_t k = 1; k <= 2; ++k) {
+    push(0, k, 1.0f), push(1, k, 1.0f);
+    r_.release();
+    run();
+    seen.push_back(value_of(pull(0)));
+  }
+  ASSERT_EQ(r_.states.size(), 3u);  // the init and two rounds
+  EXPECT_EQ(r_.states[2].behind, (std::vector<uint64_t>{0, 0, 2}));
+  // The backup installs them in order, as the primary sent them; then the
+  // primary dies and worker 2 goes on with the backup.
+  Responder br;
+  ServerStoreConfig c{3, true, 0, 1};
+  c.backup_workers = 1;
+  ServerStore backup(c, br);
+  for (const ReplicaState& st : r_.states)
+    backup.install_replica(kPart, st, [](const Status& s) { EXPECT_TRUE(s.is_ok()); });
+  backup.run_queued();
+  backup.pull({2, 200}, kPart, {});
+  backup.run_queued();
+  EXPECT_EQ(br.value(200), std::vector<float>(3, 0.0f)) << "worker 2 is at round 0";
+  for (uint32_t k = 1; k <= 2; ++k) {
+    RequestMeta m{2, 200 + k};
+    m.pull_back = true;
+    backup.push(m, kPart, floats(5.0f), false, k);
+    backup.run_queued();
+    EXPECT_EQ(br.value(200 + k), std::vector<float>(3, seen[k - 1])) << "round " << k;
+  }
+  EXPECT_EQ(backup.late_pushes_dropped(), 2);
+}
+
 TEST_F(BackupWorkers, AReplacementOfALateWorkerResumesAfterTheRoundsItMissed) {
   make(3, 1);
   for (uint32_t k = 1; k <= 2; ++k)
@@ -246,12 +281,28 @@ TEST_F(BackupWorkers, AReplacementOfALateWorkerResumesAfterTheRoundsItMissed) {
 }
 
 // Worker 0's setting travels to the servers in the mode command.
-TEST(BackupWorkersConfig, TheModeCommandCarriesTheSetting) {
+TEST(BackupWorkersConfig, TheModeCommandAndTheReplicaCarryTheSetting) {
   for (Mode m : {Mode{true, 0, 8}, Mode{false, 0, 8}, Mode{true, 1, 8}, Mode{true, 3, 20}}) {
     Mode back{false, 9, 9};
     ASSERT_TRUE(decode_mode(encode_mode(m), &back).is_ok()) << encode_mode(m);
     EXPECT_EQ(back, m) << encode_mode(m);
   }
+  ReplicaState st;
+  st.name = "w";
+  st.applied_seq = {3, 3, 3};
+  st.behind = {0, 0, 2};
+  ReplicaState back;
+  {
+    Status d = decode_replica_meta(encode_replica_meta(st), 3, &back);
+    ASSERT_TRUE(d.is_ok()) << d.to_string();
+  }
+  EXPECT_EQ(back.behind, st.behind);
+  st.behind.clear();  // nobody behind: the form without backup workers
+  ASSERT_TRUE(decode_replica_meta(encode_replica_meta(st), 3, &back).is_ok());
+  EXPECT_TRUE(back.behind.empty());
+  auto bytes = encode_replica_meta(st);
+  bytes.push_back(std::byte{1});
+  EXPECT_FALSE(decode_replica_meta(bytes, 3, &back).is_ok()) << "a truncated tail";
   EXPECT_EQ(encode_mode(Mode{true, 0, 8}), "sync");  // b = 0: the old payload
   EXPECT_EQ(encode_mode(Mode{false, 0, 8}), "async");
   Mode m;
