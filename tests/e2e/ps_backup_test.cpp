@@ -7,9 +7,11 @@
 // of the counted pushes scaled to 3), and the servers counting the late
 // pushes they dropped (metrics: ps_late_pushes_dropped). The servers run
 // without the variable (worker 0's setting reaches them with the mode
-// command). b >= N is refused.
+// command). A server SIGKILLed while the straggler is behind changes none
+// of that (3 servers). b >= N is refused.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "support/launched_job.h"
 #include "support/process.h"
@@ -29,16 +32,20 @@ using namespace std::chrono_literals;
 using test::bin;
 using test::TempDir;
 
+// `pids`: a file the servers append "rank pid" to (for a fail-over).
 std::unique_ptr<test::ChildProcess> launch(const std::string& workers, int rounds, int step_ms,
-                                           std::map<std::string, std::string> env) {
+                                           std::map<std::string, std::string> env,
+                                           const std::string& servers = "2",
+                                           const std::string& pids = "") {
   env.insert({{"PUSHPULL_BIGARRAY_BOUND", "1000"},
               {"PUSHPULL_PS_CHUNK_BYTES", "4096"},
               {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "200"},
               {"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "5000"}});
   // The servers do not see the variable: worker 0's store sends it to them.
-  const std::string server = "env -u PUSHPULL_PS_BACKUP_WORKERS " + bin("pushpull") + " server";
+  std::string server = "env -u PUSHPULL_PS_BACKUP_WORKERS " + bin("pushpull") + " server";
+  if (!pids.empty()) server = "sh -c 'echo $PUSHPULL_RANK $$ >> " + pids + "; exec " + server + "'";
   return std::make_unique<test::ChildProcess>(
-      std::vector<std::string>{bin("pushpull"), "launch", "-n", workers, "-s", "2",
+      std::vector<std::string>{bin("pushpull"), "launch", "-n", workers, "-s", servers,
                                "--server-command", server, "--", bin("ps_backup_worker"),
                                std::to_string(rounds), std::to_string(step_ms)},
       env);
@@ -54,17 +61,9 @@ int64_t last_counter(const std::string& file, const std::string& name) {
   return value;
 }
 
-TEST(PsBackup, AStragglerIsDroppedAndEveryWorkerPullsTheSameValueEachRound) {
-  TempDir dir("pp-backup");
-  const int rounds = 12;
-  auto job = launch("3", rounds, 30,
-                    {{"PUSHPULL_PS_BACKUP_WORKERS", "1"},
-                     {"PP_TEST_SLOW", "2:60"},
-                     {"PUSHPULL_METRICS", dir.path + "/m"}});
-  auto code = job->wait(120s);
-  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job->output();
-  const std::string out = job->output();
-  ASSERT_EQ(*code, 0) << out;
+// Every worker pulled the same value after each of `rounds` rounds, and each
+// round stepped by what a valid set of pushes gives.
+void expect_same_values(const std::string& out, int rounds) {
   // round -> worker -> increment over the initial values
   std::map<int, std::map<int, double>> seen;
   const std::regex re("VALUE ([0-9]+) ([0-9]+) ([-0-9.e+]+)");
@@ -82,6 +81,20 @@ TEST(PsBackup, AStragglerIsDroppedAndEveryWorkerPullsTheSameValueEachRound) {
         << "round " << k << " stepped by " << by_worker.at(0) - before;
     before = by_worker.at(0);
   }
+}
+
+TEST(PsBackup, AStragglerIsDroppedAndEveryWorkerPullsTheSameValueEachRound) {
+  TempDir dir("pp-backup");
+  const int rounds = 12;
+  auto job = launch("3", rounds, 30,
+                    {{"PUSHPULL_PS_BACKUP_WORKERS", "1"},
+                     {"PP_TEST_SLOW", "2:60"},
+                     {"PUSHPULL_METRICS", dir.path + "/m"}});
+  auto code = job->wait(120s);
+  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job->output();
+  const std::string out = job->output();
+  ASSERT_EQ(*code, 0) << out;
+  expect_same_values(out, rounds);
   int64_t dropped = 0;
   for (int s = 0; s < 2; ++s) {
     int64_t c = last_counter(dir.path + "/m.server" + std::to_string(s) + ".jsonl",
@@ -92,6 +105,30 @@ TEST(PsBackup, AStragglerIsDroppedAndEveryWorkerPullsTheSameValueEachRound) {
   EXPECT_GT(dropped, 0) << "the straggler was never late";
   for (int w = 0; w < 3; ++w)
     EXPECT_THAT(out, HasSubstr("OK worker " + std::to_string(w)));
+}
+
+// A primary SIGKILLed while the straggler is rounds behind: its backup,
+// promoted, answers the straggler with the values of its rounds (it kept
+// them from the replicas), so nobody sees another value.
+TEST(PsBackup, AFailOverWhileAWorkerIsBehindKeepsEveryWorkerOnTheSameValues) {
+  TempDir dir("pp-backup");
+  const int rounds = 30;
+  const std::string pids = dir.path + "/servers";
+  auto job = launch("3", rounds, 30,
+                    {{"PUSHPULL_PS_BACKUP_WORKERS", "1"}, {"PP_TEST_SLOW", "2:60"}}, "3", pids);
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (job->output().find("VALUE 0 12 ") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  auto servers = test::read_rank_pids(pids);
+  ASSERT_EQ(servers.count(1), 1u) << job->output();
+  ::kill(servers[1], SIGKILL);
+  auto code = job->wait(120s);
+  ASSERT_TRUE(code.has_value()) << "launcher still running:\n" << job->output();
+  const std::string out = job->output();
+  ASSERT_EQ(*code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("fail-over: server 1"));
+  expect_same_values(out, rounds);
 }
 
 TEST(PsBackup, AsManyBackupWorkersAsWorkersIsRefused) {
