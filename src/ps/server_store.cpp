@@ -29,15 +29,7 @@ ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
       responder_(responder),
       value_pool_(8, config.lendable_values),
       executor_(std::max(0, config.threads), fmt::format("pp-server{}", config.server_rank)) {
-  if (config_.backup_workers < 0 ||
-      (config_.backup_workers > 0 && config_.sync && config_.backup_workers >= config_.num_workers))
-    throw InvalidArgument(fmt::format(
-        "{} backup workers with {} workers: a dist_sync round closes after num_workers - "
-        "backup pushes, so backup workers must be 0 .. num_workers - 1 "
-        "(PUSHPULL_PS_BACKUP_WORKERS)",
-        config_.backup_workers, config_.num_workers));
-  if (config_.backup_workers > 0 && config_.backup_max_late < 1)
-    throw InvalidArgument("PUSHPULL_PS_BACKUP_MAX_LATE must be at least 1");
+  check_backup_config(config_);
 }
 
 ServerStore::~ServerStore() = default;

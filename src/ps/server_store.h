@@ -276,6 +276,8 @@ class ServerStore {
   // process's accepted push with that number; false when there is none.
   static bool adopt(Entry& e, const RequestMeta& m, uint64_t seq);
   void fail(const RequestMeta& m, const Status& s);
+  // Throws InvalidArgument for backup workers outside 0 .. num_workers - 1.
+  static void check_backup_config(const ServerStoreConfig& config);
   // Backup workers: pushes a sync round needs before it may close.
   int round_quorum() const;
   // Whether the open sync round may close now (enough pushes, and nobody

@@ -16,6 +16,18 @@
 
 namespace pushpull::ps {
 
+void ServerStore::check_backup_config(const ServerStoreConfig& config) {
+  if (config.backup_workers < 0 ||
+      (config.backup_workers > 0 && config.sync && config.backup_workers >= config.num_workers))
+    throw InvalidArgument(fmt::format(
+        "{} backup workers with {} workers: a dist_sync round closes after num_workers - "
+        "backup pushes, so backup workers must be 0 .. num_workers - 1 "
+        "(PUSHPULL_PS_BACKUP_WORKERS)",
+        config.backup_workers, config.num_workers));
+  if (config.backup_workers > 0 && config.backup_max_late < 1)
+    throw InvalidArgument("PUSHPULL_PS_BACKUP_MAX_LATE must be at least 1");
+}
+
 int ServerStore::round_quorum() const {
   return config_.num_workers - std::clamp(config_.backup_workers, 0, config_.num_workers - 1);
 }
