@@ -77,7 +77,7 @@ Status decode_replica_meta(std::span<const std::byte> in, int max_workers, Repli
   out.optimizer_states = r.str<uint64_t>(in.size());
   if (r.ok() && r.remaining() > 0) {  // backup workers: rounds behind per worker
     uint32_t b = r.u<uint32_t>();
-    if (!r.ok() || b != n)
+    if (!r.ok() || b != n || b == 0)  // (none behind: no tail)
       return Status(ErrorCode::kProtocolError, "malformed replica metadata (rounds behind)");
     for (uint32_t i = 0; i < b && r.ok(); ++i)
       out.behind.push_back(r.u<uint64_t>());
