@@ -180,6 +180,16 @@ struct KVStoreOptions {
   // (or created) only when a file is saved or loaded. Empty (Options built
   // in code): the per-user secret file under this user's passwd home.
   Environment file_key_env;
+  // Backup workers in dist_sync (docs/ps.md "Backup workers"): a round of a
+  // key closes once the first num_workers - b pushes arrived; the others'
+  // pushes of that round are dropped, and the sum is scaled by
+  // num_workers / (num_workers - b). 0 = every push counts (the default).
+  // Must be below the number of workers. PUSHPULL_PS_BACKUP_WORKERS.
+  int ps_backup_workers = 0;
+  // With backup workers: how many rounds a worker may fall behind before a
+  // round waits for its push again (the server keeps that many earlier
+  // values of each key to answer its pulls). PUSHPULL_PS_BACKUP_MAX_LATE.
+  int ps_backup_max_late = 8;
 };
 
 struct CollectiveOptions {

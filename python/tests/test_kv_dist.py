@@ -106,3 +106,37 @@ def test_a_killed_worker_is_restarted_and_adopts_the_servers_values(tmp_path):
     assert 'worker 1: ok from round 8' in job.output or \
         'worker 1: ok from round 9' in job.output, job
     assert 'restarting it with the same rank' in job.output, job
+
+
+def test_backup_workers_set_from_python_drop_a_straggler(tmp_path):
+    # docs/ps.md "Backup workers": the setting given to kv.create reaches
+    # the servers (worker 0's mode command; the servers' environment has
+    # none); worker 2 is slowed, rounds close on the other two with the sum
+    # scaled by 3/2, and every worker pulls the same value each round.
+    script = tmp_path / 'backup.py'
+    script.write_text(
+        'import time, numpy as np, pushpull\n'
+        "kv = pushpull.kv.create('dist_sync', env={'PUSHPULL_PS_BACKUP_WORKERS': '1'})\n"
+        'kv.init(0, np.zeros(4, np.float32))\n'
+        "kv.set_optimizer('test', rescale_grad=0.5)\n"
+        'out = np.zeros(4, np.float32)\n'
+        'for k in range(1, 9):\n'
+        '    time.sleep(0.09 if kv.rank == 2 else 0.03)\n'
+        '    kv.pushpull(0, np.full(4, kv.rank + 1, np.float32), out)\n'
+        "    print('VALUE', kv.rank, k, repr(float(out[0])), flush=True)\n")
+    job = launch(3, 1, str(script), timeout=90)
+    assert job.returncode == 0, job
+    seen = {}
+    for line in job.output.splitlines():
+        if 'VALUE ' in line:
+            _, rank, k, v = line[line.index('VALUE '):].split()
+            seen.setdefault(int(k), {})[int(rank)] = float(v)
+    assert sorted(seen) == list(range(1, 9)), job
+    steps = {0.5 * 3 * 1.5, 0.5 * 4 * 1.5, 0.5 * 5 * 1.5, 0.5 * 6}
+    before, taken = 0.0, []
+    for k in range(1, 9):
+        assert len(seen[k]) == 3 and len(set(seen[k].values())) == 1, (k, seen[k], job)
+        taken.append(seen[k][0] - before)
+        assert taken[-1] in steps, (k, seen[k], job)
+        before = seen[k][0]
+    assert 0.5 * 3 * 1.5 in taken, ('no round closed without the straggler', taken)

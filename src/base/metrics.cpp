@@ -149,6 +149,8 @@ std::string_view counter_name(Counter c) {
       return "server_rounds";
     case Counter::kServerPulls:
       return "server_pulls";
+    case Counter::kPsLatePushesDropped:
+      return "ps_late_pushes_dropped";
     case Counter::kNetShmBytes:
       return "net_shm_bytes";
     case Counter::kNetTcpBytes:

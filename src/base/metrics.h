@@ -40,6 +40,8 @@ enum class Counter : int {
   kServerPushes,          // pushes summed by a server
   kServerRounds,          // rounds (updates) applied by a server
   kServerPulls,           // pulls answered by a server
+  kPsLatePushesDropped,   // pushes a server dropped: their round closed without them (backup
+                          // workers)
   // Counted always (not only with PUSHPULL_METRICS), by net::Transport:
   kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
   kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)

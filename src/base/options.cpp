@@ -205,6 +205,8 @@ Options Options::from_env(const Environment& env) {
   for (std::string_view name : {"PUSHPULL_CHECKPOINT_KEY_FILE", "PUSHPULL_SECRET_FILE",
                                 "XDG_CONFIG_HOME", "HOME", "PUSHPULL_ALLOW_INSECURE"})
     if (auto v = env.get(name)) k.file_key_env.set(std::string(name), *v);
+  r.integer({"PUSHPULL_PS_BACKUP_WORKERS"}, &k.ps_backup_workers);
+  r.integer({"PUSHPULL_PS_BACKUP_MAX_LATE"}, &k.ps_backup_max_late);
 
   CollectiveOptions& col = o.collective;
   r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},
@@ -319,6 +321,15 @@ void Options::validate() const {
         "kvstore threads must not be negative (PUSHPULL_KVSTORE_THREADS)");
   check(kvstore.wait_timeout.count() > 0,
         "kvstore wait timeout must be positive (PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS)");
+  check(kvstore.ps_backup_workers >= 0,
+        "backup workers must not be negative (PUSHPULL_PS_BACKUP_WORKERS)");
+  check(kvstore.ps_backup_workers == 0 || cluster.role == Role::kNone ||
+            kvstore.ps_backup_workers < cluster.num_workers,
+        fmt::format("PUSHPULL_PS_BACKUP_WORKERS={} needs more workers than that: a dist_sync "
+                    "round closes after num_workers - backup pushes, and the job has {} "
+                    "worker(s)",
+                    kvstore.ps_backup_workers, cluster.num_workers));
+  check(kvstore.ps_backup_max_late >= 1, "PUSHPULL_PS_BACKUP_MAX_LATE must be at least 1");
   check(collective.cycle_time_ms >= 0, "cycle time must not be negative");
   check(collective.ring_segment_bytes >= 4096, "ring segment must be at least 4096 bytes");
   check(collective.shm_arena_slot_bytes == 0 || (collective.shm_arena_slot_bytes >= 4096 &&

@@ -70,7 +70,11 @@ DistStore::DistStore(std::string type, const Options& options)
     Status mode;
     if (rank() == 0) {
       try {
-        command_all(static_cast<uint64_t>(ps::Command::kSetMode), {sync_ ? "sync" : "async"});
+        // With backup workers (docs/ps.md) this worker's setting is the job's.
+        const KVStoreOptions& k = node_->options().kvstore;
+        command_all(
+            static_cast<uint64_t>(ps::Command::kSetMode),
+            {ps::encode_mode({sync_, sync_ ? k.ps_backup_workers : 0, k.ps_backup_max_late})});
       } catch (...) {
         mode = Status::from_current_exception();
       }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ps/protocol.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <limits>
 
@@ -52,6 +54,11 @@ std::vector<std::byte> encode_replica_meta(const ReplicaState& s) {
   for (uint64_t a : s.applied_seq)
     w.u<uint64_t>(a);
   w.str<uint64_t>(s.optimizer_states);
+  if (!s.behind.empty()) {  // backup workers only: the b = 0 form is unchanged
+    w.u<uint32_t>(static_cast<uint32_t>(s.behind.size()));
+    for (uint64_t b : s.behind)
+      w.u<uint64_t>(b);
+  }
   return w.take();
 }
 
@@ -68,6 +75,13 @@ Status decode_replica_meta(std::span<const std::byte> in, int max_workers, Repli
   for (uint32_t i = 0; i < n && r.ok(); ++i)
     out.applied_seq.push_back(r.u<uint64_t>());
   out.optimizer_states = r.str<uint64_t>(in.size());
+  if (r.ok() && r.remaining() > 0) {  // backup workers: rounds behind per worker
+    uint32_t b = r.u<uint32_t>();
+    if (!r.ok() || b != n || b == 0)  // (none behind: no tail)
+      return Status(ErrorCode::kProtocolError, "malformed replica metadata (rounds behind)");
+    for (uint32_t i = 0; i < b && r.ok(); ++i)
+      out.behind.push_back(r.u<uint64_t>());
+  }
   if (!r.done()) return Status(ErrorCode::kProtocolError, "malformed replica metadata");
   *s = std::move(out);
   return Status::ok();
@@ -118,6 +132,31 @@ Status decode_ranges(std::span<const std::byte> in, std::vector<Range>* ranges) 
   }
   if (!r.done()) return Status(ErrorCode::kProtocolError, "malformed pull ranges");
   *ranges = std::move(out);
+  return Status::ok();
+}
+
+std::string encode_mode(const Mode& mode) {
+  if (!mode.sync) return "async";
+  if (mode.backup_workers == 0) return "sync";
+  return fmt::format("sync backup={} max_late={}", mode.backup_workers, mode.backup_max_late);
+}
+
+Status decode_mode(std::string_view text, Mode* mode) {
+  Mode m;
+  if (text == "async") {
+    m.sync = false;
+  } else if (text != "sync") {
+    int backup = -1, late = -1, used = 0;
+    const std::string t(text);
+    if (std::sscanf(t.c_str(), "sync backup=%d max_late=%d%n", &backup, &late, &used) != 2 ||
+        used != static_cast<int>(t.size()) || backup < 0 || late < 1)
+      return {ErrorCode::kInvalidArgument,
+              fmt::format("mode must be sync, async or 'sync backup=B max_late=L', got '{}'",
+                          t.substr(0, 64))};
+    m.backup_workers = backup;
+    m.backup_max_late = late;
+  }
+  *mode = m;
   return Status::ok();
 }
 

@@ -97,6 +97,19 @@ inline constexpr uint32_t kFlagPullBack = 32;  // kPush: answer with the value (
 inline constexpr uint32_t kFlagWithMeta = 64;  // lent kReplicaValue: the metadata follows the ref
 }  // namespace msg
 
+// The kSetMode payload (and the mode line of kRejoinSetup): "sync" or
+// "async"; with backup workers (sync only, docs/ps.md "Backup workers")
+// "sync backup=B max_late=L". Worker 0's setting is the job's.
+struct Mode {
+  bool sync = true;
+  int backup_workers = 0;
+  int backup_max_late = 8;
+  bool operator==(const Mode&) const = default;
+};
+std::string encode_mode(const Mode& mode);
+// Refuses anything else (InvalidArgument), including B or L below 0 or 1.
+Status decode_mode(std::string_view text, Mode* mode);
+
 // A rejoin reply's head: for the asking worker's rank, the sequence number of
 // its last applied push and of its last accepted one (u64 each, little-endian).
 inline constexpr size_t kRejoinHeadBytes = 16;

@@ -54,7 +54,7 @@ Server::Server(cluster::Node& node)
     checkpoint_key_ = base::checkpoint_key(env);
     base::check_key_id(checkpoint_key_, env, "server");
   }
-  set_mode(true);
+  set_mode(Mode{});
   node_.on_placement([gate = gate_, this](const cluster::Placement& p) {
     if (!gate->enter()) return;
     struct Leave {
@@ -127,10 +127,15 @@ void Server::on_message_guarded(net::Message&& m) {
   }
 }
 
-void Server::set_mode(bool sync) {
+void Server::set_mode(const Mode& mode) {
+  const bool sync = mode.sync;
   ServerStoreConfig config{node_.num_workers(), sync, threads_, node_.rank()};
   config.replicate = node_.ps_replicas() > 0;
   config.lendable_values = config.replicate && lending();
+  if (sync) {  // worker 0's setting (docs/ps.md "Backup workers")
+    config.backup_workers = mode.backup_workers;
+    config.backup_max_late = mode.backup_max_late;
+  }
   config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
   if (!config.checkpoint_dir.empty())
     config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");
@@ -141,6 +146,7 @@ void Server::set_mode(bool sync) {
   auto fresh = std::make_shared<ServerStore>(config, *this);
   std::lock_guard lock(mu_);
   store_ = std::move(fresh);
+  mode_ = mode;
 }
 
 void Server::restore_checkpoint() {
@@ -307,11 +313,10 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
   std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
   auto s = store();
   switch (static_cast<Command>(m.header.key)) {
-    case Command::kSetMode:
-      if (text != "sync" && text != "async")
-        return reply(meta, Status(ErrorCode::kInvalidArgument, "mode must be sync or async"),
-                     DType::kUInt8, {});
-      if ((text == "sync") != s->sync()) {
+    case Command::kSetMode: {
+      Mode want;
+      if (Status st = decode_mode(text, &want); !st) return reply(meta, st, DType::kUInt8, {});
+      if (!(want == mode())) {
         // A fresh store drops every key: only worker 0, and only before the
         // first init (as DistStore does), may switch.
         if (meta.worker != 0 || s->has_keys())
@@ -321,15 +326,16 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
                                           "worker 0 may, before any key is initialised",
                                           meta.worker, text)),
                        DType::kUInt8, {});
-        set_mode(text == "sync");
+        set_mode(want);
       } else if (!s->has_keys() && (!env_or("PUSHPULL_CHECKPOINT_DIR").empty() ||
                                     !env_or("PUSHPULL_RESUME_DIR").empty())) {
         // The constructor's store predates registration (no rank yet), which
         // checkpoint files need: a fresh one, as for a mode switch.
-        set_mode(text == "sync");
+        set_mode(want);
       }
       restore_checkpoint();  // throws: the error goes back to worker 0
       return reply(meta, Status::ok(), DType::kUInt8, {});
+    }
     case Command::kSetOptimizerIfAbsent: {
       std::lock_guard lock(repl_mu_);
       if (!optimizer_spec_.empty()) return reply(meta, Status::ok(), DType::kUInt8, {});

@@ -44,6 +44,7 @@
 
 #include "cluster/node.h"
 #include "net/lend.h"
+#include "ps/protocol.h"
 #include "ps/server_store.h"
 
 namespace pushpull::ps {
@@ -132,7 +133,12 @@ class Server : public ServerResponder {
   void on_message_guarded(net::Message&& m);
   void on_message(net::Message&& m);
   void on_command(const RequestMeta& meta, net::Message&& m);
-  void set_mode(bool sync);
+  // A fresh store in this mode (worker 0's kSetMode, a rejoin's setup).
+  void set_mode(const Mode& mode);
+  Mode mode() {
+    std::lock_guard lock(mu_);
+    return mode_;
+  }
   // With PUSHPULL_RESUME_DIR: loads this server's file of checkpoint round
   // PUSHPULL_RESUME_ROUND (once) into the current store (once per store).
   // Throws IoError naming the file when it is missing, torn or foreign.
@@ -142,6 +148,7 @@ class Server : public ServerResponder {
   int threads_;
   std::mutex mu_;  // guards store_ replacement (set_mode before any key exists)
   std::shared_ptr<ServerStore> store_;
+  Mode mode_;  // store_'s (guarded by mu_)
   // Loaded by restore_checkpoint: its own file and those of the homes it
   // backs up (path, contents).
   std::vector<std::pair<std::string, std::shared_ptr<const Checkpoint>>> resume_;

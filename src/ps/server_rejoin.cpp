@@ -46,7 +46,7 @@ void Server::on_rejoin_request(int to, uint64_t generation) {
   {
     std::lock_guard lock(repl_mu_);
     catching_up_.insert(to);
-    setup = std::string(store()->sync() ? "sync" : "async") + "\n" + optimizer_spec_;
+    setup = encode_mode(mode()) + "\n" + optimizer_spec_;
   }
   PP_WARN("server {}: sending server {} the key ranges it backs up", me, to);
   // First the mode and optimizer: the same connection keeps them ahead of
@@ -80,7 +80,12 @@ void Server::on_rejoin_setup(const std::string& text) {
   auto nl = text.find('\n');
   const std::string mode = text.substr(0, nl);
   const std::string spec = nl == std::string::npos ? "" : text.substr(nl + 1);
-  if ((mode == "sync") != store()->sync()) set_mode(mode == "sync");
+  Mode want;
+  if (Status st = decode_mode(mode, &want); !st) {
+    PP_ERROR("server {}: the job's mode from a live server: {}", node_.rank(), st.to_string());
+  } else if (!(want == this->mode())) {
+    set_mode(want);
+  }
   if (!spec.empty()) {
     {
       std::lock_guard lock(repl_mu_);

@@ -28,7 +28,9 @@ ServerStore::ServerStore(ServerStoreConfig config, ServerResponder& responder)
     : config_(config),
       responder_(responder),
       value_pool_(8, config.lendable_values),
-      executor_(std::max(0, config.threads), fmt::format("pp-server{}", config.server_rank)) {}
+      executor_(std::max(0, config.threads), fmt::format("pp-server{}", config.server_rank)) {
+  check_backup_config(config_);
+}
 
 ServerStore::~ServerStore() = default;
 
@@ -141,8 +143,15 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
                                         "asynchronous store needs an optimizer on the servers",
                                         e->name)));
     uint64_t seq = 0;
-    if (seq24 != 0) {
-      seq = unwrap_seq(seq24, e->last_seq[m.worker] + 1);
+    const bool backup = config_.sync && config_.backup_workers > 0;
+    if (seq24 != 0 || backup) {
+      // With backup workers a push without a number is the worker's next one.
+      seq = seq24 != 0 ? unwrap_seq(seq24, e->last_seq[m.worker] + 1) : e->last_seq[m.worker] + 1;
+      if (backup && seq > e->last_seq[m.worker] && seq <= e->applied_seq[m.worker]) {
+        // Its round closed without it (backup workers): dropped, answered.
+        e->last_seq[m.worker] = seq;
+        return late_push(part, *e, m);
+      }
       if (seq <= e->applied_seq[m.worker]) {
         // Applied (and replicated) already: a worker re-sent the push of an
         // unfinished round after a fail-over. Counting it again would be wrong.
@@ -181,8 +190,9 @@ void ServerStore::push(const RequestMeta& m, PartId part, Payload grad, bool com
     e->pushed[m.worker] = 1;
     e->round_pushes.push_back(m);
     e->round_seqs.push_back(seq);
+    ++e->pushed_this_round;
     // Async: every push is a round of its own.
-    if (!config_.sync || ++e->pushed_this_round == config_.num_workers) apply_round(part, *e);
+    if (!config_.sync || round_ready(*e)) apply_round(part, *e);
   });
 }
 
@@ -246,6 +256,8 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
   PP_TIMELINE_SPAN(timeline::process_node(), e.name, "UPDATE");  // timeline hook
   PP_METRIC_ADD(kServerRounds, 1);                               // metrics hook
   Status status;
+  const bool backup = config_.sync && config_.backup_workers > 0;
+  if (backup) open_backup_round(e);
   try {
     const size_t n = static_cast<size_t>(e.value.view.numel());
     if (auto opt = optimizer()) {
@@ -279,6 +291,7 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
   for (size_t i = 0; i < e.round_pushes.size(); ++i)
     if (status.is_ok() && e.round_seqs[i] > 0)
       e.applied_seq[e.round_pushes[i].worker] = e.round_seqs[i];
+  if (backup) close_backup_round(e);
   publish(part, e);
 }
 
@@ -289,31 +302,8 @@ std::shared_ptr<ReplicaState> ServerStore::state_of(const PartId& part, Entry& e
   state->value = e.value;
   state->applied_seq = e.applied_seq;
   state->optimizer_states = optimizer_states_of(part, e);
+  add_behind(e, *state);
   return state;
-}
-
-void ServerStore::transfer(
-    std::function<bool(const PartId&, int home)> wanted,
-    std::function<void(const PartId&, std::shared_ptr<const ReplicaState>, std::function<void()>)>
-        send,
-    std::function<void()> all_done) {
-  std::vector<PartId> parts;
-  {
-    std::lock_guard lock(mu_);
-    for (auto& [id, e] : entries_)
-      parts.push_back(id);
-  }
-  auto left = std::make_shared<std::atomic<size_t>>(parts.size() + 1);
-  auto finish = [left, all_done] {
-    if (--*left == 0) all_done();
-  };
-  for (const PartId& part : parts)
-    executor_.submit(shard_of(part), [this, part, wanted, send, finish] {
-      Entry* e = find(part);
-      if (!e || e->restored || !wanted(part, e->home)) return finish();
-      send(part, state_of(part, *e), finish);
-    });
-  finish();
 }
 
 void ServerStore::publish(const PartId& part, Entry& e) {
@@ -358,11 +348,17 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
   while (!held.empty()) {
     HeldPush h = std::move(held.front());
     held.pop_front();
-    if (e.pushed[h.meta.worker]) {
+    if (e.pushed[h.meta.worker] && !h.late) {
       e.held.push_back(std::move(h));
       continue;
     }
     e.held_by[h.meta.worker]--;
+    if (h.late) {  // backup workers: its round closed without it
+      e.applied[h.meta.worker]++;
+      failed_held = true;
+      drop_late(e, h.meta);
+      continue;
+    }
     try {
       apply_push(e, h.grad, h.compressed);
     } catch (...) {
@@ -378,13 +374,16 @@ void ServerStore::finish_round(const PartId& part, Entry& e) {
     e.pushed[h.meta.worker] = 1;
     e.round_pushes.push_back(h.meta);
     e.round_seqs.push_back(h.seq);
-    // Async: every push is a round of its own.
-    if (!config_.sync || ++e.pushed_this_round == config_.num_workers) {
+    ++e.pushed_this_round;
+    // Async: every push is a round of its own. With backup workers every
+    // held push that can join this round does (they all arrived in time).
+    if (!config_.sync || (config_.backup_workers == 0 && round_ready(e))) {
       for (auto& rest : held)
         e.held.push_back(std::move(rest));
       return apply_round(part, e);
     }
   }
+  if (config_.sync && config_.backup_workers > 0 && round_ready(e)) return apply_round(part, e);
   if (failed_held) answer_ready_pulls(e);
 }
 

@@ -29,6 +29,16 @@
 //    held, so nothing a worker saw can be lost with this server. A backup
 //    installs such a state with install_replica() and is then, for that part,
 //    a primary in waiting: promotion needs no step of its own.
+//  - backup workers (ServerStoreConfig::backup_workers = b > 0, sync mode;
+//    docs/ps.md "Backup workers"): a round closes once N - b workers pushed
+//    (more if more had already arrived); its sum is scaled by N / (N - b). A
+//    worker missing from a closed round has that round's sequence number
+//    marked applied at once (so replicas and a promoted backup know it), and
+//    its push for it, when it comes, is acknowledged, dropped and counted
+//    (late_pushes_dropped()); until then and right after, its pulls get the
+//    value of its own round (the store keeps up to backup_max_late earlier
+//    values). A round never closes if that would put a worker more than
+//    backup_max_late rounds behind: it waits for that worker's push.
 //  - duplicates: a push carrying a sequence number that was already applied
 //    (a worker re-sending the unfinished round to a promoted backup) is
 //    acknowledged without being counted again.
@@ -118,6 +128,10 @@ struct ReplicaState {
   Payload value;                      // shared with the store: not written while referenced
   std::vector<uint64_t> applied_seq;  // per worker: last applied push sequence number
   std::string optimizer_states;       // Optimizer::save_key_states; "" without optimizer
+  // Backup workers: per worker, the closed rounds it has not pushed yet
+  // (empty: nobody is behind). A promoted backup answers their pulls with
+  // the values of their rounds, which it kept from earlier replicas.
+  std::vector<uint64_t> behind;
 };
 
 class ServerResponder {
@@ -163,6 +177,11 @@ struct ServerStoreConfig {
   // Values of 256 KiB and more the store allocates live in lendable memory
   // (net/lend.h), so the responder can lend them to same-host backups.
   bool lendable_values = false;
+  // Backup workers (sync only): a round closes after num_workers -
+  // backup_workers pushes; 0 = every worker's push (must be < num_workers).
+  int backup_workers = 0;
+  // With backup workers: how many rounds a worker may be behind (>= 1).
+  int backup_max_late = 8;
 };
 
 struct Checkpoint;
@@ -226,6 +245,9 @@ class ServerStore {
   // Whether any key was initialised (queued inits that have not run yet do
   // not count).
   bool has_keys() const;
+  // Pushes dropped because their round had closed without them (backup
+  // workers); any thread.
+  int64_t late_pushes_dropped() const { return late_dropped_.load(); }
 
  private:
   struct Entry;
@@ -254,6 +276,31 @@ class ServerStore {
   // process's accepted push with that number; false when there is none.
   static bool adopt(Entry& e, const RequestMeta& m, uint64_t seq);
   void fail(const RequestMeta& m, const Status& s);
+  // Throws InvalidArgument for backup workers outside 0 .. num_workers - 1.
+  static void check_backup_config(const ServerStoreConfig& config);
+  // Backup workers: pushes a sync round needs before it may close.
+  int round_quorum() const;
+  // Whether the open sync round may close now (enough pushes, and nobody
+  // missing it would fall more than backup_max_late rounds behind).
+  bool round_ready(const Entry& e) const;
+  // A push of `m.worker` whose round closed without it: answered (a
+  // pull-back with that round's value), dropped, counted.
+  void drop_late(Entry& e, const RequestMeta& m);
+  // A late push arriving: held while the part replicates (answered once its
+  // backups hold the round it missed), else dropped; the open round may
+  // then close (it may have waited for this worker, backup_max_late).
+  void late_push(const PartId& part, Entry& e, const RequestMeta& m);
+  // Around apply_round: scales the sum by N / pushes and keeps the value
+  // being replaced (open_); marks the round's absent workers' sequence
+  // numbers applied and trims the kept values (close_).
+  void open_backup_round(Entry& e);
+  void close_backup_round(Entry& e);
+  // A backup installing `state` over `e` (existed: it held a value): keeps
+  // the replaced value by its round, sets the sequence numbers (a worker
+  // behind has received fewer than applied) and trims what is kept.
+  void install_backup_state(Entry& e, const ReplicaState& state, bool existed);
+  // state_of's part for backup workers: who is behind (ReplicaState::behind).
+  void add_behind(const Entry& e, ReplicaState& state) const;
   // Counts a completed sync round of a part this server is home for and,
   // every checkpoint_every rounds, adds its state to that round's checkpoint.
   void count_round(const PartId& part, Entry& e);
@@ -278,6 +325,7 @@ class ServerStore {
   // pushed must not make every later round's values pile up here).
   std::map<int64_t, std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   static constexpr size_t kMaxPendingCheckpoints = 4;
+  std::atomic<int64_t> late_dropped_{0};
   ShardedExecutor executor_;  // last: destroyed first, while the rest is alive
 };
 

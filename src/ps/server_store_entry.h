@@ -5,10 +5,13 @@
 // touched only under ServerStore's locking rules (server_store.h).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ps/protocol.h"
@@ -23,7 +26,8 @@ struct HeldPush {
   RequestMeta meta;
   Payload grad;
   bool compressed;
-  uint64_t seq;  // full sequence number, 0 = none
+  uint64_t seq;       // full sequence number, 0 = none
+  bool late = false;  // backup workers: its round closed without it (dropped)
 };
 
 inline uint64_t shard_of(const PartId& p) {
@@ -73,8 +77,12 @@ struct ServerStore::Entry {
   bool from_replica = false;           // made by install_replica (a re-sent init is a no-op)
   std::vector<RequestMeta> init_acks;  // inits answered when replicated
   int64_t rounds = 0;                  // sync rounds completed (checkpoints)
-  bool restored = false;               // from a checkpoint, not yet initialised by a worker
-  std::string restored_states;         // its optimizer states, until merged
+  // Backup workers: earlier values by round (a round's number is the push
+  // sequence number every worker gives its push of it), kept for workers
+  // that are behind; oldest first.
+  std::deque<std::pair<uint64_t, Payload>> history;
+  bool restored = false;        // from a checkpoint, not yet initialised by a worker
+  std::string restored_states;  // its optimizer states, until merged
   void size_for(int workers) {
     pushed.assign(workers, 0);
     received.assign(workers, 0);
@@ -92,6 +100,31 @@ struct ServerStore::Entry {
   std::vector<WaitingPull> waiting;
   Status round_status;  // the update's outcome, told to the round's pushers
 
+  // Backup workers: how many closed rounds worker w has not pushed yet (their
+  // sequence numbers are marked applied when they close without it).
+  uint64_t rounds_behind(int w) const {
+    return applied_seq[w] > last_seq[w] ? applied_seq[w] - last_seq[w] : 0;
+  }
+  // The round of the current value: with backup workers every close marks
+  // every worker's number of it applied.
+  uint64_t round_no() const {
+    return applied_seq.empty() ? 0 : *std::max_element(applied_seq.begin(), applied_seq.end());
+  }
+  // The value worker w sees: its own round's (an earlier one when behind).
+  const Payload& value_for(int w) const {
+    if (rounds_behind(w) == 0) return value;
+    for (const auto& [round, v] : history)
+      if (round == last_seq[w]) return v;
+    return value;  // not kept (cannot happen while backup_max_late holds)
+  }
+  // Drops the kept values no worker that is behind still needs.
+  void trim_history() {
+    uint64_t oldest = UINT64_MAX;
+    for (size_t w = 0; w < applied_seq.size(); ++w)
+      if (rounds_behind(static_cast<int>(w)) > 0) oldest = std::min(oldest, last_seq[w]);
+    while (!history.empty() && history.front().first < oldest)
+      history.pop_front();
+  }
   // Whether `value` must not be written in place: another reader holds it
   // (a pull reply or replica in flight, a backup, a checkpoint) or it is
   // another process's memory.

@@ -31,12 +31,14 @@ void ServerStore::answer_ready_pulls(Entry& e) {
 void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges) {
   PP_TIMELINE_SPAN(timeline::process_node(), e.name, "PULL_REPLY");  // timeline hook
   PP_METRIC_ADD(kServerPulls, 1);                                    // metrics hook
-  const ArrayView& v = e.value.view;
+  // A worker behind (backup workers) sees its own round's value.
+  const Payload& value = e.value_for(m.worker);
+  const ArrayView& v = value.view;
   const size_t esize = dtype_size(v.dtype);
   auto* base = static_cast<const std::byte*>(v.data);
   if (ranges.empty()) {
     // The value itself, kept alive (and unchanged: copy on write) until sent.
-    responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, e.value.owner);
+    responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, value.owner);
     return;
   }
   // Ranges are distinct rows (the worker deduplicates), so a reply is never

@@ -88,6 +88,7 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
                                         state.name, state.applied_seq.size(), config_.num_workers));
       std::lock_guard lock(mu_);
       auto& slot = entries_[part];
+      const bool existed = slot != nullptr;
       if (!slot) {
         slot = std::make_unique<Entry>();
         slot->size_for(config_.num_workers);
@@ -101,10 +102,14 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
       e.name = state.name;
       e.home = state.home;
       e.from_replica = true;
+      if (config_.sync && config_.backup_workers > 0) {
+        install_backup_state(e, state, existed);  // before the value is replaced
+      } else {
+        e.applied_seq = state.applied_seq;
+        e.last_seq = state.applied_seq;
+      }
       e.value = state.value;  // adopted: the received buffer is the value
       e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
-      e.applied_seq = state.applied_seq;
-      e.last_seq = state.applied_seq;
       // What the primary replicated replaces what a resume restored here.
       e.restored = false;
       e.restored_states.clear();
@@ -232,6 +237,30 @@ void ServerStore::acknowledge_after_republish(const PartId& part, Entry& e,
     return (*shared)(e);
   }
   answer(e);
+}
+
+void ServerStore::transfer(
+    std::function<bool(const PartId&, int home)> wanted,
+    std::function<void(const PartId&, std::shared_ptr<const ReplicaState>, std::function<void()>)>
+        send,
+    std::function<void()> all_done) {
+  std::vector<PartId> parts;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, e] : entries_)
+      parts.push_back(id);
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(parts.size() + 1);
+  auto finish = [left, all_done] {
+    if (--*left == 0) all_done();
+  };
+  for (const PartId& part : parts)
+    executor_.submit(shard_of(part), [this, part, wanted, send, finish] {
+      Entry* e = find(part);
+      if (!e || e->restored || !wanted(part, e->home)) return finish();
+      send(part, state_of(part, *e), finish);
+    });
+  finish();
 }
 
 }  // namespace pushpull::ps

@@ -6,7 +6,8 @@
 // bytes must be length x dtype size, a push whole elements). The store must
 // answer every request (reply or error) and never crash, overflow or throw.
 //
-// Input: byte 0 picks 1 or 2 workers, then records
+// Input: byte 0 picks 1 to 3 workers (bits 0-1 mod 3), backup workers
+// (bits 2-3, mod workers) and their lateness bound (bits 4-5), then records
 //   u8 op, u8 worker, u8 dtype, u8 flags, u64 key, i64 offset, i64 length,
 //   u16 payload size, payload. A push's flags: bit 0 compressed, bit 5
 //   (kFlagPullBack) answered with the value.
@@ -36,10 +37,14 @@ struct Counter : ServerResponder {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto [sel, in] = pushpull::fuzz::split(data, size);
-  const int workers = 1 + sel % 2;
+  const int workers = 1 + sel % 3;
   Counter responder;
   {
-    ServerStore store(ServerStoreConfig{workers, true, 1, 0}, responder);
+    ServerStoreConfig config{workers, true, 1, 0};
+    // Backup workers (docs/ps.md): 0 .. workers - 1, lateness bound 1 .. 3.
+    config.backup_workers = (sel >> 2) % workers;
+    config.backup_max_late = 1 + (sel >> 4) % 3;
+    ServerStore store(config, responder);
     net::Reader r(in);
     for (int i = 0; i < 64 && !r.at_end(); ++i) {
       const auto op = r.u<uint8_t>() % 3;

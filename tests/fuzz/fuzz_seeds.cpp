@@ -112,6 +112,9 @@ void ps_seeds(const fs::path& root) {
   ps.add(2, ps::encode_replica_meta(st));
   net::LendRef ref{.pid = 42, .fd = 7, .block_bytes = 1 << 20, .offset = 4096, .bytes = 4000};
   ps.add(3, ps::encode_lent_replica(ref, st));
+  st.behind = {0, 2};  // backup workers: rounds behind per worker
+  ps.add(2, ps::encode_replica_meta(st));
+  ps.add(3, ps::encode_lent_replica(ref, st));
 }
 
 // One request record of fuzz_ps_store.
