@@ -107,6 +107,8 @@ std::string_view counter_help(Counter c) {
       return "Rounds (updates) applied by a server.";
     case Counter::kServerPulls:
       return "Pulls answered by a server.";
+    case Counter::kPsLatePushesDropped:
+      return "Pushes a server dropped because their round closed without them (backup workers).";
     case Counter::kNetShmBytes:
       return "Payload bytes sent through a same-host shared-memory ring.";
     case Counter::kNetTcpBytes:

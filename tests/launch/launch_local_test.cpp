@@ -44,6 +44,8 @@ TEST(LaunchLocal, EveryProcessGetsItsRankAndVariables) {
     // Inherited from the test's own environment (tests/CMakeLists.txt keeps
     // the per-user secret file in the build tree), not set by the launcher.
     p.env.erase("PUSHPULL_SECRET_FILE");
+    // Likewise scripts/run-tests.sh's directory for the tests' flight-recorder dumps.
+    p.env.erase("PUSHPULL_FLIGHT_RECORDER_DIR");
   }
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE("worker " + std::to_string(i));
