@@ -290,6 +290,10 @@ TEST(Checkpoint, AStoreWritesEveryNRoundsAndResumesFromIt) {
     ServerStore store(config, rec);
     store.init({0, ++id}, {1, 0}, "a", payload(Array::full(Shape{4}, 1.0)));
     store.init({0, ++id}, {2, 0}, "b", payload(Array::full(Shape{3}, 0.0, DType::kFloat16)));
+    // Both keys exist before the first round, as in a job (its workers init
+    // every key, then pass a barrier): a checkpoint is of the keys known then,
+    // and a loaded shard could otherwise run "a" to round 4 before "b" exists.
+    store.wait_idle(Millis(10000));
     for (int round = 1; round <= 5; ++round)
       for (int w = 0; w < 2; ++w) {
         store.push({w, ++id}, {1, 0}, payload(Array::full(Shape{4}, w + 1.0)), false);
