@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 StreamAuth auth(const std::string& secret = "s3cret") {
-  StreamAuth a{"job", secret, net::random_nonce()};
+  StreamAuth a{"job", secret, net::random_nonce(), false, nullptr};
   return a;
 }
 

@@ -196,7 +196,7 @@ void idx_seeds(const fs::path& root) {
 // the same proof claiming rank 2.
 void stream_hello_seeds(const fs::path& root) {
   Corpus sh(root, "fuzz_stream_hello");
-  collective::StreamAuth auth{"fuzz-job", "fuzz-secret", net::Nonce{}, false};
+  collective::StreamAuth auth{"fuzz-job", "fuzz-secret", net::Nonce{}, false, nullptr};
   net::Nonce acceptor{};
   acceptor.fill(std::byte{0x5a});
   net::Nonce mine{};

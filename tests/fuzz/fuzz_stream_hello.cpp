@@ -15,7 +15,7 @@ using namespace pushpull;
 namespace {
 // The fixed job of every run (fuzz_seeds.cpp writes hellos for it).
 collective::StreamAuth fuzz_auth() {
-  return {"fuzz-job", "fuzz-secret", net::Nonce{}, false};
+  return {"fuzz-job", "fuzz-secret", net::Nonce{}, false, nullptr};
 }
 net::Nonce acceptor_nonce() {
   net::Nonce n{};
