@@ -319,27 +319,6 @@ void Transport::finish_message(Conn& c) {
                 [&] { (*h)(std::move(m)); });
 }
 
-void Transport::flush(Conn& c) {
-  std::vector<SendOp> completed;
-  WriteState r;
-  int err = 0;
-  {
-    std::lock_guard lock(c.send_mu);
-    if (c.closed) return;
-    r = write_some(c, completed);
-    err = errno;
-    if (r != WriteState::kError) after_write(c, r);
-  }
-  complete_sends(&c, completed);
-  if (r == WriteState::kError && c.state != Conn::State::kClosed) {
-    Status why{ErrorCode::kIoError, fmt::format("send failed: {}", std::strerror(err))};
-    if (c.state == Conn::State::kHandshake)
-      refuse_stranger(c, why.message(), false);
-    else
-      close_conn(c, why, true);
-  }
-}
-
 void Transport::release_pending(Conn& c) {
   if (c.pending_source.empty()) return;
   pending_.release(c.pending_source);

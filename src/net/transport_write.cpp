@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "base/metrics.h"
 #include "net/conn.h"
 #include "net/shm_setup.h"
@@ -224,6 +226,27 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
       continue;
     }
     if (!fill_piece(c, op)) return stopped(WriteState::kRingFull);
+  }
+}
+
+void Transport::flush(Conn& c) {
+  std::vector<SendOp> completed;
+  WriteState r;
+  int err = 0;
+  {
+    std::lock_guard lock(c.send_mu);
+    if (c.closed) return;
+    r = write_some(c, completed);
+    err = errno;
+    if (r != WriteState::kError) after_write(c, r);
+  }
+  complete_sends(&c, completed);
+  if (r == WriteState::kError && c.state != Conn::State::kClosed) {
+    Status why{ErrorCode::kIoError, fmt::format("send failed: {}", std::strerror(err))};
+    if (c.state == Conn::State::kHandshake)
+      refuse_stranger(c, why.message(), false);
+    else
+      close_conn(c, why, true);
   }
 }
 
