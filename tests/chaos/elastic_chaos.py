@@ -117,6 +117,12 @@ def main():
     if not os.path.exists(os.path.join(a.build_dir, 'bin', 'pushpull')):
         print('elastic chaos: %s/bin/pushpull not built' % a.build_dir)
         return 77
+    # The trials run a Python training script (examples/python/elastic_lenet.py):
+    # builds without the Python package (make sanitize) cannot run them.
+    if not os.path.isdir(os.path.join(a.build_dir, 'python', 'pushpull')):
+        print('elastic chaos: %s/python/pushpull not built (a build without the Python '
+              'package, e.g. make sanitize): skipped' % a.build_dir)
+        return 77
     rng = random.Random(a.seed)
     log_dir = a.log_dir or os.path.join(a.build_dir, 'elastic-chaos')
     os.makedirs(log_dir, exist_ok=True)

@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int q = 0; q < group; ++q)
     taken[static_cast<size_t>(q)] = (sel >> 5) & (1 << (q % 3));
   std::array<std::byte, collective::kStreamHelloBytes> hello{};
-  std::memcpy(hello.data(), in.data(), std::min(in.size(), hello.size()));
+  if (!in.empty()) std::memcpy(hello.data(), in.data(), std::min(in.size(), hello.size()));
   const auto auth = fuzz_auth();
   auto check = collective::check_stream_hello(hello, auth, acceptor_nonce(), rank, group, taken);
   if (check.rank < 0) {
