@@ -38,7 +38,7 @@ void Transport::loop() {
     // The timeout only serves the handshake deadlines and a paused listener;
     // otherwise this blocks.
     int timeout_ms = 500;
-    {
+    if (tls_) {  // only TLS links hold records the socket no longer signals
       std::lock_guard lock(mu_);
       if (!read_again_.empty()) timeout_ms = 0;
     }
@@ -72,7 +72,7 @@ void Transport::loop() {
         on_readable(*c);
     }
     std::vector<ConnId> again;
-    {
+    if (tls_) {
       std::lock_guard lock(mu_);
       again.swap(read_again_);
     }
