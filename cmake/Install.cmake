@@ -91,7 +91,7 @@ file(RELATIVE_PATH PUSHPULL_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconf
 if(TARGET pushpull_shared)
   set(PUSHPULL_PC_LIBS "-lpushpull")
   set(PUSHPULL_PC_REQUIRES "fmt")
-  set(PUSHPULL_PC_REQUIRES_PRIVATE "libcrypto zlib")
+  set(PUSHPULL_PC_REQUIRES_PRIVATE "libssl libcrypto zlib")
 else()
   list(TRANSFORM PUSHPULL_STATIC_LINK_ORDER PREPEND -lpushpull_ OUTPUT_VARIABLE _libs)
   list(JOIN _libs " " PUSHPULL_PC_LIBS)

@@ -93,6 +93,10 @@ class BuildExt(build_ext):
             ext.include_dirs += [os.path.join(build_dir, 'generated')]
             ext.extra_objects = [os.path.join(build_dir, 'lib', f'libpushpull_{l}.a')
                                  for l in LAYERS]
+            # setuptools relinks only when a source or a dependency is newer
+            # than the extension: the static libraries must count, or a stale
+            # in-tree python/build/ keeps an extension linked against old code.
+            ext.depends = ext.depends + ext.extra_objects
         # Build warnings from -Wstrict-prototypes etc. are C-only: drop them for C++.
         if '-Wstrict-prototypes' in self.compiler.compiler_so:
             self.compiler.compiler_so.remove('-Wstrict-prototypes')
@@ -132,7 +136,7 @@ def torch_pg_extension():
         extra_compile_args=['-std=c++20', '-fvisibility=hidden', '-O2'],
         library_dirs=lib_dirs,
         runtime_library_dirs=lib_dirs,  # a pip torch keeps libtorch in site-packages
-        libraries=['torch_python', 'torch', 'torch_cpu', 'c10', 'fmt', 'crypto', 'pthread'],
+        libraries=['torch_python', 'torch', 'torch_cpu', 'c10', 'fmt', 'ssl', 'crypto', 'pthread'],
         language='c++',
     )
 
@@ -145,7 +149,7 @@ extension = Extension(
     define_macros=[('PUSHPULL_PYTHON_COLLECTIVE', '1')]
     if os.path.exists(os.path.join(HERE, 'src', 'collective_bindings.cpp')) else [],
     extra_compile_args=['-std=c++20', '-fvisibility=hidden', '-O2'],
-    libraries=['fmt', 'crypto', 'pthread'],
+    libraries=['fmt', 'ssl', 'crypto', 'pthread'],
     language='c++',
 )
 
