@@ -350,9 +350,10 @@ void register_bench_ps(CLI::App& bench) {
       ->check(CLI::Range(0, 16));
   cmd->add_option("--placement", settings->placement,
                   "With --netns: 'dedicated' (each server on a host of its own, -s counts, next "
-                  "to the ring allreduce) or 'colocated' (a server and a worker per host, every "
-                  "--compression interleaved)")
-      ->check(CLI::IsMember({"dedicated", "colocated"}))
+                  "to the ring allreduce), 'colocated' (a server and a worker per host, every "
+                  "--compression interleaved), 'hybrid' (-s spare server hosts plus a server on "
+                  "every worker host, BytePS's split) or 'dedicated,hybrid' (both, interleaved)")
+      ->check(CLI::IsMember({"dedicated", "colocated", "hybrid", "dedicated,hybrid"}))
       ->capture_default_str();
   cmd->add_option("--rate", settings->rate,
                   "With --netns: tc tbf rate of every link ('' = unshaped)")
@@ -365,7 +366,7 @@ void register_bench_ps(CLI::App& bench) {
                   "rows are medians")
       ->check(CLI::Range(1, 100));
   cmd->callback([settings, cmd] {
-    if (settings->netns > 0 && settings->placement == "dedicated" && !settings->ps_node) {
+    if (settings->netns > 0 && settings->placement != "colocated" && !settings->ps_node) {
       if (settings->compression != "none")
         throw CLI::ValidationError("--compression",
                                    "with --netns, compression rows need --placement colocated");
@@ -379,6 +380,8 @@ void register_bench_ps(CLI::App& bench) {
       p.iters = cmd->count("--iters") ? settings->iters : 5;
       p.repeats = settings->repeats;
       p.ring = settings->flags.peers();
+      p.dedicated = settings->placement.find("dedicated") != std::string::npos;
+      p.hybrid = settings->placement.find("hybrid") != std::string::npos;
       // One setting per study: the first of --replicas, else 0 (bench_scaling.h).
       if (!settings->replicas.empty()) p.ps_replicas = parse_ints(settings->replicas).front();
       p.csv = settings->flags.csv();

@@ -3,8 +3,9 @@
 // data-parallel step with a fixed simulated compute time (bench_scaling.h)
 // runs on N = 1, 2, 4, 8 worker hosts (network namespaces, links shaped with
 // tc tbf) over pushpull's ring allreduce, Gloo's ring allreduce (peer),
-// pushpull's parameter server with S dedicated server hosts and with the
-// servers co-located on the worker hosts. Every configuration runs as
+// pushpull's parameter server with S dedicated server hosts, with the
+// servers co-located on the worker hosts, and hybrid (S spare hosts plus a
+// server on every worker host, BytePS's split: ps/server_shares.h). Every configuration runs as
 // processes in the same lab, interleaved within each repeat; rows are medians
 // over repeats.
 //
@@ -64,7 +65,7 @@ struct Row {
 
 std::string placement_of(const RunSpec& s) {
   if (s.impl != "pushpull_ps") return "none";
-  return s.colocated ? "colocated" : "dedicated";
+  return s.colocated ? "colocated" : s.hybrid ? "hybrid" : "dedicated";
 }
 
 void run_study(Config cfg) {
@@ -85,7 +86,8 @@ void run_study(Config cfg) {
   for (uint64_t s : parse_sizes(cfg.servers))
     if (s >= 1 && s <= 16) ss.push_back(static_cast<int>(s));
   if (ns.empty()) throw InvalidArgument("no worker count fits --netns");
-  const int max_s = has("ps") && !ss.empty() ? *std::max_element(ss.begin(), ss.end()) : 0;
+  const int max_s =
+      (has("ps") || has("hybrid")) && !ss.empty() ? *std::max_element(ss.begin(), ss.end()) : 0;
 
   std::vector<RunSpec> specs;
   const bool gloo = cfg.flags.peers() && has("gloo");
@@ -100,6 +102,9 @@ void run_study(Config cfg) {
       for (int s : ss)
         specs.push_back({"pushpull_ps", n, s, false, cfg.ps_replicas});
     if (has("colocated")) specs.push_back({"pushpull_ps", n, n, true, cfg.ps_replicas});
+    if (has("hybrid"))
+      for (int s : ss)
+        specs.push_back({"pushpull_ps", n, s, false, cfg.ps_replicas, true});
   }
 
   NetnsLab lab(cfg.netns + max_s, cfg.rate, cfg.queue_ms);
@@ -216,8 +221,10 @@ void register_bench_scaling(CLI::App& bench) {
   cmd->add_option("-n,--workers", cfg->workers, "Numbers of workers (<= H)")->capture_default_str();
   cmd->add_option("-s,--servers", cfg->servers, "Numbers of dedicated server hosts")
       ->capture_default_str();
-  cmd->add_option("--configs", cfg->configs,
-                  "Which of ring,gloo,ps (dedicated servers),colocated to run")
+  cmd->add_option(
+         "--configs", cfg->configs,
+         "Which of ring,gloo,ps (dedicated servers),colocated,hybrid (-s spare server hosts "
+         "plus a server on every worker host) to run")
       ->capture_default_str();
   cmd->add_option("--steps", cfg->step.steps, "Timed steps per run")
       ->capture_default_str()

@@ -51,6 +51,9 @@ struct RunSpec {
   // the parameter server MXNet's study and BytePS's bound describe; backups
   // add one value's bytes per server link per round (docs/scaling.md).
   int ps_replicas = 0;
+  // pushpull_ps: `servers` spare hosts plus a server on every worker host,
+  // big values shared by BytePS's split (docs/ps.md "Mixed placement").
+  bool hybrid = false;
 };
 
 struct RunResult {
@@ -96,8 +99,10 @@ struct PsNetnsSettings {
   int iters = 5;
   int warmup = 1;
   int repeats = 1;
-  bool ring = true;     // also the ring allreduce of the same size
-  int ps_replicas = 0;  // RunSpec::ps_replicas
+  bool ring = true;       // also the ring allreduce of the same size
+  bool dedicated = true;  // rows with S dedicated server hosts
+  bool hybrid = false;    // rows with S spare hosts + a server per worker host
+  int ps_replicas = 0;    // RunSpec::ps_replicas
   bool csv = false;
   int timeout_s = 600;
 };

@@ -23,6 +23,7 @@
 #include "bench_common.h"
 #include "bench_netns.h"
 #include "bench_scaling.h"
+#include "ps/server_shares.h"
 
 namespace pushpull::cli {
 
@@ -43,8 +44,10 @@ void run_ps_netns(const PsNetnsSettings& st) {
   step.grad_bytes = st.bytes;
   const double m = static_cast<double>(st.bytes);
   std::vector<RunSpec> specs;
-  for (int s : st.servers)
-    specs.push_back({"pushpull_ps", n, s, false, st.ps_replicas});
+  for (int s : st.servers) {
+    if (st.dedicated) specs.push_back({"pushpull_ps", n, s, false, st.ps_replicas});
+    if (st.hybrid) specs.push_back({"pushpull_ps", n, s, false, st.ps_replicas, true});
+  }
   if (st.ring) specs.push_back({"pushpull_ring", n, 0, false});
   std::map<size_t, std::vector<double>> ms;  // spec -> one median per repeat
   std::map<size_t, std::vector<std::pair<double, double>>>
@@ -97,10 +100,33 @@ void run_ps_netns(const PsNetnsSettings& st) {
       continue;
     }
     const int k = sp.servers;
-    add(fmt::format("pushpull_{}s", k), us);
+    const std::string name = fmt::format("pushpull_{}{}s", sp.hybrid ? "hybrid_" : "", k);
+    add(name, us);
     if (mb_us <= 0) continue;
     const double dedicated = std::max(1.0, static_cast<double>(n) / k) * mb_us;
     const double byteps = 2.0 * n * (n - 1) / (n * n + k * n - 2.0 * k) * mb_us;
+    if (sp.hybrid) {
+      // The spare hosts' links: n a M / k each way (ps/server_shares.h).
+      const double share = 2.0 * n * ps::spare_host_fraction(n, k) * m / k;
+      std::string line = fmt::format(
+          "{}: {:.3f} s = {:.3f}x BytePS's bound {:.3f} s, {:.3f}x the "
+          "dedicated-server bound",
+          name, us / 1e6, us / byteps, byteps / 1e6, us / dedicated);
+      if (ring_us > 0) line += fmt::format(", {:.3f}x the ring's time", us / ring_us);
+      if (!per_server[i].empty()) {
+        double lo = 0, hi = 0;
+        for (auto& [a, b] : per_server[i]) {
+          lo += a;
+          hi += b;
+        }
+        const double reps = static_cast<double>(per_server[i].size());
+        line += fmt::format(
+            "; per spare host {:.1f}..{:.1f} MB in+out per iteration (BytePS's split: {:.1f})",
+            lo / reps, hi / reps, share / 1e6);
+      }
+      notes.push_back(line);
+      continue;
+    }
     add(fmt::format("ps_bound_{}s", k), dedicated);
     add(fmt::format("byteps_bound_{}s", k), byteps);
     std::string line = fmt::format(
@@ -123,7 +149,8 @@ void run_ps_netns(const PsNetnsSettings& st) {
     notes.push_back(line);
   }
   table.print(fmt::format(
-      "push+pull of one {} float32 value, {} workers on {} hosts, servers on their own hosts, "
+      "push+pull of one {} float32 value, {} workers on {} hosts, servers on their own hosts "
+      "(hybrid: and on the workers' hosts), "
       "links {} (iperf3 goodput {:.3f} Gbit/s); GB/s = 2 x size / time for every row; *_bound "
       "rows are times at that goodput",
       format_bytes(st.bytes), n, n, st.rate.empty() ? "unshaped" : st.rate, goodput / 1e9));

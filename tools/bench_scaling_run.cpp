@@ -104,11 +104,12 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
       g.start(argv);
     }
   } else if (spec.impl == "pushpull_ps") {
+    const int total_servers = spec.hybrid ? spec.servers + spec.workers : spec.servers;
     auto job_env = [&](const char* role, int host) {
       return std::vector<std::string>{fmt::format("DMLC_ROLE={}", role),
                                       fmt::format("DMLC_PS_ROOT_URI={}", lab.address(0)),
                                       fmt::format("DMLC_PS_ROOT_PORT={}", port),
-                                      fmt::format("DMLC_NUM_SERVER={}", spec.servers),
+                                      fmt::format("DMLC_NUM_SERVER={}", total_servers),
                                       fmt::format("DMLC_NUM_WORKER={}", spec.workers),
                                       fmt::format("PUSHPULL_NODE_HOST={}", lab.address(host)),
                                       fmt::format("PUSHPULL_PS_REPLICAS={}", spec.ps_replicas),
@@ -116,9 +117,13 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
     };
     // The scheduler only carries control messages: it shares worker host 0.
     g.start(in_ns(lab, 0, job_env("scheduler", 0), {exe, "scheduler"}));
-    for (int s = 0; s < spec.servers; ++s) {
-      const int host = spec.colocated ? s : worker_hosts + s;
-      server_hosts.push_back(host);
+    for (int s = 0; s < total_servers; ++s) {
+      // Hybrid: the spare hosts' servers first, then one per worker host
+      // (only the spare hosts' links are counted: a worker host's carries
+      // its worker's bytes too).
+      const bool spare = !spec.colocated && s < spec.servers;
+      const int host = spare ? worker_hosts + s : spec.hybrid ? s - spec.servers : s;
+      if (spare || spec.colocated) server_hosts.push_back(host);
       g.start(in_ns(lab, host, job_env("server", host), {exe, "server"}));
     }
     for (int r = 0; r < spec.workers; ++r) {

@@ -36,6 +36,7 @@ namespace {
 struct LaunchArgs {
   launch::LaunchConfig cfg;
   std::string hostfile, launcher;
+  std::string server_hosts;  // --server-hosts: spare hosts, a server each
   std::vector<std::string> env, env_server, env_worker;
   std::vector<std::string> command;
   bool dry_run = false;
@@ -251,8 +252,19 @@ int run(LaunchArgs& a, const std::vector<std::string>& command) {
       throw InvalidArgument(
           fmt::format("unknown option {} (put the program after '--' if its name starts with '-')",
                       command[0]));
+    const bool servers_given = cfg.num_servers >= 0;
     per_node_config(a, a.workers_given, ctx.env);
     if (!a.hostfile.empty()) cfg.hosts = launch::read_hosts(a.hostfile);  // file or h1:2,h2:2
+    if (!a.server_hosts.empty()) {
+      if (cfg.hosts.empty() || cfg.nnodes > 0)
+        throw InvalidArgument(
+            "--server-hosts needs the workers' hosts in -H (and no --nnodes): the spare hosts "
+            "come on top of them");
+      auto spare = launch::read_hosts(a.server_hosts);
+      cfg.spare_hosts = spare.size();
+      cfg.hosts.insert(cfg.hosts.end(), spare.begin(), spare.end());
+      if (!servers_given) cfg.num_servers = static_cast<int>(spare.size());
+    }
     if (a.launcher.empty()) {
       cfg.launcher = cfg.hosts.empty() ? launch::LauncherKind::kLocal : launch::LauncherKind::kSsh;
     } else if (auto k = launch::parse_launcher(a.launcher)) {
@@ -303,6 +315,10 @@ void register_launch(CLI::App& app) {
   cmd->add_option("-H,--hostfile,--hosts", args->hostfile,
                   "A hostfile (one per line: host[:sshport] [slots=K]) or a list h1:2,h2:2 "
                   "(host:slots)");
+  cmd->add_option("--server-hosts", args->server_hosts,
+                  "Spare hosts (h1,h2 or a hostfile) that run one server each and no worker; "
+                  "-s beyond their number puts the other servers on the -H hosts (one per "
+                  "worker host: BytePS's hybrid; docs/ps.md \"Mixed placement\")");
   cmd->add_option("--nnodes", c.nnodes,
                   "torchrun-style: run one launcher per node, this many nodes (collectives only)");
   cmd->add_option("--node-rank", c.node_rank, "With --nnodes: this node's index, 0..nnodes-1");

@@ -190,6 +190,13 @@ struct KVStoreOptions {
   // round waits for its push again (the server keeps that many earlier
   // values of each key to answer its pulls). PUSHPULL_PS_BACKUP_MAX_LATE.
   int ps_backup_max_late = 8;
+  // How big values are shared among the servers (docs/ps.md "Mixed
+  // placement"): "auto" (equal shares, except when some servers have hosts
+  // of their own and others share a host with workers: then BytePS's split,
+  // which balances the spare hosts' links against the worker hosts'),
+  // "equal", or one positive weight per server rank ("1,1,0.5,0.5").
+  // Every worker must use the same value. PUSHPULL_PS_SERVER_WEIGHTS.
+  std::string ps_server_weights = "auto";
 };
 
 struct CollectiveOptions {

@@ -207,6 +207,7 @@ Options Options::from_env(const Environment& env) {
     if (auto v = env.get(name)) k.file_key_env.set(std::string(name), *v);
   r.integer({"PUSHPULL_PS_BACKUP_WORKERS"}, &k.ps_backup_workers);
   r.integer({"PUSHPULL_PS_BACKUP_MAX_LATE"}, &k.ps_backup_max_late);
+  r.string({"PUSHPULL_PS_SERVER_WEIGHTS"}, &k.ps_server_weights);
 
   CollectiveOptions& col = o.collective;
   r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},

@@ -52,6 +52,12 @@ DistStore::DistStore(std::string type, const Options& options)
   try {
     node_->start();
     one_host_ = node_->address_book().one_host;
+    server_weights_ = ps::server_weights(options.kvstore.ps_server_weights, node_->address_book());
+    if (!server_weights_.empty() && rank() == 0)
+      PP_INFO(
+          "{}: big values shared among the servers by weights {:.3f} (docs/ps.md, \"Mixed "
+          "placement\")",
+          type_, fmt::join(server_weights_, ","));
     if (const int incarnation = node_->incarnation(); incarnation > 0) {
       // A replacement: the servers may still answer requests of the old
       // process to this rank; ids it never used cannot match them.

@@ -57,6 +57,7 @@
 #include "cluster/node.h"
 #include "compress/compressor.h"
 #include "ps/placement.h"
+#include "ps/server_shares.h"
 #include "pushpull/kvstore.h"
 
 namespace pushpull {
@@ -186,6 +187,7 @@ class DistStore final : public KVStore {
   std::shared_ptr<compress::Compressor> compressor_;
   int replicas_ = 0;
   bool one_host_ = false;  // every node on one host (AddressBook::one_host): bigger chunks
+  std::vector<double> server_weights_;  // big values' shares per server; empty: equal
   cluster::Placement placement_;
 
   std::atomic<uint64_t> next_request_{1};

@@ -42,7 +42,8 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
       k->shape = values[i].shape;
       k->dtype = values[i].dtype;
       const auto esize = static_cast<int64_t>(dtype_size(k->dtype));
-      auto placed = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_);
+      auto placed = ps::place(k->id, values[i].numel(), node_->num_servers(), bigarray_bound_,
+                              server_weights_);
       // Across hosts at least 32 chunks per slice, of 128 KiB .. chunk_bytes
       // (ps::chunk_count says why). On one host a chunk costs CPU on the same
       // cores, not link time (a message's wake-ups, frames and bookkeeping on

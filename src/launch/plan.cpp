@@ -33,7 +33,26 @@ std::string ProcessSpec::label() const {
   return fmt::format("{} {}", role_name(role), rank);
 }
 
-std::vector<size_t> place(const std::vector<HostEntry>& hosts, int num_servers, int num_workers) {
+std::vector<size_t> place(const std::vector<HostEntry>& hosts, int num_servers, int num_workers,
+                          size_t spare_hosts) {
+  if (spare_hosts > 0) {
+    if (spare_hosts >= hosts.size())
+      throw InvalidArgument(
+          "--server-hosts leaves no host for the workers: name the workers' hosts with -H");
+    if (num_servers < static_cast<int>(spare_hosts))
+      throw InvalidArgument(
+          fmt::format("-s {} is fewer servers than the {} --server-hosts (one server runs on each)",
+                      num_servers, spare_hosts));
+    const size_t first_spare = hosts.size() - spare_hosts;
+    std::vector<size_t> out;
+    for (size_t s = 0; s < spare_hosts; ++s)
+      out.push_back(first_spare + s);
+    const std::vector<HostEntry> rest(hosts.begin(),
+                                      hosts.begin() + static_cast<ptrdiff_t>(first_spare));
+    for (size_t h : place(rest, num_servers - static_cast<int>(spare_hosts), num_workers))
+      out.push_back(h);
+    return out;
+  }
   const size_t total = static_cast<size_t>(num_servers) + static_cast<size_t>(num_workers);
   std::vector<size_t> out;
   out.reserve(total);
@@ -129,7 +148,7 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
 }
 
 std::vector<ProcessSpec> make_plan(const LaunchConfig& cfg, const Rendezvous& rv) {
-  auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers);
+  auto hosts_of = place(cfg.hosts, cfg.num_servers, cfg.num_workers, cfg.spare_hosts);
   std::vector<ProcessSpec> plan;
   plan.reserve(hosts_of.size());
   // Per host and role: how many so far (local rank) and in all (local size).

@@ -10,6 +10,12 @@
 // from the first host, then workers from the first host again), skipping
 // hosts whose slots are full. More processes than slots is an error.
 //
+// Spare server hosts (`--server-hosts`, docs/ps.md "Mixed placement"): the
+// last `spare_hosts` hosts run servers only, one each, ranks 0..k-1; the
+// other servers and every worker are placed on the other hosts as above.
+// With one server more per worker host the job is BytePS's hybrid, and the
+// workers share big values by its split (ps/server_shares.h).
+//
 // Thread safety: pure functions over values.
 #pragma once
 
@@ -35,7 +41,10 @@ struct LaunchConfig {
   int num_workers = 1;
   int num_servers = 0;  // 0: collective-only job, no scheduler
   LauncherKind launcher = LauncherKind::kLocal;
-  std::vector<HostEntry> hosts;      // empty: every process on this host
+  std::vector<HostEntry> hosts;  // empty: every process on this host
+  // How many of `hosts` (the last ones) are spare server hosts: servers
+  // only, one each (--server-hosts).
+  size_t spare_hosts = 0;
   std::vector<std::string> command;  // worker program and its arguments
   std::string server_command;        // shell command line for servers
   std::string host_ip;               // scheduler / launcher address as the nodes see it
@@ -111,6 +120,7 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
 
 // Placement only: for each process (servers first, then workers) the index of
 // its host. Exposed for tests.
-std::vector<size_t> place(const std::vector<HostEntry>& hosts, int num_servers, int num_workers);
+std::vector<size_t> place(const std::vector<HostEntry>& hosts, int num_servers, int num_workers,
+                          size_t spare_hosts = 0);
 
 }  // namespace pushpull::launch

@@ -2,6 +2,7 @@
 #include "ps/placement.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace pushpull::ps {
 
@@ -18,10 +19,30 @@ int server_of(uint64_t key_id, int num_servers) {
   return static_cast<int>(z % static_cast<uint64_t>(num_servers));
 }
 
-std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_t bound) {
+std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_t bound,
+                         const std::vector<double>& weights) {
   std::vector<Slice> slices;
   if (numel < bound || num_servers == 1 || numel == 0) {
     slices.push_back({server_of(key_id, num_servers), 0, numel});
+    return slices;
+  }
+  if (weights.size() == static_cast<size_t>(num_servers)) {
+    double total = 0;
+    for (double w : weights)
+      total += w;
+    // Boundaries from the running sum: every worker computes the same ones
+    // (same inputs, same arithmetic), and the last slice ends at numel.
+    double below = 0;
+    int64_t begin = 0;
+    for (int s = 0; s < num_servers; ++s) {
+      below += weights[static_cast<size_t>(s)];
+      const int64_t end = s + 1 == num_servers
+                              ? numel
+                              : std::min<int64_t>(numel, std::llround(static_cast<double>(numel) *
+                                                                      (below / total)));
+      if (end > begin) slices.push_back({s, begin, end - begin});
+      begin = std::max(begin, end);
+    }
     return slices;
   }
   for (int s = 0; s < num_servers; ++s) {

@@ -30,7 +30,11 @@ struct Slice {
 // The slices of a value of `numel` elements, in element order. Empty slices
 // (more servers than elements) are left out; a 0-element value has one empty
 // slice on its hash server so that push/pull still round-trip.
-std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_t bigarray_bound);
+// With `weights` (one per server, ps/server_shares.h), slice i holds a share
+// of a big value in proportion to weights[i] instead (a zero weight: no
+// slice); small values stay whole on server_of's server.
+std::vector<Slice> place(uint64_t key_id, int64_t numel, int num_servers, int64_t bigarray_bound,
+                         const std::vector<double>& weights = {});
 
 // Cuts every slice into chunks of at most `max_count` elements (in order), so
 // one big value travels as several messages that the server can sum and

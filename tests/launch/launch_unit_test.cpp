@@ -121,6 +121,18 @@ TEST(Placement, LocalPutsEverythingOnHostZero) {
   EXPECT_THAT(place({}, 2, 1), ElementsAre(0, 0, 0));
 }
 
+// --server-hosts: the last hosts run one server each (ranks 0..k-1); the
+// other servers (one per worker host here: the hybrid) and the workers go on
+// the others; too few servers or no worker host is refused.
+TEST(Placement, SpareServerHostsRunOneServerEachAndNoWorker) {
+  std::vector<HostEntry> hosts = {{"w0", 22, 0}, {"w1", 22, 0}, {"s0", 22, 0}, {"s1", 22, 0}};
+  EXPECT_THAT(place(hosts, 2, 2, 2), ElementsAre(2, 3, 0, 1));
+  EXPECT_THAT(place(hosts, 4, 2, 2), ElementsAre(2, 3, 0, 1, 0, 1));
+  EXPECT_THAT(place(hosts, 4, 4, 2), ElementsAre(2, 3, 0, 1, 0, 1, 0, 1));
+  EXPECT_THROW(place(hosts, 1, 2, 2), InvalidArgument);
+  EXPECT_THROW(place(hosts, 4, 2, 4), InvalidArgument);
+}
+
 LaunchConfig two_host_config() {
   LaunchConfig c;
   c.num_workers = 3;
