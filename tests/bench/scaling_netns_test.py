@@ -5,7 +5,8 @@
 
 Needs root and network namespaces (skips with exit status 77 otherwise,
 saying why). Checks: the CSV has the documented columns and one row per
-configuration with a plausible efficiency; the benchmark leaves no namespace
+configuration with a plausible efficiency; every server host carries its
+share of the bytes (with --placement hybrid: BytePS's split); the benchmark leaves no namespace
 behind, neither after a normal run nor when it is killed (SIGTERM, SIGKILL)
 in the middle of one.
 """
@@ -90,6 +91,21 @@ def check_ps_netns(pushpull):
     low, share = float(m.group(1)), float(m.group(3))
     assert low >= 0.8 * share, f'a server host carried {low} MB, its share is {share}:\n{p.stdout}'
     print(f'bench ps --netns: {m.group(0)}')
+    # Mixed placement: 3 worker hosts serving too and 1 spare host. The
+    # workers find the two kinds of server host in their address book and
+    # give the spare host BytePS's share (0.4 of the value here; equal
+    # shares would give it 0.25, 0.625x the split's bytes).
+    cmd = [pushpull, 'bench', 'ps', '--netns', '3', '-s', '1', '--placement', 'hybrid',
+           '--rate', '1gbit', '--sizes', '4M', '--iters', '2']
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = re.search(r'per spare host ([0-9.]+)\.\.([0-9.]+) MB in\+out per iteration '
+                  r'\(BytePS\'s split: ([0-9.]+)\)', p.stdout)
+    assert m, f'no spare-host bytes in:\n{p.stdout}\n{p.stderr[-2000:]}'
+    low, high, share = float(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert 0.8 * share <= low and high <= 1.25 * share, \
+        f'the spare host carried {low}..{high} MB, BytePS\'s split is {share}:\n{p.stdout}'
+    print(f'bench ps --netns --placement hybrid: {m.group(0)}')
 
 
 def check_killed(pushpull, sig):
