@@ -43,7 +43,9 @@ struct Config {
   StepSpec step;
   int repeats = 1;
   int timeout_s = 300;
-  int ps_replicas = 0;  // RunSpec::ps_replicas
+  int ps_replicas = 0;                 // RunSpec::ps_replicas
+  double straggler = 1;                // RunSpec::straggler of the slowed copies
+  std::string backup_workers = "0,1";  // with --straggler: PS rows for each
   BenchFlags flags;
   // internal: one worker
   ScalingWorkerArgs worker;
@@ -107,6 +109,30 @@ void run_study(Config cfg) {
         specs.push_back({"pushpull_ps", n, s, false, cfg.ps_replicas, true});
   }
 
+  if (cfg.straggler > 1) {
+    // Every configuration unslowed (the reference) and with a straggler;
+    // the parameter server's for each number of backup workers.
+    std::vector<int> backups;
+    for (uint64_t b : parse_sizes(cfg.backup_workers))
+      backups.push_back(static_cast<int>(b));
+    std::vector<RunSpec> all;
+    for (RunSpec s : specs) {
+      all.push_back(s);
+      if (s.workers < 2) continue;
+      s.straggler = cfg.straggler;
+      if (s.impl != "pushpull_ps") {
+        all.push_back(s);
+        continue;
+      }
+      for (int b : backups)
+        if (b < s.workers) {
+          s.backup_workers = b;
+          all.push_back(s);
+        }
+    }
+    specs = std::move(all);
+  }
+
   NetnsLab lab(cfg.netns + max_s, cfg.rate, cfg.queue_ms);
   const double goodput = lab.goodput_bps(2);
   FILE* info = cfg.flags.csv() ? stderr : stdout;
@@ -142,7 +168,7 @@ void run_study(Config cfg) {
       RunResult r = run_config(lab, cfg.netns, step, sp, cfg.timeout_s, ++port);
       if (!r.ok) {
         std::fprintf(stderr, "bench scaling: %s N=%d S=%d %s failed: %s; row missing\n",
-                     sp.impl.c_str(), sp.workers, sp.servers, placement_of(sp).c_str(),
+                     run_label(sp).c_str(), sp.workers, sp.servers, placement_of(sp).c_str(),
                      r.failure.c_str());
         continue;
       }
@@ -168,7 +194,7 @@ void run_study(Config cfg) {
   FILE* tab = cfg.flags.csv() ? stderr : stdout;
   if (cfg.flags.csv())
     std::printf("impl,workers,servers,placement,step_ms,steps_per_s,efficiency\n");
-  std::fprintf(tab, "%-14s %7s %7s %-10s %9s %11s %10s %9s %6s %s\n", "impl", "workers", "servers",
+  std::fprintf(tab, "%-24s %7s %7s %-10s %9s %11s %10s %9s %6s %s\n", "impl", "workers", "servers",
                "placement", "step_ms", "steps_per_s", "efficiency", "wait_ms", "cpu",
                "server MB/step in+out (min..max)");
   for (const Row& r : rows) {
@@ -177,15 +203,27 @@ void run_study(Config cfg) {
     const double sps = r.spec.workers * 1e3 / ms;
     const double eff = sps / (r.spec.workers * base_sps);
     if (cfg.flags.csv())
-      std::printf("%s,%d,%d,%s,%.2f,%.4f,%.4f\n", r.spec.impl.c_str(), r.spec.workers,
+      std::printf("%s,%d,%d,%s,%.2f,%.4f,%.4f\n", run_label(r.spec).c_str(), r.spec.workers,
                   r.spec.servers, placement_of(r.spec).c_str(), ms, sps, eff);
     std::string servers_mb =
         r.server_max_mb.empty()
             ? ""
             : fmt::format("{:.1f}..{:.1f}", median(r.server_min_mb), median(r.server_max_mb));
-    std::fprintf(tab, "%-14s %7d %7d %-10s %9.1f %11.3f %9.1f%% %9.1f %5.0f%% %s\n",
-                 r.spec.impl.c_str(), r.spec.workers, r.spec.servers, placement_of(r.spec).c_str(),
-                 ms, sps, eff * 100, median(r.wait_ms), median(r.cpu) * 100, servers_mb.c_str());
+    std::fprintf(tab, "%-24s %7d %7d %-10s %9.1f %11.3f %9.1f%% %9.1f %5.0f%% %s\n",
+                 run_label(r.spec).c_str(), r.spec.workers, r.spec.servers,
+                 placement_of(r.spec).c_str(), ms, sps, eff * 100, median(r.wait_ms),
+                 median(r.cpu) * 100, servers_mb.c_str());
+  }
+  // A straggler's cost: each slowed row against the same job unslowed.
+  for (const Row& r : rows) {
+    if (r.spec.straggler <= 1 || r.step_ms.empty()) continue;
+    for (const Row& ref : rows)
+      if (ref.spec.straggler == 1 && ref.spec.backup_workers == 0 && !ref.step_ms.empty() &&
+          ref.spec.impl == r.spec.impl && ref.spec.workers == r.spec.workers &&
+          ref.spec.servers == r.spec.servers && placement_of(ref.spec) == placement_of(r.spec))
+        std::fprintf(tab, "# %s N=%d %s: step %.3fx the unslowed job's\n",
+                     run_label(r.spec).c_str(), r.spec.workers, placement_of(r.spec).c_str(),
+                     median(r.step_ms) / median(ref.step_ms));
   }
   std::fflush(stdout);
 }
@@ -236,6 +274,14 @@ void register_bench_scaling(CLI::App& bench) {
                   "Backups per key range in the parameter-server jobs (PUSHPULL_PS_REPLICAS; 0, "
                   "the study's unreplicated PS)")
       ->check(CLI::Range(0, 7));
+  cmd->add_option("--straggler", cfg->straggler,
+                  "Also run every configuration with the last worker's compute time this many "
+                  "times the others' (a straggler, left out of the step time)")
+      ->check(CLI::Range(1.0, 100.0));
+  cmd->add_option("--backup-workers", cfg->backup_workers,
+                  "With --straggler: the parameter server's rows for each of these "
+                  "PUSHPULL_PS_BACKUP_WORKERS")
+      ->capture_default_str();
   cmd->add_option("--repeats", cfg->repeats, "Interleaved runs of everything; rows are medians")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));

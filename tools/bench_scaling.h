@@ -54,7 +54,17 @@ struct RunSpec {
   // pushpull_ps: `servers` spare hosts plus a server on every worker host,
   // big values shared by BytePS's split (docs/ps.md "Mixed placement").
   bool hybrid = false;
+  // The last worker's compute time is this many times the others' (a
+  // straggler); its own steps are then left out of the step time (the job's
+  // pace is what the others see).
+  double straggler = 1;
+  // pushpull_ps: PUSHPULL_PS_BACKUP_WORKERS of the job (docs/ps.md).
+  int backup_workers = 0;
 };
+
+// "pushpull_ps", "pushpull_ps_b1_slow2x", ...: the impl, its backup workers
+// and its straggler.
+std::string run_label(const RunSpec& s);
 
 struct RunResult {
   bool ok = false;

@@ -68,6 +68,13 @@ std::pair<uint64_t, uint64_t> cpu_jiffies() {
   return {total - idle, total};
 }
 
+std::string run_label(const RunSpec& s) {
+  std::string out = s.impl;
+  if (s.backup_workers > 0) out += fmt::format("_b{}", s.backup_workers);
+  if (s.straggler > 1) out += fmt::format("_slow{}x", s.straggler);
+  return out;
+}
+
 RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step,
                      const RunSpec& spec, int timeout_s, int port) {
   RunResult res;
@@ -76,8 +83,14 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
   const std::string exe = self_exe();
   const std::vector<std::string> quiet = {"PUSHPULL_LOG_LEVEL=warning"};
   std::vector<int> server_hosts;
+  const int slow_rank = spec.straggler > 1 && spec.workers > 1 ? spec.workers - 1 : -1;
+  auto step_of = [&](int r) {
+    StepSpec s = step;
+    if (r == slow_rank) s.compute_ms *= spec.straggler;
+    return s;
+  };
   auto worker_cmd = [&](int r) {
-    auto argv = worker_argv(spec.impl, r, spec.workers, dir.path(), step);
+    auto argv = worker_argv(spec.impl, r, spec.workers, dir.path(), step_of(r));
     argv.insert(argv.begin(), exe);
     return argv;
   };
@@ -98,7 +111,7 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
     for (int r = 0; r < spec.workers; ++r) {
       auto argv = lab.exec(r);
       argv.insert(argv.end(), {gloo, std::to_string(r), std::to_string(spec.workers), dir.path(),
-                               lab.address(r), fmt::format("{}", step.compute_ms),
+                               lab.address(r), fmt::format("{}", step_of(r).compute_ms),
                                std::to_string(step.grad_bytes), std::to_string(step.layers),
                                std::to_string(step.warmup), std::to_string(step.steps)});
       g.start(argv);
@@ -106,14 +119,16 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
   } else if (spec.impl == "pushpull_ps") {
     const int total_servers = spec.hybrid ? spec.servers + spec.workers : spec.servers;
     auto job_env = [&](const char* role, int host) {
-      return std::vector<std::string>{fmt::format("DMLC_ROLE={}", role),
-                                      fmt::format("DMLC_PS_ROOT_URI={}", lab.address(0)),
-                                      fmt::format("DMLC_PS_ROOT_PORT={}", port),
-                                      fmt::format("DMLC_NUM_SERVER={}", total_servers),
-                                      fmt::format("DMLC_NUM_WORKER={}", spec.workers),
-                                      fmt::format("PUSHPULL_NODE_HOST={}", lab.address(host)),
-                                      fmt::format("PUSHPULL_PS_REPLICAS={}", spec.ps_replicas),
-                                      quiet[0]};
+      return std::vector<std::string>{
+          fmt::format("DMLC_ROLE={}", role),
+          fmt::format("DMLC_PS_ROOT_URI={}", lab.address(0)),
+          fmt::format("DMLC_PS_ROOT_PORT={}", port),
+          fmt::format("DMLC_NUM_SERVER={}", total_servers),
+          fmt::format("DMLC_NUM_WORKER={}", spec.workers),
+          fmt::format("PUSHPULL_NODE_HOST={}", lab.address(host)),
+          fmt::format("PUSHPULL_PS_REPLICAS={}", spec.ps_replicas),
+          fmt::format("PUSHPULL_PS_BACKUP_WORKERS={}", spec.backup_workers),
+          quiet[0]};
     };
     // The scheduler only carries control messages: it shares worker host 0.
     g.start(in_ns(lab, 0, job_env("scheduler", 0), {exe, "scheduler"}));
@@ -156,14 +171,16 @@ RunResult run_config(const NetnsLab& lab, int worker_hosts, const StepSpec& step
       res.failure = fmt::format("worker {} wrote no result", r);
       return res;
     }
+    if (r == slow_rank) continue;  // its own pace is not the job's
     res.elapsed_s = std::max(res.elapsed_s, elapsed);
     res.wait_ms = std::max(res.wait_ms, wait);
     if (r == 0) res.cpu_busy = cpu;
   }
   for (size_t i = 0; i < steps[0].size(); ++i) {
     double slowest = 0;
-    for (auto& s : steps)
-      if (i < s.size()) slowest = std::max(slowest, s[i]);
+    for (int r = 0; r < spec.workers; ++r)
+      if (r != slow_rank && i < steps[static_cast<size_t>(r)].size())
+        slowest = std::max(slowest, steps[static_cast<size_t>(r)][i]);
     res.step_ms.push_back(slowest);
   }
   res.ok = true;

@@ -255,6 +255,10 @@ void Communicator::Impl::fatal(const Status& st) {
   for (auto& [name, op] : local_)
     fail.push_back(op.handle);
   local_.clear();
+  // Nothing in flight: a peer ended (or died) while this rank was idle, as
+  // ranks that finish a job close at slightly different moments. No
+  // operation of this rank hangs or fails, so there is nothing to dump.
+  const bool pending = !fail.empty();
   dead_ = true;
   // Close before completing the handles: closing withdraws every pending
   // send and receive of this rank (an aborted algorithm leaves some), so no
@@ -264,7 +268,7 @@ void Communicator::Impl::fatal(const Status& st) {
   transport_->abort(st);
   for (auto& h : fail)
     h->complete(st);
-  if (!stopping) flight::dump(fmt::format("failure: {}", st.message()));
+  if (!stopping && pending) flight::dump(fmt::format("failure: {}", st.message()));
 }
 
 void Communicator::Impl::run() {

@@ -27,6 +27,14 @@ int main(int argc, char** argv) {
     pushpull::Array a = pushpull::Array::full(pushpull::Shape{256}, 1.0);
     cl::allreduce("warmup.0", a.view());
     cl::allreduce("warmup.1", a.view());
+    if (hang < 0) {
+      // A normal end, ranks closing at different moments: rank 0 first,
+      // the others idle until its goodbye has arrived.
+      if (cl::rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      cl::shutdown();
+      fmt::print("FINISHED\n");
+      return 0;
+    }
     if (cl::rank() == hang) {
       fmt::print("HANGING pid={}\n", ::getpid());
       std::fflush(stdout);

@@ -7,7 +7,10 @@ warmup.0 and warmup.1, then rank 1 never calls the next allreduce while rank
 warning dumps its ring: the dump names worker 0 and grad.stuck, not done.
 SIGUSR1 to the live, hung rank 1 dumps its ring too (the warmups done, no
 grad.stuck). The stall shutdown (3 s) then fails the job, and the launcher's
-final line says where the dumps are. Every process is ended by its PID."""
+final line says where the dumps are. Every process is ended by its PID.
+
+And a job that ends normally, its ranks closing half a second apart
+(`--hang -1`: rank 1 idle when rank 0's goodbye arrives), writes no dump."""
 
 import json
 import os
@@ -40,11 +43,27 @@ def load(path):
         return None
 
 
+def check_normal_end_leaves_no_dump(probe):
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PUSHPULL_FLIGHT_RECORDER_DIR=tmp)
+        job = subprocess.run([os.path.join(BIN, 'pushpull'), 'launch', '-n', '2', '-s', '0',
+                              '--timeout', '30', probe, '--hang', '-1'], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=DEADLINE_S)
+        assert job.returncode == 0, job.stdout[-3000:]
+        assert job.stdout.count('FINISHED') == 2, job.stdout[-3000:]
+        dumps = [f for f in os.listdir(tmp) if f.startswith('pushpull-flight')]
+        assert not dumps, f'a normal end wrote {dumps}:\n{job.stdout[-3000:]}'
+        assert 'flight recorder' not in job.stdout, job.stdout[-3000:]
+    print('normal end: no dump')
+
+
 def main():
     probe = os.path.join(BIN, 'flight_probe')
     if not os.path.exists(probe):
         print('SKIP: flight_probe not built')
         return 77
+    check_normal_end_leaves_no_dump(probe)
     deadline = time.monotonic() + DEADLINE_S
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, PUSHPULL_FLIGHT_RECORDER_DIR=tmp, PUSHPULL_STALL_WARNING_SECONDS='1',
