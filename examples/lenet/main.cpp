@@ -140,6 +140,11 @@ int run(const Args& a) {
   if (!horovod && a.mode != "kvstore") {
     throw pushpull::InvalidArgument("--mode " + a.mode + ": use kvstore or horovod");
   }
+  if (horovod && a.compression != "none" && a.compression != "fp16") {
+    throw pushpull::InvalidArgument(
+        "--mode horovod compresses with --compression fp16 (Horovod's Compression.fp16); " +
+        a.compression + " is the parameter server's (--mode kvstore)");
+  }
   if (horovod && a.devices != 1) {
     throw pushpull::InvalidArgument(
         "--mode horovod runs one device per process (as Horovod): use --devices-per-worker 1 "
@@ -203,7 +208,10 @@ int run(const Args& a) {
         models[0]->parameters(),
         torch::optim::SGDOptions(a.lr).momentum(a.momentum).weight_decay(a.wd));
     dopt = std::make_unique<pushpull::torch::DistributedOptimizer>(
-        *sgd, pushpull::torch::named(models[0]->named_parameters()), comm);
+        *sgd, pushpull::torch::named(models[0]->named_parameters()), comm,
+        pushpull::torch::DistributedOptimizerOptions{
+            .compression = a.compression == "fp16" ? pushpull::torch::Compression::kFp16
+                                                   : pushpull::torch::Compression::kNone});
     pushpull::torch::broadcast_parameters(pushpull::torch::named(models[0]->named_parameters()), 0,
                                           comm);
     pushpull::torch::broadcast_optimizer_state(*sgd, 0, comm);
@@ -452,7 +460,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", a.model, "mxnet (20/50 filters, 500 hidden) or small (6/16, 120)")
       ->capture_default_str();
   app.add_option("--compression", a.compression,
-                 "Gradient compression of the store: none, 2bit, 1bit, fp16")
+                 "Gradient compression: none, 2bit, 1bit, fp16 (the store's); --mode horovod: "
+                 "none or fp16 (the DistributedOptimizer's)")
       ->capture_default_str();
   app.add_option("--compression-threshold", a.compression_threshold,
                  "Threshold of 2bit / 1bit compression (default 0.5)");

@@ -86,16 +86,38 @@ std::vector<torch::Tensor> reference_weights(int workers, double momentum) {
   return clone_all(model->parameters());
 }
 
-// max |a - ref| <= 1e-5 * max |ref|, per tensor.
+// Plain SGD from make_model(1)'s weights on the union of the given ranks'
+// shards of make_data(workers) (what a process set of those ranks computes).
+std::vector<torch::Tensor> reference_on_shards(int workers, const std::vector<int>& shards) {
+  auto model = make_model(1);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(kLr));
+  const Data data = make_data(workers);
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r : shards) {
+      xs.push_back(data.x[s].narrow(0, r * kShard, kShard));
+      ys.push_back(data.y[s].narrow(0, r * kShard, kShard));
+    }
+    sgd.zero_grad();
+    loss_mean(model, torch::cat(xs), torch::cat(ys)).backward();
+    sgd.step();
+  }
+  std::vector<torch::Tensor> flat;
+  for (auto& t : model->parameters())
+    flat.push_back(t.detach().flatten().to(torch::kFloat64));
+  return flat;
+}
+
+// max |a - ref| <= tolerance * max |ref|, per tensor.
 void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& ref,
-                  const std::string& what) {
+                  const std::string& what, double tolerance = 1e-5) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_EQ(got[i].sizes(), ref[i].sizes()) << what << " parameter " << i;
     const double err = (got[i] - ref[i]).abs().max().item<double>();
     const double scale = ref[i].abs().max().item<double>();
-    EXPECT_LE(err, 1e-5 * scale) << what << " parameter " << i << ": max error " << err
-                                 << " for values up to " << scale;
+    EXPECT_LE(err, tolerance * scale)
+        << what << " parameter " << i << ": max error " << err << " for values up to " << scale;
   }
 }
 
@@ -170,6 +192,9 @@ struct WorkerArgs {
   int passes = 1;
   double momentum = 0;
   int root = 0;
+  bool fp16 = false;             // Compression::kFp16
+  std::vector<int> process_set;  // empty: every rank
+  double predivide = 1.0;        // gradient_predivide_factor
 };
 
 // Different initial weights per rank, made rank 0's by broadcast_parameters,
@@ -179,9 +204,13 @@ void equivalence_worker(const WorkerArgs& a, Session& session) {
   const int rank = comm.rank(), n = comm.size();
   auto model = make_model(rank == 0 ? 1 : 100 + rank);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(kLr).momentum(a.momentum));
-  DistributedOptimizer opt(
-      sgd, named(model->named_parameters()), comm,
-      {.backward_passes_per_step = a.passes, .average_aggregated_gradients = a.passes > 1});
+  DistributedOptimizer opt(sgd, named(model->named_parameters()), comm,
+                           {.backward_passes_per_step = a.passes,
+                            .average_aggregated_gradients = a.passes > 1,
+                            .compression = a.fp16 ? pushpull::torch::Compression::kFp16
+                                                  : pushpull::torch::Compression::kNone,
+                            .process_set = a.process_set,
+                            .gradient_predivide_factor = a.predivide});
   broadcast_parameters(named(model->named_parameters()), 0, comm);
   broadcast_optimizer_state(sgd, 0, comm);
   const Data data = make_data(n);
@@ -196,8 +225,10 @@ void equivalence_worker(const WorkerArgs& a, Session& session) {
     opt.step();
   }
   const auto st = opt.stats();
-  if (st.steps != kSteps || st.hook_allreduces + st.sync_allreduces !=
-                                kSteps * static_cast<int64_t>(opt.num_parameters())) {
+  const bool member = a.process_set.empty() || std::find(a.process_set.begin(), a.process_set.end(),
+                                                         rank) != a.process_set.end();
+  const int64_t reductions = member ? kSteps * static_cast<int64_t>(opt.num_parameters()) : 0;
+  if (st.steps != kSteps || st.hook_allreduces + st.sync_allreduces != reductions) {
     throw pushpull::Internal("unexpected statistics");
   }
   write_tensors(a.out_dir + "/rank" + std::to_string(rank) + ".bin", model->parameters());
@@ -242,6 +273,9 @@ int dopt_worker(int argc, char** argv) {
   app.add_option("--momentum", a.momentum);
   app.add_option("--optimizer", a.optimizer);
   app.add_option("--root", a.root);
+  app.add_flag("--fp16", a.fp16);
+  app.add_option("--process-set", a.process_set)->delimiter(',');
+  app.add_option("--predivide", a.predivide);
   CLI11_PARSE(app, argc, argv);
   try {
     torch::set_num_threads(1);
@@ -328,6 +362,34 @@ INSTANTIATE_TEST_SUITE_P(Launched, DistributedOptimizerEquivalence,
                                   std::to_string(i.param.passes) + "_passes" +
                                   (i.param.momentum > 0 ? "_momentum" : "");
                          });
+
+// fp16 compression with a predivide factor: the same steps as one process on
+// the union batch, up to float16's rounding of the gradients (the Python
+// front end's tolerance, 2e-3). A process set {0, 2} of 3 ranks, also with
+// fp16: ranks 0 and 2 train on their two shards together, rank 1 (outside)
+// alone on its own, from the broadcast weights.
+TEST(DistributedOptimizerOptionsLaunched, Fp16WithPredivideMatchesTheUnionBatch) {
+  TempDir dir("fp16");
+  launch_workers(2, dir.path,
+                 {"--scenario", "equivalence", "--fp16", "--predivide", "2", "--momentum", "0"});
+  const auto ref = reference_on_shards(2, {0, 1});
+  for (int r = 0; r < 2; ++r)
+    expect_close(read_tensors((dir.path / ("rank" + std::to_string(r) + ".bin")).string()), ref,
+                 "fp16 worker " + std::to_string(r), 2e-3);
+}
+
+TEST(DistributedOptimizerOptionsLaunched, AProcessSetReducesAmongItsMembersOnly) {
+  TempDir dir("set");
+  launch_workers(
+      3, dir.path,
+      {"--scenario", "equivalence", "--fp16", "--process-set", "0,2", "--momentum", "0"});
+  const auto members = reference_on_shards(3, {0, 2});
+  const auto alone = reference_on_shards(3, {1});
+  for (int r : {0, 2})
+    expect_close(read_tensors((dir.path / ("rank" + std::to_string(r) + ".bin")).string()), members,
+                 "member " + std::to_string(r), 2e-3);
+  expect_close(read_tensors((dir.path / "rank1.bin").string()), alone, "rank 1 (outside)", 1e-5);
+}
 
 // ---- broadcast_parameters / broadcast_optimizer_state through the launcher ----
 
@@ -496,6 +558,17 @@ TEST_F(WorldOfOne, RejectsBadConstruction) {
         DistributedOptimizer d(sgd, params, comm, {.op = pushpull::collective::Reduction::kMax});
       },
       "average or sum");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.process_set = {0, 0}}); }, "twice");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.process_set = {1}}); }, "outside 0..0");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.gradient_predivide_factor = 0}); },
+         "gradient_predivide_factor");
+  throws(
+      [&] {
+        DistributedOptimizer d(
+            sgd, params, comm,
+            {.op = pushpull::collective::Reduction::kSum, .gradient_predivide_factor = 2});
+      },
+      "only with op average");
   ASSERT_FALSE(pushpull::collective::is_initialized());
   throws([&] { DistributedOptimizer d(sgd, params); }, "collective::init()");
   throws([&] { broadcast_parameters(params, 0); }, "collective::init()");

@@ -64,34 +64,36 @@ TEST(LenetSmoke, LocalUpdateLearns) {
 // --mode horovod: two processes through `pushpull launch -s 0`, each with
 // torch::optim::SGD wrapped in DistributedOptimizer; both end with the same
 // test accuracy (identical weights), well above chance.
-TEST(LenetSmoke, HorovodModeTwoWorkersLearn) {
+void run_horovod_mode(const std::vector<std::string>& extra) {
   if (!std::filesystem::exists(std::string(kDataDir) + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST is not installed in " << kDataDir;
   }
-  pushpull::test::ChildProcess child({std::string(PUSHPULL_BIN_DIR) + "/pushpull",
-                                      "launch",
-                                      "-n",
-                                      "2",
-                                      "-s",
-                                      "0",
-                                      "--timeout",
-                                      "120",
-                                      "--",
-                                      std::string(PUSHPULL_BIN_DIR) + "/lenet",
-                                      "--mode",
-                                      "horovod",
-                                      "--epochs",
-                                      "1",
-                                      "--max-batches",
-                                      "150",
-                                      "--batch-size",
-                                      "32",
-                                      "--test-limit",
-                                      "2000",
-                                      "--log-every",
-                                      "50",
-                                      "--threads",
-                                      "1"});
+  std::vector<std::string> argv({std::string(PUSHPULL_BIN_DIR) + "/pushpull",
+                                 "launch",
+                                 "-n",
+                                 "2",
+                                 "-s",
+                                 "0",
+                                 "--timeout",
+                                 "120",
+                                 "--",
+                                 std::string(PUSHPULL_BIN_DIR) + "/lenet",
+                                 "--mode",
+                                 "horovod",
+                                 "--epochs",
+                                 "1",
+                                 "--max-batches",
+                                 "150",
+                                 "--batch-size",
+                                 "32",
+                                 "--test-limit",
+                                 "2000",
+                                 "--log-every",
+                                 "50",
+                                 "--threads",
+                                 "1"});
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  pushpull::test::ChildProcess child(argv);
   auto rc = child.wait(std::chrono::seconds(400));
   ASSERT_TRUE(rc.has_value()) << "lenet did not finish in 400 s:\n" << child.output();
   ASSERT_EQ(*rc, 0) << child.output();
@@ -106,6 +108,15 @@ TEST(LenetSmoke, HorovodModeTwoWorkersLearn) {
   EXPECT_EQ(out.find("] [worker"), std::string::npos) << "a doubled prefix:\n" << out;
   EXPECT_NE(out.find("[worker 1] worker 1 of 2: sync="), std::string::npos) << out;
   EXPECT_EQ(m0[1].str(), m1[1].str()) << "the workers' models differ:\n" << out;
+}
+
+TEST(LenetSmoke, HorovodModeTwoWorkersLearn) {
+  run_horovod_mode({});
+}
+
+// The same with the gradients travelling as float16 (Compression.fp16).
+TEST(LenetSmoke, HorovodModeFp16TwoWorkersLearn) {
+  run_horovod_mode({"--compression", "fp16"});
 }
 
 }  // namespace

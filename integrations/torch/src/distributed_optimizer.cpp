@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -73,6 +74,8 @@ struct DistributedOptimizer::Impl {
   ::torch::optim::Optimizer& opt;
   Communicator& comm;
   DistributedOptimizerOptions o;
+  // This rank reduces (it is in the process set, or there is none).
+  bool member = true;
   std::vector<Param> params;
   mutable std::mutex mu;
   bool synced = false;  // synchronize() ran since the last step() (mu)
@@ -90,6 +93,24 @@ DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const Nam
     throw InvalidArgument("DistributedOptimizer: op must be average or sum, got " +
                           std::string(collective::reduction_name(o.op)));
   }
+  if (!(o.gradient_predivide_factor > 0) ||
+      (o.gradient_predivide_factor != 1.0 && o.op != collective::Reduction::kAverage)) {
+    throw InvalidArgument(
+        "DistributedOptimizer: gradient_predivide_factor must be > 0, and other than 1 only "
+        "with op average (it divides before the sum and multiplies the average back), got " +
+        std::to_string(o.gradient_predivide_factor));
+  }
+  std::set<int> members;
+  for (int r : o.process_set)
+    if (r < 0 || r >= comm.size() || !members.insert(r).second)
+      throw InvalidArgument("DistributedOptimizer: process_set names rank " + std::to_string(r) +
+                            (r < 0 || r >= comm.size()
+                                 ? " outside 0.." + std::to_string(comm.size() - 1)
+                                 : " twice"));
+  // A set of every rank is the global set: no member list to negotiate.
+  if (static_cast<int>(members.size()) == comm.size()) o.process_set.clear();
+  std::sort(o.process_set.begin(), o.process_set.end());
+  member = o.process_set.empty() || members.count(comm.rank()) > 0;
   std::unordered_map<const void*, std::string> name_of;
   std::set<std::string> names;
   for (const auto& [name, t] : named) {
@@ -185,7 +206,7 @@ void DistributedOptimizer::Impl::before_accumulate(size_t i) {
 void DistributedOptimizer::Impl::on_grad_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu);
   Param& p = params[i];
-  if (p.submitted || ++p.passes < o.backward_passes_per_step) return;
+  if (!member || p.submitted || ++p.passes < o.backward_passes_per_step) return;
   submit(i);
   ++stats.hook_allreduces;
 }
@@ -208,11 +229,16 @@ void DistributedOptimizer::Impl::submit(size_t i) {
                           describe(g) + " but the parameter is " + describe(p.tensor));
   }
   at::NoGradGuard no_grad;
-  p.reduced = g.is_contiguous() ? g : g.contiguous();
-  if (o.average_aggregated_gradients && o.backward_passes_per_step > 1) {
-    p.reduced.mul_(1.0 / o.backward_passes_per_step);
-  }
-  p.handle = comm.allreduce_async(p.op_name, view_of(p.reduced), o.op);
+  const bool fp16 = o.compression == Compression::kFp16 &&
+                    (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
+  // fp16: a half-size copy travels (synchronize() casts the result back).
+  p.reduced = fp16 ? g.to(at::kHalf).contiguous() : (g.is_contiguous() ? g : g.contiguous());
+  double scale = 1.0 / o.gradient_predivide_factor;
+  if (o.average_aggregated_gradients && o.backward_passes_per_step > 1)
+    scale /= o.backward_passes_per_step;
+  if (scale != 1.0) p.reduced.mul_(scale);
+  p.handle = comm.allreduce_async(p.op_name, view_of(p.reduced), view_of(p.reduced), o.op,
+                                  o.process_set, o.gradient_predivide_factor);
   p.submitted = true;
 }
 
@@ -220,6 +246,20 @@ void DistributedOptimizer::Impl::synchronize(bool submit_missing) {
   std::vector<Handle> handles;
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (submit_missing && !member) {
+      // Outside the process set: the optimizer is local; only the passes
+      // of accumulated gradients are averaged, as a member's would be.
+      if (o.average_aggregated_gradients && o.backward_passes_per_step > 1) {
+        at::NoGradGuard no_grad;
+        for (auto& p : params)
+          if (p.tensor.grad().defined())
+            p.tensor.mutable_grad().mul_(1.0 / o.backward_passes_per_step);
+      }
+      for (auto& p : params)
+        p.passes = 0;
+      synced = true;
+      return;
+    }
     if (submit_missing) {
       // Check every gradient before submitting any, so a bad one starts nothing.
       for (auto& p : params) {

@@ -38,12 +38,23 @@
 //   a mismatch fails the step on every rank with InvalidArgument.
 // - Loss: gradients are averaged over ranks, so use the loss averaged over
 //   the local batch to get the gradient of the mean over the global batch.
+// - compression = kFp16 (Horovod's Compression.fp16): a float32 or float64
+//   gradient travels as float16 (a half-size copy is reduced, then cast back
+//   into .grad); other dtypes travel as they are.
+// - process_set (Horovod's process_set=): only these ranks reduce, among
+//   themselves (kAverage divides by their number); a rank outside the set
+//   steps on its own gradients (its optimizer is local, as Horovod's), and
+//   every member must pass the same set.
+// - gradient_predivide_factor f (Horovod's): each gradient is multiplied by
+//   1/f before the sum and the average by f after (the same mean; f trades
+//   overflow against underflow in low precision). kAverage only.
 //
 // Errors: InvalidArgument (naming the parameter and what to do) for a
 // parameter of the optimizer missing from `named_parameters`, duplicate names,
 // a tensor that is not on the CPU, not contiguous or of a dtype the
 // collectives do not reduce (float32/64, float16, bfloat16),
-// backward_passes_per_step < 1, and a backward pass beyond
+// backward_passes_per_step < 1, a process set with a rank out of range or
+// twice, a gradient_predivide_factor <= 0 or with kSum, and a backward pass beyond
 // backward_passes_per_step before step() (raised from the tensor hook, before
 // the gradient in flight is touched, so nothing is corrupted: backward()
 // throws). The collectives' errors (PeerFailure, Timeout, mismatches) come out
@@ -79,6 +90,9 @@ namespace pushpull::torch {
 // see named() below for the conversion).
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Horovod's Compression.none / Compression.fp16.
+enum class Compression { kNone, kFp16 };
+
 struct DistributedOptimizerOptions {
   // Backward passes whose gradients are accumulated locally before one reduction.
   int backward_passes_per_step = 1;
@@ -88,6 +102,13 @@ struct DistributedOptimizerOptions {
   collective::Reduction op = collective::Reduction::kAverage;
   // Allreduce names are name_prefix + parameter name.
   std::string name_prefix = "DistributedOptimizer.grad.";
+  // Gradients of float32/float64 parameters travel as float16 with kFp16.
+  Compression compression = Compression::kNone;
+  // The ranks that reduce (a process set: distinct ranks of the
+  // communicator); empty: every rank.
+  std::vector<int> process_set;
+  // Horovod's gradient_predivide_factor (> 0; with kAverage only).
+  double gradient_predivide_factor = 1.0;
 };
 
 class DistributedOptimizer {
