@@ -161,6 +161,9 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   // entry) whether its segment's bytes could be reserved.
   const std::vector<int> candidates = same_key(records, rank);
   std::vector<uint8_t> seen(static_cast<size_t>(size), 0);
+  // The rings' size for this host's ranks (the same on each: they all see
+  // the same candidates).
+  o.ring_bytes = ring_bytes_for_ranks(o.ring_bytes, candidates.size());
   if (probe && candidates.size() >= 2) {
     for (int p : candidates)
       seen[static_cast<size_t>(p)] = p == rank

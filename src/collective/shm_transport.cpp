@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/shm_transport_impl.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace pushpull::collective {
@@ -169,6 +170,13 @@ ShmTransport::ShmTransport(int rank, int size, const std::string& prefix, ShmOpt
   impl_ = std::make_unique<Impl>(rank, size, prefix, options, dir);
   impl_->setup();
   impl_->progress = std::thread([this] { impl_->loop(); });
+}
+
+size_t ring_bytes_for_ranks(size_t max_ring, size_t ranks) {
+  if (ranks < 2) return max_ring;
+  const uint64_t share = kShmHostRingBudget / (static_cast<uint64_t>(ranks) * (ranks - 1));
+  if (share >= max_ring) return max_ring;
+  return std::max<size_t>(kShmMinRingBytes, static_cast<size_t>(share) & ~size_t{4095});
 }
 
 ShmTransport::~ShmTransport() {

@@ -46,8 +46,24 @@
 
 namespace pushpull::collective {
 
+// What the rings of one host may take in all: there is one per ordered
+// pair of ranks, reserved up front (posix_fallocate), so a fixed size grows
+// with the square of the host's ranks (2 MiB rings: 4.5 GiB at 48 ranks,
+// 130 GiB at 256, which the kernel's OOM killer ends).
+inline constexpr uint64_t kShmHostRingBudget = uint64_t{2} << 30;
+inline constexpr size_t kShmMinRingBytes = size_t{16} << 10;
+
+// The ring size for `ranks` sharing a host: `max_ring` while the host's
+// ranks * (ranks - 1) rings fit kShmHostRingBudget (up to 32 ranks with 2
+// MiB), else the budget's share in whole pages, never below
+// kShmMinRingBytes (a ring only bounds how much of a message is in flight;
+// the ranks move data through it piece by piece). Every rank of the host
+// computes the same size.
+size_t ring_bytes_for_ranks(size_t max_ring, size_t ranks);
+
 struct ShmOptions {
-  // Payload bytes of each ring (one per ordered pair of ranks).
+  // Payload bytes of each ring (one per ordered pair of ranks; see
+  // ring_bytes_for_ranks).
   size_t ring_bytes = size_t{2} << 20;
   // How long the constructor waits for every peer's segment.
   Millis connect_timeout{10000};

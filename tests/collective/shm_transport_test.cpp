@@ -34,6 +34,28 @@ bool any_file_with(const std::string& prefix) {
   return false;
 }
 
+// The rings of a host stay within the budget whatever its ranks: 2 MiB up
+// to 32 ranks (as before), then the budget's share in whole pages, never
+// below the floor; every size the same on each rank (a pure function).
+TEST(ShmTransport, RingsShrinkSoAHostsRingsFitTheBudget) {
+  const size_t max_ring = size_t{2} << 20;
+  EXPECT_EQ(ring_bytes_for_ranks(max_ring, 1), max_ring);
+  for (size_t n : {2u, 8u, 32u})
+    EXPECT_EQ(ring_bytes_for_ranks(max_ring, n), max_ring) << n;
+  size_t previous = max_ring;
+  for (size_t n = 2; n <= 4096; n += n < 64 ? 1 : 61) {
+    const size_t ring = ring_bytes_for_ranks(max_ring, n);
+    EXPECT_LE(ring, previous) << n;
+    EXPECT_EQ(ring % 4096, 0u) << n;
+    EXPECT_GE(ring, kShmMinRingBytes) << n;
+    if (ring > kShmMinRingBytes) EXPECT_LE(uint64_t{ring} * n * (n - 1), kShmHostRingBudget) << n;
+    previous = ring;
+  }
+  // 256 ranks on a host: 32 KiB rings, 2 GiB in all (4 GiB at 2 MiB each
+  // per 32 ranks: 130 GiB, the OOM killer's, before).
+  EXPECT_EQ(ring_bytes_for_ranks(max_ring, 256), size_t{32} << 10);
+}
+
 TEST(ShmTransport, MessagesOfEverySizeArriveInOrderPerTag) {
   ShmOptions o;
   o.ring_bytes = 8192;  // most messages below stream through the ring in pieces
