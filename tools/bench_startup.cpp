@@ -11,7 +11,7 @@
 // per engine, the exponent of a least-squares fit of log(time) on log(ranks).
 //
 // An engine whose run fails or passes --timeout at some rank count is not run
-// at larger counts in later repeats (its row says how many runs it kept).
+// again at that or a larger count (its row says how many runs it kept: 0/1).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -132,11 +132,13 @@ void run_bench(const Config& cfg) {
   for (int rep = 0; rep < cfg.repeats; ++rep)
     for (int n : ranks)
       for (size_t e = 0; e < engines.size(); ++e) {
-        if (stopped_at[e] > 0 && n > stopped_at[e]) continue;
+        if (stopped_at[e] > 0 && n >= stopped_at[e]) continue;
         Run r = run_once(engines[e], n, cfg.timeout_s);
         auto& s = samples[{e, n}];
         if (!r.ok) {
-          std::fprintf(stderr, "bench startup: %s at %d ranks failed (%s); no larger runs\n",
+          std::fprintf(stderr,
+                       "bench startup: %s at %d ranks failed (%s); not run again at this or "
+                       "larger counts\n",
                        engines[e].name.c_str(), n, r.failure.c_str());
           if (stopped_at[e] == 0 || n < stopped_at[e]) stopped_at[e] = n;
           s.create.push_back(nan), s.pushpull.push_back(nan), s.job.push_back(nan);
