@@ -75,6 +75,7 @@ class CollectiveWorld {
         early_(static_cast<size_t>(n_)),
         decided_(static_cast<size_t>(n_), kNever),
         planned_(static_cast<size_t>(n_), kNever),
+        live_(static_cast<size_t>(n_), false),
         cache_(4096),
         coordinator_(n_, CollectiveOptions{}, cache_) {}
   Report run();
@@ -315,7 +316,9 @@ class CollectiveWorld {
   collective::Coordinator coordinator_;
   uint32_t cache_id_ = collective::kNoCacheId;
   double op_bytes_[2] = {0, 0};
-  int decided_count_ = 0;
+  int decided_count_ = 0, live_count_ = 0;
+  std::vector<bool> live_;  // started its detector (after its mesh)
+  bool injected_ = false;
   bool second_done_ = false;
   uint64_t startup_done_ = 0, round_end_ = 0, fault_at_ = 0;
   std::vector<Count> startup_counts_;
