@@ -102,5 +102,21 @@ TEST(ScaleSim, FullMeshCollectivesGrowWithTheJob) {
   EXPECT_LT(r.op_bytes_hub_cached, r.op_bytes_hub_first);
 }
 
+// 20 ms a message: the full mesh's sequential dialing spreads the ranks'
+// start over more than the heartbeat timeout, and the early ranks' detectors
+// give up on the late ones before anything failed. The run must say so
+// instead of reporting a detection time; the sparse mesh starts in time.
+TEST(ScaleSim, AFalseAlarmBeforeTheFaultInvalidatesTheRun) {
+  Config c = config(64);
+  c.costs.per_message_us = 20'000;
+  c.topology = Topology::kFullMesh;
+  Report r = run_collective(c);
+  EXPECT_NE(r.failure.find("decided before the fault"), std::string::npos) << r.failure;
+  c.topology = Topology::kSparse;
+  Report s = run_collective(c);
+  expect_ran(s);
+  EXPECT_LE(s.detect_all_s, kTimeoutS + kSlackS);
+}
+
 }  // namespace
 }  // namespace pushpull::sim::scale
