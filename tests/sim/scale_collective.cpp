@@ -30,7 +30,9 @@ void CollectiveWorld::start_liveness(int r) {
 }
 
 void CollectiveWorld::beat(int r) {
-  if (net_.down(r) || decided_count_ == n_ - 1) return;
+  // (After a false alarm the others keep beating: the steady state is
+  // still measured, the run is marked invalid.)
+  if (net_.down(r) || (injected_ && decided_count_ == n_ - 1)) return;
   if (r == victim_) {
     for (int w = 0; w < n_; ++w)
       if (watches(w, r)) net_.send(r, w, kHeader, [this, w] { heard(w); });
