@@ -16,3 +16,5 @@ target_include_directories(bench_common_test PRIVATE ${PROJECT_SOURCE_DIR}/tools
 add_test(NAME bench_startup_short
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/startup_test.py ${PROJECT_BINARY_DIR}/bin)
 set_tests_properties(bench_startup_short PROPERTIES LABELS bench TIMEOUT 300)
+target_sources(bench_startup_fit_test PRIVATE ${PROJECT_SOURCE_DIR}/tools/bench_startup_fit.cpp)
+target_include_directories(bench_startup_fit_test PRIVATE ${PROJECT_SOURCE_DIR}/tools)
