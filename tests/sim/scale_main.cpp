@@ -112,6 +112,13 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       c.fault = Fault::kStop;
       Report r = run_one(e, c);
+      if (r.startup_s < 0) {  // nothing to measure; the same again with a kill
+        fmt::print(stderr, "scale_sim: {} {} ranks: {}\n", r.engine, r.ranks, r.failure);
+        fmt::print("| {} | {} | start-up not complete within {} s simulated (see below) |{}\n",
+                   r.engine, r.ranks, kStartupLimitUs / 1'000'000, std::string(14, '|'));
+        ++bad;
+        continue;
+      }
       c.fault = Fault::kKill;
       Report k = run_one(e, c);
       const double wall =

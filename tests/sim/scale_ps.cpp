@@ -311,7 +311,7 @@ Report PsWorld::run() {
   for (int node = 1; node < nodes(); ++node)
     start(node);
   net_.at(0, [this] { scheduler_loop(); });
-  const uint64_t limit = 600'000'000;
+  const uint64_t limit = kStartupLimitUs;
   while (pulled_ < N_ && report_.failure.empty() && net_.now() < limit)
     if (!net_.run(net_.now() + 100'000)) break;
   if (pulled_ < N_) {

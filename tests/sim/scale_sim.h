@@ -50,6 +50,9 @@
 
 namespace pushpull::sim::scale {
 
+// How long a run may take to start up, in simulated time.
+inline constexpr uint64_t kStartupLimitUs = 600'000'000;
+
 struct Costs {
   uint64_t per_message_us = 100;
   uint64_t latency_us = 50;
@@ -90,8 +93,10 @@ struct Report {
   // Collectives: messages and bytes through rank 0 per operation of the
   // negotiation (first submission, then a repeat answered from the cache).
   double op_messages_hub = 0, op_bytes_hub_first = 0, op_bytes_hub_cached = 0;
-  double startup_s = 0;  // simulated: when the last rank's store was ready
-  double round_ms = 0;   // one pushpull / allreduce of 4 floats after start-up
+  // Simulated: when the last rank's store was ready; -1 when that did not
+  // happen within kStartupLimitUs (the other fields are then empty).
+  double startup_s = 0;
+  double round_ms = 0;  // one pushpull / allreduce of 4 floats after start-up
   bool values_ok = false;
   double detect_first_s = 0;  // fault -> the first node names the victim
   double detect_all_s = 0;    // fault -> every live node knows
