@@ -70,7 +70,7 @@ simulate: deps
 # The control plane at scale (tests/sim/scale_sim.h, docs/scaling.md "The
 # control plane at 1,024 and 4,096 ranks"): PS and collectives (full mesh and
 # the sparse topology) on a simulated network, 100 us per message; prints the
-# table. `make test` runs a 256-rank sample (scale_sim_test). A few minutes.
+# table. `make test` runs a 256-rank sample (scale_sim_test). About 2 minutes.
 SCALE_RANKS ?= 1024,4096
 simulate-scale: deps
 	@$(MAKE) --no-print-directory build
