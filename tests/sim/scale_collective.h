@@ -71,13 +71,13 @@ class CollectiveWorld {
         have_(static_cast<size_t>(n_), 0),
         want_(static_cast<size_t>(n_), 0),
         value_(static_cast<size_t>(n_)),
-        step_(static_cast<size_t>(n_), 0),
+        step_(static_cast<size_t>(n_), -1),
         early_(static_cast<size_t>(n_)),
         decided_(static_cast<size_t>(n_), kNever),
         planned_(static_cast<size_t>(n_), kNever),
-        live_(static_cast<size_t>(n_), false),
         cache_(4096),
-        coordinator_(n_, CollectiveOptions{}, cache_) {}
+        coordinator_(n_, CollectiveOptions{}, cache_),
+        live_(static_cast<size_t>(n_), false) {}
   Report run();
 
  private:
@@ -235,9 +235,22 @@ class CollectiveWorld {
   void start_allreduce(int r) {
     value_[static_cast<size_t>(r)] = {1.0f + r, 1.0f + r, 1.0f + r, 1.0f + r};
     const Doubling d = doubling(r, n_);
-    if (d.fold >= 0 && d.sits_out) return send_value(r, d.fold, 0);  // hands its vector over
-    if (d.fold >= 0) return;  // waits for the fold's vector (step 0)
-    step_[static_cast<size_t>(r)] = 1;
+    auto& step = step_[static_cast<size_t>(r)];
+    if (d.sits_out) {  // hands its vector over, waits for the result
+      step = 0;
+      return send_value(r, d.fold, 0);
+    }
+    if (d.fold >= 0) {  // waits for the fold's vector (step 0), maybe already here
+      step = 0;
+      auto& early = early_[static_cast<size_t>(r)];
+      if (auto it = early.find(0); it != early.end()) {
+        Vec v = it->second;
+        early.erase(it);
+        receive(r, 0, v);
+      }
+      return;
+    }
+    step = 1;
     exchange(r);
   }
   // Steps: 0 the fold, 1..k the doubling partners, k+1 the fold's return.
@@ -260,20 +273,21 @@ class CollectiveWorld {
       receive(r, s, v);
     }
   }
+  // step_: -1 before the rank started (its response not yet here).
   void receive(int r, int step, const Vec& v) {
     auto& mine = value_[static_cast<size_t>(r)];
     const Doubling d = doubling(r, n_);
-    if (d.sits_out) {  // the result returned
+    if (d.sits_out) {  // the result returned (it started: it sent first)
       mine = v;
       return finish(r);
     }
-    if (step != step_[static_cast<size_t>(r)] && step != 0) {
+    if (step != step_[static_cast<size_t>(r)]) {  // ahead of this rank: kept
       early_[static_cast<size_t>(r)][step] = v;
       return;
     }
     for (size_t i = 0; i < mine.size(); ++i)
       mine[i] += v[i];
-    step_[static_cast<size_t>(r)] = (step == 0 ? 0 : step) + 1;
+    step_[static_cast<size_t>(r)] = step + 1;
     exchange(r);
   }
   void finish(int r) {

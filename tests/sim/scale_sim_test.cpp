@@ -102,6 +102,18 @@ TEST(ScaleSim, FullMeshCollectivesGrowWithTheJob) {
   EXPECT_LT(r.op_bytes_hub_cached, r.op_bytes_hub_first);
 }
 
+// Not a power of two: halving_doubling.cpp's fold (even ranks below 2 x 36
+// hand their vectors to their odd neighbours and get the result back).
+TEST(ScaleSim, CollectivesOfNotAPowerOfTwoReduceRightly) {
+  for (Topology t : {Topology::kSparse, Topology::kFullMesh}) {
+    Config c = config(100);
+    c.topology = t;
+    Report r = run_collective(c);
+    expect_ran(r);
+    EXPECT_LE(r.detect_all_s, kTimeoutS + kSlackS);
+  }
+}
+
 // 20 ms a message: the full mesh's sequential dialing spreads the ranks'
 // start over more than the heartbeat timeout, and the early ranks' detectors
 // give up on the late ones before anything failed. The run must say so
