@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize sanitize-core chaos chaos-survive fuzz package plots scaling simulate
+.PHONY: all deps configure build test demo bench format clean sanitize sanitize-core chaos chaos-survive fuzz package plots scaling simulate simulate-scale
 
 all: build
 
@@ -66,6 +66,15 @@ SIM_SEEDS ?= 10000
 simulate: deps
 	@$(MAKE) --no-print-directory build
 	$(BUILD_DIR)/bin/ps_sim --seeds $(SIM_SEEDS)
+
+# The control plane at scale (tests/sim/scale_sim.h, docs/scaling.md "The
+# control plane at 1,024 and 4,096 ranks"): PS and collectives (full mesh and
+# the sparse topology) on a simulated network, 100 us per message; prints the
+# table. `make test` runs a 256-rank sample (scale_sim_test). About 2 minutes.
+SCALE_RANKS ?= 1024,4096
+simulate-scale: deps
+	@$(MAKE) --no-print-directory build
+	$(BUILD_DIR)/bin/scale_sim --ranks $(SCALE_RANKS)
 
 # Survive mode of the chaos suite (docs/reliability.md "Survive mode"): random
 # faults (kills, stops and continues, stops for good, faults during a server's

@@ -10,3 +10,11 @@ set_tests_properties(bench_scaling_netns PROPERTIES LABELS bench TIMEOUT 600 SKI
 # The benchmarks' statistics (tools/bench_common.cpp) as a unit test.
 target_sources(bench_common_test PRIVATE ${PROJECT_SOURCE_DIR}/tools/bench_common.cpp)
 target_include_directories(bench_common_test PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+
+# `pushpull bench startup` (docs/scaling.md "Start-up"): 4 and 8 ranks, one
+# repeat, both engines, the CSV checked; a failing run reported as such.
+add_test(NAME bench_startup_short
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/startup_test.py ${PROJECT_BINARY_DIR}/bin)
+set_tests_properties(bench_startup_short PROPERTIES LABELS bench TIMEOUT 300)
+target_sources(bench_startup_fit_test PRIVATE ${PROJECT_SOURCE_DIR}/tools/bench_startup_fit.cpp)
+target_include_directories(bench_startup_fit_test PRIVATE ${PROJECT_SOURCE_DIR}/tools)
