@@ -164,7 +164,9 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
   const std::byte* src = static_cast<const std::byte*>(values[0].data);
   std::shared_ptr<net::Buffer> buf;
   std::vector<float> sum32;  // float32 sum when 16-bit or compressing
-  if (values.size() > 1 || compressor) {
+  // One float32 array is encoded straight from the caller's memory.
+  const bool direct = compressor && values.size() == 1 && k.dtype == DType::kFloat32;
+  if (values.size() > 1 || (compressor && !direct)) {
     if (is_half(k.dtype) || compressor) {
       sum32.resize(n);
       convert(DType::kFloat32, sum32.data(), k.dtype, values[0].data, n);
@@ -193,10 +195,11 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
     buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
     // The residual belongs to the key and the device the sum was formed on.
     const int device = values[0].device.id;
+    const float* grad = direct ? static_cast<const float*>(values[0].data) : sum32.data();
     std::byte* out = buf->data();
     for (const auto& s : k.slices) {
       const auto at = static_cast<size_t>(s.begin), count = static_cast<size_t>(s.count);
-      compressor->encode(k.id, device, n, at, sum32.data() + at, count, out);
+      compressor->encode(k.id, device, n, at, grad + at, count, out);
       out += compressor->encoded_bytes(count);
     }
   }
@@ -271,14 +274,23 @@ void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, con
         flight_record(n > 0 ? "pushpull" : "pull", k.id, n + bytes)});
   }
   auto* dst = static_cast<std::byte*>(outs[0].data) + at;
+  // A float32 slice may come back compressed (docs/kvstore.md "Compressed
+  // pulls"): fewer bytes, a compress/compressor.h wire form, decoded where
+  // they landed.
+  const bool may_compress = k.dtype == DType::kFloat32;
   Status posted = node_->post_recv(
       Role::kServer, server, match, dst, bytes,
-      [this, rid, outs, at, bytes](const Status& st, const net::Header& reply) {
+      [this, rid, outs, at, bytes, dst, may_compress](const Status& st, const net::Header& reply) {
         Status result = st;
-        if (result.is_ok() && reply.payload_bytes != bytes)
-          result = Status(
-              ErrorCode::kProtocolError,
-              fmt::format("pull reply has {} bytes, expected {}", reply.payload_bytes, bytes));
+        if (result.is_ok() && reply.payload_bytes != bytes) {
+          if (may_compress && reply.payload_bytes < bytes)
+            result = compress::decode_in_place(dst, reply.payload_bytes, bytes / sizeof(float));
+          else
+            result = Status(
+                ErrorCode::kProtocolError,
+                fmt::format("pull reply has {} bytes, expected {}", reply.payload_bytes, bytes));
+          if (result.is_ok()) pulled_compressed_.fetch_add(1, std::memory_order_relaxed);
+        }
         if (result.is_ok())
           for (size_t d = 1; d < outs.size(); ++d)
             std::memcpy(static_cast<std::byte*>(outs[d].data) + at,

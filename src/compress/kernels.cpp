@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "compress/kernels.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "compress/words.h"
+
+// One binary, several instruction sets (as in base/kernels.cpp): GCC emits a
+// clone per target and an ifunc resolver picks the best at load time.
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#define PP_MULTIVERSION __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define PP_MULTIVERSION
+#endif
+#define PP_INLINE inline __attribute__((always_inline))
+
+namespace pushpull::compress::kernels {
+
+namespace {
+
+// Values per block: whole words of both codecs, small enough for the stack.
+constexpr size_t kBlock = 256;
+
+// 2bit, one block of `k` <= kBlock values (k a multiple of 16 except at the
+// end): codes computed lane by lane without branches (the selects become
+// blends/masks), then packed 16 to a word by shifts and ORs.
+PP_INLINE void two_bit_encode_block(const float* __restrict g, float* __restrict r,
+                                    std::byte* out, size_t k, float t) {
+  alignas(64) uint32_t code[kBlock];
+  for (size_t i = 0; i < k; ++i) {
+    const float x = r[i] + g[i];
+    const bool pos = x >= t, neg = x <= -t;
+    const float q = pos ? t : (neg ? -t : 0.0f);
+    r[i] = x - q;  // x - t, x - (-t) == x + t, or x - 0 == x: the scalar's results
+    code[i] = static_cast<uint32_t>(pos) | (static_cast<uint32_t>(neg) << 1);
+  }
+  for (size_t i = k; i < (k + 15) / 16 * 16; ++i)
+    code[i] = 0;
+  for (size_t w = 0; w * 16 < k; ++w) {
+    uint32_t word = 0;
+    for (uint32_t j = 0; j < 16; ++j)
+      word |= code[w * 16 + j] << (2 * j);
+    store_word(out + 4 * w, word);
+  }
+}
+
+template <bool Add>
+PP_INLINE void two_bit_decode_block(const std::byte* in, float* __restrict acc, size_t k,
+                                    float t) {
+  const size_t whole = k / 16;
+  for (size_t w = 0; w < whole; ++w) {
+    const uint32_t word = load_word(in + 4 * w);
+    float* a = acc + 16 * w;
+    for (uint32_t j = 0; j < 16; ++j) {  // one vector of 16 lanes: shifts by 0, 2, .., 30
+      const uint32_t c = (word >> (2 * j)) & 3u;
+      const float v = c == 1u ? t : (c == 2u ? -t : 0.0f);  // 3 (never sent) reads as 0
+      a[j] = (Add ? a[j] : 0.0f) + v;
+    }
+  }
+  if (whole * 16 < k) {  // the last, partial word
+    const uint32_t word = load_word(in + 4 * whole);
+    for (size_t i = whole * 16; i < k; ++i) {
+      const uint32_t c = (word >> (2 * (i - whole * 16))) & 3u;
+      const float v = c == 1u ? t : (c == 2u ? -t : 0.0f);
+      acc[i] = (Add ? acc[i] : 0.0f) + v;
+    }
+  }
+}
+
+PP_INLINE void one_bit_encode_block(const float* __restrict g, float* __restrict r,
+                                    std::byte* out, size_t k, float t) {
+  alignas(64) uint32_t bit[kBlock];
+  for (size_t i = 0; i < k; ++i) {
+    const float x = r[i] + g[i];
+    const bool pos = x > t;
+    r[i] = x - (pos ? 1.0f : -1.0f);  // x - 1 or x - (-1) == x + 1
+    bit[i] = static_cast<uint32_t>(pos);
+  }
+  for (size_t i = k; i < (k + 31) / 32 * 32; ++i)
+    bit[i] = 0;
+  for (size_t w = 0; w * 32 < k; ++w) {
+    uint32_t word = 0;
+    for (uint32_t j = 0; j < 32; ++j)
+      word |= bit[w * 32 + j] << j;
+    store_word(out + 4 * w, word);
+  }
+}
+
+template <bool Add>
+PP_INLINE void one_bit_decode_block(const std::byte* in, float* __restrict acc, size_t k) {
+  const size_t whole = k / 32;
+  for (size_t w = 0; w < whole; ++w) {
+    const uint32_t word = load_word(in + 4 * w);
+    float* a = acc + 32 * w;
+    for (uint32_t j = 0; j < 32; ++j) {
+      const bool one = (word >> j) & 1u;
+      a[j] = (Add ? a[j] : 0.0f) + (one ? 1.0f : -1.0f);
+    }
+  }
+  if (whole * 32 < k) {
+    const uint32_t word = load_word(in + 4 * whole);
+    for (size_t i = whole * 32; i < k; ++i) {
+      const bool one = (word >> (i - whole * 32)) & 1u;
+      acc[i] = (Add ? acc[i] : 0.0f) + (one ? 1.0f : -1.0f);
+    }
+  }
+}
+
+}  // namespace
+
+PP_MULTIVERSION void two_bit_encode(const float* grad, float* residual, std::byte* out, size_t n,
+                                    float threshold) {
+  for (size_t at = 0; at < n; at += kBlock)
+    two_bit_encode_block(grad + at, residual + at, out + at / 4,
+                         n - at < kBlock ? n - at : kBlock, threshold);
+}
+
+PP_MULTIVERSION void two_bit_decode_add(const std::byte* in, float* acc, size_t n,
+                                        float threshold) {
+  for (size_t at = 0; at < n; at += kBlock)
+    two_bit_decode_block<true>(in + at / 4, acc + at, n - at < kBlock ? n - at : kBlock,
+                               threshold);
+}
+
+PP_MULTIVERSION void two_bit_decode(const std::byte* in, float* out, size_t n, float threshold) {
+  for (size_t at = 0; at < n; at += kBlock)
+    two_bit_decode_block<false>(in + at / 4, out + at, n - at < kBlock ? n - at : kBlock,
+                                threshold);
+}
+
+PP_MULTIVERSION void one_bit_encode(const float* grad, float* residual, std::byte* out, size_t n,
+                                    float threshold) {
+  for (size_t at = 0; at < n; at += kBlock)
+    one_bit_encode_block(grad + at, residual + at, out + at / 8,
+                         n - at < kBlock ? n - at : kBlock, threshold);
+}
+
+PP_MULTIVERSION void one_bit_decode_add(const std::byte* in, float* acc, size_t n) {
+  for (size_t at = 0; at < n; at += kBlock)
+    one_bit_decode_block<true>(in + at / 8, acc + at, n - at < kBlock ? n - at : kBlock);
+}
+
+PP_MULTIVERSION void one_bit_decode(const std::byte* in, float* out, size_t n) {
+  for (size_t at = 0; at < n; at += kBlock)
+    one_bit_decode_block<false>(in + at / 8, out + at, n - at < kBlock ? n - at : kBlock);
+}
+
+}  // namespace pushpull::compress::kernels
