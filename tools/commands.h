@@ -24,5 +24,6 @@ void register_bench_allreduce(CLI::App& bench);  // bench_allreduce.cpp
 void register_bench_step(CLI::App& bench);       // bench_step.cpp
 void register_bench_scaling(CLI::App& bench);    // bench_scaling.cpp
 void register_bench_backup(CLI::App& bench);     // bench_backup.cpp
+void register_bench_codec(CLI::App& bench);      // bench_codec.cpp
 
 }  // namespace pushpull::cli

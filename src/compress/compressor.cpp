@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "compress/compressor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -108,9 +108,9 @@ Status decode_add(std::span<const std::byte> in, float* acc, size_t n) {
 Status decode_in_place(std::byte* buf, size_t wire_bytes, size_t n) {
   std::unique_ptr<Codec> codec;
   if (wire_bytes > n * sizeof(float))
-    return Status(ErrorCode::kProtocolError,
-                  fmt::format("compressed part of {} bytes is larger than its {} values", wire_bytes,
-                              n));
+    return Status(
+        ErrorCode::kProtocolError,
+        fmt::format("compressed part of {} bytes is larger than its {} values", wire_bytes, n));
   if (Status st = parse_wire({buf, wire_bytes}, n, &codec); !st.is_ok()) return st;
   // Back to front, a block at a time: block b's values are written over
   // bytes [4 b B, 4 (b + 1) B), at or past where the encoded bytes of blocks

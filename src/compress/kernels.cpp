@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "compress/words.h"
+#include "pushpull/dtype.h"
 
 // One binary, several instruction sets (as in base/kernels.cpp): GCC emits a
 // clone per target and an ifunc resolver picks the best at load time.
@@ -25,8 +26,8 @@ constexpr size_t kBlock = 256;
 // 2bit, one block of `k` <= kBlock values (k a multiple of 16 except at the
 // end): codes computed lane by lane without branches (the selects become
 // blends/masks), then packed 16 to a word by shifts and ORs.
-PP_INLINE void two_bit_encode_block(const float* __restrict g, float* __restrict r,
-                                    std::byte* out, size_t k, float t) {
+PP_INLINE void two_bit_encode_block(const float* __restrict g, float* __restrict r, std::byte* out,
+                                    size_t k, float t) {
   alignas(64) uint32_t code[kBlock];
   for (size_t i = 0; i < k; ++i) {
     const float x = r[i] + g[i];
@@ -46,8 +47,7 @@ PP_INLINE void two_bit_encode_block(const float* __restrict g, float* __restrict
 }
 
 template <bool Add>
-PP_INLINE void two_bit_decode_block(const std::byte* in, float* __restrict acc, size_t k,
-                                    float t) {
+PP_INLINE void two_bit_decode_block(const std::byte* in, float* __restrict acc, size_t k, float t) {
   const size_t whole = k / 16;
   for (size_t w = 0; w < whole; ++w) {
     const uint32_t word = load_word(in + 4 * w);
@@ -68,8 +68,8 @@ PP_INLINE void two_bit_decode_block(const std::byte* in, float* __restrict acc, 
   }
 }
 
-PP_INLINE void one_bit_encode_block(const float* __restrict g, float* __restrict r,
-                                    std::byte* out, size_t k, float t) {
+PP_INLINE void one_bit_encode_block(const float* __restrict g, float* __restrict r, std::byte* out,
+                                    size_t k, float t) {
   alignas(64) uint32_t bit[kBlock];
   for (size_t i = 0; i < k; ++i) {
     const float x = r[i] + g[i];
@@ -107,20 +107,41 @@ PP_INLINE void one_bit_decode_block(const std::byte* in, float* __restrict acc, 
   }
 }
 
+// fp16, before the conversion: x = r + g clamped to float16's range (a NaN
+// passes: both comparisons are false for it), r = r + g.
+PP_MULTIVERSION void fp16_prepare_block(const float* __restrict g, float* __restrict r,
+                                        float* __restrict x, size_t k) {
+  constexpr float kHalfMax = 65504.0f;
+  for (size_t i = 0; i < k; ++i) {
+    const float v = r[i] + g[i];
+    const float lo = v < -kHalfMax ? -kHalfMax : v;
+    x[i] = lo > kHalfMax ? kHalfMax : lo;
+    r[i] = v;
+  }
+}
+
+// After it: r -= what float16 carried; a NaN is sent once, not kept.
+PP_MULTIVERSION void fp16_finish_block(float* __restrict r, const float* __restrict back,
+                                       size_t k) {
+  for (size_t i = 0; i < k; ++i) {
+    const float v = r[i];
+    r[i] = v != v ? 0.0f : v - back[i];
+  }
+}
+
 }  // namespace
 
 PP_MULTIVERSION void two_bit_encode(const float* grad, float* residual, std::byte* out, size_t n,
                                     float threshold) {
   for (size_t at = 0; at < n; at += kBlock)
-    two_bit_encode_block(grad + at, residual + at, out + at / 4,
-                         n - at < kBlock ? n - at : kBlock, threshold);
+    two_bit_encode_block(grad + at, residual + at, out + at / 4, n - at < kBlock ? n - at : kBlock,
+                         threshold);
 }
 
 PP_MULTIVERSION void two_bit_decode_add(const std::byte* in, float* acc, size_t n,
                                         float threshold) {
   for (size_t at = 0; at < n; at += kBlock)
-    two_bit_decode_block<true>(in + at / 4, acc + at, n - at < kBlock ? n - at : kBlock,
-                               threshold);
+    two_bit_decode_block<true>(in + at / 4, acc + at, n - at < kBlock ? n - at : kBlock, threshold);
 }
 
 PP_MULTIVERSION void two_bit_decode(const std::byte* in, float* out, size_t n, float threshold) {
@@ -132,8 +153,8 @@ PP_MULTIVERSION void two_bit_decode(const std::byte* in, float* out, size_t n, f
 PP_MULTIVERSION void one_bit_encode(const float* grad, float* residual, std::byte* out, size_t n,
                                     float threshold) {
   for (size_t at = 0; at < n; at += kBlock)
-    one_bit_encode_block(grad + at, residual + at, out + at / 8,
-                         n - at < kBlock ? n - at : kBlock, threshold);
+    one_bit_encode_block(grad + at, residual + at, out + at / 8, n - at < kBlock ? n - at : kBlock,
+                         threshold);
 }
 
 PP_MULTIVERSION void one_bit_decode_add(const std::byte* in, float* acc, size_t n) {
@@ -144,6 +165,20 @@ PP_MULTIVERSION void one_bit_decode_add(const std::byte* in, float* acc, size_t 
 PP_MULTIVERSION void one_bit_decode(const std::byte* in, float* out, size_t n) {
   for (size_t at = 0; at < n; at += kBlock)
     one_bit_decode_block<false>(in + at / 8, out + at, n - at < kBlock ? n - at : kBlock);
+}
+
+void fp16_encode(const float* grad, float* residual, std::byte* out, size_t n) {
+  constexpr size_t kHalfBlock = 1024;  // three arrays of it stay in L1
+  alignas(64) float x[kHalfBlock], back[kHalfBlock];
+  alignas(64) uint16_t h[kHalfBlock];
+  for (size_t at = 0; at < n; at += kHalfBlock) {
+    const size_t k = n - at < kHalfBlock ? n - at : kHalfBlock;
+    fp16_prepare_block(grad + at, residual + at, x, k);
+    float_to_half(x, h, k);  // F16C when the CPU has it
+    half_to_float(h, back, k);
+    fp16_finish_block(residual + at, back, k);
+    std::memcpy(out + 2 * at, h, 2 * k);
+  }
 }
 
 }  // namespace pushpull::compress::kernels

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The packed codecs' inner loops (2bit, 1bit), written without per-element
+// The codecs' inner loops (2bit, 1bit, fp16's encoder), written without per-element
 // branches so the compiler vectorises them, and compiled for several
 // instruction sets (SSE2, AVX2, AVX-512; picked at load time, as
 // base/kernels.cpp does). Each produces bit-for-bit what the scalar
@@ -28,5 +28,9 @@ void two_bit_decode(const std::byte* in, float* out, size_t n, float threshold);
 void one_bit_encode(const float* grad, float* residual, std::byte* out, size_t n, float threshold);
 void one_bit_decode_add(const std::byte* in, float* acc, size_t n);
 void one_bit_decode(const std::byte* in, float* out, size_t n);
+
+// fp16 (fp16.h): a block at a time through the F16C bulk converters of
+// pushpull/dtype.h, the clamp and residual loops vectorised around them.
+void fp16_encode(const float* grad, float* residual, std::byte* out, size_t n);
 
 }  // namespace pushpull::compress::kernels

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "compress/reference.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "compress/words.h"
+#include "pushpull/dtype.h"
 
 namespace pushpull::compress::reference {
 
@@ -62,6 +65,18 @@ void one_bit_decode_add(const std::byte* in, float* acc, size_t n) {
     const size_t end = (w + 1) * 32 < n ? (w + 1) * 32 : n;
     for (size_t i = w * 32; i < end; ++i)
       acc[i] += ((word >> (i - w * 32)) & 1u) ? 1.0f : -1.0f;
+  }
+}
+
+void fp16_encode(const float* grad, float* residual, std::byte* out, size_t n) {
+  constexpr float kHalfMax = 65504.0f;
+  for (size_t i = 0; i < n; ++i) {
+    float v = residual[i] + grad[i];
+    const float x = v != v ? v : std::clamp(v, -kHalfMax, kHalfMax);
+    const uint16_t h = float_to_half(x);
+    v = v != v ? 0.0f : v - half_to_float(h);  // a NaN is sent once, not kept
+    residual[i] = v;
+    std::memcpy(out + 2 * i, &h, 2);
   }
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The scalar definitions of the packed codecs, one value at a time with
+// The scalar definitions of the codecs, one value at a time with
 // branches, exactly as two_bit.h and one_bit.h state them. Not used on any
 // data path: the tests check the vectorised kernels (compress/kernels.h)
 // against them bit for bit, and `pushpull bench codec` times both in the
@@ -16,5 +16,7 @@ void two_bit_encode(const float* grad, float* residual, std::byte* out, size_t n
 void two_bit_decode_add(const std::byte* in, float* acc, size_t n, float threshold);
 void one_bit_encode(const float* grad, float* residual, std::byte* out, size_t n, float threshold);
 void one_bit_decode_add(const std::byte* in, float* acc, size_t n);
+// fp16.h's definition with the scalar half conversions of pushpull/dtype.h.
+void fp16_encode(const float* grad, float* residual, std::byte* out, size_t n);
 
 }  // namespace pushpull::compress::reference

@@ -42,10 +42,10 @@ void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<
   auto* base = static_cast<const std::byte*>(v.data);
   if (ranges.empty() && &value == &e.value && e.pull_wire.owner) {
     // The round's encoded value: the same bytes for every worker.
-    responder_.reply(m, Status::ok(), DType::kUInt8,
-                     {static_cast<const std::byte*>(e.pull_wire.view.data),
-                      e.pull_wire.view.nbytes()},
-                     e.pull_wire.owner);
+    responder_.reply(
+        m, Status::ok(), DType::kUInt8,
+        {static_cast<const std::byte*>(e.pull_wire.view.data), e.pull_wire.view.nbytes()},
+        e.pull_wire.owner);
     return;
   }
   if (ranges.empty()) {
@@ -75,8 +75,7 @@ void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<
   responder_.reply(m, Status::ok(), v.dtype, *gathered, gathered);
 }
 
-void ServerStore::note_round_codec(Entry& e, bool first,
-                                   std::optional<compress::Settings> codec) {
+void ServerStore::note_round_codec(Entry& e, bool first, std::optional<compress::Settings> codec) {
   const compress::Settings none;
   if (first) {
     e.round_codec = codec.value_or(none);
@@ -106,8 +105,8 @@ void ServerStore::compress_for_pulls(Entry& e) {
   // What every worker decodes is what this server holds from now on (ranges,
   // rejoins, replicas and checkpoints see the same numbers).
   codec.codec().decompress(wire->data() + compress::kHeaderBytes, value, n);
-  e.pull_wire = Payload{ArrayView(wire->data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)}),
-                        wire};
+  e.pull_wire =
+      Payload{ArrayView(wire->data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)}), wire};
 }
 
 void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ranges) {

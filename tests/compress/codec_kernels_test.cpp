@@ -99,6 +99,22 @@ TEST(Kernels, OneBitMatchesTheScalarDefinitionBitForBit) {
     }
 }
 
+TEST(Kernels, Fp16MatchesTheScalarDefinitionBitForBit) {
+  for (size_t n : kSizes) {
+    std::vector<float> r1(n, 0.0f), r2(n, 0.0f);
+    for (uint32_t round = 0; round < 3; ++round) {
+      auto g = gradients(n, 0.5f, static_cast<uint32_t>(n * 3 + round));
+      for (size_t i = 0; i < n; i += 7)  // beyond float16's range, and subnormal halves
+        g[i] = (i % 2 ? 1e6f : -7e4f) * (round + 1) + (i % 3 ? 0.0f : 1e-6f);
+      std::vector<std::byte> o1(2 * n, std::byte{0xAB}), o2(2 * n, std::byte{0xCD});
+      reference::fp16_encode(g.data(), r1.data(), o1.data(), n);
+      kernels::fp16_encode(g.data(), r2.data(), o2.data(), n);
+      ASSERT_EQ(o1, o2) << "n " << n << " round " << round;
+      ASSERT_TRUE(same_bits(r1, r2)) << "n " << n << " round " << round;
+    }
+  }
+}
+
 // Untrusted words: every 2-bit code, the unused code 3 and set padding bits
 // decode as the scalar table does (3 and padding: nothing).
 TEST(Kernels, DecodersReadEveryBitPatternAsTheScalarDefinition) {
@@ -122,8 +138,8 @@ TEST(Kernels, DecodersReadEveryBitPatternAsTheScalarDefinition) {
 // sizes around the in-place block (4096 values).
 TEST(DecodeInPlace, EqualsDecodingFromASeparateBuffer) {
   for (const char* type : {"2bit", "1bit", "fp16"})
-    for (size_t n : {size_t{5}, size_t{17}, size_t{4095}, size_t{4096}, size_t{4097},
-                     size_t{12289}, size_t{100000}}) {
+    for (size_t n : {size_t{5}, size_t{17}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{12289},
+                     size_t{100000}}) {
       std::map<std::string, std::string> p{{"type", type}};
       Compressor c(parse_settings(p));
       const auto g = gradients(n, 0.5f, static_cast<uint32_t>(n));
@@ -159,7 +175,7 @@ TEST(DecodeInPlace, RefusesMalformedRepliesAndLeavesTheBytes) {
   };
   EXPECT_EQ(attempt(wire, wire.size() - 1).code(), ErrorCode::kProtocolError);  // short
   EXPECT_EQ(attempt(wire, 4).code(), ErrorCode::kProtocolError);                // no header
-  EXPECT_EQ(attempt(wire, 4 * n + 1).code(), ErrorCode::kProtocolError);       // too big
+  EXPECT_EQ(attempt(wire, 4 * n + 1).code(), ErrorCode::kProtocolError);        // too big
   auto bad = wire;
   bad[0] = std::byte{9};  // unknown type
   EXPECT_EQ(attempt(bad, bad.size()).code(), ErrorCode::kProtocolError);
