@@ -53,16 +53,18 @@ PP_INLINE void two_bit_decode_block(const std::byte* in, float* __restrict acc, 
     const uint32_t word = load_word(in + 4 * w);
     float* a = acc + 16 * w;
     for (uint32_t j = 0; j < 16; ++j) {  // one vector of 16 lanes: shifts by 0, 2, .., 30
-      const uint32_t c = (word >> (2 * j)) & 3u;
-      const float v = c == 1u ? t : (c == 2u ? -t : 0.0f);  // 3 (never sent) reads as 0
+      const auto c = static_cast<int32_t>((word >> (2 * j)) & 3u);
+      // (c & 1) - (c >> 1) is 0, 1, -1, 0 for codes 0-3 (3 is never sent);
+      // times t that is exactly +0, t, -t, +0: the scalar table's values.
+      const float v = static_cast<float>((c & 1) - (c >> 1)) * t;
       a[j] = (Add ? a[j] : 0.0f) + v;
     }
   }
   if (whole * 16 < k) {  // the last, partial word
     const uint32_t word = load_word(in + 4 * whole);
     for (size_t i = whole * 16; i < k; ++i) {
-      const uint32_t c = (word >> (2 * (i - whole * 16))) & 3u;
-      const float v = c == 1u ? t : (c == 2u ? -t : 0.0f);
+      const auto c = static_cast<int32_t>((word >> (2 * (i - whole * 16))) & 3u);
+      const float v = static_cast<float>((c & 1) - (c >> 1)) * t;
       acc[i] = (Add ? acc[i] : 0.0f) + v;
     }
   }
@@ -94,8 +96,8 @@ PP_INLINE void one_bit_decode_block(const std::byte* in, float* __restrict acc, 
     const uint32_t word = load_word(in + 4 * w);
     float* a = acc + 32 * w;
     for (uint32_t j = 0; j < 32; ++j) {
-      const bool one = (word >> j) & 1u;
-      a[j] = (Add ? a[j] : 0.0f) + (one ? 1.0f : -1.0f);
+      const auto bit = static_cast<int32_t>((word >> j) & 1u);
+      a[j] = (Add ? a[j] : 0.0f) + static_cast<float>(2 * bit - 1);  // exactly +1 or -1
     }
   }
   if (whole * 32 < k) {
