@@ -188,22 +188,27 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       src = buf->data();
     }
   }
-  if (compressor) {  // one buffer: each slice's wire form, in slice order
+  // Compressed: one buffer holds each slice's wire form, in slice order. A
+  // slice is encoded right before it is sent, so the link starts on the
+  // first while the others are encoded (the first is encoded before the
+  // sequence numbers are taken: a bad push throws with nothing sent).
+  std::vector<size_t> wire_at;
+  const float* grad = direct ? static_cast<const float*>(values[0].data) : sum32.data();
+  const int device = values[0].device.id;  // the residual's: where the sum was formed
+  auto encode_slice = [&](size_t i) {
+    const auto at = static_cast<size_t>(k.slices[i].begin);
+    const auto count = static_cast<size_t>(k.slices[i].count);
+    compressor->encode(k.id, device, n, at, grad + at, count, buf->data() + wire_at[i]);
+  };
+  if (compressor) {
     size_t total = 0;
-    for (const auto& s : k.slices)
-      total += compressor->encoded_bytes(static_cast<size_t>(s.count));
-    buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
-    // The residual belongs to the key and the device the sum was formed on.
-    const int device = values[0].device.id;
-    const float* grad = direct ? static_cast<const float*>(values[0].data) : sum32.data();
-    std::byte* out = buf->data();
     for (const auto& s : k.slices) {
-      const auto at = static_cast<size_t>(s.begin), count = static_cast<size_t>(s.count);
-      compressor->encode(k.id, device, n, at, grad + at, count, out);
-      out += compressor->encoded_bytes(count);
+      wire_at.push_back(total);
+      total += compressor->encoded_bytes(static_cast<size_t>(s.count));
     }
+    buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
+    if (!k.slices.empty()) encode_slice(0);
   }
-  uint64_t base_offset = 0;
   std::vector<uint64_t> seqs(k.slices.size());
   {
     // Each slice's pushes are numbered (the server drops one it applied).
@@ -223,9 +228,9 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
     const std::byte* data = src + s.begin * esize;
     size_t bytes = static_cast<size_t>(s.count) * esize;
     if (compressor) {
-      data = buf->data() + base_offset;
+      if (i > 0) encode_slice(i);
+      data = buf->data() + wire_at[i];
       bytes = compressor->encoded_bytes(static_cast<size_t>(s.count));
-      base_offset += bytes;
     }
     if (pull_into)
       value_request(k, s, h, data, bytes, buf, *pull_into, done, priority);
