@@ -80,17 +80,17 @@ void bench_one(const Settings& st, const std::string& type, uint64_t bytes, Benc
       compress::reference::one_bit_decode_add(wire_ref.data(), acc.data(), n);
   };
   std::vector<Series> series;
-  series.push_back(
-      {"pushpull_encode", [&] { codec.compress(grad.data(), res_new.data(), wire.data(), n); }});
-  series.push_back(
-      {"pushpull_decode_add", [&] { codec.decompress_add(wire.data(), acc.data(), n); }});
-  series.push_back({"pushpull_decode", [&] { codec.decompress(wire.data(), out.data(), n); }});
+  auto timed = [&](std::string impl, std::function<void()> run) {
+    series.push_back(Series{std::move(impl), std::move(run), {}});
+  };
+  timed("pushpull_encode", [&] { codec.compress(grad.data(), res_new.data(), wire.data(), n); });
+  timed("pushpull_decode_add", [&] { codec.decompress_add(wire.data(), acc.data(), n); });
+  timed("pushpull_decode", [&] { codec.decompress(wire.data(), out.data(), n); });
   if (has_ref) {
-    series.push_back({"scalar_encode", ref_encode});
-    series.push_back({"scalar_decode_add", ref_decode_add});
+    timed("scalar_encode", ref_encode);
+    timed("scalar_decode_add", ref_decode_add);
   }
-  series.push_back(
-      {"stream_sum", [&] { reduce_sum(DType::kFloat32, acc.data(), grad.data(), n); }});
+  timed("stream_sum", [&] { reduce_sum(DType::kFloat32, acc.data(), grad.data(), n); });
   for (auto& s : series)  // warm-up: pages, caches, the ifunc resolver
     s.run();
   for (int r = 0; r < st.repeats; ++r)

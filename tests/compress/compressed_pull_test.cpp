@@ -96,9 +96,9 @@ int64_t run_job(const std::string& type, bool optimizer, int rounds, int replica
   const int64_t before = net_bytes();
   run_inprocess_job(InProcessJob{2, kWorkers, "dist_sync", o}, [&](KVStore& kv) {
     if (type != "none") {
-      std::map<std::string, std::string> p{{"type", type}};
-      if (type == "1bit") p["threshold"] = "0";
-      kv.set_gradient_compression(p);
+      using Params = std::map<std::string, std::string>;
+      kv.set_gradient_compression(type == "1bit" ? Params{{"type", type}, {"threshold", "0"}}
+                                                 : Params{{"type", type}});
     }
     kv.init(1, Array::full(Shape{kN}, 0.0).view());
     if (optimizer) kv.set_optimizer(OptimizerSpec::parse("test:rescale_grad=1"));
