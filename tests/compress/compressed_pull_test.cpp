@@ -9,6 +9,7 @@
 // pulls stay whole (the value is a weight).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "base/metrics.h"
+#include "kvstore/dist_store.h"
 #include "kvstore/inprocess_job.h"
 #include "pushpull/dtype.h"
 #include "pushpull/kvstore.h"
@@ -90,7 +92,8 @@ Expected expected(const std::string& type, float t, int rounds) {
 // job moved between workers and servers (counted once every node stopped,
 // so no send is still on its way).
 int64_t run_job(const std::string& type, bool optimizer, int rounds, int replicas,
-                const std::function<void(int round, const Array& out, int rank)>& check) {
+                const std::function<void(int round, const Array& out, int rank)>& check,
+                std::atomic<uint64_t>* decoded = nullptr) {
   Options o = job_options();
   o.cluster.ps_replicas = replicas;
   const int64_t before = net_bytes();
@@ -109,6 +112,8 @@ int64_t run_job(const std::string& type, bool optimizer, int rounds, int replica
       kv.pushpull(1, g.view(), out.view());
       check(round, out, kv.rank());
     }
+    // Replies this worker decoded in place (each chunk of each round).
+    if (decoded) *decoded += dynamic_cast<DistStore&>(kv).pulls_compressed();
   });
   return net_bytes() - before;
 }
@@ -139,7 +144,10 @@ TEST(CompressedPulls, EveryWorkerPullsBothFeedbacksClosedFormAndTheBytesShrink) 
         ASSERT_EQ(got, w) << type << " round " << round << " i " << i << " worker " << rank;
       }
     };
-    run_job(type, false, rounds, -1, check);  // replicated: the backups' path too
+    std::atomic<uint64_t> decoded{0};
+    run_job(type, false, rounds, -1, check, &decoded);  // replicated: the backups' path too
+    // Every chunk's reply of every round (the key is cut into several).
+    EXPECT_GE(decoded.load(), static_cast<uint64_t>(kWorkers * rounds * 2)) << type;
     const int64_t bytes = round_bytes(type, false, check);
     // Both directions shrink: within a few percent (headers) of the ratio.
     EXPECT_LT(static_cast<double>(bytes), raw * r * 1.15) << type;
@@ -151,6 +159,10 @@ TEST(CompressedPulls, EveryWorkerPullsBothFeedbacksClosedFormAndTheBytesShrink) 
 // it whole, so only the push direction shrinks.
 TEST(CompressedPulls, WithAnOptimizerOnlyPushesShrink) {
   const int64_t raw = 2 * kWorkers * kN * 4;
+  std::atomic<uint64_t> decoded{0};
+  run_job(
+      "fp16", true, 2, -1, [](int, const Array&, int) {}, &decoded);
+  EXPECT_EQ(decoded.load(), 0u) << "a pull of a weight came compressed";
   const int64_t bytes = round_bytes("2bit", true, [](int round, const Array& out, int) {
     // Round 1: every worker sent ±0.5 (|0.3 w| residuals cross 0.5 from w = 1).
     ASSERT_TRUE(std::isfinite(get_element(out, 0))) << round;
