@@ -32,6 +32,9 @@ class Codec {
   // out[i] = 0 + decoded value i: the same bits as decompress_add into
   // zeros (a -0 reads as +0), without reading `out` first.
   virtual void decompress(const std::byte* in, float* out, size_t n) const;
+  // compress(values, residual, out, n), then values[i] = what out decodes
+  // to (as decompress writes it), in one pass where the codec can.
+  virtual void compress_keep(float* values, float* residual, std::byte* out, size_t n) const;
 };
 
 // The codec of `s`, or null for Type::kNone. Settings come from

@@ -41,4 +41,8 @@ void Fp16Codec::decompress(const std::byte* in, float* out, size_t n) const {
   }
 }
 
+void Fp16Codec::compress_keep(float* values, float* residual, std::byte* out, size_t n) const {
+  kernels::fp16_encode_keep(values, residual, out, n);
+}
+
 }  // namespace pushpull::compress

@@ -23,6 +23,7 @@ class Fp16Codec final : public Codec {
   void compress(const float* grad, float* residual, std::byte* out, size_t n) const override;
   void decompress_add(const std::byte* in, float* acc, size_t n) const override;
   void decompress(const std::byte* in, float* out, size_t n) const override;
+  void compress_keep(float* values, float* residual, std::byte* out, size_t n) const override;
 };
 
 }  // namespace pushpull::compress

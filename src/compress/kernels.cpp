@@ -46,6 +46,29 @@ PP_INLINE void two_bit_encode_block(const float* __restrict g, float* __restrict
   }
 }
 
+// As two_bit_encode_block, encoding v and leaving in v what the encoding
+// decodes to (0 + q, as decode writes it): a server's value for its pulls.
+PP_INLINE void two_bit_encode_keep_block(float* __restrict v, float* __restrict r, std::byte* out,
+                                         size_t k, float t) {
+  alignas(64) uint32_t code[kBlock];
+  for (size_t i = 0; i < k; ++i) {
+    const float x = r[i] + v[i];
+    const bool pos = x >= t, neg = x <= -t;
+    const float q = pos ? t : (neg ? -t : 0.0f);
+    r[i] = x - q;
+    v[i] = 0.0f + q;
+    code[i] = static_cast<uint32_t>(pos) | (static_cast<uint32_t>(neg) << 1);
+  }
+  for (size_t i = k; i < (k + 15) / 16 * 16; ++i)
+    code[i] = 0;
+  for (size_t w = 0; w * 16 < k; ++w) {
+    uint32_t word = 0;
+    for (uint32_t j = 0; j < 16; ++j)
+      word |= code[w * 16 + j] << (2 * j);
+    store_word(out + 4 * w, word);
+  }
+}
+
 template <bool Add>
 PP_INLINE void two_bit_decode_block(const std::byte* in, float* __restrict acc, size_t k, float t) {
   const size_t whole = k / 16;
@@ -77,6 +100,27 @@ PP_INLINE void one_bit_encode_block(const float* __restrict g, float* __restrict
     const float x = r[i] + g[i];
     const bool pos = x > t;
     r[i] = x - (pos ? 1.0f : -1.0f);  // x - 1 or x - (-1) == x + 1
+    bit[i] = static_cast<uint32_t>(pos);
+  }
+  for (size_t i = k; i < (k + 31) / 32 * 32; ++i)
+    bit[i] = 0;
+  for (size_t w = 0; w * 32 < k; ++w) {
+    uint32_t word = 0;
+    for (uint32_t j = 0; j < 32; ++j)
+      word |= bit[w * 32 + j] << j;
+    store_word(out + 4 * w, word);
+  }
+}
+
+PP_INLINE void one_bit_encode_keep_block(float* __restrict v, float* __restrict r, std::byte* out,
+                                         size_t k, float t) {
+  alignas(64) uint32_t bit[kBlock];
+  for (size_t i = 0; i < k; ++i) {
+    const float x = r[i] + v[i];
+    const bool pos = x > t;
+    const float q = pos ? 1.0f : -1.0f;
+    r[i] = x - q;
+    v[i] = q;  // 0 + ±1 is ±1
     bit[i] = static_cast<uint32_t>(pos);
   }
   for (size_t i = k; i < (k + 31) / 32 * 32; ++i)
@@ -131,6 +175,16 @@ PP_MULTIVERSION void fp16_finish_block(float* __restrict r, const float* __restr
   }
 }
 
+// fp16_finish_block, and v = 0 + what float16 carried (as decode writes it).
+PP_MULTIVERSION void fp16_finish_keep_block(float* __restrict r, const float* __restrict back,
+                                            float* __restrict v, size_t k) {
+  for (size_t i = 0; i < k; ++i) {
+    const float x = r[i];
+    r[i] = x != x ? 0.0f : x - back[i];
+    v[i] = 0.0f + back[i];
+  }
+}
+
 }  // namespace
 
 PP_MULTIVERSION void two_bit_encode(const float* grad, float* residual, std::byte* out, size_t n,
@@ -179,6 +233,34 @@ void fp16_encode(const float* grad, float* residual, std::byte* out, size_t n) {
     float_to_half(x, h, k);  // F16C when the CPU has it
     half_to_float(h, back, k);
     fp16_finish_block(residual + at, back, k);
+    std::memcpy(out + 2 * at, h, 2 * k);
+  }
+}
+
+PP_MULTIVERSION void two_bit_encode_keep(float* values, float* residual, std::byte* out, size_t n,
+                                         float threshold) {
+  for (size_t at = 0; at < n; at += kBlock)
+    two_bit_encode_keep_block(values + at, residual + at, out + at / 4,
+                              n - at < kBlock ? n - at : kBlock, threshold);
+}
+
+PP_MULTIVERSION void one_bit_encode_keep(float* values, float* residual, std::byte* out, size_t n,
+                                         float threshold) {
+  for (size_t at = 0; at < n; at += kBlock)
+    one_bit_encode_keep_block(values + at, residual + at, out + at / 8,
+                              n - at < kBlock ? n - at : kBlock, threshold);
+}
+
+void fp16_encode_keep(float* values, float* residual, std::byte* out, size_t n) {
+  constexpr size_t kHalfBlock = 1024;
+  alignas(64) float x[kHalfBlock], back[kHalfBlock];
+  alignas(64) uint16_t h[kHalfBlock];
+  for (size_t at = 0; at < n; at += kHalfBlock) {
+    const size_t k = n - at < kHalfBlock ? n - at : kHalfBlock;
+    fp16_prepare_block(values + at, residual + at, x, k);
+    float_to_half(x, h, k);
+    half_to_float(h, back, k);
+    fp16_finish_keep_block(residual + at, back, values + at, k);
     std::memcpy(out + 2 * at, h, 2 * k);
   }
 }

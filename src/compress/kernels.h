@@ -33,4 +33,11 @@ void one_bit_decode(const std::byte* in, float* out, size_t n);
 // pushpull/dtype.h, the clamp and residual loops vectorised around them.
 void fp16_encode(const float* grad, float* residual, std::byte* out, size_t n);
 
+// Encoders that also leave in `values` (their input) what the encoding
+// decodes to, bit for bit what encode then decode would write, in one pass:
+// a server encoding a round's value for its pulls.
+void two_bit_encode_keep(float* values, float* residual, std::byte* out, size_t n, float threshold);
+void one_bit_encode_keep(float* values, float* residual, std::byte* out, size_t n, float threshold);
+void fp16_encode_keep(float* values, float* residual, std::byte* out, size_t n);
+
 }  // namespace pushpull::compress::kernels

@@ -28,4 +28,8 @@ void TwoBitCodec::decompress(const std::byte* in, float* out, size_t n) const {
   kernels::two_bit_decode(in, out, n, threshold_);
 }
 
+void TwoBitCodec::compress_keep(float* values, float* residual, std::byte* out, size_t n) const {
+  kernels::two_bit_encode_keep(values, residual, out, n, threshold_);
+}
+
 }  // namespace pushpull::compress

@@ -28,6 +28,7 @@ class TwoBitCodec final : public Codec {
   void compress(const float* grad, float* residual, std::byte* out, size_t n) const override;
   void decompress_add(const std::byte* in, float* acc, size_t n) const override;
   void decompress(const std::byte* in, float* out, size_t n) const override;
+  void compress_keep(float* values, float* residual, std::byte* out, size_t n) const override;
 
  private:
   float threshold_;

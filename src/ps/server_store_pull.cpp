@@ -100,11 +100,11 @@ void ServerStore::compress_for_pulls(Entry& e) {
   }
   auto wire = std::make_shared<net::Buffer>(value_pool_.acquire(bytes));
   compress::write_header(e.pull_codec, wire->data());
-  float* value = v.as<float>();
-  codec.codec().compress(value, e.pull_residual.data(), wire->data() + compress::kHeaderBytes, n);
-  // What every worker decodes is what this server holds from now on (ranges,
-  // rejoins, replicas and checkpoints see the same numbers).
-  codec.codec().decompress(wire->data() + compress::kHeaderBytes, value, n);
+  // One pass: the value is encoded and replaced by what every worker decodes,
+  // which this server holds from now on (ranges, rejoins, replicas and
+  // checkpoints see the same numbers).
+  codec.codec().compress_keep(v.as<float>(), e.pull_residual.data(),
+                              wire->data() + compress::kHeaderBytes, n);
   e.pull_wire =
       Payload{ArrayView(wire->data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)}), wire};
 }

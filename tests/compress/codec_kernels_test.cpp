@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "compress/codec.h"
 #include "compress/compressor.h"
 #include "compress/reference.h"
 
@@ -113,6 +114,30 @@ TEST(Kernels, Fp16MatchesTheScalarDefinitionBitForBit) {
       ASSERT_TRUE(same_bits(r1, r2)) << "n " << n << " round " << round;
     }
   }
+}
+
+// A server's one-pass encode (Codec::compress_keep) equals encode then
+// decode: the same bytes, residual and decoded values, bit for bit.
+TEST(Kernels, CompressKeepEqualsCompressThenDecompress) {
+  for (const char* type : {"2bit", "1bit", "fp16"})
+    for (size_t n : kSizes) {
+      std::map<std::string, std::string> p{{"type", type}};
+      const auto codec = make_codec(parse_settings(p));
+      std::vector<float> r1(n, 0.0f), r2(n, 0.0f);
+      for (uint32_t round = 0; round < 3; ++round) {
+        auto v1 = gradients(n, 0.5f, static_cast<uint32_t>(n * 5 + round));
+        for (size_t i = 0; i < n; i += 11)
+          v1[i] = 1e5f * static_cast<float>(round + 1);  // beyond float16's range
+        auto v2 = v1;
+        std::vector<std::byte> o1(codec->compressed_bytes(n)), o2(o1.size(), std::byte{0xCD});
+        codec->compress(v1.data(), r1.data(), o1.data(), n);
+        codec->decompress(o1.data(), v1.data(), n);
+        codec->compress_keep(v2.data(), r2.data(), o2.data(), n);
+        ASSERT_EQ(o1, o2) << type << " n " << n;
+        ASSERT_TRUE(same_bits(r1, r2)) << type << " n " << n;
+        ASSERT_TRUE(same_bits(v1, v2)) << type << " n " << n;
+      }
+    }
 }
 
 // Untrusted words: every 2-bit code, the unused code 3 and set padding bits
