@@ -25,5 +25,6 @@ void register_bench_step(CLI::App& bench);       // bench_step.cpp
 void register_bench_scaling(CLI::App& bench);    // bench_scaling.cpp
 void register_bench_backup(CLI::App& bench);     // bench_backup.cpp
 void register_bench_startup(CLI::App& bench);    // bench_startup.cpp
+void register_bench_codec(CLI::App& bench);      // bench_codec.cpp
 
 }  // namespace pushpull::cli

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   pushpull::cli::register_bench_scaling(*bench);
   pushpull::cli::register_bench_backup(*bench);
   pushpull::cli::register_bench_startup(*bench);
+  pushpull::cli::register_bench_codec(*bench);
   (void)bench;
   try {
     auto args = pushpull::cli::parse_order_args(app, argc, argv);

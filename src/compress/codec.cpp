@@ -14,6 +14,11 @@ void Codec::decompress(const std::byte* in, float* out, size_t n) const {
   decompress_add(in, out, n);
 }
 
+void Codec::compress_keep(float* values, float* residual, std::byte* out, size_t n) const {
+  compress(values, residual, out, n);
+  decompress(out, values, n);
+}
+
 std::unique_ptr<Codec> make_codec(const Settings& s) {
   switch (s.type) {
     case Type::kNone:

@@ -29,8 +29,12 @@ class Codec {
   virtual void compress(const float* grad, float* residual, std::byte* out, size_t n) const = 0;
   // acc[i] += decoded value i (what a server does with each worker's push).
   virtual void decompress_add(const std::byte* in, float* acc, size_t n) const = 0;
-  // out[i] = decoded value i.
-  void decompress(const std::byte* in, float* out, size_t n) const;
+  // out[i] = 0 + decoded value i: the same bits as decompress_add into
+  // zeros (a -0 reads as +0), without reading `out` first.
+  virtual void decompress(const std::byte* in, float* out, size_t n) const;
+  // compress(values, residual, out, n), then values[i] = what out decodes
+  // to (as decompress writes it), in one pass where the codec can.
+  virtual void compress_keep(float* values, float* residual, std::byte* out, size_t n) const;
 };
 
 // The codec of `s`, or null for Type::kNone. Settings come from

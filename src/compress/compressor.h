@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -70,9 +71,27 @@ class Compressor {
   std::map<std::pair<uint64_t, int>, std::unique_ptr<Residual>> residuals_;
 };
 
+// Writes the wire form's header of `s` (kHeaderBytes bytes) to out.
+void write_header(const Settings& s, std::byte* out);
+
+// Checks a wire form of n values (header fields, exact length) and makes its
+// codec. ProtocolError naming what is wrong.
+Status parse_wire(std::span<const std::byte> in, size_t n, std::unique_ptr<Codec>* codec);
+
+// The settings a valid wire form of n values was encoded with, or nullopt.
+std::optional<Settings> wire_settings(std::span<const std::byte> in, size_t n);
+
 // Adds the n values encoded in `in` (wire form, header included) to acc.
 // ProtocolError, with acc untouched, when the header is not one this build
 // writes or the length is not exactly encoded_bytes(n).
 Status decode_add(std::span<const std::byte> in, float* acc, size_t n);
+
+// A compressed pull reply received where its n float32 values go: `buf`
+// (n * 4 bytes, float-aligned) starts with the wire form's `wire_bytes`
+// bytes; afterwards it holds the n decoded values (as Codec::decompress
+// writes them), with no second buffer. Checked as decode_add checks, and
+// `wire_bytes` must fit in n * 4; on an error the bytes are left as they
+// were.
+Status decode_in_place(std::byte* buf, size_t wire_bytes, size_t n);
 
 }  // namespace pushpull::compress

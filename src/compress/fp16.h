@@ -22,6 +22,8 @@ class Fp16Codec final : public Codec {
   size_t compressed_bytes(size_t n) const override { return bytes_for(n); }
   void compress(const float* grad, float* residual, std::byte* out, size_t n) const override;
   void decompress_add(const std::byte* in, float* acc, size_t n) const override;
+  void decompress(const std::byte* in, float* out, size_t n) const override;
+  void compress_keep(float* values, float* residual, std::byte* out, size_t n) const override;
 };
 
 }  // namespace pushpull::compress

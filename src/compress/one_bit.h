@@ -8,6 +8,8 @@
 // i%32 of word i/32; the last word's unused bits are 0. 32x smaller than
 // float32.
 //
+// Encoding and decoding run the branch-free kernels of compress/kernels.h.
+//
 // Thread safety: immutable.
 #pragma once
 
@@ -26,6 +28,8 @@ class OneBitCodec final : public Codec {
   size_t compressed_bytes(size_t n) const override { return bytes_for(n); }
   void compress(const float* grad, float* residual, std::byte* out, size_t n) const override;
   void decompress_add(const std::byte* in, float* acc, size_t n) const override;
+  void decompress(const std::byte* in, float* out, size_t n) const override;
+  void compress_keep(float* values, float* residual, std::byte* out, size_t n) const override;
 
  private:
   float threshold_;

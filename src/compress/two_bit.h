@@ -7,6 +7,8 @@
 // little-endian 32-bit word, value i in bits 2*(i%16)..2*(i%16)+1 of word
 // i/16; the last word's unused bits are 0. 16x smaller than float32.
 //
+// Encoding and decoding run the branch-free kernels of compress/kernels.h.
+//
 // Thread safety: immutable.
 #pragma once
 
@@ -25,6 +27,8 @@ class TwoBitCodec final : public Codec {
   size_t compressed_bytes(size_t n) const override { return bytes_for(n); }
   void compress(const float* grad, float* residual, std::byte* out, size_t n) const override;
   void decompress_add(const std::byte* in, float* acc, size_t n) const override;
+  void decompress(const std::byte* in, float* out, size_t n) const override;
+  void compress_keep(float* values, float* residual, std::byte* out, size_t n) const override;
 
  private:
   float threshold_;

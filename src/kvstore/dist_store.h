@@ -19,7 +19,9 @@
 //   over all servers, sent in parallel). A push completes when the server
 //   applied its round.
 // - pull: each slice's reply is received straight into the first output
-//   array (no staging copy) and copied to the others.
+//   array (no staging copy) and copied to the others; a compressed reply
+//   (a float32 key pushed compressed to servers without an optimizer,
+//   docs/kvstore.md "Compressed pulls") is decoded in place there.
 // - Ordering: one connection per server keeps each key's operations in call
 //   order for equal priorities; a higher priority goes first among requests
 //   waiting to be sent.
@@ -104,6 +106,8 @@ class DistStore final : public KVStore {
   // diagnostics and tests): a push or a pull is one per chunk, and so is a
   // pushpull (each push asks for the chunk's value back).
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+  // Pull replies that came compressed and were decoded (tests).
+  uint64_t pulls_compressed() const { return pulled_compressed_.load(std::memory_order_relaxed); }
 
  private:
   struct KeyInfo {
@@ -192,6 +196,7 @@ class DistStore final : public KVStore {
 
   std::atomic<uint64_t> next_request_{1};
   std::atomic<uint64_t> requests_sent_{0};
+  std::atomic<uint64_t> pulled_compressed_{0};
   // A restarted worker before its first push or pull (see above).
   std::atomic<bool> rejoining_{false};
   int64_t restart_round_ = -1;  // guarded by mu_; -1 until a rejoining init

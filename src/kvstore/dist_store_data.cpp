@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The DistStore's data path: init, push, pull, pushpull and row_sparse_pull,
-// cut into per-chunk requests (dist_store.cpp sends them and routes the
-// replies).
+// The DistStore's data path: init, push, pull and pushpull, cut into
+// per-chunk requests (dist_store.cpp sends them and routes the replies;
+// dist_store_rows.cpp: row_sparse_pull).
 #include "kvstore/dist_store.h"
 
 #include <algorithm>
@@ -165,7 +165,9 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
   const std::byte* src = static_cast<const std::byte*>(values[0].data);
   std::shared_ptr<net::Buffer> buf;
   std::vector<float> sum32;  // float32 sum when 16-bit or compressing
-  if (values.size() > 1 || compressor) {
+  // One float32 array is encoded straight from the caller's memory.
+  const bool direct = compressor && values.size() == 1 && k.dtype == DType::kFloat32;
+  if (values.size() > 1 || (compressor && !direct)) {
     if (is_half(k.dtype) || compressor) {
       sum32.resize(n);
       convert(DType::kFloat32, sum32.data(), k.dtype, values[0].data, n);
@@ -187,21 +189,27 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       src = buf->data();
     }
   }
-  if (compressor) {  // one buffer: each slice's wire form, in slice order
+  // Compressed: one buffer holds each slice's wire form, in slice order. A
+  // slice is encoded right before it is sent, so the link starts on the
+  // first while the others are encoded (the first is encoded before the
+  // sequence numbers are taken: a bad push throws with nothing sent).
+  std::vector<size_t> wire_at;
+  const float* grad = direct ? static_cast<const float*>(values[0].data) : sum32.data();
+  const int device = values[0].device.id;  // the residual's: where the sum was formed
+  auto encode_slice = [&](size_t i) {
+    const auto at = static_cast<size_t>(k.slices[i].begin);
+    const auto count = static_cast<size_t>(k.slices[i].count);
+    compressor->encode(k.id, device, n, at, grad + at, count, buf->data() + wire_at[i]);
+  };
+  if (compressor) {
     size_t total = 0;
-    for (const auto& s : k.slices)
-      total += compressor->encoded_bytes(static_cast<size_t>(s.count));
-    buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
-    // The residual belongs to the key and the device the sum was formed on.
-    const int device = values[0].device.id;
-    std::byte* out = buf->data();
     for (const auto& s : k.slices) {
-      const auto at = static_cast<size_t>(s.begin), count = static_cast<size_t>(s.count);
-      compressor->encode(k.id, device, n, at, sum32.data() + at, count, out);
-      out += compressor->encoded_bytes(count);
+      wire_at.push_back(total);
+      total += compressor->encoded_bytes(static_cast<size_t>(s.count));
     }
+    buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
+    if (!k.slices.empty()) encode_slice(0);
   }
-  uint64_t base_offset = 0;
   std::vector<uint64_t> seqs(k.slices.size());
   {
     // Each slice's pushes are numbered (the server drops one it applied).
@@ -221,9 +229,9 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
     const std::byte* data = src + s.begin * esize;
     size_t bytes = static_cast<size_t>(s.count) * esize;
     if (compressor) {
-      data = buf->data() + base_offset;
+      if (i > 0) encode_slice(i);
+      data = buf->data() + wire_at[i];
       bytes = compressor->encoded_bytes(static_cast<size_t>(s.count));
-      base_offset += bytes;
     }
     if (pull_into)
       value_request(k, s, h, data, bytes, buf, *pull_into, done, priority);
@@ -272,14 +280,23 @@ void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, con
         flight_record(n > 0 ? "pushpull" : "pull", k.id, n + bytes)});
   }
   auto* dst = static_cast<std::byte*>(outs[0].data) + at;
+  // A float32 slice may come back compressed (docs/kvstore.md "Compressed
+  // pulls"): fewer bytes, a compress/compressor.h wire form, decoded where
+  // they landed.
+  const bool may_compress = k.dtype == DType::kFloat32;
   Status posted = node_->post_recv(
       Role::kServer, server, match, dst, bytes,
-      [this, rid, outs, at, bytes](const Status& st, const net::Header& reply) {
+      [this, rid, outs, at, bytes, dst, may_compress](const Status& st, const net::Header& reply) {
         Status result = st;
-        if (result.is_ok() && reply.payload_bytes != bytes)
-          result = Status(
-              ErrorCode::kProtocolError,
-              fmt::format("pull reply has {} bytes, expected {}", reply.payload_bytes, bytes));
+        if (result.is_ok() && reply.payload_bytes != bytes) {
+          if (may_compress && reply.payload_bytes < bytes)
+            result = compress::decode_in_place(dst, reply.payload_bytes, bytes / sizeof(float));
+          else
+            result = Status(
+                ErrorCode::kProtocolError,
+                fmt::format("pull reply has {} bytes, expected {}", reply.payload_bytes, bytes));
+          if (result.is_ok()) pulled_compressed_.fetch_add(1, std::memory_order_relaxed);
+        }
         if (result.is_ok())
           for (size_t d = 1; d < outs.size(); ++d)
             std::memcpy(static_cast<std::byte*>(outs[d].data) + at,
@@ -364,64 +381,6 @@ KVHandle DistStore::pushpull_async(const std::vector<Key>& keys,
     if (!outs.empty())
       for (const auto& s : ks[i]->slices)
         pull_slice(*ks[i], s, outs[i], done, priority);
-  }
-  return KVHandle(done);
-}
-
-KVHandle DistStore::row_sparse_pull_async(const Key& key, const ArrayList& outs,
-                                          const ArrayView& row_ids, int priority) {
-  KeyInfo* k = infos("row_sparse_pull", {key}, 1).front();
-  if (k->shape.ndim() < 1)
-    throw InvalidArgument(fmt::format("row_sparse_pull of key {}: the value {} has no rows",
-                                      key.to_string(), k->shape.to_string()));
-  kv::check_list("row_sparse_pull", type_, key, k->shape, k->dtype, outs, "output");
-  const int64_t rows = k->shape[0];
-  const int64_t row_len = rows ? k->shape.numel() / rows : 0;
-  std::vector<int64_t> ids = kv::check_row_ids(key, row_ids, rows);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  const size_t esize = dtype_size(k->dtype);
-  for (const auto& o : outs)
-    std::memset(o.data, 0, o.nbytes());  // rows not asked for are zero
-
-  struct Ask {
-    ps::Slice slice;
-    std::vector<ps::Range> ranges;
-  };
-  std::vector<Ask> asks;
-  for (const auto& s : k->slices) {
-    Ask a{s, {}};
-    for (int64_t r : ids) {
-      int64_t lo = std::max(r * row_len, s.begin),
-              hi = std::min((r + 1) * row_len, s.begin + s.count);
-      if (hi > lo) a.ranges.push_back({lo - s.begin, hi - lo});
-    }
-    if (!a.ranges.empty()) asks.push_back(std::move(a));
-  }
-  auto done = std::make_shared<Completion>(static_cast<int>(asks.size()));
-  for (auto& a : asks) {
-    auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_ranges(a.ranges));
-    net::Header h{.type = ps::msg::kPull,
-                  .key = k->id,
-                  .dtype = static_cast<uint32_t>(k->dtype),
-                  .offset = static_cast<uint64_t>(a.slice.begin),
-                  .length = static_cast<uint64_t>(a.slice.count)};
-    request(a.slice.server, h, payload->data(), payload->size(), payload, done, priority,
-            [outs, a, esize](const std::byte* d, size_t n) {
-              size_t want = 0;
-              for (const auto& r : a.ranges)
-                want += static_cast<size_t>(r.count) * esize;
-              if (n != want)
-                throw ProtocolError(
-                    fmt::format("row_sparse_pull reply has {} bytes, expected {}", n, want));
-              for (const auto& r : a.ranges) {
-                size_t at = static_cast<size_t>(a.slice.begin + r.begin) * esize;
-                size_t len = static_cast<size_t>(r.count) * esize;
-                for (const auto& o : outs)
-                  std::memcpy(static_cast<std::byte*>(o.data) + at, d, len);
-                d += len;
-              }
-            });
   }
   return KVHandle(done);
 }

@@ -19,7 +19,10 @@
 //                               "Worker restart"): payload empty; the reply
 //                               is encode_rejoin's 16 bytes then the value
 //   kReply    server -> worker  request_id, key; payload = pulled bytes, or
-//                               empty for an acknowledgement
+//                               empty for an acknowledgement; a float32
+//                               pull's reply shorter than the value is its
+//                               compressed wire form (compress/compressor.h,
+//                               docs/kvstore.md "Compressed pulls")
 //   kError    server -> worker  request_id, key; flags = ErrorCode; payload =
 //                               the message
 //   kCommand  worker -> server  key = Command; payload as below; answered by

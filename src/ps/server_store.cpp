@@ -216,6 +216,7 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
     if (first) std::memset(e.merged.view.data, 0, n * dtype_size(e.merged_dtype));
     const std::span<const std::byte> bytes{static_cast<const std::byte*>(grad.view.data),
                                            grad.view.nbytes()};
+    note_round_codec(e, first, compress::wire_settings(bytes, n));
     Status decoded;
     if (e.merged_dtype == DType::kFloat32) {
       decoded = compress::decode_add(bytes, e.merged.view.as<float>(), n);
@@ -232,6 +233,7 @@ void ServerStore::apply_push(Entry& e, const Payload& grad, bool compressed) {
       throw ProtocolError(fmt::format("push to key {}: {}", e.name, decoded.message()));
     return;
   }
+  note_round_codec(e, first, std::nullopt);
   if (first && e.merged_dtype == v.dtype) {
     e.merged = grad;  // adopt the received buffer: no copy
     return;
@@ -257,6 +259,7 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
   PP_METRIC_ADD(kServerRounds, 1);                               // metrics hook
   Status status;
   const bool backup = config_.sync && config_.backup_workers > 0;
+  e.pull_wire = Payload{};  // the value changes: its encoded form is gone
   if (backup) open_backup_round(e);
   try {
     const size_t n = static_cast<size_t>(e.value.view.numel());
@@ -277,6 +280,7 @@ void ServerStore::apply_round(const PartId& part, Entry& e) {
       }
     } else if (e.merged_dtype == e.value.view.dtype && e.merged.owner) {
       e.value = std::move(e.merged);  // the sum becomes the value: no copy
+      compress_for_pulls(e);
     } else {
       e.own_value(lending_pool());
       convert(e.value.view.dtype, e.value.view.data, e.merged_dtype, e.merged.view.data, n);

@@ -18,7 +18,13 @@
 //  - async mode: every push is applied at once; an optimizer is required.
 //  - pulls may ask for element ranges only (row_sparse_pull).
 //  - pushes may be compressed (compress/compressor.h wire form: 2bit, 1bit,
-//    fp16): decoded into the round's float32 sum; pulls answer uncompressed.
+//    fp16): decoded into the round's float32 sum. Without an optimizer, a
+//    float32 part whose round was pushed compressed is answered compressed
+//    too (docs/kvstore.md "Compressed pulls"): the new value (the sum) is
+//    encoded once, with the server's own residual per part (error feedback),
+//    the stored value becomes what that decodes to, and every pull of the
+//    whole part gets the same encoded bytes. With an optimizer pulls answer
+//    the value itself.
 //  - bounded: ServerStoreConfig::max_queued_per_worker held pushes and
 //    waiting pulls per worker and part; ranges are checked without overflow.
 //  - replication (ServerStoreConfig::replicate, docs/ps.md "Fault
@@ -70,6 +76,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -77,6 +84,7 @@
 
 #include "base/executor.h"
 #include "base/file_auth.h"
+#include "compress/settings.h"
 #include "net/buffer_pool.h"
 #include "pushpull/array.h"
 #include "pushpull/error.h"
@@ -259,6 +267,12 @@ class ServerStore {
   // Acknowledges the round, answers pulls, opens the next round.
   void finish_round(const PartId& part, Entry& e);
   void apply_push(Entry& e, const Payload& grad, bool compressed);
+  // Compressed pulls (server_store_pull.cpp): records the codec of a push
+  // (nullopt: uncompressed) of the open round; after a round without an
+  // optimizer, encodes the new value once with the part's residual and
+  // makes the value what that encoding decodes to.
+  static void note_round_codec(Entry& e, bool first, std::optional<compress::Settings> codec);
+  void compress_for_pulls(Entry& e);
   void answer_ready_pulls(Entry& e);
   void answer_pull(Entry& e, const RequestMeta& m, const std::vector<Range>& ranges);
   // A pull (or a push's pull-back) of `m.worker`: answered now when every

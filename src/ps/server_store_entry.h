@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "compress/settings.h"
 #include "ps/protocol.h"
 #include "ps/server_store.h"
 #include "pushpull/array.h"
@@ -81,6 +82,14 @@ struct ServerStore::Entry {
   // sequence number every worker gives its push of it), kept for workers
   // that are behind; oldest first.
   std::deque<std::pair<uint64_t, Payload>> history;
+  // Compressed pulls (server_store_pull.cpp): the codec of the open round's
+  // pushes (kNone when any was not compressed with the same settings), the
+  // server's own error feedback, and the current value's encoded form that
+  // every worker's pull gets (empty: pulls answer the value itself).
+  compress::Settings round_codec;
+  compress::Settings pull_codec;
+  std::vector<float> pull_residual;
+  Payload pull_wire;
   bool restored = false;        // from a checkpoint, not yet initialised by a worker
   std::string restored_states;  // its optimizer states, until merged
   void size_for(int workers) {

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // ServerStore's pulls: a pull (or a pull-back push's answer) waits until the
-// worker's pushes are applied, then gets the value or its rows.
+// worker's pushes are applied, then gets the value or its rows; compressed
+// pulls (a round of compressed pushes without an optimizer) get the value's
+// encoded form, made once per round with the server's error feedback.
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
 #include "base/metrics.h"
 #include "base/timeline.h"
+#include "compress/compressor.h"
 #include "ps/server_store.h"
 #include "ps/server_store_entry.h"
 #include "pushpull/checked.h"
@@ -36,6 +40,14 @@ void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<
   const ArrayView& v = value.view;
   const size_t esize = dtype_size(v.dtype);
   auto* base = static_cast<const std::byte*>(v.data);
+  if (ranges.empty() && &value == &e.value && e.pull_wire.owner) {
+    // The round's encoded value: the same bytes for every worker.
+    responder_.reply(
+        m, Status::ok(), DType::kUInt8,
+        {static_cast<const std::byte*>(e.pull_wire.view.data), e.pull_wire.view.nbytes()},
+        e.pull_wire.owner);
+    return;
+  }
   if (ranges.empty()) {
     // The value itself, kept alive (and unchanged: copy on write) until sent.
     responder_.reply(m, Status::ok(), v.dtype, {base, v.nbytes()}, value.owner);
@@ -61,6 +73,40 @@ void ServerStore::answer_pull(Entry& e, const RequestMeta& m, const std::vector<
     gathered->insert(gathered->end(), base + r.begin * esize, base + (r.begin + r.count) * esize);
   }
   responder_.reply(m, Status::ok(), v.dtype, *gathered, gathered);
+}
+
+void ServerStore::note_round_codec(Entry& e, bool first, std::optional<compress::Settings> codec) {
+  const compress::Settings none;
+  if (first) {
+    e.round_codec = codec.value_or(none);
+  } else if (!codec || *codec != e.round_codec) {
+    e.round_codec = none;  // mixed pushes: this round's pulls answer the value itself
+  }
+}
+
+void ServerStore::compress_for_pulls(Entry& e) {
+  const ArrayView& v = e.value.view;
+  const auto n = static_cast<size_t>(v.numel());
+  if (!e.round_codec.enabled() || v.dtype != DType::kFloat32 || e.value.read_only ||
+      e.value.owner.use_count() > 1)
+    return;
+  const compress::Compressor codec(e.round_codec);
+  const size_t bytes = codec.encoded_bytes(n);
+  if (bytes >= n * sizeof(float)) return;  // tiny parts: the value itself is smaller
+  PP_TIMELINE_SPAN(timeline::process_node(), e.name, "COMPRESS_PULL");  // timeline hook
+  if (e.pull_codec != e.round_codec || e.pull_residual.size() != n) {
+    e.pull_codec = e.round_codec;  // new settings start from a zero residual
+    e.pull_residual.assign(n, 0.0f);
+  }
+  auto wire = std::make_shared<net::Buffer>(value_pool_.acquire(bytes));
+  compress::write_header(e.pull_codec, wire->data());
+  // One pass: the value is encoded and replaced by what every worker decodes,
+  // which this server holds from now on (ranges, rejoins, replicas and
+  // checkpoints see the same numbers).
+  codec.codec().compress_keep(v.as<float>(), e.pull_residual.data(),
+                              wire->data() + compress::kHeaderBytes, n);
+  e.pull_wire =
+      Payload{ArrayView(wire->data(), DType::kUInt8, Shape{static_cast<int64_t>(bytes)}), wire};
 }
 
 void ServerStore::pull(const RequestMeta& m, PartId part, std::vector<Range> ranges) {

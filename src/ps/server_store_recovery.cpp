@@ -109,6 +109,10 @@ void ServerStore::install_replica(PartId part, ReplicaState state,
         e.last_seq = state.applied_seq;
       }
       e.value = state.value;  // adopted: the received buffer is the value
+      // Compressed pulls: the primary's residual is not replicated; this one
+      // encodes its first round afresh (docs/kvstore.md "Compressed pulls").
+      e.pull_wire = Payload{};
+      e.pull_residual.clear();
       e.merged_dtype = is_half(e.value.view.dtype) ? DType::kFloat32 : e.value.view.dtype;
       // What the primary replicated replaces what a resume restored here.
       e.restored = false;

@@ -16,6 +16,7 @@
 #include "collective/messages.h"
 #include "collective/rendezvous.h"
 #include "collective/stream_handshake.h"
+#include "compress/compressor.h"
 #include "net/hello.h"
 #include "net/host_identity.h"
 #include "net/lend.h"
@@ -125,6 +126,33 @@ void ps_record(net::Writer& w, uint8_t op, uint8_t worker, DType dtype, uint8_t 
   w.u<uint16_t>(static_cast<uint16_t>(payload.size())).bytes(payload);
 }
 
+// Compressed pulls: a round of valid 2bit and fp16 pushes to a 64-value
+// key (answered compressed) for fuzz_ps_store, and real replies of every
+// codec for fuzz_compress_reply.
+void compress_seeds(const fs::path& root, Corpus& st) {
+  Corpus reply(root, "fuzz_compress_reply");
+  std::vector<float> g(64);
+  for (size_t i = 0; i < g.size(); ++i)
+    g[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+  std::vector<std::byte> value(64 * 4, std::byte{0});
+  for (const char* type : {"2bit", "1bit", "fp16"}) {
+    compress::Compressor c(compress::parse_settings({{"type", type}}));
+    std::vector<std::byte> wire(c.encoded_bytes(g.size()));
+    c.encode(1, 0, g.size(), 0, g.data(), g.size(), wire.data());
+    net::Writer w;
+    ps_record(w, 0, 0, DType::kFloat32, 0, 1, 0, 64, ps::encode_init("c", value));
+    ps_record(w, 1, 0, DType::kFloat32, 1, 1, 0, 64, wire);
+    ps_record(w, 1, 0, DType::kFloat32, 1 | ps::msg::kFlagPullBack, 1, 0, 64, wire);
+    ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, {});
+    st.add(0, w.data());
+    std::vector<std::byte> r(2);
+    const uint16_t n = static_cast<uint16_t>(g.size());
+    std::memcpy(r.data(), &n, 2);
+    r.insert(r.end(), wire.begin(), wire.end());
+    reply.add(0, r);
+  }
+}
+
 void ps_store_seeds(const fs::path& root) {
   Corpus st(root, "fuzz_ps_store");
   std::vector<std::byte> value(16, std::byte{0});
@@ -141,6 +169,7 @@ void ps_store_seeds(const fs::path& root) {
     ps_record(w, 2, 0, DType::kFloat32, 0, 1, 0, 0, ps::encode_ranges({{1, 2}}));
     st.add(workers, w.data());
   }
+  compress_seeds(root, st);
 }
 
 void optimizer_seeds(const fs::path& root) {
