@@ -48,7 +48,7 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
   net_.listen(std::move(listener));
   net_.set_handler(kDataType, kDataType, [this](net::Message&& m) { on_message(std::move(m)); });
-  net_.set_handler(kHeartbeatType, kByeType,
+  net_.set_handler(kHeartbeatType, kProbeAckType,
                    [this](net::Message&& m) { on_control(std::move(m)); });
   port_->target_ = this;
   net_.set_connect_handler([this](net::ConnId id, const net::PeerInfo& p) {
@@ -330,7 +330,10 @@ void TcpTransport::on_net_recv(Key key, const Status& st, const net::Header& h) 
   {
     std::lock_guard lock(mu_);
     registered_.erase(key);
-    if (st.is_ok() && silence_) silence_->heard(key.first);
+    if (st.is_ok() && silence_ && key.first == watched_) {
+      silence_->heard(key.first);
+      probe_until_.reset();
+    }
     auto it = posted_.find(key);
     if (it == posted_.end()) return;  // already failed or served
     p = std::move(it->second);
@@ -354,6 +357,7 @@ void TcpTransport::on_close(net::ConnId id, const Status& st) {
     peer = r->second;
     dead_[static_cast<size_t>(peer)] = st;
     if (silence_) silence_->forget(peer);  // a closed peer is a suspect, not silent
+    if (peer == watched_) probe_until_.reset();
     if (live_thread_.joinable() && !closed_ && !left_[static_cast<size_t>(peer)])
       verdict_.suspect(peer_error(peer, st), live_.grace);
     cv_.notify_all();

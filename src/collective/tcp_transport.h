@@ -18,12 +18,20 @@
 // net, so the engine's control traffic never mixes with them.
 //
 // Failure detection (start_liveness, after connect_all; in
-// tcp_transport_liveness.cpp): a thread of its own
-// sends a small heartbeat (kHeartbeatType) to every peer every
-// heartbeat_interval over the net connections; any message from a peer counts
-// as a sign of life, and a peer silent for heartbeat_timeout is declared dead
-// (a SIGSTOPped or unreachable rank, whatever it was doing). That is
-// independent of tensor traffic, so a rank that never submits is caught too.
+// tcp_transport_liveness.cpp), with a constant load per rank whatever the
+// size of the group: the ranks watch each other around the ring. A thread of
+// its own sends one small heartbeat (kHeartbeatType) per heartbeat_interval,
+// to its ring predecessor only, which watches it: any message from the
+// watched successor counts as a sign of life. A successor silent for
+// heartbeat_timeout is probed (SWIM-style): directly and through up to two
+// helpers that hold links to both (the successor's successor and this rank's
+// predecessor), which relay its answer. No answer within the probe window
+// (LivenessConfig::probe_window) and it is declared dead (a SIGSTOPped or
+// unreachable rank, whatever it was doing); a slow link between just the two
+// is not a death. That is independent of tensor traffic, so a rank that
+// never submits is caught too. A rank answers probes only while its own
+// detector runs. Every other peer is not timed: its death shows as a closed
+// connection (below) or reaches this rank as its watcher's verdict.
 //
 // The verdict: the job's first failure as this rank knows it. Once decided,
 // every pending and later operation, with every peer, fails with it (a
@@ -31,7 +39,8 @@
 // stream waits end with it, and it is sent to every peer (kVerdictType)
 // before anything closes, so survivors blame the node that failed first, not
 // the rank that detected it. A verdict from a peer is adopted unless one was
-// already decided. A closed connection is only a suspect: its operations are
+// already decided, and passed on to every peer once (so it floods a group
+// that is not fully connected). A closed connection is only a suspect: its operations are
 // held for `grace` in case a verdict naming another node arrives (a peer that
 // exits because of someone else's death closes its connections too); then
 // the peer is blamed. abort(why) decides `why` as this rank's own failure
@@ -82,6 +91,13 @@ inline constexpr uint16_t kDataType = net::msg::kCollectiveFirst;
 inline constexpr uint16_t kHeartbeatType = 133;
 inline constexpr uint16_t kVerdictType = 134;
 inline constexpr uint16_t kByeType = 135;  // close() without a failure: not a suspect
+// The indirect probe of a silent ring successor (SWIM-style; payload: the
+// requester's and the target's rank, u32 LE each): "probe" asks the target
+// for an "ack"; a "probe request" asks a helper to probe the target for the
+// requester, and the helper relays the target's ack to the requester.
+inline constexpr uint16_t kProbeType = 136;
+inline constexpr uint16_t kProbeReqType = 137;
+inline constexpr uint16_t kProbeAckType = 138;
 // Heartbeats, verdicts and goodbyes jump ahead of queued data on a connection.
 inline constexpr int kUrgentPriority = 1 << 20;
 // A verdict's text is cut to this (a bound for the receiver too).
@@ -95,6 +111,9 @@ struct LivenessConfig {
   Millis heartbeat_timeout{10000};
   // How long a closed connection's operations wait for a better verdict.
   Millis grace{1000};
+  // How long a silent successor may answer the probes before it is declared
+  // (0: 2 heartbeat intervals, at least 100 ms, at most 1 s).
+  Millis probe_window{0};
   // How failure messages name the members ("rank", or "worker" in a cluster),
   // and, when not empty, each member's full name by rank (in a cluster the
   // Node's "worker 2 (host h:p)", so both detectors name a node alike).
@@ -153,6 +172,8 @@ class TcpTransport final : public Transport {
   void declare(const Status& verdict);
   // The verdict, once decided.
   std::optional<Status> verdict() const;
+  // Heartbeats this rank has sent (the detector's load; tests count them).
+  uint64_t heartbeats_sent() const { return heartbeats_sent_.load(std::memory_order_relaxed); }
   // Called once with the verdict when it is decided (from whichever thread
   // decides it, no lock held): a transport layered on this one (ShmDataTransport)
   // fails its own operations with it. Set before operations start.
@@ -200,8 +221,12 @@ class TcpTransport final : public Transport {
   // Decides `verdict`, tells the peers (`tell`), fails everything. mu_ not held.
   void decide(const Status& verdict, bool tell);
   void liveness_loop();
-  void heard(net::ConnId conn);   // mu_ held
-  int peer_of(net::ConnId conn);  // mu_ held; -1 when unknown
+  // The probe of the silent successor: decides it dead, or sends the probes.
+  // mu_ held on entry and exit (released while sending).
+  void probe_successor(std::unique_lock<std::mutex>& lock);
+  void on_probe(net::Message&& m, int from);  // mu_ not held
+  void heard(net::ConnId conn);               // mu_ held
+  int peer_of(net::ConnId conn);              // mu_ held; -1 when unknown
 
   int rank_, size_;
   NetOptions opts_;
@@ -228,6 +253,9 @@ class TcpTransport final : public Transport {
   std::vector<Completion> held_;  // operations waiting for the verdict
   std::function<void(const Status&)> on_verdict_;
   std::vector<bool> left_;  // per peer: said goodbye (closed in order)
+  int watched_ = -1;        // the ring successor this rank times (-1: none)
+  std::optional<ClockSource::time_point> probe_until_;  // probing watched_ until then
+  std::atomic<uint64_t> heartbeats_sent_{0};
   bool live_stop_ = false;
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
