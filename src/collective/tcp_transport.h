@@ -1,6 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // The collective Transport over TCP (src/net): one net::Transport per rank,
-// one connection per pair of ranks (the higher rank connects to the lower).
+// at most one connection per pair of ranks, always opened by the higher rank
+// (so a pair never gets two; net's duplicate-identity check refuses a second
+// claim anyway).
+//
+// Not a full mesh (tcp_transport_connect.cpp): connect_all opens, in
+// parallel, only the connections the algorithms use (mesh_partners: ring
+// neighbours, every rank 2^k away either way, halving-doubling partners, the
+// ranks of a small host), O(log n) per rank. Any other pair connects on its
+// first post_send/post_recv (alltoall, process sets, the engine's
+// negotiation): operations with a peer not connected yet wait in order;
+// the higher rank dials at once, the lower one asks it to (kDialMeType,
+// routed over the partner links: O(log n) hops). A lazy connection that
+// cannot be opened within LivenessConfig::heartbeat_timeout + 2 s (at most
+// the connect timeout) fails those operations with a PeerFailure naming the
+// peer, as a lost connection would.
 //
 // Zero copy both ways for data: sends writev() straight from the caller's
 // buffer; a data receive is posted to net so its payload is read straight
@@ -10,12 +24,12 @@
 // never capture a later message).
 //
 // Data streams (tcp_streams.h): connect_all also opens one plain TCP
-// connection per pair of ranks, authenticated by a nonce exchanged over the
-// net connection, which the ring, halving-doubling, broadcast and barrier
-// drive directly from their own thread (StreamPump; large rings add a
-// StreamWriter thread) for speed. One operation
-// uses them at a time (lock_streams()); post_send/post_recv keep going over
-// net, so the engine's control traffic never mixes with them.
+// connection per pair of partners (mesh_partners; stream_fd() is -1 for any
+// other peer, and a subgroup with such a pair moves its data over net), authenticated by a nonce
+// exchanged over the net connection, which the ring, halving-doubling, broadcast and barrier drive
+// directly from their own thread (StreamPump; large rings add a StreamWriter thread) for speed. One
+// operation uses them at a time (lock_streams()); post_send/post_recv keep going over net, so the
+// engine's control traffic never mixes with them.
 //
 // Failure detection (start_liveness, after connect_all; in
 // tcp_transport_liveness.cpp), with a constant load per rank whatever the
@@ -98,6 +112,21 @@ inline constexpr uint16_t kByeType = 135;  // close() without a failure: not a s
 inline constexpr uint16_t kProbeType = 136;
 inline constexpr uint16_t kProbeReqType = 137;
 inline constexpr uint16_t kProbeAckType = 138;
+// "Dial me": payload from, to (u32 LE); forwarded over partner links until
+// it reaches `to`, which (the higher of the two) dials `from`.
+inline constexpr uint16_t kDialMeType = 139;
+// A host with at most this many ranks has all of them connected at start-up.
+inline constexpr int kMaxLocalMesh = 16;
+// Lazy connections are dialed by at most this many threads at once.
+inline constexpr int kLazyDialers = 4;
+
+// The peers `rank` connects at start-up (ascending, without itself), for the
+// ranks' hosts `hosts` (the book's; size = the group's): ring neighbours and
+// every rank 2^k away either way (ring, binomial broadcast from any root,
+// barrier), its halving-doubling partners (the fold of a size that is not a
+// power of two), and the other ranks of its host when that host has at most
+// kMaxLocalMesh. Symmetric: q is among p's exactly when p is among q's.
+std::vector<int> mesh_partners(int rank, const std::vector<std::string>& hosts);
 // Heartbeats, verdicts and goodbyes jump ahead of queued data on a connection.
 inline constexpr int kUrgentPriority = 1 << 20;
 // A verdict's text is cut to this (a bound for the receiver too).
@@ -153,10 +182,13 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override;
 
   int port() const { return net_.port(); }
-  // book[r] = (host, port) of rank r. Connects to every lower rank and waits
-  // for every higher one, all within net.connect_timeout; throws Timeout
-  // naming the missing ranks.
+  // book[r] = (host, port) of rank r. Connects to its lower mesh_partners
+  // (in parallel, at most 16 dials at once) and waits for its higher ones,
+  // all within net.connect_timeout, then opens their data streams; throws
+  // Timeout naming the missing ranks. Other peers connect lazily (above).
   void connect_all(const std::vector<std::pair<std::string, int>>& book);
+  // Peers with an open connection now (tests count them).
+  int connected_peers() const;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -203,7 +235,9 @@ class TcpTransport final : public Transport {
   std::string describe(int peer) const;
 
  private:
-  void setup_streams(const std::vector<std::pair<std::string, int>>& book);
+  // Opens the data streams with `partners` (mesh_partners).
+  void setup_streams(const std::vector<std::pair<std::string, int>>& book,
+                     const std::vector<int>& partners);
   using Key = std::pair<int, uint64_t>;
   struct Posted {
     void* dst;
@@ -221,6 +255,30 @@ class TcpTransport final : public Transport {
   // Decides `verdict`, tells the peers (`tell`), fails everything. mu_ not held.
   void decide(const Status& verdict, bool tell);
   void liveness_loop();
+  // Lazy connections (tcp_transport_connect.cpp). An operation with a peer
+  // not connected yet (or with earlier ones still waiting) is queued.
+  struct Deferred {
+    bool send;
+    uint64_t tag;
+    const void* src;
+    void* dst;
+    size_t bytes;
+    Completion done;
+  };
+  bool defer(int peer, Deferred& d);    // mu_ held; true: queued
+  void request_connection(int peer);    // mu_ held
+  void flush(int peer);                 // mu_ not held: runs the queued operations in order
+  void lazy_loop();                     // a dialer thread
+  void dial(int peer);                  // mu_ not held
+  void send_dial_me(int from, int to);  // mu_ not held
+  void on_dial_me(const net::Message& m, int from);  // mu_ not held
+  void lazy_failed(int peer, Status why);            // mu_ not held: fails its queue
+  std::vector<Deferred> take_deferred();             // mu_ held: every queued operation
+  void post_send_now(int peer, uint64_t tag, const void* data, size_t bytes, Completion done,
+                     bool flushing);
+  void post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
+                     bool flushing);
+  Millis lazy_timeout() const;  // mu_ held
   // The probe of the silent successor: decides it dead, or sends the probes.
   // mu_ held on entry and exit (released while sending).
   void probe_successor(std::unique_lock<std::mutex>& lock);
@@ -253,7 +311,16 @@ class TcpTransport final : public Transport {
   std::vector<Completion> held_;  // operations waiting for the verdict
   std::function<void(const Status&)> on_verdict_;
   std::vector<bool> left_;  // per peer: said goodbye (closed in order)
-  int watched_ = -1;        // the ring successor this rank times (-1: none)
+  // Lazy connections (under mu_).
+  std::vector<std::pair<std::string, int>> book_;             // set by connect_all
+  std::vector<std::deque<Deferred>> deferred_;                // per peer
+  std::vector<char> flushing_, dialing_;                      // per peer
+  std::vector<std::optional<Clock::time_point>> wait_until_;  // per lower-side wait
+  std::deque<int> dial_queue_;  // peers to dial (higher side) or ask (lower side)
+  std::vector<std::thread> dialers_;
+  std::condition_variable lazy_cv_;
+  bool lazy_stop_ = false;
+  int watched_ = -1;  // the ring successor this rank times (-1: none)
   std::optional<ClockSource::time_point> probe_until_;  // probing watched_ until then
   std::atomic<uint64_t> heartbeats_sent_{0};
   bool live_stop_ = false;

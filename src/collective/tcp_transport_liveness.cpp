@@ -53,6 +53,10 @@ void TcpTransport::on_control(net::Message&& m) {
   heard(m.conn);
   int from = peer_of(m.conn);
   if (m.header.type == kByeType && from >= 0) left_[static_cast<size_t>(from)] = true;
+  if (m.header.type == kDialMeType) {
+    lock.unlock();
+    return on_dial_me(m, from);
+  }
   if (m.header.type >= kProbeType && m.header.type <= kProbeAckType) {
     lock.unlock();
     return on_probe(std::move(m), from);
@@ -166,6 +170,8 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
     for (auto& done : held_)
       failed.push_back(std::move(done));
     held_.clear();
+    for (auto& d : take_deferred())
+      failed.push_back(std::move(d.done));
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
         peers.push_back(conns_[static_cast<size_t>(r)]);
