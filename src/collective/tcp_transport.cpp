@@ -80,45 +80,6 @@ TcpTransport::~TcpTransport() {
   close(Status(ErrorCode::kPeerFailure, fmt::format("rank {} closed its transport", rank_)));
 }
 
-Status TcpTransport::peer_error(int peer, const Status& why) const {
-  if (left_[static_cast<size_t>(peer)])
-    return Status(ErrorCode::kPeerFailure,
-                  fmt::format("collective: {} has shut down its communicator ({})", describe(peer),
-                              why.message()));
-  return Status(ErrorCode::kPeerFailure,
-                fmt::format("collective: {} failed: its connection was lost ({}); it crashed, was "
-                            "killed or lost the network",
-                            describe(peer), why.message()));
-}
-
-std::string TcpTransport::describe(int peer) const {
-  // where_ and live_'s names are set up before any operation and never change.
-  if (peer >= 0 && static_cast<size_t>(peer) < live_.names.size())
-    return live_.names[static_cast<size_t>(peer)];
-  if (peer < 0 || peer >= size_ || where_[static_cast<size_t>(peer)].empty())
-    return fmt::format("{} {}", live_.noun, peer);
-  return fmt::format("{} {} (host {})", live_.noun, peer, where_[static_cast<size_t>(peer)]);
-}
-
-void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
-  std::unique_lock lock(mu_);
-  Status now;
-  if (closed_)
-    now = *closed_;
-  else if (verdict_.failure())
-    now = *verdict_.failure();
-  else if (!live_thread_.joinable() || left_[static_cast<size_t>(peer)])
-    now = peer_error(peer, why);  // no detector to settle a suspect, or it left: at once
-  if (!now.is_ok()) {
-    lock.unlock();
-    done(now);
-    return;
-  }
-  verdict_.suspect(peer_error(peer, why), live_.grace);
-  held_.push_back(std::move(done));
-  cv_.notify_all();
-}
-
 void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t bytes,
                              Completion done) {
   post_send_now(peer, tag, data, bytes, std::move(done), false);
@@ -408,40 +369,6 @@ void TcpTransport::close(const Status& reason) {
   }
   for (auto& t : dialers)
     t.join();
-}
-
-bool TcpTransport::is_closed() const {
-  std::lock_guard lock(mu_);
-  return closed_.has_value() || verdict_.failure().has_value();
-}
-
-int TcpTransport::stream_fd(int peer) const {
-  if (!streams_ready_ || peer < 0 || peer >= size_) return -1;
-  return streams_[static_cast<size_t>(peer)].get();
-}
-
-net::TlsLink* TcpTransport::stream_tls(int peer) const {
-  if (!streams_ready_ || peer < 0 || peer >= size_ || stream_tls_.empty()) return nullptr;
-  return stream_tls_[static_cast<size_t>(peer)].get();
-}
-
-Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) {
-  std::unique_lock lock(mu_);
-  if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
-  if (code != ErrorCode::kPeerFailure || peer < 0 || peer >= size_)
-    return Status(code, fmt::format("collective: data stream from {}: {}", describe(peer), why));
-  Status blame = peer_error(peer, Status(ErrorCode::kIoError, why));
-  if (!live_thread_.joinable()) return blame;
-  // The peer may be closing because another node failed first: give that
-  // verdict the grace to arrive (the liveness thread settles the suspect).
-  verdict_.suspect(blame, live_.grace);
-  cv_.notify_all();
-  cv_.wait_for(lock, live_.grace + Millis{1000},
-               [&] { return closed_.has_value() || verdict_.failure().has_value(); });
-  if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
-  return blame;
 }
 
 }  // namespace pushpull::collective

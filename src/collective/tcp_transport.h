@@ -117,15 +117,24 @@ inline constexpr uint16_t kProbeAckType = 138;
 inline constexpr uint16_t kDialMeType = 139;
 // A host with at most this many ranks has all of them connected at start-up.
 inline constexpr int kMaxLocalMesh = 16;
+// A group this small is fully connected (cheap, and no subgroup of it can
+// see streams on some pairs only).
+inline constexpr int kFullMeshUpTo = 8;
 // Lazy connections are dialed by at most this many threads at once.
 inline constexpr int kLazyDialers = 4;
 
 // The peers `rank` connects at start-up (ascending, without itself), for the
-// ranks' hosts `hosts` (the book's; size = the group's): ring neighbours and
-// every rank 2^k away either way (ring, binomial broadcast from any root,
-// barrier), its halving-doubling partners (the fold of a size that is not a
-// power of two), and the other ranks of its host when that host has at most
-// kMaxLocalMesh. Symmetric: q is among p's exactly when p is among q's.
+// ranks' hosts `hosts` (the book's; size = the group's): everyone up to
+// kFullMeshUpTo ranks; else ring neighbours and every rank 2^k away either
+// way (ring, binomial broadcast from any root, barrier), its
+// halving-doubling partners (the fold of a size that is not a power of two),
+// the other ranks of its host when that host has at most kMaxLocalMesh, and,
+// when every one of several hosts has the same number (>= 2) of ranks, the
+// hierarchical allreduce's subgroups: all of its host's ranks and the ranks
+// of the same local index on the other hosts (hosts + ranks per host links).
+// Symmetric: q is among p's exactly when p is among q's. A subgroup
+// (SubgroupTransport) then either has streams on every pair or every member
+// misses one, so its members agree on using them.
 std::vector<int> mesh_partners(int rank, const std::vector<std::string>& hosts);
 // Heartbeats, verdicts and goodbyes jump ahead of queued data on a connection.
 inline constexpr int kUrgentPriority = 1 << 20;

@@ -8,6 +8,7 @@
 #include <exception>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -59,15 +60,40 @@ void halving_doubling_partners(int r, int n, std::set<int>& out) {
 std::vector<int> mesh_partners(int rank, const std::vector<std::string>& hosts) {
   const int n = static_cast<int>(hosts.size());
   std::set<int> out;
+  if (n <= kFullMeshUpTo) {
+    for (int r = 0; r < n; ++r)
+      out.insert(r);
+    out.erase(rank);
+    return {out.begin(), out.end()};
+  }
   for (int d = 1; d < n; d *= 2) {
     out.insert((rank + d) % n);
     out.insert((rank - d % n + n) % n);
   }
   halving_doubling_partners(rank, n, out);
-  std::vector<int> local;
-  for (int r = 0; r < n; ++r)
-    if (hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]) local.push_back(r);
-  if (static_cast<int>(local.size()) <= kMaxLocalMesh) out.insert(local.begin(), local.end());
+  // The hosts, ordered by their lowest rank (hierarchical.cpp's order).
+  std::unordered_map<std::string, size_t> index;
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < n; ++r) {
+    auto [it, added] = index.emplace(hosts[static_cast<size_t>(r)], groups.size());
+    if (added) groups.emplace_back();
+    groups[it->second].push_back(r);
+  }
+  const auto& mine = groups[index.at(hosts[static_cast<size_t>(rank)])];
+  bool uniform = groups.size() >= 2 && mine.size() >= 2;
+  for (const auto& g : groups)
+    uniform = uniform && g.size() == mine.size();
+  // A small host's ranks; with the same number of ranks on every host
+  // (where the hierarchical allreduce may run), the host's ranks and this
+  // rank's cross-host group too: that allreduce takes the streams only when
+  // every pair of its subgroup has one, and every member must decide alike.
+  if (mine.size() <= static_cast<size_t>(kMaxLocalMesh) || uniform)
+    out.insert(mine.begin(), mine.end());
+  if (uniform) {
+    const auto at = std::find(mine.begin(), mine.end(), rank) - mine.begin();
+    for (const auto& g : groups)
+      out.insert(g[static_cast<size_t>(at)]);
+  }
   out.erase(rank);
   return {out.begin(), out.end()};
 }

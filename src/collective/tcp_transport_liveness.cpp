@@ -34,6 +34,45 @@ uint32_t get_u32(const std::byte* p) {
 
 }  // namespace
 
+Status TcpTransport::peer_error(int peer, const Status& why) const {
+  if (left_[static_cast<size_t>(peer)])
+    return Status(ErrorCode::kPeerFailure,
+                  fmt::format("collective: {} has shut down its communicator ({})", describe(peer),
+                              why.message()));
+  return Status(ErrorCode::kPeerFailure,
+                fmt::format("collective: {} failed: its connection was lost ({}); it crashed, was "
+                            "killed or lost the network",
+                            describe(peer), why.message()));
+}
+
+std::string TcpTransport::describe(int peer) const {
+  // where_ and live_'s names are set up before any operation and never change.
+  if (peer >= 0 && static_cast<size_t>(peer) < live_.names.size())
+    return live_.names[static_cast<size_t>(peer)];
+  if (peer < 0 || peer >= size_ || where_[static_cast<size_t>(peer)].empty())
+    return fmt::format("{} {}", live_.noun, peer);
+  return fmt::format("{} {} (host {})", live_.noun, peer, where_[static_cast<size_t>(peer)]);
+}
+
+void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
+  std::unique_lock lock(mu_);
+  Status now;
+  if (closed_)
+    now = *closed_;
+  else if (verdict_.failure())
+    now = *verdict_.failure();
+  else if (!live_thread_.joinable() || left_[static_cast<size_t>(peer)])
+    now = peer_error(peer, why);  // no detector to settle a suspect, or it left: at once
+  if (!now.is_ok()) {
+    lock.unlock();
+    done(now);
+    return;
+  }
+  verdict_.suspect(peer_error(peer, why), live_.grace);
+  held_.push_back(std::move(done));
+  cv_.notify_all();
+}
+
 void TcpTransport::heard(net::ConnId conn) {
   if (!silence_) return;
   int p = peer_of(conn);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // TcpTransport::setup_streams: opens the direct data streams (tcp_streams.h)
-// after the net connections are up.
+// after the net connections are up; and the streams' accessors.
 //
 // Only the mesh partners get a stream (tcp_transport.h). Every rank with a
 // higher partner listens on a fresh port of its host and tells each higher
@@ -100,6 +100,40 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
   streams_ = std::move(sockets);
   if (mine.tls) stream_tls_ = std::move(links);
   streams_ready_ = true;
+}
+
+bool TcpTransport::is_closed() const {
+  std::lock_guard lock(mu_);
+  return closed_.has_value() || verdict_.failure().has_value();
+}
+
+int TcpTransport::stream_fd(int peer) const {
+  if (!streams_ready_ || peer < 0 || peer >= size_) return -1;
+  return streams_[static_cast<size_t>(peer)].get();
+}
+
+net::TlsLink* TcpTransport::stream_tls(int peer) const {
+  if (!streams_ready_ || peer < 0 || peer >= size_ || stream_tls_.empty()) return nullptr;
+  return stream_tls_[static_cast<size_t>(peer)].get();
+}
+
+Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) {
+  std::unique_lock lock(mu_);
+  if (closed_) return *closed_;
+  if (verdict_.failure()) return *verdict_.failure();
+  if (code != ErrorCode::kPeerFailure || peer < 0 || peer >= size_)
+    return Status(code, fmt::format("collective: data stream from {}: {}", describe(peer), why));
+  Status blame = peer_error(peer, Status(ErrorCode::kIoError, why));
+  if (!live_thread_.joinable()) return blame;
+  // The peer may be closing because another node failed first: give that
+  // verdict the grace to arrive (the liveness thread settles the suspect).
+  verdict_.suspect(blame, live_.grace);
+  cv_.notify_all();
+  cv_.wait_for(lock, live_.grace + Millis{1000},
+               [&] { return closed_.has_value() || verdict_.failure().has_value(); });
+  if (closed_) return *closed_;
+  if (verdict_.failure()) return *verdict_.failure();
+  return blame;
 }
 
 }  // namespace pushpull::collective

@@ -11,6 +11,8 @@
 #include <set>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "collective/algorithms.h"
 #include "collective/tcp_transport.h"
 #include "harness.h"
@@ -50,7 +52,7 @@ void on_ranks(int n, const std::function<void(int)>& fn) {
 }
 
 TEST(MeshPartners, SymmetricAndLogarithmic) {
-  for (int n : {1, 2, 3, 5, 6, 7, 8, 12, 20, 33, 64, 100, 1024, 4096}) {
+  for (int n : {1, 2, 3, 5, 6, 7, 8, 9, 12, 20, 33, 64, 100, 1024}) {
     // One host with more ranks than kMaxLocalMesh: the algorithms' partners only.
     std::vector<std::string> hosts(static_cast<size_t>(n), "h");
     std::vector<std::set<int>> of(static_cast<size_t>(n));
@@ -72,12 +74,48 @@ TEST(MeshPartners, SymmetricAndLogarithmic) {
         EXPECT_TRUE(of[static_cast<size_t>(q)].count(r)) << n << ": " << r << " -> " << q;
   }
   // A small host's ranks are all connected; another host's are not.
-  std::vector<std::string> two(40, "a");
-  std::fill(two.begin() + 8, two.end(), "b");
+  std::vector<std::string> two(8, std::string("a"));
+  two.resize(40, std::string("b"));
   auto p = mesh_partners(0, two);
   for (int r = 1; r < 8; ++r)
     EXPECT_TRUE(std::count(p.begin(), p.end(), r)) << r;
   EXPECT_FALSE(std::count(p.begin(), p.end(), 9));
+}
+
+// Every subgroup of the hierarchical allreduce (a host's ranks, the ranks of
+// one local index across hosts) is either fully connected or every member
+// misses a pair, so its members agree on the streams; uniform layouts have
+// both subgroups fully connected.
+TEST(MeshPartners, HierarchicalSubgroupsAreCliques) {
+  for (auto [hosts_n, local] : {std::pair{4, 2}, {8, 4}, {3, 20}, {16, 8}, {2, 17}}) {
+    const int n = hosts_n * local;
+    std::vector<std::string> hosts;
+    for (int r = 0; r < n; ++r)
+      hosts.push_back(fmt::format("h{}", r / local));
+    std::vector<std::set<int>> of(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      auto p = mesh_partners(r, hosts);
+      of[static_cast<size_t>(r)] = {p.begin(), p.end()};
+    }
+    for (int r = 0; r < n; ++r) {
+      for (int q = 0; q < n; ++q) {
+        if (q == r || (q / local != r / local && q % local != r % local)) continue;
+        EXPECT_TRUE(of[static_cast<size_t>(r)].count(q))
+            << hosts_n << "x" << local << ": " << r << " -> " << q;
+      }
+    }
+  }
+  // One host, or one rank per host (a forced hierarchy: one subgroup of
+  // everyone): fully connected, or every rank misses someone.
+  for (int n = 2; n <= 200; ++n) {
+    int complete = 0;
+    std::vector<std::string> hosts;
+    for (int r = 0; r < n; ++r)
+      hosts.push_back(fmt::format("h{}", r));
+    for (int r = 0; r < n; ++r)
+      complete += static_cast<int>(mesh_partners(r, hosts).size()) == n - 1 ? 1 : 0;
+    EXPECT_TRUE(complete == 0 || complete == n) << n << ": " << complete;
+  }
 }
 
 // The ring, halving-doubling, broadcast from every root and the barrier over
@@ -152,8 +190,11 @@ TEST(Mesh, OtherPairsConnectOnFirstUse) {
       req.wait(Clock::now() + 20s, "all pairs");
   });
   for (int r = 0; r < n; ++r) {
-    for (int q = 0; q < n; ++q)
-      if (q != r) EXPECT_EQ(got[r][q], static_cast<uint64_t>(1000 * q + r)) << r << " " << q;
+    for (int q = 0; q < n; ++q) {
+      if (q != r) {
+        EXPECT_EQ(got[r][q], static_cast<uint64_t>(1000 * q + r)) << r << " " << q;
+      }
+    }
     EXPECT_EQ(ts[static_cast<size_t>(r)]->connected_peers(), n - 1) << r;
   }
   close_all(ts);
@@ -168,11 +209,11 @@ Status outcome(const Request& r) {
   }
 }
 
-// Rank 3 of 8 is gone. Rank 6 (higher, not a partner: it dials) and rank 0
+// Rank 3 of 12 is gone. Rank 6 (higher, not a partner: it dials) and rank 0
 // (lower, not a partner: it asks rank 3 to dial) both fail naming rank 3
 // within the lazy deadline (the connect timeout, 2 s here).
 TEST(Mesh, ALazyConnectionToAGoneRankIsAPeerFailureNamingIt) {
-  const int n = 8;
+  const int n = 12;
   const auto hosts = testing::distinct_loopback_hosts(n);
   for (int r : {0, 6}) {
     auto p = mesh_partners(r, hosts);
