@@ -47,6 +47,7 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       flushing_(static_cast<size_t>(size), 0),
       dialing_(static_cast<size_t>(size), 0),
       wait_until_(static_cast<size_t>(size)),
+      asked_(static_cast<size_t>(size)),
       host_(host) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));

@@ -325,7 +325,9 @@ class TcpTransport final : public Transport {
   std::vector<std::deque<Deferred>> deferred_;                // per peer
   std::vector<char> flushing_, dialing_;                      // per peer
   std::vector<std::optional<Clock::time_point>> wait_until_;  // per lower-side wait
-  std::deque<int> dial_queue_;  // peers to dial (higher side) or ask (lower side)
+  std::vector<Clock::time_point> asked_;  // per lower-side wait: when it last asked
+  std::deque<int> dial_queue_;            // peers to dial (higher side) or ask (lower side)
+  std::vector<int> early_dial_me_;        // asked to dial before connect_all (bounded by size_)
   std::vector<std::thread> dialers_;
   std::condition_variable lazy_cv_;
   bool lazy_stop_ = false;

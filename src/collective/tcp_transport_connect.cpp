@@ -22,6 +22,8 @@ namespace {
 
 // At most this many start-up dials at once (each one a thread).
 constexpr int kStartupDialers = 16;
+// A lower rank waiting for a lazy connection asks the higher one this often.
+constexpr Millis kAskAgain{1000};
 
 void put_u32(std::byte* out, uint32_t v) {
   for (int i = 0; i < 4; ++i)
@@ -115,6 +117,11 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   {
     std::lock_guard lock(mu_);
     book_ = book;
+    // Asked to dial before this rank knew the book (a partner forwarded it).
+    for (int asker : early_dial_me_)
+      if (!conns_[static_cast<size_t>(asker)] && !dialing_[static_cast<size_t>(asker)])
+        request_connection(asker);
+    early_dial_me_.clear();
   }
   const auto deadline = Clock::now() + opts_.connect_timeout;
   // The lower partners, dialed in parallel; the higher ones dial this rank.
@@ -208,7 +215,8 @@ void TcpTransport::request_connection(int peer) {
   if (peer > rank_) {
     // The lower rank waits for the higher to dial, and asks it to.
     if (wait_until_[p]) return;
-    wait_until_[p] = Clock::now() + lazy_timeout();
+    asked_[p] = Clock::now();
+    wait_until_[p] = asked_[p] + lazy_timeout();
   } else {
     if (dialing_[p]) return;
     dialing_[p] = 1;
@@ -238,7 +246,13 @@ void TcpTransport::lazy_loop() {
         w.reset();
         expired = r;
       } else {
-        wake = std::min(wake, *w);
+        // Asked again every second: a forwarder may not have had its links yet.
+        auto& asked = asked_[static_cast<size_t>(r)];
+        if (now >= asked + kAskAgain) {
+          asked = now;
+          dial_queue_.push_back(r);
+        }
+        wake = std::min({wake, *w, asked + kAskAgain});
       }
     }
     if (expired >= 0) {
@@ -382,6 +396,10 @@ void TcpTransport::on_dial_me(const net::Message& m, int from) {
   std::lock_guard lock(mu_);
   const auto p = static_cast<size_t>(asker);
   if (closed_ || conns_[p] || dialing_[p] || dead_[p]) return;
+  if (book_.empty()) {
+    if (early_dial_me_.size() < static_cast<size_t>(size_)) early_dial_me_.push_back(asker);
+    return;
+  }
   request_connection(asker);
 }
 
