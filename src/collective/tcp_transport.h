@@ -4,10 +4,12 @@
 // (so a pair never gets two; net's duplicate-identity check refuses a second
 // claim anyway).
 //
-// Not a full mesh (tcp_transport_connect.cpp): connect_all opens, in
-// parallel, only the connections the algorithms use (mesh_partners: ring
-// neighbours, every rank 2^k away either way, halving-doubling partners, the
-// ranks of a small host), O(log n) per rank. Any other pair connects on its
+// Not a full mesh (tcp_transport_mesh.cpp chooses, tcp_transport_connect.cpp
+// connects): connect_all opens, in parallel, only the connections the
+// algorithms use (mesh_partners: ring neighbours, every rank 2^k away either
+// way, halving-doubling partners, the ranks of a small host, a uniform
+// layout's hierarchical subgroups), O(log n) per rank, and the direct
+// streams of those pairs. Any other pair connects on its
 // first post_send/post_recv (alltoall, process sets, the engine's
 // negotiation): operations with a peer not connected yet wait in order;
 // the higher rank dials at once, the lower one asks it to (kDialMeType,
@@ -73,6 +75,10 @@
 // first has finished, so whoever destroys the transport closes it from the
 // owning thread (the communicator's shutdown, the destructor), not from a
 // callback.
+//
+// Threads: the net I/O thread, the heartbeat thread (start_liveness), and up
+// to kLazyDialers dialer threads started on the first lazy connection; all
+// joined by close().
 //
 // Thread safety: everything is thread-safe after connect_all().
 #pragma once

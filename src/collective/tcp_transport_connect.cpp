@@ -8,7 +8,6 @@
 #include <exception>
 #include <map>
 #include <set>
-#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -37,68 +36,7 @@ uint32_t get_u32(const std::byte* p) {
   return v;
 }
 
-// Halving-doubling's partners of `r` among `n` (halving_doubling.cpp): the
-// fold of the ranks beyond the largest power of two, then XOR partners.
-void halving_doubling_partners(int r, int n, std::set<int>& out) {
-  int p = 1;
-  while (p * 2 <= n)
-    p *= 2;
-  const int rem = n - p;
-  int newrank;
-  if (r < 2 * rem) {
-    out.insert(r % 2 == 0 ? r + 1 : r - 1);
-    newrank = r % 2 == 0 ? -1 : r / 2;
-  } else {
-    newrank = r - rem;
-  }
-  if (newrank < 0) return;
-  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
-  for (int mask = 1; mask < p; mask *= 2)
-    out.insert(real(newrank ^ mask));
-}
-
 }  // namespace
-
-std::vector<int> mesh_partners(int rank, const std::vector<std::string>& hosts) {
-  const int n = static_cast<int>(hosts.size());
-  std::set<int> out;
-  if (n <= kFullMeshUpTo) {
-    for (int r = 0; r < n; ++r)
-      out.insert(r);
-    out.erase(rank);
-    return {out.begin(), out.end()};
-  }
-  for (int d = 1; d < n; d *= 2) {
-    out.insert((rank + d) % n);
-    out.insert((rank - d % n + n) % n);
-  }
-  halving_doubling_partners(rank, n, out);
-  // The hosts, ordered by their lowest rank (hierarchical.cpp's order).
-  std::unordered_map<std::string, size_t> index;
-  std::vector<std::vector<int>> groups;
-  for (int r = 0; r < n; ++r) {
-    auto [it, added] = index.emplace(hosts[static_cast<size_t>(r)], groups.size());
-    if (added) groups.emplace_back();
-    groups[it->second].push_back(r);
-  }
-  const auto& mine = groups[index.at(hosts[static_cast<size_t>(rank)])];
-  bool uniform = groups.size() >= 2 && mine.size() >= 2;
-  for (const auto& g : groups)
-    uniform = uniform && g.size() == mine.size();
-  // A small host's ranks; with the same number of ranks on every host
-  // (where the hierarchical allreduce may run), the host's ranks and this
-  // rank's cross-host group too: that allreduce takes the streams only when
-  // every pair of its subgroup has one, and every member must decide alike.
-  if (mine.size() <= static_cast<size_t>(kMaxLocalMesh) || uniform)
-    out.insert(mine.begin(), mine.end());
-  if (uniform) {
-    const auto at = std::find(mine.begin(), mine.end(), rank) - mine.begin();
-    for (const auto& g : groups)
-      out.insert(g[static_cast<size_t>(at)]);
-  }
-  out.erase(rank);
-  return {out.begin(), out.end()};
-}
 
 void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& book) {
   if (static_cast<int>(book.size()) != size_)
@@ -117,6 +55,10 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   {
     std::lock_guard lock(mu_);
     book_ = book;
+    // The start-up dials below are these pairs' only ones: a lazy request
+    // (a partner's "dial me") must not open a second connection.
+    for (int p : lower)
+      dialing_[static_cast<size_t>(p)] = 1;
     // Asked to dial before this rank knew the book (a partner forwarded it).
     for (int asker : early_dial_me_)
       if (!conns_[static_cast<size_t>(asker)] && !dialing_[static_cast<size_t>(asker)])
@@ -128,6 +70,7 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   std::mutex dial_mu;
   size_t next = 0;
   std::exception_ptr first_error;
+  bool stop = false;  // under dial_mu: the wait ended (a verdict)
   std::vector<std::thread> dialers;
   const int threads = std::min<int>(kStartupDialers, static_cast<int>(lower.size()));
   for (int i = 0; i < threads; ++i)
@@ -136,7 +79,7 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
         int p;
         {
           std::lock_guard lock(dial_mu);
-          if (next >= lower.size() || first_error) return;
+          if (next >= lower.size() || first_error || stop) return;
           p = lower[next++];
         }
         try {
@@ -144,9 +87,13 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
           net::ConnId id =
               net_.connect(book[static_cast<size_t>(p)].first, book[static_cast<size_t>(p)].second,
                            std::max(left, Millis{1}));
-          std::lock_guard lock(mu_);
-          conns_[static_cast<size_t>(p)] = id;
-          rank_of_[id] = p;
+          {
+            std::lock_guard lock(mu_);
+            conns_[static_cast<size_t>(p)] = id;
+            rank_of_[id] = p;
+            dialing_[static_cast<size_t>(p)] = 0;
+          }
+          flush(p);  // nothing, unless an operation was posted meanwhile
         } catch (...) {
           std::lock_guard lock(dial_mu);
           if (!first_error) first_error = std::current_exception();
@@ -168,6 +115,10 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   });
   const std::optional<Status> failure = verdict_.failure();
   lock.unlock();
+  {
+    std::lock_guard dl(dial_mu);
+    stop = true;
+  }
   for (auto& t : dialers)
     t.join();
   if (failure && !all())
