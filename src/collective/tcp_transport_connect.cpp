@@ -115,9 +115,9 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   });
   const std::optional<Status> failure = verdict_.failure();
   lock.unlock();
-  {
+  if (failure) {
     std::lock_guard dl(dial_mu);
-    stop = true;
+    stop = true;  // the dials not started yet are of no use
   }
   for (auto& t : dialers)
     t.join();
