@@ -139,6 +139,8 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
         book[rank_].second));
   }
   setup_streams(book, partners);
+  PP_INFO("collective rank {}: connected to {} of {} peers at start-up (the others on first use)",
+          rank_, partners.size(), size_ - 1);
 }
 
 int TcpTransport::connected_peers() const {
