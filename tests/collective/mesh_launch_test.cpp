@@ -5,7 +5,8 @@
 // first use). Every op works (the engine's negotiation with rank 0 and the
 // alltoall connect lazily), and a SIGSTOPped rank is found by its ring
 // predecessor, probed, and named by every survivor, also by those that never
-// had a connection to it, within the heartbeat timeout + 2 s.
+// had a connection to it, within the heartbeat timeout + 2 s; so is a
+// killed one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -89,6 +90,31 @@ TEST(MeshProcesses, AStoppedRankIsNamedByEverySurvivor) {
   }
   ps[static_cast<size_t>(victim)]->signal(SIGKILL);
   EXPECT_TRUE(ps[static_cast<size_t>(victim)]->wait(std::chrono::seconds(10)).has_value());
+}
+
+// A killed rank: its partners see their connections close and, after the
+// grace, blame it; the verdict floods to the ranks that had no connection
+// to it. Every survivor names it, within the timeout + 2 s.
+TEST(MeshProcesses, AKilledRankIsNamedByEverySurvivor) {
+  const int port = test::free_port(), victim = 6;
+  auto ps = start_probes(
+      kRanks, port, {"--victim", std::to_string(victim), "--after", "20"},
+      {{"PUSHPULL_HEARTBEAT_TIMEOUT_MS", "1500"}, {"PUSHPULL_HEARTBEAT_INTERVAL_MS", "100"}});
+  for (int r = 0; r < kRanks; ++r) {
+    auto code = ps[static_cast<size_t>(r)]->wait(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " hangs:\n" << ps[r]->output();
+    if (r == victim) {
+      EXPECT_EQ(*code, 128 + SIGKILL);
+      continue;
+    }
+    EXPECT_EQ(*code, 3) << ps[static_cast<size_t>(r)]->output();
+    const std::string out = ps[static_cast<size_t>(r)]->output();
+    EXPECT_THAT(
+        out, HasSubstr(fmt::format("collective: rank {} (host 127.0.0.{}:", victim, victim + 1)));
+    auto at = out.find("ERROR PeerFailure ");
+    ASSERT_NE(at, std::string::npos) << out;
+    EXPECT_LT(std::stoll(out.substr(at + 18)), 1500 + 2000 + 3000) << out;
+  }
 }
 
 }  // namespace
