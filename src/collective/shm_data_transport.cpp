@@ -22,44 +22,48 @@ bool is_control(uint64_t tag) {
   return (tag & kControlTagBit) != 0;
 }
 
-// Sends `mine` to every peer and receives every peer's (as many bytes);
-// rows[rank] is `mine`.
-std::vector<std::vector<uint8_t>> exchange(TcpTransport& tcp, uint64_t tag,
-                                           const std::vector<uint8_t>& mine, Deadline deadline,
-                                           std::string_view what) {
-  const int rank = tcp.rank(), size = tcp.size();
-  std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(size),
-                                         std::vector<uint8_t>(mine.size()));
-  rows[static_cast<size_t>(rank)] = mine;
-  std::vector<Request> reqs;
-  for (int p = 0; p < size; ++p) {
-    if (p == rank) continue;
-    reqs.push_back(isend(tcp, p, tag, mine.data(), mine.size()));
-    reqs.push_back(irecv(tcp, p, tag, rows[static_cast<size_t>(p)].data(), mine.size()));
-  }
-  for (auto& r : reqs)
-    r.wait(deadline, what);
-  return rows;
-}
-
-// The same among `group` (the job's ranks, ascending, this rank among
-// them): rows[i] is group[i]'s.
+// Gathers every member's `mine` (as many bytes each) among `group` (the
+// job's ranks, ascending, this rank among them): rows[i] is group[i]'s.
+// Bruck's allgather: log2(size) rounds, round k with the members 2^k away
+// either way, so it uses only the mesh's start-up links
+// (tcp_transport.h mesh_partners) and opens no connection per pair.
 std::vector<std::vector<uint8_t>> exchange_among(TcpTransport& tcp, const std::vector<int>& group,
                                                  uint64_t tag, const std::vector<uint8_t>& mine,
                                                  Deadline deadline, std::string_view what) {
-  std::vector<std::vector<uint8_t>> rows(group.size(), std::vector<uint8_t>(mine.size()));
-  std::vector<Request> reqs;
-  for (size_t i = 0; i < group.size(); ++i) {
-    if (group[i] == tcp.rank()) {
-      rows[i] = mine;
-      continue;
-    }
-    reqs.push_back(isend(tcp, group[i], tag, mine.data(), mine.size()));
-    reqs.push_back(irecv(tcp, group[i], tag, rows[i].data(), mine.size()));
+  const int n = static_cast<int>(group.size());
+  const int me =
+      static_cast<int>(std::find(group.begin(), group.end(), tcp.rank()) - group.begin());
+  const size_t w = mine.size();
+  // acc holds the rows of members me, me + 1, ... (mod n), in that order.
+  std::vector<uint8_t> acc(static_cast<size_t>(n) * w);
+  std::copy(mine.begin(), mine.end(), acc.begin());
+  uint64_t round = 1;
+  for (int d = 1; d < n; d *= 2, ++round) {
+    const size_t cnt = static_cast<size_t>(std::min(d, n - d));
+    // The round in bits 56..62 (the tags' own bits are below).
+    const uint64_t t = tag ^ (round << 56);
+    Request rv = irecv(tcp, group[static_cast<size_t>((me + d) % n)], t,
+                       acc.data() + static_cast<size_t>(d) * w, cnt * w);
+    Request sd = isend(tcp, group[static_cast<size_t>((me - d + n) % n)], t, acc.data(), cnt * w);
+    rv.wait(deadline, what);
+    sd.wait(deadline, what);
   }
-  for (auto& r : reqs)
-    r.wait(deadline, what);
+  std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const auto* row = acc.data() + static_cast<size_t>(i) * w;
+    rows[static_cast<size_t>((me + i) % n)].assign(row, row + w);
+  }
   return rows;
+}
+
+// The same among every rank of the job: rows[r] is rank r's.
+std::vector<std::vector<uint8_t>> exchange(TcpTransport& tcp, uint64_t tag,
+                                           const std::vector<uint8_t>& mine, Deadline deadline,
+                                           std::string_view what) {
+  std::vector<int> all(static_cast<size_t>(tcp.size()));
+  for (int r = 0; r < tcp.size(); ++r)
+    all[static_cast<size_t>(r)] = r;
+  return exchange_among(tcp, all, tag, mine, deadline, what);
 }
 
 size_t ring_bytes_for(const ShmOptions& o, size_t group) {

@@ -78,7 +78,7 @@ StreamHelloCheck check_stream_hello(std::span<const std::byte, kStreamHelloBytes
     return out;
   }
   if (static_cast<size_t>(qr) < taken.size() && taken[static_cast<size_t>(qr)]) {
-    out.refusal = fmt::format("rank {} already has its data stream", q);
+    out.refusal = fmt::format("rank {} already has its data stream or is not expected", q);
     return out;
   }
   out.rank = qr;
@@ -94,6 +94,18 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
                                    Clock::time_point deadline, Millis handshake_timeout,
                                    const std::string& what,
                                    const std::function<std::optional<Status>()>& abandon) {
+  std::vector<bool> expected(static_cast<size_t>(std::max(size, 0)), false);
+  for (int q = rank + 1; q < size; ++q)
+    expected[static_cast<size_t>(q)] = true;
+  return accept_streams(listener, auth, rank, expected, deadline, handshake_timeout, what, abandon);
+}
+
+std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int rank,
+                                   const std::vector<bool>& expected_ranks,
+                                   Clock::time_point deadline, Millis handshake_timeout,
+                                   const std::string& what,
+                                   const std::function<std::optional<Status>()>& abandon) {
+  const int size = static_cast<int>(expected_ranks.size());
   std::vector<Stream> fds(static_cast<size_t>(size));
   std::vector<Pending> pending;
   net::PendingLimit per_source;
@@ -101,7 +113,9 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
   for (const auto& i : net::list_interfaces())
     local_hosts.push_back(i.address);
   net::RefusalLog log;
-  int expected = size - 1 - rank;
+  int expected = 0;
+  for (int q = rank + 1; q < size; ++q)
+    expected += expected_ranks[static_cast<size_t>(q)] ? 1 : 0;
   auto pause_until = Clock::time_point{};
   auto drop = [&](size_t i, const std::string& why) {
     log.note(pending[i].host, fmt::format("{}: dropped a data stream connection from {}: {}", what,
@@ -116,7 +130,8 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
     if (now >= deadline) {
       std::vector<int> missing;
       for (int q = rank + 1; q < size; ++q)
-        if (!fds[static_cast<size_t>(q)].fd.valid()) missing.push_back(q);
+        if (expected_ranks[static_cast<size_t>(q)] && !fds[static_cast<size_t>(q)].fd.valid())
+          missing.push_back(q);
       throw Timeout(fmt::format("{}: rank(s) {} did not open their data stream in time", what,
                                 fmt::join(missing, ", ")));
     }
@@ -163,7 +178,7 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
       if (p.got < kHelloBytes) continue;
       std::vector<bool> taken(static_cast<size_t>(size));
       for (size_t k = 0; k < fds.size(); ++k)
-        taken[k] = fds[k].fd.valid();
+        taken[k] = fds[k].fd.valid() || !expected_ranks[k];  // not a partner: refused
       StreamHelloCheck check = check_stream_hello(p.in, auth, p.nonce, rank, size, taken);
       if (check.rank < 0) {
         drop(i, check.refusal);

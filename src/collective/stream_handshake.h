@@ -83,6 +83,12 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
                                    Clock::time_point deadline, Millis handshake_timeout,
                                    const std::string& what,
                                    const std::function<std::optional<Status>()>& abandon = {});
+// The same for the ranks q > rank with expected[q] only (size =
+// expected.size()); a connector claiming any other rank is refused.
+std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int rank,
+                                   const std::vector<bool>& expected, Clock::time_point deadline,
+                                   Millis handshake_timeout, const std::string& what,
+                                   const std::function<std::optional<Status>()>& abandon = {});
 
 // Opens the stream from `rank` to `peer` at host:port. Throws IoError when
 // the connection or the handshake fails, ProtocolError when the acceptor

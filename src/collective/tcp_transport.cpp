@@ -43,12 +43,17 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       early_bytes_(static_cast<size_t>(size), 0),
       where_(static_cast<size_t>(size)),
       left_(static_cast<size_t>(size), false),
+      deferred_(static_cast<size_t>(size)),
+      flushing_(static_cast<size_t>(size), 0),
+      dialing_(static_cast<size_t>(size), 0),
+      wait_until_(static_cast<size_t>(size)),
+      asked_(static_cast<size_t>(size)),
       host_(host) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
   net_.listen(std::move(listener));
   net_.set_handler(kDataType, kDataType, [this](net::Message&& m) { on_message(std::move(m)); });
-  net_.set_handler(kHeartbeatType, kByeType,
+  net_.set_handler(kHeartbeatType, kDialMeType,
                    [this](net::Message&& m) { on_control(std::move(m)); });
   port_->target_ = this;
   net_.set_connect_handler([this](net::ConnId id, const net::PeerInfo& p) {
@@ -57,8 +62,10 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       if (p.rank < 0 || p.rank >= size_) return;
       conns_[static_cast<size_t>(p.rank)] = id;
       rank_of_[id] = p.rank;
+      wait_until_[static_cast<size_t>(p.rank)].reset();
     }
     cv_.notify_all();
+    flush(p.rank);  // operations that waited for this (lazy) connection
   });
   net_.set_close_handler(
       [this](net::ConnId id, const net::PeerInfo&, const Status& st) { on_close(id, st); });
@@ -74,88 +81,13 @@ TcpTransport::~TcpTransport() {
   close(Status(ErrorCode::kPeerFailure, fmt::format("rank {} closed its transport", rank_)));
 }
 
-void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& book) {
-  if (static_cast<int>(book.size()) != size_)
-    throw InvalidArgument(
-        fmt::format("TcpTransport: address book of {} for size {}", book.size(), size_));
-  for (int r = 0; r < size_; ++r)
-    where_[static_cast<size_t>(r)] = net::format_address(book[static_cast<size_t>(r)].first,
-                                                         book[static_cast<size_t>(r)].second);
-  for (int r = 0; r < rank_; ++r) {
-    net::ConnId id =
-        net_.connect(book[static_cast<size_t>(r)].first, book[static_cast<size_t>(r)].second);
-    std::lock_guard lock(mu_);
-    conns_[static_cast<size_t>(r)] = id;
-    rank_of_[id] = r;
-  }
-  std::unique_lock lock(mu_);
-  auto all = [&] {
-    for (int r = rank_ + 1; r < size_; ++r)
-      if (!conns_[static_cast<size_t>(r)]) return false;
-    return true;
-  };
-  // A verdict delivered meanwhile (an elastic round whose member died before
-  // connecting: VerdictPort) ends the wait at once instead of at the timeout.
-  const bool connected = cv_.wait_for(lock, opts_.connect_timeout,
-                                      [&] { return all() || verdict_.failure().has_value(); });
-  if (const auto& v = verdict_.failure(); v && !all())
-    throw PeerFailure(fmt::format(
-        "collective: rank {} stopped waiting for its peers to connect: {}", rank_, v->message()));
-  if (!connected) {
-    std::vector<int> missing;
-    for (int r = rank_ + 1; r < size_; ++r)
-      if (!conns_[static_cast<size_t>(r)]) missing.push_back(r);
-    throw Timeout(fmt::format(
-        "collective: rank {} waited {} ms for ranks {} to connect; check that they started and "
-        "can reach {}:{}",
-        rank_, opts_.connect_timeout.count(), fmt::join(missing, ", "), book[rank_].first,
-        book[rank_].second));
-  }
-  lock.unlock();
-  setup_streams(book);
-}
-
-Status TcpTransport::peer_error(int peer, const Status& why) const {
-  if (left_[static_cast<size_t>(peer)])
-    return Status(ErrorCode::kPeerFailure,
-                  fmt::format("collective: {} has shut down its communicator ({})", describe(peer),
-                              why.message()));
-  return Status(ErrorCode::kPeerFailure,
-                fmt::format("collective: {} failed: its connection was lost ({}); it crashed, was "
-                            "killed or lost the network",
-                            describe(peer), why.message()));
-}
-
-std::string TcpTransport::describe(int peer) const {
-  // where_ and live_'s names are set up before any operation and never change.
-  if (peer >= 0 && static_cast<size_t>(peer) < live_.names.size())
-    return live_.names[static_cast<size_t>(peer)];
-  if (peer < 0 || peer >= size_ || where_[static_cast<size_t>(peer)].empty())
-    return fmt::format("{} {}", live_.noun, peer);
-  return fmt::format("{} {} (host {})", live_.noun, peer, where_[static_cast<size_t>(peer)]);
-}
-
-void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
-  std::unique_lock lock(mu_);
-  Status now;
-  if (closed_)
-    now = *closed_;
-  else if (verdict_.failure())
-    now = *verdict_.failure();
-  else if (!live_thread_.joinable() || left_[static_cast<size_t>(peer)])
-    now = peer_error(peer, why);  // no detector to settle a suspect, or it left: at once
-  if (!now.is_ok()) {
-    lock.unlock();
-    done(now);
-    return;
-  }
-  verdict_.suspect(peer_error(peer, why), live_.grace);
-  held_.push_back(std::move(done));
-  cv_.notify_all();
-}
-
 void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t bytes,
                              Completion done) {
+  post_send_now(peer, tag, data, bytes, std::move(done), false);
+}
+
+void TcpTransport::post_send_now(int peer, uint64_t tag, const void* data, size_t bytes,
+                                 Completion done, bool flushing) {
   net::ConnId conn;
   std::optional<Status> dead;
   {
@@ -165,7 +97,7 @@ void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t by
       err = *closed_;
     else if (verdict_.failure())
       err = *verdict_.failure();
-    else if (peer < 0 || peer >= size_ || !conns_[static_cast<size_t>(peer)])
+    else if (peer < 0 || peer >= size_ || peer == rank_ || book_.empty())
       err = Status(ErrorCode::kInvalidArgument,
                    fmt::format("collective: no connection to rank {}", peer));
     else
@@ -173,6 +105,11 @@ void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t by
     if (!err.is_ok()) {
       done(err);
       return;
+    }
+    if (!dead && !flushing) {
+      Deferred d{true, tag, data, nullptr, bytes, std::move(done)};
+      if (defer(peer, d)) return;
+      done = std::move(d.done);
     }
     conn = conns_[static_cast<size_t>(peer)];
   }
@@ -187,6 +124,11 @@ void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t by
 }
 
 void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) {
+  post_recv_now(peer, tag, dst, bytes, std::move(done), false);
+}
+
+void TcpTransport::post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
+                                 bool flushing) {
   Key key{peer, tag};
   net::ConnId conn;
   {
@@ -196,9 +138,14 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
       err = *closed_;
     else if (verdict_.failure())
       err = *verdict_.failure();
-    else if (peer < 0 || peer >= size_ || !conns_[static_cast<size_t>(peer)])
+    else if (peer < 0 || peer >= size_ || peer == rank_ || book_.empty())
       err = Status(ErrorCode::kInvalidArgument,
                    fmt::format("collective: no connection to rank {}", peer));
+    if (err.is_ok() && !flushing && !dead_[static_cast<size_t>(peer)]) {
+      Deferred d{false, tag, nullptr, dst, bytes, std::move(done)};
+      if (defer(peer, d)) return;
+      done = std::move(d.done);
+    }
     auto it = early_.find(key);
     if (err.is_ok() && it != early_.end()) {
       net::Buffer b = std::move(it->second.front());
@@ -330,7 +277,10 @@ void TcpTransport::on_net_recv(Key key, const Status& st, const net::Header& h) 
   {
     std::lock_guard lock(mu_);
     registered_.erase(key);
-    if (st.is_ok() && silence_) silence_->heard(key.first);
+    if (st.is_ok() && silence_ && key.first == watched_) {
+      silence_->heard(key.first);
+      probe_until_.reset();
+    }
     auto it = posted_.find(key);
     if (it == posted_.end()) return;  // already failed or served
     p = std::move(it->second);
@@ -354,6 +304,7 @@ void TcpTransport::on_close(net::ConnId id, const Status& st) {
     peer = r->second;
     dead_[static_cast<size_t>(peer)] = st;
     if (silence_) silence_->forget(peer);  // a closed peer is a suspect, not silent
+    if (peer == watched_) probe_until_.reset();
     if (live_thread_.joinable() && !closed_ && !left_[static_cast<size_t>(peer)])
       verdict_.suspect(peer_error(peer, st), live_.grace);
     cv_.notify_all();
@@ -396,8 +347,12 @@ void TcpTransport::close(const Status& reason) {
     for (auto& done : held_)
       failed.push_back(Posted{nullptr, 0, std::move(done)});
     held_.clear();
+    for (auto& d : take_deferred())
+      failed.push_back(Posted{nullptr, 0, std::move(d.done)});
+    lazy_stop_ = true;
   }
   cv_.notify_all();
+  lazy_cv_.notify_all();
   if (live_thread_.joinable()) live_thread_.join();
   for (auto& p : failed)
     p.done(reason);
@@ -407,40 +362,14 @@ void TcpTransport::close(const Status& reason) {
     for (auto& fd : streams_)
       if (fd.valid()) ::shutdown(fd.get(), SHUT_RDWR);
   net_.stop();
-}
-
-bool TcpTransport::is_closed() const {
-  std::lock_guard lock(mu_);
-  return closed_.has_value() || verdict_.failure().has_value();
-}
-
-int TcpTransport::stream_fd(int peer) const {
-  if (!streams_ready_ || peer < 0 || peer >= size_) return -1;
-  return streams_[static_cast<size_t>(peer)].get();
-}
-
-net::TlsLink* TcpTransport::stream_tls(int peer) const {
-  if (!streams_ready_ || peer < 0 || peer >= size_ || stream_tls_.empty()) return nullptr;
-  return stream_tls_[static_cast<size_t>(peer)].get();
-}
-
-Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) {
-  std::unique_lock lock(mu_);
-  if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
-  if (code != ErrorCode::kPeerFailure || peer < 0 || peer >= size_)
-    return Status(code, fmt::format("collective: data stream from {}: {}", describe(peer), why));
-  Status blame = peer_error(peer, Status(ErrorCode::kIoError, why));
-  if (!live_thread_.joinable()) return blame;
-  // The peer may be closing because another node failed first: give that
-  // verdict the grace to arrive (the liveness thread settles the suspect).
-  verdict_.suspect(blame, live_.grace);
-  cv_.notify_all();
-  cv_.wait_for(lock, live_.grace + Millis{1000},
-               [&] { return closed_.has_value() || verdict_.failure().has_value(); });
-  if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
-  return blame;
+  // A dial in progress ends at its (bounded) deadline; what it queued failed above.
+  std::vector<std::thread> dialers;
+  {
+    std::lock_guard lock(mu_);
+    dialers.swap(dialers_);
+  }
+  for (auto& t : dialers)
+    t.join();
 }
 
 }  // namespace pushpull::collective

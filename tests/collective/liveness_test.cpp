@@ -185,10 +185,11 @@ Status outcome(const Request& r) {
 
 TEST(MeshDetector, ASilentRankFailsEveryonesPendingOperationsNamingIt) {
   auto ts = connect_group(3);
-  // Rank 2 never heartbeats (as if stopped). Rank 1 does not detect by
-  // itself: it must learn the verdict from rank 0.
-  ts[0]->start_liveness(fast());
-  ts[1]->start_liveness(fast(false));
+  // Rank 2 never heartbeats nor answers probes (as if stopped); its watcher
+  // is its ring predecessor, rank 1. Rank 0 does not detect by itself: it
+  // must learn the verdict from rank 1 (and helps probe rank 2 for it).
+  ts[0]->start_liveness(fast(false));
+  ts[1]->start_liveness(fast());
   uint64_t a = 0, b = 0, c = 0;
   Request r0 = irecv(*ts[0], 1, 7, &a, sizeof a);
   Request r1 = irecv(*ts[1], 0, 7, &b, sizeof b);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Test helper: n TcpTransports on loopback, as threads of this process, fully
+// Test helper: n TcpTransports on loopback, as threads of this process,
 // connected (every rank listens, the book is exchanged, connect_all runs on a
-// thread per rank). Ownership: the caller owns the returned transports.
+// thread per rank: the mesh partners connect, other pairs on first use). Ownership: the caller owns
+// the returned transports.
 #pragma once
 
 #include <memory>
@@ -14,15 +15,19 @@
 
 namespace pushpull::collective::testing {
 
-inline std::vector<std::unique_ptr<TcpTransport>> connect_tcp_group(
-    int n, Millis connect_timeout = Millis(5000)) {
+// hosts[r]: rank r's listening address (a loopback one: 127.0.0.x); ranks
+// on different addresses count as different hosts (mesh_partners), so
+// distinct addresses give the partial mesh of a multi-host job.
+inline std::vector<std::unique_ptr<TcpTransport>> connect_tcp_group_on(
+    const std::vector<std::string>& hosts, Millis connect_timeout = Millis(5000)) {
+  const int n = static_cast<int>(hosts.size());
   NetOptions net;
   net.connect_timeout = connect_timeout;
   std::vector<std::unique_ptr<TcpTransport>> ts;
   std::vector<std::pair<std::string, int>> book;
   for (int r = 0; r < n; ++r) {
-    ts.push_back(std::make_unique<TcpTransport>(r, n, net));
-    book.emplace_back("127.0.0.1", ts.back()->port());
+    ts.push_back(std::make_unique<TcpTransport>(r, n, net, hosts[static_cast<size_t>(r)]));
+    book.emplace_back(hosts[static_cast<size_t>(r)], ts.back()->port());
   }
   std::vector<std::thread> th;
   for (int r = 0; r < n; ++r)
@@ -30,6 +35,20 @@ inline std::vector<std::unique_ptr<TcpTransport>> connect_tcp_group(
   for (auto& t : th)
     t.join();
   return ts;
+}
+
+inline std::vector<std::unique_ptr<TcpTransport>> connect_tcp_group(
+    int n, Millis connect_timeout = Millis(5000)) {
+  return connect_tcp_group_on(std::vector<std::string>(static_cast<size_t>(n), "127.0.0.1"),
+                              connect_timeout);
+}
+
+// Rank r alone on "host" 127.0.0.(r + 1).
+inline std::vector<std::string> distinct_loopback_hosts(int n) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < n; ++r)
+    hosts.push_back("127.0.0." + std::to_string(r + 1));
+  return hosts;
 }
 
 }  // namespace pushpull::collective::testing

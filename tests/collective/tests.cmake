@@ -12,6 +12,10 @@ endif()
 if(TARGET shm_launch_test)
   add_dependencies(shm_launch_test collective_probe pushpull_launch_cli)
 endif()
+# The partial mesh's process tests run collective_probe.
+if(TARGET mesh_launch_test)
+  add_dependencies(mesh_launch_test collective_probe)
+endif()
 # The hierarchical allreduce's process tests run collective_probe.
 if(TARGET hierarchical_launch_test)
   add_dependencies(hierarchical_launch_test collective_probe)
