@@ -226,6 +226,9 @@ def main():
         p.error('--ranks takes integers, e.g. 2,3,4')
     if not counts or min(counts) < 1 or args.jobs < 1 or args.timeout < 1:
         p.error('--ranks, --jobs and --timeout must be positive')
+    # The ranks run in the temporary folder: relative paths must not change meaning.
+    args.bin = str(Path(args.bin).resolve())
+    args.pythonpath = str(Path(args.pythonpath).resolve())
     if not Path(args.bin).exists():
         p.error('no pushpull binary at %s (build it, or pass --bin)' % args.bin)
 
