@@ -144,6 +144,20 @@ def list_tests(path):
     return tests
 
 
+RUNNING = set()  # the launchers of tests in flight (stopped on SIGINT / SIGTERM)
+
+
+def on_signal(signum, frame):
+    """Stops every job in flight by its process group, then exits (the
+    temporary folder is removed on the way out)."""
+    for proc in list(RUNNING):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(128 + signum)
+
+
 def stop(proc):
     """Stops the job we started: its process group, TERM then KILL."""
     for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
@@ -170,12 +184,15 @@ def run_one(args, dest, test, n):
     with open(out / 'log', 'w+b') as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=str(dest.parent), start_new_session=True)
+        RUNNING.add(proc)
         try:
             proc.wait(args.timeout)
             hung = False
         except subprocess.TimeoutExpired:
             stop(proc)
             hung = True
+        finally:
+            RUNNING.discard(proc)
         log.seek(0)
         tail = log.read().decode(errors='replace')[-3000:]
     secs = time.time() - t0
@@ -232,6 +249,8 @@ def main():
     if not Path(args.bin).exists():
         p.error('no pushpull binary at %s (build it, or pass --bin)' % args.bin)
 
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with tempfile.TemporaryDirectory(prefix='pp-hvd-suite-') as tmp:
         dest = prepare(args.test_file, Path(tmp))
         tests = list_tests(dest)
@@ -241,7 +260,8 @@ def main():
             sys.exit('horovod_suite: no test matches')
         jobs = [(t, n) for n in counts for t in tests]
         results = {}
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(args.jobs)
+        try:
             futures = {pool.submit(run_one, args, dest, t, n): (t, n) for t, n in jobs}
             for fut in concurrent.futures.as_completed(futures):
                 t, n = futures[fut]
@@ -251,6 +271,8 @@ def main():
                                                   reason), flush=True)
                 if args.verbose and verdict in ('fail', 'hang'):
                     print(tail, flush=True)
+        finally:  # on a signal: no test not yet started runs
+            pool.shutdown(wait=True, cancel_futures=True)
     report(tests, counts, results)
     if args.json:
         Path(args.json).write_text(json.dumps(
