@@ -235,6 +235,9 @@ def main():
                    help='interpreter of the ranks (default /usr/bin/python3: Debian torch)')
     p.add_argument('--pythonpath', default=str(ROOT / 'build' / 'python'))
     p.add_argument('--json', default=None, help='also write the results here')
+    p.add_argument('--markdown', default=None,
+                   help='also write the counts and the skipped tests as a Markdown table '
+                        '(what docs/python.md shows)')
     p.add_argument('-v', '--verbose', action='store_true', help='print the log of failures')
     args = p.parse_args()
     try:
@@ -278,8 +281,30 @@ def main():
         Path(args.json).write_text(json.dumps(
             [{'test': t, 'ranks': n, 'verdict': v, 'reason': r, 'seconds': round(s, 1)}
              for (t, n), (v, r, s, _) in sorted(results.items())], indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(tests, counts, results))
     bad = [k for k, v in results.items() if v[0] in ('fail', 'hang')]
     return 1 if bad else 0
+
+
+def markdown(tests, counts, results):
+    """Counts per rank count, then each test that did not pass everywhere."""
+    lines = ['| ranks | pass | fail | hang | skip | slowest test |', '|---|---|---|---|---|---|']
+    for n in counts:
+        v = [results[(t, n)][0] for t in tests]
+        lines.append('| %d | %d | %d | %d | %d | %.1f s |' % (
+            n, v.count('pass'), v.count('fail'), v.count('hang'), v.count('skip'),
+            max(results[(t, n)][2] for t in tests)))
+    lines += ['', '| test | %s | reason |' % ' | '.join('%d ranks' % n for n in counts),
+              '|---|%s---|' % ('---|' * len(counts))]
+    for t in tests:
+        verdicts = [results[(t, n)][0] for n in counts]
+        if all(v == 'pass' for v in verdicts):
+            continue
+        reasons = sorted({results[(t, n)][1] for n in counts if results[(t, n)][1]})
+        lines.append('| `%s` | %s | %s |' % (t.split('::')[-1], ' | '.join(verdicts),
+                                            '; '.join(reasons)))
+    return '\n'.join(lines) + '\n'
 
 
 def report(tests, counts, results):
