@@ -50,7 +50,6 @@ def test_optimizer_sparse_groups_process_set_and_state(n):
 
 def case_names(n, r, hvd):
     from hvd_worker import quickly
-    from pushpull import _pushpull
     # For each rank k in turn, k submits each name twice before the others
     # submit it (so it is surely still pending there, whatever the timing):
     # ValueError on k at once; then the others submit it and the op completes
@@ -75,21 +74,22 @@ def case_names(n, r, hvd):
     if not torch.equal(got, torch.full((2,), float(n))):
         raise AssertionError('after the duplicates: %s' % got)
     # Dropping the handle of an op the others have not submitted yet returns
-    # at once (its tensors are parked until it ends).
+    # at once; the op still completes (rank 1 waits for it), and its name is
+    # taken until then.
+    late = torch.ones(1 << 16)
     if r == 0:
         t0 = time.time()
-        hvd.allreduce_async(torch.ones(1 << 16), name='late', op=hvd.Sum)
-        if time.time() - t0 > 0.5 or _pushpull._parked_operations() < 1:
-            raise AssertionError('dropping a pending handle blocked or parked nothing')
+        hvd.allreduce_async(late, name='late', op=hvd.Sum)
+        if time.time() - t0 > 0.5:
+            raise AssertionError('dropping a pending handle blocked')
+        quickly(lambda: hvd.allreduce_async(late, name='late', op=hvd.Sum), ValueError,
+                "'late' is still pending")
     else:
         time.sleep(1.0)
-        hvd.allreduce_async(torch.ones(1 << 16), name='late', op=hvd.Sum)
+        got = hvd.synchronize(hvd.allreduce_async(late, name='late', op=hvd.Sum))
+        if not torch.equal(got, torch.full((1 << 16,), float(n))):
+            raise AssertionError('the dropped op did not complete: %s' % got[:3])
     hvd.barrier()
-    deadline = time.time() + 10
-    while _pushpull._parked_operations() and time.time() < deadline:
-        time.sleep(0.05)
-    if _pushpull._parked_operations():
-        raise AssertionError('a parked op never finished')
 
 
 def _local_grads(model, r):
