@@ -206,6 +206,9 @@ def run_one(args, dest, test, n):
     outcomes = [x['outcome'] for x in ranks]
     if 'fail' in outcomes or None in outcomes or proc.returncode != 0:
         bad = [(r, x) for r, x in enumerate(ranks) if x['outcome'] != 'pass'] or [(0, ranks[0])]
+        # The root cause: a rank's own failure, not the PeerFailure the others
+        # see when it exits.
+        bad.sort(key=lambda rx: 'PeerFailure' in (rx[1]['reason'] or ''))
         r, x = bad[0]
         reason = 'rank %d: %s' % (r, x['reason'] or 'exit %d' % proc.returncode)
         if x['outcome'] is None:  # the rank died before pytest reported: its last words
