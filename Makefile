@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench format clean sanitize sanitize-core chaos chaos-survive fuzz package plots scaling simulate simulate-scale
+.PHONY: all deps configure build test demo bench format clean sanitize sanitize-core chaos chaos-survive fuzz package plots scaling simulate simulate-scale horovod-suite
 
 all: build
 
@@ -48,6 +48,19 @@ sanitize-core: deps
 	  CMAKE_FLAGS="-DPUSHPULL_BUILD_TORCH=OFF -DPUSHPULL_BUILD_PYTHON=OFF -DPUSHPULL_BUILD_BENCHMARKS=OFF"
 	ctest --test-dir build-asan-core --output-on-failure -j $$(( $$(nproc) * 2 )) --timeout 900 \
 	  -L '^($(SANITIZE_CORE_LABELS))$$' -LE 'chaos|install|lenet|torch|bench|launch|e2e|security'
+
+# Horovod's own torch suite (its test/parallel/test_torch.py, not part of this
+# repository: pass a copy) run against pushpull.torch, each test alone under
+# `pushpull launch` (docs/python.md, "Horovod's own suite").
+# HOROVOD_SUITE_FLAGS: e.g. --ranks 2,3,4 --jobs 2 -k alltoall.
+HOROVOD_TEST        ?=
+HOROVOD_SUITE_FLAGS ?= --ranks 2,3,4
+horovod-suite:
+	@test -n "$(HOROVOD_TEST)" || { echo "make horovod-suite HOROVOD_TEST=/path/to/horovod/test/parallel/test_torch.py"; exit 2; }
+	@$(MAKE) --no-print-directory configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target pushpull pushpull_python
+	/usr/bin/python3 scripts/horovod_suite.py "$(HOROVOD_TEST)" --bin $(BUILD_DIR)/bin/pushpull \
+	  --pythonpath $(BUILD_DIR)/python $(HOROVOD_SUITE_FLAGS)
 
 # The chaos suite (docs/reliability.md): 100 randomized fault trials (kill,
 # stop or terminate a worker, a server or the launcher mid-training) and the

@@ -26,12 +26,13 @@
 //   later op of this communicator with PeerFailure (or Timeout) naming the
 //   rank: the communicator is then unusable; create a new group.
 // - join(): a rank out of data joins; until every rank has joined, the
-//   others' ops proceed with it contributing the identity (0 for sum and
-//   average, 1 for product, +max/lowest for min/max), zero rows to an
-//   allgather, and receiving (and dropping) broadcasts. Average divides by the
-//   number of ranks that contributed, not by size(). join() returns once every
-//   rank has joined, with the rank that joined last. A broadcast whose root
-//   has joined fails.
+//   others' reductions (allreduce, reduce-scatter) proceed with it
+//   contributing the identity (0 for sum and average, 1 for product,
+//   +max/lowest for min/max). Average divides by the number of ranks that
+//   contributed, not by size(). As Horovod, an allgather or a broadcast while
+//   a rank (of its set) is joined fails with InvalidArgument on every rank
+//   that submitted it. join() returns once every rank has joined, with the
+//   rank that joined last.
 // - Average of integer dtypes truncates toward zero. 16-bit floats are reduced
 //   in float32 and rounded back at each step of the algorithm.
 //

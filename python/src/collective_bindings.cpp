@@ -10,9 +10,9 @@
 // - An async op's arrays are pinned (bindings.h) and the pins are owned by its
 //   Handle until the op is done, so a caller that drops its own references
 //   cannot free memory the engine still reads or writes. A Handle destroyed
-//   before its op completed waits for it (GIL released) before dropping the
-//   pins: blocking in a destructor is better than a use-after-free; if that
-//   wait times out, the pins are parked until the op ends (bindings.h).
+//   before its op completed does not wait (as Horovod's): its pins are
+//   parked until the op ends (bindings.h), so nothing is freed under the
+//   engine and no destructor blocks.
 // - allgather / reduce_scatter results are pushpull::Arrays handed to numpy
 //   without a copy (a capsule owns the Array). numpy has no bfloat16, so a
 //   bfloat16 result comes back as uint16 bits (pushpull.torch views it as
@@ -91,19 +91,12 @@ class PyHandle {
   PyHandle& operator=(const PyHandle&) = delete;
 
   ~PyHandle() {
-    // Runs with the GIL held (pybind11 dealloc). After shutdown() the engine
-    // has failed every op and stopped, so the memory is no longer in use.
+    // Runs with the GIL held (pybind11 dealloc). Dropping a handle does not
+    // wait for its op (Horovod's handles do not either: a test submits an op,
+    // drops the handle and expects the next submission of that name to find
+    // it still pending): the pinned arrays are parked until the op is over.
+    // After shutdown() the engine has failed every op, so nothing is parked.
     if (!keep_.empty() && coll::is_initialized()) {
-      try {
-        if (!coll::poll(handle_)) {
-          py::gil_scoped_release nogil;
-          coll::wait(handle_);
-        }
-      } catch (...) {
-        // The op failed (it is over), or the wait timed out (checked below).
-      }
-      // Still running after a timed-out wait: the engine may still read or
-      // write the arrays, so they outlive this handle in the parking lot.
       coll::Handle h = handle_;
       park_until_done([h] { return !coll::is_initialized() || coll::poll(h); }, std::move(keep_));
     }
@@ -233,7 +226,7 @@ void bind_collective(py::module_& m) {
 
   py::class_<PyHandle>(c, "Handle",
                        "A pending collective. Keeps its arrays alive until done; "
-                       "destroying it before completion waits for the operation.")
+                       "destroying it before completion parks them until the operation ends.")
       .def_property_readonly("name", &PyHandle::name)
       .def("done", &PyHandle::done, "True once the operation completed (or failed).")
       .def("wait", &PyHandle::wait, py::arg("timeout") = py::none(),

@@ -92,7 +92,8 @@ def case_duplicate_names(n, r):
 
 def case_join(n, r):
     """Rank r has r + 1 batches: joined ranks contribute zeros (Average still
-    divides by size()), no rows to allgathers; join returns the last rank."""
+    divides by size()); allgather, alltoall and broadcast fail while a rank is
+    joined (as Horovod); join returns the last rank."""
     batches = r + 1
     for step in range(n):
         if step >= batches:
@@ -105,14 +106,22 @@ def case_join(n, r):
               torch.full((3,), 2 * sum(k + 1 for k in active), dtype=torch.int32), 'int sum')
         check(hvd.allreduce(x, op=hvd.Max, name='j.max.%d' % step),
               torch.full((3,), float(max(active) + 1)), 'max')
-        # A pending allgather on the ranks still there completes with the
-        # joined ranks' zero rows.
-        g = hvd.allgather(torch.full((r + 1, 2), float(r)), name='j.ag.%d' % step)
-        check(g, torch.cat([torch.full((k + 1, 2), float(k)) for k in active]), 'allgather')
         rs = hvd.reducescatter(torch.ones(n, 2), op=hvd.Sum, name='j.rs.%d' % step)
         check(rs, torch.full((1, 2), float(len(active))), 'reducescatter')
-        b = hvd.broadcast(torch.full((2,), float(r)), n - 1, name='j.bc.%d' % step)
-        check(b, torch.full((2,), float(n - 1)), 'broadcast from a rank still there')
+        # As Horovod: allgather, alltoall and broadcast (even from a rank still
+        # there) fail on every rank that submitted them once a rank joined.
+        gather = lambda: hvd.allgather(torch.full((r + 1, 2), float(r)), name='j.ag.%d' % step)
+        bcast = lambda: hvd.broadcast(torch.full((2,), float(r)), n - 1, name='j.bc.%d' % step)
+        a2a = lambda: hvd.alltoall(torch.full((n, 2), float(r)), name='j.a2a.%d' % step)
+        if len(active) == n:
+            check(gather(), torch.cat([torch.full((k + 1, 2), float(k)) for k in active]),
+                  'allgather')
+            check(bcast(), torch.full((2,), float(n - 1)), 'broadcast')
+            check(a2a(), torch.tensor([[float(k)] * 2 for k in range(n)]), 'alltoall')
+        else:
+            quickly(gather, RuntimeError, 'joined', 'allgather')
+            quickly(bcast, RuntimeError, 'joined', 'broadcast')
+            quickly(a2a, RuntimeError, 'joined')
     last = hvd.join()
     if last != n - 1:
         raise AssertionError('join() returned %r, but rank %d joined last' % (last, n - 1))
@@ -154,8 +163,12 @@ def case_dtypes(n, r):
         b = inputs_of(n, (5,), dtype, 3)
         check(hvd.broadcast(b[r], n - 1, name='d.bc.%s' % dtype), b[n - 1], 'broadcast %s' % dtype)
         a = inputs_of(n, (2 * n, 2), dtype, 4)
-        out, received = hvd.alltoall(a[r], name='d.a2a.%s' % dtype)
+        # As Horovod: without splits alltoall returns the tensor alone; the
+        # handle of alltoall_async gives (output, received_splits) either way.
+        out = hvd.alltoall(a[r], name='d.a2a.%s' % dtype)
         check(out, torch.cat([a[k][2 * r:2 * r + 2] for k in range(n)]), 'alltoall %s' % dtype)
+        out, received = hvd.synchronize(hvd.alltoall_async(a[r], name='d.a2a2.%s' % dtype))
+        check(out, torch.cat([a[k][2 * r:2 * r + 2] for k in range(n)]), 'alltoall_async')
         check(received, torch.full((n,), 2, dtype=torch.int32), 'alltoall received splits')
         rs = inputs_of(n, (n + 1, 2), dtype, 5)
         rows = [2 if k == 0 else 1 for k in range(n)]  # the first rank gets the extra row
@@ -203,12 +216,25 @@ def case_ops(n, r):
     check(g[1], total[r:r + 1], 'grouped_reducescatter 1', 1e-12)
     h = hvd.grouped_reducescatter_async([xs[r]], op=hvd.Sum)
     check(hvd.synchronize(h)[0], part, 'grouped_reducescatter_async', 1e-12)
-    w = xs[r].clone().requires_grad_()
-    out = hvd.reducescatter(w, op=hvd.Average, name='o.rs.grad')
-    (out * (r + 1)).sum().backward()
-    # d/dw_k of sum_r (r+1) * avg part r = (owner of the row + 1) / n.
+    # autograd, Horovod's convention: the gathered output gradients (rank k's
+    # rows get rank k's), times size() for Sum, times 1 for Average, times the
+    # scale factors.
     owner = torch.cat([torch.full((rows[k], 3), float(k + 1)) for k in range(n)]).double()
-    check(w.grad, owner / n, 'reducescatter gradient', 1e-12)
+    for op, name, want in ((hvd.Average, 'avg', owner), (hvd.Sum, 'sum', owner * n)):
+        w = xs[r].clone().requires_grad_()
+        out = hvd.reducescatter(w, op=op, name='o.rs.grad.' + name)
+        (out * (r + 1)).sum().backward()
+        check(w.grad, want, 'reducescatter %s gradient' % name, 1e-12)
+    w = xs[r].clone().requires_grad_()
+    out = hvd.reducescatter(w, op=hvd.Sum, name='o.rs.grad.scaled', prescale_factor=0.5,
+                            postscale_factor=3.0)
+    (out * (r + 1)).sum().backward()
+    check(w.grad, owner * n * 1.5, 'reducescatter scaled gradient', 1e-12)
+    ws = [xs[r].clone().requires_grad_() for _ in range(2)]
+    outs = hvd.grouped_reducescatter(ws, op=hvd.Sum, name='o.grs.grad')
+    sum((o * (r + 1)).sum() for o in outs).backward()
+    for k, w in enumerate(ws):
+        check(w.grad, owner * n, 'grouped_reducescatter gradient %d' % k, 1e-12)
 
     # grouped allreduce: in place (the same tensors come back), async forms.
     ts = [torch.full((k + 2,), float(r + 1)) for k in range(3)]
@@ -258,6 +284,15 @@ def case_ops(n, r):
     (out * (r + 1)).sum().backward()
     want = torch.cat([torch.full((sends[r][k], 2), float(k + 1)) for k in range(n)])
     check(w.grad, want, 'alltoall gradient')
+    # equal splits, differentiable: the tensor alone (as Horovod), gradient back.
+    v = torch.full((2 * n, 1), float(r)).requires_grad_()
+    out = hvd.alltoall(v, name='o.a2a.eq.grad')
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError('alltoall without splits returned %r, not a tensor' % type(out))
+    check(out.detach(), torch.cat([torch.full((2, 1), float(k)) for k in range(n)]),
+          'alltoall equal splits')
+    (out * 3).sum().backward()
+    check(v.grad, torch.full((2 * n, 1), 3.0), 'alltoall equal splits gradient')
     # bad splits: ValueError at once on this rank, before anything is sent.
     quickly(lambda: hvd.alltoall(torch.ones(n + 1), name='o.bad'), ValueError, 'divisible')
     quickly(lambda: hvd.alltoall(torch.ones(3), splits=[1] * (n + 1)), ValueError, 'one per rank')
@@ -303,7 +338,7 @@ def case_process_sets(n, r):
         m = n - 1
         rs = hvd.reducescatter(torch.ones(2 * m, 2), op=hvd.Sum, process_set=tail)
         check(rs, torch.full((2, 2), float(m)), 'tail reducescatter splits among members')
-        out, rec = hvd.alltoall(torch.full((m,), float(r)), process_set=tail)
+        out = hvd.alltoall(torch.full((m,), float(r)), process_set=tail)
         check(out, torch.arange(1, n).float(), 'tail alltoall')
         gs = hvd.grouped_allreduce([torch.ones(2), torch.ones(1)], op=hvd.Sum, process_set=tail)
         check(gs[0], torch.full((2,), float(m)), 'tail grouped')

@@ -103,6 +103,14 @@ void Coordinator::check_all(Clock::time_point now) {
     check(n, now);
 }
 
+std::vector<int> Coordinator::joined_members(const Pending& p, const Spec& spec) const {
+  std::vector<int> gone;
+  for (int r = 0; r < size_; ++r)
+    if (!p.specs[static_cast<size_t>(r)] && joined_[static_cast<size_t>(r)] && spec.includes(r))
+      gone.push_back(r);
+  return gone;
+}
+
 void Coordinator::check(const std::string& name, Clock::time_point now) {
   auto it = pending_.find(name);
   if (it == pending_.end()) return;
@@ -137,12 +145,18 @@ void Coordinator::check(const std::string& name, Clock::time_point now) {
         "and root under one name",
         name, fmt::join(each, "; "));
     item.response.tensors.push_back(ResponseTensor{name, kNoCacheId, false, {}});
-  } else if (first->type == OpType::kBroadcast && !p.specs[static_cast<size_t>(first->root)]) {
+  } else if (auto gone = joined_members(p, *first);
+             !gone.empty() &&
+             (first->type == OpType::kBroadcast || first->type == OpType::kAllgather)) {
+    // As Horovod: a joined rank has no rows to gather and may be a broadcast's
+    // root, so both fail on every rank that submitted them (reductions go on).
     item.response.kind = Response::Kind::kError;
     item.response.code = ErrorCode::kInvalidArgument;
-    item.response.message =
-        fmt::format("collective: broadcast '{}' from root {}, but rank {} has joined (has no data)",
-                    name, first->root, first->root);
+    item.response.message = fmt::format(
+        "collective: {} '{}' while rank(s) [{}] have joined: allgather and broadcast are not "
+        "supported with join (as in Horovod); call them before join(), or let every rank "
+        "join first",
+        op_type_name(first->type), name, fmt::join(gone, ", "));
     item.response.tensors.push_back(ResponseTensor{name, kNoCacheId, false, {}});
   } else {
     item.spec = *first;

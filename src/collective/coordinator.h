@@ -81,6 +81,8 @@ class Coordinator {
   void check(const std::string& name, Clock::time_point now);
   void check_all(Clock::time_point now);
   static const Spec* first_spec(const Pending& p);
+  // Members of the op's set that joined instead of submitting it.
+  std::vector<int> joined_members(const Pending& p, const Spec& spec) const;
   ResponseTensor tensor_of(const Spec& s);
   // A small allreduce: may be fused with the next ready ones, and may wait.
   bool fusible(const Item& item) const;

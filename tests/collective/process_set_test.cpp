@@ -112,6 +112,32 @@ TEST(ProcessSets, SpecMembersRoundTripAndBadMembersAreRejected) {
   }
 }
 
+TEST(Join, AllgatherAndBroadcastFailOnEveryRankWhileAMemberIsJoined) {
+  // As Horovod: reductions go on with a joined rank's zeros, an allgather or a
+  // broadcast (even from a rank still there) fails on every rank that
+  // submitted it; a set whose members are all still there is not affected.
+  const int n = 3;
+  Group g(n);
+  g.run([&](int r, Communicator& c) {
+    if (r != 0) {
+      Array x = Array::full(Shape{2}, 1.0);
+      c.allreduce("sum", x);
+      EXPECT_EQ(at(x, 0), 2.0);
+      try {
+        c.take_output(c.allgather_async("g", x));
+        ADD_FAILURE() << "allgather with rank 0 joined did not fail on rank " << r;
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("[0] have joined"), std::string::npos) << e.what();
+      }
+      EXPECT_THROW(c.wait(c.broadcast_async("b", x, 1)), InvalidArgument);
+      Array y = Array::full(Shape{2}, static_cast<double>(r));
+      c.wait(c.broadcast_async("b12", y, 2, {1, 2}));  // rank 0 is not a member
+      EXPECT_EQ(at(y, 1), 2.0);
+    }
+    c.join();
+  });
+}
+
 TEST(Join, ReturnsTheRankThatJoinedLast) {
   const int n = 3;
   Group g(n);

@@ -48,7 +48,9 @@ TEST(ShmTransport, RingsShrinkSoAHostsRingsFitTheBudget) {
     EXPECT_LE(ring, previous) << n;
     EXPECT_EQ(ring % 4096, 0u) << n;
     EXPECT_GE(ring, kShmMinRingBytes) << n;
-    if (ring > kShmMinRingBytes) EXPECT_LE(uint64_t{ring} * n * (n - 1), kShmHostRingBudget) << n;
+    if (ring > kShmMinRingBytes) {
+      EXPECT_LE(uint64_t{ring} * n * (n - 1), kShmHostRingBudget) << n;
+    }
     previous = ring;
   }
   // 256 ranks on a host: 32 KiB rings, 2 GiB in all (4 GiB at 2 MiB each

@@ -60,7 +60,10 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Leaves the group (local; peers with pending ops see PeerFailure)."""
     from .process_sets import _reset
+    from . import ops
     _reset()
+    with ops._dropped_lock:
+        ops._dropped.clear()
     _c.shutdown()
 
 

@@ -86,11 +86,14 @@ class _AlltoallFn(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=None):
     """Scatters ``tensor``'s rows to the ranks of the set (``splits[j]`` rows
     to member j; equal parts when None) and gathers what they sent to this
-    rank. Returns (output, received_splits). Differentiable."""
+    rank. As Horovod: returns the output tensor when ``splits`` is None, and
+    (output, received_splits) when splits are given. Differentiable."""
     if ops._differentiable(tensor):
         ops._check(tensor, 'alltoall tensor')
         _, prefix, _ = ops._scope(process_set, 'alltoall')
-        return _AlltoallFn.apply(tensor, splits,
-                                 ops._auto_name('alltoall', name, prefix)[len(prefix):],
-                                 process_set)
-    return ops.synchronize(alltoall_async(tensor, splits, name, process_set))
+        out = _AlltoallFn.apply(tensor, splits,
+                                ops._auto_name('alltoall', name, prefix)[len(prefix):],
+                                process_set)
+    else:
+        out = ops.synchronize(alltoall_async(tensor, splits, name, process_set))
+    return out[0] if splits is None else out

@@ -85,11 +85,20 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     buffers such as momentum) root_rank's. Unlike Horovod, ranks whose state is
     still empty need no dummy step: root's state_dict is sent whole (one pickled
     object) and loaded with ``load_state_dict``. Parameters must be in the same
-    order on every rank (the same model)."""
+    order on every rank (the same model). As Horovod, an optimizer with no
+    state yet leaves with a zero gradient on each parameter that requires grad
+    and had none (sparse for SparseAdam): code written for Horovod reads it."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgument(
             'broadcast_optimizer_state: expected a torch.optim.Optimizer, got %s'
             % type(optimizer).__name__)
+    if not optimizer.state:
+        for group in optimizer.param_groups:
+            for p in group['params']:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
     _, prefix, _ = ops._scope(process_set, 'broadcast_optimizer_state')
     state = optimizer.state_dict() if ops._c.rank() == root_rank else None
     buffer = io.BytesIO()

@@ -17,6 +17,7 @@ input (or read an output) before ``synchronize(handle)``.
 
 import itertools
 import threading
+import time
 
 import torch
 
@@ -56,9 +57,56 @@ _counters = {}
 _counters_lock = threading.Lock()
 
 
+# Ops whose handle was dropped before they completed: {engine name: (op, when)}.
+# As in Horovod, submitting a name again while its op is pending on this rank
+# is a ValueError. Horovod negotiates once per cycle (milliseconds), so an op
+# never completes between two submissions in a row; pushpull's engine can, so
+# a dropped handle keeps its name taken until the op is done and DROP_HOLD
+# seconds have passed since the drop (the handle itself is kept here, which
+# also keeps its tensors alive, until then).
+DROP_HOLD = 1.0
+_dropped = {}
+_dropped_lock = threading.Lock()
+
+
+def _forget_dropped(handle):
+    """Handle.__del__: remembers the engine ops it leaves pending."""
+    op = handle._op
+    try:
+        for one in (op.ops if isinstance(op, _Group) else [op]):
+            if not one.done():
+                with _dropped_lock:
+                    _dropped[one.name] = (one, time.monotonic())
+    except Exception:  # noqa: BLE001 - never raise from a destructor
+        pass
+
+
+def _done(op):
+    try:
+        return op.done()
+    except Exception:  # noqa: BLE001 - e.g. a handle of a session that was shut down
+        return True
+
+
+def _check_not_dropped(full):
+    now = time.monotonic()
+    with _dropped_lock:
+        for n, (op, when) in list(_dropped.items()):
+            if _done(op) and (n != full or now - when >= DROP_HOLD):
+                del _dropped[n]
+        taken = full in _dropped
+    if taken:
+        raise InvalidArgument(
+            "pushpull.torch: an op named '%s' is still pending on this rank (its handle was "
+            "dropped without synchronize); a name may not be submitted again until its op is "
+            "done" % full)
+
+
 def _auto_name(kind, name, prefix=''):
-    """The op's engine name: ``prefix`` scopes it to a process set."""
+    """The op's engine name: ``prefix`` scopes it to a process set. A name whose
+    op is still pending here (its handle dropped) is refused (ValueError)."""
     if name is not None:
+        _check_not_dropped(prefix + str(name))
         return prefix + str(name)
     with _counters_lock:
         counter = _counters.setdefault((kind, prefix), itertools.count())
@@ -152,6 +200,9 @@ class Handle:
 
     def __repr__(self):
         return '<pushpull.torch.Handle %r done=%s>' % (self._op.name, self._op.done())
+
+    def __del__(self):
+        _forget_dropped(self)
 
 
 class _Group:

@@ -18,17 +18,22 @@ import torch
 from pushpull._pushpull import InvalidArgument
 from . import ops
 from .compression import Compression
+from .process_sets import ProcessSet
 from .sparse import sparse_allreduce_async
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set):
+                 gradient_predivide_factor, sparse_as_dense, process_set, groups):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
-        ops._scope(process_set, 'DistributedOptimizer')  # a registered set with this rank
+        # As Horovod: on a rank outside ``process_set`` the optimizer is a plain
+        # local one (no hooks, no communication); a set must be registered.
+        self._member = not isinstance(process_set, ProcessSet) or process_set.included()
+        if self._member:
+            ops._scope(process_set, 'DistributedOptimizer')
         self.backward_passes_per_step = backward_passes_per_step
         if op is ops.Adasum:
             raise InvalidArgument(
@@ -68,6 +73,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._parameter_names = {p: 'grad.noname.%d' % i for i, p in enumerate(all_params)}
 
+        self._group_of = _group_map(groups, all_params)
+        self._group_ready = {}
         self._handles = {}
         self._grad_accs = []
         self._requires_update = set()
@@ -78,6 +85,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._register_hooks()
 
     def _set_size(self):
+        """Ranks averaging with this one: 1 outside the process set."""
+        if not self._member:
+            return 1
         return ops._c.size() if self._process_set is None else self._process_set.size()
 
     # ---- hooks ------------------------------------------------------------------
@@ -106,10 +116,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         % self.backward_passes_per_step)
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                handle, ctx = self._allreduce_grad_async(p)
             self._handles[p] = (handle, ctx)
+            if self._allreduce_delay[p] == 0:
+                group = self._group_of.get(p)
+                if group is None:
+                    self._handles[p] = self._allreduce_grad_async(p)
+                else:  # submitted together once every member's gradient is ready
+                    ready = self._group_ready.setdefault(id(group), set())
+                    ready.add(p)
+                    if len(ready) == sum(1 for q in group if q in self._requires_update):
+                        self._submit_group(group)
         return hook
+
+    def _submit_group(self, group):
+        """Starts the allreduces of a group's members at once (the engine fuses
+        them: Horovod's grouped allreduce), in the group's order."""
+        self._group_ready.pop(id(group), None)
+        for q in group:
+            if q in self._requires_update:
+                self._handles[q] = self._allreduce_grad_async(q)
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
@@ -126,13 +151,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           'or Sum (or sparse_as_dense=True)')
                 return sparse_allreduce_async(grad, name=name, op=self.op,
                                               process_set=self._process_set), 'sparse'
-            grad = p.grad = grad.to_dense()
+            # Densified for the allreduce only; synchronize() gives the wrapped
+            # optimizer a sparse gradient back (as Horovod: SparseAdam needs one).
+            grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         handle = ops.allreduce_async_(compressed, name=name, op=self.op,
                                       prescale_factor=self._prescale,
                                       postscale_factor=self._postscale,
                                       process_set=self._process_set)
-        return handle, ctx
+        return handle, (ctx, grad is not p.grad)
 
     # ---- Horovod's public methods -------------------------------------------------
 
@@ -142,19 +169,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._set_size() == 1:
             self._synchronized = True
             return
-        for p in self._requires_update - set(self._handles):
-            self._handles[p] = self._allreduce_grad_async(p)
-        for p, (handle, ctx) in list(self._handles.items()):
-            if handle is None:
+        # Whatever the hooks did not start, in parameter order (the same on
+        # every rank); a group goes whole.
+        for p in [q for group in self.param_groups for q in group['params']]:
+            if p not in self._requires_update or self._handles.get(p, (None,))[0] is not None:
+                continue
+            group = self._group_of.get(p)
+            if group is None:
                 self._handles[p] = self._allreduce_grad_async(p)
+            else:
+                self._submit_group(group)
+        self._group_ready.clear()
         for p, (handle, ctx) in self._handles.items():
             output = ops.synchronize(handle)
             self._allreduce_delay[p] = self.backward_passes_per_step
             if ctx == 'sparse':
                 p.grad = output.coalesce()
                 continue
+            ctx, densified = ctx
             grad = self._compression.decompress(output, ctx)
-            if grad is not p.grad:
+            if densified:
+                p.grad = grad.to_sparse()
+            elif grad is not p.grad:
                 p.grad.copy_(grad)
         self._handles.clear()
         self._synchronized = True
@@ -190,6 +226,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+def _group_map(groups, params):
+    """{parameter: its group (a list)} for Horovod's ``groups``: a number of
+    groups (the parameters split in order into that many) or a list of lists
+    of parameters (the others go alone)."""
+    if groups is None or groups == 0:
+        return {}
+    if isinstance(groups, bool) or not isinstance(groups, (int, list, tuple)):
+        raise InvalidArgument('DistributedOptimizer: groups must be a non-negative number or a '
+                              'list of lists of parameters; got %r' % (groups,))
+    if isinstance(groups, int):
+        if groups < 0:
+            raise InvalidArgument('DistributedOptimizer: groups (num_groups) must be >= 0, got %d'
+                                  % groups)
+        params = [p for p in params if p.requires_grad]
+        k = min(groups, len(params)) or 1
+        size, extra = divmod(len(params), k)
+        lists, start = [], 0
+        for i in range(k):
+            end = start + size + (1 if i < extra else 0)
+            lists.append(params[start:end])
+            start = end
+    else:
+        lists = [list(g) for g in groups]
+    known = {id(p) for p in params}
+    out = {}
+    for g in lists:
+        for p in g:
+            if not isinstance(p, torch.Tensor):
+                raise InvalidArgument('DistributedOptimizer: groups must hold parameters '
+                                      '(torch.Tensor), got %s' % type(p).__name__)
+            if p in out:
+                raise InvalidArgument('DistributedOptimizer: a parameter appears in two groups')
+            if id(p) not in known:
+                raise InvalidArgument('DistributedOptimizer: groups holds a tensor that is not a '
+                                      'parameter of the optimizer')
+            out[p] = g
+    return out
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=ops.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -197,11 +272,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wraps a torch optimizer so that step() applies gradients averaged (op)
     over all ranks, as horovod.torch.DistributedOptimizer.
 
-    ``num_groups`` / ``groups`` are accepted for compatibility and ignored: the
-    engine fuses whatever is ready at once. Sparse gradients are allgathered
-    (indices and values), or densified and allreduced with ``sparse_as_dense``.
-    ``process_set``: the gradients are averaged over that set's ranks only."""
-    del num_groups, groups
+    ``groups`` (or the older ``num_groups``), as Horovod: a number k splits the
+    parameters, in order, into k groups; a list of lists of parameters names
+    the groups (the others go alone). A group's allreduces start together once
+    every member's gradient is ready, so the engine fuses them (a grouped
+    allreduce). Sparse gradients are allgathered (indices and values), or
+    densified for the allreduce with ``sparse_as_dense`` (the wrapped optimizer
+    still gets a sparse gradient). ``process_set``: the gradients are averaged
+    over that set's ranks only."""
+    if num_groups:
+        warnings.warn('DistributedOptimizer: num_groups is deprecated (as in Horovod); use '
+                      'groups', DeprecationWarning)
+        if groups is None:
+            groups = num_groups
     if backward_passes_per_step < 1:
         raise InvalidArgument('DistributedOptimizer: backward_passes_per_step must be >= 1')
     # A subclass of the optimizer's own class (as Horovod does), so isinstance
@@ -209,4 +292,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, sparse_as_dense, process_set)
+               op, gradient_predivide_factor, sparse_as_dense, process_set, groups)

@@ -47,7 +47,10 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
 
 
 class _ReducescatterFn(torch.autograd.Function):
-    """Backward: the gathered gradient, scaled as the forward pass scaled."""
+    """Backward, as Horovod's: the gradients of every member gathered, times the
+    set's size for Sum (times 1 for Average), times the pre- and postscale
+    factors. (Like its allreduce's, Horovod's gradient counts every rank's
+    loss: a Sum's output rows feed the loss of each of the n ranks.)"""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, pre, post):
@@ -60,7 +63,7 @@ class _ReducescatterFn(torch.autograd.Function):
         if op not in (ops.Sum, ops.Average):
             raise InvalidArgument('pushpull.torch: reducescatter with op=%s has no gradient' % op)
         n = process_set.size() if process_set is not None else _c.size()
-        factor = pre * post / (n if op == ops.Average else 1)
+        factor = pre * post * (n if op == ops.Sum else 1)
         full = ops.allgather(grad.contiguous(), name=name + '.grad', process_set=process_set)
         return full * factor, None, None, None, None, None
 

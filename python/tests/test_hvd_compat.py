@@ -1,0 +1,208 @@
+"""Horovod behaviours that its own test suite checks (scripts/horovod_suite.py runs
+that suite; these cases cover the same behaviours without it). The file is
+both the pytest module and, run as a script under `pushpull launch -s 0`, the
+worker:
+
+    build/bin/pushpull launch -n 3 -s 0 /usr/bin/python3 python/tests/test_hvd_compat.py names
+
+Each case prints "PASS <case> rank <r> of <n>"; any mismatch raises.
+"""
+
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+# ---- the pytest side ----------------------------------------------------------------
+
+
+def run_case(case, n, timeout=120):
+    from torch_launch import run_job
+    code, out = run_job([sys.executable, __file__, case], n, timeout)
+    assert code == 0, 'case %s on %d ranks exited %d:\n%s' % (case, n, code, out)
+    for r in range(n):
+        assert 'PASS %s rank %d of %d' % (case, r, n) in out, out
+    assert 'Traceback' not in out, out
+
+
+@pytest.mark.parametrize('n', [2, 3])
+def test_duplicate_pending_name_raises_on_every_rank(n):
+    # Every rank submits a name twice while the first is pending, the handle
+    # of the first dropped: ValueError on every rank, at once (no rank blocks
+    # dropping a handle); join() then settles the first ops and the group goes
+    # on.
+    run_case('names', n)
+
+
+@pytest.mark.parametrize('n', [2, 3])
+def test_optimizer_sparse_groups_process_set_and_state(n):
+    # SparseAdam with sparse_as_dense (sparse gradients reach it), groups /
+    # num_groups (same result as without, bad groups refused), an optimizer
+    # outside its process set is local, broadcast_optimizer_state gives zero
+    # gradients to an optimizer without state.
+    run_case('optimizer', n)
+
+
+# ---- the worker side ----------------------------------------------------------------
+
+
+def case_names(n, r, hvd):
+    from hvd_worker import quickly
+    # For each rank k in turn, k submits each name twice before the others
+    # submit it (so it is surely still pending there, whatever the timing):
+    # ValueError on k at once; then the others submit it and the op completes
+    # (its dropped handles were parked, not waited for).
+    x = torch.full((4,), float(r + 1))
+    for k in range(n):
+        ops = (lambda: hvd.allreduce_async(x, name='same.%d' % k, op=hvd.Sum),
+               lambda: hvd.allgather_async(x, name='same.ag.%d' % k),
+               lambda: hvd.broadcast_async(x, 0, name='same.bc.%d' % k))
+        if r == k:
+            for submit in ops:
+                submit()  # the handle is dropped at once: the op stays pending
+                quickly(submit, ValueError, 'same')
+        hvd.barrier()
+        if r != k:
+            for submit in ops:
+                submit()
+    last = hvd.join()
+    if last not in range(n):
+        raise AssertionError('join returned %r' % last)
+    got = hvd.allreduce(torch.ones(2), op=hvd.Sum, name='after.same')
+    if not torch.equal(got, torch.full((2,), float(n))):
+        raise AssertionError('after the duplicates: %s' % got)
+    # Dropping the handle of an op the others have not submitted yet returns
+    # at once; the op still completes (rank 1 waits for it), and its name is
+    # taken until then.
+    late = torch.ones(1 << 16)
+    if r == 0:
+        t0 = time.time()
+        hvd.allreduce_async(late, name='late', op=hvd.Sum)
+        if time.time() - t0 > 0.5:
+            raise AssertionError('dropping a pending handle blocked')
+        quickly(lambda: hvd.allreduce_async(late, name='late', op=hvd.Sum), ValueError,
+                "'late' is still pending")
+    else:
+        time.sleep(1.0)
+        got = hvd.synchronize(hvd.allreduce_async(late, name='late', op=hvd.Sum))
+        if not torch.equal(got, torch.full((1 << 16,), float(n))):
+            raise AssertionError('the dropped op did not complete: %s' % got[:3])
+    hvd.barrier()
+
+
+def _local_grads(model, r):
+    model.zero_grad()
+    (model(torch.full((1, 3), float(r + 1))) ** 2).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def case_optimizer(n, r, hvd):
+    from torch_worker import check, expect_error
+
+    # broadcast_optimizer_state of an optimizer without state: zero gradients
+    # on the parameters that require grad, sparse ones for SparseAdam.
+    lin = torch.nn.Linear(2, 2)
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(list(lin.parameters()) + [frozen], lr=0.1))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if frozen.grad is not None or any(not torch.equal(p.grad, torch.zeros_like(p))
+                                      for p in lin.parameters()):
+        raise AssertionError('zero gradients after broadcast_optimizer_state')
+    emb = torch.nn.Embedding(4, 2, sparse=True)
+    hvd.broadcast_optimizer_state(torch.optim.SparseAdam(list(emb.parameters())), 0)
+    if not emb.weight.grad.is_sparse:
+        raise AssertionError('SparseAdam needs a sparse zero gradient')
+
+    # SparseAdam: sparse gradients reach it with and without sparse_as_dense,
+    # averaged (every rank ends with the same weights).
+    for dense in (False, True):
+        torch.manual_seed(3)
+        emb = torch.nn.Embedding(6, 2, sparse=True)
+        sopt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                        sparse_as_dense=dense)
+        (emb(torch.tensor([r, r + 1])) * (r + 1)).sum().backward()
+        sopt.synchronize()
+        if not emb.weight.grad.is_sparse:
+            raise AssertionError('sparse_as_dense=%s: a dense gradient for SparseAdam' % dense)
+        want = torch.zeros(6, 2)
+        for k in range(n):
+            want[k] += (k + 1) / n
+            want[k + 1] += (k + 1) / n
+        check(emb.weight.grad.to_dense(), want, 'averaged sparse gradient', 1e-6)
+        with sopt.skip_synchronize():
+            sopt.step()
+        every = hvd.allgather(emb.weight.detach().reshape(1, -1).clone())
+        check(every[r], every[0], 'SparseAdam weights equal on every rank')
+
+    # groups (a count, or lists of parameters) and num_groups: the same
+    # averaged gradients as without groups.
+    def model():
+        torch.manual_seed(5)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    ref = model()
+    want = [hvd.allreduce(g, name='ref.%d' % i) for i, g in enumerate(_local_grads(ref, r))]
+    layouts = [dict(groups=2), dict(groups=10), dict(num_groups=3)]
+    m = model()
+    layouts.append(dict(groups=[[m[0].weight, m[1].weight], [m[0].bias]]))
+    for k, layout in enumerate(layouts):
+        net = m if 'groups' in layout and isinstance(layout['groups'], list) else model()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            gopt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                            named_parameters=[('g%d.%s' % (k, name), p) for
+                                                              name, p in net.named_parameters()],
+                                            **layout)
+        if 'num_groups' in layout and not any('num_groups' in str(w.message) for w in caught):
+            raise AssertionError('num_groups: no deprecation warning')
+        _local_grads(net, r)
+        gopt.synchronize()
+        for i, p in enumerate(net.parameters()):
+            check(p.grad, want[i], 'grouped %r: parameter %d' % (layout, i), 1e-6)
+        with gopt.skip_synchronize():
+            gopt.step()
+    sgd = lambda: torch.optim.SGD(ref.parameters(), lr=0.1)
+    expect_error(lambda: hvd.DistributedOptimizer(sgd(), groups=-1), ValueError, '>= 0')
+    expect_error(lambda: hvd.DistributedOptimizer(sgd(), groups=[[ref[0].weight],
+                                                                 [ref[0].weight]]),
+                 ValueError, 'two groups')
+    expect_error(lambda: hvd.DistributedOptimizer(sgd(), groups=[[torch.ones(1)]]), ValueError,
+                 'not a parameter')
+    expect_error(lambda: hvd.DistributedOptimizer(sgd(), groups='all'), ValueError, 'groups')
+
+    # An optimizer of a process set: averaged over the members; on the other
+    # ranks a plain local optimizer (no communication, its own gradient).
+    evens = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
+    odds = hvd.add_process_set([k for k in range(n) if k % 2 == 1])
+    net = model()
+    popt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                    named_parameters=net.named_parameters(), process_set=evens)
+    mine = _local_grads(net, r)
+    popt.synchronize()
+    for i, p in enumerate(net.parameters()):
+        if r % 2 == 0:
+            total = hvd.allreduce(mine[i], name='even.%d' % i, process_set=evens)
+            check(p.grad, total, 'process-set optimizer, member', 1e-6)
+        else:
+            check(p.grad, mine[i], 'process-set optimizer, non-member', 0.0)
+    hvd.remove_process_set(odds)
+    hvd.remove_process_set(evens)
+
+
+CASES = {'names': case_names, 'optimizer': case_optimizer}
+
+
+def main():
+    import pushpull.torch as hvd
+    case = sys.argv[1]
+    torch.set_num_threads(1)
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    CASES[case](n, r, hvd)
+    print('PASS %s rank %d of %d' % (case, r, n), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == '__main__':
+    main()
