@@ -106,7 +106,7 @@ struct DistributedOptimizerOptions {
   Compression compression = Compression::kNone;
   // The ranks that reduce (a process set: distinct ranks of the
   // communicator); empty: every rank.
-  std::vector<int> process_set;
+  std::vector<int> process_set = {};
   // Horovod's gradient_predivide_factor (> 0; with kAverage only).
   double gradient_predivide_factor = 1.0;
 };
