@@ -26,6 +26,20 @@
 #include "ps/server_shares.h"
 
 namespace pushpull::cli {
+namespace {
+
+// The mean of the (min, max) pairs of the repeats.
+std::pair<double, double> mean_range(const std::vector<std::pair<double, double>>& per_repeat) {
+  double lo = 0, hi = 0;
+  for (auto& [a, b] : per_repeat) {
+    lo += a;
+    hi += b;
+  }
+  const double n = static_cast<double>(per_repeat.size());
+  return {lo / n, hi / n};
+}
+
+}  // namespace
 
 void run_ps_netns(const PsNetnsSettings& st) {
   const int n = st.workers;
@@ -114,15 +128,10 @@ void run_ps_netns(const PsNetnsSettings& st) {
           name, us / 1e6, us / byteps, byteps / 1e6, us / dedicated);
       if (ring_us > 0) line += fmt::format(", {:.3f}x the ring's time", us / ring_us);
       if (!per_server[i].empty()) {
-        double lo = 0, hi = 0;
-        for (auto& [a, b] : per_server[i]) {
-          lo += a;
-          hi += b;
-        }
-        const double reps = static_cast<double>(per_server[i].size());
+        auto [lo, hi] = mean_range(per_server[i]);
         line += fmt::format(
-            "; per spare host {:.1f}..{:.1f} MB in+out per iteration (BytePS's split: {:.1f})",
-            lo / reps, hi / reps, share / 1e6);
+            "; per spare host {:.1f}..{:.1f} MB in+out per iteration (BytePS's split: {:.1f})", lo,
+            hi, share / 1e6);
       }
       notes.push_back(line);
       continue;
@@ -135,13 +144,7 @@ void run_ps_netns(const PsNetnsSettings& st) {
         k, us / 1e6, us / dedicated, dedicated / 1e6, us / byteps, byteps / 1e6);
     if (ring_us > 0) line += fmt::format(", {:.3f}x the ring's time", us / ring_us);
     if (!per_server[i].empty()) {
-      double lo = 0, hi = 0;
-      for (auto& [a, b] : per_server[i]) {
-        lo += a;
-        hi += b;
-      }
-      lo /= static_cast<double>(per_server[i].size());
-      hi /= static_cast<double>(per_server[i].size());
+      auto [lo, hi] = mean_range(per_server[i]);
       line += fmt::format(
           "; per server host {:.1f}..{:.1f} MB in+out per iteration (even share: {:.1f})", lo, hi,
           2.0 * n * m / k / 1e6);

@@ -14,6 +14,7 @@
 
 #include "collective/tcp_transport.h"
 #include "net/address.h"
+#include "net/wire.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
@@ -23,18 +24,6 @@ namespace {
 constexpr int kStartupDialers = 16;
 // A lower rank waiting for a lazy connection asks the higher one this often.
 constexpr Millis kAskAgain{1000};
-
-void put_u32(std::byte* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    out[i] = static_cast<std::byte>(v >> (8 * i));
-}
-
-uint32_t get_u32(const std::byte* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
 
 }  // namespace
 
@@ -335,14 +324,15 @@ void TcpTransport::send_dial_me(int from, int to) {
   }
   if (via == 0) return;  // the lower side's wait fails at its deadline
   std::byte payload[8];
-  put_u32(payload, static_cast<uint32_t>(from));
-  put_u32(payload + 4, static_cast<uint32_t>(to));
+  net::store_le<uint32_t>(payload, static_cast<uint32_t>(from));
+  net::store_le<uint32_t>(payload + 4, static_cast<uint32_t>(to));
   net_.send_copy(via, net::Header{.type = kDialMeType}, payload, sizeof payload, kUrgentPriority);
 }
 
 void TcpTransport::on_dial_me(const net::Message& m, int from) {
   if (from < 0 || m.payload.size() != 8) return;  // malformed: ignored
-  const uint32_t a = get_u32(m.payload.data()), b = get_u32(m.payload.data() + 4);
+  const uint32_t a = net::load_le<uint32_t>(m.payload.data()),
+                 b = net::load_le<uint32_t>(m.payload.data() + 4);
   if (a >= static_cast<uint32_t>(size_) || b >= static_cast<uint32_t>(size_) || a >= b) return;
   const int asker = static_cast<int>(a), target = static_cast<int>(b);
   if (target != rank_) return send_dial_me(asker, target);  // forward

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "collective/tcp_transport.h"
+#include "net/wire.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
@@ -19,17 +20,8 @@ namespace {
 constexpr size_t kProbeBytes = 8;
 
 void put_probe(std::byte* out, int requester, int target) {
-  for (int i = 0; i < 4; ++i) {
-    out[i] = static_cast<std::byte>(static_cast<uint32_t>(requester) >> (8 * i));
-    out[4 + i] = static_cast<std::byte>(static_cast<uint32_t>(target) >> (8 * i));
-  }
-}
-
-uint32_t get_u32(const std::byte* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
+  net::store_le<uint32_t>(out, static_cast<uint32_t>(requester));
+  net::store_le<uint32_t>(out + 4, static_cast<uint32_t>(target));
 }
 
 }  // namespace
@@ -111,7 +103,8 @@ void TcpTransport::on_control(net::Message&& m) {
 
 void TcpTransport::on_probe(net::Message&& m, int from) {
   if (from < 0 || m.payload.size() != kProbeBytes) return;  // malformed: ignored
-  const uint32_t requester = get_u32(m.payload.data()), target = get_u32(m.payload.data() + 4);
+  const uint32_t requester = net::load_le<uint32_t>(m.payload.data()),
+                 target = net::load_le<uint32_t>(m.payload.data() + 4);
   if (requester >= static_cast<uint32_t>(size_) || target >= static_cast<uint32_t>(size_)) return;
   const int req = static_cast<int>(requester), tgt = static_cast<int>(target);
   net::ConnId to = 0;
