@@ -32,25 +32,6 @@ void close_all(std::vector<std::unique_ptr<TcpTransport>>& ts) {
     if (t) t->close(Status(ErrorCode::kInternal, "test over"));
 }
 
-// Runs fn(rank) on a thread per rank; rethrows the first failure.
-void on_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> th;
-  std::mutex mu;
-  std::exception_ptr first;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : th)
-    t.join();
-  if (first) std::rethrow_exception(first);
-}
-
 TEST(MeshPartners, SymmetricAndLogarithmic) {
   for (int n : {1, 2, 3, 5, 6, 7, 8, 9, 12, 20, 33, 64, 100, 1024}) {
     // One host with more ranks than kMaxLocalMesh: the algorithms' partners only.
@@ -135,7 +116,7 @@ TEST(Mesh, TheAlgorithmsUseOnlyTheStartupLinks) {
     before.push_back(t->connected_peers());
   std::vector<std::vector<float>> big(n), small(n);
   std::vector<std::vector<uint8_t>> bcast(n);
-  on_ranks(n, [&](int r) {
+  testing::on_threads(n, [&](int r) {
     std::vector<char> scratch;
     AlgoContext ctx{*ts[static_cast<size_t>(r)]};
     ctx.scratch = &scratch;
@@ -175,7 +156,7 @@ TEST(Mesh, OtherPairsConnectOnFirstUse) {
   const int n = 12;
   auto ts = testing::connect_tcp_group_on(testing::distinct_loopback_hosts(n));
   std::vector<std::vector<uint64_t>> got(n, std::vector<uint64_t>(n, 0));
-  on_ranks(n, [&](int r) {
+  testing::on_threads(n, [&](int r) {
     std::vector<uint64_t> mine(n);
     std::vector<Request> reqs;
     for (int q = 0; q < n; ++q) {
