@@ -141,11 +141,17 @@ struct ClusterOptions {
   // servers - 1 are used. PUSHPULL_PS_REPLICAS.
   int ps_replicas = -1;
   // Workers also connect to each other (a mesh, n(n-1)/2 connections): only
-  // the collectives' bootstrap through the scheduler uses it, to trade its
-  // ports (src/collective/bootstrap.cpp); a parameter-server worker talks to
-  // the servers and the scheduler only, so start-up stays linear in the job
-  // (docs/scaling.md). Set in code, not from the environment.
+  // tests that send worker to worker and `bench startup`'s `ps_mesh` (the
+  // topology before issue 38) use it; a worker talks to the servers and the
+  // scheduler only, so start-up stays linear in the job (docs/scaling.md).
+  // Set in code, not from the environment.
   bool worker_mesh = false;
+  // A worker's collectives mesh listener, bound before it registers: the
+  // port travels in its registration and reaches every worker in the address
+  // book (NodeAddress::mesh_port), so the collectives' bootstrap through the
+  // scheduler needs no worker-to-worker exchange (src/collective/
+  // bootstrap.cpp). 0: none. Set in code, not from the environment.
+  int mesh_port = 0;
   // Test hook (tests/e2e/ps_restart_test.cpp): a restarted server stops
   // itself (SIGSTOP) right after asking the live servers for its key ranges,
   // as a SIGSTOP landing while it catches up would.
@@ -176,7 +182,8 @@ struct KVStoreOptions {
   // docs/security.md) is derived from, the same key as checkpoints': the
   // variables base::checkpoint_key reads (PUSHPULL_CHECKPOINT_KEY_FILE, else
   // the per-user secret file: PUSHPULL_SECRET_FILE, XDG_CONFIG_HOME, HOME;
-  // PUSHPULL_ALLOW_INSECURE), as from_env() found them. The secret is read
+  // PUSHPULL_ALLOW_INSECURE; and PUSHPULL_CHECKPOINT_KEY_ID, which a
+  // launched server checks its key against), as from_env() found them. The secret is read
   // (or created) only when a file is saved or loaded. Empty (Options built
   // in code): the per-user secret file under this user's passwd home.
   Environment file_key_env;
@@ -197,6 +204,15 @@ struct KVStoreOptions {
   // "equal", or one positive weight per server rank ("1,1,0.5,0.5").
   // Every worker must use the same value. PUSHPULL_PS_SERVER_WEIGHTS.
   std::string ps_server_weights = "auto";
+  // Server checkpoints (docs/ps.md "Checkpoints"), set by `pushpull launch
+  // --checkpoint-dir / --resume`: where servers write them
+  // (PUSHPULL_CHECKPOINT_DIR; empty: none) and every how many rounds
+  // (PUSHPULL_CHECKPOINT_EVERY), and where and which round they resume from
+  // (PUSHPULL_RESUME_DIR; empty: a fresh job, and PUSHPULL_RESUME_ROUND).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  std::string resume_dir;
+  int64_t resume_round = 0;
 };
 
 struct CollectiveOptions {

@@ -13,11 +13,6 @@ Completion::Completion(int parts) : pending_(parts) {
   if (parts < 0) throw InvalidArgument(fmt::format("Completion: negative part count {}", parts));
 }
 
-void Completion::add_parts(int n) {
-  std::lock_guard lock(mu_);
-  if (pending_ > 0) pending_ += n;
-}
-
 void Completion::finish(const Status& s) {
   std::lock_guard lock(mu_);
   if (!s.is_ok() && status_.is_ok()) status_ = s;

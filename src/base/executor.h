@@ -39,9 +39,6 @@ class Completion {
   Completion(const Completion&) = delete;
   Completion& operator=(const Completion&) = delete;
 
-  // Adds parts still to finish (before the last finish(); a completed latch
-  // stays completed).
-  void add_parts(int n);
   // One part is done; `s` is its outcome. The first error is kept.
   void finish(const Status& s = Status::ok());
   bool done() const;

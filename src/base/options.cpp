@@ -202,12 +202,17 @@ Options Options::from_env(const Environment& env) {
   r.integer({"PUSHPULL_SERVER_THREADS"}, &k.server_threads);
   r.integer({"PUSHPULL_KVSTORE_THREADS"}, &k.engine_threads);
   r.millis({"PUSHPULL_KVSTORE_WAIT_TIMEOUT_MS"}, &k.wait_timeout);
-  for (std::string_view name : {"PUSHPULL_CHECKPOINT_KEY_FILE", "PUSHPULL_SECRET_FILE",
-                                "XDG_CONFIG_HOME", "HOME", "PUSHPULL_ALLOW_INSECURE"})
+  for (std::string_view name :
+       {"PUSHPULL_CHECKPOINT_KEY_FILE", "PUSHPULL_CHECKPOINT_KEY_ID", "PUSHPULL_SECRET_FILE",
+        "XDG_CONFIG_HOME", "HOME", "PUSHPULL_ALLOW_INSECURE"})
     if (auto v = env.get(name)) k.file_key_env.set(std::string(name), *v);
   r.integer({"PUSHPULL_PS_BACKUP_WORKERS"}, &k.ps_backup_workers);
   r.integer({"PUSHPULL_PS_BACKUP_MAX_LATE"}, &k.ps_backup_max_late);
   r.string({"PUSHPULL_PS_SERVER_WEIGHTS"}, &k.ps_server_weights);
+  r.string({"PUSHPULL_CHECKPOINT_DIR"}, &k.checkpoint_dir);
+  r.integer({"PUSHPULL_CHECKPOINT_EVERY"}, &k.checkpoint_every);
+  r.string({"PUSHPULL_RESUME_DIR"}, &k.resume_dir);
+  r.integer({"PUSHPULL_RESUME_ROUND"}, &k.resume_round);
 
   CollectiveOptions& col = o.collective;
   r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},
@@ -331,6 +336,8 @@ void Options::validate() const {
                     "worker(s)",
                     kvstore.ps_backup_workers, cluster.num_workers));
   check(kvstore.ps_backup_max_late >= 1, "PUSHPULL_PS_BACKUP_MAX_LATE must be at least 1");
+  check(kvstore.checkpoint_every >= 0, "PUSHPULL_CHECKPOINT_EVERY must not be negative");
+  check(kvstore.resume_round >= 0, "PUSHPULL_RESUME_ROUND must not be negative");
   check(collective.cycle_time_ms >= 0, "cycle time must not be negative");
   check(collective.ring_segment_bytes >= 4096, "ring segment must be at least 4096 bytes");
   check(collective.shm_arena_slot_bytes == 0 || (collective.shm_arena_slot_bytes >= 4096 &&

@@ -115,7 +115,7 @@ void Node::start() {
     scheduler_ = sched;
     scheduler_silence_.heard(0);
   }
-  auto reg = encode_register({role(), -1, host, port}, c.preferred_rank);
+  auto reg = encode_register({role(), -1, host, port, c.mesh_port}, c.preferred_rank);
   if (Status s =
           transport_->send_copy(sched, net::Header{.type = msg::kRegister}, reg.data(), reg.size());
       !s)

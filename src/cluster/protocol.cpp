@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -53,17 +55,23 @@ namespace {
 constexpr size_t kMaxNodes = 1000000;
 constexpr size_t kMaxHost = 1024;
 constexpr size_t kMaxReason = 64 * 1024;
-constexpr size_t kMinAddressBytes = 1 + 4 + 4 + 4;  // role, rank, empty host, port
+// A server or worker in the book: host index, port, mesh port.
+constexpr size_t kBookEntryBytes = 4 + 2 + 2;
 
 void put(net::Writer& w, const NodeAddress& a) {
   w.u<uint8_t>(static_cast<uint8_t>(a.role)).u<int32_t>(a.rank).str(a.host).u<int32_t>(a.port);
+  w.u<int32_t>(a.mesh_port);
 }
 bool get(net::Reader& r, NodeAddress* a) {
   auto role = r.u<uint8_t>();
   a->rank = r.u<int32_t>();
   a->host = r.str(kMaxHost);
   a->port = r.u<int32_t>();
-  if (role > static_cast<uint8_t>(Role::kWorker)) return false;
+  a->mesh_port = r.u<int32_t>();
+  // Ports fit the book's 16 bits (encode_book).
+  if (role > static_cast<uint8_t>(Role::kWorker) || a->port < 0 || a->port > 65535 ||
+      a->mesh_port < 0 || a->mesh_port > 65535)
+    return false;
   a->role = static_cast<Role>(role);
   return r.ok();
 }
@@ -97,35 +105,76 @@ bool same_host(const AddressBook& book) {
   return first != nullptr;
 }
 
+// The book's wire form, compact (issue 38: every node gets the whole book,
+// so its size times the job's is what the scheduler sends): the scheduler in
+// full, then a table of the distinct hosts in order of first use (many ranks
+// share a host), then each server and worker as (host index, port, mesh
+// port); rank = position, role = list. 8 bytes a node instead of 30 or more.
+// The decoder accepts only this canonical form (no repeated or unused host,
+// first uses in order), so every book has one encoding.
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
+  std::vector<std::string_view> hosts;
+  std::unordered_map<std::string_view, uint32_t> index;
+  std::vector<uint32_t> at;  // servers then workers: their host's index
+  for (const auto* list : {&book.servers, &book.workers})
+    for (const NodeAddress& a : *list) {
+      auto [it, fresh] = index.try_emplace(a.host, static_cast<uint32_t>(hosts.size()));
+      if (fresh) hosts.push_back(a.host);
+      at.push_back(it->second);
+    }
   net::Writer w;
+  w.reserve(64 + hosts.size() * 20 + at.size() * kBookEntryBytes);
   w.u<int32_t>(your_rank);
   put(w, book.scheduler);
-  w.u<uint32_t>(static_cast<uint32_t>(book.servers.size()));
-  for (auto& a : book.servers)
-    put(w, a);
-  w.u<uint32_t>(static_cast<uint32_t>(book.workers.size()));
-  for (auto& a : book.workers)
-    put(w, a);
+  w.u<uint32_t>(static_cast<uint32_t>(hosts.size()));
+  for (std::string_view h : hosts)
+    w.str(h);
+  size_t i = 0;
+  for (const auto* list : {&book.servers, &book.workers}) {
+    w.u<uint32_t>(static_cast<uint32_t>(list->size()));
+    for (const NodeAddress& a : *list)
+      w.u<uint32_t>(at[i++])
+          .u<uint16_t>(static_cast<uint16_t>(a.port))
+          .u<uint16_t>(static_cast<uint16_t>(a.mesh_port));
+  }
   w.u<uint8_t>(static_cast<uint8_t>((book.worker_restarts ? 1 : 0) | (book.one_host ? 2 : 0)));
   w.u<int32_t>(book.incarnation);
   return w.take();
+}
+
+void set_book_rank(std::vector<std::byte>& encoded, int32_t your_rank) {
+  if (encoded.size() >= 4) net::store_le<int32_t>(encoded.data(), your_rank);
 }
 
 Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book) {
   net::Reader r(in);
   *your_rank = r.u<int32_t>();
   if (!get(r, &book->scheduler)) return bad("address book");
-  for (auto* list : {&book->servers, &book->workers}) {
-    size_t n = r.count(kMaxNodes, kMinAddressBytes);
+  const size_t nhosts = r.count(kMaxNodes, 4);
+  if (!r.ok()) return bad("address book");
+  std::vector<std::string> hosts(nhosts);
+  std::unordered_set<std::string> distinct;
+  for (auto& h : hosts) {
+    h = r.str(kMaxHost);
+    if (!r.ok() || !distinct.insert(h).second) return bad("address book");
+  }
+  uint32_t used = 0;  // hosts first used so far: the next new one must be this
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    auto& list = role == Role::kServer ? book->servers : book->workers;
+    const size_t n = r.count(kMaxNodes, kBookEntryBytes);
     if (!r.ok()) return bad("address book");
-    list->resize(n);
-    for (auto& a : *list)
-      if (!get(r, &a)) return bad("address book");
+    list.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      const auto h = r.u<uint32_t>();
+      if (!r.ok() || h > used || h >= nhosts) return bad("address book");
+      if (h == used) ++used;
+      list[k] =
+          NodeAddress{role, static_cast<int32_t>(k), hosts[h], r.u<uint16_t>(), r.u<uint16_t>()};
+    }
   }
   const auto flags = r.u<uint8_t>();
   book->incarnation = r.u<int32_t>();
-  if (!r.ok() || flags > 3 || book->incarnation < 0) return bad("address book");
+  if (!r.ok() || used != nhosts || flags > 3 || book->incarnation < 0) return bad("address book");
   book->worker_restarts = (flags & 1) != 0;
   book->one_host = (flags & 2) != 0;
   return r.done() ? Status{} : bad("address book");

@@ -68,6 +68,8 @@ struct NodeAddress {
   int32_t rank = -1;
   std::string host;
   int32_t port = 0;
+  // A worker's collectives mesh port (ClusterOptions::mesh_port; 0: none).
+  int32_t mesh_port = 0;
   // "worker 2 (host 10.0.0.2:9000)", or "worker (host ...)" before ranks exist.
   std::string describe() const;
 };
@@ -104,7 +106,14 @@ Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* 
 // does not count: it carries no tensors).
 bool same_host(const AddressBook& book);
 
+// The book as sent to the node of rank `your_rank` (compact: a table of the
+// distinct hosts, 8 bytes a server or worker; every NodeAddress's rank is
+// its position and its port and mesh_port must fit 16 bits). Only the
+// leading rank differs between receivers: encode once and set_book_rank()
+// a copy for each (the scheduler does, so sending the book costs a copy per
+// node, not an encoding).
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book);
+void set_book_rank(std::vector<std::byte>& encoded, int32_t your_rank);
 Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book);
 // Parameter-server placement: which servers are gone. Epoch 0 is the job's
 // start (no server dead); every fail-over increments it.

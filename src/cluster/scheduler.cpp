@@ -270,18 +270,19 @@ void Scheduler::assign_ranks() {
       out[static_cast<size_t>(e->addr.rank)] = e->addr;
   }
   book.one_host = same_host(book);
+  book.worker_restarts = worker_restarts_;
+  std::vector<std::byte> encoded = encode_book(0, book);
   for (auto& [id, e] : nodes_) {
     // The connection is that node from now on: its messages carry this rank
     // and nobody else can connect claiming it.
     if (!transport_->bind_peer_rank(id, e.addr.rank))
       PP_WARN("{} {} said hello with another rank; its connection keeps that identity",
               role_name(e.addr.role), e.addr.rank);
-    book.worker_restarts = worker_restarts_;
-    auto p = encode_book(e.addr.rank, book);
-    transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
+    set_book_rank(encoded, e.addr.rank);
+    transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, encoded.data(),
+                          encoded.size());
   }
   complete_ = true;
-  book.worker_restarts = worker_restarts_;
   book_ = std::move(book);
   PP_INFO("all {} nodes registered; address book sent", nodes_.size());
 }

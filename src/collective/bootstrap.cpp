@@ -3,8 +3,6 @@
 #include "collective/shm_data_transport.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,16 +12,11 @@
 #include "collective/rendezvous.h"
 #include "collective/tcp_transport.h"
 #include "net/address.h"
+#include "net/peer_policy.h"
+#include "net/socket.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
-namespace {
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
-}  // namespace
 
 // The mesh's own NetOptions: connecting may take as long as startup.
 NetOptions mesh_net(const Options& o) {
@@ -53,108 +46,61 @@ LivenessConfig mesh_liveness(const Options& o, bool cluster) {
   return l;
 }
 
-void set_local(const Options& o, const std::vector<std::pair<std::string, int>>& book, int rank,
-               Bootstrapped* out) {
+Bootstrapped connect_group(BootstrapMode mode, std::unique_ptr<TcpTransport> tcp,
+                           std::vector<std::pair<std::string, int>> book, LivenessConfig liveness,
+                           const Options& o, Millis shm_timeout) {
+  Bootstrapped out;
+  out.mode = mode;
+  out.book = std::move(book);
+  tcp->connect_all(out.book);
+  tcp->start_liveness(std::move(liveness));
   std::vector<std::string> hosts;
-  for (const auto& [h, p] : book)
+  for (const auto& [h, p] : out.book)
     hosts.push_back(h);
-  auto [lr, ls] = local_of(hosts, rank);
-  out->local_rank = o.collective.local_rank >= 0 ? o.collective.local_rank : lr;
-  out->local_size = o.collective.local_size >= 0 ? o.collective.local_size : ls;
+  auto [lr, ls] = local_of(hosts, tcp->rank());
+  out.local_rank = o.collective.local_rank >= 0 ? o.collective.local_rank : lr;
+  out.local_size = o.collective.local_size >= 0 ? o.collective.local_size : ls;
+  out.mesh = tcp.get();
+  out.transport = use_shared_memory(std::move(tcp), o.collective, shm_timeout, "/dev/shm");
+  return out;
 }
 
 namespace {
 
 Bootstrapped from_cluster(const Options& o) {
-  struct Ports {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<int> port;  // by worker rank; 0 = not yet
-    Status failure;
-  };
-  auto ports = std::make_shared<Ports>();
-  ports->port.assign(static_cast<size_t>(std::max(o.cluster.num_workers, 0)), 0);
-  Bootstrapped out;
-  out.mode = BootstrapMode::kCluster;
-  Options mesh = o;
-  mesh.cluster.worker_mesh = true;  // the ports below travel worker to worker
-  out.node = std::make_unique<cluster::Node>(mesh);
-  // Runs on the Node's I/O thread: record the sender's mesh port.
-  out.node->set_handler(kPortType, kPortType, [ports](net::Message&& m) {
-    cluster::NodeAddress who = cluster::Node::sender(m.header);
-    std::lock_guard lock(ports->mu);
-    if (who.role != Role::kWorker || who.rank < 0 ||
-        who.rank >= static_cast<int>(ports->port.size()) || m.header.key == 0 ||
-        m.header.key > 65535) {
-      PP_WARN("collective bootstrap: ignoring a port message from {}", who.describe());
-      return;
-    }
-    ports->port[static_cast<size_t>(who.rank)] = static_cast<int>(m.header.key);
-    ports->cv.notify_all();
-  });
-  out.node->on_peer_failure([ports](const Status& s) {
-    std::lock_guard lock(ports->mu);
-    if (ports->failure.is_ok()) ports->failure = s;
-    ports->cv.notify_all();
-  });
-  auto deadline = Clock::now() + o.cluster.startup_timeout;
-  out.node->start();
-  const int rank = out.node->rank(), size = out.node->num_workers();
-  const cluster::AddressBook& book = out.node->address_book();
-  const std::string& my_host = book.workers.at(static_cast<size_t>(rank)).host;
-  auto tcp = std::make_unique<TcpTransport>(rank, size, mesh_net(o),
-                                            bind_host_for(my_host, o.net.bind_any), 0);
-  const int my_port = tcp->port();
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    if (Status s = out.node->send_copy(
-            Role::kWorker, r, net::Header{.type = kPortType, .key = static_cast<uint64_t>(my_port)},
-            nullptr, 0);
-        !s.is_ok())
-      throw PeerFailure(
-          fmt::format("collective bootstrap: worker {} cannot tell worker {} its "
-                      "port: {}",
-                      rank, r, s.message()));
+  // The mesh's listener, bound (and held) before registering: its port
+  // travels in the registration and reaches every worker in the scheduler's
+  // address book (NodeAddress::mesh_port), so no worker dials another just
+  // to trade ports. The host is the one the Node advertises.
+  const std::string host = net::choose_host(o.net, o.cluster.root_uri);
+  const std::string bind_host = net::bind_host_for(host, o.net.bind_any);
+  net::Fd listener = net::listen_on(bind_host, 0);
+  Options registered = o;
+  registered.cluster.mesh_port = net::local_port(listener.get());
+  auto node = std::make_unique<cluster::Node>(registered);
+  node->start();
+  const cluster::AddressBook& book = node->address_book();
+  std::vector<std::pair<std::string, int>> mesh_book;
+  LivenessConfig live = mesh_liveness(o, true);
+  for (const auto& w : book.workers) {
+    if (w.mesh_port <= 0)
+      throw ProtocolError(fmt::format(
+          "collective bootstrap: {} registered no collectives port; every worker of a job "
+          "must run the same pushpull version",
+          w.describe()));
+    mesh_book.emplace_back(w.host, w.mesh_port);
+    live.names.push_back(w.describe());
   }
-  {
-    std::unique_lock lock(ports->mu);
-    ports->port[static_cast<size_t>(rank)] = my_port;
-    auto all = [&] {
-      for (int p : ports->port)
-        if (p == 0) return false;
-      return true;
-    };
-    bool ok =
-        ports->cv.wait_until(lock, deadline, [&] { return all() || !ports->failure.is_ok(); });
-    ports->failure.raise();
-    if (!ok) {
-      std::vector<int> missing;
-      for (int r = 0; r < size; ++r)
-        if (ports->port[static_cast<size_t>(r)] == 0) missing.push_back(r);
-      throw Timeout(
-          fmt::format("collective bootstrap: worker {} got no collective port from "
-                      "workers {} within {} ms",
-                      rank, fmt::join(missing, ", "), o.cluster.startup_timeout.count()));
-    }
-    for (int r = 0; r < size; ++r)
-      out.book.emplace_back(book.workers.at(static_cast<size_t>(r)).host,
-                            ports->port[static_cast<size_t>(r)]);
-  }
-  tcp->connect_all(out.book);
+  auto tcp = std::make_unique<TcpTransport>(node->rank(), node->num_workers(), mesh_net(o),
+                                            bind_host, std::move(listener));
   // The scheduler's verdicts (a node dead, the job aborted) fail the mesh's
   // operations with the name of the node that failed. The port outlives the
   // transport, so a late callback from the Node's threads is harmless.
-  out.node->on_peer_failure([port = tcp->verdict_port()](const Status& s) { port->deliver(s); });
-  if (Status f = out.node->failure(); !f.is_ok()) tcp->declare(f);
-  LivenessConfig live = mesh_liveness(o, true);
-  for (const auto& w : book.workers)
-    live.names.push_back(w.describe());
-  tcp->start_liveness(std::move(live));
-  set_local(o, out.book, rank, &out);
-  out.mesh = tcp.get();
-  // Ranks of one host: data through shared memory (PUSHPULL_SHM=0: TCP).
-  out.transport =
-      use_shared_memory(std::move(tcp), o.collective, o.cluster.startup_timeout, "/dev/shm");
+  node->on_peer_failure([port = tcp->verdict_port()](const Status& s) { port->deliver(s); });
+  if (Status f = node->failure(); !f.is_ok()) tcp->declare(f);
+  Bootstrapped out = connect_group(BootstrapMode::kCluster, std::move(tcp), std::move(mesh_book),
+                                   std::move(live), o, o.cluster.startup_timeout);
+  out.node = std::move(node);
   return out;
 }
 
@@ -170,24 +116,15 @@ Bootstrapped from_rendezvous(const Options& o) {
   // A loopback rendezvous means every rank is on this host: stay on loopback.
   if (!o.net.node_host.empty())
     rc.host = o.net.node_host;
-  else if (is_loopback(c.master_addr))
+  else if (net::is_loopback_host(c.master_addr))
     rc.host = "127.0.0.1";
   else
     rc.host = net::choose_host(o.net, c.master_addr);  // the route to rank 0
   auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
-                                            bind_host_for(rc.host, o.net.bind_any), 0);
+                                            net::bind_host_for(rc.host, o.net.bind_any), 0);
   rc.port = tcp->port();
-  Bootstrapped out;
-  out.mode = BootstrapMode::kRendezvous;
-  out.book = rendezvous(rc);
-  tcp->connect_all(out.book);
-  tcp->start_liveness(mesh_liveness(o, false));
-  set_local(o, out.book, c.rank, &out);
-  out.mesh = tcp.get();
-  // Ranks of one host: data through shared memory (PUSHPULL_SHM=0: TCP).
-  out.transport =
-      use_shared_memory(std::move(tcp), o.collective, o.cluster.startup_timeout, "/dev/shm");
-  return out;
+  return connect_group(BootstrapMode::kRendezvous, std::move(tcp), rendezvous(rc),
+                       mesh_liveness(o, false), o, o.cluster.startup_timeout);
 }
 
 }  // namespace

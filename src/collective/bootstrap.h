@@ -1,18 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// Bootstrap: builds this process's collective Transport (a TcpTransport with a
-// full mesh among the ranks; collective data between ranks of one host
+// Bootstrap: builds this process's collective Transport (a TcpTransport
+// connecting the algorithms' partners, tcp_transport_mesh.cpp, and any other
+// pair on first use; collective data between ranks of one host
 // through shared memory unless PUSHPULL_SHM=0, shm_data_transport.h) from the Options of a job,
 // however it was started. Used by collective::Session (include/pushpull/collective.h) and so by the
 // free functions and the dist_sync_allreduce KVStore.
 //
-// Modes, in the order they are tried (Bootstrap::mode_of):
+// Modes, in the order they are tried (bootstrap_mode()):
 // - kCluster: a pushpull job with a scheduler (DMLC_ROLE=worker and
 //   DMLC_NUM_SERVER >= 1). A cluster::Node registers with the scheduler; its
 //   worker ranks and address book are the group. The collective mesh is a
 //   TcpTransport of its own (the Node's connections carry typed messages that
-//   TcpTransport cannot share): each worker listens on a fresh port and sends
-//   it to every other worker over the Node's existing worker mesh (message
-//   type kPortType), then the mesh is connected from the book's hosts.
+//   TcpTransport cannot share): each worker listens on a fresh port before it
+//   registers and tells the scheduler that port with its registration
+//   (ClusterOptions::mesh_port); the address book hands every worker's to
+//   every worker (NodeAddress::mesh_port), and the mesh is connected from it.
+//   Workers open no connections to each other for this.
 // - kRendezvous: no scheduler, but a rank and a world size (torchrun's RANK /
 //   WORLD_SIZE, mpirun's OMPI_COMM_WORLD_RANK / _SIZE, Slurm's SLURM_PROCID /
 //   SLURM_NTASKS, `pushpull launch -s 0`) and, for size > 1, a rendezvous
@@ -22,12 +25,12 @@
 //   listener}; once all size-1 arrived rank 0 answers each with kBookType
 //   (every rank's host and port) or, on a conflict (another world size, a
 //   rank out of range or twice), kRefuseType with the reason to everyone.
-//   Then the full mesh is connected (the higher rank connects to the lower).
+//   Then the mesh is connected (the higher rank connects to the lower).
 // - kSingle: nothing of the above set: a world of one (a script run alone).
 //
 // Message types (net's collective range 128..191): 128 is TcpTransport's
-// data; 129 kPortType, 130 kHelloType, 131 kBookType, 132 kRefuseType;
-// 133..135 the mesh's failure detector (heartbeat, verdict, goodbye; see
+// data; 129 unused (the port exchange before mesh_port), 130 kHelloType, 131 kBookType, 132
+// kRefuseType; 133..135 the mesh's failure detector (heartbeat, verdict, goodbye; see
 // tcp_transport.h), started here once the mesh is connected.
 //
 // local_rank / local_size: from the environment (LOCAL_RANK, ...) when set,
@@ -59,7 +62,6 @@ class TcpTransport;
 
 namespace pushpull::collective {
 
-inline constexpr uint16_t kPortType = 129;
 inline constexpr uint16_t kHelloType = 130;
 inline constexpr uint16_t kBookType = 131;
 inline constexpr uint16_t kRefuseType = 132;
@@ -95,13 +97,25 @@ BootstrapMode bootstrap_mode(const Options& options);
 Bootstrapped bootstrap(const Options& options);
 
 // The pieces every mode shares (elastic_client.cpp builds its mesh with them):
-// the mesh's NetOptions (connecting may take as long as startup), its failure
-// detector settings, and local_rank / local_size from the options or the book.
+// the mesh's NetOptions (connecting may take as long as startup) and its
+// failure detector settings.
 NetOptions mesh_net(const Options& o);
 struct LivenessConfig;
 LivenessConfig mesh_liveness(const Options& o, bool cluster);
-void set_local(const Options& o, const std::vector<std::pair<std::string, int>>& book, int rank,
-               Bootstrapped* out);
+
+// The one way a group forms once its address book is known, whatever
+// produced the book (the scheduler, the MASTER_ADDR rendezvous, which torch's
+// c10d store leads to, or an elastic round): connects `tcp`'s mesh from
+// `book`, starts its failure detector with `liveness`, takes local_rank /
+// local_size from `o` (when set) or counts them in the book, and puts shared
+// memory under the host's ranks (PUSHPULL_SHM=0: TCP only), its exchanges
+// bounded by `shm_timeout`. Hook the mesh's verdicts (verdict_port) to the
+// mode's failure source before calling: a failure while connecting then
+// names its culprit. Throws what connecting and the shared-memory setup
+// throw (Timeout, PeerFailure, ...).
+Bootstrapped connect_group(BootstrapMode mode, std::unique_ptr<TcpTransport> tcp,
+                           std::vector<std::pair<std::string, int>> book, LivenessConfig liveness,
+                           const Options& o, Millis shm_timeout);
 
 // Counts local_rank / local_size among the ranks of `hosts` with hosts[rank]'s value.
 std::pair<int, int> local_of(const std::vector<std::string>& hosts, int rank);

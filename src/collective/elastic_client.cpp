@@ -15,6 +15,7 @@
 
 #include "collective/shm_data_transport.h"
 #include "net/address.h"
+#include "net/peer_policy.h"
 #include "net/socket.h"
 #include "net/transport.h"
 #include "pushpull/elastic.h"
@@ -213,10 +214,6 @@ Slot& slot() {
   return s;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 }  // namespace
 
 Client* process_client(const Options& options) {
@@ -259,14 +256,14 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   std::string host;
   if (!o.net.node_host.empty())
     host = o.net.node_host;
-  else if (is_loopback(cfg->server_host))
+  else if (net::is_loopback_host(cfg->server_host))
     host = "127.0.0.1";
   else
     host = net::choose_host(o.net, cfg->server_host);  // the route to the rendezvous
   // The mesh's listener, bound (and held) before joining: the round's book
   // must name its port before the mesh, whose rank it fixes, exists, and no
   // other program may take the port in between.
-  const std::string bind_host = bind_host_for(host, o.net.bind_any);
+  const std::string bind_host = net::bind_host_for(host, o.net.bind_any);
   net::Fd listener = net::listen_on(bind_host, 0);
   const int port = net::local_port(listener.get());
   Assignment a = client->join(host, port, o.collective.elastic_timeout);
@@ -280,32 +277,18 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   mesh.connect_timeout = std::min(mesh.connect_timeout, o.cluster.heartbeat_timeout + Millis(5000));
   auto tcp = std::make_unique<TcpTransport>(a.rank, a.size(), mesh, bind_host, std::move(listener));
   client->attach(a.round, tcp->verdict_port());
-  try {
-    tcp->connect_all(a.book);
-  } catch (const Timeout& e) {
-    // A member of the round did not connect (it died meanwhile): a member
-    // failure, so the elastic loop re-forms.
-    throw PeerFailure(fmt::format("elastic: round {}: {}", a.round, e.what()));
-  }
-  tcp->start_liveness(mesh_liveness(o, false));
-  Bootstrapped out;
-  out.mode = BootstrapMode::kElastic;
-  out.book = a.book;
   // LOCAL_RANK from the launcher describes the first round only: count.
   Options counted = o;
   counted.collective.local_rank = -1;
   counted.collective.local_size = -1;
-  set_local(counted, out.book, a.rank, &out);
-  // Members of one host move data through shared memory, as in a fixed job
-  // (PUSHPULL_SHM=0: TCP). The setup's exchanges run over this round's mesh:
-  // a member that dies meanwhile is a member failure (the loop re-forms).
-  out.mesh = tcp.get();
   try {
-    out.transport = use_shared_memory(std::move(tcp), o.collective, mesh.connect_timeout);
+    return connect_group(BootstrapMode::kElastic, std::move(tcp), a.book, mesh_liveness(o, false),
+                         counted, mesh.connect_timeout);
   } catch (const Timeout& e) {
+    // A member of the round did not connect, or died during the shared-memory
+    // setup: a member failure, so the elastic loop re-forms.
     throw PeerFailure(fmt::format("elastic: round {}: {}", a.round, e.what()));
   }
-  return out;
 }
 
 }  // namespace pushpull::collective::elastic

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The elastic rendezvous protocol between the launcher (the driver, which
-// outlives every worker: ElasticRendezvousServer) and each worker process
-// (ElasticClient), over one authenticated net connection per worker that
+// outlives every worker: elastic::RendezvousServer) and each worker process
+// (elastic::Client), over one authenticated net connection per worker that
 // lasts the worker's whole life. docs/elastic.md explains the rounds.
 //
 //   worker -> driver  kJoinType      {worker id, mesh host, mesh port}: put me

@@ -237,9 +237,4 @@ RoundInfo RendezvousServer::current() const {
   return impl_->round;
 }
 
-void RendezvousServer::announce_hosts_changed() {
-  std::lock_guard lock(impl_->mu);
-  impl_->announce();
-}
-
 }  // namespace pushpull::collective::elastic

@@ -78,8 +78,6 @@ class RendezvousServer {
   // Every waiting and later join is declined with `why` (the job ends).
   void refuse_all(const Status& why);
   RoundInfo current() const;
-  // Announces a host change to the current members (kHostsType).
-  void announce_hosts_changed();
 
   struct Impl;
 

@@ -72,7 +72,8 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
   // listening socket down (PUSHPULL_LISTEN_FD), so nobody can take the port
   // between its choice and this listen; else (torchrun, by hand) bind it.
   std::string why_not;
-  if (net::Fd held = net::take_inherited_listener(c.master_port, c.net.inherited_listener, &why_not);
+  if (net::Fd held =
+          net::take_inherited_listener(c.master_port, c.net.inherited_listener, &why_not);
       held.valid()) {
     PP_DEBUG("collective rendezvous: listening on the socket the launcher bound (port {})",
              c.master_port);
@@ -80,7 +81,7 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
   } else {
     if (!c.net.inherited_listener.empty())
       PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable, why_not);
-    t.listen(bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
+    t.listen(net::bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
   }
   // A hello that is malformed, or whose rank is out of range, taken, or not
   // the one its connection authenticated as, closes that connection only
@@ -245,10 +246,6 @@ AddressList join(const RendezvousConfig& c, Clock::time_point deadline) {
 }
 
 }  // namespace
-
-std::string bind_host_for(const std::string& host, bool bind_any) {
-  return net::bind_host_for(host, bind_any);
-}
 
 std::vector<std::byte> encode_hello(int rank, int size, const std::string& host, int port) {
   net::Writer w;

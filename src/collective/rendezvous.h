@@ -41,8 +41,4 @@ Status decode_hello(const std::byte* data, size_t n, int* rank, int* size, std::
 std::vector<std::byte> encode_book(const AddressList& book);
 Status decode_book(const std::byte* data, size_t n, AddressList* book);
 
-// Where to bind to serve `host`: the address itself, a wildcard only when
-// `bind_any` (PUSHPULL_BIND_ANY) or `host` is one (net::bind_host_for).
-std::string bind_host_for(const std::string& host, bool bind_any = false);
-
 }  // namespace pushpull::collective

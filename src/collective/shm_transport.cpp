@@ -28,8 +28,8 @@ void ShmTransport::Impl::post_send(int peer, uint64_t tag, const void* data, siz
                                    Completion cb) {
   if (!check_post(peer, cb)) return;
   SendOp op;
-  put64(op.hdr, tag);
-  put64(op.hdr + 8, bytes);
+  net::store_le<uint64_t>(op.hdr, tag);
+  net::store_le<uint64_t>(op.hdr + 8, bytes);
   op.data = static_cast<const char*>(data);
   op.bytes = bytes;
   op.cb = std::move(cb);

@@ -30,6 +30,7 @@
 #include "collective/futex.h"
 #include "collective/shm_arena.h"
 #include "collective/shm_transport.h"
+#include "net/wire.h"
 
 namespace pushpull::collective {
 
@@ -79,17 +80,6 @@ inline size_t segment_bytes(int n, size_t ring, size_t slot) {
 inline void ring_bell(SegHeader* h) {
   h->doorbell.fetch_add(1, std::memory_order_seq_cst);
   if (h->sleeping.load(std::memory_order_seq_cst)) futex_wake(&h->doorbell);
-}
-
-inline void put64(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-inline uint64_t get64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
 }
 
 struct ShmTransport::Impl {

@@ -56,8 +56,8 @@ Status ShmTransport::Impl::gone(int p, const std::string& why) const {
 }
 
 void ShmTransport::Impl::match(int p, Incoming& in, Done& done) {
-  in.tag = get64(in.hdr);
-  in.bytes = get64(in.hdr + 8);
+  in.tag = net::load_le<uint64_t>(in.hdr);
+  in.bytes = net::load_le<uint64_t>(in.hdr + 8);
   in.got = 0;
   if (in.bytes > kMaxMessageBytes)
     throw ProtocolError(

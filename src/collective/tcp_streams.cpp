@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "net/wire.h"
+
 namespace pushpull::collective {
 namespace {
 
@@ -20,10 +22,6 @@ constexpr int kMaxIov = 64;
 // How long a waiting pump keeps yielding and re-checking before it blocks.
 constexpr auto kYieldWindow = std::chrono::microseconds(100);
 
-void put64(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
 // sendmsg(2) / readv(2) on a non-blocking stream, through its TLS link when
 // there is one (net/tls.h: what sendv() took is committed and goes out with
 // later calls or flush()).
@@ -39,13 +37,6 @@ ssize_t stream_readv(int fd, net::TlsLink* tls, iovec* iov, int n) {
 }
 bool tls_pending(const net::TlsLink* tls) {
   return tls != nullptr && tls->output_pending();
-}
-
-uint64_t get64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
 }
 
 }  // namespace
@@ -68,8 +59,8 @@ StreamPump::Peer& StreamPump::peer(int p) {
 
 void StreamPump::send(int p, uint64_t tag, const void* data, size_t bytes) {
   Out o;
-  put64(o.hdr, tag);
-  put64(o.hdr + 8, bytes);
+  net::store_le<uint64_t>(o.hdr, tag);
+  net::store_le<uint64_t>(o.hdr + 8, bytes);
   o.data = static_cast<const char*>(data);
   o.bytes = bytes;
   peer(p).out.push_back(o);
@@ -140,7 +131,7 @@ bool StreamPump::write_some(Peer& p) {
 }
 
 void StreamPump::check_header(const Peer& p, const In& in) const {
-  uint64_t tag = get64(in.hdr), bytes = get64(in.hdr + 8);
+  uint64_t tag = net::load_le<uint64_t>(in.hdr), bytes = net::load_le<uint64_t>(in.hdr + 8);
   if (tag != in.tag || bytes != in.bytes)
     t_.stream_error(p.peer,
                     fmt::format("streams out of step: got message {:#x} of {} bytes, expected "
@@ -252,8 +243,8 @@ StreamWriter::StreamWriter(DirectStreams& t, int peer, std::vector<Msg> msgs,
     throw InvalidArgument(
         fmt::format("collective: rank {} has no data stream to rank {}", t.rank(), peer));
   for (size_t i = 0; i < msgs_.size(); ++i) {
-    put64(hdrs_[i].data(), msgs_[i].tag);
-    put64(hdrs_[i].data() + 8, msgs_[i].bytes);
+    net::store_le<uint64_t>(hdrs_[i].data(), msgs_[i].tag);
+    net::store_le<uint64_t>(hdrs_[i].data() + 8, msgs_[i].bytes);
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   error_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

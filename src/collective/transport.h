@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The point-to-point interface the collective algorithms and the engine run
 // on (Gloo's model: a per-rank context with asynchronous send/recv between
-// ranks). Implementations: InProcessFabric (ranks as threads, memcpy; tests)
-// and, later, a TCP one over src/net.
+// ranks). Implementations: InProcessFabric (ranks as threads, memcpy; tests),
+// TcpTransport (over net::Transport, plus direct streams), ShmTransport (one
+// host's shared-memory rings) and ShmDataTransport (shared memory between a
+// host's ranks, TCP to the others), and SubgroupTransport (a view of a
+// subset of ranks, hierarchical_view.h).
 //
 // Semantics an implementation must provide:
 // - post_send(peer, tag, data, bytes, done): sends the caller's bytes; the

@@ -18,6 +18,7 @@
 
 #include "launch/embedded_scheduler.h"
 #include "launch/plan.h"
+#include "net/address.h"
 
 namespace pushpull::launch {
 
@@ -63,8 +64,8 @@ std::string address_toward(const std::string& host);
 // after the pod that needs it starts), retrying with backoff; false when it
 // still does not after `within`.
 bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds within);
-// "localhost", "::1" or an address in 127.0.0.0/8.
-bool is_loopback_host(std::string_view host);
+// One loopback test for the whole project (net/address.h).
+using net::is_loopback_host;
 
 // A fresh job secret: 128 bits from OpenSSL's RAND_bytes, as hex. Throws
 // IoError when the generator fails.

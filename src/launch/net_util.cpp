@@ -66,12 +66,4 @@ bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds wi
   }
 }
 
-bool is_loopback_host(std::string_view host) {
-  if (host == "localhost" || host == "ip6-localhost" || host == "::1" || host == "[::1]")
-    return true;
-  in_addr a{};
-  std::string h(host);
-  return inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
-}
-
 }  // namespace pushpull::launch

@@ -91,14 +91,15 @@ bool same_host(std::string_view want, std::string_view hostname) {
          (want.find('.') == std::string_view::npos || hostname.find('.') == std::string_view::npos);
 }
 
-bool loopback_address(std::string_view host) {
-  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+}  // namespace
+
+bool is_loopback_host(std::string_view host) {
+  if (host == "localhost" || host == "ip6-localhost" || host == "::1" || host == "[::1]")
+    return true;
   in_addr a{};
   std::string h(host);
   return inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
-
-}  // namespace
 
 std::optional<std::string> interface_address(const std::string& name,
                                              const std::vector<InterfaceAddress>& interfaces,
@@ -162,8 +163,8 @@ std::string choose_host(const NetOptions& opts, const std::vector<InterfaceAddre
         opts.interface, hostname.empty() ? "no host name" : hostname,
         names.empty() ? "none" : names));
   }
-  if (!toward.empty() && !loopback_address(toward) && route && !route->empty() &&
-      !loopback_address(*route))
+  if (!toward.empty() && !is_loopback_host(toward) && route && !route->empty() &&
+      !is_loopback_host(*route))
     return *route;
   for (const auto& i : interfaces)
     if (!i.ipv6 && !i.loopback && i.up) return i.address;
@@ -173,7 +174,7 @@ std::string choose_host(const NetOptions& opts, const std::vector<InterfaceAddre
 std::string choose_host(const NetOptions& opts, std::string_view toward) {
   std::optional<std::string> route;
   if (opts.node_host.empty() && opts.interface.empty() && !toward.empty() &&
-      !loopback_address(toward))
+      !is_loopback_host(toward))
     route = route_source_address(toward);
   return choose_host(opts, list_interfaces(), local_hostname(), toward, route);
 }

@@ -36,6 +36,11 @@ struct InterfaceAddress {
   bool up = true;
 };
 
+// "localhost", "ip6-localhost", "::1" (bracketed or not) or an IPv4 address
+// in 127.0.0.0/8: the one loopback test of the launcher, the rendezvous and
+// address selection (a name is not resolved).
+bool is_loopback_host(std::string_view host);
+
 // The machine's interface addresses (getifaddrs), in the kernel's order.
 std::vector<InterfaceAddress> list_interfaces();
 

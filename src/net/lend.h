@@ -26,6 +26,15 @@
 //
 // Ownership: a LendBlock owns its descriptor and mapping. The owner must keep
 // a lent range unchanged until the reader said it is done with it.
+//
+// Process-wide state: every live LendBlock registers its mapping's address in
+// one registry of this process (guarded by a mutex; a block adds itself in
+// create() and removes itself in its destructor). It exists so find_lent()
+// can tell, from a bare pointer the transport is about to send, whether the
+// bytes live in a lendable block, without threading the block through every
+// API in between (a KVStore value, a server's replica). The registry holds
+// no ownership and is never iterated across processes; it is deliberately
+// leaked (never destroyed) so blocks freed during static destruction find it.
 // Thread safety: LendBlock is immutable after create(); find_lent() and
 // LendReader may be called from any thread.
 #pragma once

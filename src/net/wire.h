@@ -53,6 +53,17 @@ inline T load_le(const std::byte* p) {
   return static_cast<T>(static_cast<std::make_unsigned_t<T>>(v));
 }
 
+// The same on raw frame headers (the collectives' 16-byte stream and ring
+// headers are unsigned char arrays).
+template <typename T>
+inline void store_le(unsigned char* p, T v) {
+  store_le<T>(reinterpret_cast<std::byte*>(p), v);
+}
+template <typename T>
+inline T load_le(const unsigned char* p) {
+  return load_le<T>(reinterpret_cast<const std::byte*>(p));
+}
+
 // Appends to a growing buffer.
 class Writer {
  public:

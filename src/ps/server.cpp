@@ -2,8 +2,6 @@
 #include "ps/server.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cstdlib>
 #include <limits>
 #include <thread>
 
@@ -20,21 +18,6 @@ namespace {
 // Largest slice begin / element count a request may name.
 constexpr uint64_t kMaxElements = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
-std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : fallback;
-}
-
-// A non-negative integer variable (set by `pushpull launch`); absent: 0.
-int64_t env_count(const char* name) {
-  std::string v = env_or(name);
-  int64_t n = 0;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (!v.empty() && (ec != std::errc() || end != v.data() + v.size() || n < 0))
-    throw InvalidArgument(fmt::format("{}={} is not a non-negative integer", name, v));
-  return n;
-}
-
 int default_threads(int configured) {
   if (configured > 0) return configured;
   int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -46,11 +29,11 @@ Server::Server(cluster::Node& node)
     : node_(node),
       threads_(default_threads(node.options().kvstore.server_threads)),
       gate_(std::make_shared<Gate>()) {
-  if (!env_or("PUSHPULL_CHECKPOINT_DIR").empty() || !env_or("PUSHPULL_RESUME_DIR").empty()) {
+  if (checkpointing()) {
     // The user's key, not the job secret (a fresh one per launched job).
     // A host whose key differs from the launcher's stops here, before it
     // writes checkpoints nobody could resume from (base::check_key_id).
-    const Environment env = Environment::current();
+    const Environment& env = node.options().kvstore.file_key_env;
     checkpoint_key_ = base::checkpoint_key(env);
     base::check_key_id(checkpoint_key_, env, "server");
   }
@@ -136,9 +119,9 @@ void Server::set_mode(const Mode& mode) {
     config.backup_workers = mode.backup_workers;
     config.backup_max_late = mode.backup_max_late;
   }
-  config.checkpoint_dir = env_or("PUSHPULL_CHECKPOINT_DIR");
-  if (!config.checkpoint_dir.empty())
-    config.checkpoint_every = env_count("PUSHPULL_CHECKPOINT_EVERY");
+  const KVStoreOptions& kv = node_.options().kvstore;
+  config.checkpoint_dir = kv.checkpoint_dir;
+  if (!config.checkpoint_dir.empty()) config.checkpoint_every = kv.checkpoint_every;
   config.num_servers = node_.num_servers();
   config.checkpoint_key = checkpoint_key_;
   if (!sync && config.checkpoint_every > 0)
@@ -150,11 +133,11 @@ void Server::set_mode(const Mode& mode) {
 }
 
 void Server::restore_checkpoint() {
-  const std::string dir = env_or("PUSHPULL_RESUME_DIR");
+  const std::string& dir = node_.options().kvstore.resume_dir;
   if (dir.empty()) return;
   std::lock_guard lock(mu_);
   if (restored_store_.lock() == store_) return;
-  const int64_t round = env_count("PUSHPULL_RESUME_ROUND");
+  const int64_t round = node_.options().kvstore.resume_round;
   const int servers = node_.num_servers(), me = node_.rank();
   // Its own ranges, and those it backs up (the homes whose chain holds it):
   // if a home dies before its first round, worker 0's re-sent init reaches
@@ -327,8 +310,7 @@ void Server::on_command(const RequestMeta& meta, net::Message&& m) {
                                           meta.worker, text)),
                        DType::kUInt8, {});
         set_mode(want);
-      } else if (!s->has_keys() && (!env_or("PUSHPULL_CHECKPOINT_DIR").empty() ||
-                                    !env_or("PUSHPULL_RESUME_DIR").empty())) {
+      } else if (!s->has_keys() && checkpointing()) {
         // The constructor's store predates registration (no rank yet), which
         // checkpoint files need: a fresh one, as for a mode switch.
         set_mode(want);

@@ -72,6 +72,12 @@ class Server : public ServerResponder {
   }
 
  private:
+  // The job writes checkpoints or resumes from one (KVStoreOptions::
+  // checkpoint_dir / resume_dir: PUSHPULL_CHECKPOINT_DIR / PUSHPULL_RESUME_DIR).
+  bool checkpointing() const {
+    const KVStoreOptions& kv = node_.options().kvstore;
+    return !kv.checkpoint_dir.empty() || !kv.resume_dir.empty();
+  }
   // A replication in flight: the backups that have not acknowledged it.
   // Lent to a backup (same host, net/lend.h), the state stays here until
   // every backup answered, so the value is not changed under its reader
@@ -154,7 +160,7 @@ class Server : public ServerResponder {
   std::vector<std::pair<std::string, std::shared_ptr<const Checkpoint>>> resume_;
   std::weak_ptr<ServerStore> restored_store_;  // the store resume_ went into
   // Authenticates the checkpoints written and read (base/file_auth.h); set
-  // at construction when PUSHPULL_CHECKPOINT_DIR or PUSHPULL_RESUME_DIR is.
+  // at construction when checkpointing().
   base::FileKey checkpoint_key_;
   std::shared_ptr<Gate> gate_;
   std::mutex repl_mu_;  // guards the members below

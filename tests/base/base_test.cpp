@@ -120,6 +120,27 @@ TEST(Options, KeepsTheVariablesOfTheFileKey) {
   EXPECT_FALSE(o.kvstore.file_key_env.get("RANK"));
 }
 
+// A server reads its checkpoint settings from Options, never the process
+// environment, so an embedded or test-built Options is what it follows.
+TEST(Options, CheckpointAndResumeSettings) {
+  Options d = Options::from_env(Environment{});
+  EXPECT_TRUE(d.kvstore.checkpoint_dir.empty());
+  EXPECT_TRUE(d.kvstore.resume_dir.empty());
+  Options o = Options::from_env(Environment{{"PUSHPULL_CHECKPOINT_DIR", "/ck"},
+                                            {"PUSHPULL_CHECKPOINT_EVERY", "5"},
+                                            {"PUSHPULL_RESUME_DIR", "/old"},
+                                            {"PUSHPULL_RESUME_ROUND", "40"},
+                                            {"PUSHPULL_CHECKPOINT_KEY_ID", "abc"}});
+  EXPECT_EQ(o.kvstore.checkpoint_dir, "/ck");
+  EXPECT_EQ(o.kvstore.checkpoint_every, 5);
+  EXPECT_EQ(o.kvstore.resume_dir, "/old");
+  EXPECT_EQ(o.kvstore.resume_round, 40);
+  EXPECT_EQ(o.kvstore.file_key_env.get("PUSHPULL_CHECKPOINT_KEY_ID"), "abc");
+  EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_CHECKPOINT_EVERY", "-1"}}),
+               InvalidArgument);
+  EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_RESUME_ROUND", "x"}}), InvalidArgument);
+}
+
 TEST(Options, BadValuesNameTheVariable) {
   try {
     Options::from_env(Environment{{"DMLC_NUM_WORKER", "two"}});

@@ -13,6 +13,7 @@
 
 #include "cluster/scheduler.h"
 #include "collective/rendezvous.h"
+#include "collective/tcp_transport.h"
 #include "net/socket.h"
 #include "net/transport.h"
 #include "pushpull/collective.h"
@@ -211,6 +212,60 @@ TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
     Array g = s.communicator().allgather("ranks", Array::full(Shape{1}, s.rank()).view());
     EXPECT_EQ(g.as<float>()[2], 2.0f);
     s.shutdown();  // leaves the job in order
+  });
+  for (auto& e : errors)
+    EXPECT_FALSE(e) << what(e);
+  if (std::any_of(errors.begin(), errors.end(), [](auto& e) { return e != nullptr; }))
+    scheduler.stop();
+  EXPECT_NO_THROW(server.get());
+  Status st = result.get();
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+}
+
+// Through the scheduler, each worker's mesh port travels in its
+// registration: the mesh forms from the address book, and the workers' Nodes
+// open no connections to each other (start-up linear in the job, issue 38).
+TEST(Bootstrap, ClusterModeTradesNoPortsWorkerToWorker) {
+  const int workers = 3;
+  Options base;
+  base.cluster.num_servers = 1;
+  base.cluster.num_workers = workers;
+  base.cluster.root_uri = "127.0.0.1";
+  base.cluster.root_port = 0;
+  base.cluster.heartbeat_interval = Millis(200);
+  base.cluster.heartbeat_timeout = Millis(5000);
+  base.cluster.startup_timeout = Millis(20000);
+  base.net.node_host = "127.0.0.1";
+  Options so = base;
+  so.cluster.role = Role::kScheduler;
+  cluster::Scheduler scheduler(so);
+  base.cluster.root_port = scheduler.bind();
+  auto result = std::async(std::launch::async, [&] { return scheduler.run(); });
+  auto server = std::async(std::launch::async, [&] {
+    Options o = base;
+    o.cluster.role = Role::kServer;
+    cluster::Node node(o);
+    node.start();
+    node.shutdown();
+  });
+  auto errors = on_threads(workers, [&](int) {
+    Options o = base;
+    o.cluster.role = Role::kWorker;
+    o.collective.shared_memory = false;
+    Bootstrapped b = bootstrap(o);
+    ASSERT_EQ(b.mode, BootstrapMode::kCluster);
+    ASSERT_EQ(b.book.size(), static_cast<size_t>(workers));
+    const int me = b.node->rank();
+    const cluster::AddressBook& book = b.node->address_book();
+    for (int r = 0; r < workers; ++r) {
+      EXPECT_EQ(b.book[static_cast<size_t>(r)].second,
+                book.workers[static_cast<size_t>(r)].mesh_port);
+      EXPECT_GT(b.book[static_cast<size_t>(r)].second, 0);
+      if (r != me) EXPECT_THROW(b.node->conn(Role::kWorker, r), NotFound) << "worker " << r;
+    }
+    EXPECT_EQ(b.book[static_cast<size_t>(me)].second, b.mesh->port());
+    b.transport->close(Status::ok());
+    b.node->shutdown();
   });
   for (auto& e : errors)
     EXPECT_FALSE(e) << what(e);

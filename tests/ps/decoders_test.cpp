@@ -110,6 +110,23 @@ TEST(ClusterProtocol, RoundTrips) {
   EXPECT_EQ(rank, 1);
   ASSERT_EQ(got.workers.size(), 2u);
   EXPECT_EQ(got.workers[1].port, 9001);
+  EXPECT_EQ(got.workers[1].mesh_port, 0);
+
+  // A worker's collectives mesh port travels in its registration and in the
+  // book (collective/bootstrap.cpp forms the mesh from it).
+  cluster::NodeAddress w = addr(Role::kWorker, 2);
+  w.mesh_port = 41000;
+  ASSERT_TRUE(cluster::decode_register(cluster::encode_register(w, -1), &me, &pref).is_ok());
+  EXPECT_EQ(me.mesh_port, 41000);
+  book.workers[1].mesh_port = 41001;
+  ASSERT_TRUE(cluster::decode_book(cluster::encode_book(1, book), &rank, &got).is_ok());
+  EXPECT_EQ(got.workers[1].mesh_port, 41001);
+  EXPECT_EQ(got.workers[0].mesh_port, 0);
+  for (int bad : {-1, 65536}) {
+    w.mesh_port = bad;
+    EXPECT_EQ(cluster::decode_register(cluster::encode_register(w, -1), &me, &pref).code(),
+              ErrorCode::kProtocolError);
+  }
 
   std::string reason;
   ASSERT_TRUE(
@@ -121,8 +138,8 @@ TEST(ClusterProtocol, RoundTrips) {
 TEST(ClusterProtocol, BookWithAHugeCountIsRejectedBeforeAllocating) {
   net::Writer w;
   w.u<int32_t>(0);
-  w.u<uint8_t>(1).u<int32_t>(0).str("h").u<int32_t>(1);  // scheduler
-  w.u<uint32_t>(999999);                                 // servers: far more than follow
+  w.u<uint8_t>(1).u<int32_t>(0).str("h").u<int32_t>(1).u<int32_t>(0);  // scheduler
+  w.u<uint32_t>(999999);  // servers: far more than follow
   cluster::AddressBook book;
   int32_t rank;
   EXPECT_EQ(cluster::decode_book(w.data(), &rank, &book).code(), ErrorCode::kProtocolError);
