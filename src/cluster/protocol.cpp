@@ -3,11 +3,10 @@
 
 #include <algorithm>
 #include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
+#include "net/host_table.h"
 #include "net/node_id.h"
 #include "net/socket.h"
 #include "net/wire.h"
@@ -105,30 +104,21 @@ bool same_host(const AddressBook& book) {
   return first != nullptr;
 }
 
-// The book's wire form, compact (issue 38: every node gets the whole book,
-// so its size times the job's is what the scheduler sends): the scheduler in
-// full, then a table of the distinct hosts in order of first use (many ranks
-// share a host), then each server and worker as (host index, port, mesh
-// port); rank = position, role = list. 8 bytes a node instead of 30 or more.
-// The decoder accepts only this canonical form (no repeated or unused host,
-// first uses in order), so every book has one encoding.
+// The book's wire form: the scheduler in full, then the servers' and
+// workers' hosts as a table (net/host_table.h) and each of them as (host
+// index, port, mesh port); rank = position, role = list. 8 bytes a node
+// instead of 30 or more.
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
   std::vector<std::string_view> hosts;
-  std::unordered_map<std::string_view, uint32_t> index;
-  std::vector<uint32_t> at;  // servers then workers: their host's index
+  hosts.reserve(book.servers.size() + book.workers.size());
   for (const auto* list : {&book.servers, &book.workers})
-    for (const NodeAddress& a : *list) {
-      auto [it, fresh] = index.try_emplace(a.host, static_cast<uint32_t>(hosts.size()));
-      if (fresh) hosts.push_back(a.host);
-      at.push_back(it->second);
-    }
+    for (const NodeAddress& a : *list)
+      hosts.push_back(a.host);
   net::Writer w;
-  w.reserve(64 + hosts.size() * 20 + at.size() * kBookEntryBytes);
+  w.reserve(64 + hosts.size() * kBookEntryBytes);
   w.u<int32_t>(your_rank);
   put(w, book.scheduler);
-  w.u<uint32_t>(static_cast<uint32_t>(hosts.size()));
-  for (std::string_view h : hosts)
-    w.str(h);
+  const std::vector<uint32_t> at = net::put_host_table(w, hosts);
   size_t i = 0;
   for (const auto* list : {&book.servers, &book.workers}) {
     w.u<uint32_t>(static_cast<uint32_t>(list->size()));
@@ -150,31 +140,23 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
   net::Reader r(in);
   *your_rank = r.u<int32_t>();
   if (!get(r, &book->scheduler)) return bad("address book");
-  const size_t nhosts = r.count(kMaxNodes, 4);
-  if (!r.ok()) return bad("address book");
-  std::vector<std::string> hosts(nhosts);
-  std::unordered_set<std::string> distinct;
-  for (auto& h : hosts) {
-    h = r.str(kMaxHost);
-    if (!r.ok() || !distinct.insert(h).second) return bad("address book");
-  }
-  uint32_t used = 0;  // hosts first used so far: the next new one must be this
+  net::HostTableReader hosts;
+  if (!hosts.read(r, kMaxNodes, kMaxHost)) return bad("address book");
   for (Role role : {Role::kServer, Role::kWorker}) {
     auto& list = role == Role::kServer ? book->servers : book->workers;
     const size_t n = r.count(kMaxNodes, kBookEntryBytes);
     if (!r.ok()) return bad("address book");
     list.resize(n);
     for (size_t k = 0; k < n; ++k) {
-      const auto h = r.u<uint32_t>();
-      if (!r.ok() || h > used || h >= nhosts) return bad("address book");
-      if (h == used) ++used;
-      list[k] =
-          NodeAddress{role, static_cast<int32_t>(k), hosts[h], r.u<uint16_t>(), r.u<uint16_t>()};
+      const std::string* host = hosts.take(r.u<uint32_t>());
+      if (!r.ok() || host == nullptr) return bad("address book");
+      list[k] = NodeAddress{role, static_cast<int32_t>(k), *host, r.u<uint16_t>(), r.u<uint16_t>()};
     }
   }
   const auto flags = r.u<uint8_t>();
   book->incarnation = r.u<int32_t>();
-  if (!r.ok() || used != nhosts || flags > 3 || book->incarnation < 0) return bad("address book");
+  if (!r.ok() || !hosts.complete() || flags > 3 || book->incarnation < 0)
+    return bad("address book");
   book->worker_restarts = (flags & 1) != 0;
   book->one_host = (flags & 2) != 0;
   return r.done() ? Status{} : bad("address book");

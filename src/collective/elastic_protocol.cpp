@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "collective/rendezvous.h"
 #include "net/wire.h"
 
 namespace pushpull::collective::elastic {
@@ -34,11 +35,13 @@ Status decode(const std::byte* data, size_t n, JoinRequest* out) {
 }
 
 std::vector<std::byte> encode(const Assignment& a) {
+  // The book first into its own writer: writing the fixed fields into an
+  // empty Writer here trips g++ 12's -Wstringop-overflow (a false positive).
+  net::Writer book;
+  put_address_list(book, a.book);
   net::Writer w;
-  w.u<uint64_t>(a.round).u<int32_t>(a.rank).u<uint64_t>(a.hosts_stamp);
-  w.u<uint32_t>(static_cast<uint32_t>(a.book.size()));
-  for (const auto& [h, p] : a.book)
-    w.str(h).u<int32_t>(p);
+  w.reserve(20 + book.size());
+  w.u<uint64_t>(a.round).u<int32_t>(a.rank).u<uint64_t>(a.hosts_stamp).bytes(book.data());
   return w.take();
 }
 
@@ -47,14 +50,8 @@ Status decode(const std::byte* data, size_t n, Assignment* out) {
   out->round = r.u<uint64_t>();
   out->rank = r.u<int32_t>();
   out->hosts_stamp = r.u<uint64_t>();
-  size_t count = r.count(kMaxMembers, 8);
-  out->book.clear();
-  for (size_t i = 0; i < count && r.ok(); ++i) {
-    std::string h = r.str(256);
-    int p = r.u<int32_t>();
-    out->book.emplace_back(std::move(h), p);
-  }
-  if (!r.done() || count == 0 || out->rank < 0 || out->rank >= static_cast<int>(count))
+  if (!get_address_list(r, kMaxMembers, &out->book) || !r.done() || out->book.empty() ||
+      out->rank < 0 || out->rank >= static_cast<int>(out->book.size()))
     return malformed("assignment");
   return {};
 }

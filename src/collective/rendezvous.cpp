@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "collective/bootstrap.h"
+#include "net/host_table.h"
 #include "net/node_id.h"
 #include "net/peer_policy.h"
 #include "net/socket.h"
@@ -22,6 +23,7 @@ namespace pushpull::collective {
 namespace {
 
 constexpr uint32_t kMaxRanks = 1 << 20;
+constexpr size_t kMaxHostBytes = 1024;  // a host name or address in a book
 
 Status malformed(const char* what) {
   return {ErrorCode::kProtocolError, fmt::format("collective rendezvous: malformed {}", what)};
@@ -263,25 +265,42 @@ Status decode_hello(const std::byte* data, size_t n, int* rank, int* size, std::
   return r.ok() && r.at_end() ? Status{} : malformed("hello");
 }
 
+void put_address_list(net::Writer& w, const AddressList& book) {
+  std::vector<std::string_view> hosts;
+  hosts.reserve(book.size());
+  for (const auto& [h, p] : book)
+    hosts.push_back(h);
+  const std::vector<uint32_t> at = net::put_host_table(w, hosts);
+  w.u<uint32_t>(static_cast<uint32_t>(book.size()));
+  for (size_t i = 0; i < book.size(); ++i)
+    w.u<uint32_t>(at[i]).u<uint16_t>(static_cast<uint16_t>(book[i].second));
+}
+
+bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book) {
+  net::HostTableReader hosts;
+  if (!hosts.read(r, max_ranks, kMaxHostBytes)) return false;
+  const size_t count = r.count(max_ranks, 6);
+  if (!r.ok()) return false;
+  book->clear();
+  book->reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const std::string* host = hosts.take(r.u<uint32_t>());
+    const int port = r.u<uint16_t>();
+    if (!r.ok() || host == nullptr || port == 0) return false;
+    book->emplace_back(*host, port);
+  }
+  return hosts.complete();
+}
+
 std::vector<std::byte> encode_book(const AddressList& book) {
   net::Writer w;
-  w.u<uint32_t>(static_cast<uint32_t>(book.size()));
-  for (const auto& [h, p] : book)
-    w.str(h).u<int32_t>(p);
+  put_address_list(w, book);
   return w.take();
 }
 
 Status decode_book(const std::byte* data, size_t n, AddressList* book) {
   net::Reader r({data, n});
-  uint32_t count = r.u<uint32_t>();
-  if (!r.ok() || count > kMaxRanks || count > n / 8) return malformed("address list");
-  book->clear();
-  for (uint32_t i = 0; i < count && r.ok(); ++i) {
-    std::string h = r.str();
-    int p = r.u<int32_t>();
-    book->emplace_back(std::move(h), p);
-  }
-  return r.ok() && r.at_end() ? Status{} : malformed("address list");
+  return get_address_list(r, kMaxRanks, book) && r.at_end() ? Status{} : malformed("address list");
 }
 
 AddressList rendezvous(const RendezvousConfig& c) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collective/transport.h"
+#include "net/wire.h"
 #include "pushpull/options.h"
 
 namespace pushpull::collective {
@@ -38,6 +39,12 @@ AddressList rendezvous(const RendezvousConfig& config);
 std::vector<std::byte> encode_hello(int rank, int size, const std::string& host, int port);
 Status decode_hello(const std::byte* data, size_t n, int* rank, int* size, std::string* host,
                     int* port);
+// An address list on the wire (the rendezvous' book, an elastic round's):
+// its hosts as a table (net/host_table.h), then (host index, u16 port) per
+// rank; ports 1..65535. get_address_list() reads at most `max_ranks`
+// entries and false on anything malformed or not canonical.
+void put_address_list(net::Writer& w, const AddressList& book);
+bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book);
 std::vector<std::byte> encode_book(const AddressList& book);
 Status decode_book(const std::byte* data, size_t n, AddressList* book);
 

@@ -8,8 +8,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <future>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "cluster/scheduler.h"
 #include "collective/rendezvous.h"
@@ -129,6 +132,55 @@ TEST(Bootstrap, WireFormsRoundTripAndRejectGarbage) {
   EXPECT_EQ(p, 77);
   std::vector<std::byte> junk(3, std::byte{0xff});
   EXPECT_FALSE(decode_hello(junk.data(), junk.size(), &r, &s, &h, &p).is_ok());
+}
+
+// Many ranks share a host: the book names each host once (net/host_table.h),
+// and only its one canonical form decodes.
+TEST(Bootstrap, BooksNameEachHostOnceAndOnlyTheCanonicalFormDecodes) {
+  AddressList book;
+  for (int r = 0; r < 64; ++r)
+    book.emplace_back(fmt::format("node-{:02}.cluster.example", r / 8), 40000 + r);
+  auto bytes = encode_book(book);
+  EXPECT_LT(bytes.size(), 8 * (4 + 24) + 64 * 6 + 8u);  // 8 host strings, 6 bytes a rank
+  AddressList back;
+  ASSERT_TRUE(decode_book(bytes.data(), bytes.size(), &back).is_ok());
+  EXPECT_EQ(back, book);
+  auto reject = [](const std::function<void(net::Writer&)>& write) {
+    net::Writer w;
+    write(w);
+    AddressList out;
+    return !decode_book(w.data().data(), w.size(), &out).is_ok();
+  };
+  auto entry = [](net::Writer& w, uint32_t host, uint16_t port) {
+    w.u<uint32_t>(host).u<uint16_t>(port);
+  };
+  // The same table and entries as encode_book writes decode...
+  EXPECT_FALSE(reject([&](net::Writer& w) {
+    w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(3);
+    entry(w, 0, 1), entry(w, 1, 2), entry(w, 0, 3);
+  }));
+  // ...a host listed twice, a host never used, a new host out of first-use
+  // order, an index past the table and port 0 do not.
+  EXPECT_TRUE(reject([&](net::Writer& w) {
+    w.u<uint32_t>(2).str("a").str("a").u<uint32_t>(2);
+    entry(w, 0, 1), entry(w, 1, 2);
+  }));
+  EXPECT_TRUE(reject([&](net::Writer& w) {
+    w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(1);
+    entry(w, 0, 1);
+  }));
+  EXPECT_TRUE(reject([&](net::Writer& w) {
+    w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(2);
+    entry(w, 1, 1), entry(w, 0, 2);
+  }));
+  EXPECT_TRUE(reject([&](net::Writer& w) {
+    w.u<uint32_t>(1).str("a").u<uint32_t>(1);
+    entry(w, 1, 1);
+  }));
+  EXPECT_TRUE(reject([&](net::Writer& w) {
+    w.u<uint32_t>(1).str("a").u<uint32_t>(1);
+    entry(w, 0, 0);
+  }));
 }
 
 class SessionsOverRendezvous : public ::testing::TestWithParam<int> {};
@@ -261,7 +313,9 @@ TEST(Bootstrap, ClusterModeTradesNoPortsWorkerToWorker) {
       EXPECT_EQ(b.book[static_cast<size_t>(r)].second,
                 book.workers[static_cast<size_t>(r)].mesh_port);
       EXPECT_GT(b.book[static_cast<size_t>(r)].second, 0);
-      if (r != me) EXPECT_THROW(b.node->conn(Role::kWorker, r), NotFound) << "worker " << r;
+      if (r != me) {
+        EXPECT_THROW(b.node->conn(Role::kWorker, r), NotFound) << "worker " << r;
+      }
     }
     EXPECT_EQ(b.book[static_cast<size_t>(me)].second, b.mesh->port());
     b.transport->close(Status::ok());

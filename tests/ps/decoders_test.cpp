@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+
+#include <fmt/format.h>
 #include <random>
 
 #include "cluster/protocol.h"
@@ -135,10 +137,39 @@ TEST(ClusterProtocol, RoundTrips) {
   EXPECT_EQ(reason, "gone");
 }
 
+// The book names each host once: 4,096 workers on 512 hosts cost 8 bytes
+// each plus the host table, and ranks and roles come from the positions.
+TEST(ClusterProtocol, TheBookIsCompact) {
+  cluster::AddressBook book;
+  book.scheduler = addr(Role::kScheduler, 0);
+  for (int s = 0; s < 2; ++s)
+    book.servers.push_back({Role::kServer, s, "10.1.0.1", 9000 + s});
+  for (int w = 0; w < 4096; ++w)
+    book.workers.push_back({Role::kWorker, w, fmt::format("10.2.{}.{}", w / 8 / 256, w / 8 % 256),
+                            10000 + w % 8, 20000 + w % 8});
+  auto bytes = cluster::encode_book(7, book);
+  EXPECT_LT(bytes.size(), 513 * (4 + 12) + 4098 * 8 + 64u);
+  cluster::AddressBook got;
+  int32_t rank = -1;
+  ASSERT_TRUE(cluster::decode_book(bytes, &rank, &got).is_ok());
+  EXPECT_EQ(rank, 7);
+  ASSERT_EQ(got.workers.size(), 4096u);
+  EXPECT_EQ(got.workers[4095].host, "10.2.1.255");
+  EXPECT_EQ(got.workers[4095].rank, 4095);
+  EXPECT_EQ(got.workers[4095].role, Role::kWorker);
+  EXPECT_EQ(got.workers[4095].mesh_port, 20007);
+  EXPECT_EQ(got.servers[1].port, 9001);
+  // The scheduler encodes once and patches the receiver's rank.
+  cluster::set_book_rank(bytes, 3);
+  ASSERT_TRUE(cluster::decode_book(bytes, &rank, &got).is_ok());
+  EXPECT_EQ(rank, 3);
+}
+
 TEST(ClusterProtocol, BookWithAHugeCountIsRejectedBeforeAllocating) {
   net::Writer w;
   w.u<int32_t>(0);
   w.u<uint8_t>(1).u<int32_t>(0).str("h").u<int32_t>(1).u<int32_t>(0);  // scheduler
+  w.u<uint32_t>(0);                                                    // host table
   w.u<uint32_t>(999999);  // servers: far more than follow
   cluster::AddressBook book;
   int32_t rank;
