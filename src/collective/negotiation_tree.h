@@ -35,9 +35,12 @@
 
 namespace pushpull::collective {
 
-// From this many ranks the engine negotiates over the tree (with 2 ranks the
-// tree is the direct path).
-inline constexpr int kNegotiationTreeFrom = 3;
+// From this many ranks the engine negotiates over the tree. Up to 8 ranks
+// (kFullMeshUpTo: every pair connected) the direct path stays: rank 0's 2(n - 1)
+// messages cost less than the tree's extra hops there, and A/B runs on this
+// project's 2-core machines could not tell the two apart at 4 and 8 ranks
+// (docs/collectives.md, "Negotiation tree").
+inline constexpr int kNegotiationTreeFrom = 9;
 
 int tree_parent(int rank);            // -1 for rank 0
 int subtree_end(int rank, int size);  // one past the subtree's last rank

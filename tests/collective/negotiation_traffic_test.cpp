@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -94,18 +95,24 @@ double messages_per_op(int n) {
 }
 
 TEST(NegotiationTraffic, RankZeroMessagesPerOpGrowWithLogN) {
-  for (int n : {8, 16, 32}) {
-    const double per_op = messages_per_op(n);
-    // One announcement from each child of rank 0 and one response to each.
-    const double bound = 2.0 * ceil_log2(n);
-    EXPECT_LE(per_op, bound) << n << " ranks";
-    EXPECT_GT(per_op, 0) << n << " ranks";
-    EXPECT_LT(per_op, 2.0 * (n - 1) / 2) << n << " ranks (the direct path: " << 2 * (n - 1) << ")";
+  std::map<int, double> per_op;
+  for (int n : {8, 16, 32, 64}) {
+    per_op[n] = messages_per_op(n);
+    // Up to 8 ranks the direct path: every rank announces to rank 0, which
+    // answers each. From 9 the tree: one announcement from each child of
+    // rank 0 and one response to each.
+    const double bound = n < kNegotiationTreeFrom ? 2.0 * (n - 1) : 2.0 * ceil_log2(n);
+    EXPECT_LE(per_op[n], bound) << n << " ranks";
+    EXPECT_GE(per_op[n], bound - 2) << n << " ranks";  // counted for real
     std::printf(
         "negotiation: %d ranks: %.2f control messages at rank 0 per op (bound %.0f, "
         "direct path %d)\n",
-        n, per_op, bound, 2 * (n - 1));
+        n, per_op[n], bound, 2 * (n - 1));
   }
+  // Doubling the ranks adds 2 messages (one more child of rank 0), not 2n.
+  EXPECT_LE(per_op[32] - per_op[16], 2.0 + 0.1);
+  EXPECT_LE(per_op[64] - per_op[32], 2.0 + 0.1);
+  EXPECT_LT(per_op[64], per_op[8]);
 }
 
 TEST(NegotiationTraffic, JoinAndProcessSetsAtSixteenRanks) {
@@ -158,6 +165,68 @@ TEST(NegotiationTraffic, StallReportNamesARankDeepInTheTree) {
   EXPECT_EQ(reports[0].tensor, "late");
   EXPECT_EQ(reports[0].missing_ranks, std::vector<int>{13});
   EXPECT_GE(reports[0].waited_seconds, 0.2);
+}
+
+}  // namespace
+}  // namespace pushpull::collective
+
+namespace pushpull::collective {
+namespace {
+
+using testing::fast_options;
+using testing::Group;
+
+// The direct path's errors, over the tree: a mismatch under a cached name
+// fails on every rank and the group goes on; a tensor a rank deep in the
+// tree never submits fails by the stall shutdown, naming that rank.
+TEST(NegotiationTraffic, MismatchAndStallShutdownAtSixteenRanks) {
+  auto opts = fast_options();
+  opts.collective.stall_warning_seconds = 0.05;
+  opts.collective.stall_shutdown_seconds = 0.3;
+  const int n = 16;
+  Group g(n, opts);
+  g.run([&](int r, Communicator& c) {
+    Array a = Array::full(Shape{4}, 1.0);
+    c.allreduce("m", a);  // cached from now on
+    c.allreduce("orphan", a);
+    Array odd = Array::full(Shape{r == 11 ? 5 : 4}, 1.0);
+    try {
+      c.allreduce("m", odd);
+      FAIL() << "no mismatch error on rank " << r;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 11: allreduce float32(5)"), std::string::npos)
+          << e.what();
+    }
+    Array b = Array::full(Shape{4}, 1.0);
+    c.allreduce("after", b);
+    EXPECT_EQ(get_element(b, 0), n);
+    if (r == 13) return;  // never submits the repeat
+    try {
+      c.allreduce("orphan", a);
+      FAIL() << "no stall error on rank " << r;
+    } catch (const Timeout& e) {
+      EXPECT_NE(std::string(e.what()).find("ranks [13]"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// An inner rank of the tree (10: parent of 11) dies: every other rank's
+// pending op fails with PeerFailure, through the tree's edges.
+TEST(NegotiationTraffic, ADeadInnerRankFailsEveryPendingOp) {
+  const int n = 16;
+  Group g(n);
+  auto start = std::chrono::steady_clock::now();
+  g.run([&](int r, Communicator& c) {
+    Array a = Array::full(Shape{8}, 1.0);
+    c.allreduce("warm", a);
+    if (r == 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      c.shutdown();
+      return;
+    }
+    EXPECT_THROW(c.allreduce("warm", a), PeerFailure) << "rank " << r;
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
 }  // namespace
