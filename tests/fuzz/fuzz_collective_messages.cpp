@@ -33,8 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   Upward u;
-  if (decode_upward(in, ranks, &u).is_ok())
-    pushpull::fuzz::require(encode(u).size() == in.size());
+  if (decode_upward(in, ranks, &u).is_ok()) pushpull::fuzz::require(encode(u).size() == in.size());
   if (sel % 2 == 0) {
     Announce a;
     if (decode_announce(in, ranks, &a).is_ok())
