@@ -48,7 +48,7 @@ Clock::duration Coordinator::seconds(double s) const {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-void Coordinator::submit(int rank, Spec spec, Clock::time_point now) {
+void Coordinator::submit(int rank, Spec spec, Clock::time_point now, Clock::time_point since) {
   if (spec.root < 0 || spec.root >= size_)
     throw InvalidArgument(fmt::format("collective: tensor '{}': root {} is not a rank (size {})",
                                       spec.name, spec.root, size_));
@@ -57,9 +57,12 @@ void Coordinator::submit(int rank, Spec spec, Clock::time_point now) {
         "collective: rank {} submitted tensor '{}' of a process set without it", rank, spec.name));
   auto [it, fresh] = pending_.try_emplace(spec.name);
   Pending& p = it->second;
+  since = std::min(now, since);
   if (fresh) {
     p.specs.resize(static_cast<size_t>(size_));
-    p.first = p.last_warn = now;
+    p.first = p.last_warn = since;
+  } else if (since < p.first) {
+    p.first = since;
   }
   if (p.specs[static_cast<size_t>(rank)])
     throw ProtocolError(
@@ -70,11 +73,12 @@ void Coordinator::submit(int rank, Spec spec, Clock::time_point now) {
   check(name, now);
 }
 
-void Coordinator::submit_cached(int rank, uint32_t id, Clock::time_point now) {
+void Coordinator::submit_cached(int rank, uint32_t id, Clock::time_point now,
+                                Clock::time_point since) {
   const Spec* s = cache_.get(id);
   if (!s)
     throw ProtocolError(fmt::format("collective: rank {} announced unknown cache id {}", rank, id));
-  submit(rank, *s, now);
+  submit(rank, *s, now, since);
 }
 
 void Coordinator::join(int rank, Clock::time_point now) {

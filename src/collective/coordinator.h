@@ -57,8 +57,12 @@ class Coordinator {
   Coordinator(int size, const CollectiveOptions& opts, ResponseCache& cache);
 
   // ProtocolError: an unknown cache id, a bad root, or a name submitted twice.
-  void submit(int rank, Spec spec, Clock::time_point now);
-  void submit_cached(int rank, uint32_t id, Clock::time_point now);
+  // `since`: when the rank submitted it, if earlier than `now` (held on the
+  // way by the negotiation tree, negotiation_tree.h); stall times count from it.
+  void submit(int rank, Spec spec, Clock::time_point now,
+              Clock::time_point since = Clock::time_point::max());
+  void submit_cached(int rank, uint32_t id, Clock::time_point now,
+                     Clock::time_point since = Clock::time_point::max());
   void join(int rank, Clock::time_point now);
 
   // The responses due at `now`, and stall reports to log.

@@ -38,6 +38,13 @@ Communicator::Impl::Impl(std::unique_ptr<Transport> transport, CommunicatorOptio
       size_(transport_->size()),
       inbox_(static_cast<size_t>(size_)) {
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, opts_.collective, cache_);
+  tree_ = size_ >= kNegotiationTreeFrom;
+  if (tree_) {
+    parent_ = tree_parent(rank_);
+    children_ = tree_children(rank_, size_);
+    if (rank_ != 0)
+      aggregator_ = std::make_unique<TreeAggregator>(rank_, size_, opts_.collective, cache_);
+  }
   metrics::start_from_env();  // PUSHPULL_METRICS_PORT: the endpoint answers from now on
   flight::start_from_env();   // the ring and its SIGUSR1 dump
   std::string note;
@@ -176,6 +183,7 @@ void Communicator::Impl::on_event(const Event& ev) {
   }
   std::string body = std::move(in.body);
   in.body.clear();
+  if (tree_) return on_tree_message(ev.peer, std::move(body));
   if (rank_ == 0) {
     Announce a = decode_announce(body, size_);
     auto now = Clock::now();
@@ -192,9 +200,43 @@ void Communicator::Impl::on_event(const Event& ev) {
   }
 }
 
+void Communicator::Impl::on_tree_message(int peer, std::string body) {
+  auto now = Clock::now();
+  if (peer == parent_) {
+    auto rs = decode_responses(body, size_);
+    // Forwarded before executing: the children take part in what this rank
+    // is about to run. The same bytes, not re-encoded.
+    auto shared = std::make_shared<const std::string>(std::move(body));
+    for (int c : children_)
+      send_control(c, shared);
+    aggregator_->passed_down(rs);
+    post_length(peer);
+    execute(rs);
+    return;
+  }
+  Upward up = decode_upward(body, size_);
+  if (rank_ == 0)
+    deliver(*coordinator_, cache_, peer, size_, up, now);
+  else
+    aggregator_->receive(peer, up, now);
+  post_length(peer);
+}
+
+void Communicator::Impl::send_up() {
+  Upward up = aggregator_->take(Clock::now());
+  if (up.empty()) return;
+  send_control(parent_, std::make_shared<const std::string>(encode(up)));
+}
+
 void Communicator::Impl::announce(const std::vector<Spec>& specs, bool join) {
   auto now = Clock::now();
   Announce a;
+  if (aggregator_) {
+    for (const auto& spec : specs)
+      aggregator_->submit(spec, now);
+    if (join) aggregator_->join(now);
+    return;  // sent by send_up()
+  }
   for (const auto& spec : specs) {
     if (rank_ == 0) {
       coordinator_->submit(0, spec, now);
@@ -230,8 +272,13 @@ void Communicator::Impl::coordinate() {
   }
   if (rs.empty()) return;
   auto body = std::make_shared<const std::string>(encode(rs));
-  for (int p = 1; p < size_; ++p)
-    send_control(p, body);
+  if (tree_) {
+    for (int c : children_)
+      send_control(c, body);
+  } else {
+    for (int p = 1; p < size_; ++p)
+      send_control(p, body);
+  }
   execute(rs);
 }
 
@@ -273,7 +320,11 @@ void Communicator::Impl::fatal(const Status& st) {
 
 void Communicator::Impl::run() {
   ScopedLogContext log_context(fmt::format("collective rank {}", rank_));
-  if (size_ > 1) {
+  if (tree_) {
+    if (parent_ >= 0) post_length(parent_);
+    for (int c : children_)
+      post_length(c);
+  } else if (size_ > 1) {
     if (rank_ == 0)
       for (int p = 1; p < size_; ++p)
         post_length(p);
@@ -283,8 +334,9 @@ void Communicator::Impl::run() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     auto now = Clock::now();
-    auto wake =
-        (coordinator_ && !dead_) ? coordinator_->next_deadline(now) : now + std::chrono::hours(1);
+    auto wake = now + std::chrono::hours(1);
+    if (coordinator_ && !dead_) wake = coordinator_->next_deadline(now);
+    if (aggregator_ && !dead_) wake = std::min(wake, aggregator_->next_deadline(now));
     cv_.wait_until(lock, wake, [&] {
       return stopping_ || (!dead_ && (!submitted_.empty() || join_requested_ || !events_.empty()));
     });
@@ -313,6 +365,7 @@ void Communicator::Impl::run() {
         on_event(ev);
       if (!specs.empty() || join) announce(specs, join);
       if (coordinator_) coordinate();
+      if (aggregator_) send_up();
     } catch (const Error& e) {
       fatal(Status(e.code(), e.what()));
     } catch (const std::exception& e) {

@@ -7,6 +7,10 @@
 // and broadcasts responses, and every rank executes the responses in the same
 // order, which numbers the ops identically everywhere (the tags of their
 // messages). Control messages travel as (length, body) pairs on reserved tags.
+// From kNegotiationTreeFrom ranks they travel over the negotiation tree
+// (negotiation_tree.h): announcements up through each rank's parent, which
+// aggregates repeats, responses down through each rank's children, which the
+// rank forwards before executing them.
 //
 // Failure: any transport error (a dead peer, a timeout, a malformed message)
 // is fatal to the communicator: every pending and later op fails with it, and
@@ -29,6 +33,7 @@
 #include "collective/coordinator.h"
 #include "collective/hierarchical.h"
 #include "collective/messages.h"
+#include "collective/negotiation_tree.h"
 #include "collective/transport.h"
 #include "pushpull/collective.h"
 
@@ -84,6 +89,8 @@ class Communicator::Impl {
   void run();
   void post_length(int peer);
   void on_event(const Event& ev);
+  void on_tree_message(int peer, std::string body);
+  void send_up();
   void send_control(int peer, std::shared_ptr<const std::string> body);
   void announce(const std::vector<Spec>& specs, bool join);
   void coordinate();
@@ -115,6 +122,12 @@ class Communicator::Impl {
   std::vector<Inbox> inbox_;
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0
+  // The negotiation tree (tree_): this rank's parent (-1: rank 0), children
+  // and, but on rank 0, the aggregator of its subtree's announcements.
+  bool tree_ = false;
+  int parent_ = -1;
+  std::vector<int> children_;
+  std::unique_ptr<TreeAggregator> aggregator_;
   uint64_t next_op_id_ = 1;
   std::vector<char> scratch_, fusion_;
   // Set when allreduce goes through the hosts (hierarchical.h); fixed at construction.

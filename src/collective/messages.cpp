@@ -205,6 +205,64 @@ Announce decode_announce(std::string_view bytes, int size) {
   return a;
 }
 
+std::string encode(const Upward& u) {
+  net::Writer w;
+  w.u<uint32_t>(static_cast<uint32_t>(u.specs.size()));
+  for (const auto& s : u.specs) {
+    w.u<int32_t>(s.rank);
+    put_spec(w, s.spec);
+  }
+  w.u<uint32_t>(static_cast<uint32_t>(u.cached.size()));
+  for (const auto& c : u.cached) {
+    w.u<uint32_t>(c.id);
+    w.u<uint8_t>(c.whole ? 1 : 0);
+    w.u<uint32_t>(c.held_ms);
+    w.u<uint32_t>(static_cast<uint32_t>(c.ranks.size()));
+    for (int32_t r : c.ranks)
+      w.u<int32_t>(r);
+  }
+  w.u<uint32_t>(static_cast<uint32_t>(u.joins.size()));
+  for (int32_t r : u.joins)
+    w.u<int32_t>(r);
+  return as_string(w.take());
+}
+
+Status decode_upward(std::span<const std::byte> in, int size, Upward* out) {
+  Decoder d{net::Reader(in), {}};
+  Upward u;
+  auto rank = [&](int32_t r) {
+    if (r < 0 || r >= size) d.fail(fmt::format("rank {}", r));
+    return r;
+  };
+  if (in.size() > kMaxMessage) d.fail(fmt::format("{} bytes", in.size()));
+  for (size_t i = 0, n = d.r.count(kMaxItems, 4 + kMinSpecBytes); i < n && d.r.ok(); ++i) {
+    UpSpec s;
+    s.rank = rank(d.r.u<int32_t>());
+    if (d.r.ok() && d.spec(size, &s.spec)) u.specs.push_back(std::move(s));
+  }
+  for (size_t i = 0, n = d.r.count(kMaxItems, 4 + 1 + 4 + 4); i < n && d.r.ok(); ++i) {
+    UpCached c;
+    c.id = d.r.u<uint32_t>();
+    c.whole = d.r.u<uint8_t>() != 0;
+    c.held_ms = d.r.u<uint32_t>();
+    for (size_t j = 0, m = d.r.count(static_cast<size_t>(size), 4); j < m && d.r.ok(); ++j)
+      c.ranks.push_back(rank(d.r.u<int32_t>()));
+    u.cached.push_back(std::move(c));
+  }
+  for (size_t i = 0, n = d.r.count(static_cast<size_t>(size), 4); i < n && d.r.ok(); ++i)
+    u.joins.push_back(rank(d.r.u<int32_t>()));
+  d.r.done();
+  if (Status st = d.status(in.size()); !st) return st;
+  *out = std::move(u);
+  return {};
+}
+
+Upward decode_upward(std::string_view bytes, int size) {
+  Upward u;
+  decode_upward(std::as_bytes(std::span(bytes.data(), bytes.size())), size, &u).raise();
+  return u;
+}
+
 std::string encode(const std::vector<Response>& rs) {
   net::Writer w;
   w.u<uint32_t>(static_cast<uint32_t>(rs.size()));

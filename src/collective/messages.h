@@ -69,6 +69,29 @@ struct Announce {
   bool join = false;             // after the above
 };
 
+// child -> parent in the negotiation tree (negotiation_tree.h): what the
+// child's subtree announced since its last message. Every rank named lies in
+// the sender's subtree (the receiver checks).
+struct UpSpec {
+  int32_t rank = 0;  // who submitted it (uncached: passes up unchanged)
+  Spec spec;
+};
+struct UpCached {
+  uint32_t id = kNoCacheId;
+  // whole: every member of the sender's subtree submitted `id` but `ranks`,
+  // which had joined. Otherwise exactly `ranks` submitted it (a stalled or
+  // conflicting tensor, passed up rank by rank), the oldest `held_ms` ago.
+  bool whole = true;
+  uint32_t held_ms = 0;
+  std::vector<int32_t> ranks;
+};
+struct Upward {
+  std::vector<UpSpec> specs;
+  std::vector<UpCached> cached;
+  std::vector<int32_t> joins;  // ranks that joined, after the above
+  bool empty() const { return specs.empty() && cached.empty() && joins.empty(); }
+};
+
 struct ResponseTensor {
   std::string name;
   uint32_t cache_id = kNoCacheId;
@@ -93,6 +116,9 @@ struct Response {
 std::string encode(const Announce& a);
 Status decode_announce(std::span<const std::byte> in, int size, Announce* out);
 Announce decode_announce(std::string_view bytes, int size);
+std::string encode(const Upward& u);
+Status decode_upward(std::span<const std::byte> in, int size, Upward* out);
+Upward decode_upward(std::string_view bytes, int size);
 std::string encode(const std::vector<Response>& rs);
 Status decode_responses(std::span<const std::byte> in, int size, std::vector<Response>* out);
 std::vector<Response> decode_responses(std::string_view bytes, int size);

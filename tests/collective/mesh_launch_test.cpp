@@ -2,8 +2,9 @@
 // The partial mesh with real processes: 12 ranks (collective_probe), each
 // advertising its own loopback address (PUSHPULL_NODE_HOST=127.0.0.x, so the
 // mesh is the multi-host one: O(log n) start-up links per rank, the others on
-// first use). Every op works (the engine's negotiation with rank 0 and the
-// alltoall connect lazily), and a SIGSTOPped rank is found by its ring
+// first use). Every op works (the alltoall connects lazily; the engine's
+// negotiation runs over the negotiation tree, whose edges are start-up
+// links), and a SIGSTOPped rank is found by its ring
 // predecessor, probed, and named by every survivor, also by those that never
 // had a connection to it, within the heartbeat timeout + 2 s; so is a
 // killed one.

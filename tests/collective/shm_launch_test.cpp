@@ -55,6 +55,21 @@ TEST_P(ShmWorlds, EveryOpAgreesWithTheLocalReference) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmWorlds, ::testing::Values(2, 3));
 
+// Ten ranks of one host: from 9 ranks the engine negotiates over its tree
+// (collective/negotiation_tree.h), every op and a join with uneven batches
+// included, the data through shared memory.
+TEST(ShmWorldsTree, TenRanksNegotiateOverTheTree) {
+  const int n = 10;
+  auto r = run_launcher(
+      {"-n", std::to_string(n), "-s", "0", "--timeout", "30", "--env", "PUSHPULL_SHM=1",
+       bin("collective_probe"), "--dtypes", "float32,int64", "--sizes", "0,7,1000"},
+      std::chrono::seconds(150));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (int w = 0; w < n; ++w)
+    EXPECT_EQ(count_in(r.out, "worker " + std::to_string(w), "PASS "), 1) << r.out;
+  EXPECT_THAT(r.out + r.err, HasSubstr("rank 9 moves data through shared memory"));
+}
+
 std::map<std::string, std::string> shm_env(int rank, int n, int port) {
   return {{"RANK", std::to_string(rank)},
           {"WORLD_SIZE", std::to_string(n)},

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the collective engine's control messages
-// (collective/messages.h): a rank's announce and rank 0's responses, through
+// (collective/messages.h): a rank's announce, rank 0's responses and a
+// child's message to its parent in the negotiation tree (every input goes
+// through that decoder too), through
 // the Status-returning decoders (what decodes re-encodes to as many bytes)
 // and the throwing ones (bad input must throw pushpull::Error; anything else
 // escaping — bad_alloc, length_error, a crash — is a finding).
@@ -24,8 +26,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)decode_responses(bytes, ranks);
     } catch (const pushpull::Error&) {
     }
+    try {
+      (void)decode_upward(bytes, ranks);
+    } catch (const pushpull::Error&) {
+    }
     return 0;
   }
+  Upward u;
+  if (decode_upward(in, ranks, &u).is_ok()) pushpull::fuzz::require(encode(u).size() == in.size());
   if (sel % 2 == 0) {
     Announce a;
     if (decode_announce(in, ranks, &a).is_ok())

@@ -262,6 +262,14 @@ void collective_seeds(const fs::path& root) {
   gather.tensors = {{"ag", collective::kNoCacheId, true, s}};
   gather.rows = {1, 2, 3};
   co.add(1 | (2 << 2), collective::encode(std::vector<collective::Response>{exec, err, gather}));
+  // A child's message in the negotiation tree (every input also goes
+  // through decode_upward): rank 2 of 3's first submission, an aggregated
+  // id with rank 2 joined, an id passed up rank by rank, a join.
+  collective::Upward up;
+  up.specs = {{2, s}};
+  up.cached = {{0, true, 0, {2}}, {1, false, 1500, {2}}};
+  up.joins = {2};
+  co.add(0 | (2 << 2), collective::encode(up));
 
   Corpus rv(root, "fuzz_rendezvous");
   rv.add(0, collective::encode_hello(1, 3, "10.0.0.2", 9100));

@@ -159,6 +159,10 @@ Report CollectiveWorld::run() {
   report_.op_messages_hub = 2.0 * (n_ - 1);
   report_.op_bytes_hub_first = op_bytes_[0];
   report_.op_bytes_hub_cached = op_bytes_[1];
+  report_.op_messages_hub_tree = tree_hub_messages_;
+  report_.op_bytes_hub_tree = tree_hub_bytes_;
+  report_.negotiate_direct_ms = static_cast<double>(tree_start_ - round_end_) / 1e3;
+  report_.negotiate_tree_ms = static_cast<double>(tree_end_ - tree_start_) / 1e3;
   // Steady state: three intervals, one interval after the ops.
   const uint64_t iv = c_.heartbeat_interval_us, t1 = net_.now() + iv;
   net_.run(t1);

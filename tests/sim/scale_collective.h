@@ -2,11 +2,12 @@
 // The collectives' control plane at scale (scale_sim.h): n ranks meeting at
 // rank 0's rendezvous, forming their mesh (a full mesh as today, or the
 // sparse topology of issue 38), negotiating two allreduces through rank 0's
-// real Coordinator, running the first, then watching each other until a
-// rank is stopped or killed. What is real and what is modeled: scale_sim.h.
-// Private to scale_collective*.cpp: start-up, negotiation and the allreduce
-// here; the detector and the run in scale_collective.cpp.
-// Thread safety: none (one thread).
+// real Coordinator, running the first, announcing the second (a repeat,
+// from the cache) directly to rank 0 and then again over the negotiation
+// tree (real TreeAggregators, collective/negotiation_tree.h; scale_negotiation.cpp),
+// then watching each other until a rank is stopped or killed. What is real and what is modeled:
+// scale_sim.h. Private to scale_collective*.cpp: start-up, negotiation and the allreduce here; the
+// detector and the run in scale_collective.cpp. Thread safety: none (one thread).
 #pragma once
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "base/liveness.h"
 #include "collective/coordinator.h"
 #include "collective/messages.h"
+#include "collective/negotiation_tree.h"
 #include "collective/rendezvous.h"
 #include "net/message.h"
 #include "sim/scale_net.h"
@@ -216,14 +218,16 @@ class CollectiveWorld {
     if (rs.size() != 1 || rs[0].tensors.size() != 1)
       return fail_run("the coordinator did not answer with one allreduce");
     cache_id_ = rs[0].tensors[0].cache_id;
-    if (!first) second_done_ = true;
     auto bytes = std::make_shared<const std::string>(collective::encode(rs));
     op_bytes_[first ? 0 : 1] += static_cast<double>((n_ - 1) * (kHeader + bytes->size()));
     for (int p = 0; p < n_; ++p) {
       auto run = [this, p, bytes, first] {
         auto got = collective::decode_responses(*bytes, n_);
         if (got.size() != 1) return fail_run("a response does not decode");
-        if (first) start_allreduce(p);
+        if (first)
+          start_allreduce(p);
+        else if (++direct_got_ == n_)
+          tree_round();  // the same repeat again, over the tree
       };
       if (p == 0)
         run();
@@ -301,6 +305,14 @@ class CollectiveWorld {
     }
   }
 
+  // The repeat over the negotiation tree (scale_negotiation.cpp): every
+  // rank's aggregator, the real encoding up, rank 0's Coordinator, the
+  // response forwarded down by each rank to its children.
+  void tree_round();
+  void tree_flush(int r);
+  void tree_poll();
+  void tree_down(int r, const std::shared_ptr<const std::string>& bytes);
+
   // tcp_transport_liveness.cpp: heartbeats every interval; the victim's
   // are delivered one by one to the real detectors of its watchers, the
   // others' only counted (they refresh timers that cannot expire).
@@ -330,6 +342,10 @@ class CollectiveWorld {
   collective::Coordinator coordinator_;
   uint32_t cache_id_ = collective::kNoCacheId;
   double op_bytes_[2] = {0, 0};
+  std::vector<std::unique_ptr<collective::TreeAggregator>> aggs_;
+  int direct_got_ = 0, tree_got_ = 0, tree_hub_messages_ = 0;
+  double tree_hub_bytes_ = 0;
+  uint64_t tree_start_ = 0, tree_end_ = 0;
   int decided_count_ = 0, live_count_ = 0;
   std::vector<bool> live_;  // started its detector (after its mesh)
   bool injected_ = false;

@@ -95,9 +95,12 @@ int main(int argc, char** argv) {
       "| engine | ranks | conns/rank (mean, max) | hub conns | start-up msgs/rank | start-up "
       "KB/rank | hub start-up msgs | hub start-up MB | hb msgs/rank/interval (max) | hub hb "
       "msgs/interval | hb CPU/rank | hub hb CPU | start-up (s) | 1st round (ms) | rank 0 bytes/op "
-      "(1st, cached) | stopped: named, all told (s) | killed: named, all told (s) |\n");
+      "(1st, cached) | rank 0 msgs/op repeat (direct, tree) | rank 0 bytes/op repeat, tree | "
+      "repeat "
+      "negotiated (ms; direct, tree) | stopped: named, all told (s) | killed: named, all told (s) "
+      "|\n");
   std::string rule = "|";
-  for (int i = 0; i < 17; ++i)
+  for (int i = 0; i < 20; ++i)
     rule += "---|";
   fmt::print("{}\n", rule);
   int bad = 0;
@@ -115,7 +118,7 @@ int main(int argc, char** argv) {
       if (r.startup_s < 0) {  // nothing to measure; the same again with a kill
         fmt::print(stderr, "scale_sim: {} {} ranks: {}\n", r.engine, r.ranks, r.failure);
         fmt::print("| {} | {} | start-up not complete within {} s simulated (see below) |{}\n",
-                   r.engine, r.ranks, kStartupLimitUs / 1'000'000, std::string(14, '|'));
+                   r.engine, r.ranks, kStartupLimitUs / 1'000'000, std::string(17, '|'));
         ++bad;
         continue;
       }
@@ -131,13 +134,18 @@ int main(int argc, char** argv) {
       const bool coll = e == "full" || e == "sparse";
       fmt::print(
           "| {} | {} | {:.1f}, {:.0f} | {:.0f} | {:.1f} | {:.1f} | {:.0f} | {:.2f} | {:.1f} | "
-          "{:.0f} | {:.2f}% | {:.1f}% | {:.3f} | {:.2f} | {} | {} | {} |\n",
+          "{:.0f} | {:.2f}% | {:.1f}% | {:.3f} | {:.2f} | {} | {} | {} | {} | {} | {} |\n",
           r.engine, r.ranks, r.connections.mean, r.connections.max, r.connections.hub,
           r.startup_messages.mean, r.startup_bytes.mean / 1e3, r.startup_messages.hub,
           r.startup_bytes.hub / 1e6, r.heartbeat_messages.max, r.heartbeat_messages.hub,
           100 * r.heartbeat_cpu.max, 100 * r.heartbeat_cpu.hub, r.startup_s, r.round_ms,
           coll ? fmt::format("{:.0f} KB, {:.0f} KB", r.op_bytes_hub_first / 1e3,
                              r.op_bytes_hub_cached / 1e3)
+               : std::string("-"),
+          coll ? fmt::format("{:.0f}, {:.0f}", r.op_messages_hub, r.op_messages_hub_tree)
+               : std::string("-"),
+          coll ? fmt::format("{:.1f} KB", r.op_bytes_hub_tree / 1e3) : std::string("-"),
+          coll ? fmt::format("{:.2f}, {:.2f}", r.negotiate_direct_ms, r.negotiate_tree_ms)
                : std::string("-"),
           detection(r), detection(k));
       fmt::print(stderr, "# {} {} ranks: {} + {} events, {:.1f} s; stopped: \"{}\"\n", r.engine,

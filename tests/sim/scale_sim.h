@@ -93,6 +93,12 @@ struct Report {
   // Collectives: messages and bytes through rank 0 per operation of the
   // negotiation (first submission, then a repeat answered from the cache).
   double op_messages_hub = 0, op_bytes_hub_first = 0, op_bytes_hub_cached = 0;
+  // The same repeat over the negotiation tree (collective/negotiation_tree.h):
+  // rank 0's messages (sent + received) and bytes, and, for both paths, the
+  // simulated time from the announcements to the last rank holding the
+  // response.
+  double op_messages_hub_tree = 0, op_bytes_hub_tree = 0;
+  double negotiate_direct_ms = 0, negotiate_tree_ms = 0;
   // Simulated: when the last rank's store was ready; -1 when that did not
   // happen within kStartupLimitUs (the other fields are then empty).
   double startup_s = 0;

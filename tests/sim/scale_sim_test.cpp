@@ -73,6 +73,13 @@ TEST(ScaleSim, SparseCollectivesKeepPerRankLoadConstant) {
   EXPECT_LE(r.connections.max, 2 * (2 + 8 + 7) + 1);
   // Heartbeats to and from the two ring neighbours, whatever n is.
   EXPECT_DOUBLE_EQ(r.heartbeat_messages.max, 4);
+  // A repeat over the negotiation tree: 2 x log2(256) messages at rank 0
+  // instead of 2 x 255, and negotiated sooner (rank 0's thread no longer
+  // handles every rank's message in turn).
+  EXPECT_EQ(r.op_messages_hub, 2 * 255);
+  EXPECT_EQ(r.op_messages_hub_tree, 2 * 8);
+  EXPECT_GT(r.negotiate_tree_ms, 0);
+  EXPECT_LT(r.negotiate_tree_ms, r.negotiate_direct_ms / 4);
   c.ranks = 64;
   Report small = run_collective(c);
   expect_ran(small);
@@ -100,6 +107,10 @@ TEST(ScaleSim, FullMeshCollectivesGrowWithTheJob) {
   // The negotiation passes through rank 0 either way: a repeat is smaller.
   EXPECT_EQ(r.op_messages_hub, 2 * 255);
   EXPECT_LT(r.op_bytes_hub_cached, r.op_bytes_hub_first);
+  // Over the negotiation tree: one message from and one to each of rank 0's
+  // log2(256) = 8 children.
+  EXPECT_EQ(r.op_messages_hub_tree, 2 * 8);
+  EXPECT_LT(r.op_bytes_hub_tree, r.op_bytes_hub_cached / 10);
 }
 
 // Not a power of two: halving_doubling.cpp's fold (even ranks below 2 x 36

@@ -16,7 +16,8 @@ target_link_libraries(ps_sim PRIVATE pushpull_sim_world)
 # ranks in `make test`; `make simulate-scale` prints the table for 1,024 and
 # 4,096 ranks with the scale_sim program.
 add_library(pushpull_scale_sim STATIC ${CMAKE_CURRENT_LIST_DIR}/scale_net.cpp
-            ${CMAKE_CURRENT_LIST_DIR}/scale_ps.cpp ${CMAKE_CURRENT_LIST_DIR}/scale_collective.cpp)
+            ${CMAKE_CURRENT_LIST_DIR}/scale_ps.cpp ${CMAKE_CURRENT_LIST_DIR}/scale_collective.cpp
+            ${CMAKE_CURRENT_LIST_DIR}/scale_negotiation.cpp)
 target_include_directories(pushpull_scale_sim PUBLIC ${PROJECT_SOURCE_DIR}/src
                                                      ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(pushpull_scale_sim PUBLIC pushpull_ps pushpull_collective)
