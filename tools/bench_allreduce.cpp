@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -298,10 +299,32 @@ void run_bench(const Config& cfg) {
                                   n, cfg.repeats));
     if (cfg.compression != "none" && !cfg.flags.csv())
       for (const std::string& comp : split_list(cfg.compression))
-        for (uint64_t bytes : sizes)  // a ring rank sends 2(n-1)/n of the buffer
+        for (uint64_t bytes : sizes)  // a ring rank sends 2(n-1)/n of the buffer;
+          // an allgather of codes (1bit: 1/32 of it, 2bit: 1/16) n-1 parts
           std::printf("wire %s %s: %.0f bytes sent per rank per allreduce\n", comp.c_str(),
                       format_bytes(bytes).c_str(),
-                      2.0 * (n - 1) / n * static_cast<double>(bytes) / (comp == "fp16" ? 2 : 1));
+                      comp == "1bit"   ? (n - 1) * std::ceil(bytes / 4.0 / 32) * 4
+                      : comp == "2bit" ? (n - 1) * std::ceil(bytes / 4.0 / 16) * 4
+                                       : 2.0 * (n - 1) / n * static_cast<double>(bytes) /
+                                             (comp == "fp16" ? 2 : 1));
+    // Each codec against the uncompressed ring of the same run: the ratio of
+    // the medians, and of each repeat's (runs interleaved, so a repeat's pair
+    // saw the same machine).
+    if (cfg.compression != "none" && !cfg.flags.csv())
+      for (const std::string& comp : split_list(cfg.compression)) {
+        if (comp == "none") continue;
+        auto& base = got["pushpull"];
+        auto& mine = got["pushpull_" + comp];
+        for (uint64_t bytes : sizes) {
+          if (!base.count(bytes) || !mine.count(bytes)) continue;
+          std::printf("speed-up %s %s: %.2fx over pushpull (per repeat:", comp.c_str(),
+                      format_bytes(bytes).c_str(), median(base[bytes]) / median(mine[bytes]));
+          if (base[bytes].size() == mine[bytes].size())
+            for (size_t i = 0; i < mine[bytes].size(); ++i)
+              std::printf(" %.2f", base[bytes][i] / mine[bytes][i]);
+          std::printf(")\n");
+        }
+      }
     if (lab && goodput > 0 && !cfg.flags.csv()) {
       for (const auto& impl : impls)
         for (uint64_t bytes : sizes) {
@@ -360,16 +383,14 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
       ->capture_default_str();
   cmd->add_option("--compression", cfg->compression,
-                  "pushpull rows to time: none, fp16 (float16 on the ring, with a residual), "
-                  "e.g. none,fp16")
+                  "pushpull rows to time, interleaved: none, fp16 (float16 on the ring, with a "
+                  "residual), 2bit, 1bit (codes allgathered and summed by every rank), e.g. "
+                  "none,fp16,2bit,1bit")
       ->capture_default_str()
       ->check([](const std::string& v) {
         for (const auto& c : split_list(v))
-          if (c != "none" && c != "fp16")
-            return fmt::format(
-                "'{}': a ring sums values on the way, so only none and fp16 "
-                "(1bit/2bit codes cannot be summed; see docs/kvstore.md)",
-                c);
+          if (c != "none" && c != "fp16" && c != "2bit" && c != "1bit")
+            return fmt::format("'{}': not a compression type (none, fp16, 2bit, 1bit)", c);
         return std::string();
       });
   add_bench_flags(cmd, &cfg->flags);

@@ -20,7 +20,9 @@ struct WorkerArgs {
   int warmup = 2;
   std::string transport = "tcp";  // or "shm": collective::ShmTransport (one host)
   // "none", or "fp16": the float32 gradient is fp16-compressed (with a
-  // residual), allreduced as float16 and decoded back, all inside the timing.
+  // residual), allreduced as float16 and decoded back, all inside the timing;
+  // "2bit"/"1bit": encoded (with a residual), the codes allgathered round the
+  // ring and summed in rank order (compress/gathered.h), inside the timing.
   std::string compression = "none";
   // "flat": collective::allreduce; "hier": collective::hierarchical_allreduce
   // over the hosts of the rendezvous book (ranks publishing one address are one host).
