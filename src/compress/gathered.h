@@ -15,7 +15,7 @@
 // one rank's codes), i.e. n/2 times more, but every worker's codes are summed
 // exactly (no second quantisation, one residual) and nothing new runs inside
 // the ring. Against float32's ring (2 (n-1)/n 4N bytes) it still sends 64/n
-// (1bit) and 32/n (2bit) times fewer bytes: ahead up to 32 and 16 ranks
+// (1bit) and 32/n (2bit) times fewer bytes: ahead below 64 and 32 ranks
 // (docs/collectives.md "Gradient compression").
 //
 // Thread safety: pure functions.
