@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -244,8 +243,7 @@ void run_bench(const Config& cfg) {
                                      split_list(cfg.compression), cfg.tls);
   BenchTable table(cfg.flags);
   for (int n : ranks) {
-    // impl -> bytes -> one median per repeat.
-    std::map<std::string, std::map<uint64_t, std::vector<double>>> got;
+    RepeatMedians got;  // impl -> bytes -> one median per repeat
     for (int rep = 0; rep < cfg.repeats; ++rep) {
       for (const auto& impl : impls) {
         TempDir dir;
@@ -298,33 +296,7 @@ void run_bench(const Config& cfg) {
                                   "repeat(s)",
                                   n, cfg.repeats));
     if (cfg.compression != "none" && !cfg.flags.csv())
-      for (const std::string& comp : split_list(cfg.compression))
-        for (uint64_t bytes : sizes)  // a ring rank sends 2(n-1)/n of the buffer;
-          // an allgather of codes (1bit: 1/32 of it, 2bit: 1/16) n-1 parts
-          std::printf("wire %s %s: %.0f bytes sent per rank per allreduce\n", comp.c_str(),
-                      format_bytes(bytes).c_str(),
-                      comp == "1bit"   ? (n - 1) * std::ceil(bytes / 4.0 / 32) * 4
-                      : comp == "2bit" ? (n - 1) * std::ceil(bytes / 4.0 / 16) * 4
-                                       : 2.0 * (n - 1) / n * static_cast<double>(bytes) /
-                                             (comp == "fp16" ? 2 : 1));
-    // Each codec against the uncompressed ring of the same run: the ratio of
-    // the medians, and of each repeat's (runs interleaved, so a repeat's pair
-    // saw the same machine).
-    if (cfg.compression != "none" && !cfg.flags.csv())
-      for (const std::string& comp : split_list(cfg.compression)) {
-        if (comp == "none") continue;
-        auto& base = got["pushpull"];
-        auto& mine = got["pushpull_" + comp];
-        for (uint64_t bytes : sizes) {
-          if (!base.count(bytes) || !mine.count(bytes)) continue;
-          std::printf("speed-up %s %s: %.2fx over pushpull (per repeat:", comp.c_str(),
-                      format_bytes(bytes).c_str(), median(base[bytes]) / median(mine[bytes]));
-          if (base[bytes].size() == mine[bytes].size())
-            for (size_t i = 0; i < mine[bytes].size(); ++i)
-              std::printf(" %.2f", base[bytes][i] / mine[bytes][i]);
-          std::printf(")\n");
-        }
-      }
+      print_codec_summary(split_list(cfg.compression), sizes, n, got);
     if (lab && goodput > 0 && !cfg.flags.csv()) {
       for (const auto& impl : impls)
         for (uint64_t bytes : sizes) {

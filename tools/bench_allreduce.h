@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,14 @@ struct WorkerArgs {
 
 // Runs one rank (blocking); rank 0 prints "result <bytes> <median_us>" lines.
 int run_allreduce_worker(const WorkerArgs& args);
+
+// impl -> bytes -> one median per repeat (in repeat order).
+using RepeatMedians = std::map<std::string, std::map<uint64_t, std::vector<double>>>;
+
+// The compressed rows' summary (bench_allreduce_codecs.cpp): the bytes each
+// codec sends per rank and its speed-up over the uncompressed "pushpull"
+// row of the same run, overall and per repeat.
+void print_codec_summary(const std::vector<std::string>& codecs, const std::vector<uint64_t>& sizes,
+                         int n, const RepeatMedians& got);
 
 }  // namespace pushpull::cli
