@@ -63,27 +63,39 @@ float model_send(const std::string& type, float& r, float g) {
   return q;
 }
 
-// SGD (lr 1) from zeros on the average of every rank's codes, step by step.
-std::vector<float> model_weights(const std::string& type, int n) {
+// SGD (lr 1) from zeros on the average of the codes of `ranks` (in rank
+// order), step by step.
+std::vector<float> model_weights(const std::string& type, const std::vector<int>& ranks) {
+  const auto n = static_cast<int>(ranks.size());
   std::vector<std::vector<float>> res(n, std::vector<float>(kValues, 0.0f));
   std::vector<float> w(kValues, 0.0f);
   for (int s = 0; s < kSteps; ++s)
     for (int64_t i = 0; i < kValues; ++i) {
       float sum = 0.0f;
-      for (int r = 0; r < n; ++r)
-        sum += model_send(type, res[r][i], grad_at(r, s, i));
+      for (int k = 0; k < n; ++k)
+        sum += model_send(type, res[k][i], grad_at(ranks[k], s, i));
       w[i] -= sum * static_cast<float>(1.0 / n);
     }
   return w;
 }
 
+// Plain SGD (lr 1) of rank r alone, uncompressed (a rank outside the set).
+std::vector<float> alone_weights(int r) {
+  std::vector<float> w(kValues, 0.0f);
+  for (int s = 0; s < kSteps; ++s)
+    for (int64_t i = 0; i < kValues; ++i)
+      w[i] -= grad_at(r, s, i);
+  return w;
+}
+
 // kSteps steps of DistributedOptimizer(SGD lr 1) over w (from zeros).
-torch::Tensor train(Communicator& comm, const std::string& type) {
+torch::Tensor train(Communicator& comm, const std::string& type, std::vector<int> set = {}) {
   auto w = torch::zeros({kValues}, torch::requires_grad());
   torch::optim::SGD sgd({w}, torch::optim::SGDOptions(1.0));
-  DistributedOptimizer opt(
-      sgd, {{"w", w}}, comm,
-      {.compression = compression_of(type), .compression_threshold = kThreshold});
+  DistributedOptimizer opt(sgd, {{"w", w}}, comm,
+                           {.compression = compression_of(type),
+                            .process_set = std::move(set),
+                            .compression_threshold = kThreshold});
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
     (w * grads(comm.rank(), s)).sum().backward();
@@ -96,14 +108,16 @@ int codes_worker(int argc, char** argv) {
   CLI::App app("torch_dopt_codes_test worker");
   bool unused = false;
   std::string type, out_dir;
+  std::vector<int> set;
   app.add_flag("--codes-worker", unused);
   app.add_option("--type", type)->required();
   app.add_option("--out-dir", out_dir)->required();
+  app.add_option("--process-set", set)->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     torch::set_num_threads(1);
     Session session(pushpull::Options::from_env());
-    auto w = train(session.communicator(), type);
+    auto w = train(session.communicator(), type, set);
     std::ofstream f(out_dir + "/rank" + std::to_string(session.rank()) + ".bin", std::ios::binary);
     f.write(static_cast<const char*>(w.data_ptr()), static_cast<std::streamsize>(w.nbytes()));
     if (!f) throw pushpull::IoError("cannot write the weights");
@@ -123,30 +137,69 @@ std::vector<float> read_weights(const fs::path& path) {
   return w;
 }
 
-class LaunchedCodes : public testing::TestWithParam<const char*> {};
-
-TEST_P(LaunchedCodes, EveryRankStepsOnTheModelsAverageOfAllCodes) {
-  const std::string type = GetParam();
+// Runs 3 workers with `extra` arguments; returns each rank's weights (empty
+// when the job failed, which is reported).
+std::vector<std::vector<float>> launch_3(const std::string& type,
+                                         const std::vector<std::string>& extra) {
   constexpr int kWorkers = 3;
   const fs::path dir =
       fs::temp_directory_path() / ("pp_dopt_codes_" + std::to_string(::getpid()) + "_" + type);
   fs::create_directories(dir);
-  pushpull::test::ChildProcess child({std::string(PUSHPULL_BIN_DIR) + "/pushpull", "launch", "-n",
-                                      std::to_string(kWorkers), "-s", "0", "--timeout", "120", "--",
-                                      fs::read_symlink("/proc/self/exe").string(), "--codes-worker",
-                                      "--type", type, "--out-dir", dir.string()});
-  auto rc = child.wait(std::chrono::seconds(180));
-  ASSERT_TRUE(rc.has_value()) << "workers did not finish in 180 s:\n" << child.output();
-  ASSERT_EQ(*rc, 0) << child.output();
-  const std::vector<float> want = model_weights(type, kWorkers);
-  const std::vector<float> first = read_weights(dir / "rank0.bin");
-  for (int r = 0; r < kWorkers; ++r) {
-    const auto got = read_weights(dir / ("rank" + std::to_string(r) + ".bin"));
-    EXPECT_EQ(got, first) << "rank " << r << " differs from rank 0";
-    for (int64_t i = 0; i < kValues; ++i)
-      ASSERT_NEAR(got[i], want[i], 1e-6) << type << " rank " << r << " element " << i;
+  std::vector<std::string> argv = {std::string(PUSHPULL_BIN_DIR) + "/pushpull",
+                                   "launch",
+                                   "-n",
+                                   std::to_string(kWorkers),
+                                   "-s",
+                                   "0",
+                                   "--timeout",
+                                   "120",
+                                   "--",
+                                   fs::read_symlink("/proc/self/exe").string(),
+                                   "--codes-worker",
+                                   "--type",
+                                   type,
+                                   "--out-dir",
+                                   dir.string()};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  std::vector<std::vector<float>> out;
+  {
+    pushpull::test::ChildProcess child(argv);  // its destructor stops it if still running
+    auto rc = child.wait(std::chrono::seconds(180));
+    EXPECT_TRUE(rc.has_value() && *rc == 0) << "workers failed or hung:\n" << child.output();
+    if (rc.has_value() && *rc == 0)
+      for (int r = 0; r < kWorkers; ++r)
+        out.push_back(read_weights(dir / ("rank" + std::to_string(r) + ".bin")));
   }
   fs::remove_all(dir);
+  return out;
+}
+
+class LaunchedCodes : public testing::TestWithParam<const char*> {};
+
+TEST_P(LaunchedCodes, EveryRankStepsOnTheModelsAverageOfAllCodes) {
+  const std::string type = GetParam();
+  const auto got = launch_3(type, {});
+  ASSERT_EQ(got.size(), 3u);
+  const std::vector<float> want = model_weights(type, {0, 1, 2});
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(got[r], got[0]) << "rank " << r << " differs from rank 0";
+    for (int64_t i = 0; i < kValues; ++i)
+      ASSERT_NEAR(got[r][i], want[i], 1e-6) << type << " rank " << r << " element " << i;
+  }
+}
+
+// A process set {0, 2}: its members average their two ranks' codes (rank 1's
+// gradient never counts); rank 1, outside, steps alone on its own gradient.
+TEST_P(LaunchedCodes, AProcessSetSumsItsMembersCodesOnly) {
+  const std::string type = GetParam();
+  const auto got = launch_3(type, {"--process-set", "0,2"});
+  ASSERT_EQ(got.size(), 3u);
+  const std::vector<float> members = model_weights(type, {0, 2}), alone = alone_weights(1);
+  EXPECT_EQ(got[2], got[0]);
+  for (int64_t i = 0; i < kValues; ++i) {
+    ASSERT_NEAR(got[0][i], members[i], 1e-6) << type << " member, element " << i;
+    ASSERT_NEAR(got[1][i], alone[i], 1e-6) << type << " rank 1 (outside), element " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, LaunchedCodes, testing::Values("2bit", "1bit"));
@@ -156,7 +209,7 @@ TEST(CodesWorldOfOne, StepsOnItsOwnCodesAndRefusesBadThresholds) {
   Session session{pushpull::Options{}};
   for (const char* type : {"2bit", "1bit"}) {
     const auto w = train(session.communicator(), type);
-    const std::vector<float> want = model_weights(type, 1);
+    const std::vector<float> want = model_weights(type, {0});
     for (int64_t i = 0; i < kValues; ++i)
       ASSERT_EQ(w[i].item<float>(), want[i]) << type << " element " << i;
   }
