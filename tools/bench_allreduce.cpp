@@ -356,13 +356,18 @@ void register_bench_allreduce(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--compression", cfg->compression,
                   "pushpull rows to time, interleaved: none, fp16 (float16 on the ring, with a "
-                  "residual), 2bit, 1bit (codes allgathered and summed by every rank), e.g. "
-                  "none,fp16,2bit,1bit")
+                  "residual), 2bit, 1bit (codes allgathered and summed by every rank), "
+                  "2bit_rs, 1bit_rs (a compressed reduce-scatter then allgather, two residuals: "
+                  "for comparison), e.g. none,fp16,2bit,1bit")
       ->capture_default_str()
       ->check([](const std::string& v) {
         for (const auto& c : split_list(v))
-          if (c != "none" && c != "fp16" && c != "2bit" && c != "1bit")
-            return fmt::format("'{}': not a compression type (none, fp16, 2bit, 1bit)", c);
+          if (c != "none" && c != "fp16" && c != "2bit" && c != "1bit" && c != "2bit_rs" &&
+              c != "1bit_rs")
+            return fmt::format(
+                "'{}': not a compression type (none, fp16, 2bit, 1bit; 2bit_rs, 1bit_rs: "
+                "the compressed reduce-scatter, for comparison)",
+                c);
         return std::string();
       });
   add_bench_flags(cmd, &cfg->flags);

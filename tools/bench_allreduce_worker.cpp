@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "bench_allreduce.h"
+#include "bench_allreduce_rs.h"
 #include "bench_common.h"
 #include "collective/algorithms.h"
 #include "collective/hierarchical.h"
@@ -72,17 +73,21 @@ std::vector<std::pair<std::string, int>> rendezvous(const std::string& dir, int 
 // is 0 + 1 + ... + (n-1), or with 1bit/2bit the sum of what each rank's
 // first code says (zero residuals: r - t > 0 for 1bit, r >= t for 2bit): a
 // fast but wrong run must not produce figures.
-void check_sum(const std::vector<float>& buf, int n, const compress::Settings& comp) {
+// `requantised` (the _rs rows): the owner re-encodes that sum, so the
+// result is the code of the sum.
+float first_code(const compress::Settings& comp, float g) {
+  if (comp.type == compress::Type::k1Bit) return g > comp.threshold ? 1.0f : -1.0f;
+  if (comp.type == compress::Type::k2Bit)
+    return g >= comp.threshold ? comp.threshold : (g <= -comp.threshold ? -comp.threshold : 0.0f);
+  return g;
+}
+
+void check_sum(const std::vector<float>& buf, int n, const compress::Settings& comp,
+               bool requantised) {
   float want = 0;
-  for (int r = 0; r < n; ++r) {
-    const auto g = static_cast<float>(r);
-    if (comp.type == compress::Type::k1Bit)
-      want += g > comp.threshold ? 1.0f : -1.0f;
-    else if (comp.type == compress::Type::k2Bit)
-      want += g >= comp.threshold ? comp.threshold : 0.0f;
-    else
-      want += g;
-  }
+  for (int r = 0; r < n; ++r)
+    want += first_code(comp, static_cast<float>(r));
+  if (requantised) want = first_code(comp, want);
   for (size_t i : {size_t{0}, buf.size() / 2, buf.size() - 1})
     if (buf[i] != want)
       throw Internal(
@@ -149,7 +154,12 @@ int run_allreduce_worker(const WorkerArgs& a) {
   ctx.small_allreduce_bytes = opts.collective.small_allreduce_bytes;
   ctx.scratch = &scratch;
   uint64_t op_id = 0;
-  const compress::Settings comp = compress::parse_settings({{"type", a.compression}});
+  // "1bit_rs" / "2bit_rs": the compressed reduce-scatter (bench_allreduce_rs.h).
+  const bool rs = a.compression.ends_with("_rs");
+  const compress::Settings comp = compress::parse_settings(
+      {{"type", rs ? a.compression.substr(0, a.compression.size() - 3) : a.compression}});
+  if (rs && !comp.quantises())
+    throw InvalidArgument("bench allreduce: only 2bit_rs and 1bit_rs reduce-scatter codes");
   for (size_t s = 0; s < a.sizes.size(); ++s) {
     const size_t count = std::max<uint64_t>(1, a.sizes[s] / 4);
     std::vector<float> buf(count, static_cast<float>(a.rank));
@@ -160,7 +170,9 @@ int run_allreduce_worker(const WorkerArgs& a) {
     if (comp.enabled()) compressor = std::make_unique<compress::Compressor>(comp);
     // 1bit/2bit: every rank's codes, this rank's written in place.
     const size_t part = compressor ? compressor->codec().compressed_bytes(count) : 0;
-    std::vector<std::byte> codes(comp.quantises() ? part * static_cast<size_t>(a.size) : 0);
+    std::vector<std::byte> codes(comp.quantises() && !rs ? part * static_cast<size_t>(a.size) : 0);
+    std::unique_ptr<RsCodes> rs_codes;
+    if (rs) rs_codes = std::make_unique<RsCodes>(comp, count, a.size, a.rank);
     std::byte* my_codes = codes.data() + part * static_cast<size_t>(a.rank);
     std::vector<double> us;
     for (int it = 0; it < a.warmup + a.iters[s]; ++it) {
@@ -168,7 +180,9 @@ int run_allreduce_worker(const WorkerArgs& a) {
       collective::barrier(ctx);
       ctx.op_id = ++op_id;
       auto t0 = Clock::now();
-      if (comp.quantises()) {
+      if (rs_codes) {
+        rs_codes->run(ctx, op_id, grad.data(), buf.data());
+      } else if (comp.quantises()) {
         compressor->encode_raw(0, 0, count, 0, grad.data(), count, my_codes);
         gather_and_sum(ctx, compressor->codec(), codes, part, count, buf.data());
       } else if (compressor) {
@@ -182,7 +196,7 @@ int run_allreduce_worker(const WorkerArgs& a) {
       }
       auto t1 = Clock::now();
       if (it >= a.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      if (it == 0) check_sum(buf, a.size, comp);
+      if (it == 0) check_sum(buf, a.size, comp, rs);
     }
     ctx.op_id = ++op_id;
     collective::allreduce(ctx, us.data(), us.size(), DType::kFloat64, ReduceOp::kMax);
