@@ -15,7 +15,8 @@
 // one rank's codes), i.e. n/2 times more (measured: `bench allreduce
 // --compression 1bit,1bit_rs` is 2x faster at n = 4), but every worker's
 // codes are summed exactly, as dist_sync's servers sum them (no second
-// quantisation of the sum, one residual), and nothing new runs in the engine. Against float32's ring (2 (n-1)/n 4N bytes) it still sends 64/n
+// quantisation of the sum, one residual), and nothing new runs in the
+// engine. Against float32's ring (2 (n-1)/n 4N bytes) it still sends 64/n
 // (1bit) and 32/n (2bit) times fewer bytes: ahead below 64 and 32 ranks
 // (docs/collectives.md "Gradient compression").
 //
