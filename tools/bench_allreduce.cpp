@@ -243,8 +243,7 @@ void run_bench(const Config& cfg) {
                                      split_list(cfg.compression), cfg.tls);
   BenchTable table(cfg.flags);
   for (int n : ranks) {
-    // impl -> bytes -> one median per repeat.
-    std::map<std::string, std::map<uint64_t, std::vector<double>>> got;
+    RepeatMedians got;  // impl -> bytes -> one median per repeat
     for (int rep = 0; rep < cfg.repeats; ++rep) {
       for (const auto& impl : impls) {
         TempDir dir;
@@ -297,11 +296,7 @@ void run_bench(const Config& cfg) {
                                   "repeat(s)",
                                   n, cfg.repeats));
     if (cfg.compression != "none" && !cfg.flags.csv())
-      for (const std::string& comp : split_list(cfg.compression))
-        for (uint64_t bytes : sizes)  // a ring rank sends 2(n-1)/n of the buffer
-          std::printf("wire %s %s: %.0f bytes sent per rank per allreduce\n", comp.c_str(),
-                      format_bytes(bytes).c_str(),
-                      2.0 * (n - 1) / n * static_cast<double>(bytes) / (comp == "fp16" ? 2 : 1));
+      print_codec_summary(split_list(cfg.compression), sizes, n, got);
     if (lab && goodput > 0 && !cfg.flags.csv()) {
       for (const auto& impl : impls)
         for (uint64_t bytes : sizes) {
@@ -360,15 +355,18 @@ void register_bench_allreduce(CLI::App& bench) {
   cmd->add_option("--rate", cfg->rate, "With --netns: tc tbf rate of every link ('' = unshaped)")
       ->capture_default_str();
   cmd->add_option("--compression", cfg->compression,
-                  "pushpull rows to time: none, fp16 (float16 on the ring, with a residual), "
-                  "e.g. none,fp16")
+                  "pushpull rows to time, interleaved: none, fp16 (float16 on the ring, with a "
+                  "residual), 2bit, 1bit (codes allgathered and summed by every rank), "
+                  "2bit_rs, 1bit_rs (a compressed reduce-scatter then allgather, two residuals: "
+                  "for comparison), e.g. none,fp16,2bit,1bit")
       ->capture_default_str()
       ->check([](const std::string& v) {
         for (const auto& c : split_list(v))
-          if (c != "none" && c != "fp16")
+          if (c != "none" && c != "fp16" && c != "2bit" && c != "1bit" && c != "2bit_rs" &&
+              c != "1bit_rs")
             return fmt::format(
-                "'{}': a ring sums values on the way, so only none and fp16 "
-                "(1bit/2bit codes cannot be summed; see docs/kvstore.md)",
+                "'{}': not a compression type (none, fp16, 2bit, 1bit; 2bit_rs, 1bit_rs: "
+                "the compressed reduce-scatter, for comparison)",
                 c);
         return std::string();
       });

@@ -25,12 +25,14 @@
 #include <fmt/format.h>
 
 #include "bench_allreduce.h"
+#include "bench_allreduce_rs.h"
 #include "bench_common.h"
 #include "collective/algorithms.h"
 #include "collective/hierarchical.h"
 #include "collective/shm_data_transport.h"
 #include "collective/tcp_transport.h"
 #include "compress/compressor.h"
+#include "compress/gathered.h"
 #include "pushpull/options.h"
 
 namespace pushpull::cli {
@@ -67,16 +69,47 @@ std::vector<std::pair<std::string, int>> rendezvous(const std::string& dir, int 
   return book;
 }
 
-// After the first allreduce every element is 0 + 1 + ... + (n-1): a fast but
-// wrong run must not produce figures.
-void check_sum(const std::vector<float>& buf, int n) {
-  const float want = static_cast<float>(n * (n - 1) / 2);
+// Rank r's gradient is r everywhere. After the first allreduce every element
+// is 0 + 1 + ... + (n-1), or with 1bit/2bit the sum of what each rank's
+// first code says (zero residuals: r - t > 0 for 1bit, r >= t for 2bit): a
+// fast but wrong run must not produce figures.
+// `requantised` (the _rs rows): the owner re-encodes that sum, so the
+// result is the code of the sum.
+float first_code(const compress::Settings& comp, float g) {
+  if (comp.type == compress::Type::k1Bit) return g > comp.threshold ? 1.0f : -1.0f;
+  if (comp.type == compress::Type::k2Bit)
+    return g >= comp.threshold ? comp.threshold : (g <= -comp.threshold ? -comp.threshold : 0.0f);
+  return g;
+}
+
+void check_sum(const std::vector<float>& buf, int n, const compress::Settings& comp,
+               bool requantised) {
+  float want = 0;
+  for (int r = 0; r < n; ++r)
+    want += first_code(comp, static_cast<float>(r));
+  if (requantised) want = first_code(comp, want);
   for (size_t i : {size_t{0}, buf.size() / 2, buf.size() - 1})
     if (buf[i] != want)
       throw Internal(
           fmt::format("bench allreduce: element {} is {} after the first allreduce of "
-                      "{} floats over {} ranks, expected {}",
-                      i, buf[i], buf.size(), n, want));
+                      "{} floats over {} ranks ({}), expected {}",
+                      i, buf[i], buf.size(), n, comp.to_string(), want));
+}
+
+// 1bit/2bit: the ranks' codes side by side in `all` (rank r's block at r *
+// part bytes, its own already there), gathered round the ring, then summed
+// in rank order into out, as dist_sync_allreduce does.
+void gather_and_sum(collective::AlgoContext& ctx, const compress::Codec& codec,
+                    std::vector<std::byte>& all, size_t part, size_t count, float* out) {
+  const int n = ctx.size();
+  std::vector<collective::Block> blocks;
+  std::vector<const std::byte*> parts;
+  for (int r = 0; r < n; ++r) {
+    blocks.push_back({static_cast<size_t>(r) * part, part});
+    parts.push_back(all.data() + static_cast<size_t>(r) * part);
+  }
+  collective::ring(ctx, all.data(), DType::kUInt8, ReduceOp::kSum, blocks, false, true);
+  compress::sum_in_rank_order(codec, parts, count, out);
 }
 
 }  // namespace
@@ -121,24 +154,38 @@ int run_allreduce_worker(const WorkerArgs& a) {
   ctx.small_allreduce_bytes = opts.collective.small_allreduce_bytes;
   ctx.scratch = &scratch;
   uint64_t op_id = 0;
-  const compress::Settings comp = compress::parse_settings({{"type", a.compression}});
-  if (comp.quantises())
-    throw InvalidArgument("bench allreduce: a ring cannot sum 1bit/2bit codes; use none or fp16");
+  // "1bit_rs" / "2bit_rs": the compressed reduce-scatter (bench_allreduce_rs.h).
+  const bool rs = a.compression.ends_with("_rs");
+  const compress::Settings comp = compress::parse_settings(
+      {{"type", rs ? a.compression.substr(0, a.compression.size() - 3) : a.compression}});
+  if (rs && !comp.quantises())
+    throw InvalidArgument("bench allreduce: only 2bit_rs and 1bit_rs reduce-scatter codes");
   for (size_t s = 0; s < a.sizes.size(); ++s) {
     const size_t count = std::max<uint64_t>(1, a.sizes[s] / 4);
     std::vector<float> buf(count, static_cast<float>(a.rank));
     // fp16: what travels, and the gradient it is made from each iteration.
     const std::vector<float> grad(comp.enabled() ? count : 0, static_cast<float>(a.rank));
-    std::vector<uint16_t> half(comp.enabled() ? count : 0);
+    std::vector<uint16_t> half(comp.enabled() && !comp.quantises() ? count : 0);
     std::unique_ptr<compress::Compressor> compressor;
     if (comp.enabled()) compressor = std::make_unique<compress::Compressor>(comp);
+    // 1bit/2bit: every rank's codes, this rank's written in place.
+    const size_t part = compressor ? compressor->codec().compressed_bytes(count) : 0;
+    std::vector<std::byte> codes(comp.quantises() && !rs ? part * static_cast<size_t>(a.size) : 0);
+    std::unique_ptr<RsCodes> rs_codes;
+    if (rs) rs_codes = std::make_unique<RsCodes>(comp, count, a.size, a.rank);
+    std::byte* my_codes = codes.data() + part * static_cast<size_t>(a.rank);
     std::vector<double> us;
     for (int it = 0; it < a.warmup + a.iters[s]; ++it) {
       ctx.op_id = ++op_id;
       collective::barrier(ctx);
       ctx.op_id = ++op_id;
       auto t0 = Clock::now();
-      if (compressor) {
+      if (rs_codes) {
+        rs_codes->run(ctx, op_id, grad.data(), buf.data());
+      } else if (comp.quantises()) {
+        compressor->encode_raw(0, 0, count, 0, grad.data(), count, my_codes);
+        gather_and_sum(ctx, compressor->codec(), codes, part, count, buf.data());
+      } else if (compressor) {
         compressor->encode_raw(0, 0, count, 0, grad.data(), count,
                                reinterpret_cast<std::byte*>(half.data()));
         collective::allreduce(ctx, half.data(), count, DType::kFloat16, ReduceOp::kSum);
@@ -149,7 +196,7 @@ int run_allreduce_worker(const WorkerArgs& a) {
       }
       auto t1 = Clock::now();
       if (it >= a.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      if (it == 0) check_sum(buf, a.size);
+      if (it == 0) check_sum(buf, a.size, comp, rs);
     }
     ctx.op_id = ++op_id;
     collective::allreduce(ctx, us.data(), us.size(), DType::kFloat64, ReduceOp::kMax);

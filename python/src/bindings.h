@@ -41,6 +41,7 @@ void bind_kv(py::module_& m);
 void bind_collective(py::module_& m);
 void bind_timeline(py::module_& m);
 void bind_elastic(py::module_& m);
+void bind_compression(py::module_& m);  // GradientCompressor (1bit/2bit for pushpull.torch)
 
 // A view of a Python array plus the reference that keeps its memory alive
 // (the object itself, a held Py_buffer, or the consumed DLPack tensor).

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_pushpull, m) {
   pushpull::python::bind_kv(m);
   pushpull::python::bind_parking(m);
   pushpull::python::bind_timeline(m);
+  pushpull::python::bind_compression(m);
 #ifdef PUSHPULL_PYTHON_COLLECTIVE
   pushpull::python::bind_collective(m);
   pushpull::python::bind_elastic(m);

@@ -4,6 +4,7 @@ is "worker R: ok (...)" when all passed.
 
     dist_worker.py values KVTYPE     value checks of the parameter-server issue
     dist_worker.py torch KVTYPE      the closed-form rounds with torch tensors (and bfloat16)
+    dist_worker.py onebit KVTYPE     1-bit compression: the residual over 3 pushes, bad settings
     dist_worker.py save PATH         optimizer states: 2 rounds, save, 1 more round
     dist_worker.py load PATH         new job: init from round 2, load, 1 round: same values
 """
@@ -89,6 +90,33 @@ def compression_checks(kv):
     kv.set_gradient_compression({'type': 'none'})
 
 
+def one_bit_checks(kv):
+    # 1bit, threshold 0.5 (the default): worker 0 pushes 0.3, the others 0.7.
+    # Codes, push by push (residual r += g; +1 if r > 0.5 then r -= 1, else
+    # -1 then r += 1): worker 0: -1 (r 1.3), +1 (r 0.6), +1 (r -0.1);
+    # the others: +1 (r -0.3), -1 (r 1.4), +1 (r 1.1). With the test
+    # optimizer (w += sum) from 0: n - 2, then 0, then n.
+    n = kv.num_workers
+    for bad, what in (({'type': '1bit', 'threshold': 'nan'}, 'threshold'),
+                      ({'type': '2bit', 'threshold': -1}, 'threshold'),
+                      ({'type': '4bit'}, '4bit')):
+        try:
+            kv.set_gradient_compression(bad)
+        except pushpull.InvalidArgument as e:
+            check(what in str(e), f'{bad}: the error does not name {what}: {e}')
+        else:
+            raise AssertionError(f'{bad} was accepted')
+    kv.set_gradient_compression({'type': '1bit'})
+    kv.init('b', np.zeros(1000, np.float32))
+    kv.set_optimizer(pushpull.optimizer.create('test', rescale_grad=1))
+    out = np.full(1000, -7, np.float32)
+    g = np.full(1000, 0.3 if kv.rank == 0 else 0.7, np.float32)
+    for push, expect in enumerate((n - 2, 0, n)):
+        kv.push('b', g)
+        kv.pull('b', out=out)
+        check((out == expect).all(), f'1bit push {push}: {out[:3]} != {expect}')
+
+
 def error_checks(kv):
     def expect(exc, fn, what):
         try:
@@ -147,9 +175,12 @@ def main():
         kv = pushpull.kv.create(arg)
         value_checks(kv, with_torch=False)
         row_sparse_checks(kv)
-        if arg in ('dist_sync', 'dist_device_sync'):
+        if arg in ('dist_sync', 'dist_device_sync', 'dist_sync_allreduce'):
             compression_checks(kv)
         error_checks(kv)
+    elif phase == 'onebit':
+        kv = pushpull.kv.create(arg)
+        one_bit_checks(kv)
     elif phase == 'torch':
         kv = pushpull.kv.create(arg)
         value_checks(kv, with_torch=True)

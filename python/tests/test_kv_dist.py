@@ -3,7 +3,8 @@
 The value checks of the parameter-server issue run inside the workers
 (dist_worker.py): float32/float16 x (2,3)/(1200,1200) with the test optimizer
 (rescale_grad=2) in closed form, device lists, row_sparse_pull, 2-bit
-compression with its residual, bad input → the documented exceptions.
+compression with its residual (1-bit too, on dist_sync_allreduce and
+dist_sync), bad input → the documented exceptions.
 """
 
 import os
@@ -32,6 +33,15 @@ def assert_all_ok(job, workers, kvtype):
 ])
 def test_value_checks(workers, servers, kvtype):
     job = launch(workers, servers, WORKER, 'values', kvtype)
+    assert_all_ok(job, workers, kvtype)
+
+
+@pytest.mark.parametrize('workers, servers, kvtype', [
+    (3, 0, 'dist_sync_allreduce'),  # codes allgathered, summed by every worker
+    (3, 1, 'dist_sync'),            # the same closed form through a server
+])
+def test_one_bit_compression_carries_the_residual(workers, servers, kvtype):
+    job = launch(workers, servers, WORKER, 'onebit', kvtype)
     assert_all_ok(job, workers, kvtype)
 
 

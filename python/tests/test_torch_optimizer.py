@@ -20,6 +20,12 @@ def test_three_ranks_match_one_full_batch():
     run_case('optimizer', 3)
 
 
+def test_onebit_and_twobit_compression_follow_the_codecs_model():
+    # Compression.twobit / onebit: codes allgathered, summed by every rank;
+    # closed form over 3 steps with residuals, identical ranks, mismatches refused.
+    run_case('optimizer_codes', 3)
+
+
 def test_broadcast_makes_replicas_identical():
     run_case('broadcast_state', 2)
 

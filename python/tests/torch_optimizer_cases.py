@@ -8,6 +8,7 @@ so after k SGD steps the weights must agree to float32 rounding.
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -176,5 +177,64 @@ def case_optimizer_join(n, r):
     hvd.join()
 
 
+def codes_grad(r, s, numel):
+    """Rank r's gradient at step s: every code of both types shows up."""
+    i = np.arange(numel)
+    return ((i * 7 + r * 3 + s * 5) % 11 - 5).astype(np.float32) * np.float32(0.15)
+
+
+def codes_model(kind, t, n, steps, numel):
+    """SGD (lr 1) from zeros on the average of every rank's codes, in float32:
+    each rank's residual r += g; 2bit sends +t/-t/0 past +-t, 1bit +1 above t
+    else -1; r -= what was sent (docs/kvstore.md "Gradient compression")."""
+    t = np.float32(t)
+    res = [np.zeros(numel, np.float32) for _ in range(n)]
+    w = np.zeros(numel, np.float32)
+    for s in range(steps):
+        total = np.zeros(numel, np.float32)
+        for k in range(n):  # rank order, as every rank sums
+            res[k] += codes_grad(k, s, numel)
+            if kind == '2bit':
+                q = np.where(res[k] >= t, t, np.where(res[k] <= -t, -t, np.float32(0)))
+            else:
+                q = np.where(res[k] > t, np.float32(1), np.float32(-1))
+            res[k] -= q.astype(np.float32)
+            total += q.astype(np.float32)
+        w -= total / np.float32(n)
+    return torch.from_numpy(w)
+
+
+def case_optimizer_codes(n, r):
+    """Compression.twobit / onebit: the gradient of sum(w * c) is c whatever w
+    is, so after 3 steps w follows from the codecs' model alone, every rank's
+    residual carried across steps; every rank holds the same bits; ranks with
+    different thresholds are refused on every rank."""
+    numel = 101
+    for comp, kind, t in ((hvd.Compression.twobit, '2bit', 0.5),
+                          (hvd.Compression.onebit(threshold=0.25), '1bit', 0.25)):
+        w = torch.zeros(numel, requires_grad=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0),
+                                       named_parameters=[('w_' + kind, w)], compression=comp)
+        for s in range(3):
+            opt.zero_grad()
+            (w * torch.from_numpy(codes_grad(r, s, numel))).sum().backward()
+            opt.step()
+        want = codes_model(kind, t, n, 3, numel)
+        check(w.detach(), want, '%s weights' % kind, 1e-6)
+        if not want.abs().max() > 0:
+            raise AssertionError('%s: the model moved nothing (a vacuous check)' % kind)
+        rows = hvd.allgather(w.detach().reshape(1, -1), name='codes.w.' + kind)
+        for k in range(n):
+            check(rows[k], rows[0], '%s: rank %d differs from rank 0' % (kind, k))
+    w = torch.zeros(40, requires_grad=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[('w_bad', w)],
+                                   compression=hvd.Compression.onebit(threshold=0.5 + r))
+    w.sum().backward()
+    expect_error(opt.step, InvalidArgument, 'different gradient compression')
+    expect_error(lambda: hvd.Compression.twobit(threshold=0), InvalidArgument, 'threshold')
+    expect_error(lambda: hvd.allreduce(w, compression=hvd.Compression.onebit), InvalidArgument,
+                 'DistributedOptimizer')
+
+
 CASES = {'optimizer': case_optimizer, 'broadcast_state': case_broadcast_state,
-         'optimizer_join': case_optimizer_join}
+         'optimizer_join': case_optimizer_join, 'optimizer_codes': case_optimizer_codes}

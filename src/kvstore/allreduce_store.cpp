@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "compress/gathered.h"
 #include "kvstore/validate.h"
 #include "pushpull/error.h"
 #include "pushpull/kernels.h"
@@ -163,9 +164,10 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
     }
   }
   ArrayView on_the_ring = g.view();
-  if (compressor) {  // fp16 (the only type a ring can sum): half the bytes on the wire
-    Array& h = e.half[slot];
-    if (h.empty() || !(h.shape() == e.value.shape())) h = Array(e.value.shape(), DType::kFloat16);
+  // 1bit/2bit: codes cannot be summed on the way round a ring; they are
+  // allgathered and every worker sums them (compress/gathered.h).
+  const bool gather = compressor && compressor->settings().quantises();
+  if (compressor) {
     std::vector<float> g32;
     const float* f32 = g.as<float>();
     if (wire != DType::kFloat32 && n) {
@@ -173,16 +175,27 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
       convert(DType::kFloat32, g32.data(), wire, g.data(), n);
       f32 = g32.data();
     }
-    if (n)
-      compressor->encode_raw(e.id, values[0].device.id, n, 0, f32, n,
-                             static_cast<std::byte*>(h.data()));
-    on_the_ring = h.view();
+    const int device = values[0].device.id;
+    if (gather) {
+      Array& b = e.codes[slot];
+      const auto bytes = static_cast<int64_t>(compressor->encoded_bytes(n));
+      if (b.empty() || b.numel() != bytes) b = Array(Shape{bytes}, DType::kUInt8);
+      compressor->encode(e.id, device, n, 0, f32, n, static_cast<std::byte*>(b.data()));
+      on_the_ring = b.view();
+    } else {  // fp16 (a ring can sum it): half the bytes on the wire
+      Array& h = e.half[slot];
+      if (h.empty() || !(h.shape() == e.value.shape())) h = Array(e.value.shape(), DType::kFloat16);
+      if (n) compressor->encode_raw(e.id, device, n, 0, f32, n, static_cast<std::byte*>(h.data()));
+      on_the_ring = h.view();
+    }
   }
   // The apply keeps the communicator it was submitted on: an elastic
   // re-formation re-binds comm_ only after every apply has run.
   collective::Communicator* c = &comm();
-  collective::Handle h = c->allreduce_async(fmt::format("{}#{}", e.name, slot), on_the_ring,
-                                            collective::Reduction::kSum);
+  const std::string name = fmt::format("{}#{}", e.name, slot);
+  collective::Handle h = gather
+                             ? c->allgather_async(name, on_the_ring)
+                             : c->allreduce_async(name, on_the_ring, collective::Reduction::kSum);
   ++e.pushes;
   auto mine = std::make_shared<Completion>(1);
   e.busy[slot] = mine;
@@ -190,15 +203,21 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
   if (outs) pull_to = *outs;
   Entry* ep = &e;
   const bool decode = compressor != nullptr;
+  const compress::Settings settings = compressor ? compressor->settings() : compress::Settings{};
   exec_.submit(
       e.shard,
-      [this, c, ep, h, slot, mine, decode, apply = std::move(apply), pull_to = std::move(pull_to)] {
+      [this, c, ep, h, slot, mine, decode, gather, settings, apply = std::move(apply),
+       pull_to = std::move(pull_to)] {
         try {
-          c->wait(h, wait_timeout());
           Array& g = ep->grad[slot];
           const size_t count = static_cast<size_t>(g.numel());
-          if (decode && count)  // the float16 sum back into the reduce dtype
-            convert(g.dtype(), g.data(), DType::kFloat16, ep->half[slot].data(), count);
+          if (gather) {
+            sum_codes(*c, c->take_output(h, wait_timeout()), settings, g);
+          } else {
+            c->wait(h, wait_timeout());
+            if (decode && count)  // the float16 sum back into the reduce dtype
+              convert(g.dtype(), g.data(), DType::kFloat16, ep->half[slot].data(), count);
+          }
           kv::apply_update(apply.get(), ep->key, g.view(), ep->value.view(), ep->rounded);
           if (pull_to) copy_out(*ep, *pull_to);
           mine->finish();
@@ -208,6 +227,17 @@ void AllreduceStore::push_key(Entry& e, const ArrayList& values, const ArrayList
         }
       },
       done);
+}
+
+void AllreduceStore::sum_codes(const collective::Communicator& c, const Array& gathered,
+                               const compress::Settings& settings, Array& g) {
+  const size_t count = static_cast<size_t>(g.numel());
+  std::vector<float> f32(g.dtype() == DType::kFloat32 ? 0 : count);
+  float* out = f32.empty() ? g.as<float>() : f32.data();
+  const std::span<const std::byte> bytes(static_cast<const std::byte*>(gathered.data()),
+                                         gathered.nbytes());
+  compress::sum_gathered(settings, bytes, c.size(), count, out).raise();
+  if (!f32.empty() && count) convert(g.dtype(), g.data(), DType::kFloat32, out, count);
 }
 
 KVHandle AllreduceStore::push_async(const std::vector<Key>& keys,
@@ -324,13 +354,6 @@ void AllreduceStore::load_optimizer_states(const std::string& path) {
 
 void AllreduceStore::set_gradient_compression(const std::map<std::string, std::string>& params) {
   const compress::Settings settings = compress::parse_settings(params);  // the one parser
-  if (settings.quantises())
-    throw InvalidArgument(fmt::format(
-        "gradient compression '{}' is not supported by the '{}' store: a ring sums values on the "
-        "way, and {}-quantised values cannot be summed without decoding them at every hop (an "
-        "allgather of every worker's codes would cost num_workers times the compressed size); "
-        "use 'fp16' here, or dist_sync with servers for 1bit/2bit",
-        settings.to_string(), type_, compress::type_name(settings.type)));
   auto compressor = settings.enabled() ? std::make_shared<compress::Compressor>(settings) : nullptr;
   std::unique_lock lock(mu_);
   compressor_ = std::move(compressor);  // new settings start from zero residuals

@@ -22,9 +22,13 @@
 //   worker), in the local store's file format.
 // - Gradient compression: "fp16" sends float16 on the ring (the engine sums
 //   in float32 at each step and rounds back), with a float32 residual per key
-//   and device carrying each worker's rounding error to its next push;
-//   every worker must set the same compression. "1bit"/"2bit" are refused
-//   (quantised codes cannot be summed on the way; see docs/kvstore.md).
+//   and device carrying each worker's rounding error to its next push.
+//   "1bit"/"2bit" codes cannot be summed on the way, so each worker encodes
+//   its gradient (with its residual), the codes (with their 8-byte wire
+//   header) are allgathered under the push's name, and every worker decodes
+//   and adds them in rank order (compress/gathered.h): the same bits on every
+//   worker. Every worker must set the same compression: a mismatch fails the
+//   push on every worker (the engine's signature check, or the headers').
 // - barrier waits for this worker's operations, then for every worker.
 //
 // How: a push submits its allreduce from the calling thread at once, named
@@ -136,8 +140,9 @@ class AllreduceStore final : public KVStore, public collective::elastic::Partici
     uint64_t pushes = 0;   // guarded by submit_mu
     // Per slot: the reduced gradient and the completion of the push using it.
     std::array<Array, kSlots> grad;
-    std::array<Array, kSlots> half;  // fp16 compression: what travels on the ring
-    Array rounded;                   // the sum rounded for an updater (16-bit keys)
+    std::array<Array, kSlots> half;   // fp16 compression: what travels on the ring
+    std::array<Array, kSlots> codes;  // 1bit/2bit: this worker's wire form, allgathered
+    Array rounded;                    // the sum rounded for an updater (16-bit keys)
     std::array<std::shared_ptr<Completion>, kSlots> busy;
   };
   using Apply = kv::UpdateRule;
@@ -150,6 +155,10 @@ class AllreduceStore final : public KVStore, public collective::elastic::Partici
                 std::shared_ptr<compress::Compressor> compressor,
                 const std::shared_ptr<Completion>& done);
   static void copy_out(const Entry& e, const ArrayList& outs);
+  // g = the rank-order sum of every worker's 1bit/2bit codes (`gathered`:
+  // the allgather of their wire forms); throws when a worker's settings differ.
+  static void sum_codes(const collective::Communicator& c, const Array& gathered,
+                        const compress::Settings& settings, Array& g);
   // The bound communicator; Internal while none is (abandoned, not re-bound).
   collective::Communicator& comm() const;
 

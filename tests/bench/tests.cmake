@@ -18,3 +18,11 @@ add_test(NAME bench_startup_short
 set_tests_properties(bench_startup_short PROPERTIES LABELS bench TIMEOUT 300)
 target_sources(bench_startup_fit_test PRIVATE ${PROJECT_SOURCE_DIR}/tools/bench_startup_fit.cpp)
 target_include_directories(bench_startup_fit_test PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+
+# `pushpull bench allreduce --compression` (docs/collectives.md "Gradient
+# compression"): 3 loopback ranks, every codec (and the reduce-scatter
+# variants) one short run; each worker checks its first result against the
+# codec's closed form, so a missing row (a failed run) fails the test.
+add_test(NAME bench_allreduce_codecs_short
+         COMMAND sh -c "out=$(\"$<TARGET_FILE:pushpull_cli>\" bench allreduce -n 3 --sizes 64K --iters 2 --warmup 1 --repeats 1 --compression none,fp16,2bit,1bit,2bit_rs,1bit_rs --impl pushpull --format csv --timeout 120) && for c in pushpull pushpull_fp16 pushpull_2bit pushpull_1bit pushpull_2bit_rs pushpull_1bit_rs; do echo \"$out\" | grep -q \"^$c,3,65536,[0-9.]*,\" || { echo \"no $c row in: $out\"; exit 1; }; done")
+set_tests_properties(bench_allreduce_codecs_short PROPERTIES LABELS bench TIMEOUT 300)

@@ -151,6 +151,21 @@ void compress_seeds(const fs::path& root, Corpus& st) {
     r.insert(r.end(), wire.begin(), wire.end());
     reply.add(0, r);
   }
+  // fuzz_compress_gathered: 3 ranks' real codes of 64 values, back to back
+  // (selector: bit 0 the type, bits 2-4 ranks - 1).
+  Corpus gathered(root, "fuzz_compress_gathered");
+  for (const char* type : {"2bit", "1bit"}) {
+    std::vector<std::byte> r(2);
+    const uint16_t n = static_cast<uint16_t>(g.size());
+    std::memcpy(r.data(), &n, 2);
+    for (int rank = 0; rank < 3; ++rank) {
+      compress::Compressor c(compress::parse_settings({{"type", type}}));
+      std::vector<std::byte> wire(c.encoded_bytes(g.size()));
+      c.encode(1, 0, g.size(), 0, g.data(), g.size(), wire.data());
+      r.insert(r.end(), wire.begin(), wire.end());
+    }
+    gathered.add(static_cast<uint8_t>((std::string(type) == "1bit" ? 1 : 0) | 2 << 2), r);
+  }
 }
 
 void ps_store_seeds(const fs::path& root) {

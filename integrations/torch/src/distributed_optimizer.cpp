@@ -13,6 +13,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "compressed_grads.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 #include "tensor_collectives.h"
@@ -55,6 +56,7 @@ struct DistributedOptimizer::Impl {
     bool submitted = false;
     Handle handle;
     at::Tensor reduced;  // what the allreduce writes: .grad, or a contiguous copy of it
+                         // (2bit/1bit: this rank's codes, allgathered)
     // Hooks.
     std::shared_ptr<autograd::Node> accumulator;
     uintptr_t post_id = 0;
@@ -79,7 +81,10 @@ struct DistributedOptimizer::Impl {
   std::vector<Param> params;
   mutable std::mutex mu;
   bool synced = false;  // synchronize() ran since the last step() (mu)
-  Stats stats;          // (mu)
+  // 2bit/1bit: the codec and every parameter's residual (used under mu).
+  std::unique_ptr<detail::CompressedGrads> codes;
+  int members = 0;  // ranks that reduce
+  Stats stats;      // (mu)
 };
 
 DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const NamedTensors& named,
@@ -111,6 +116,10 @@ DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const Nam
   if (static_cast<int>(members.size()) == comm.size()) o.process_set.clear();
   std::sort(o.process_set.begin(), o.process_set.end());
   member = o.process_set.empty() || members.count(comm.rank()) > 0;
+  this->members = o.process_set.empty() ? comm.size() : static_cast<int>(o.process_set.size());
+  if (o.compression == Compression::kTwoBit || o.compression == Compression::kOneBit)
+    codes = std::make_unique<detail::CompressedGrads>(
+        o.compression == Compression::kTwoBit ? "2bit" : "1bit", o.compression_threshold);
   std::unordered_map<const void*, std::string> name_of;
   std::set<std::string> names;
   for (const auto& [name, t] : named) {
@@ -229,13 +238,19 @@ void DistributedOptimizer::Impl::submit(size_t i) {
                           describe(g) + " but the parameter is " + describe(p.tensor));
   }
   at::NoGradGuard no_grad;
+  double scale = 1.0 / o.gradient_predivide_factor;
+  if (o.average_aggregated_gradients && o.backward_passes_per_step > 1)
+    scale /= o.backward_passes_per_step;
+  if (codes) {  // 2bit/1bit: codes cannot be summed on the way; every rank sums them all
+    p.reduced = codes->encode(i, g, scale);
+    p.handle = comm.allgather_async(p.op_name, view_of(p.reduced), o.process_set);
+    p.submitted = true;
+    return;
+  }
   const bool fp16 = o.compression == Compression::kFp16 &&
                     (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
   // fp16: a half-size copy travels (synchronize() casts the result back).
   p.reduced = fp16 ? g.to(at::kHalf).contiguous() : (g.is_contiguous() ? g : g.contiguous());
-  double scale = 1.0 / o.gradient_predivide_factor;
-  if (o.average_aggregated_gradients && o.backward_passes_per_step > 1)
-    scale /= o.backward_passes_per_step;
   if (scale != 1.0) p.reduced.mul_(scale);
   p.handle = comm.allreduce_async(p.op_name, view_of(p.reduced), view_of(p.reduced), o.op,
                                   o.process_set, o.gradient_predivide_factor);
@@ -287,11 +302,22 @@ void DistributedOptimizer::Impl::synchronize(bool submit_missing) {
     error = std::current_exception();
   }
   std::lock_guard<std::mutex> lock(mu);
+  // 2bit/1bit: the sum of every rank's codes, averaged as the allreduce would.
+  const double post =
+      o.op == collective::Reduction::kAverage ? o.gradient_predivide_factor / members : 1.0;
   for (auto& p : params) {
     if (!p.submitted) continue;
-    if (!error && p.reduced.data_ptr() != p.tensor.grad().data_ptr()) {
-      at::NoGradGuard no_grad;
-      p.tensor.mutable_grad().copy_(p.reduced);
+    try {
+      if (!error && codes) {
+        at::NoGradGuard no_grad;
+        p.tensor.mutable_grad().copy_(
+            codes->sum(comm.take_output(p.handle), members, p.tensor, post));
+      } else if (!error && p.reduced.data_ptr() != p.tensor.grad().data_ptr()) {
+        at::NoGradGuard no_grad;
+        p.tensor.mutable_grad().copy_(p.reduced);
+      }
+    } catch (...) {  // other settings on another rank: reported once every parameter is reset
+      if (!error) error = std::current_exception();
     }
     p.submitted = false;
     p.passes = 0;

@@ -18,7 +18,8 @@ from pushpull._pushpull import InvalidArgument, PeerFailure
 from pushpull._pushpull import collective as _c
 
 from .alltoall import alltoall, alltoall_async
-from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .compression import (Compression, Compressor, FP16Compressor, NoneCompressor,
+                          OneBitCompressor, TwoBitCompressor)
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allreduce,
@@ -194,7 +195,8 @@ __all__ = [
     'grouped_reducescatter_async', 'alltoall', 'alltoall_async', 'sparse_allreduce_async',
     'barrier', 'join', 'poll', 'synchronize', 'broadcast_parameters',
     'broadcast_optimizer_state', 'broadcast_object', 'allgather_object', 'DistributedOptimizer',
-    'Compression', 'Compressor', 'NoneCompressor', 'FP16Compressor', 'Trainer', 'ProcessSet',
+    'Compression', 'Compressor', 'NoneCompressor', 'FP16Compressor', 'OneBitCompressor',
+    'TwoBitCompressor', 'Trainer', 'ProcessSet',
     'add_process_set', 'remove_process_set', 'global_process_set', 'HorovodInternalError',
     'mpi_threads_supported', 'mpi_enabled', 'mpi_built', 'gloo_enabled', 'gloo_built',
     'nccl_built', 'ddl_built', 'ccl_built', 'cuda_built', 'rocm_built', 'start_timeline',

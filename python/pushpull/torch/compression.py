@@ -1,6 +1,16 @@
-"""Gradient compression for DistributedOptimizer / allreduce (Horovod's Compression)."""
+"""Gradient compression for DistributedOptimizer / allreduce (Horovod's Compression).
+
+``Compression.none`` and ``Compression.fp16`` are Horovod's (compress, allreduce,
+decompress). ``Compression.twobit`` / ``Compression.onebit`` are pushpull's
+(MXNet's codecs with error feedback, the C++ kernels of the KVStores): codes
+cannot be added on the way round a ring, so DistributedOptimizer allgathers
+every rank's codes and each rank sums them in rank order (docs/python.md,
+docs/collectives.md "Gradient compression").
+"""
 
 import torch
+
+from pushpull._pushpull import GradientCompressor, InvalidArgument
 
 
 class Compressor:
@@ -41,7 +51,59 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tensor.to(ctx)
 
 
+class GatheredCompressor:
+    """1bit/2bit for DistributedOptimizer: ``encode`` a gradient plus its
+    residual (one per parameter name, kept here, so use one instance per
+    optimizer), allgather the codes, ``sum`` every rank's. Pass the class
+    (threshold 0.5) or an instance: ``Compression.onebit(threshold=0.25)``.
+    Every rank must use the same type and threshold (else InvalidArgument
+    from synchronize() on every rank)."""
+    gathers = True
+    type = None  # '2bit' or '1bit' in the subclasses
+
+    def __init__(self, threshold=0.5):
+        self._codec = GradientCompressor({'type': self.type, 'threshold': repr(float(threshold))})
+        self._ids = {}
+
+    def describe(self):
+        return self._codec.describe()
+
+    def encode(self, name, tensor):
+        """The codes (a uint8 tensor) of ``tensor`` (any float dtype, CPU)."""
+        grad = tensor.detach().to(torch.float32).contiguous().reshape(-1).numpy()
+        key = self._ids.setdefault(name, len(self._ids))
+        return torch.from_numpy(self._codec.encode(key, grad))
+
+    def sum(self, gathered, ranks, like):
+        """The rank-order sum of ``ranks`` ranks' codes (an allgather's output),
+        as a float32 tensor shaped like ``like``."""
+        codes = gathered.contiguous().numpy()
+        out = self._codec.sum_gathered(codes, ranks, like.numel())
+        return torch.from_numpy(out).reshape(like.shape)
+
+    @staticmethod
+    def compress(tensor):
+        raise InvalidArgument('1bit/2bit compression needs an allgather of codes with a residual '
+                              'per tensor: use it through DistributedOptimizer(compression=...)')
+
+    decompress = compress
+
+
+class TwoBitCompressor(GatheredCompressor):
+    """MXNet's 2bit: {-t, 0, +t} (threshold t > 0) with error feedback."""
+    type = '2bit'
+
+
+class OneBitCompressor(GatheredCompressor):
+    """MXNet 1.x's 1bit: +1 where the value with its residual is above t,
+    else -1 (so scale gradients or the learning rate to suit)."""
+    type = '1bit'
+
+
 class Compression:
-    """``Compression.none`` / ``Compression.fp16``, as in horovod.torch."""
+    """``Compression.none`` / ``Compression.fp16``, as in horovod.torch; and
+    pushpull's ``Compression.twobit`` / ``Compression.onebit``."""
     none = NoneCompressor
     fp16 = FP16Compressor
+    twobit = TwoBitCompressor
+    onebit = OneBitCompressor

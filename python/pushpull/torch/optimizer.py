@@ -17,7 +17,7 @@ import torch
 
 from pushpull._pushpull import InvalidArgument
 from . import ops
-from .compression import Compression
+from .compression import Compression, GatheredCompressor
 from .process_sets import ProcessSet
 from .sparse import sparse_allreduce_async
 
@@ -26,6 +26,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, groups):
         super(self.__class__, self).__init__(params)
+        if isinstance(compression, type) and issubclass(compression, GatheredCompressor):
+            compression = compression()  # the residuals belong to this optimizer
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
@@ -154,6 +156,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # Densified for the allreduce only; synchronize() gives the wrapped
             # optimizer a sparse gradient back (as Horovod: SparseAdam needs one).
             grad = grad.to_dense()
+        if getattr(self._compression, 'gathers', False):
+            # 1bit/2bit: every rank's codes, summed by each rank in synchronize().
+            codes = self._compression.encode(name, grad * self._prescale
+                                             if self._prescale != 1.0 else grad)
+            return ops.allgather_async(codes, name=name, process_set=self._process_set), \
+                ('codes', grad is not p.grad)
         compressed, ctx = self._compression.compress(grad)
         handle = ops.allreduce_async_(compressed, name=name, op=self.op,
                                       prescale_factor=self._prescale,
@@ -187,7 +195,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = output.coalesce()
                 continue
             ctx, densified = ctx
-            grad = self._compression.decompress(output, ctx)
+            if ctx == 'codes':
+                grad = self._compression.sum(output, self._set_size(), p.grad)
+                if self.op == ops.Average:
+                    grad /= self._set_size()
+                grad *= self._postscale
+            else:
+                grad = self._compression.decompress(output, ctx)
             if densified:
                 p.grad = grad.to_sparse()
             elif grad is not p.grad:

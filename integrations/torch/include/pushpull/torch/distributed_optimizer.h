@@ -41,6 +41,15 @@
 // - compression = kFp16 (Horovod's Compression.fp16): a float32 or float64
 //   gradient travels as float16 (a half-size copy is reduced, then cast back
 //   into .grad); other dtypes travel as they are.
+// - compression = kTwoBit / kOneBit (MXNet's codecs, compression_threshold t):
+//   each rank encodes its gradient (times the prescale) plus its residual, a
+//   float32 array per parameter that carries what the codes did not (error
+//   feedback, as 1-bit Adam), the codes are allgathered and every rank sums
+//   them in rank order (the same bits everywhere), then divides by the
+//   ranks for kAverage. 2bit sends {-t, 0, +t} (t > 0), 1bit sends +1 where
+//   the value with its residual is above t, else -1 (so scale t, or the
+//   learning rate, to your gradients). Every rank must pass the same type and
+//   threshold (else InvalidArgument from step() on every rank).
 // - process_set (Horovod's process_set=): only these ranks reduce, among
 //   themselves (kAverage divides by their number); a rank outside the set
 //   steps on its own gradients (its optimizer is local, as Horovod's), and
@@ -90,8 +99,9 @@ namespace pushpull::torch {
 // see named() below for the conversion).
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Horovod's Compression.none / Compression.fp16.
-enum class Compression { kNone, kFp16 };
+// Horovod's Compression.none / Compression.fp16; pushpull's 2bit and 1bit
+// (docs/collectives.md "Gradient compression").
+enum class Compression { kNone, kFp16, kTwoBit, kOneBit };
 
 struct DistributedOptimizerOptions {
   // Backward passes whose gradients are accumulated locally before one reduction.
@@ -109,6 +119,8 @@ struct DistributedOptimizerOptions {
   std::vector<int> process_set = {};
   // Horovod's gradient_predivide_factor (> 0; with kAverage only).
   double gradient_predivide_factor = 1.0;
+  // kTwoBit / kOneBit: the threshold (2bit > 0, 1bit finite; MXNet's 0.5).
+  float compression_threshold = 0.5f;
 };
 
 class DistributedOptimizer {
