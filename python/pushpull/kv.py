@@ -249,7 +249,8 @@ class KVStore:
     def set_gradient_compression(self, compression_params):
         """``{'type': '2bit', 'threshold': 0.5}`` (or '1bit', 'fp16', 'none'), parsed by
         the C++ parser (same errors). dist_sync/dist_async compress pushes with a
-        residual per key; dist_sync_allreduce takes 'fp16' only; local stores
+        residual per key; dist_sync_allreduce sums fp16 on the ring and
+        allgathers 1bit/2bit codes, which every worker sums; local stores
         refuse anything but 'none' (nothing travels)."""
         if not isinstance(compression_params, dict):
             raise InvalidArgument('set_gradient_compression: expected a dict such as '
