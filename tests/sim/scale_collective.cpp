@@ -12,8 +12,8 @@ namespace {
 uint64_t grace_us(const Config& c) {
   return std::min<uint64_t>(c.heartbeat_timeout_us / 2, 1'500'000);
 }
-std::string describe_rank(int r) {
-  return fmt::format("rank {} (host {}:{})", r, host_of(r), 41000 + r % 20000);
+std::string describe_rank(int r, int local_size) {
+  return fmt::format("rank {} (host {}:{})", r, host_of(r, local_size), 41000 + r % 20000);
 }
 }  // namespace
 
@@ -71,10 +71,10 @@ void CollectiveWorld::heard(int w) {
 void CollectiveWorld::check(int w) {
   if (decided_[static_cast<size_t>(w)] != kNever || net_.down(w)) return;
   if (auto e = detectors_.at(w).first_expired())
-    decide(w,
-           fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms); it is "
-                       "stopped, hung or unreachable",
-                       describe_rank(e->first), e->second.count(), c_.heartbeat_timeout_us / 1000));
+    decide(w, fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms); it is "
+                          "stopped, hung or unreachable",
+                          describe_rank(e->first, c_.local_size), e->second.count(),
+                          c_.heartbeat_timeout_us / 1000));
 }
 
 void CollectiveWorld::decide(int w, const std::string& why) {
@@ -117,7 +117,7 @@ void CollectiveWorld::inject() {
     net_.at(at, [this, p] {
       decide(p, fmt::format("collective: {} failed: its connection closed (connection closed by "
                             "the peer)",
-                            describe_rank(victim_)));
+                            describe_rank(victim_, c_.local_size)));
     });
   }
 }

@@ -31,8 +31,11 @@ inline constexpr uint64_t kHeader = net::kHeaderBytes;
 inline constexpr uint64_t kNever = UINT64_MAX;
 using Vec = std::array<float, 4>;
 
-inline std::string host_of(int rank) {
-  return fmt::format("10.1.{}.{}", rank / 250, rank % 250 + 1);
+// Ranks local_size to a host, as the sparse topology's local ranks assume;
+// the port tells a host's ranks apart.
+inline std::string host_of(int rank, int local_size) {
+  const int host = rank / local_size;
+  return fmt::format("10.1.{}.{}", host / 250, host % 250 + 1);
 }
 
 // The ranks `r` exchanges with in halving_doubling.cpp's recursive doubling,
@@ -114,12 +117,12 @@ class CollectiveWorld {
   // rank 0 answers every rank with the book once all arrived.
   void rendezvous(int r) {
     net_.connect(r, 0, [this, r] {
-      auto hello = collective::encode_hello(r, n_, host_of(r), 41000 + r % 20000);
+      auto hello = collective::encode_hello(r, n_, host_of(r, c_.local_size), 41000 + r % 20000);
       net_.send(r, 0, kHeader + hello.size(), [this] {
         if (++hellos_ < n_ - 1) return;
         collective::AddressList book;
         for (int p = 0; p < n_; ++p)
-          book.emplace_back(host_of(p), 41000 + p % 20000);
+          book.emplace_back(host_of(p, c_.local_size), 41000 + p % 20000);
         auto bytes = std::make_shared<const std::vector<std::byte>>(collective::encode_book(book));
         for (int p = 1; p < n_; ++p)
           net_.send(0, p, kHeader + bytes->size(), [this, p, bytes] {

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   }
   fmt::print(
       "# scale_sim: {} us per message at each end, {} us latency, {:.0f} Gbit/s links, "
-      "heartbeat every {} ms, timeout {} ms; PS: {} servers; collectives: {} ranks per host\n",
+      "heartbeat every {} ms, timeout {} ms; PS: {} servers; {} ranks (PS: workers) per host\n",
       base.costs.per_message_us, base.costs.latency_us, base.costs.link_bytes_per_us * 8 / 1e3,
       base.heartbeat_interval_us / 1000, base.heartbeat_timeout_us / 1000, base.servers,
       base.local_size);

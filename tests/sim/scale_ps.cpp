@@ -85,10 +85,13 @@ class PsWorld {
   int worker_node(int r) const { return 1 + S_ + r; }
   int nodes() const { return 1 + S_ + N_; }
   bool is_worker(int node) const { return node > S_; }
+  // Servers on hosts of their own, workers local_size to a host (GPUs of one
+  // machine); the port tells a host's nodes apart.
   cluster::NodeAddress address(int node) const {
     const Role role = is_worker(node) ? Role::kWorker : Role::kServer;
     const int rank = is_worker(node) ? node - 1 - S_ : node - 1;
-    return {role, rank, fmt::format("10.0.{}.{}", node / 250, node % 250 + 1), 40000 + node};
+    const int host = is_worker(node) ? S_ + rank / c_.local_size : rank;
+    return {role, rank, fmt::format("10.0.{}.{}", host / 250, host % 250 + 1), 40000 + node};
   }
   // Node::start: the scheduler's connection, the registration, heartbeats.
   void start(int node) {

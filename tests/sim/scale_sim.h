@@ -67,7 +67,10 @@ struct Config {
   int servers = 2;                          // PS
   bool worker_mesh = false;                 // PS: the worker mesh before issue 38
   Topology topology = Topology::kFullMesh;  // collectives
-  int local_size = 8;  // collectives: ranks per host (the sparse topology's local ranks)
+  // Ranks per host: the collectives' local ranks (the sparse topology), and
+  // a PS job's workers per host (servers have hosts of their own), which the
+  // address book names once each (net/host_table.h).
+  int local_size = 8;
   Fault fault = Fault::kStop;
   int victim = -1;  // the rank stopped or killed; -1: the last one
   Costs costs;
