@@ -140,10 +140,10 @@ int run(const Args& a) {
   if (!horovod && a.mode != "kvstore") {
     throw pushpull::InvalidArgument("--mode " + a.mode + ": use kvstore or horovod");
   }
-  if (horovod && a.compression != "none" && a.compression != "fp16") {
-    throw pushpull::InvalidArgument(
-        "--mode horovod compresses with --compression fp16 (Horovod's Compression.fp16); " +
-        a.compression + " is the parameter server's (--mode kvstore)");
+  if (horovod && a.compression != "none" && a.compression != "fp16" && a.compression != "2bit" &&
+      a.compression != "1bit") {
+    throw pushpull::InvalidArgument("--mode horovod: --compression " + a.compression +
+                                    ": use none, fp16, 2bit or 1bit");
   }
   if (horovod && a.devices != 1) {
     throw pushpull::InvalidArgument(
@@ -207,11 +207,27 @@ int run(const Args& a) {
     sgd = std::make_unique<torch::optim::SGD>(
         models[0]->parameters(),
         torch::optim::SGDOptions(a.lr).momentum(a.momentum).weight_decay(a.wd));
+    using pushpull::torch::Compression;
+    pushpull::torch::DistributedOptimizerOptions dopt_options;
+    dopt_options.compression = a.compression == "fp16"   ? Compression::kFp16
+                               : a.compression == "2bit" ? Compression::kTwoBit
+                               : a.compression == "1bit" ? Compression::kOneBit
+                                                         : Compression::kNone;
+    if (!a.compression_threshold.empty()) {
+      // The optimizer refuses thresholds its codec cannot use; here only
+      // what is not a number at all.
+      size_t used = 0;
+      try {
+        dopt_options.compression_threshold = std::stof(a.compression_threshold, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != a.compression_threshold.size())
+        throw pushpull::InvalidArgument("--compression-threshold " + a.compression_threshold +
+                                        " is not a number");
+    }
     dopt = std::make_unique<pushpull::torch::DistributedOptimizer>(
-        *sgd, pushpull::torch::named(models[0]->named_parameters()), comm,
-        pushpull::torch::DistributedOptimizerOptions{
-            .compression = a.compression == "fp16" ? pushpull::torch::Compression::kFp16
-                                                   : pushpull::torch::Compression::kNone});
+        *sgd, pushpull::torch::named(models[0]->named_parameters()), comm, dopt_options);
     pushpull::torch::broadcast_parameters(pushpull::torch::named(models[0]->named_parameters()), 0,
                                           comm);
     pushpull::torch::broadcast_optimizer_state(*sgd, 0, comm);

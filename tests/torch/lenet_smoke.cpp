@@ -119,4 +119,12 @@ TEST(LenetSmoke, HorovodModeFp16TwoWorkersLearn) {
   run_horovod_mode({"--compression", "fp16"});
 }
 
+// 2bit codes with error feedback (DistributedOptimizer's kTwoBit, codes
+// allgathered and summed by every rank): momentum 0, as the codecs need
+// (docs/kvstore.md "Choosing a threshold"), and a threshold near the size of
+// the averaged gradients.
+TEST(LenetSmoke, HorovodMode2bitTwoWorkersLearn) {
+  run_horovod_mode({"--compression", "2bit", "--compression-threshold", "0.01", "--momentum", "0"});
+}
+
 }  // namespace
