@@ -228,8 +228,10 @@ TEST(Bootstrap, RankZeroListensOnTheSocketItInherited) {
     EXPECT_FALSE(e) << what(e);
 }
 
-TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
-  const int workers = 3;
+// A cluster job on this host: a scheduler, one server and `workers` worker
+// threads, each running `worker` with its Options (role worker, the
+// scheduler's port). Checks that the job ended in order.
+void run_cluster_job(int workers, const std::function<void(const Options&)>& worker) {
   Options base;
   base.cluster.num_servers = 1;
   base.cluster.num_workers = workers;
@@ -254,6 +256,20 @@ TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
   auto errors = on_threads(workers, [&](int) {
     Options o = base;
     o.cluster.role = Role::kWorker;
+    worker(o);
+  });
+  for (auto& e : errors)
+    EXPECT_FALSE(e) << what(e);
+  if (std::any_of(errors.begin(), errors.end(), [](auto& e) { return e != nullptr; }))
+    scheduler.stop();
+  EXPECT_NO_THROW(server.get());
+  Status st = result.get();
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+}
+
+TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
+  const int workers = 3;
+  run_cluster_job(workers, [&](const Options& o) {
     Session s(o);
     EXPECT_EQ(s.mode(), "cluster");
     EXPECT_EQ(s.size(), workers);
@@ -265,13 +281,6 @@ TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
     EXPECT_EQ(g.as<float>()[2], 2.0f);
     s.shutdown();  // leaves the job in order
   });
-  for (auto& e : errors)
-    EXPECT_FALSE(e) << what(e);
-  if (std::any_of(errors.begin(), errors.end(), [](auto& e) { return e != nullptr; }))
-    scheduler.stop();
-  EXPECT_NO_THROW(server.get());
-  Status st = result.get();
-  EXPECT_TRUE(st.is_ok()) << st.to_string();
 }
 
 // Through the scheduler, each worker's mesh port travels in its
@@ -279,30 +288,8 @@ TEST(Bootstrap, ClusterModeUsesTheSchedulersAddressBook) {
 // open no connections to each other (start-up linear in the job, issue 38).
 TEST(Bootstrap, ClusterModeTradesNoPortsWorkerToWorker) {
   const int workers = 3;
-  Options base;
-  base.cluster.num_servers = 1;
-  base.cluster.num_workers = workers;
-  base.cluster.root_uri = "127.0.0.1";
-  base.cluster.root_port = 0;
-  base.cluster.heartbeat_interval = Millis(200);
-  base.cluster.heartbeat_timeout = Millis(5000);
-  base.cluster.startup_timeout = Millis(20000);
-  base.net.node_host = "127.0.0.1";
-  Options so = base;
-  so.cluster.role = Role::kScheduler;
-  cluster::Scheduler scheduler(so);
-  base.cluster.root_port = scheduler.bind();
-  auto result = std::async(std::launch::async, [&] { return scheduler.run(); });
-  auto server = std::async(std::launch::async, [&] {
+  run_cluster_job(workers, [&](const Options& base) {
     Options o = base;
-    o.cluster.role = Role::kServer;
-    cluster::Node node(o);
-    node.start();
-    node.shutdown();
-  });
-  auto errors = on_threads(workers, [&](int) {
-    Options o = base;
-    o.cluster.role = Role::kWorker;
     o.collective.shared_memory = false;
     Bootstrapped b = bootstrap(o);
     ASSERT_EQ(b.mode, BootstrapMode::kCluster);
@@ -321,13 +308,6 @@ TEST(Bootstrap, ClusterModeTradesNoPortsWorkerToWorker) {
     b.transport->close(Status::ok());
     b.node->shutdown();
   });
-  for (auto& e : errors)
-    EXPECT_FALSE(e) << what(e);
-  if (std::any_of(errors.begin(), errors.end(), [](auto& e) { return e != nullptr; }))
-    scheduler.stop();
-  EXPECT_NO_THROW(server.get());
-  Status st = result.get();
-  EXPECT_TRUE(st.is_ok()) << st.to_string();
 }
 
 TEST(Bootstrap, AMissingRankTimesOutNamingIt) {
