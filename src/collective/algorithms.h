@@ -59,6 +59,26 @@ void ring_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, Red
 void halving_doubling_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype,
                                 ReduceOp op);
 
+// Halving-doubling's shape for rank r of n: p, the largest power of two <= n,
+// ranks take part in the XOR exchanges; the first 2 rem ranks (rem = n - p)
+// fold in pairs first (r and r ^ 1): the even one sits out (newrank -1), the
+// odd one continues as r / 2; the others as r - rem. real() maps a new rank
+// back. The algorithm runs it; the mesh connects its partners up front
+// (tcp_transport_mesh.cpp).
+struct HalvingDoublingShape {
+  int p = 1, rem = 0, newrank = -1;
+  bool folds(int r) const { return r < 2 * rem; }
+  int real(int nr) const { return nr < rem ? 2 * nr + 1 : nr + rem; }
+};
+inline HalvingDoublingShape halving_doubling_shape(int r, int n) {
+  HalvingDoublingShape s;
+  while (s.p * 2 <= n)
+    s.p *= 2;
+  s.rem = n - s.p;
+  s.newrank = !s.folds(r) ? r - s.rem : (r % 2 == 0 ? -1 : r / 2);
+  return s;
+}
+
 // The ring pipeline over `blocks` (one per rank, elements of `dtype` at
 // base): with `reduce_scatter`, rank r ends holding the reduction of block r;
 // with `allgather`, every rank's block r (already in place at rank r) reaches

@@ -63,26 +63,19 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
     if (s) s->wait(ctx.deadline(), what());
   };
 
-  int p = 1;
-  while (p * 2 <= n)
-    p *= 2;
-  const int rem = n - p;
-  int newrank;
+  const HalvingDoublingShape shape = halving_doubling_shape(r, n);
+  const int p = shape.p, newrank = shape.newrank;
   // Fold the extra ranks in.
-  if (r < 2 * rem) {
+  if (shape.folds(r)) {
     if (r % 2 == 0) {
       exchange(r + 1, data, bytes, nullptr, 0, msg);
-      newrank = -1;
     } else {
       exchange(r - 1, nullptr, 0, scratch.data(), bytes, msg);
       reduce(op, dtype, data, scratch.data(), count);
-      newrank = r / 2;
     }
-  } else {
-    newrank = r - rem;
   }
   ++msg;
-  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+  auto real = [&](int nr) { return shape.real(nr); };
 
   if (newrank >= 0 && bytes <= kFullExchangeBytes) {
     // Small vectors: recursive doubling, whole vectors exchanged, log2(p)
@@ -127,7 +120,7 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
   msg = 1 + 2 * static_cast<uint32_t>(__builtin_ctz(static_cast<unsigned>(p)));
 
   // Unfold: odd ranks return the result to the even rank that sat out.
-  if (r < 2 * rem) {
+  if (shape.folds(r)) {
     if (r % 2 == 0)
       exchange(r + 1, nullptr, 0, data, bytes, msg);
     else

@@ -8,29 +8,20 @@
 #include <unordered_map>
 #include <vector>
 
+#include "collective/algorithms.h"
 #include "collective/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
 
-// Halving-doubling's partners of `r` among `n` (halving_doubling.cpp): the
-// fold of the ranks beyond the largest power of two, then XOR partners.
+// Halving-doubling's partners of `r` among `n` (algorithms.h): the fold
+// partner of the ranks beyond the largest power of two, then XOR partners.
 void halving_doubling_partners(int r, int n, std::set<int>& out) {
-  int p = 1;
-  while (p * 2 <= n)
-    p *= 2;
-  const int rem = n - p;
-  int newrank;
-  if (r < 2 * rem) {
-    out.insert(r % 2 == 0 ? r + 1 : r - 1);
-    newrank = r % 2 == 0 ? -1 : r / 2;
-  } else {
-    newrank = r - rem;
-  }
-  if (newrank < 0) return;
-  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
-  for (int mask = 1; mask < p; mask *= 2)
-    out.insert(real(newrank ^ mask));
+  const HalvingDoublingShape shape = halving_doubling_shape(r, n);
+  if (shape.folds(r)) out.insert(r ^ 1);
+  if (shape.newrank < 0) return;
+  for (int mask = 1; mask < shape.p; mask *= 2)
+    out.insert(shape.real(shape.newrank ^ mask));
 }
 
 }  // namespace

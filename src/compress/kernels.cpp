@@ -23,6 +23,22 @@ namespace {
 // Values per block: whole words of both codecs, small enough for the stack.
 constexpr size_t kBlock = 256;
 
+// Packs the `Bits`-bit codes of `k` values (one per uint32_t, room for k
+// rounded up to a whole word) 32 / Bits to a little-endian word, value j of a
+// word at bits [Bits j, Bits (j + 1)); the tail of the last word is zero.
+template <unsigned Bits>
+PP_INLINE void pack_codes(uint32_t* code, size_t k, std::byte* out) {
+  constexpr size_t kPerWord = 32 / Bits;
+  for (size_t i = k; i < (k + kPerWord - 1) / kPerWord * kPerWord; ++i)
+    code[i] = 0;
+  for (size_t w = 0; w * kPerWord < k; ++w) {
+    uint32_t word = 0;
+    for (uint32_t j = 0; j < kPerWord; ++j)
+      word |= code[w * kPerWord + j] << (Bits * j);
+    store_word(out + 4 * w, word);
+  }
+}
+
 // 2bit, one block of `k` <= kBlock values (k a multiple of 16 except at the
 // end): codes computed lane by lane without branches (the selects become
 // blends/masks), then packed 16 to a word by shifts and ORs.
@@ -36,14 +52,7 @@ PP_INLINE void two_bit_encode_block(const float* __restrict g, float* __restrict
     r[i] = x - q;  // x - t, x - (-t) == x + t, or x - 0 == x: the scalar's results
     code[i] = static_cast<uint32_t>(pos) | (static_cast<uint32_t>(neg) << 1);
   }
-  for (size_t i = k; i < (k + 15) / 16 * 16; ++i)
-    code[i] = 0;
-  for (size_t w = 0; w * 16 < k; ++w) {
-    uint32_t word = 0;
-    for (uint32_t j = 0; j < 16; ++j)
-      word |= code[w * 16 + j] << (2 * j);
-    store_word(out + 4 * w, word);
-  }
+  pack_codes<2>(code, k, out);
 }
 
 // As two_bit_encode_block, encoding v and leaving in v what the encoding
@@ -59,14 +68,7 @@ PP_INLINE void two_bit_encode_keep_block(float* __restrict v, float* __restrict 
     v[i] = 0.0f + q;
     code[i] = static_cast<uint32_t>(pos) | (static_cast<uint32_t>(neg) << 1);
   }
-  for (size_t i = k; i < (k + 15) / 16 * 16; ++i)
-    code[i] = 0;
-  for (size_t w = 0; w * 16 < k; ++w) {
-    uint32_t word = 0;
-    for (uint32_t j = 0; j < 16; ++j)
-      word |= code[w * 16 + j] << (2 * j);
-    store_word(out + 4 * w, word);
-  }
+  pack_codes<2>(code, k, out);
 }
 
 template <bool Add>
@@ -102,14 +104,7 @@ PP_INLINE void one_bit_encode_block(const float* __restrict g, float* __restrict
     r[i] = x - (pos ? 1.0f : -1.0f);  // x - 1 or x - (-1) == x + 1
     bit[i] = static_cast<uint32_t>(pos);
   }
-  for (size_t i = k; i < (k + 31) / 32 * 32; ++i)
-    bit[i] = 0;
-  for (size_t w = 0; w * 32 < k; ++w) {
-    uint32_t word = 0;
-    for (uint32_t j = 0; j < 32; ++j)
-      word |= bit[w * 32 + j] << j;
-    store_word(out + 4 * w, word);
-  }
+  pack_codes<1>(bit, k, out);
 }
 
 PP_INLINE void one_bit_encode_keep_block(float* __restrict v, float* __restrict r, std::byte* out,
@@ -123,14 +118,7 @@ PP_INLINE void one_bit_encode_keep_block(float* __restrict v, float* __restrict 
     v[i] = q;  // 0 + ±1 is ±1
     bit[i] = static_cast<uint32_t>(pos);
   }
-  for (size_t i = k; i < (k + 31) / 32 * 32; ++i)
-    bit[i] = 0;
-  for (size_t w = 0; w * 32 < k; ++w) {
-    uint32_t word = 0;
-    for (uint32_t j = 0; j < 32; ++j)
-      word |= bit[w * 32 + j] << j;
-    store_word(out + 4 * w, word);
-  }
+  pack_codes<1>(bit, k, out);
 }
 
 template <bool Add>

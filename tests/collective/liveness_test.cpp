@@ -18,6 +18,7 @@ namespace pushpull::collective {
 namespace {
 
 using namespace std::chrono_literals;
+using pushpull::collective::testing::outcome;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -172,15 +173,6 @@ LivenessConfig fast(bool detect = true) {
   l.heartbeat_timeout = 1000ms;
   l.grace = 500ms;
   return l;
-}
-
-Status outcome(const Request& r) {
-  try {
-    r.wait(Clock::now() + 20s, "test receive");
-    return Status::ok();
-  } catch (const Error& e) {
-    return Status(e.code(), e.what());
-  }
 }
 
 TEST(MeshDetector, ASilentRankFailsEveryonesPendingOperationsNamingIt) {

@@ -22,6 +22,7 @@ namespace pushpull::collective {
 namespace {
 
 using namespace std::chrono_literals;
+using pushpull::collective::testing::outcome;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -179,15 +180,6 @@ TEST(Mesh, OtherPairsConnectOnFirstUse) {
     EXPECT_EQ(ts[static_cast<size_t>(r)]->connected_peers(), n - 1) << r;
   }
   close_all(ts);
-}
-
-Status outcome(const Request& r) {
-  try {
-    r.wait(Clock::now() + 20s, "test");
-    return Status::ok();
-  } catch (const Error& e) {
-    return Status(e.code(), e.what());
-  }
 }
 
 // Rank 3 of 12 is gone. Rank 6 (higher, not a partner: it dials) and rank 0

@@ -17,6 +17,7 @@ namespace pushpull::collective {
 namespace {
 
 using namespace std::chrono_literals;
+using pushpull::collective::testing::outcome;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -28,15 +29,6 @@ LivenessConfig quick(Millis interval, Millis timeout) {
   l.heartbeat_timeout = timeout;
   l.grace = 500ms;
   return l;
-}
-
-Status outcome(const Request& r) {
-  try {
-    r.wait(Clock::now() + 20s, "test receive");
-    return Status::ok();
-  } catch (const Error& e) {
-    return Status(e.code(), e.what());
-  }
 }
 
 void close_all(std::vector<std::unique_ptr<TcpTransport>>& ts) {

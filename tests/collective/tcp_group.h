@@ -43,6 +43,17 @@ inline std::vector<std::unique_ptr<TcpTransport>> connect_tcp_group(
                               connect_timeout);
 }
 
+// How a posted operation ended: ok, or the error it failed with (its code
+// and message), waiting at most 20 s.
+inline Status outcome(const Request& r) {
+  try {
+    r.wait(Clock::now() + std::chrono::seconds(20), "test operation");
+    return Status::ok();
+  } catch (const Error& e) {
+    return Status(e.code(), e.what());
+  }
+}
+
 // Rank r alone on "host" 127.0.0.(r + 1).
 inline std::vector<std::string> distinct_loopback_hosts(int n) {
   std::vector<std::string> hosts;
