@@ -190,6 +190,12 @@ void GradientReducer::submit(size_t i, ArrayView grad) {
   p.submitted = true;
 }
 
+void GradientReducer::hand_back(size_t i) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& p = impl_->params.at(i);
+  if (!p.submitted) p.claimed = false;
+}
+
 void GradientReducer::finish_external(size_t i) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->reset(impl_->params.at(i));

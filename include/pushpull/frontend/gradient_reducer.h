@@ -115,6 +115,9 @@ class GradientReducer {
   // fp16 and 2bit/1bit work on copies). On an error nothing started and i
   // is handed out again by take_unsubmitted().
   void submit(size_t i, ArrayView grad);
+  // The binding could not submit i (a bad gradient): take_unsubmitted()
+  // hands it out again. Nothing when i is not claimed or already submitted.
+  void hand_back(size_t i);
   void finish_external(size_t i);
   // Waits for every reduction submitted so far (all of them, even after a
   // failure), writes the results into their views and ends the round;
