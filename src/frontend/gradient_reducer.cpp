@@ -27,7 +27,12 @@ bool is_float(DType t) {
 
 GradientReducer::GradientReducer(collective::Communicator& comm, std::vector<std::string> names,
                                  ReducerOptions options)
-    : impl_(std::make_unique<Impl>(comm, std::move(names), std::move(options))) {}
+    : GradientReducer([&comm]() -> collective::Communicator& { return comm; }, std::move(names),
+                      std::move(options)) {}
+
+GradientReducer::GradientReducer(CommunicatorFn comm, std::vector<std::string> names,
+                                 ReducerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(comm), std::move(names), std::move(options))) {}
 
 GradientReducer::~GradientReducer() {
   // No reduction may write into a gradient (or our copies) after we are gone.
@@ -39,9 +44,16 @@ GradientReducer::~GradientReducer() {
     for (auto& l : impl_->lingering)
       pending.push_back(l.handle);
   }
+  if (pending.empty()) return;
+  collective::Communicator* comm = nullptr;
+  try {
+    comm = &impl_->comm();
+  } catch (const std::exception&) {
+    return;  // the session is gone: it failed its operations when it shut down
+  }
   for (auto& h : pending) {
     try {
-      impl_->comm.wait(h);
+      comm->wait(h);
     } catch (const std::exception& e) {
       PP_WARN("{}: a reduction in flight at destruction failed: {}", impl_->o.who, e.what());
     }
@@ -64,10 +76,10 @@ bool GradientReducer::member() const {
   return impl_->member;
 }
 int GradientReducer::members() const {
-  return impl_->members;
+  return impl_->set_size();
 }
 bool GradientReducer::active() const {
-  return impl_->member && (impl_->members > 1 || impl_->o.reduce_alone);
+  return impl_->member && (impl_->o.reduce_alone || impl_->set_size() > 1);
 }
 double GradientReducer::local_scale() const {
   const auto& o = impl_->o;
@@ -158,7 +170,7 @@ void GradientReducer::submit(size_t i, ArrayView grad) {
     scale /= o.backward_passes_per_step;
   // kAverage as a sum times factor / ranks: a joined rank counts as zeros.
   const double post =
-      o.op == Reduction::kAverage ? o.gradient_predivide_factor / impl_->members : 1.0;
+      o.op == Reduction::kAverage ? o.gradient_predivide_factor / impl_->set_size() : 1.0;
   try {
     if (impl_->codes) {  // 2bit/1bit: codes cannot be summed on the way; every rank sums all
       Array f(grad.shape, DType::kFloat32);
@@ -166,7 +178,7 @@ void GradientReducer::submit(size_t i, ArrayView grad) {
       if (scale != 1.0) pushpull::scale(DType::kFloat32, f.data(), scale, n);
       Array c(Shape{static_cast<int64_t>(impl_->codes->encoded_bytes(n))}, DType::kUInt8);
       impl_->codes->encode(i, f.as<float>(), n, static_cast<std::byte*>(c.data()));
-      p.handle = impl_->comm.allgather_async(p.op_name, c.view(), o.process_set);
+      p.handle = impl_->comm().allgather_async(p.op_name, c.view(), o.process_set);
       p.work = std::move(c);
     } else {
       ArrayView target = grad;
@@ -178,8 +190,8 @@ void GradientReducer::submit(size_t i, ArrayView grad) {
         target = p.work.view();
       }
       if (scale != 1.0) pushpull::scale(target.dtype, target.data, scale, n);
-      p.handle = impl_->comm.allreduce_async(p.op_name, target, target, Reduction::kSum,
-                                             o.process_set, post);
+      p.handle = impl_->comm().allreduce_async(p.op_name, target, target, Reduction::kSum,
+                                               o.process_set, post);
     }
   } catch (...) {
     p.work = Array();
@@ -213,7 +225,8 @@ void GradientReducer::Impl::reset(Param& p) {
 void GradientReducer::Impl::finish(Param& p) {
   const auto n = static_cast<size_t>(p.grad.numel());
   if (codes) {
-    Array gathered = comm.take_output(p.handle);
+    Array gathered = comm().take_output(p.handle);
+    const int members = set_size();
     Array sum(p.grad.shape, DType::kFloat32);
     codes->sum_gathered(std::span<const std::byte>(static_cast<const std::byte*>(gathered.data()),
                                                    gathered.nbytes()),
@@ -249,7 +262,7 @@ double GradientReducer::synchronize() {
   std::exception_ptr error;
   for (const auto& h : handles) {
     try {
-      m.comm.wait(h);
+      m.comm().wait(h);
     } catch (...) {
       if (!error) error = std::current_exception();
     }
@@ -264,7 +277,7 @@ double GradientReducer::synchronize() {
     } catch (...) {  // other settings on another rank: reported once every parameter is reset
       error = std::current_exception();
     }
-    if (error && !m.comm.poll(p.handle)) m.lingering.push_back({p.handle, std::move(p.work)});
+    if (error && !m.comm().poll(p.handle)) m.lingering.push_back({p.handle, std::move(p.work)});
     m.reset(p);
   }
   m.stats.wait_seconds += waited;
@@ -275,10 +288,10 @@ double GradientReducer::synchronize() {
 bool GradientReducer::in_flight() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& l = impl_->lingering;
-  std::erase_if(l, [&](const Impl::Lingering& x) { return impl_->comm.poll(x.handle); });
+  std::erase_if(l, [&](const Impl::Lingering& x) { return impl_->comm().poll(x.handle); });
   if (!l.empty()) return true;
   for (const auto& p : impl_->params)
-    if (p.submitted && !impl_->comm.poll(p.handle)) return true;
+    if (p.submitted && !impl_->comm().poll(p.handle)) return true;
   return false;
 }
 

@@ -33,7 +33,11 @@ struct GradientReducer::Impl {
     Array work;
   };
 
-  Impl(collective::Communicator& c, std::vector<std::string> names, ReducerOptions o);
+  Impl(CommunicatorFn c, std::vector<std::string> names, ReducerOptions o);
+  collective::Communicator& comm() const { return comm_fn(); }
+  int set_size() const {  // ranks that reduce (the global set: the current size)
+    return o.process_set.empty() ? comm().size() : static_cast<int>(o.process_set.size());
+  }
   // reducer_setup.cpp: option checks, process set, groups.
   void check_options();
   void setup_process_set();
@@ -43,12 +47,11 @@ struct GradientReducer::Impl {
   void finish(Param& p);                                   // mu held; may throw
   void reset(Param& p);                                    // mu held
 
-  collective::Communicator& comm;
+  CommunicatorFn comm_fn;
   ReducerOptions o;
   std::vector<Param> params;
   std::vector<std::vector<size_t>> groups;
   bool member = true;
-  int members = 0;
   std::unique_ptr<GradientCompressor> codes;  // 2bit / 1bit
 
   mutable std::mutex mu;

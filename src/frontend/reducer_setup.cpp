@@ -12,9 +12,8 @@ namespace pushpull::frontend {
 
 using collective::Reduction;
 
-GradientReducer::Impl::Impl(collective::Communicator& c, std::vector<std::string> names,
-                            ReducerOptions opts)
-    : comm(c), o(std::move(opts)) {
+GradientReducer::Impl::Impl(CommunicatorFn c, std::vector<std::string> names, ReducerOptions opts)
+    : comm_fn(std::move(c)), o(std::move(opts)) {
   check_options();
   std::set<std::string> seen;
   for (auto& n : names) {
@@ -62,6 +61,7 @@ void GradientReducer::Impl::check_options() {
 }
 
 void GradientReducer::Impl::setup_process_set() {
+  const auto& comm = this->comm();
   std::set<int> ranks;
   for (int r : o.process_set) {
     const bool out = r < 0 || r >= comm.size();
@@ -75,7 +75,6 @@ void GradientReducer::Impl::setup_process_set() {
   if (static_cast<int>(ranks.size()) == comm.size()) o.process_set.clear();
   std::sort(o.process_set.begin(), o.process_set.end());
   member = o.process_set.empty() || ranks.count(comm.rank()) > 0;
-  members = o.process_set.empty() ? comm.size() : static_cast<int>(o.process_set.size());
 }
 
 void GradientReducer::Impl::setup_groups() {

@@ -32,7 +32,8 @@
 // reduce_alone false) reduces nothing: active() is false, and its binding
 // steps on local gradients (times local_scale()).
 //
-// Ownership: the communicator is the caller's and must outlive the reducer.
+// Ownership: the communicator is the caller's and must outlive the reducer
+// (or, given as a function, every call of it).
 // A view given to submit() must stay alive and unchanged until synchronize()
 // (or the destructor) returns; the reducer owns its fp16 copies and codes.
 // The destructor waits (bounded by the communicator's wait_timeout) for
@@ -43,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +92,11 @@ class GradientReducer {
   // group index out of range or in two groups). Collective-free.
   GradientReducer(collective::Communicator& comm, std::vector<std::string> names,
                   ReducerOptions options);
+  // The communicator of the moment (Python's process-default session, which
+  // an elastic job re-forms): called for every operation; without a process
+  // set the ranks are the current communicator's.
+  using CommunicatorFn = std::function<collective::Communicator&()>;
+  GradientReducer(CommunicatorFn comm, std::vector<std::string> names, ReducerOptions options);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
