@@ -16,7 +16,7 @@ PYBIND11_MODULE(_pushpull, m) {
   pushpull::python::bind_compression(m);
 #ifdef PUSHPULL_PYTHON_COLLECTIVE
   pushpull::python::bind_collective(m);
-  pushpull::python::bind_reducer(m);
   pushpull::python::bind_elastic(m);
 #endif
+  pushpull::python::bind_frontend(m);
 }

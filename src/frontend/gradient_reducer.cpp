@@ -285,6 +285,15 @@ double GradientReducer::synchronize() {
   return waited;
 }
 
+void GradientReducer::abandon_round() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& p : impl_->params) {
+    if (p.submitted) impl_->lingering.push_back({p.handle, std::move(p.work)});
+    impl_->reset(p);
+  }
+  impl_->group_ready.assign(impl_->groups.size(), 0);
+}
+
 bool GradientReducer::in_flight() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& l = impl_->lingering;

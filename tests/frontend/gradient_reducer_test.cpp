@@ -64,6 +64,19 @@ TEST(GradientReducer, CountsPassesRefusesOneTooManyAndStartsGroupsWhole) {
   EXPECT_EQ(r.stats().hook_reductions, 2);
   EXPECT_EQ(r.stats().sync_reductions, 3);
   EXPECT_NO_THROW(r.before_accumulate(3));  // a new round
+  // An elastic reset ends a round without waiting: everything starts afresh.
+  EXPECT_EQ(r.grad_ready(0), std::vector<size_t>{});
+  EXPECT_EQ(r.grad_ready(0), std::vector<size_t>{});
+  EXPECT_EQ(r.grad_ready(1), std::vector<size_t>{});
+  EXPECT_EQ(r.grad_ready(1), std::vector<size_t>{});
+  EXPECT_EQ(r.grad_ready(2), std::vector<size_t>{});
+  ASSERT_EQ(r.grad_ready(2), (std::vector<size_t>{0, 1, 2}));
+  for (size_t i = 0; i < 3; ++i)
+    r.submit(i, ArrayView(g[i].data(), Shape{3}));
+  r.abandon_round();
+  EXPECT_FALSE(r.pending());
+  EXPECT_NO_THROW(r.before_accumulate(0));
+  EXPECT_EQ(r.take_unsubmitted().size(), 5u);
 }
 
 TEST(GradientReducer, RefusesBadOptionsAndABadGradientWithoutLosingTheParameter) {

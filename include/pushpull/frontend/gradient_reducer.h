@@ -131,6 +131,10 @@ class GradientReducer {
   // rethrows the first error (then the views' contents are undefined).
   // Returns the seconds it waited.
   double synchronize();
+  // Ends the round without waiting (an elastic reset: the old session failed
+  // its operations): every parameter starts afresh; reductions that may
+  // still run count in in_flight() until they are over.
+  void abandon_round();
   // True when a reduction started by this reducer may still write into a
   // view or read it (after synchronize() failed with Timeout, say): the
   // binding keeps the views' memory alive until this is false.

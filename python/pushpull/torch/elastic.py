@@ -193,19 +193,10 @@ class ModelStateHandler(StateHandler):
 
 
 def _quiesce_distributed_optimizer(opt):
-    """A pushpull DistributedOptimizer interrupted by a failure holds handles of the old
-    group's allreduces: drop them (they failed) and re-arm its hooks for the new size."""
-    if hasattr(opt, '_handles'):
-        opt._handles.clear()
-    if hasattr(opt, '_allreduce_delay'):
-        for p in list(opt._allreduce_delay):
-            opt._allreduce_delay[p] = opt.backward_passes_per_step
-    if hasattr(opt, '_synchronized'):
-        opt._synchronized = False
-    # Built in a world of one, it registered no hooks: register them now that it is not.
-    if hasattr(opt, '_register_hooks') and not getattr(opt, '_grad_accs', None) \
-            and _c.size() > 1:
-        opt._register_hooks()
+    """A pushpull DistributedOptimizer interrupted by a failure holds reductions of the old
+    group (they failed): it drops them and starts its round afresh over the new group."""
+    if hasattr(opt, '_quiesce'):
+        opt._quiesce()
 
 
 class OptimizerStateHandler(StateHandler):

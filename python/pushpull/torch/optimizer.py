@@ -162,6 +162,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ops._check(self._copies[i][0] if i in self._copies else grad, 'gradient')
         self._reducer.submit(i, ops._raw(self._copies[i][0] if i in self._copies else grad))
 
+    def _quiesce(self):
+        """An elastic reset (elastic.py): the old group failed the reductions in
+        flight; start the round afresh (the reducer uses the new session)."""
+        self._reducer.abandon()
+        self._copies.clear()
+        self._external.clear()
+        self._synchronized = False
+
     # ---- Horovod's public methods -------------------------------------------------
 
     def synchronize(self):

@@ -53,6 +53,7 @@ import torch
 import pushpull.kv
 import pushpull.optimizer
 from pushpull._pushpull import InvalidArgument
+from pushpull._pushpull import pack_keys as _pack_keys
 
 
 def _named(params):
@@ -75,18 +76,14 @@ class _Unit:
     gradients gathered for a push; `summed`: the summed gradients pulled
     when the update runs here)."""
 
-    def __init__(self, key, members, params):
+    def __init__(self, key, members, offsets, numel, params):
         self.key = key
         self.members = members
         self.packed = len(members) > 1
-        self.offsets = []
-        n = 0
-        for i in members:
-            self.offsets.append(n)
-            n += params[i].numel()
+        self.offsets = offsets
         if self.packed:
-            self.value = torch.empty(n, dtype=torch.float32)
-            self.grad = torch.empty(n, dtype=torch.float32)
+            self.value = torch.empty(numel, dtype=torch.float32)
+            self.grad = torch.empty(numel, dtype=torch.float32)
         else:
             self.value = params[members[0]].detach()
         self.summed = None
@@ -109,25 +106,10 @@ class _Unit:
 
 
 def _pack(params, key_base, fuse_below, bucket_bytes):
-    """The store's keys: a parameter of at least `fuse_below` bytes is key
-    key_base + i; smaller ones are packed in order into units of up to
-    `bucket_bytes`, each the key of its first parameter."""
-    if fuse_below < 0 or bucket_bytes <= 0:
-        raise InvalidArgument('Trainer: fuse_below must be >= 0 and bucket_bytes > 0')
-    groups, bucket, size = [], [], 0
-    for i, p in enumerate(params):
-        nbytes = p.numel() * 4
-        if nbytes >= fuse_below:
-            groups.append([i])
-            continue
-        if bucket and size + nbytes > bucket_bytes:
-            groups.append(bucket)
-            bucket, size = [], 0
-        bucket.append(i)
-        size += nbytes
-    if bucket:
-        groups.append(bucket)
-    return [_Unit(key_base + members[0], members, params) for members in sorted(groups)]
+    """The store's keys (packing and assignment: the C++ pack_keys of
+    include/pushpull/frontend/key_packing.h, which the libtorch Trainer uses)."""
+    return [_Unit(key, members, offsets, numel, params) for key, members, offsets, numel in
+            _pack_keys([p.numel() for p in params], key_base, fuse_below, bucket_bytes)]
 
 
 class Trainer:

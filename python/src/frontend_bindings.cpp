@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// bind_reducer: pushpull::frontend::GradientReducer (the DistributedOptimizer's
-// policy, include/pushpull/frontend/gradient_reducer.h) as
-// `_pushpull.collective.GradientReducer`, over the process-default session.
-// python/pushpull/torch/optimizer.py keeps only the torch glue (hooks,
-// tensors, sparse gradients, Horovod's warnings); the libtorch
-// DistributedOptimizer binds the same class.
+// bind_frontend: the torch front ends' policy (include/pushpull/frontend/),
+// which the libtorch integration binds too:
+// - `_pushpull.collective.GradientReducer`: the DistributedOptimizer's
+//   (gradient_reducer.h), over the process-default session;
+//   python/pushpull/torch/optimizer.py keeps only the torch glue (hooks,
+//   tensors, sparse gradients, Horovod's warnings);
+// - `_pushpull.pack_keys`: the Trainer's store keys (key_packing.h).
 //
 // Why these choices:
 // - A gradient given to submit() is pinned (bindings.h) until synchronize()
@@ -27,6 +28,7 @@
 #include "bindings.h"
 #include "pushpull/collective.h"
 #include "pushpull/frontend/gradient_reducer.h"
+#include "pushpull/frontend/key_packing.h"
 
 namespace pushpull::python {
 namespace {
@@ -75,6 +77,22 @@ class PyReducer {
     pins_.at(i) = std::move(p.keep_alive);
   }
 
+  // An elastic reset: the round ends without waiting; the pins stay until
+  // the old session's operations are over.
+  void abandon() {
+    core_->abandon_round();
+    auto core = core_;
+    park_until_done(
+        [core] {
+          try {
+            return !core->in_flight();
+          } catch (...) {
+            return true;  // the session is gone: its ops failed
+          }
+        },
+        take_pins());
+  }
+
   double synchronize() {
     double waited = 0;
     try {
@@ -114,7 +132,20 @@ class PyReducer {
 
 }  // namespace
 
-void bind_reducer(py::module_& m) {
+void bind_frontend(py::module_& m) {
+  m.def(
+      "pack_keys",
+      [](const std::vector<int64_t>& numels, int64_t key_base, int64_t fuse_below,
+         int64_t bucket_bytes) {
+        py::list out;
+        for (auto& u : frontend::pack_keys(numels, key_base, fuse_below, bucket_bytes))
+          out.append(py::make_tuple(u.key, u.members, u.offsets, u.numel));
+        return out;
+      },
+      py::arg("numels"), py::arg("key_base"), py::arg("fuse_below"), py::arg("bucket_bytes"),
+      "The Trainer's keys: [(key, member indices, offsets, numel)] for parameters of `numels` "
+      "float32 elements (frontend/key_packing.h).");
+  if (!py::hasattr(m, "collective")) return;  // built without the collective bindings
   py::module_ c = m.attr("collective");
   py::class_<PyReducer>(c, "GradientReducer",
                         "The DistributedOptimizer's policy (frontend/gradient_reducer.h) over the "
@@ -149,6 +180,9 @@ void bind_reducer(py::module_& m) {
       .def("finish_external", [](PyReducer& r, size_t i) { r.core().finish_external(i); })
       .def("submit", &PyReducer::submit, py::arg("index"), py::arg("grad"),
            "Starts the reduction of parameter index's gradient (pinned until synchronize()).")
+      .def("abandon", &PyReducer::abandon,
+           "Ends the round without waiting (elastic reset); the gradients stay pinned until "
+           "the old operations are over.")
       .def("synchronize", &PyReducer::synchronize,
            "Waits (GIL released) for every reduction and writes the results into the "
            "submitted gradients; returns the seconds waited.")
