@@ -67,18 +67,18 @@ struct ReducerOptions {
   // kAverage or kSum.
   collective::Reduction op = collective::Reduction::kAverage;
   // Reduction names are name_prefix + the parameter's name.
-  std::string name_prefix;
+  std::string name_prefix = {};
   GradCompression compression = GradCompression::kNone;
   // 2bit (> 0) / 1bit (finite) threshold.
   float compression_threshold = 0.5f;
   // Distinct ranks of the communicator that reduce; empty: every rank.
-  std::vector<int> process_set;
+  std::vector<int> process_set = {};
   // Horovod's gradient_predivide_factor (> 0; other than 1 with kAverage only).
   double gradient_predivide_factor = 1.0;
   // Horovod's groups: lists of parameter indices whose reductions start
   // together (the engine fuses them); the others go alone. Or, when groups
   // is empty, num_groups > 0 splits the parameters in order into that many.
-  std::vector<std::vector<size_t>> groups;
+  std::vector<std::vector<size_t>> groups = {};
   int num_groups = 0;
   // Reduce even when this rank's set has one rank (the libtorch front end
   // does; Horovod's Python one steps locally).
