@@ -573,6 +573,15 @@ TEST_F(WorldOfOne, RejectsBadConstruction) {
             {.op = pushpull::collective::Reduction::kSum, .gradient_predivide_factor = 2});
       },
       "only with op average");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.groups = {{"nope"}}}); },
+         "not a parameter the optimizer reduces");
+  const std::string first = params.front().first;
+  throws(
+      [&] {
+        DistributedOptimizer d(sgd, params, comm, {.groups = {{first}, {first}}});
+      },
+      "two groups");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.num_groups = -1}); }, ">= 0");
   ASSERT_FALSE(pushpull::collective::is_initialized());
   throws([&] { DistributedOptimizer d(sgd, params); }, "collective::init()");
   throws([&] { broadcast_parameters(params, 0); }, "collective::init()");
