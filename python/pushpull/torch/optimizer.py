@@ -61,9 +61,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise InvalidArgument(
                 'DistributedOptimizer: op=Adasum is not supported (Horovod implements it for MPI '
                 'and NCCL builds only); use op=Average (or Sum)')
-        if gradient_predivide_factor != 1.0 and op != ops.Average:
-            raise InvalidArgument(
-                'DistributedOptimizer: gradient_predivide_factor needs op=Average')
         self.op = op
 
         all_params = [p for group in self.param_groups for p in group['params']]
@@ -287,8 +284,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       'groups', DeprecationWarning)
         if groups is None:
             groups = num_groups
-    if backward_passes_per_step < 1:
-        raise InvalidArgument('DistributedOptimizer: backward_passes_per_step must be >= 1')
     # A subclass of the optimizer's own class (as Horovod does), so isinstance
     # checks, LR schedulers and state_dict keep working.
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
