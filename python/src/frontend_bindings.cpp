@@ -96,19 +96,25 @@ class PyReducer {
   }
 
   double synchronize() {
+    // The gradients pinned now are the ones this synchronize() waits for; a
+    // hook on another thread may submit more while the GIL is released: their
+    // pins stay for the next synchronize().
+    std::vector<size_t> mine;
+    for (size_t i = 0; i < pins_.size(); ++i)
+      if (pins_[i]) mine.push_back(i);
     double waited = 0;
     try {
       py::gil_scoped_release nogil;
       waited = core_->synchronize();
     } catch (...) {
+      KeepAlive keep = take_pins(mine);
       if (core_->in_flight()) {
         auto core = core_;
-        park_until_done([core] { return !core->in_flight(); }, take_pins());
+        park_until_done([core] { return !core->in_flight(); }, std::move(keep));
       }
-      take_pins();
       throw;
     }
-    take_pins();
+    take_pins(mine);
     return waited;
   }
 
@@ -119,13 +125,20 @@ class PyReducer {
       n += p ? 1 : 0;
     return n;
   }
-  KeepAlive take_pins() {
+  // The pins of `which` (every parameter by default), moved out.
+  KeepAlive take_pins(const std::vector<size_t>& which) {
     KeepAlive out;
-    for (auto& p : pins_)
-      if (p) out.push_back(std::move(p));
-    for (auto& p : pins_)
-      p = py::object();
+    for (size_t i : which)
+      if (pins_.at(i)) out.push_back(std::move(pins_[i]));
+    for (size_t i : which)
+      pins_[i] = py::object();
     return out;
+  }
+  KeepAlive take_pins() {
+    std::vector<size_t> all(pins_.size());
+    for (size_t i = 0; i < all.size(); ++i)
+      all[i] = i;
+    return take_pins(all);
   }
 
   std::shared_ptr<GradientReducer> core_;
