@@ -41,7 +41,7 @@ sanitize: deps
 # torch, bench, scripts, sim: those stay in `make sanitize`). .ci/run runs it
 # when a change touches src/ or include/ (docs/reliability.md, "Sanitizers
 # in CI").
-SANITIZE_CORE_LABELS ?= base|net|cluster|collective|ps|kvstore|compress|optim|data
+SANITIZE_CORE_LABELS ?= base|net|cluster|collective|ps|kvstore|compress|optim|data|frontend
 sanitize-core: deps
 	@$(MAKE) --no-print-directory build BUILD_DIR=build-asan-core BUILD_TYPE=RelWithDebInfo \
 	  SANITIZE=address,undefined \

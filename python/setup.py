@@ -40,8 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # Link order: a static library before the ones it uses.
 TORCH_PG_DIR = os.path.join(REPO, 'integrations', 'torch', 'process_group')
-LAYERS = ['kvstore', 'ps', 'collective', 'compress', 'optim', 'cluster', 'net', 'base']
-CMAKE_TARGETS = ['pushpull_kvstore', 'pushpull_collective', 'pushpull_cli']
+LAYERS = ['frontend', 'kvstore', 'ps', 'collective', 'compress', 'optim', 'cluster', 'net', 'base']
+CMAKE_TARGETS = ['pushpull_frontend', 'pushpull_kvstore', 'pushpull_collective', 'pushpull_cli']
 
 
 def version():

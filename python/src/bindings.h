@@ -9,6 +9,7 @@
 //   parking.cpp             bind_parking     arrays of timed-out operations, kept until done
 //   elastic_bindings.cpp    bind_elastic     elastic jobs' round and host changes
 //   timeline_bindings.cpp   bind_timeline    a program's own spans on the timeline
+//   frontend_bindings.cpp   bind_frontend    the torch front ends' policy (frontend/)
 //
 // The array bridge (arrays.cpp) turns any numpy array or torch tensor into a
 // pushpull::ArrayView WITHOUT linking libtorch: through the buffer protocol,
@@ -42,6 +43,8 @@ void bind_collective(py::module_& m);
 void bind_timeline(py::module_& m);
 void bind_elastic(py::module_& m);
 void bind_compression(py::module_& m);  // GradientCompressor (1bit/2bit for pushpull.torch)
+void bind_frontend(
+    py::module_& m);  // pack_keys; collective.GradientReducer (after bind_collective)
 
 // A view of a Python array plus the reference that keeps its memory alive
 // (the object itself, a held Py_buffer, or the consumed DLPack tensor).

@@ -12,6 +12,8 @@
 
 namespace pushpull::python {
 
+void bind_elastic_state(py::module_& m);  // elastic_state_bindings.cpp: State and run
+
 void bind_elastic(py::module_& parent) {
   namespace ce = pushpull::collective::elastic;
   py::module_ m = parent.def_submodule("elastic", "Elastic jobs (pushpull.torch.elastic)");
@@ -27,6 +29,7 @@ void bind_elastic(py::module_& parent) {
   m.def(
       "round", [] { return ce::current_round(); },
       "The current round (0: not an elastic worker or not joined yet).");
+  bind_elastic_state(m);
 }
 
 }  // namespace pushpull::python

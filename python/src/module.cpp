@@ -18,4 +18,5 @@ PYBIND11_MODULE(_pushpull, m) {
   pushpull::python::bind_collective(m);
   pushpull::python::bind_elastic(m);
 #endif
+  pushpull::python::bind_frontend(m);
 }

@@ -195,6 +195,7 @@ struct WorkerArgs {
   bool fp16 = false;             // Compression::kFp16
   std::vector<int> process_set;  // empty: every rank
   double predivide = 1.0;        // gradient_predivide_factor
+  int num_groups = 0;            // groups started together
 };
 
 // Different initial weights per rank, made rank 0's by broadcast_parameters,
@@ -210,7 +211,8 @@ void equivalence_worker(const WorkerArgs& a, Session& session) {
                             .compression = a.fp16 ? pushpull::torch::Compression::kFp16
                                                   : pushpull::torch::Compression::kNone,
                             .process_set = a.process_set,
-                            .gradient_predivide_factor = a.predivide});
+                            .gradient_predivide_factor = a.predivide,
+                            .num_groups = a.num_groups});
   broadcast_parameters(named(model->named_parameters()), 0, comm);
   broadcast_optimizer_state(sgd, 0, comm);
   const Data data = make_data(n);
@@ -276,6 +278,7 @@ int dopt_worker(int argc, char** argv) {
   app.add_flag("--fp16", a.fp16);
   app.add_option("--process-set", a.process_set)->delimiter(',');
   app.add_option("--predivide", a.predivide);
+  app.add_option("--num-groups", a.num_groups);
   CLI11_PARSE(app, argc, argv);
   try {
     torch::set_num_threads(1);
@@ -367,7 +370,8 @@ INSTANTIATE_TEST_SUITE_P(Launched, DistributedOptimizerEquivalence,
 // the union batch, up to float16's rounding of the gradients (the Python
 // front end's tolerance, 2e-3). A process set {0, 2} of 3 ranks, also with
 // fp16: ranks 0 and 2 train on their two shards together, rank 1 (outside)
-// alone on its own, from the broadcast weights.
+// alone on its own, from the broadcast weights; its members' allreduces
+// start in two groups (num_groups).
 TEST(DistributedOptimizerOptionsLaunched, Fp16WithPredivideMatchesTheUnionBatch) {
   TempDir dir("fp16");
   launch_workers(2, dir.path,
@@ -380,9 +384,9 @@ TEST(DistributedOptimizerOptionsLaunched, Fp16WithPredivideMatchesTheUnionBatch)
 
 TEST(DistributedOptimizerOptionsLaunched, AProcessSetReducesAmongItsMembersOnly) {
   TempDir dir("set");
-  launch_workers(
-      3, dir.path,
-      {"--scenario", "equivalence", "--fp16", "--process-set", "0,2", "--momentum", "0"});
+  launch_workers(3, dir.path,
+                 {"--scenario", "equivalence", "--fp16", "--process-set", "0,2", "--num-groups",
+                  "2", "--momentum", "0"});
   const auto members = reference_on_shards(3, {0, 2});
   const auto alone = reference_on_shards(3, {1});
   for (int r : {0, 2})
@@ -569,6 +573,15 @@ TEST_F(WorldOfOne, RejectsBadConstruction) {
             {.op = pushpull::collective::Reduction::kSum, .gradient_predivide_factor = 2});
       },
       "only with op average");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.groups = {{"nope"}}}); },
+         "not a parameter the optimizer reduces");
+  const std::string first = params.front().first;
+  throws(
+      [&] {
+        DistributedOptimizer d(sgd, params, comm, {.groups = {{first}, {first}}});
+      },
+      "two groups");
+  throws([&] { DistributedOptimizer d(sgd, params, comm, {.num_groups = -1}); }, ">= 0");
   ASSERT_FALSE(pushpull::collective::is_initialized());
   throws([&] { DistributedOptimizer d(sgd, params); }, "collective::init()");
   throws([&] { broadcast_parameters(params, 0); }, "collective::init()");

@@ -6,15 +6,14 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
-#include <chrono>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
 
-#include "compressed_grads.h"
 #include "pushpull/error.h"
+#include "pushpull/frontend/gradient_reducer.h"
 #include "pushpull/log.h"
 #include "tensor_collectives.h"
 
@@ -23,11 +22,9 @@ namespace {
 
 namespace autograd = ::torch::autograd;
 using collective::Communicator;
-using collective::Handle;
 using detail::describe;
 using detail::layout_problem;
 using detail::view_of;
-using detail::wait_all;
 
 // Runs after AccumulateGrad wrote the parameter's .grad (libtorch 1.13 has no
 // tensor-level post-accumulate hook; the Trainer uses the same trick).
@@ -48,15 +45,8 @@ class GradReadyHook final : public autograd::FunctionPostHook {
 
 struct DistributedOptimizer::Impl {
   struct Param {
-    std::string name;  // the parameter's name (messages)
-    std::string op_name;
     at::Tensor tensor;
-    // Round state (guarded by mu).
-    int passes = 0;
-    bool submitted = false;
-    Handle handle;
-    at::Tensor reduced;  // what the allreduce writes: .grad, or a contiguous copy of it
-                         // (2bit/1bit: this rank's codes, allgathered)
+    at::Tensor reduced;  // the view the reducer writes: .grad, or a contiguous copy of it
     // Hooks.
     std::shared_ptr<autograd::Node> accumulator;
     uintptr_t post_id = 0;
@@ -65,71 +55,31 @@ struct DistributedOptimizer::Impl {
   };
 
   Impl(::torch::optim::Optimizer& o, const NamedTensors& named, Communicator& c,
-       DistributedOptimizerOptions opts);
+       const DistributedOptimizerOptions& opts);
   ~Impl();
+  static frontend::ReducerOptions reducer_options(const DistributedOptimizerOptions& o,
+                                                  const std::vector<std::string>& names);
   void install_hooks();
-  void before_accumulate(size_t i);
-  void on_grad_ready(size_t i);
-  void submit(size_t i);  // mu held
+  void submit(const std::vector<size_t>& ready);
   void synchronize(bool submit_missing);
 
   ::torch::optim::Optimizer& opt;
   Communicator& comm;
-  DistributedOptimizerOptions o;
-  // This rank reduces (it is in the process set, or there is none).
-  bool member = true;
   std::vector<Param> params;
-  mutable std::mutex mu;
-  bool synced = false;  // synchronize() ran since the last step() (mu)
-  // 2bit/1bit: the codec and every parameter's residual (used under mu).
-  std::unique_ptr<detail::CompressedGrads> codes;
-  int members = 0;  // ranks that reduce
-  Stats stats;      // (mu)
+  std::vector<std::string> names;
+  // The policy (frontend/gradient_reducer.h); here only tensors and hooks.
+  std::unique_ptr<frontend::GradientReducer> reducer;
+  mutable std::mutex mu;  // params' reduced tensors, synced, steps
+  bool synced = false;    // synchronize() ran since the last step()
+  int64_t steps = 0;
 };
 
 DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const NamedTensors& named,
-                                 Communicator& c, DistributedOptimizerOptions opts)
-    : opt(optimizer), comm(c), o(std::move(opts)) {
-  if (o.backward_passes_per_step < 1) {
-    throw InvalidArgument("DistributedOptimizer: backward_passes_per_step must be >= 1, got " +
-                          std::to_string(o.backward_passes_per_step));
-  }
-  if (o.op != collective::Reduction::kAverage && o.op != collective::Reduction::kSum) {
-    throw InvalidArgument("DistributedOptimizer: op must be average or sum, got " +
-                          std::string(collective::reduction_name(o.op)));
-  }
-  if (!(o.gradient_predivide_factor > 0) ||
-      (o.gradient_predivide_factor != 1.0 && o.op != collective::Reduction::kAverage)) {
-    throw InvalidArgument(
-        "DistributedOptimizer: gradient_predivide_factor must be > 0, and other than 1 only "
-        "with op average (it divides before the sum and multiplies the average back), got " +
-        std::to_string(o.gradient_predivide_factor));
-  }
-  std::set<int> members;
-  for (int r : o.process_set)
-    if (r < 0 || r >= comm.size() || !members.insert(r).second)
-      throw InvalidArgument("DistributedOptimizer: process_set names rank " + std::to_string(r) +
-                            (r < 0 || r >= comm.size()
-                                 ? " outside 0.." + std::to_string(comm.size() - 1)
-                                 : " twice"));
-  // A set of every rank is the global set: no member list to negotiate.
-  if (static_cast<int>(members.size()) == comm.size()) o.process_set.clear();
-  std::sort(o.process_set.begin(), o.process_set.end());
-  member = o.process_set.empty() || members.count(comm.rank()) > 0;
-  this->members = o.process_set.empty() ? comm.size() : static_cast<int>(o.process_set.size());
-  if (o.compression == Compression::kTwoBit || o.compression == Compression::kOneBit)
-    codes = std::make_unique<detail::CompressedGrads>(
-        o.compression == Compression::kTwoBit ? "2bit" : "1bit", o.compression_threshold);
+                                 Communicator& c, const DistributedOptimizerOptions& opts)
+    : opt(optimizer), comm(c) {
   std::unordered_map<const void*, std::string> name_of;
-  std::set<std::string> names;
-  for (const auto& [name, t] : named) {
-    if (!names.insert(name).second) {
-      throw InvalidArgument("DistributedOptimizer: the name '" + name +
-                            "' appears twice in named_parameters; names must be unique (they "
-                            "name the allreduces on every rank)");
-    }
+  for (const auto& [name, t] : named)
     if (t.defined()) name_of.emplace(t.unsafeGetTensorImpl(), name);
-  }
   std::set<const void*> seen;
   const auto& groups = opt.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -156,14 +106,50 @@ DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const Nam
         throw InvalidArgument("DistributedOptimizer: parameter '" + it->second +
                               "' is not a leaf tensor; optimizers train leaves");
       }
-      Param param;
-      param.name = it->second;
-      param.op_name = o.name_prefix + it->second;
-      param.tensor = p;
-      params.push_back(std::move(param));
+      params.emplace_back().tensor = p;
+      names.push_back(it->second);
     }
   }
+  // Duplicate names of named_parameters are refused even when unused.
+  std::set<std::string> all;
+  for (const auto& [name, t] : named) {
+    if (!all.insert(name).second) {
+      throw InvalidArgument("DistributedOptimizer: the name '" + name +
+                            "' appears twice in named_parameters; names must be unique (they "
+                            "name the allreduces on every rank)");
+    }
+  }
+  reducer = std::make_unique<frontend::GradientReducer>(comm, names, reducer_options(opts, names));
   install_hooks();
+}
+
+frontend::ReducerOptions DistributedOptimizer::Impl::reducer_options(
+    const DistributedOptimizerOptions& o, const std::vector<std::string>& names) {
+  frontend::ReducerOptions r;
+  r.backward_passes_per_step = o.backward_passes_per_step;
+  r.average_aggregated_gradients = o.average_aggregated_gradients;
+  r.op = o.op;
+  r.name_prefix = o.name_prefix;
+  static_assert(static_cast<int>(Compression::kOneBit) ==
+                static_cast<int>(frontend::GradCompression::kOneBit));  // the same order
+  r.compression = static_cast<frontend::GradCompression>(o.compression);
+  r.compression_threshold = o.compression_threshold;
+  r.process_set = o.process_set;
+  r.gradient_predivide_factor = o.gradient_predivide_factor;
+  r.num_groups = o.num_groups;
+  for (const auto& group : o.groups) {
+    std::vector<size_t> indices;
+    for (const auto& name : group) {
+      auto it = std::find(names.begin(), names.end(), name);
+      if (it == names.end()) {
+        throw InvalidArgument("DistributedOptimizer: groups names '" + name +
+                              "', which is not a parameter the optimizer reduces");
+      }
+      indices.push_back(static_cast<size_t>(it - names.begin()));
+    }
+    r.groups.push_back(std::move(indices));
+  }
+  return r;
 }
 
 DistributedOptimizer::Impl::~Impl() {
@@ -171,18 +157,7 @@ DistributedOptimizer::Impl::~Impl() {
     if (p.accumulator) p.accumulator->del_post_hook(p.post_id);
     if (p.has_pre) p.tensor.remove_hook(p.pre_id);
   }
-  // No reduction may write into a gradient after we are gone.
-  std::vector<Handle> pending;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& p : params)
-      if (p.submitted) pending.push_back(p.handle);
-  }
-  try {
-    wait_all(comm, pending);
-  } catch (const std::exception& e) {
-    PP_WARN("DistributedOptimizer: an allreduce in flight at destruction failed: {}", e.what());
-  }
+  reducer.reset();  // waits for reductions still writing into the tensors below
 }
 
 void DistributedOptimizer::Impl::install_hooks() {
@@ -190,141 +165,96 @@ void DistributedOptimizer::Impl::install_hooks() {
     Param& p = params[i];
     // Before accumulation: a pass too many is refused before it touches a
     // gradient that is being reduced.
-    p.pre_id = p.tensor.register_hook([this, i](const at::Tensor&) { before_accumulate(i); });
+    p.pre_id =
+        p.tensor.register_hook([this, i](const at::Tensor&) { reducer->before_accumulate(i); });
     p.has_pre = true;
     p.accumulator = autograd::impl::grad_accumulator(p.tensor);
     if (p.accumulator) {
       p.post_id = p.accumulator->add_post_hook(
-          std::make_unique<GradReadyHook>([this, i] { on_grad_ready(i); }));
+          std::make_unique<GradReadyHook>([this, i] { submit(reducer->grad_ready(i)); }));
     }
   }
 }
 
-void DistributedOptimizer::Impl::before_accumulate(size_t i) {
-  std::lock_guard<std::mutex> lock(mu);
-  if (params[i].submitted) {
-    throw InvalidArgument(
-        "DistributedOptimizer: parameter '" + params[i].name + "' got a gradient from more than " +
-        std::to_string(o.backward_passes_per_step) +
-        " backward pass(es) before step(); its allreduce is already running. Call step() (or "
-        "synchronize()) after every backward_passes_per_step backward passes, or raise "
-        "DistributedOptimizerOptions::backward_passes_per_step to accumulate more locally");
-  }
+// Checks a gradient before the reducer sees it ("" when fine).
+static std::string grad_problem(const at::Tensor& g, const at::Tensor& param) {
+  std::string problem = layout_problem(g, false);
+  if (problem.empty() && (g.sizes() != param.sizes() || g.scalar_type() != param.scalar_type()))
+    problem = "but the parameter is " + describe(param);
+  return problem;
 }
 
-void DistributedOptimizer::Impl::on_grad_ready(size_t i) {
+// The reducer handed these parameters out: their gradients as views. On an
+// error the rest go back to the reducer (synchronize() submits them).
+void DistributedOptimizer::Impl::submit(const std::vector<size_t>& ready) {
   std::lock_guard<std::mutex> lock(mu);
-  Param& p = params[i];
-  if (!member || p.submitted || ++p.passes < o.backward_passes_per_step) return;
-  submit(i);
-  ++stats.hook_allreduces;
-}
-
-void DistributedOptimizer::Impl::submit(size_t i) {
-  Param& p = params[i];
-  at::Tensor g = p.tensor.grad();
-  if (!g.defined()) {
-    // Unused on this rank (maybe used on another): contribute zeros, so every
-    // rank submits every name and nobody stalls (Horovod does the same).
-    p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-    g = p.tensor.grad();
+  for (size_t k = 0; k < ready.size(); ++k) {
+    Param& p = params[ready[k]];
+    try {
+      if (!p.tensor.grad().defined()) {
+        // Unused on this rank (maybe used on another): contribute zeros, so every
+        // rank submits every name and nobody stalls (Horovod does the same).
+        p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+      }
+      const at::Tensor& g = p.tensor.grad();
+      if (auto problem = grad_problem(g, p.tensor); !problem.empty()) {
+        throw InvalidArgument("DistributedOptimizer: the gradient of '" + names[ready[k]] + "', " +
+                              describe(g) + ", " + problem);
+      }
+      p.reduced = g.is_contiguous() ? g : g.contiguous();
+      reducer->submit(ready[k], view_of(p.reduced));
+    } catch (...) {
+      p.reduced = at::Tensor();
+      for (size_t j = k; j < ready.size(); ++j)
+        reducer->hand_back(ready[j]);
+      throw;
+    }
   }
-  if (auto problem = layout_problem(g, false); !problem.empty()) {
-    throw InvalidArgument("DistributedOptimizer: the gradient of '" + p.name + "', " + describe(g) +
-                          ", " + problem);
-  }
-  if (g.sizes() != p.tensor.sizes() || g.scalar_type() != p.tensor.scalar_type()) {
-    throw InvalidArgument("DistributedOptimizer: the gradient of '" + p.name + "' is " +
-                          describe(g) + " but the parameter is " + describe(p.tensor));
-  }
-  at::NoGradGuard no_grad;
-  double scale = 1.0 / o.gradient_predivide_factor;
-  if (o.average_aggregated_gradients && o.backward_passes_per_step > 1)
-    scale /= o.backward_passes_per_step;
-  if (codes) {  // 2bit/1bit: codes cannot be summed on the way; every rank sums them all
-    p.reduced = codes->encode(i, g, scale);
-    p.handle = comm.allgather_async(p.op_name, view_of(p.reduced), o.process_set);
-    p.submitted = true;
-    return;
-  }
-  const bool fp16 = o.compression == Compression::kFp16 &&
-                    (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
-  // fp16: a half-size copy travels (synchronize() casts the result back).
-  p.reduced = fp16 ? g.to(at::kHalf).contiguous() : (g.is_contiguous() ? g : g.contiguous());
-  if (scale != 1.0) p.reduced.mul_(scale);
-  p.handle = comm.allreduce_async(p.op_name, view_of(p.reduced), view_of(p.reduced), o.op,
-                                  o.process_set, o.gradient_predivide_factor);
-  p.submitted = true;
 }
 
 void DistributedOptimizer::Impl::synchronize(bool submit_missing) {
-  std::vector<Handle> handles;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (submit_missing && !member) {
-      // Outside the process set: the optimizer is local; only the passes
-      // of accumulated gradients are averaged, as a member's would be.
-      if (o.average_aggregated_gradients && o.backward_passes_per_step > 1) {
-        at::NoGradGuard no_grad;
-        for (auto& p : params)
-          if (p.tensor.grad().defined())
-            p.tensor.mutable_grad().mul_(1.0 / o.backward_passes_per_step);
-      }
+  if (!reducer->active()) {
+    // Outside the process set: the optimizer is local; only the passes
+    // of accumulated gradients are averaged, as a member's would be.
+    if (submit_missing && reducer->local_scale() != 1.0) {
+      at::NoGradGuard no_grad;
       for (auto& p : params)
-        p.passes = 0;
-      synced = true;
-      return;
+        if (p.tensor.grad().defined()) p.tensor.mutable_grad().mul_(reducer->local_scale());
     }
-    if (submit_missing) {
-      // Check every gradient before submitting any, so a bad one starts nothing.
-      for (auto& p : params) {
-        if (p.submitted || !p.tensor.grad().defined()) continue;
-        const at::Tensor& g = p.tensor.grad();
-        if (auto problem = layout_problem(g, false); !problem.empty()) {
-          throw InvalidArgument("DistributedOptimizer: the gradient of '" + p.name + "', " +
+    reducer->synchronize();
+    std::lock_guard<std::mutex> lock(mu);
+    synced = submit_missing || synced;
+    return;
+  }
+  if (submit_missing) {
+    // Check every gradient before submitting any, so a bad one starts nothing.
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& g = params[i].tensor.grad();
+        if (params[i].reduced.defined() || !g.defined()) continue;
+        if (auto problem = grad_problem(g, params[i].tensor); !problem.empty()) {
+          throw InvalidArgument("DistributedOptimizer: the gradient of '" + names[i] + "', " +
                                 describe(g) + ", " + problem);
         }
       }
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (params[i].submitted) continue;
-        submit(i);
-        ++stats.sync_allreduces;
-      }
     }
-    for (auto& p : params)
-      if (p.submitted) handles.push_back(p.handle);
+    submit(reducer->take_unsubmitted());
   }
-  double waited = 0;
   std::exception_ptr error;
   try {
-    waited = wait_all(comm, handles);
+    reducer->synchronize();
   } catch (...) {
     error = std::current_exception();
   }
   std::lock_guard<std::mutex> lock(mu);
-  // 2bit/1bit: the sum of every rank's codes, averaged as the allreduce would.
-  const double post =
-      o.op == collective::Reduction::kAverage ? o.gradient_predivide_factor / members : 1.0;
   for (auto& p : params) {
-    if (!p.submitted) continue;
-    try {
-      if (!error && codes) {
-        at::NoGradGuard no_grad;
-        p.tensor.mutable_grad().copy_(
-            codes->sum(comm.take_output(p.handle), members, p.tensor, post));
-      } else if (!error && p.reduced.data_ptr() != p.tensor.grad().data_ptr()) {
-        at::NoGradGuard no_grad;
-        p.tensor.mutable_grad().copy_(p.reduced);
-      }
-    } catch (...) {  // other settings on another rank: reported once every parameter is reset
-      if (!error) error = std::current_exception();
+    if (!error && p.reduced.defined() && p.reduced.data_ptr() != p.tensor.grad().data_ptr()) {
+      at::NoGradGuard no_grad;
+      p.tensor.mutable_grad().copy_(p.reduced);
     }
-    p.submitted = false;
-    p.passes = 0;
-    p.handle = Handle();
     p.reduced = at::Tensor();
   }
-  stats.wait_seconds += waited;
   synced = submit_missing || synced;
   if (error) std::rethrow_exception(error);
 }
@@ -358,7 +288,7 @@ void DistributedOptimizer::step() {
   impl_->opt.step();
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->synced = false;
-  ++impl_->stats.steps;
+  ++impl_->steps;
 }
 
 void DistributedOptimizer::synchronize() {
@@ -366,16 +296,10 @@ void DistributedOptimizer::synchronize() {
 }
 
 void DistributedOptimizer::zero_grad() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    for (const auto& p : impl_->params) {
-      if (p.submitted) {
-        throw InvalidArgument(
-            "DistributedOptimizer::zero_grad: the allreduce of '" + p.name +
-            "' is still running (zero_grad() after backward() but before step() or "
-            "synchronize()); call step() or synchronize() first");
-      }
-    }
+  if (impl_->reducer->pending()) {
+    throw InvalidArgument(
+        "DistributedOptimizer::zero_grad: allreduces are still running (zero_grad() after "
+        "backward() but before step() or synchronize()); call step() or synchronize() first");
   }
   impl_->opt.zero_grad();
 }
@@ -390,8 +314,12 @@ size_t DistributedOptimizer::num_parameters() const {
   return impl_->params.size();
 }
 DistributedOptimizer::Stats DistributedOptimizer::stats() const {
+  const auto r = impl_->reducer->stats();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  return {.steps = impl_->steps,
+          .hook_allreduces = r.hook_reductions,
+          .sync_allreduces = r.sync_reductions,
+          .wait_seconds = r.wait_seconds};
 }
 
 }  // namespace pushpull::torch

@@ -109,9 +109,10 @@ Trainer::Impl::Impl(std::vector<ParameterList> reps, OptimizerSpec s, KVStore& s
   auto checked = create_optimizer(spec);
   if (!opt.update_on_kvstore) local_optimizer = std::move(checked);
   make_units();
-  ready.assign(n, 0);
-  complete.assign(units.size(), 0);
-  pushed.assign(units.size(), 0);
+  std::vector<std::vector<size_t>> members;
+  for (const auto& u : units)
+    members.push_back(u.members);
+  schedule = std::make_unique<frontend::PushSchedule>(members, n, k, opt.push_from_hooks);
   handles.resize(units.size());
   install_hooks();
 }
@@ -186,26 +187,21 @@ void Trainer::Impl::install_hooks() {
 }
 
 void Trainer::Impl::on_grad_ready(size_t i, int d) {
-  const size_t u = unit_of[i];
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!armed) return;
-    if (++ready[i] > k) {
-      throw InvalidArgument("Trainer: " + where(i, key_label(i), d) +
-                            " got a second gradient before step(); the Trainer pushes each "
-                            "gradient as soon as it is ready, so for gradient accumulation over "
-                            "several backward passes set TrainerOptions::push_from_hooks = false");
-    }
-    if (ready[i] < k) return;
-    if (++complete[u] < units[u].members.size()) return;
-    pushed[u] = 1;
+  // When to push: frontend/push_schedule.h (the Python Trainer's too).
+  const auto ready = schedule->grad_ready(i);
+  if (ready.what == frontend::PushSchedule::Ready::kSecond) {
+    throw InvalidArgument("Trainer: " + where(i, key_label(i), d) +
+                          " got a second gradient before step(); the Trainer pushes each "
+                          "gradient as soon as it is ready, so for gradient accumulation over "
+                          "several backward passes set TrainerOptions::push_from_hooks = false");
   }
+  if (ready.what != frontend::PushSchedule::Ready::kPush) return;
+  const size_t u = ready.unit;
   KVHandle h;
   try {
     h = exchange(u, gradients(u));
   } catch (...) {
-    std::lock_guard<std::mutex> lock(mu);
-    pushed[u] = 0;  // step() retries and reports the problem
+    schedule->push_failed(u);  // step() retries and reports the problem
     throw;
   }
   std::lock_guard<std::mutex> lock(mu);
@@ -244,11 +240,8 @@ void Trainer::Impl::step(int64_t batch_size) {
     Impl* self;
     ~RoundReset() {
       std::lock_guard<std::mutex> lock(self->mu);
-      std::fill(self->ready.begin(), self->ready.end(), 0);
-      std::fill(self->complete.begin(), self->complete.end(), 0);
-      std::fill(self->pushed.begin(), self->pushed.end(), 0);
       std::fill(self->handles.begin(), self->handles.end(), KVHandle());
-      self->armed = self->opt.push_from_hooks;
+      self->schedule->end_round();
     }
   } reset{this};
 
@@ -256,14 +249,14 @@ void Trainer::Impl::step(int64_t batch_size) {
   std::vector<KVHandle> exchanges(m);
   {
     std::lock_guard<std::mutex> lock(mu);
-    armed = false;  // no hook may push while step() runs
+    schedule->disarm();  // no hook may push while step() runs
     // Check every gradient before pushing any, so a bad one changes nothing.
     std::vector<ArrayList> lists(m);
     for (size_t u = 0; u < m; ++u) {
-      if (!pushed[u]) lists[u] = gradients(u);
+      if (!schedule->pushed(u)) lists[u] = gradients(u);
     }
     for (size_t u = 0; u < m; ++u) {
-      if (pushed[u]) {
+      if (schedule->pushed(u)) {
         exchanges[u] = handles[u];
       } else {
         exchanges[u] = exchange(u, lists[u]);

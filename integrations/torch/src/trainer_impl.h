@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "pushpull/frontend/push_schedule.h"
 #include "pushpull/torch/trainer.h"
 
 namespace pushpull::torch {
@@ -89,10 +90,8 @@ struct Trainer::Impl {
 
   // Round state, shared with the hooks (several backward threads).
   mutable std::mutex mu;
-  bool armed = false;             // hooks push (guarded by mu)
-  std::vector<int> ready;         // replicas whose gradient of parameter i is in (mu)
-  std::vector<size_t> complete;   // parameters of unit u with every gradient in (mu)
-  std::vector<uint8_t> pushed;    // per unit (mu)
+  // When a hook pushes which unit (frontend/push_schedule.h; its own lock).
+  std::unique_ptr<frontend::PushSchedule> schedule;
   std::vector<KVHandle> handles;  // per unit: push handles of this round (mu)
   Stats stats;                    // (mu)
 

@@ -8,60 +8,30 @@
 #include <cstring>
 
 #include "pushpull/error.h"
+#include "pushpull/frontend/key_packing.h"
 #include "trainer_impl.h"
 
 namespace pushpull::torch {
 
 using namespace trainer_detail;
 
-namespace {
-
-// The parameters of each store key: a parameter of at least `fuse_below`
-// bytes alone, smaller ones packed in order into groups of at most
-// `bucket_bytes`; ordered by first member (as the Python Trainer packs).
-std::vector<std::vector<size_t>> pack_groups(const ParameterList& params, int64_t fuse_below,
-                                             int64_t bucket_bytes) {
-  std::vector<std::vector<size_t>> groups;
-  std::vector<size_t> bucket;
-  int64_t size = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t nbytes = params[i].numel() * static_cast<int64_t>(sizeof(float));
-    if (nbytes >= fuse_below) {
-      groups.push_back({i});
-      continue;
-    }
-    if (!bucket.empty() && size + nbytes > bucket_bytes) {
-      groups.push_back(std::move(bucket));
-      bucket.clear();
-      size = 0;
-    }
-    bucket.push_back(i);
-    size += nbytes;
-  }
-  if (!bucket.empty()) groups.push_back(std::move(bucket));
-  std::sort(groups.begin(), groups.end());
-  return groups;
-}
-
-}  // namespace
-
 void Trainer::Impl::make_units() {
   unit_of.assign(n, 0);
-  for (auto& members : pack_groups(replicas[0], opt.fuse_below, opt.bucket_bytes)) {
+  std::vector<int64_t> numels;
+  for (const auto& p : replicas[0])
+    numels.push_back(p.numel());
+  // The keys (packing and assignment): frontend/key_packing.h, as the Python Trainer's.
+  for (auto& k_unit : frontend::pack_keys(numels, opt.key_base, opt.fuse_below, opt.bucket_bytes)) {
     Unit u;
-    u.key = Key(opt.key_base + static_cast<int64_t>(members[0]));
-    u.members = std::move(members);
+    u.key = Key(k_unit.key);
+    u.members = std::move(k_unit.members);
     const auto cpu_float = at::TensorOptions().dtype(at::kFloat);
     if (u.packed()) {
-      int64_t numel = 0;
-      for (size_t i : u.members) {
-        u.offsets.push_back(numel);
-        numel += replicas[0][i].numel();
-      }
+      u.offsets = std::move(k_unit.offsets);
       for (int d = 0; d < k; ++d)
-        u.grads.push_back(at::empty({numel}, cpu_float));
-      u.value = at::empty({numel}, cpu_float);
-      if (!opt.update_on_kvstore) u.weight = at::empty({numel}, cpu_float);
+        u.grads.push_back(at::empty({k_unit.numel}, cpu_float));
+      u.value = at::empty({k_unit.numel}, cpu_float);
+      if (!opt.update_on_kvstore) u.weight = at::empty({k_unit.numel}, cpu_float);
     } else if (!opt.update_on_kvstore) {
       u.value = at::empty_like(replicas[0][u.members[0]].detach());
     }

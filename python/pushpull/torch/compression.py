@@ -52,34 +52,23 @@ class FP16Compressor(Compressor):
 
 
 class GatheredCompressor:
-    """1bit/2bit for DistributedOptimizer: ``encode`` a gradient plus its
-    residual (one per parameter name, kept here, so use one instance per
-    optimizer), allgather the codes, ``sum`` every rank's. Pass the class
-    (threshold 0.5) or an instance: ``Compression.onebit(threshold=0.25)``.
-    Every rank must use the same type and threshold (else InvalidArgument
-    from synchronize() on every rank)."""
+    """1bit/2bit for DistributedOptimizer: each rank's gradient plus its
+    residual is encoded, the codes are allgathered and every rank sums them
+    (the C++ GradientReducer does all of it, keeping one residual per
+    parameter, so use one instance per optimizer). Pass the class (threshold
+    0.5) or an instance: ``Compression.onebit(threshold=0.25)``. Every rank
+    must use the same type and threshold (else InvalidArgument from
+    synchronize() on every rank)."""
     gathers = True
     type = None  # '2bit' or '1bit' in the subclasses
 
     def __init__(self, threshold=0.5):
-        self._codec = GradientCompressor({'type': self.type, 'threshold': repr(float(threshold))})
-        self._ids = {}
+        self.threshold = float(threshold)
+        # Checks the threshold now (InvalidArgument), with the stores' parser.
+        self._codec = GradientCompressor({'type': self.type, 'threshold': repr(self.threshold)})
 
     def describe(self):
         return self._codec.describe()
-
-    def encode(self, name, tensor):
-        """The codes (a uint8 tensor) of ``tensor`` (any float dtype, CPU)."""
-        grad = tensor.detach().to(torch.float32).contiguous().reshape(-1).numpy()
-        key = self._ids.setdefault(name, len(self._ids))
-        return torch.from_numpy(self._codec.encode(key, grad))
-
-    def sum(self, gathered, ranks, like):
-        """The rank-order sum of ``ranks`` ranks' codes (an allgather's output),
-        as a float32 tensor shaped like ``like``."""
-        codes = gathered.contiguous().numpy()
-        out = self._codec.sum_gathered(codes, ranks, like.numel())
-        return torch.from_numpy(out).reshape(like.shape)
 
     @staticmethod
     def compress(tensor):

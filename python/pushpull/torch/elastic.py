@@ -55,12 +55,6 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-def _max_allreduce(value, name):
-    t = torch.tensor([int(value)], dtype=torch.int64)
-    ops.allreduce_(t, name=name, op=ops.Max)
-    return int(t.item())
-
-
 def _broadcast_object(obj, name):
     """rank 0's ``obj`` on every rank, under a fixed name (ranks that just joined count their
     automatic names from zero, so elastic syncs never use automatic names)."""
@@ -68,57 +62,23 @@ def _broadcast_object(obj, name):
     return broadcast_object(obj, 0, name=name)
 
 
-class State(object):
+class State(_e.State):
     """Horovod's State: what a worker carries across a re-formation.
 
     Subclasses implement ``save`` (live -> saved copy), ``restore`` (saved -> live) and
-    ``sync`` (everyone's live and saved values <- rank 0's)."""
+    ``sync`` (everyone's live and saved values <- rank 0's). The rest is the C++ state
+    machine of include/pushpull/elastic.h (the libtorch elastic API's too):
+    ``commit()`` (save, then ``check_host_updates()``, which raises
+    ``HostsUpdatedInterrupt`` on every rank at the same commit once the launcher announced
+    a host change), ``register_reset_callbacks``, ``on_reset``, ``on_hosts_updated``."""
 
     def __init__(self, bcast_object=None, get_rank=None):
+        super().__init__()
         if bcast_object is None:
             self._bcast_object = _broadcast_object
         else:  # Horovod's signature: bcast_object(obj)
             self._bcast_object = lambda obj, name: bcast_object(obj)
         self._rank = get_rank or _c.rank
-        self._reset_callbacks = []
-        self._last_updated_timestamp = 0
-
-    def register_reset_callbacks(self, callbacks):
-        """Callbacks run after every re-formation (a worker added or removed), in
-        registration order; e.g. to rescale the learning rate by the new ``size()``."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self):
-        for callback in self._reset_callbacks:
-            callback()
-
-    def on_hosts_updated(self, timestamp, update_res=None):
-        # Kept for scripts that call it; the launcher's notices arrive through _e.
-        self._last_notice = max(getattr(self, '_last_notice', 0), int(timestamp))
-
-    def commit(self):
-        """Saves the state (host memory), then ``check_host_updates()``. Commits copy every
-        tracked tensor: commit every few batches, trading copy time against the work lost
-        when a worker fails."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self):
-        """Raises ``HostsUpdatedInterrupt`` on every rank once the launcher announced a host
-        change to any of them (the ranks agree through a max-allreduce, so all raise at the
-        same commit). Collective: every rank calls it at the same point."""
-        seen = max(self._last_updated_timestamp, _e.hosts_stamp(), getattr(self, '_last_notice', 0))
-        agreed = _max_allreduce(seen, 'elastic.hosts') if _c.size() > 1 else seen
-        if agreed > self._last_updated_timestamp:
-            self._last_updated_timestamp = agreed
-            raise HostsUpdatedInterrupt(False)
-
-    def _agree_hosts(self):
-        # A member that just joined has agreed on no change yet: adopt the newest any member
-        # has, so the next check raises on every rank or on none.
-        mine = max(self._last_updated_timestamp, _e.round_hosts_stamp())
-        self._last_updated_timestamp = _max_allreduce(mine, 'elastic.hosts') \
-            if _c.size() > 1 else mine
 
     def save(self):
         raise NotImplementedError()
@@ -193,19 +153,10 @@ class ModelStateHandler(StateHandler):
 
 
 def _quiesce_distributed_optimizer(opt):
-    """A pushpull DistributedOptimizer interrupted by a failure holds handles of the old
-    group's allreduces: drop them (they failed) and re-arm its hooks for the new size."""
-    if hasattr(opt, '_handles'):
-        opt._handles.clear()
-    if hasattr(opt, '_allreduce_delay'):
-        for p in list(opt._allreduce_delay):
-            opt._allreduce_delay[p] = opt.backward_passes_per_step
-    if hasattr(opt, '_synchronized'):
-        opt._synchronized = False
-    # Built in a world of one, it registered no hooks: register them now that it is not.
-    if hasattr(opt, '_register_hooks') and not getattr(opt, '_grad_accs', None) \
-            and _c.size() > 1:
-        opt._register_hooks()
+    """A pushpull DistributedOptimizer interrupted by a failure holds reductions of the old
+    group (they failed): it drops them and starts its round afresh over the new group."""
+    if hasattr(opt, '_quiesce'):
+        opt._quiesce()
 
 
 class OptimizerStateHandler(StateHandler):
@@ -409,27 +360,12 @@ def run(func):
 def _run_fn(func, reset):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                state._agree_hosts()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as e:
-                skip_sync = e.skip_sync
-            # A member failing while the group re-forms is one more failure: re-form again
-            # (what ends the job, a refusal of the launcher, is not a PeerFailure).
-            while True:
-                try:
-                    reset()
-                    break
-                except HorovodInternalError:
-                    continue
-            state.on_reset()
+        # The loop is the C++ one (include/pushpull/elastic.h): sync, agree on the hosts,
+        # func; restore on a member's failure (HorovodInternalError), keep the state on a
+        # host change; re-form with reset() (again while members fail), reset callbacks.
+        result = []
+        _e.run(state, lambda: result.append(func(state, *args, **kwargs)), reset)
+        return result[0]
     return wrapper
 
 

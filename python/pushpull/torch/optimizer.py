@@ -1,13 +1,19 @@
 """DistributedOptimizer: Horovod's gradient-averaging optimizer wrapper.
 
-Each parameter's gradient is allreduced as soon as autograd has accumulated it
+Each parameter's gradient is reduced as soon as autograd has accumulated it
 (a hook on the parameter's AccumulateGrad node, Horovod's trick for torch 1.x,
 which has no tensor-level post-accumulate hook), so communication overlaps the
-rest of the backward pass; ``step()`` waits for the outstanding allreduces and
+rest of the backward pass; ``step()`` waits for the outstanding reductions and
 then runs the wrapped optimizer's update.
 
+The policy (names, backward_passes_per_step, groups, process sets, predivide,
+compression none/fp16/2bit/1bit) is the C++ GradientReducer that the libtorch
+DistributedOptimizer uses too (include/pushpull/frontend/gradient_reducer.h,
+bound as ``_pushpull.collective.GradientReducer``); this file keeps the torch
+glue: hooks, tensors, sparse gradients, custom compressors, Horovod's API.
+
 Threading: autograd runs the hooks on the thread that called backward(); the
-allreduces themselves run on the engine's thread.
+reductions themselves run on the engine's thread.
 """
 
 import contextlib
@@ -16,42 +22,46 @@ import warnings
 import torch
 
 from pushpull._pushpull import InvalidArgument
+from pushpull._pushpull import collective as _c
 from . import ops
-from .compression import Compression, GatheredCompressor
+from .compression import Compression, FP16Compressor, GatheredCompressor, NoneCompressor
 from .process_sets import ProcessSet
 from .sparse import sparse_allreduce_async
+
+
+def _codec_of(compression):
+    """(the reducer's compression, threshold, a custom compressor or None)."""
+    if isinstance(compression, type) and issubclass(compression, GatheredCompressor):
+        compression = compression()  # the residuals belong to this optimizer
+    if isinstance(compression, GatheredCompressor):
+        return compression.type, compression.threshold, None
+    kind = compression if isinstance(compression, type) else type(compression)
+    if issubclass(kind, NoneCompressor):
+        return 'none', 0.5, None
+    if issubclass(kind, FP16Compressor):
+        return 'fp16', 0.5, None
+    return 'none', 0.5, compression  # the user's: compress/decompress around the reduction
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, groups):
         super(self.__class__, self).__init__(params)
-        if isinstance(compression, type) and issubclass(compression, GatheredCompressor):
-            compression = compression()  # the residuals belong to this optimizer
-        self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         # As Horovod: on a rank outside ``process_set`` the optimizer is a plain
-        # local one (no hooks, no communication); a set must be registered.
-        self._member = not isinstance(process_set, ProcessSet) or process_set.included()
-        if self._member:
-            ops._scope(process_set, 'DistributedOptimizer')
+        # local one (no communication); a set must be registered.
+        members, prefix = [], ''
+        if not isinstance(process_set, ProcessSet) or process_set.included():
+            members, prefix, _ = ops._scope(process_set, 'DistributedOptimizer')
+        elif process_set is not None:
+            members = process_set._members()
         self.backward_passes_per_step = backward_passes_per_step
         if op is ops.Adasum:
             raise InvalidArgument(
                 'DistributedOptimizer: op=Adasum is not supported (Horovod implements it for MPI '
                 'and NCCL builds only); use op=Average (or Sum)')
-        if gradient_predivide_factor != 1.0 and op != ops.Average:
-            raise InvalidArgument(
-                'DistributedOptimizer: gradient_predivide_factor needs op=Average')
         self.op = op
-        self._prescale = 1.0
-        self._postscale = 1.0
-        if gradient_predivide_factor != 1.0:
-            # Horovod's split of the average: sum g/f, then multiply by f/size.
-            self.op = ops.Sum
-            self._prescale = 1.0 / gradient_predivide_factor
-            self._postscale = gradient_predivide_factor / self._set_size()
 
         all_params = [p for group in self.param_groups for p in group['params']]
         if named_parameters is not None:
@@ -65,7 +75,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if duplicates:
                 raise InvalidArgument(
                     'DistributedOptimizer: parameter names are not unique: %s' % duplicates)
-            self._parameter_names = {p: 'grad.%s' % name for name, p in named_parameters}
+            self._parameter_names = {p: name for name, p in named_parameters}
             unnamed = [i for i, p in enumerate(all_params) if p not in self._parameter_names]
             if unnamed:
                 raise InvalidArgument(
@@ -73,77 +83,60 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     'parameters at positions %s are not in it; pass model.named_parameters() of '
                     'the model whose parameters the optimizer updates' % unnamed)
         else:
-            self._parameter_names = {p: 'grad.noname.%d' % i for i, p in enumerate(all_params)}
+            self._parameter_names = {p: 'noname.%d' % i for i, p in enumerate(all_params)}
 
-        self._group_of = _group_map(groups, all_params)
-        self._group_ready = {}
-        self._handles = {}
+        # The reduced parameters (the reducer's indices): those that need a gradient.
+        self._params = []
+        for p in all_params:
+            if p.requires_grad and not any(p is q for q in self._params):
+                self._params.append(p)
+        kind, threshold, self._custom = _codec_of(compression)
+        index_groups, num_groups = _group_indices(groups, all_params, self._params)
+        self._reducer = _c.GradientReducer(
+            [self._parameter_names[p] for p in self._params], members, prefix + 'grad.', op,
+            backward_passes_per_step, gradient_predivide_factor, kind, threshold, index_groups,
+            num_groups)
+        self._copies = {}    # index: (tensor reduced, context, kind) when not p.grad itself
+        self._external = {}  # index: a sparse allgather's handle
         self._grad_accs = []
-        self._requires_update = set()
-        self._allreduce_delay = {}
         self._synchronized = False
         self._should_synchronize = True
-        if self._set_size() > 1:
-            self._register_hooks()
-
-    def _set_size(self):
-        """Ranks averaging with this one: 1 outside the process set."""
-        if not self._member:
-            return 1
-        return ops._c.size() if self._process_set is None else self._process_set.size()
+        self._register_hooks()
 
     # ---- hooks ------------------------------------------------------------------
 
     def _register_hooks(self):
-        for group in self.param_groups:
-            for p in group['params']:
-                if not p.requires_grad:
-                    continue
-                self._requires_update.add(p)
-                self._allreduce_delay[p] = self.backward_passes_per_step
-                # expand_as gives a view whose grad_fn leads to p's AccumulateGrad
-                # node; keeping the node alive keeps the hook registered.
-                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                grad_acc.register_hook(self._make_hook(p))
-                self._grad_accs.append(grad_acc)
+        for i, p in enumerate(self._params):
+            # expand_as gives a view whose grad_fn leads to p's AccumulateGrad
+            # node; keeping the node alive keeps the hook registered.
+            grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            grad_acc.register_hook(self._make_hook(i))
+            self._grad_accs.append(grad_acc)
 
-    def _make_hook(self, p):
+    def _make_hook(self, i):
         def hook(*unused):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise InvalidArgument(
-                        'DistributedOptimizer: gradients were computed more than '
-                        'backward_passes_per_step=%d times before step(); increase '
-                        'backward_passes_per_step to accumulate gradients locally'
-                        % self.backward_passes_per_step)
-            handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            self._handles[p] = (handle, ctx)
-            if self._allreduce_delay[p] == 0:
-                group = self._group_of.get(p)
-                if group is None:
-                    self._handles[p] = self._allreduce_grad_async(p)
-                else:  # submitted together once every member's gradient is ready
-                    ready = self._group_ready.setdefault(id(group), set())
-                    ready.add(p)
-                    if len(ready) == sum(1 for q in group if q in self._requires_update):
-                        self._submit_group(group)
+            self._reducer.before_accumulate(i)
+            self._submit(self._reducer.grad_ready(i))
         return hook
 
-    def _submit_group(self, group):
-        """Starts the allreduces of a group's members at once (the engine fuses
-        them: Horovod's grouped allreduce), in the group's order."""
-        self._group_ready.pop(id(group), None)
-        for q in group:
-            if q in self._requires_update:
-                self._handles[q] = self._allreduce_grad_async(q)
+    def _submit(self, indices):
+        """Starts the reductions the reducer handed out; on an error the rest
+        go back to it (synchronize() submits them)."""
+        for k, i in enumerate(indices):
+            try:
+                self._submit_one(i)
+            except BaseException:
+                for j in indices[k:]:
+                    self._copies.pop(j, None)
+                    self._reducer.hand_back(j)
+                raise
 
-    def _allreduce_grad_async(self, p):
+    def _submit_one(self, i):
+        p = self._params[i]
         if p.grad is None:
             # Unused this step on this rank: contribute zeros so every rank
             # submits the same names.
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        name = self._parameter_names[p]
         grad = p.grad
         if grad.is_sparse:
             if not self._sparse_as_dense:
@@ -151,62 +144,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if self.op not in (ops.Average, ops.Sum):
                     raise InvalidArgument('DistributedOptimizer: sparse gradients need op=Average '
                                           'or Sum (or sparse_as_dense=True)')
-                return sparse_allreduce_async(grad, name=name, op=self.op,
-                                              process_set=self._process_set), 'sparse'
-            # Densified for the allreduce only; synchronize() gives the wrapped
+                self._external[i] = sparse_allreduce_async(
+                    grad, name='grad.' + self._parameter_names[p], op=self.op,
+                    process_set=self._process_set)
+                return
+            # Densified for the reduction only; synchronize() gives the wrapped
             # optimizer a sparse gradient back (as Horovod: SparseAdam needs one).
-            grad = grad.to_dense()
-        if getattr(self._compression, 'gathers', False):
-            # 1bit/2bit: every rank's codes, summed by each rank in synchronize().
-            codes = self._compression.encode(name, grad * self._prescale
-                                             if self._prescale != 1.0 else grad)
-            return ops.allgather_async(codes, name=name, process_set=self._process_set), \
-                ('codes', grad is not p.grad)
-        compressed, ctx = self._compression.compress(grad)
-        handle = ops.allreduce_async_(compressed, name=name, op=self.op,
-                                      prescale_factor=self._prescale,
-                                      postscale_factor=self._postscale,
-                                      process_set=self._process_set)
-        return handle, (ctx, grad is not p.grad)
+            self._copies[i] = (grad.to_dense(), None, 'sparse')
+        elif self._custom is not None:
+            sent, ctx = self._custom.compress(grad)
+            self._copies[i] = (sent.contiguous(), ctx, 'custom')
+        elif not grad.is_contiguous():
+            self._copies[i] = (grad.contiguous(), None, 'copy')
+        ops._check(self._copies[i][0] if i in self._copies else grad, 'gradient')
+        self._reducer.submit(i, ops._raw(self._copies[i][0] if i in self._copies else grad))
+
+    def _quiesce(self):
+        """An elastic reset (elastic.py): the old group failed the reductions in
+        flight; start the round afresh (the reducer uses the new session)."""
+        self._reducer.abandon()
+        self._copies.clear()
+        self._external.clear()
+        self._synchronized = False
 
     # ---- Horovod's public methods -------------------------------------------------
 
     def synchronize(self):
-        """Waits for every gradient's allreduce (starting those whose hooks did
+        """Waits for every gradient's reduction (starting those whose hooks did
         not fire) and writes the averaged gradients into ``p.grad``."""
-        if self._set_size() == 1:
+        if not self._reducer.active:
+            self._reducer.synchronize()  # a new round of passes
             self._synchronized = True
             return
         # Whatever the hooks did not start, in parameter order (the same on
         # every rank); a group goes whole.
-        for p in [q for group in self.param_groups for q in group['params']]:
-            if p not in self._requires_update or self._handles.get(p, (None,))[0] is not None:
-                continue
-            group = self._group_of.get(p)
-            if group is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-            else:
-                self._submit_group(group)
-        self._group_ready.clear()
-        for p, (handle, ctx) in self._handles.items():
-            output = ops.synchronize(handle)
-            self._allreduce_delay[p] = self.backward_passes_per_step
-            if ctx == 'sparse':
-                p.grad = output.coalesce()
-                continue
-            ctx, densified = ctx
-            if ctx == 'codes':
-                grad = self._compression.sum(output, self._set_size(), p.grad)
-                if self.op == ops.Average:
-                    grad /= self._set_size()
-                grad *= self._postscale
-            else:
-                grad = self._compression.decompress(output, ctx)
-            if densified:
-                p.grad = grad.to_sparse()
-            elif grad is not p.grad:
-                p.grad.copy_(grad)
-        self._handles.clear()
+        self._submit(self._reducer.take_unsubmitted())
+        copies, self._copies = self._copies, {}
+        external, self._external = self._external, {}
+        try:
+            self._reducer.synchronize()
+            for i, h in external.items():
+                self._params[i].grad = ops.synchronize(h).coalesce()
+            for i, (sent, ctx, kind) in copies.items():
+                p = self._params[i]
+                if kind == 'sparse':
+                    p.grad = sent.to_sparse()
+                elif kind == 'custom':
+                    p.grad.copy_(self._custom.decompress(sent, ctx))
+                else:
+                    p.grad.copy_(sent)
+        finally:
+            for i in external:
+                self._reducer.finish_external(i)
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -232,7 +221,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
+        if self._reducer.pending:
             raise InvalidArgument(
                 'DistributedOptimizer: zero_grad() was called after backward() but before '
                 'step() or synchronize(); the pending allreduces would be lost. Call '
@@ -240,12 +229,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
-def _group_map(groups, params):
-    """{parameter: its group (a list)} for Horovod's ``groups``: a number of
-    groups (the parameters split in order into that many) or a list of lists
-    of parameters (the others go alone)."""
+def _group_indices(groups, params, reduced):
+    """(lists of the reducer's indices, num_groups) for Horovod's ``groups``: a
+    number of groups (the reducer splits the reduced parameters in order) or
+    a list of lists of parameters (the others go alone)."""
     if groups is None or groups == 0:
-        return {}
+        return [], 0
     if isinstance(groups, bool) or not isinstance(groups, (int, list, tuple)):
         raise InvalidArgument('DistributedOptimizer: groups must be a non-negative number or a '
                               'list of lists of parameters; got %r' % (groups,))
@@ -253,30 +242,26 @@ def _group_map(groups, params):
         if groups < 0:
             raise InvalidArgument('DistributedOptimizer: groups (num_groups) must be >= 0, got %d'
                                   % groups)
-        params = [p for p in params if p.requires_grad]
-        k = min(groups, len(params)) or 1
-        size, extra = divmod(len(params), k)
-        lists, start = [], 0
-        for i in range(k):
-            end = start + size + (1 if i < extra else 0)
-            lists.append(params[start:end])
-            start = end
-    else:
-        lists = [list(g) for g in groups]
+        return [], groups
     known = {id(p) for p in params}
-    out = {}
-    for g in lists:
+    index = {id(p): i for i, p in enumerate(reduced)}
+    seen, out = set(), []
+    for g in groups:
+        indices = []
         for p in g:
             if not isinstance(p, torch.Tensor):
                 raise InvalidArgument('DistributedOptimizer: groups must hold parameters '
                                       '(torch.Tensor), got %s' % type(p).__name__)
-            if p in out:
+            if id(p) in seen:
                 raise InvalidArgument('DistributedOptimizer: a parameter appears in two groups')
             if id(p) not in known:
                 raise InvalidArgument('DistributedOptimizer: groups holds a tensor that is not a '
                                       'parameter of the optimizer')
-            out[p] = g
-    return out
+            seen.add(id(p))
+            if id(p) in index:  # one that needs no gradient is not reduced
+                indices.append(index[id(p)])
+        out.append(indices)
+    return out, 0
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -299,8 +284,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       'groups', DeprecationWarning)
         if groups is None:
             groups = num_groups
-    if backward_passes_per_step < 1:
-        raise InvalidArgument('DistributedOptimizer: backward_passes_per_step must be >= 1')
     # A subclass of the optimizer's own class (as Horovod does), so isinstance
     # checks, LR schedulers and state_dict keep working.
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),

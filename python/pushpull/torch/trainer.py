@@ -53,6 +53,8 @@ import torch
 import pushpull.kv
 import pushpull.optimizer
 from pushpull._pushpull import InvalidArgument
+from pushpull._pushpull import PushSchedule as _PushSchedule
+from pushpull._pushpull import pack_keys as _pack_keys
 
 
 def _named(params):
@@ -75,18 +77,14 @@ class _Unit:
     gradients gathered for a push; `summed`: the summed gradients pulled
     when the update runs here)."""
 
-    def __init__(self, key, members, params):
+    def __init__(self, key, members, offsets, numel, params):
         self.key = key
         self.members = members
         self.packed = len(members) > 1
-        self.offsets = []
-        n = 0
-        for i in members:
-            self.offsets.append(n)
-            n += params[i].numel()
+        self.offsets = offsets
         if self.packed:
-            self.value = torch.empty(n, dtype=torch.float32)
-            self.grad = torch.empty(n, dtype=torch.float32)
+            self.value = torch.empty(numel, dtype=torch.float32)
+            self.grad = torch.empty(numel, dtype=torch.float32)
         else:
             self.value = params[members[0]].detach()
         self.summed = None
@@ -109,25 +107,10 @@ class _Unit:
 
 
 def _pack(params, key_base, fuse_below, bucket_bytes):
-    """The store's keys: a parameter of at least `fuse_below` bytes is key
-    key_base + i; smaller ones are packed in order into units of up to
-    `bucket_bytes`, each the key of its first parameter."""
-    if fuse_below < 0 or bucket_bytes <= 0:
-        raise InvalidArgument('Trainer: fuse_below must be >= 0 and bucket_bytes > 0')
-    groups, bucket, size = [], [], 0
-    for i, p in enumerate(params):
-        nbytes = p.numel() * 4
-        if nbytes >= fuse_below:
-            groups.append([i])
-            continue
-        if bucket and size + nbytes > bucket_bytes:
-            groups.append(bucket)
-            bucket, size = [], 0
-        bucket.append(i)
-        size += nbytes
-    if bucket:
-        groups.append(bucket)
-    return [_Unit(key_base + members[0], members, params) for members in sorted(groups)]
+    """The store's keys (packing and assignment: the C++ pack_keys of
+    include/pushpull/frontend/key_packing.h, which the libtorch Trainer uses)."""
+    return [_Unit(key, members, offsets, numel, params) for key, members, offsets, numel in
+            _pack_keys([p.numel() for p in params], key_base, fuse_below, bucket_bytes)]
 
 
 class Trainer:
@@ -174,10 +157,11 @@ class Trainer:
         self._batch_size = None
         self._steps = 0
         self._push_from_hooks = push_from_hooks
-        self._armed = False
+        # When a hook pushes which unit: the C++ PushSchedule (frontend/push_schedule.h),
+        # as the libtorch Trainer's.
+        self._schedule = _PushSchedule([u.members for u in self._units], len(self._params), 1,
+                                       bool(push_from_hooks))
         self._pushed = {}  # unit -> its exchange in flight
-        self._ready = set()  # parameters whose gradient a hook saw this step
-        self._left = [len(u.members) for u in self._units]  # per unit: gradients to come
         self._grad_accs = []
         self.stats = {'steps': 0, 'hook_pushes': 0, 'step_pushes': 0}
         if push_from_hooks:
@@ -266,20 +250,22 @@ class Trainer:
 
     def _make_hook(self, i):
         def hook(*unused):
-            if not self._armed:
-                return
-            if i in self._ready:
+            what, u = self._schedule.grad_ready(i)
+            if what == 'second':
                 raise InvalidArgument(
                     'Trainer: parameter %r got a second gradient before step(); the Trainer '
                     'pushes each gradient once per step from its hook. For several backward '
                     'passes per step create it with push_from_hooks=False' % self._named[i][0])
-            self._check_tensor(self._params[i].grad, self._named[i][0], i, 'gradient')
-            self._ready.add(i)
-            u = self._unit_of[i]
-            self._left[u] -= 1
-            if self._left[u] == 0:  # the unit's last gradient: send it
+            if what != 'push':  # the unit's last gradient sends it
+                return
+            try:
+                for j in self._units[u].members:
+                    self._check_tensor(self._params[j].grad, self._named[j][0], j, 'gradient')
                 self._pushed[u] = self._exchange(u)
-                self.stats['hook_pushes'] += 1
+            except BaseException:
+                self._schedule.push_failed(u)  # step() pushes it (and reports the problem)
+                raise
+            self.stats['hook_pushes'] += 1
         return hook
 
     def step(self, batch_size, ignore_stale_grad=False):
@@ -288,7 +274,7 @@ class Trainer:
         del ignore_stale_grad
         if batch_size <= 0:
             raise InvalidArgument('Trainer.step: batch_size must be > 0, got %r' % (batch_size,))
-        self._armed = False  # no hook pushes while step() runs
+        self._schedule.disarm()  # no hook pushes while step() runs
         self.init()
         scale = 1.0 / (batch_size * self._kv.num_workers)
         if self._update_on_kvstore:
@@ -317,8 +303,8 @@ class Trainer:
                 h = self._exchange(u)
                 self.stats['step_pushes'] += 1
             exchanges.append(h)
-        self._ready.clear()
-        self._left = [len(unit.members) for unit in self._units]
+        self._schedule.end_round()
+        self._schedule.disarm()  # armed again once the new weights are in
         for h in exchanges:
             h.wait()
         if self._update_on_kvstore:
@@ -329,7 +315,7 @@ class Trainer:
             self._local_update(scale)
         self._steps += 1
         self.stats['steps'] = self._steps
-        self._armed = self._push_from_hooks
+        self._schedule.end_round()
 
     def _local_update(self, scale):
         if self._torch_opt is not None:

@@ -57,6 +57,12 @@
 // - gradient_predivide_factor f (Horovod's): each gradient is multiplied by
 //   1/f before the sum and the average by f after (the same mean; f trades
 //   overflow against underflow in low precision). kAverage only.
+// - kAverage divides the sum by the ranks of the set, so a rank that joined
+//   counts as zeros (as Horovod's).
+// - groups / num_groups (Horovod's): a group's allreduces start together.
+// The policy (names, readiness, groups, scaling, compression) is the one
+// pushpull.torch's Python DistributedOptimizer uses too:
+// pushpull/frontend/gradient_reducer.h; this class adds tensors and hooks.
 //
 // Errors: InvalidArgument (naming the parameter and what to do) for a
 // parameter of the optimizer missing from `named_parameters`, duplicate names,
@@ -121,6 +127,12 @@ struct DistributedOptimizerOptions {
   double gradient_predivide_factor = 1.0;
   // kTwoBit / kOneBit: the threshold (2bit > 0, 1bit finite; MXNet's 0.5).
   float compression_threshold = 0.5f;
+  // Horovod's groups: lists of parameter names whose allreduces start
+  // together once every member's gradient is ready (the engine fuses them);
+  // the others go alone. Or, with no groups, num_groups > 0 splits the
+  // reduced parameters in the optimizer's order into that many.
+  std::vector<std::vector<std::string>> groups = {};
+  int num_groups = 0;
 };
 
 class DistributedOptimizer {
