@@ -44,6 +44,7 @@ Node::Node(Options options, const ClockSource& clock)
     const int servers = options_.cluster.num_servers, workers = options_.cluster.num_workers;
     const int peers = r == Role::kWorker ? servers : workers + (replicas_ > 0 ? servers - 1 : 0);
     tc.net.socket_buffer_bytes = net::auto_socket_buffer_bytes(peers);
+    auto_buffer_bytes_ = tc.net.socket_buffer_bytes;
   }
   transport_ = std::make_unique<net::Transport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,

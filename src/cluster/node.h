@@ -159,7 +159,21 @@ class Node {
 
   net::Transport& transport() { return *transport_; }
 
+  // Mixed placement (docs/ps.md): scales the automatic socket buffers of the
+  // connections between workers and servers by server: `scale[s]` for the
+  // links of server s (on a worker: its connection to s; on server s: its
+  // connections to every worker), now and for connections made later. Why:
+  // those flows are window-limited, and equal windows give a spare host's
+  // flows the rate of a worker host's server's, though the split gives the
+  // spare hosts 2-4x the bytes; their links then sit partly idle (docs/
+  // scaling.md, "Mixed placement"). Empty or all 1: nothing changes. No-op
+  // when NetOptions::socket_buffer_bytes was set explicitly. Thread-safe.
+  void set_server_link_scale(std::vector<double> scale);
+
  private:
+  // The socket buffer of the link to (role, rank) under link_scale_, or 0 to
+  // leave it. Called with mu_ held.
+  int scaled_buffer(Role role, int rank) const;
   void on_control(net::Message&& m);
   void on_connect(net::ConnId id, const net::PeerInfo& p);
   void on_close(net::ConnId id, const net::PeerInfo& p, const Status& why);
@@ -192,6 +206,8 @@ class Node {
   net::ConnId scheduler_ = 0;
   SilenceDetector<int> scheduler_silence_;  // key 0: the scheduler
   std::map<std::pair<Role, int>, net::ConnId> peers_;
+  int auto_buffer_bytes_ = 0;       // the automatic socket buffer; 0: set explicitly
+  std::vector<double> link_scale_;  // set_server_link_scale
   std::map<uint8_t, uint64_t> barrier_sent_, barrier_done_;
   Status failure_;
   // A peer whose connection closed, blamed after suspect_grace() unless the

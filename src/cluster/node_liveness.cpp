@@ -239,9 +239,36 @@ void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
     // transport refuses a second claim while the first is live).
     if (p.role == Role::kServer && slot != 0 && slot != id) replaced_.insert({p.role, p.rank});
     slot = id;
+    if (int bytes = scaled_buffer(p.role, p.rank); bytes > 0)
+      transport_->set_socket_buffer(id, bytes);
   }
   verdict_due_.erase({p.role, p.rank});  // a replacement of that peer reached us
   cv_.notify_all();
+}
+
+int Node::scaled_buffer(Role role, int rank) const {
+  if (auto_buffer_bytes_ <= 0 || link_scale_.empty()) return 0;
+  // The server whose share sets this link's window: the peer on a worker,
+  // this node on a server; worker-worker and server-server links keep theirs.
+  const Role me = options_.cluster.role;
+  int server = -1;
+  if (me == Role::kWorker && role == Role::kServer) server = rank;
+  if (me == Role::kServer && role == Role::kWorker) server = rank_;
+  if (server < 0 || static_cast<size_t>(server) >= link_scale_.size()) return 0;
+  return static_cast<int>(auto_buffer_bytes_ * link_scale_[static_cast<size_t>(server)]);
+}
+
+void Node::set_server_link_scale(std::vector<double> scale) {
+  std::vector<std::pair<net::ConnId, int>> apply;
+  {
+    std::lock_guard lock(mu_);
+    link_scale_ = std::move(scale);
+    for (const auto& [peer, id] : peers_)
+      if (int bytes = scaled_buffer(peer.first, peer.second); bytes > 0)
+        apply.push_back({id, bytes});
+  }
+  for (const auto& [id, bytes] : apply)
+    transport_->set_socket_buffer(id, bytes);
 }
 
 }  // namespace pushpull::cluster

@@ -58,6 +58,7 @@ DistStore::DistStore(std::string type, const Options& options)
           "{}: big values shared among the servers by weights {:.3f} (docs/ps.md, \"Mixed "
           "placement\")",
           type_, fmt::join(server_weights_, ","));
+    node_->set_server_link_scale(ps::link_scales(server_weights_));
     if (const int incarnation = node_->incarnation(); incarnation > 0) {
       // A replacement: the servers may still answer requests of the old
       // process to this rank; ids it never used cannot match them.

@@ -135,6 +135,22 @@ void Transport::wake() {
   [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof one);
 }
 
+void Transport::set_socket_buffer(ConnId id, int bytes) {
+  auto c = find(id);
+  if (!c || bytes <= 0 || !c->fd.valid()) return;
+  setsockopt(c->fd.get(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+}
+
+int Transport::socket_receive_buffer(ConnId id) const {
+  auto c = find(id);
+  int bytes = 0;
+  socklen_t len = sizeof bytes;
+  if (!c || !c->fd.valid() || getsockopt(c->fd.get(), SOL_SOCKET, SO_RCVBUF, &bytes, &len) != 0)
+    return 0;
+  return bytes;
+}
+
 std::shared_ptr<Transport::Conn> Transport::find(ConnId id) const {
   std::lock_guard lock(mu_);
   auto it = conns_.find(id);

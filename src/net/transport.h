@@ -233,6 +233,12 @@ class Transport {
   bool bind_peer_rank(ConnId conn, int32_t rank);
   std::optional<PeerInfo> peer(ConnId conn) const;
   std::vector<ConnId> connections() const;
+  // Sets SO_SNDBUF and SO_RCVBUF of one connection (bytes <= 0 or an unknown
+  // connection: nothing), as NetOptions::socket_buffer_bytes does for all.
+  void set_socket_buffer(ConnId conn, int bytes);
+  // The connection's SO_RCVBUF as the kernel reports it (twice what was set),
+  // or 0 for an unknown connection.
+  int socket_receive_buffer(ConnId conn) const;
   BufferPool& pool() { return pool_; }
   const TransportConfig& config() const { return config_; }
 

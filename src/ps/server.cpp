@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ps/server.h"
 
+#include "ps/server_shares.h"
+
 #include <algorithm>
 #include <limits>
 #include <thread>
@@ -352,6 +354,10 @@ void run_server(Options options) {
     node.start();
     PP_INFO("server {} of {} serving ({} workers)", node.rank(), node.num_servers(),
             node.num_workers());
+    // Mixed placement: this server's links get windows in proportion to its
+    // share, as the workers' links to it do (ps/server_shares.h).
+    node.set_server_link_scale(
+        link_scales(server_weights(options.kvstore.ps_server_weights, node.address_book())));
     if (node.incarnation() > 0) server.rejoin();  // restarted: fetch its key ranges
     // Serve until every worker has left; leaving only then keeps the server
     // under the scheduler's heartbeat watch for the whole job.

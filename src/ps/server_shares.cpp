@@ -73,4 +73,16 @@ std::vector<double> server_weights(const std::string& setting, const cluster::Ad
   return out;
 }
 
+std::vector<double> link_scales(const std::vector<double>& weights) {
+  double sum = 0;
+  for (double w : weights)
+    sum += w;
+  if (weights.empty() || sum <= 0) return {};
+  std::vector<double> out;
+  out.reserve(weights.size());
+  for (double w : weights)
+    out.push_back(std::clamp(w * static_cast<double>(weights.size()) / sum, 0.125, 8.0));
+  return out;
+}
+
 }  // namespace pushpull::ps

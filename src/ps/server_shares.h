@@ -43,4 +43,12 @@ double spare_host_fraction(int n, int k);
 // not the number of servers.
 std::vector<double> server_weights(const std::string& setting, const cluster::AddressBook& book);
 
+// How much larger than an equal share each server's links' socket buffers
+// should be under `weights` (server_weights): weight x servers / sum, within
+// [1/8, 8]; empty for equal shares. Why: the flows between workers and
+// servers are limited by their windows, so their rates follow their buffers;
+// buffers in proportion to the bytes each server carries let every flow
+// finish together (cluster::Node::set_server_link_scale).
+std::vector<double> link_scales(const std::vector<double>& weights);
+
 }  // namespace pushpull::ps

@@ -144,6 +144,45 @@ TEST(Cluster, NodesMessageEachOtherByRoleAndRank) {
   EXPECT_EQ(Node::sender(net::Header{.sender = node_id(Role::kWorker, 2)}).rank, 2);
 }
 
+// Mixed placement: the links between workers and a server get socket buffers
+// scaled by that server's share (ps/server_shares.h), on both ends; worker-
+// worker links keep theirs, and an explicit buffer size is never overridden.
+TEST(Cluster, ServerLinkScaleSizesTheSocketBuffersOfThoseLinks) {
+  InProcessCluster c({});
+  auto rcvbuf = [](Node& n, Role role, int rank) {
+    return n.transport().socket_receive_buffer(n.conn(role, rank));
+  };
+  Node& w = c.worker(0);
+  const int before0 = rcvbuf(w, Role::kServer, 0), before1 = rcvbuf(w, Role::kServer, 1);
+  const int peer_before = rcvbuf(w, Role::kWorker, 1);
+  ASSERT_GT(before0, 0);
+  EXPECT_EQ(before0, before1);
+  w.set_server_link_scale({2.0, 0.5});
+  EXPECT_EQ(rcvbuf(w, Role::kServer, 0), 2 * before0);
+  EXPECT_EQ(rcvbuf(w, Role::kServer, 1), before1 / 2);
+  EXPECT_EQ(rcvbuf(w, Role::kWorker, 1), peer_before);
+  // Server 1's end of its links to every worker follows its own share.
+  Node& s1 = c.server(1);
+  const int server_before = rcvbuf(s1, Role::kWorker, 2);
+  s1.set_server_link_scale({2.0, 0.5});
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(rcvbuf(s1, Role::kWorker, r), server_before / 2) << r;
+  EXPECT_EQ(rcvbuf(s1, Role::kServer, 0), server_before) << "server-server links keep theirs";
+  EXPECT_TRUE(c.shutdown().is_ok());
+}
+
+TEST(Cluster, AnExplicitSocketBufferIsNotScaled) {
+  InProcessCluster::Config cfg;
+  cfg.socket_buffer_bytes = 96 << 10;
+  InProcessCluster c(cfg);
+  Node& w = c.worker(0);
+  const int before = w.transport().socket_receive_buffer(w.conn(Role::kServer, 0));
+  w.set_server_link_scale({4.0, 0.25});
+  EXPECT_EQ(w.transport().socket_receive_buffer(w.conn(Role::kServer, 0)), before);
+  EXPECT_EQ(before, 2 * (96 << 10));
+  EXPECT_TRUE(c.shutdown().is_ok());
+}
+
 TEST(Cluster, ADeadNodeFailsEveryoneWithItsName) {
   auto c = std::make_unique<InProcessCluster>(InProcessCluster::Config{});
   std::atomic<int> callbacks{0};

@@ -7,6 +7,8 @@
 
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "ps/placement.h"
 #include "pushpull/error.h"
 
@@ -86,6 +88,33 @@ TEST(ServerShares, ExplicitWeightsAreCheckedAndUsed) {
   for (const char* bad :
        {"1,1", "1,1,1,1", "1,,1", "1,0,1", "1,-1,1", "1,x,1", "1,1,1,", "nan,1,1", "inf,1,1", ""})
     EXPECT_THROW(server_weights(bad, b), InvalidArgument) << "'" << bad << "'";
+}
+
+// Each server's links get buffers in proportion to its share: 8 workers and
+// 4 spare hosts give a spare host's links 3.5x the buffer of a worker host's
+// server's (0.159 vs 0.045 of every value), as the flows must carry 3.5x the
+// bytes in the same time.
+TEST(ServerShares, LinkScalesFollowTheShares) {
+  std::vector<std::string> workers, servers{"s1", "s2", "s3", "s4"};
+  for (int i = 0; i < 8; ++i) {
+    workers.push_back(fmt::format("w{}", i));
+    servers.push_back(fmt::format("w{}", i));
+  }
+  auto scale = link_scales(server_weights("auto", book(workers, servers)));
+  ASSERT_EQ(scale.size(), 12u);
+  const double a = spare_host_fraction(8, 4);
+  for (size_t i = 0; i < 12; ++i)
+    EXPECT_NEAR(scale[i], 12 * (i < 4 ? a / 4 : (1 - a) / 8), 1e-9) << i;
+  EXPECT_NEAR(scale[0] / scale[4], 3.5, 1e-9);
+  // Equal shares change nothing; explicit lists scale by weight, within 1/8..8.
+  EXPECT_TRUE(link_scales({}).empty());
+  EXPECT_EQ(link_scales({2, 2}), (std::vector<double>{1, 1}));
+  EXPECT_EQ(link_scales({3, 1}), (std::vector<double>{1.5, 0.5}));
+  auto lopsided = link_scales({1000, 1, 1});
+  ASSERT_EQ(lopsided.size(), 3u);
+  EXPECT_NEAR(lopsided[0], 3000.0 / 1002, 1e-12);
+  EXPECT_EQ(lopsided[1], 0.125) << "clamped: a tiny window would stall that flow";
+  EXPECT_EQ(lopsided[2], 0.125);
 }
 
 // Weighted slices tile the value in order, in proportion to the weights, and

@@ -15,6 +15,7 @@ InProcessCluster::InProcessCluster(Config config) {
   options_.cluster.num_workers = config.workers;
   options_.cluster.heartbeat_interval = config.heartbeat_interval;
   options_.cluster.heartbeat_timeout = config.heartbeat_timeout;
+  options_.net.socket_buffer_bytes = config.socket_buffer_bytes;
   options_.cluster.startup_timeout = config.startup_timeout;
   options_.cluster.barrier_timeout = Millis{30000};
   options_.cluster.worker_mesh = true;  // the tests also send worker to worker

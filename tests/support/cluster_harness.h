@@ -30,6 +30,7 @@ class InProcessCluster {
     Millis heartbeat_timeout{2000};
     Millis startup_timeout{20000};
     std::string job_secret;
+    int socket_buffer_bytes = -1;  // NetOptions::socket_buffer_bytes (-1: automatic)
     std::function<void(cluster::Node&)> setup;
   };
   explicit InProcessCluster(Config config);
