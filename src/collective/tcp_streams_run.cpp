@@ -124,6 +124,8 @@ struct Plan {
 
   Plan(const Schedule& s) : dst(s.recvs.size()), index(s.recvs.size()) {
     const size_t slot = s.scratch_bytes();
+    scratch_pos.reserve(s.recvs.size());
+    scratch_before.reserve(s.recvs.size() + 1);
     scratch_before.push_back(0);
     for (size_t i = 0; i < s.recvs.size(); ++i) {
       if (s.recvs[i].dst == nullptr) scratch_pos.push_back(i);
