@@ -4,6 +4,9 @@
 // same function with the same `op_id`, sizes, dtype and op; `op_id` keeps the
 // messages of different operations apart (see op_tag).
 //
+// Each algorithm is written once, as the schedule of its sends, receives and
+// reductions (schedule.h), which the transport runs (Transport::run).
+//
 // Every wait on a peer has a deadline of `peer_timeout` from when it starts
 // (progress deadline: a large transfer is not cut off for being large).
 // Errors (PeerFailure, Timeout, ProtocolError) are thrown.
@@ -17,6 +20,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collective/transport.h"
@@ -39,6 +44,19 @@ struct AlgoContext {
   int size() const { return transport.size(); }
   Deadline deadline() const { return Clock::now() + peer_timeout; }
 };
+
+// An empty schedule of `ctx`'s operation (schedule.h): its deadline and
+// scratch memory; the algorithm fills in the messages and sizes.
+inline Schedule schedule(const AlgoContext& ctx, std::string what, DType dtype = DType::kUInt8,
+                         ReduceOp op = ReduceOp::kSum) {
+  Schedule s;
+  s.dtype = dtype;
+  s.op = op;
+  s.timeout = ctx.peer_timeout;
+  s.scratch = ctx.scratch;
+  s.what = std::move(what);
+  return s;
+}
 
 // A rank's block of a buffer, in elements.
 struct Block {

@@ -61,6 +61,7 @@ Bootstrapped connect_group(BootstrapMode mode, std::unique_ptr<TcpTransport> tcp
   out.local_rank = o.collective.local_rank >= 0 ? o.collective.local_rank : lr;
   out.local_size = o.collective.local_size >= 0 ? o.collective.local_size : ls;
   out.mesh = tcp.get();
+  out.verdict = [mesh = out.mesh] { return mesh->verdict(); };
   out.transport = use_shared_memory(std::move(tcp), o.collective, shm_timeout, "/dev/shm");
   return out;
 }

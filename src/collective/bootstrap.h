@@ -47,7 +47,9 @@
 // the caller are involved). Ownership: the result owns what it made.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,9 +83,12 @@ struct Bootstrapped {
   // kCluster only: this worker's Node (owned; shut it down in order at the
   // end so the scheduler sees the worker leave).
   std::unique_ptr<cluster::Node> node;
-  // The TCP mesh inside `transport` (its failure detector's verdict), or
-  // null when there is none (a world of one).
+  // The TCP mesh inside `transport`, or null when there is none (a world
+  // of one).
   TcpTransport* mesh = nullptr;
+  // The mesh's failure detector's verdict (the job's first failure), once
+  // decided; empty when there is no mesh. Valid while `transport` lives.
+  std::function<std::optional<Status>()> verdict;
   // Every rank's (host, port) of the collective mesh.
   std::vector<std::pair<std::string, int>> book;
 };

@@ -11,14 +11,13 @@
 // doubling (the same exchanges in reverse, received straight into place).
 // Finally each odd rank returns the result to the even rank that sat out.
 // Every element is reduced in exactly one place and then copied, so all
-// ranks end with bit-identical results.
-#include <cstring>
+// ranks end with bit-identical results. Written as a schedule (schedule.h):
+// each exchange's send waits for the receives before it.
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
-#include "collective/tcp_streams.h"
 
 namespace pushpull::collective {
 namespace {
@@ -34,34 +33,17 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
   if (n == 1 || count == 0) return;
   const size_t esize = dtype_size(dtype), bytes = count * esize;
   char* data = static_cast<char*>(data_ptr);
-  std::vector<char>& scratch = *ctx.scratch;
-  if (scratch.size() < bytes) scratch.resize(bytes);
-  uint32_t msg = 0;  // message index within this operation: same sequence on every rank
-  DirectStreams* tcp = stream_transport(ctx.transport, bytes);
-  std::unique_lock<std::mutex> stream_lock;
-  if (tcp) stream_lock = tcp->lock_streams();
+  Schedule s = schedule(ctx, fmt::format("halving-doubling (op {})", ctx.op_id), dtype, op);
+  s.message_bytes = bytes;
+  // One message each way with `peer`; what arrives lands at `recv`, or in
+  // scratch and is reduced into `reduce_into`. Message `index` of the
+  // operation: the same sequence on every rank.
   auto exchange = [&](int peer, const char* send, size_t send_bytes, char* recv, size_t recv_bytes,
-                      uint32_t index) {
-    if (tcp) {
-      // Direct streams: no thread hand-off (tcp_streams.h).
-      StreamPump pump(
-          *tcp, ctx.peer_timeout,
-          fmt::format("halving-doubling message {} with rank {} (op {})", index, peer, ctx.op_id));
-      if (recv_bytes) pump.recv(peer, op_tag(ctx.op_id, index), recv, recv_bytes);
-      if (send_bytes) pump.send(peer, op_tag(ctx.op_id, index), send, send_bytes);
-      pump.finish();
-      return;
-    }
-    std::optional<Request> s, rv;
-    if (recv_bytes) rv = irecv(ctx.transport, peer, op_tag(ctx.op_id, index), recv, recv_bytes);
-    if (send_bytes) s = isend(ctx.transport, peer, op_tag(ctx.op_id, index), send, send_bytes);
-    auto what = [&] {
-      return fmt::format("halving-doubling message {} with rank {} (op {})", index, peer,
-                         ctx.op_id);
-    };
-    if (rv) rv->wait(ctx.deadline(), what());
-    if (s) s->wait(ctx.deadline(), what());
+                      uint32_t index, char* reduce_into = nullptr, bool after_sends = false) {
+    s.send(peer, op_tag(ctx.op_id, index), send, send_bytes);
+    s.recv(peer, op_tag(ctx.op_id, index), recv, recv_bytes, reduce_into, after_sends);
   };
+  uint32_t msg = 0;
 
   const HalvingDoublingShape shape = halving_doubling_shape(r, n);
   const int p = shape.p, newrank = shape.newrank;
@@ -70,8 +52,7 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
     if (r % 2 == 0) {
       exchange(r + 1, data, bytes, nullptr, 0, msg);
     } else {
-      exchange(r - 1, nullptr, 0, scratch.data(), bytes, msg);
-      reduce(op, dtype, data, scratch.data(), count);
+      exchange(r - 1, nullptr, 0, nullptr, bytes, msg, data);
     }
   }
   ++msg;
@@ -82,8 +63,8 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
     // rounds instead of 2 log2(p): latency dominates here, bytes do not.
     // a op b == b op a for every reduction, so the ranks stay bit-identical.
     for (int mask = 1; mask < p; mask *= 2) {
-      exchange(real(newrank ^ mask), data, bytes, scratch.data(), bytes, msg++);
-      reduce(op, dtype, data, scratch.data(), count);
+      // Reduced into what was just sent: only once it has gone.
+      exchange(real(newrank ^ mask), data, bytes, nullptr, bytes, msg++, data, true);
     }
   } else if (newrank >= 0) {
     // Reduce-scatter by recursive halving; remember each level's range.
@@ -99,9 +80,8 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
       } else {
         keep_lo = lo, keep_hi = mid, give_lo = mid, give_hi = hi;
       }
-      exchange(partner, data + give_lo * esize, (give_hi - give_lo) * esize, scratch.data(),
-               (keep_hi - keep_lo) * esize, msg++);
-      reduce(op, dtype, data + keep_lo * esize, scratch.data(), keep_hi - keep_lo);
+      exchange(partner, data + give_lo * esize, (give_hi - give_lo) * esize, nullptr,
+               (keep_hi - keep_lo) * esize, msg++, data + keep_lo * esize);
       lo = keep_lo, hi = keep_hi;
     }
     // Allgather by recursive doubling: the same pairs in reverse order.
@@ -126,6 +106,7 @@ void halving_doubling_allreduce(AlgoContext& ctx, void* data_ptr, size_t count, 
     else
       exchange(r - 1, data, bytes, nullptr, 0, msg);
   }
+  ctx.transport.run(s);
 }
 
 }  // namespace pushpull::collective

@@ -122,7 +122,7 @@ void pipelined(AlgoContext& ctx, const Hierarchy& h, char* base, size_t count, D
   // on the streams instead, one 64 MiB run of four was 38% slower), else the cross-host
   // phase does (the host's pairs on shared memory).
   SubgroupTransport local(ctx.transport, h.local_members, true);
-  SubgroupTransport cross(ctx.transport, h.cross_members, local.direct_streams() == nullptr);
+  SubgroupTransport cross(ctx.transport, h.cross_members, !local.direct());
   std::vector<char> local_scratch;
   AlgoContext lctx = over(ctx, local, &local_scratch), xctx = over(ctx, cross, ctx.scratch);
   const auto chunks = even_blocks(count, static_cast<int>(nchunks));

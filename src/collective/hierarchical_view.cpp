@@ -6,28 +6,6 @@
 
 namespace pushpull::collective {
 
-// The base's direct streams with sub-ranks translated to base ranks.
-class SubgroupTransport::Streams final : public DirectStreams {
- public:
-  Streams(const SubgroupTransport& view, DirectStreams& base) : view_(view), base_(base) {}
-  int rank() const override { return view_.rank(); }
-  int stream_fd(int peer) const override { return base_.stream_fd(view_.base_rank(peer)); }
-  net::TlsLink* stream_tls(int peer) const override {
-    return base_.stream_tls(view_.base_rank(peer));
-  }
-  std::unique_lock<std::mutex> lock_streams() override { return base_.lock_streams(); }
-  bool is_closed() const override { return base_.is_closed(); }
-  Status stream_error(int peer, const std::string& why, ErrorCode code) override {
-    return base_.stream_error(view_.base_rank(peer), why, code);
-  }
-  WorkerThread& writer_thread() override { return base_.writer_thread(); }
-  WorkerThread& reader_thread() override { return base_.reader_thread(); }
-
- private:
-  const SubgroupTransport& view_;
-  DirectStreams& base_;
-};
-
 SubgroupTransport::SubgroupTransport(Transport& base, std::vector<int> members, bool streams)
     : base_(base), members_(std::move(members)) {
   for (size_t i = 0; i < members_.size(); ++i) {
@@ -39,12 +17,12 @@ SubgroupTransport::SubgroupTransport(Transport& base, std::vector<int> members, 
   if (rank_ < 0)
     throw InvalidArgument(fmt::format("collective: subgroup [{}] does not hold this rank {}",
                                       fmt::join(members_, ", "), base.rank()));
-  // Streams only when every pair of the subgroup has one (a transport may
-  // have them for some peers only, e.g. not for those on shared memory).
-  DirectStreams* s = streams ? base.direct_streams() : nullptr;
-  for (size_t i = 0; s && i < members_.size(); ++i)
-    if (static_cast<int>(i) != rank_ && s->stream_fd(members_[i]) < 0) s = nullptr;
-  if (s) streams_ = std::make_unique<Streams>(*this, *s);
+  // The base's path only when every pair of the subgroup has it (a
+  // transport may have it for some peers only, e.g. not for those on
+  // shared memory).
+  direct_ = streams;
+  for (size_t i = 0; direct_ && i < members_.size(); ++i)
+    if (static_cast<int>(i) != rank_ && !base.runs_direct_to(members_[i])) direct_ = false;
 }
 
 SubgroupTransport::~SubgroupTransport() = default;
@@ -65,8 +43,14 @@ void SubgroupTransport::post_recv(int peer, uint64_t tag, void* dst, size_t byte
   base_.post_recv(base_rank(peer), tag, dst, bytes, std::move(done));
 }
 
-DirectStreams* SubgroupTransport::direct_streams() {
-  return streams_.get();
+void SubgroupTransport::run(const Schedule& s) {
+  if (!direct_) return run_posted(*this, s);
+  Schedule b = s;
+  for (auto& x : b.sends)
+    x.peer = base_rank(x.peer);
+  for (auto& x : b.recvs)
+    x.peer = base_rank(x.peer);
+  base_.run(b);
 }
 
 }  // namespace pushpull::collective

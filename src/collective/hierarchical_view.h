@@ -7,18 +7,19 @@
 // messages with one (peer, tag) match in order, so phases of one operation
 // that run one after the other on a pair of ranks cannot mix).
 //
-// With `streams`, the base's direct streams (if any) are offered too, with
-// the peers translated; without, only post_send/post_recv, so that another
-// thread may drive the streams meanwhile (the pipelined hierarchical
-// allreduce runs the cross-host ring on the streams and the host's phases
-// beside it).
+// With `streams`, run() hands a schedule (peers translated) to the base's
+// run() when the base reaches every pair of the subgroup on a path of its
+// own (Transport::runs_direct_to: the TCP mesh's direct streams); without,
+// or when some pair has none, schedules run with post_send/post_recv, so
+// that another thread may drive the streams meanwhile (the pipelined
+// hierarchical allreduce runs the cross-host ring on the streams and the
+// host's phases beside it).
 //
 // Ownership: a view borrows the base and must not outlive it; close() and
 // abort() act on the whole base transport (a failure is fatal to the group).
 // Thread safety: as the base's (every method may be called concurrently).
 #pragma once
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,18 +41,20 @@ class SubgroupTransport final : public Transport {
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override { base_.close(reason); }
   void abort(const Status& why) override { base_.abort(why); }
-  DirectStreams* direct_streams() override;
+  void run(const Schedule& s) override;
+  bool runs_direct_to(int peer) const override { return direct_ && peer != rank_; }
+  // Whether run() takes the base's own path (see above).
+  bool direct() const { return direct_; }
 
   // The base rank of sub-rank `peer`.
   int base_rank(int peer) const;
   const std::vector<int>& members() const { return members_; }
 
  private:
-  class Streams;
   Transport& base_;
   std::vector<int> members_;
   int rank_ = -1;
-  std::unique_ptr<Streams> streams_;  // null: no direct streams offered
+  bool direct_ = false;
 };
 
 }  // namespace pushpull::collective

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Session (bootstrap + Communicator) and the Horovod-style free functions over
 // the one process-default session (see collective.h for why it exists).
+#include <functional>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "collective/bootstrap.h"
-#include "collective/tcp_transport.h"
 #include "pushpull/collective.h"
 #include "pushpull/log.h"
 
@@ -16,7 +17,8 @@ struct Session::Impl {
   BootstrapMode mode = BootstrapMode::kSingle;
   std::unique_ptr<cluster::Node> node;
   std::unique_ptr<Communicator> comm;
-  TcpTransport* mesh = nullptr;  // cluster mode: comm's transport (owned by comm)
+  // Cluster mode: the verdict of comm's transport (Bootstrapped::verdict).
+  std::function<std::optional<Status>()> verdict;
   std::mutex mu;
   bool shut = false;
 };
@@ -26,7 +28,7 @@ Session::Session(const Options& options) : impl_(std::make_unique<Impl>()) {
   Bootstrapped b = bootstrap(options);
   impl_->mode = b.mode;
   impl_->node = std::move(b.node);
-  if (impl_->node) impl_->mesh = b.mesh;
+  if (impl_->node) impl_->verdict = std::move(b.verdict);
   CommunicatorOptions co = CommunicatorOptions::from(options);
   co.collective.local_rank = b.local_rank;
   co.collective.local_size = b.local_size;
@@ -69,7 +71,7 @@ void Session::shutdown() {
   // the job for every node with that reason) instead of leaving in order,
   // which would wait for nodes that will never leave. (A peer that shut down
   // in order is no verdict.)
-  std::optional<Status> verdict = impl_->mesh ? impl_->mesh->verdict() : std::nullopt;
+  std::optional<Status> verdict = impl_->verdict ? impl_->verdict() : std::nullopt;
   impl_->comm->shutdown();
   if (impl_->node) {
     if (verdict) impl_->node->report_failure(*verdict);

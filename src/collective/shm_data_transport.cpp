@@ -115,8 +115,15 @@ void ShmDataTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes
     shm_->post_recv(l, tag, dst, bytes, std::move(done));
 }
 
-DirectStreams* ShmDataTransport::direct_streams_for(size_t message_bytes) {
-  return message_bytes < stream_below_ ? tcp_->direct_streams() : nullptr;
+bool ShmDataTransport::streams_for(size_t message_bytes) const {
+  return message_bytes < stream_below_ && tcp_->has_streams();
+}
+
+void ShmDataTransport::run(const Schedule& s) {
+  if (streams_for(s.message_bytes))
+    tcp_->run(s);
+  else
+    run_posted(*this, s);
 }
 
 HostCollectives* ShmDataTransport::host_collectives() {

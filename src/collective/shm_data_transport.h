@@ -41,7 +41,8 @@ class ShmDataTransport final : public Transport {
   // group: a rank alone on its host in a job where others share memory
   // (everything over TCP, but no direct streams, like the others). Direct
   // streams are never offered: every rank of an operation must take the
-  // same path (a mixed job uses post_send/recv throughout).
+  // same path (a mixed job uses post_send/recv throughout, but for the
+  // operations of small messages, see set_stream_below).
   ShmDataTransport(std::unique_ptr<TcpTransport> tcp, std::unique_ptr<ShmTransport> shm,
                    std::vector<int> group);
   ~ShmDataTransport() override;
@@ -52,8 +53,10 @@ class ShmDataTransport final : public Transport {
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
   void abort(const Status& why) override;
-  // The TCP mesh's streams for messages below stream_below(), else none.
-  DirectStreams* direct_streams_for(size_t message_bytes) override;
+  // Operations whose messages are below stream_below() on the TCP mesh's
+  // direct streams (when it has them), the others with post_send/post_recv.
+  void run(const Schedule& s) override;
+  bool streams_for(size_t message_bytes) const;
   // The shared-memory arena when every rank of the job is in this host
   // group (the whole job on one host), else nullptr.
   HostCollectives* host_collectives() override;

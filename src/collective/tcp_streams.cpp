@@ -85,6 +85,14 @@ void StreamPump::finish() {
   });
 }
 
+void StreamPump::wait_sent() {
+  progress(-2, 0, [this] {
+    for (auto& x : peers_)
+      if (!x.out.empty() || tls_pending(x.tls)) return false;
+    return true;
+  });
+}
+
 [[noreturn]] void StreamPump::fail(const Peer& p, int err, const char* op) const {
   std::string why = err == 0 ? std::string("the peer closed the stream")
                              : fmt::format("{} failed: {}", op, std::strerror(err));
@@ -190,8 +198,8 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
     for (auto& p : peers_)
       moved |= write_some(p);
     for (auto& p : peers_)
-      if (read_peer < 0 || p.peer == read_peer)
-        moved |= read_some(p, read_peer < 0 ? SIZE_MAX : last);
+      if (read_peer == -1 || p.peer == read_peer)
+        moved |= read_some(p, read_peer == -1 ? SIZE_MAX : last);
     if (done()) return;
     if (moved) {
       deadline = Clock::now() + timeout_;
@@ -208,7 +216,7 @@ void StreamPump::progress(int read_peer, size_t last, const std::function<bool()
     fds.clear();
     for (auto& p : peers_) {
       short ev = p.out.empty() && !tls_pending(p.tls) ? 0 : POLLOUT;
-      if ((read_peer < 0 || p.peer == read_peer) && p.in_next < p.in.size()) ev |= POLLIN;
+      if ((read_peer == -1 || p.peer == read_peer) && p.in_next < p.in.size()) ev |= POLLIN;
       if (ev) fds.push_back(pollfd{p.fd, ev, 0});
     }
     if (!fds.empty())

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Direct data streams of a TcpTransport, driven by the thread that runs a
-// collective algorithm (no I/O thread, no hand-off per message).
+// collective's schedule (no I/O thread, no hand-off per message).
 //
 // Why: on a host with fewer cores than threads, every hand-off from an I/O
 // thread to the algorithm thread is a context switch and a wake-up delay
@@ -39,13 +39,38 @@
 
 namespace pushpull::collective {
 
-// The streams an algorithm can use for an operation whose largest message
-// is `message_bytes` (Transport::direct_streams_for()), or nullptr (a
-// transport without them, not set up, or one that moves messages of that
-// size another way): algorithms fall back to post_send/recv.
-inline DirectStreams* stream_transport(Transport& t, size_t message_bytes) {
-  return t.direct_streams_for(message_bytes);
-}
+// Streams to the peers as non-blocking file descriptors, for one operation at
+// a time (lock_streams()), and two threads living as long as the transport
+// that large operations hand their sending and receiving to. The TCP
+// transport's face for the code below (tcp_transport.h).
+class DirectStreams {
+ public:
+  virtual ~DirectStreams() = default;
+  virtual int rank() const = 0;
+  // -1 when there is no stream to `peer`.
+  virtual int stream_fd(int peer) const = 0;
+  // The stream's TLS link (PUSHPULL_TLS), through which every byte on
+  // stream_fd(peer) must go; nullptr for plain TCP. It lives as long as the
+  // stream; its own lock lets one thread read while another writes.
+  virtual net::TlsLink* stream_tls(int /*peer*/) const { return nullptr; }
+  // Held by an operation for the whole of its use of the streams.
+  virtual std::unique_lock<std::mutex> lock_streams() = 0;
+  // True once closed or failed (stream waits end then).
+  virtual bool is_closed() const = 0;
+  // The error to report for a failed stream operation with `peer`: the
+  // transport's closing reason or verdict when there is one, else `code`
+  // naming the peer and `why`. Called by the thread that drives the streams.
+  virtual Status stream_error(int peer, const std::string& why,
+                              ErrorCode code = ErrorCode::kPeerFailure) = 0;
+  // Used under lock_streams() only.
+  virtual WorkerThread& writer_thread() = 0;
+  virtual WorkerThread& reader_thread() = 0;
+};
+
+// Runs `s` (schedule.h) on the streams from the calling thread, under
+// lock_streams() (tcp_streams_run.cpp). Every peer of `s` must have a
+// stream (InvalidArgument otherwise). Errors throw, as StreamPump's.
+void run_on_streams(DirectStreams& t, const Schedule& s);
 
 class StreamPump {
  public:
@@ -64,6 +89,8 @@ class StreamPump {
   void wait_recv(int peer, size_t index, size_t read_ahead = 0);
   // Until every queued send is written and every queued receive complete.
   void finish();
+  // Until every queued send is written (none read).
+  void wait_sent();
   // Also wait on `fd` (readable = something to check) and run `check` (which
   // throws to abort) on every turn: a StreamWriter's failure stops the reads.
   // May be called several times (every fd is watched, every check runs).
@@ -101,7 +128,7 @@ class StreamPump {
   bool read_some(Peer& p, size_t last);
   void check_header(const Peer& p, const In& in) const;
   // Moves data until done(); `read_peer`/`last`: whose receives to read and
-  // up to which index (-1: every peer, all queued receives).
+  // up to which index (-1: every peer, all queued receives; -2: none).
   void progress(int read_peer, size_t last, const std::function<bool()>& done);
   [[noreturn]] void fail(const Peer& p, int err, const char* op) const;
 

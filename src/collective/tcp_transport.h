@@ -28,8 +28,8 @@
 // Data streams (tcp_streams.h): connect_all also opens one plain TCP
 // connection per pair of partners (mesh_partners; stream_fd() is -1 for any
 // other peer, and a subgroup with such a pair moves its data over net), authenticated by a nonce
-// exchanged over the net connection, which the ring, halving-doubling, broadcast and barrier drive
-// directly from their own thread (StreamPump; large rings add a StreamWriter thread) for speed. One
+// exchanged over the net connection, on which run() drives every collective's schedule directly
+// from the calling thread (StreamPump; large rings add a StreamWriter thread) for speed. One
 // operation uses them at a time (lock_streams()); post_send/post_recv keep going over net, so the
 // engine's control traffic never mixes with them.
 //
@@ -96,6 +96,7 @@
 
 #include "base/clock.h"
 #include "base/liveness.h"
+#include "collective/tcp_streams.h"
 #include "collective/transport.h"
 #include "collective/worker_thread.h"
 #include "net/socket.h"
@@ -230,8 +231,10 @@ class TcpTransport final : public Transport {
   }
   std::shared_ptr<VerdictPort> verdict_port() const { return port_; }
 
-  // Data streams (see above), once connect_all() opened them.
-  DirectStreams* direct_streams() override { return streams_ready_ ? &streams_api_ : nullptr; }
+  // Collectives: on the data streams (see above) once connect_all() opened
+  // them (run_on_streams), else with post_send/post_recv.
+  void run(const Schedule& s) override;
+  bool runs_direct_to(int peer) const override { return stream_fd(peer) >= 0; }
   bool has_streams() const { return streams_ready_; }
   // -1 when there is no stream to `peer`.
   int stream_fd(int peer) const;

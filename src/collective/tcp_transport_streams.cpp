@@ -102,6 +102,13 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
   streams_ready_ = true;
 }
 
+void TcpTransport::run(const Schedule& s) {
+  if (streams_ready_)
+    run_on_streams(streams_api_, s);
+  else
+    run_posted(*this, s);
+}
+
 bool TcpTransport::is_closed() const {
   std::lock_guard lock(mu_);
   return closed_.has_value() || verdict_.failure().has_value();

@@ -23,11 +23,11 @@
 //   operations with it fail with PeerFailure, and returns only after every
 //   `done` of this endpoint has run. Later posts fail at once. Idempotent.
 //
-// Optional capability, direct streams (DirectStreams below): a transport
-// may also offer byte streams to its peers that the algorithm thread drives
-// itself (tcp_streams.h), the fast path of the ring, halving-doubling,
-// broadcast and barrier. direct_streams() returns nullptr when it has none;
-// the algorithms then use post_send/post_recv, which every transport has.
+// Collectives: an algorithm builds a Schedule (schedule.h) of its sends,
+// receives and reductions, and run() runs it. The default runs it with
+// post_send/post_recv (run_posted); a transport with a faster path of its
+// own overrides run() (the TCP transport: its direct streams, driven by the
+// calling thread). Algorithms never see the difference.
 //
 // Thread safety: every method may be called from any thread concurrently.
 #pragma once
@@ -42,11 +42,8 @@
 #include <string>
 #include <string_view>
 
+#include "collective/schedule.h"
 #include "pushpull/error.h"
-
-namespace pushpull::net {
-class TlsLink;
-}
 
 namespace pushpull::collective {
 
@@ -55,34 +52,6 @@ using Deadline = Clock::time_point;
 using Completion = std::function<void(const Status&)>;
 
 class HostCollectives;
-class WorkerThread;
-
-// Streams to the peers as non-blocking file descriptors, for one operation at
-// a time (lock_streams()), and two threads living as long as the transport
-// that large operations hand their sending and receiving to.
-class DirectStreams {
- public:
-  virtual ~DirectStreams() = default;
-  virtual int rank() const = 0;
-  // -1 when there is no stream to `peer`.
-  virtual int stream_fd(int peer) const = 0;
-  // The stream's TLS link (PUSHPULL_TLS), through which every byte on
-  // stream_fd(peer) must go; nullptr for plain TCP. It lives as long as the
-  // stream; its own lock lets one thread read while another writes.
-  virtual net::TlsLink* stream_tls(int /*peer*/) const { return nullptr; }
-  // Held by an algorithm for the whole of its use of the streams.
-  virtual std::unique_lock<std::mutex> lock_streams() = 0;
-  // True once closed or failed (stream waits end then).
-  virtual bool is_closed() const = 0;
-  // The error to report for a failed stream operation with `peer`: the
-  // transport's closing reason or verdict when there is one, else `code`
-  // naming the peer and `why`. Called by the thread that drives the streams.
-  virtual Status stream_error(int peer, const std::string& why,
-                              ErrorCode code = ErrorCode::kPeerFailure) = 0;
-  // Used under lock_streams() only.
-  virtual WorkerThread& writer_thread() = 0;
-  virtual WorkerThread& reader_thread() = 0;
-};
 
 class Transport {
  public:
@@ -96,16 +65,15 @@ class Transport {
   // Like close(), for a failure of this rank (`why`): a transport that can
   // first tells the peers why, so they blame this rank with the real cause.
   virtual void abort(const Status& why) { close(why); }
-  // The direct-stream capability (see above), or nullptr.
-  virtual DirectStreams* direct_streams() { return nullptr; }
-  // The streams for an operation whose largest message is `message_bytes`,
-  // or nullptr (post_send/recv). Every rank of an operation asks with the
-  // same size and must get the same kind of answer (all streams or none):
-  // a transport may offer its streams for small messages only (see
-  // ShmDataTransport), so the caller's thread drives them without a hand-off.
-  virtual DirectStreams* direct_streams_for(size_t message_bytes) {
-    (void)message_bytes;
-    return direct_streams();
+  // Runs this rank's part of a collective (schedule.h; see above). Throws
+  // its error (PeerFailure, Timeout, ProtocolError).
+  virtual void run(const Schedule& s) { run_posted(*this, s); }
+  // Whether run() reaches `peer` on a path of its own rather than through
+  // post_send/post_recv (a subgroup view hands its schedules to the base's
+  // run() only when all its pairs are so reached, hierarchical_view.h).
+  virtual bool runs_direct_to(int peer) const {
+    (void)peer;
+    return false;
   }
   // Collectives over memory every rank of this transport shares
   // (host_collectives.h), or nullptr. Every rank gets the same answer.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A thread that runs one job at a time for as long as its owner lives: the
 // writer and reader threads of large stream operations (tcp_streams.h,
-// ring.cpp) are started once per transport rather than once per operation
+// tcp_streams_run.cpp) are started once per transport rather than once per operation
 // (a thread start and join each time cost a few tens of microseconds, and on
 // a loaded host a scheduling delay before the new thread first runs).
 //

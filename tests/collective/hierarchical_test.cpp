@@ -110,7 +110,7 @@ TEST(SubgroupView, TranslatesRanksAndRefusesStrangers) {
       EXPECT_EQ(odd.rank(), r / 2);
       EXPECT_EQ(odd.size(), 2);
       EXPECT_EQ(odd.base_rank(1), 3);
-      EXPECT_EQ(odd.direct_streams(), nullptr);  // the in-process transport has none
+      EXPECT_FALSE(odd.direct());  // the in-process transport has no path of its own
       int v = r, got = -1;
       Request s = isend(odd, 1 - odd.rank(), 5, &v, sizeof v);
       irecv(odd, 1 - odd.rank(), 5, &got, sizeof got).wait(Clock::now() + Millis(5000), "recv");
@@ -229,11 +229,10 @@ TEST_P(Hierarchical, ARankDyingInThePipelineFailsEveryRankWithoutWaitingOutTheDe
 TEST_P(Hierarchical, ViewsOfferTheStreamsOnlyWhenAsked) {
   fabrics_.run(2, [&](int r, Transport& t) {
     SubgroupTransport with(t, {0, 1}, true), without(t, {0, 1}, false);
-    EXPECT_EQ(with.direct_streams() != nullptr, t.direct_streams() != nullptr) << "rank " << r;
-    EXPECT_EQ(without.direct_streams(), nullptr);
-    if (DirectStreams* s = with.direct_streams()) {
-      EXPECT_EQ(s->stream_fd(1 - r), t.direct_streams()->stream_fd(1 - r));
-    }
+    EXPECT_EQ(with.direct(), t.runs_direct_to(1 - r)) << "rank " << r;
+    EXPECT_EQ(with.direct(), GetParam() == Kind::kTcp) << "rank " << r;  // only TCP has streams
+    EXPECT_FALSE(without.direct());
+    EXPECT_FALSE(without.runs_direct_to(1 - r));
   });
 }
 

@@ -214,7 +214,8 @@ TEST(UseSharedMemory, RanksOfOneDirectoryShareTheOthersUseTcp) {
   // No rank offers direct streams (every rank must take the same path), the
   // one alone in b included.
   for (auto& t : ts)
-    EXPECT_EQ(t->direct_streams(), nullptr);
+    for (int peer = 0; peer < 4; ++peer)
+      EXPECT_FALSE(t->runs_direct_to(peer));
   // A ring allreduce over the mixed transport (1 MiB segments: several units).
   std::vector<std::vector<float>> data(4, std::vector<float>(700001));
   std::vector<std::thread> th;
@@ -250,10 +251,12 @@ TEST(UseSharedMemory, SmallMessagesRideTheMeshStreamsLargeOnesSharedMemory) {
   auto ts = choose(testing::connect_tcp_group(3),
                    {a.path.string(), a.path.string(), b.path.string()}, true, below);
   for (auto& t : ts) {
-    EXPECT_NE(t->direct_streams_for(4096), nullptr);
-    EXPECT_NE(t->direct_streams_for(below - 1), nullptr);
-    EXPECT_EQ(t->direct_streams_for(below), nullptr);
-    EXPECT_EQ(t->direct_streams(), nullptr);
+    auto* s = dynamic_cast<ShmDataTransport*>(t.get());
+    ASSERT_NE(s, nullptr);
+    EXPECT_TRUE(s->streams_for(4096));
+    EXPECT_TRUE(s->streams_for(below - 1));
+    EXPECT_FALSE(s->streams_for(below));
+    EXPECT_FALSE(t->runs_direct_to((t->rank() + 1) % 3));
   }
   // 1,000 floats: halving-doubling on the streams; 300,000: a ring whose
   // 400 KB blocks go through shared memory; then small again.
@@ -450,7 +453,8 @@ TEST_P(ShmSquat, ASquattedSegmentFallsBackToTcpAndTheJobIsRight) {
     auto* s = dynamic_cast<ShmDataTransport*>(t.get());
     ASSERT_NE(s, nullptr);
     EXPECT_TRUE(s->group().empty()) << "a rank kept shared memory beside a squatted segment";
-    EXPECT_EQ(t->direct_streams(), nullptr);  // every rank takes the same path
+    EXPECT_FALSE(t->runs_direct_to((t->rank() + 1) %
+                                   static_cast<int>(ts.size())));  // every rank takes the same path
   }
   every_pair_talks(ts);
   squat::allreduce_is_right(ts);
