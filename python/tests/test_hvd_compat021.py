@@ -33,10 +33,11 @@ def run_case(case, n, timeout=120):
 
 
 @pytest.mark.parametrize('n', [2, 3])
-def test_integer_average_rounds_down(n):
+def test_average_rounding(n):
     # Average of negative integers is floor(sum / n) (torch's floor_divide since
     # 1.13, Python's //), also with joined ranks' zeros, in reducescatter and
-    # through the int16 path; prescale of integers still truncates toward zero.
+    # through the int16 path; prescale of integers still truncates toward zero;
+    # float32 / float64 averages are the correctly rounded sum / n, joined too.
     run_case('rounding', n)
 
 
@@ -102,6 +103,12 @@ def case_rounding(n, r, hvd, _):
     got = hvd.allreduce(mine, name='round.pre', op=hvd.Sum, prescale_factor=0.5)
     check(got, sum((((base + k * k).double() * 0.5).to(torch.int32)) for k in range(n)),
           'prescaled sum')
+    # Floating-point averages are the correctly rounded sum / n (the engine
+    # divides by n; sum * (1/n) is an ulp off for a third of these on 3 ranks).
+    xs = torch.arange(-200, 201, dtype=torch.float64)
+    for dtype in (torch.float32, torch.float64):
+        got = hvd.allreduce((xs * (r + 1)).to(dtype), name='round.%s' % dtype, op=hvd.Average)
+        check(got, sum((xs * (k + 1)).to(dtype) for k in range(n)) / n, 'average %s' % dtype)
     # reducescatter's average: the same rounding.
     rows = torch.stack([mine] * n)
     got = hvd.reducescatter(rows, name='round.rs', op=hvd.Average)
@@ -113,6 +120,9 @@ def case_rounding(n, r, hvd, _):
         got = hvd.allreduce(mine, name='round.join', op=hvd.Average)
         active = sum(base + k * k for k in range(1, n))
         check(got, torch.div(active, n, rounding_mode='floor'), 'average with rank 0 joined')
+        got = hvd.allreduce(xs.to(torch.float32) * r, name='round.join.f32', op=hvd.Average)
+        check(got, sum(xs.to(torch.float32) * k for k in range(1, n)) / n,
+              'float average with rank 0 joined')
         hvd.join()
 
 
