@@ -8,7 +8,9 @@ prints a table of pass / fail / skip / hang with the skip reasons.
 
 Horovod's file is not part of this repository: pass the path of a copy. The
 runner writes, into a temporary folder, that file with one change (the line
-`import horovod.torch as hvd` becomes `import pushpull.torch as hvd`) and a
+`import horovod.torch as hvd` becomes `import pushpull.torch as hvd`, or the
+module --module names: pushpull.torch.horovod_0_21 for a file of Horovod
+<= 0.21, whose allgather/broadcast gradients and alltoall result differ) and a
 stand-in for the helper module it imports (`common`: mpi_env_rank_and_size,
 skip_or_fail_gpu_test, temppath), written here, not copied. Each test runs as
 `python3 -m pytest FILE::Class::test` on every rank, with a small pytest plugin
@@ -116,10 +118,10 @@ def pytest_sessionfinish(session, exitstatus):
 '''
 
 
-def prepare(test_file, work):
+def prepare(test_file, work, module='pushpull.torch'):
     """Writes the import-swapped copy and the helpers; returns its path."""
     text = Path(test_file).read_text()
-    swapped, count = IMPORT_RE.subn('import pushpull.torch as hvd', text)
+    swapped, count = IMPORT_RE.subn('import %s as hvd' % module, text)
     if count != 1:
         sys.exit('horovod_suite: expected one line "import horovod.torch as hvd" in %s, found %d'
                  % (test_file, count))
@@ -133,14 +135,18 @@ def prepare(test_file, work):
 
 
 def list_tests(path):
-    """'Class::test_name' of every test method of every TestCase-like class."""
+    """'Class::test_name' of every test method of every TestCase-like class,
+    each once: a class that defines a name twice has one test of that name
+    (Python keeps the last definition; pytest collects it once)."""
     tree = ast.parse(Path(path).read_text())
     tests = []
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name.startswith('test'):
-                    tests.append('%s::%s' % (node.name, item.name))
+                    test = '%s::%s' % (node.name, item.name)
+                    if test not in tests:
+                        tests.append(test)
     return tests
 
 
@@ -237,6 +243,10 @@ def main():
     p.add_argument('--python', default='/usr/bin/python3',
                    help='interpreter of the ranks (default /usr/bin/python3: Debian torch)')
     p.add_argument('--pythonpath', default=str(ROOT / 'build' / 'python'))
+    p.add_argument('--module', default='pushpull.torch',
+                   help='what the import line names instead of horovod.torch (default '
+                        'pushpull.torch; pushpull.torch.horovod_0_21 for a file written for '
+                        'Horovod <= 0.21, docs/python.md)')
     p.add_argument('--json', default=None, help='also write the results here')
     p.add_argument('--markdown', default=None,
                    help='also write the counts and the skipped tests as a Markdown table '
@@ -258,7 +268,7 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with tempfile.TemporaryDirectory(prefix='pp-hvd-suite-') as tmp:
-        dest = prepare(args.test_file, Path(tmp))
+        dest = prepare(args.test_file, Path(tmp), args.module)
         tests = list_tests(dest)
         if args.filter:
             tests = [t for t in tests if re.search(args.filter, t)]

@@ -36,13 +36,16 @@ def inputs_of(n, shape, dtype, salt):
 
 
 def reduce_ref(op, xs, n):
-    """Horovod's results: Average = sum / n in float, cast back (truncating)."""
+    """Horovod's results: Average = sum / n in float, cast back; an integer
+    average rounds down (floor), as Horovod's suite expects."""
     dtype = xs[0].dtype
     st = torch.stack([x.double() for x in xs])
     if op == 'sum':
         r = st.sum(0) if dtype != torch.bool else st.max(0).values
     elif op == 'average':
         r = st.sum(0) / n
+        if not dtype.is_floating_point:
+            r = r.floor()
     elif op == 'min':
         r = st.min(0).values
     elif op == 'max':

@@ -2,6 +2,7 @@
 #include "pushpull/kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -140,6 +141,60 @@ PP_MULTIVERSION void scale_f32(float* d, float alpha, size_t n) {
   for (size_t i = 0; i < n; ++i)
     d[i] *= alpha;
 }
+PP_MULTIVERSION void divide_f32(float* d, float divisor, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    d[i] /= divisor;
+}
+PP_MULTIVERSION void divide_f64(double* d, double divisor, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    d[i] /= divisor;
+}
+template <typename T>
+void divide_int(T* d, double divisor, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    d[i] = static_cast<T>(static_cast<double>(d[i]) / divisor);
+}
+
+// k when alpha is 1/k for an integer k >= 2 (an average's factor), else 0.
+// Dividing by k rounds correctly; multiplying by 1/k, itself rounded, is an
+// ulp off for a third of the x of an average over 3 ranks (x * (1/3) vs
+// x / 3), and 9 * (1/3) truncates to 2 where 9 / 3 is 3.
+double average_divisor(double alpha) {
+  if (!(alpha > 0.0) || alpha > 0.5) return 0.0;
+  double k = std::round(1.0 / alpha);
+  return k < 2.0 || k > 1e9 || 1.0 / k != alpha ? 0.0 : k;
+}
+
+void divide(DType dtype, void* dst, double k, size_t n) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return divide_f32(static_cast<float*>(dst), static_cast<float>(k), n);
+    case DType::kFloat64:
+      return divide_f64(static_cast<double*>(dst), k, n);
+    case DType::kInt32:
+      return divide_int(static_cast<int32_t*>(dst), k, n);
+    case DType::kInt64:
+      return divide_int(static_cast<int64_t*>(dst), k, n);
+    case DType::kInt8:
+      return divide_int(static_cast<int8_t*>(dst), k, n);
+    case DType::kUInt8:
+      return divide_int(static_cast<uint8_t*>(dst), k, n);
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      constexpr size_t kBlock = 2048;
+      alignas(64) float f[kBlock];
+      auto* d = static_cast<uint16_t*>(dst);
+      bool fp16 = dtype == DType::kFloat16;
+      for (size_t i = 0; i < n; i += kBlock) {
+        size_t m = std::min(kBlock, n - i);
+        fp16 ? half_to_float(d + i, f, m) : bfloat16_to_float(d + i, f, m);
+        divide_f32(f, static_cast<float>(k), m);
+        fp16 ? float_to_half(f, d + i, m) : float_to_bfloat16(f, d + i, m);
+      }
+      return;
+    }
+  }
+}
 PP_MULTIVERSION void scale_f64(double* d, double alpha, size_t n) {
   for (size_t i = 0; i < n; ++i)
     d[i] *= alpha;
@@ -184,9 +239,10 @@ void reduce(ReduceOp op, DType dtype, void* dst, const void* src, size_t n) {
 
 void scale(DType dtype, void* dst, double alpha, size_t n) {
   if (n == 0 || alpha == 1.0) return;
+  if (double k = average_divisor(alpha); k != 0.0) return divide(dtype, dst, k, n);
   switch (dtype) {
     case DType::kFloat32:
-      return scale_f32(static_cast<float*>(dst), static_cast<float>(alpha), n);
+      return scale_f32(static_cast<float*>(dst), alpha, n);
     case DType::kFloat64:
       return scale_f64(static_cast<double*>(dst), alpha, n);
     case DType::kInt32:
@@ -206,7 +262,7 @@ void scale(DType dtype, void* dst, double alpha, size_t n) {
       for (size_t i = 0; i < n; i += kBlock) {
         size_t m = std::min(kBlock, n - i);
         fp16 ? half_to_float(d + i, f, m) : bfloat16_to_float(d + i, f, m);
-        scale_f32(f, static_cast<float>(alpha), m);
+        scale_f32(f, alpha, m);
         fp16 ? float_to_half(f, d + i, m) : float_to_bfloat16(f, d + i, m);
       }
       return;

@@ -113,11 +113,14 @@ std::vector<std::string> ssh_base(const LaunchConfig& cfg, int port) {
   return a;
 }
 
-// Variables that differ between processes of one role.
+// Variables that differ between processes of one role. Horovod's four go (the
+// size too): under mpirun or srun a script must see an MPI-style job, as
+// horovodrun's MPI mode sets none of them.
 bool per_process(const std::string& k) {
   return k == "RANK" || k == "PUSHPULL_RANK" || k == "LOCAL_RANK" || k == "PUSHPULL_LOCAL_RANK" ||
          k == "LOCAL_WORLD_SIZE" || k == "PUSHPULL_LOCAL_SIZE" || k == "DMLC_NODE_HOST" ||
-         k == "PUSHPULL_NODE_HOST" || k == "PUSHPULL_HOST_PROCESS_INDEX";
+         k == "PUSHPULL_NODE_HOST" || k == "PUSHPULL_HOST_PROCESS_INDEX" || k == "HOROVOD_RANK" ||
+         k == "HOROVOD_SIZE" || k == "HOROVOD_LOCAL_RANK" || k == "HOROVOD_LOCAL_SIZE";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -66,6 +67,39 @@ TEST(Kernels, HalfSumsInFloat32) {
   Array b = Array::full(Shape{3}, 3.0, DType::kFloat16);
   reduce_sum(DType::kFloat16, a.data(), b.data(), 3);
   EXPECT_EQ(get_element(a, 0), 2052.0);  // 2051 rounds to even 2052
+}
+
+TEST(Kernels, ScaleByOneOverKDividesByK) {
+  // An average over 3 ranks: the sum times 1/3 must be the correctly rounded
+  // quotient x / 3, which x * (1/3), the factor itself rounded, is not for a
+  // third of these x (float 142: 47.333336, not 47.333332); integers: 9 / 3
+  // is 3, where 9 * (1/3) truncates to 2.
+  std::vector<double> xs;
+  for (int v = -200; v <= 200; ++v)
+    xs.push_back(v);
+  const int64_t n = static_cast<int64_t>(xs.size());
+  Array f(Shape{n}, DType::kFloat32), d(Shape{n}, DType::kFloat64);
+  std::copy(xs.begin(), xs.end(), f.as<float>());
+  std::copy(xs.begin(), xs.end(), d.as<double>());
+  scale(DType::kFloat32, f.data(), 1.0 / 3.0, xs.size());
+  scale(DType::kFloat64, d.data(), 1.0 / 3.0, xs.size());
+  int f_off = 0, d_off = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float x = static_cast<float>(xs[i]);
+    EXPECT_EQ(f.as<float>()[i], x / 3.0f) << x;
+    EXPECT_EQ(d.as<double>()[i], xs[i] / 3.0) << x;
+    f_off += x * static_cast<float>(1.0 / 3.0) != x / 3.0f;
+    d_off += xs[i] * (1.0 / 3.0) != xs[i] / 3.0;
+  }
+  EXPECT_GT(f_off, 0) << "the values must include some the factor gets wrong";
+  EXPECT_GT(d_off, 0);
+  Array i = Array::full(Shape{2}, 9.0, DType::kInt32);
+  scale(DType::kInt32, i.data(), 1.0 / 3.0, 2);
+  EXPECT_EQ(get_element(i, 1), 3.0);
+  // Any other factor multiplies (for float32 by the factor as a float).
+  Array g = Array::full(Shape{1}, 3.0, DType::kFloat32);
+  scale(DType::kFloat32, g.data(), 0.2915, 1);
+  EXPECT_EQ(g.as<float>()[0], 3.0f * 0.2915f);
 }
 
 TEST(Kernels, ScaleAndConvert) {

@@ -43,12 +43,12 @@ ReduceOp base_op(Reduction r) {
 }
 
 // The expected element, computed locally; average as the engine defines it
-// (sum, then times 1/n, integers truncated).
+// (sum, then divided by n, integers truncated).
 double expected(Reduction red, DType dtype, int n, int64_t i, int contributors = -1) {
   double v = reference(base_op(red), dtype, n, i);
   if (red != Reduction::kAverage) return v;
-  double alpha = 1.0 / (contributors < 0 ? n : contributors);
-  return is_floating(dtype) ? v * alpha : std::trunc(v * alpha);
+  double k = contributors < 0 ? n : contributors;
+  return is_floating(dtype) ? v / k : std::trunc(v / k);
 }
 
 bool near(double got, double want, DType dtype) {

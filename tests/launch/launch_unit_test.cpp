@@ -193,6 +193,10 @@ TEST(Plan, RanksLocalRanksAndEnvironment) {
       {"PUSHPULL_LOCAL_RANK", "1"},
       {"LOCAL_WORLD_SIZE", "2"},
       {"PUSHPULL_LOCAL_SIZE", "2"},
+      {"HOROVOD_RANK", "2"},
+      {"HOROVOD_SIZE", "3"},
+      {"HOROVOD_LOCAL_RANK", "1"},
+      {"HOROVOD_LOCAL_SIZE", "2"},
       {"MASTER_ADDR", "10.0.0.1"},
       {"PUSHPULL_MASTER_ADDR", "10.0.0.1"},
       {"MASTER_PORT", "4567"},
@@ -215,6 +219,7 @@ TEST(Plan, RanksLocalRanksAndEnvironment) {
   EXPECT_EQ(s.at("S"), "3");
   EXPECT_EQ(s.count("W"), 0u);
   EXPECT_EQ(s.count("RANK"), 0u) << "servers are not part of the workers' world";
+  EXPECT_EQ(s.count("HOROVOD_RANK"), 0u);
 }
 
 // -s 0 with the local launcher: worker 0 inherits the held rendezvous port
@@ -324,6 +329,10 @@ TEST(Commands, MpirunHasTwoAppContexts) {
   EXPECT_THAT(workers, ::testing::Contains("DMLC_ROLE=worker"));
   EXPECT_THAT(workers, ::testing::Contains("WORLD_SIZE=3"));
   EXPECT_THAT(workers, ::testing::Not(::testing::Contains(::testing::StartsWith("RANK="))));
+  // Horovod's names are per process: none under mpirun (an MPI-style job).
+  for (const char* k :
+       {"HOROVOD_RANK=", "HOROVOD_SIZE=", "HOROVOD_LOCAL_RANK=", "HOROVOD_LOCAL_SIZE="})
+    EXPECT_THAT(workers, ::testing::Not(::testing::Contains(::testing::StartsWith(k))));
   EXPECT_THAT(workers, ::testing::Contains("W=2"));
   EXPECT_THAT(servers, ::testing::Contains("DMLC_ROLE=server"));
   EXPECT_THAT(servers, ::testing::Contains("S=3"));

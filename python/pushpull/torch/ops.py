@@ -165,7 +165,10 @@ def _raw(tensor):
 def _scale_(tensor, factor, divisor=1):
     """tensor *= factor / divisor in place; integers are scaled in float64 and
     cast back (truncating), 16-bit floats in float32, as Horovod does. The
-    divisor divides (9 / 3 is exactly 3; 9 * (1 / 3) truncates to 2)."""
+    divisor (an Average's set size) divides; an integer is divided rounding
+    down, as torch's floor_divide (since 1.13) and Python's // do, which is
+    what Horovod's own suite checks an integer average against (-75 / 2 is
+    -38; 9 / 3 is exactly 3, where 9 * (1 / 3) would truncate to 2)."""
     if factor == 1.0 and divisor == 1:
         return tensor
     if tensor.dtype == torch.bool:
@@ -174,8 +177,13 @@ def _scale_(tensor, factor, divisor=1):
         if factor != 1.0:
             tensor.mul_(factor)
         return tensor.div_(divisor) if divisor != 1 else tensor
-    wide = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else torch.float64
-    return tensor.copy_(tensor.to(wide) * factor / divisor)
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return tensor.copy_(tensor.to(torch.float32) * factor / divisor)
+    if factor != 1.0:
+        tensor.copy_(tensor.to(torch.float64) * factor)
+    if divisor != 1:
+        tensor.copy_(torch.div(tensor, divisor, rounding_mode='floor'))
+    return tensor
 
 
 def _scope(process_set, what):
@@ -396,32 +404,33 @@ def _set_rank(process_set):
 
 
 class _AllgatherFn(torch.autograd.Function):
-    """Backward: the averaged gradient's rows of this rank (as Horovod)."""
+    """Backward: the averaged gradient's rows of this rank (as Horovod since
+    0.22; ``grad_op=Sum``: summed, as Horovod 0.21, see horovod_0_21.py)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, process_set):
-        ctx.name, ctx.process_set = name, process_set
+    def forward(ctx, tensor, name, process_set, grad_op=Average):
+        ctx.name, ctx.process_set, ctx.grad_op = name, process_set, grad_op
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
         return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad',
+        grad = allreduce(grad.contiguous(), op=ctx.grad_op, name=ctx.name + '.grad',
                          process_set=ctx.process_set)
         rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), name=ctx.name + '.rows',
                          process_set=ctx.process_set)
         offset = int(rows[:_set_rank(ctx.process_set)].sum().item())
-        return grad.narrow(0, offset, ctx.rows), None, None
+        return grad.narrow(0, offset, ctx.rows), None, None, None
 
 
-def allgather(tensor, name=None, process_set=None):
+def allgather(tensor, name=None, process_set=None, _grad_op=Average):
     """Concatenation of every rank's tensor along dim 0 (first dims may differ).
     Differentiable when ``tensor`` requires grad."""
     if _differentiable(tensor) and tensor.dim() > 0:
         _check(tensor, 'allgather tensor')
         _, prefix, _ = _scope(process_set, 'allgather')
         return _AllgatherFn.apply(tensor, _auto_name('allgather', name, prefix)[len(prefix):],
-                                  process_set)
+                                  process_set, _grad_op)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
@@ -448,23 +457,25 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
 
 
 class _BroadcastFn(torch.autograd.Function):
-    """Backward: the averaged gradient on the root, zeros elsewhere (as Horovod)."""
+    """Backward: the averaged gradient on the root, zeros elsewhere (as Horovod
+    since 0.22; ``grad_op=Sum``: summed, as Horovod 0.21)."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name, process_set):
+    def forward(ctx, tensor, root_rank, name, process_set, grad_op=Average):
         ctx.root, ctx.name, ctx.process_set = root_rank, name, process_set
+        ctx.grad_op = grad_op
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        grad = allreduce(grad.contiguous(), op=Average, name=ctx.name + '.grad',
+        grad = allreduce(grad.contiguous(), op=ctx.grad_op, name=ctx.name + '.grad',
                          process_set=ctx.process_set)
         if _c.rank() != ctx.root:
             grad = torch.zeros_like(grad)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
+def broadcast(tensor, root_rank, name=None, process_set=None, _grad_op=Average):
     """Returns a copy of root_rank's ``tensor`` (``tensor`` is unchanged).
     Differentiable when ``tensor`` requires grad."""
     if _differentiable(tensor):
@@ -472,7 +483,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
         _, prefix, _ = _scope(process_set, 'broadcast')
         return _BroadcastFn.apply(tensor, int(root_rank),
                                   _auto_name('broadcast', name, prefix)[len(prefix):],
-                                  process_set)
+                                  process_set, _grad_op)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
