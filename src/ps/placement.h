@@ -50,7 +50,9 @@ std::vector<Slice> chunk(const std::vector<Slice>& slices, int64_t max_count);
 // which must stay a small share of the value's time (measured across
 // shaped links: 4 MiB chunks made a 40 MiB push+pull over 4 servers take
 // 1.5-1.7x its bound, 16 pieces per slice of at least 256 KiB 1.10x, 32
-// of at least 128 KiB 1.07x; 64 gained nothing more and cost on loopback).
+// of at least 128 KiB 1.07x; with mixed placement's ragged ends, 128 of
+// at least 64 KiB took 1.09x where 32 took 1.11x, docs/scaling.md; on one
+// host chunks only cost CPU: DistStore sends whole slices there).
 int64_t chunk_count(const std::vector<Slice>& slices, int64_t max_count, int64_t min_count,
                     int min_pieces);
 

@@ -81,7 +81,7 @@ std::vector<double> link_scales(const std::vector<double>& weights) {
   std::vector<double> out;
   out.reserve(weights.size());
   for (double w : weights)
-    out.push_back(std::clamp(w * static_cast<double>(weights.size()) / sum, 0.125, 8.0));
+    out.push_back(std::clamp(std::sqrt(w * static_cast<double>(weights.size()) / sum), 0.125, 8.0));
   return out;
 }
 

@@ -43,12 +43,17 @@ double spare_host_fraction(int n, int k);
 // not the number of servers.
 std::vector<double> server_weights(const std::string& setting, const cluster::AddressBook& book);
 
-// How much larger than an equal share each server's links' socket buffers
-// should be under `weights` (server_weights): weight x servers / sum, within
-// [1/8, 8]; empty for equal shares. Why: the flows between workers and
-// servers are limited by their windows, so their rates follow their buffers;
-// buffers in proportion to the bytes each server carries let every flow
-// finish together (cluster::Node::set_server_link_scale).
+// How much larger than an equal share's each server's links' socket buffers
+// should be under `weights` (server_weights): sqrt(weight x servers / sum),
+// within [1/8, 8]; empty for equal shares. Why: the flows between workers
+// and servers are limited by their windows, so with equal buffers every flow
+// runs at the same rate and the spare hosts' bigger slices finish last
+// (cluster::Node::set_server_link_scale). Why the root, not the share
+// itself: a flow's rate is its window over its round trip, and the spare
+// hosts' ports queue more once their flows get more window; measured with 8
+// workers at 500 Mbit/s (docs/scaling.md), buffers in proportion to the
+// shares overshot at k = 2 (1.16x BytePS's bound, 1.11x with equal ones)
+// where their square roots gave 1.07x (k = 2) and 1.09-1.10x (k = 4).
 std::vector<double> link_scales(const std::vector<double>& weights);
 
 }  // namespace pushpull::ps

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -90,10 +91,11 @@ TEST(ServerShares, ExplicitWeightsAreCheckedAndUsed) {
     EXPECT_THROW(server_weights(bad, b), InvalidArgument) << "'" << bad << "'";
 }
 
-// Each server's links get buffers in proportion to its share: 8 workers and
-// 4 spare hosts give a spare host's links 3.5x the buffer of a worker host's
-// server's (0.159 vs 0.045 of every value), as the flows must carry 3.5x the
-// bytes in the same time.
+// Each server's links get buffers by the square root of its share relative
+// to an equal one: with 8 workers and 4 spare hosts a spare host's flows
+// carry 3.5x the bytes of a worker host's server's (0.159 vs 0.045 of every
+// value), and get sqrt(3.5) = 1.87x the buffer (ps/server_shares.h: why the
+// root).
 TEST(ServerShares, LinkScalesFollowTheShares) {
   std::vector<std::string> workers, servers{"s1", "s2", "s3", "s4"};
   for (int i = 0; i < 8; ++i) {
@@ -104,15 +106,16 @@ TEST(ServerShares, LinkScalesFollowTheShares) {
   ASSERT_EQ(scale.size(), 12u);
   const double a = spare_host_fraction(8, 4);
   for (size_t i = 0; i < 12; ++i)
-    EXPECT_NEAR(scale[i], 12 * (i < 4 ? a / 4 : (1 - a) / 8), 1e-9) << i;
-  EXPECT_NEAR(scale[0] / scale[4], 3.5, 1e-9);
+    EXPECT_NEAR(scale[i], std::sqrt(12 * (i < 4 ? a / 4 : (1 - a) / 8)), 1e-9) << i;
+  EXPECT_NEAR(scale[0] / scale[4], std::sqrt(3.5), 1e-9);
   // Equal shares change nothing; explicit lists scale by weight, within 1/8..8.
   EXPECT_TRUE(link_scales({}).empty());
   EXPECT_EQ(link_scales({2, 2}), (std::vector<double>{1, 1}));
-  EXPECT_EQ(link_scales({3, 1}), (std::vector<double>{1.5, 0.5}));
-  auto lopsided = link_scales({1000, 1, 1});
+  EXPECT_EQ(link_scales({2, 0.5, 0.5, 1}),
+            (std::vector<double>{std::sqrt(2.0), std::sqrt(0.5), std::sqrt(0.5), 1}));
+  auto lopsided = link_scales({1e6, 1, 1});
   ASSERT_EQ(lopsided.size(), 3u);
-  EXPECT_NEAR(lopsided[0], 3000.0 / 1002, 1e-12);
+  EXPECT_NEAR(lopsided[0], std::sqrt(3e6 / (1e6 + 2)), 1e-12);
   EXPECT_EQ(lopsided[1], 0.125) << "clamped: a tiny window would stall that flow";
   EXPECT_EQ(lopsided[2], 0.125);
 }
