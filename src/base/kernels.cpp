@@ -165,36 +165,6 @@ double average_divisor(double alpha) {
   return k < 2.0 || k > 1e9 || 1.0 / k != alpha ? 0.0 : k;
 }
 
-void divide(DType dtype, void* dst, double k, size_t n) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return divide_f32(static_cast<float*>(dst), static_cast<float>(k), n);
-    case DType::kFloat64:
-      return divide_f64(static_cast<double*>(dst), k, n);
-    case DType::kInt32:
-      return divide_int(static_cast<int32_t*>(dst), k, n);
-    case DType::kInt64:
-      return divide_int(static_cast<int64_t*>(dst), k, n);
-    case DType::kInt8:
-      return divide_int(static_cast<int8_t*>(dst), k, n);
-    case DType::kUInt8:
-      return divide_int(static_cast<uint8_t*>(dst), k, n);
-    case DType::kFloat16:
-    case DType::kBFloat16: {
-      constexpr size_t kBlock = 2048;
-      alignas(64) float f[kBlock];
-      auto* d = static_cast<uint16_t*>(dst);
-      bool fp16 = dtype == DType::kFloat16;
-      for (size_t i = 0; i < n; i += kBlock) {
-        size_t m = std::min(kBlock, n - i);
-        fp16 ? half_to_float(d + i, f, m) : bfloat16_to_float(d + i, f, m);
-        divide_f32(f, static_cast<float>(k), m);
-        fp16 ? float_to_half(f, d + i, m) : float_to_bfloat16(f, d + i, m);
-      }
-      return;
-    }
-  }
-}
 PP_MULTIVERSION void scale_f64(double* d, double alpha, size_t n) {
   for (size_t i = 0; i < n; ++i)
     d[i] *= alpha;
@@ -203,6 +173,49 @@ template <typename T>
 void scale_int(T* d, double alpha, size_t n) {
   for (size_t i = 0; i < n; ++i)
     d[i] = static_cast<T>(static_cast<double>(d[i]) * alpha);
+}
+
+// Runs an element-wise in-place operation on n elements of `dtype`: `f32`
+// on float32, `f64` on float64, `on_int` (called with a pointer to each
+// integer type) on integers; 16-bit floats widen to float32 in blocks on the
+// stack, run `f32` and narrow back. One dispatch for scale and divide.
+template <typename F32, typename F64, typename Int>
+void in_place(DType dtype, void* dst, size_t n, F32 f32, F64 f64, Int on_int) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f32(static_cast<float*>(dst), n);
+    case DType::kFloat64:
+      return f64(static_cast<double*>(dst), n);
+    case DType::kInt32:
+      return on_int(static_cast<int32_t*>(dst), n);
+    case DType::kInt64:
+      return on_int(static_cast<int64_t*>(dst), n);
+    case DType::kInt8:
+      return on_int(static_cast<int8_t*>(dst), n);
+    case DType::kUInt8:
+      return on_int(static_cast<uint8_t*>(dst), n);
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      constexpr size_t kBlock = 2048;
+      alignas(64) float f[kBlock];
+      auto* d = static_cast<uint16_t*>(dst);
+      const bool fp16 = dtype == DType::kFloat16;
+      for (size_t i = 0; i < n; i += kBlock) {
+        const size_t m = std::min(kBlock, n - i);
+        fp16 ? half_to_float(d + i, f, m) : bfloat16_to_float(d + i, f, m);
+        f32(f, m);
+        fp16 ? float_to_half(f, d + i, m) : float_to_bfloat16(f, d + i, m);
+      }
+      return;
+    }
+  }
+}
+
+void divide(DType dtype, void* dst, double k, size_t n) {
+  in_place(
+      dtype, dst, n, [&](float* d, size_t m) { divide_f32(d, static_cast<float>(k), m); },
+      [&](double* d, size_t m) { divide_f64(d, k, m); },
+      [&](auto* d, size_t m) { divide_int(d, k, m); });
 }
 
 template <typename T>
@@ -240,34 +253,10 @@ void reduce(ReduceOp op, DType dtype, void* dst, const void* src, size_t n) {
 void scale(DType dtype, void* dst, double alpha, size_t n) {
   if (n == 0 || alpha == 1.0) return;
   if (double k = average_divisor(alpha); k != 0.0) return divide(dtype, dst, k, n);
-  switch (dtype) {
-    case DType::kFloat32:
-      return scale_f32(static_cast<float*>(dst), alpha, n);
-    case DType::kFloat64:
-      return scale_f64(static_cast<double*>(dst), alpha, n);
-    case DType::kInt32:
-      return scale_int(static_cast<int32_t*>(dst), alpha, n);
-    case DType::kInt64:
-      return scale_int(static_cast<int64_t*>(dst), alpha, n);
-    case DType::kInt8:
-      return scale_int(static_cast<int8_t*>(dst), alpha, n);
-    case DType::kUInt8:
-      return scale_int(static_cast<uint8_t*>(dst), alpha, n);
-    case DType::kFloat16:
-    case DType::kBFloat16: {
-      constexpr size_t kBlock = 2048;
-      alignas(64) float f[kBlock];
-      auto* d = static_cast<uint16_t*>(dst);
-      bool fp16 = dtype == DType::kFloat16;
-      for (size_t i = 0; i < n; i += kBlock) {
-        size_t m = std::min(kBlock, n - i);
-        fp16 ? half_to_float(d + i, f, m) : bfloat16_to_float(d + i, f, m);
-        scale_f32(f, alpha, m);
-        fp16 ? float_to_half(f, d + i, m) : float_to_bfloat16(f, d + i, m);
-      }
-      return;
-    }
-  }
+  in_place(
+      dtype, dst, n, [&](float* d, size_t m) { scale_f32(d, static_cast<float>(alpha), m); },
+      [&](double* d, size_t m) { scale_f64(d, alpha, m); },
+      [&](auto* d, size_t m) { scale_int(d, alpha, m); });
 }
 
 void copy(DType dtype, void* dst, const void* src, size_t n) {
