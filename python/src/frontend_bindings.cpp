@@ -58,16 +58,7 @@ class PyReducer {
 
   ~PyReducer() {  // GIL held
     if (pinned() == 0) return;
-    auto core = core_;
-    park_until_done(
-        [core] {
-          try {
-            return !core->in_flight();
-          } catch (...) {
-            return true;  // the session is gone: its ops failed
-          }
-        },
-        take_pins());
+    park_pins();
   }
 
   GradientReducer& core() { return *core_; }
@@ -83,16 +74,7 @@ class PyReducer {
   // the old session's operations are over.
   void abandon() {
     core_->abandon_round();
-    auto core = core_;
-    park_until_done(
-        [core] {
-          try {
-            return !core->in_flight();
-          } catch (...) {
-            return true;  // the session is gone: its ops failed
-          }
-        },
-        take_pins());
+    park_pins();
   }
 
   double synchronize() {
@@ -119,6 +101,20 @@ class PyReducer {
   }
 
  private:
+  // Hands the pinned gradients to a parked holder that drops them once the
+  // core has nothing in flight (without blocking the caller).
+  void park_pins() {
+    auto core = core_;
+    park_until_done(
+        [core] {
+          try {
+            return !core->in_flight();
+          } catch (...) {
+            return true;  // the session is gone: its ops failed
+          }
+        },
+        take_pins());
+  }
   size_t pinned() const {
     size_t n = 0;
     for (const auto& p : pins_)
