@@ -24,12 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_case(case, n, timeout=120):
-    from torch_launch import run_job
-    code, out = run_job([sys.executable, __file__, case], n, timeout)
-    assert code == 0, 'case %s on %d ranks exited %d:\n%s' % (case, n, code, out)
-    for r in range(n):
-        assert 'PASS %s rank %d of %d' % (case, r, n) in out, out
-    assert 'Traceback' not in out, out
+    import torch_launch
+    torch_launch.run_case(case, n, timeout, script=__file__, no_traceback=True)
 
 
 @pytest.mark.parametrize('n', [2, 3])

@@ -73,11 +73,14 @@ def run_job(argv, n, timeout=90, extra_env=None, servers=0):
     return proc.returncode, out
 
 
-def run_case(case, n, timeout=90, servers=0):
-    """Runs one torch_worker.py case on n ranks and checks every rank passed."""
-    code, out = run_job([sys.executable, str(HERE / 'torch_worker.py'), case], n, timeout,
-                        servers=servers)
+def run_case(case, n, timeout=90, servers=0, script=None, no_traceback=False):
+    """Runs one case of `script` (torch_worker.py by default) on n ranks and
+    checks every rank passed (and, with no_traceback, that none printed one)."""
+    code, out = run_job([sys.executable, str(script or HERE / 'torch_worker.py'), case], n,
+                        timeout, servers=servers)
     assert code == 0, 'case %s on %d ranks exited %d:\n%s' % (case, n, code, out)
     for r in range(n):
         assert 'PASS %s rank %d of %d' % (case, r, n) in out, out
+    if no_traceback:
+        assert 'Traceback' not in out, out
     return out
