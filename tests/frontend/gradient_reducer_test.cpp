@@ -39,6 +39,10 @@ ReducerOptions with(F set) {
 
 TEST(GradientReducer, CountsPassesRefusesOneTooManyAndStartsGroupsWhole) {
   auto comms = group_of(1);
+  // Declared before the reducer: the round abandoned below is still in
+  // flight when the test ends, and the reducer's destructor waits for it
+  // while the gradients it reads must stay alive (gradient_reducer.h).
+  std::vector<std::vector<float>> g(5, std::vector<float>(3, 2.0f));
   ReducerOptions o;
   o.backward_passes_per_step = 2;
   o.num_groups = 2;  // 5 parameters: {0, 1, 2} and {3, 4}
@@ -54,7 +58,6 @@ TEST(GradientReducer, CountsPassesRefusesOneTooManyAndStartsGroupsWhole) {
   EXPECT_NO_THROW(r.before_accumulate(0));
   // The rest, group 0 whole, in order.
   EXPECT_EQ(r.take_unsubmitted(), (std::vector<size_t>{0, 1, 2}));
-  std::vector<std::vector<float>> g(5, std::vector<float>(3, 2.0f));
   for (size_t i = 0; i < 5; ++i)
     r.submit(i, ArrayView(g[i].data(), Shape{3}));
   EXPECT_TRUE(r.pending());
