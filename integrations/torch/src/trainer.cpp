@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Trainer: construction and checks, the autograd hooks, step(). The store
-// keys (packing, gradients in, results out) are in trainer_keys.cpp.
+// Trainer: libtorch's glue around frontend::TrainerCore (trainer_impl.h):
+// the checks of tensors and their messages, the autograd hooks, the views
+// the core asks for.
 #include "pushpull/torch/trainer.h"
 
 #include <ATen/ATen.h>
@@ -8,9 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <string>
 
@@ -20,7 +19,7 @@
 
 namespace pushpull::torch {
 
-namespace trainer_detail {
+namespace {
 
 std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "an undefined tensor";
@@ -56,13 +55,7 @@ ArrayView view_of(const at::Tensor& t) {
                    Device::cpu());
 }
 
-}  // namespace trainer_detail
-
-using namespace trainer_detail;
-
 namespace autograd = ::torch::autograd;
-
-namespace {
 
 // Runs after AccumulateGrad wrote the parameter's .grad (a post hook, which
 // libtorch 1.13 has no tensor-level API for).
@@ -83,7 +76,7 @@ class GradReadyHook final : public autograd::FunctionPostHook {
 
 Trainer::Impl::Impl(std::vector<ParameterList> reps, OptimizerSpec s, KVStore& store,
                     TrainerOptions o)
-    : kv(store), spec(std::move(s)), opt(o), replicas(std::move(reps)) {
+    : kv(store), opt(o), replicas(std::move(reps)) {
   if (replicas.empty()) {
     throw InvalidArgument("Trainer: no replicas given; pass the parameters of at least one model");
   }
@@ -91,29 +84,21 @@ Trainer::Impl::Impl(std::vector<ParameterList> reps, OptimizerSpec s, KVStore& s
   n = replicas[0].size();
   if (n == 0) throw InvalidArgument("Trainer: the model has no parameters to train");
   check_parameters();
-  if (!opt.update_on_kvstore && kv.type().starts_with("dist_async")) {
-    throw InvalidArgument(
-        "Trainer: update_on_kvstore = false is not possible with a dist_async store (workers "
-        "would apply each other's stale gradients); let the servers run the optimizer");
-  }
-  if (!(opt.scale > 0)) {
-    throw InvalidArgument("Trainer: scale must be > 0, got " + std::to_string(opt.scale));
-  }
-  if (opt.fuse_below < 0 || opt.bucket_bytes <= 0) {
-    throw InvalidArgument("Trainer: fuse_below must be >= 0 and bucket_bytes > 0, got " +
-                          std::to_string(opt.fuse_below) + " and " +
-                          std::to_string(opt.bucket_bytes));
-  }
-  // Checks the spec now (InvalidArgument listing the valid names), even when
-  // the store will run it.
-  auto checked = create_optimizer(spec);
-  if (!opt.update_on_kvstore) local_optimizer = std::move(checked);
-  make_units();
-  std::vector<std::vector<size_t>> members;
-  for (const auto& u : units)
-    members.push_back(u.members);
-  schedule = std::make_unique<frontend::PushSchedule>(members, n, k, opt.push_from_hooks);
-  handles.resize(units.size());
+  std::vector<Shape> shapes;
+  for (const auto& p : replicas[0])
+    shapes.push_back(view_of(p).shape);
+  tensors.self = this;
+  // The step itself (keys, init, pushes, rescale, local update):
+  // frontend/trainer_core.h, as the Python Trainer's.
+  core = std::make_unique<frontend::TrainerCore>(
+      [&store]() -> KVStore& { return store; }, std::move(s), std::move(shapes), k,
+      frontend::TrainerCoreOptions{.update_on_kvstore = opt.update_on_kvstore,
+                                   .push_from_hooks = opt.push_from_hooks,
+                                   .key_base = opt.key_base,
+                                   .scale = opt.scale,
+                                   .fuse_below = opt.fuse_below,
+                                   .bucket_bytes = opt.bucket_bytes},
+      tensors);
   install_hooks();
 }
 
@@ -121,22 +106,8 @@ Trainer::Impl::~Impl() {
   for (auto& h : hooks) {
     if (h.accumulator) h.accumulator->del_post_hook(h.id);
   }
-  // Exchanges started by hooks and never collected by a step() (an error, or
-  // a Trainer destroyed mid-round) still read gradients and write parameters:
-  // they must end before those tensors may go. Their errors were the
-  // round's, which nobody waits for any more.
-  std::vector<KVHandle> pending;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    pending = handles;
-  }
-  for (const auto& h : pending) {
-    try {
-      kv.wait(h);
-    } catch (const std::exception& e) {
-      PP_DEBUG("Trainer: an exchange left at destruction failed: {}", e.what());
-    }
-  }
+  // Then the core waits for exchanges that hooks started and no step()
+  // collected: they still read gradients and write parameters.
 }
 
 void Trainer::Impl::check_parameters() const {
@@ -187,96 +158,56 @@ void Trainer::Impl::install_hooks() {
 }
 
 void Trainer::Impl::on_grad_ready(size_t i, int d) {
-  // When to push: frontend/push_schedule.h (the Python Trainer's too).
-  const auto ready = schedule->grad_ready(i);
-  if (ready.what == frontend::PushSchedule::Ready::kSecond) {
+  // When to push, and the push itself: the core (the Python Trainer's too).
+  if (core->grad_ready(i) == frontend::PushSchedule::Ready::kSecond) {
     throw InvalidArgument("Trainer: " + where(i, key_label(i), d) +
                           " got a second gradient before step(); the Trainer pushes each "
                           "gradient as soon as it is ready, so for gradient accumulation over "
                           "several backward passes set TrainerOptions::push_from_hooks = false");
   }
-  if (ready.what != frontend::PushSchedule::Ready::kPush) return;
-  const size_t u = ready.unit;
-  KVHandle h;
-  try {
-    h = exchange(u, gradients(u));
-  } catch (...) {
-    schedule->push_failed(u);  // step() retries and reports the problem
-    throw;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  handles[u] = std::move(h);
-  ++stats.hook_pushes;
 }
 
-void Trainer::Impl::step(int64_t batch_size) {
-  if (batch_size <= 0) {
-    throw InvalidArgument("Trainer::step: batch_size must be > 0, got " +
-                          std::to_string(batch_size));
-  }
-  init();
-  const int64_t global_batch = batch_size * kv.num_workers();
-  if (opt.update_on_kvstore) {
-    if (store_global_batch == 0) {
-      OptimizerSpec scaled = spec;
-      auto it = scaled.hyperparameters.find("rescale_grad");
-      const double user_scale = it == scaled.hyperparameters.end() ? 1.0 : it->second;
-      scaled.hyperparameters["rescale_grad"] =
-          user_scale * opt.scale / static_cast<double>(global_batch);
-      kv.set_optimizer(scaled);
-      store_global_batch = global_batch;
-    } else if (global_batch != store_global_batch && !warned_batch) {
-      warned_batch = true;
-      PP_WARN(
-          "Trainer::step: global batch {} differs from the first step's {}; with "
-          "update_on_kvstore the store's rescale_grad stays 1/{} (as in Gluon). Keep batches "
-          "equal (drop the last partial batch) or set update_on_kvstore = false",
-          global_batch, store_global_batch, store_global_batch);
-    }
-  }
+std::string Trainer::Impl::key_label(size_t i) const {
+  if (!core)  // before the core: parameter i's own key
+    return "key " + std::to_string(opt.key_base + static_cast<int64_t>(i));
+  return core->key_label(i);
+}
 
-  // Whatever happens below, the next round starts clean.
-  struct RoundReset {
-    Impl* self;
-    ~RoundReset() {
-      std::lock_guard<std::mutex> lock(self->mu);
-      std::fill(self->handles.begin(), self->handles.end(), KVHandle());
-      self->schedule->end_round();
-    }
-  } reset{this};
+const at::Tensor& Trainer::Impl::checked_gradient(size_t i, int d) const {
+  const at::Tensor& p = replicas[static_cast<size_t>(d)][i];
+  const at::Tensor& g = p.grad();
+  if (!g.defined()) {
+    throw InvalidArgument("Trainer::step: " + where(i, key_label(i), d) + " (" + describe(p) +
+                          ") has no gradient; was it used in the forward pass, and did "
+                          "backward() run on every replica before step()?");
+  }
+  if (auto problem = layout_problem(g); !problem.empty()) {
+    throw InvalidArgument("Trainer: the gradient of " + where(i, key_label(i), d) + ", " +
+                          describe(g) + ", " + problem);
+  }
+  if (g.sizes() != p.sizes()) {
+    throw InvalidArgument("Trainer: the gradient of " + where(i, key_label(i), d) + " is " +
+                          describe(g) + " but the parameter is " + describe(p));
+  }
+  return g;
+}
 
-  const size_t m = units.size();
-  std::vector<KVHandle> exchanges(m);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    schedule->disarm();  // no hook may push while step() runs
-    // Check every gradient before pushing any, so a bad one changes nothing.
-    std::vector<ArrayList> lists(m);
-    for (size_t u = 0; u < m; ++u) {
-      if (!schedule->pushed(u)) lists[u] = gradients(u);
-    }
-    for (size_t u = 0; u < m; ++u) {
-      if (schedule->pushed(u)) {
-        exchanges[u] = handles[u];
-      } else {
-        exchanges[u] = exchange(u, lists[u]);
-        ++stats.step_pushes;
-      }
-    }
-  }
-  double waited = 0;
-  auto timed_wait = [&](const KVHandle& h) {
-    const auto t0 = std::chrono::steady_clock::now();
-    kv.wait(h);
-    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  for (size_t u = 0; u < m; ++u) {
-    timed_wait(exchanges[u]);
-    finish(u, global_batch);
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  stats.wait_seconds += waited;
-  ++stats.steps;
+ArrayView Trainer::Impl::Tensors::weight(size_t i, int d) {
+  return view_of(self->replicas[static_cast<size_t>(d)][i]);
+}
+
+ArrayView Trainer::Impl::Tensors::gradient(size_t i, int d) {
+  return view_of(self->checked_gradient(i, d));
+}
+
+void Trainer::Impl::Tensors::batch_changed(int64_t batch, int64_t first_batch, int workers) {
+  if (self->warned_batch) return;
+  self->warned_batch = true;
+  PP_WARN(
+      "Trainer::step: global batch {} differs from the first step's {}; with "
+      "update_on_kvstore the store's rescale_grad stays 1/{} (as in Gluon). Keep batches "
+      "equal (drop the last partial batch) or set update_on_kvstore = false",
+      batch * workers, first_batch * workers, first_batch * workers);
 }
 
 // ---- Trainer ----
@@ -298,18 +229,18 @@ Trainer::Trainer(ParameterList parameters, OptimizerSpec optimizer, KVStore& kvs
 Trainer::~Trainer() = default;
 
 void Trainer::init() {
-  impl_->init();
+  impl_->core->init();
 }
 void Trainer::step(int64_t batch_size) {
-  impl_->step(batch_size);
+  impl_->core->step(batch_size);
 }
 size_t Trainer::num_parameters() const {
   return impl_->n;
 }
 std::vector<Key> Trainer::keys() const {
   std::vector<Key> keys;
-  for (const auto& u : impl_->units)
-    keys.push_back(u.key);
+  for (const auto& u : impl_->core->units())
+    keys.push_back(Key(u.key));
   return keys;
 }
 int Trainer::num_devices() const {
@@ -322,8 +253,8 @@ KVStore& Trainer::kvstore() const {
   return impl_->kv;
 }
 Trainer::Stats Trainer::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  const auto s = impl_->core->stats();
+  return {s.steps, s.hook_pushes, s.step_pushes, s.wait_seconds};
 }
 
 }  // namespace pushpull::torch
