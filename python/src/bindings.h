@@ -10,6 +10,7 @@
 //   elastic_bindings.cpp    bind_elastic     elastic jobs' round and host changes
 //   timeline_bindings.cpp   bind_timeline    a program's own spans on the timeline
 //   frontend_bindings.cpp   bind_frontend    the torch front ends' policy (frontend/)
+//   trainer_bindings.cpp    bind_trainer     the Trainers' step (frontend/trainer_core.h)
 //
 // The array bridge (arrays.cpp) turns any numpy array or torch tensor into a
 // pushpull::ArrayView WITHOUT linking libtorch: through the buffer protocol,
@@ -32,6 +33,10 @@
 
 #include "pushpull/array.h"
 
+namespace pushpull {
+class KVStore;
+}
+
 namespace pushpull::python {
 
 namespace py = pybind11;
@@ -44,7 +49,13 @@ void bind_timeline(py::module_& m);
 void bind_elastic(py::module_& m);
 void bind_compression(py::module_& m);  // GradientCompressor (1bit/2bit for pushpull.torch)
 void bind_frontend(
-    py::module_& m);  // pack_keys; collective.GradientReducer (after bind_collective)
+    py::module_& m);                // pack_keys; collective.GradientReducer (after bind_collective)
+void bind_trainer(py::module_& m);  // TrainerCore
+
+// The store behind a `_pushpull.KVStore` (kv_bindings.cpp), looked up at
+// every call (a closed store throws InvalidArgument). The caller keeps
+// `store` alive as long as the getter; GIL needed only to make it.
+std::function<KVStore&()> store_getter(py::handle store);
 
 // A view of a Python array plus the reference that keeps its memory alive
 // (the object itself, a held Py_buffer, or the consumed DLPack tensor).

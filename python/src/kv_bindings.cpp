@@ -214,6 +214,11 @@ Environment environment(const std::optional<std::map<std::string, std::string>>&
 
 }  // namespace
 
+std::function<KVStore&()> store_getter(py::handle store) {
+  const PyStore* s = &store.cast<const PyStore&>();
+  return [s]() -> KVStore& { return s->get(); };
+}
+
 void bind_kv(py::module_& m) {
   py::class_<PyHandle>(m, "KVHandle",
                        "An asynchronous KVStore operation; keeps its arrays alive until done.")

@@ -19,4 +19,5 @@ PYBIND11_MODULE(_pushpull, m) {
   pushpull::python::bind_elastic(m);
 #endif
   pushpull::python::bind_frontend(m);
+  pushpull::python::bind_trainer(m);
 }
