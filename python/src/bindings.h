@@ -48,9 +48,8 @@ void bind_collective(py::module_& m);
 void bind_timeline(py::module_& m);
 void bind_elastic(py::module_& m);
 void bind_compression(py::module_& m);  // GradientCompressor (1bit/2bit for pushpull.torch)
-void bind_frontend(
-    py::module_& m);                // pack_keys; collective.GradientReducer (after bind_collective)
-void bind_trainer(py::module_& m);  // TrainerCore
+void bind_frontend(py::module_& m);     // collective.GradientReducer (after bind_collective)
+void bind_trainer(py::module_& m);      // TrainerCore (the Trainers' step)
 
 // The store behind a `_pushpull.KVStore` (kv_bindings.cpp), looked up at
 // every call (a closed store throws InvalidArgument). The caller keeps

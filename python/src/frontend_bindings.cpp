@@ -5,8 +5,7 @@
 //   (gradient_reducer.h), over the process-default session;
 //   python/pushpull/torch/optimizer.py keeps only the torch glue (hooks,
 //   tensors, sparse gradients, Horovod's warnings);
-// - `_pushpull.pack_keys`, `_pushpull.PushSchedule`: the Trainer's store
-//   keys (key_packing.h) and when a hook pushes which (push_schedule.h).
+// (The Trainers' step, keys and hooks' pushes: trainer_bindings.cpp.)
 //
 // Why these choices:
 // - A gradient given to submit() is pinned (bindings.h) until synchronize()
@@ -29,8 +28,6 @@
 #include "bindings.h"
 #include "pushpull/collective.h"
 #include "pushpull/frontend/gradient_reducer.h"
-#include "pushpull/frontend/key_packing.h"
-#include "pushpull/frontend/push_schedule.h"
 
 namespace pushpull::python {
 namespace {
@@ -144,38 +141,6 @@ class PyReducer {
 }  // namespace
 
 void bind_frontend(py::module_& m) {
-  m.def(
-      "pack_keys",
-      [](const std::vector<int64_t>& numels, int64_t key_base, int64_t fuse_below,
-         int64_t bucket_bytes) {
-        py::list out;
-        for (auto& u : frontend::pack_keys(numels, key_base, fuse_below, bucket_bytes))
-          out.append(py::make_tuple(u.key, u.members, u.offsets, u.numel));
-        return out;
-      },
-      py::arg("numels"), py::arg("key_base"), py::arg("fuse_below"), py::arg("bucket_bytes"),
-      "The Trainer's keys: [(key, member indices, offsets, numel)] for parameters of `numels` "
-      "float32 elements (frontend/key_packing.h).");
-  using frontend::PushSchedule;
-  py::class_<PushSchedule>(m, "PushSchedule",
-                           "The Trainers' step state machine (frontend/push_schedule.h).")
-      .def(py::init<const std::vector<std::vector<size_t>>&, size_t, int, bool>(),
-           py::arg("unit_members"), py::arg("num_params"), py::arg("replicas"),
-           py::arg("push_from_hooks"))
-      .def(
-          "grad_ready",
-          [](PushSchedule& s, size_t i) {
-            const auto r = s.grad_ready(i);
-            const char* what = r.what == PushSchedule::Ready::kPush     ? "push"
-                               : r.what == PushSchedule::Ready::kSecond ? "second"
-                                                                        : "wait";
-            return py::make_tuple(what, r.unit);
-          },
-          "('wait' | 'push' | 'second', parameter i's unit)")
-      .def("push_failed", &PushSchedule::push_failed)
-      .def("pushed", &PushSchedule::pushed)
-      .def("disarm", &PushSchedule::disarm)
-      .def("end_round", &PushSchedule::end_round);
   if (!py::hasattr(m, "collective")) return;  // built without the collective bindings
   py::module_ c = m.attr("collective");
   py::class_<PyReducer>(c, "GradientReducer",

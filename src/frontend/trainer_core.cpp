@@ -184,7 +184,7 @@ void TrainerCore::rescale(int64_t batch_size) {
 
 void TrainerCore::step(int64_t batch_size) {
   if (batch_size <= 0) {
-    throw InvalidArgument(fmt::format("Trainer step: batch_size must be > 0, got {}", batch_size));
+    throw InvalidArgument(fmt::format("Trainer.step: batch_size must be > 0, got {}", batch_size));
   }
   schedule_.disarm();  // no hook may push while step() runs
   // Whatever happens below, the next round starts clean; an exchange that

@@ -29,7 +29,7 @@ pushes every gradient (the store sums the workers'), then
 - otherwise step() pulls the summed gradient, scales it by
   ``1 / (batch_size * num_workers)`` and updates locally: with the torch
   optimizer you passed (``Trainer(params, torch.optim.SGD(...))``) or with the
-  pushpull optimizer run by a private local store.
+  pushpull optimizer run here on each key.
 
 From the second step on each gradient is pushed from a hook on its
 AccumulateGrad node as soon as backward() produced it (priority -i: the first
