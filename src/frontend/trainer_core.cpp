@@ -213,19 +213,17 @@ void TrainerCore::step(int64_t batch_size) {
   for (size_t u = 0; u < m; ++u) {
     if (!schedule_.pushed(u)) lists[u] = gradients(u);
   }
-  int64_t pushes = 0;
   for (size_t u = 0; u < m; ++u) {
     if (schedule_.pushed(u)) continue;
     KVHandle h = exchange(u, lists[u]);
     std::lock_guard<std::mutex> lock(mu_);
     handles_[u] = std::move(h);
-    ++pushes;
+    ++stats_.step_pushes;
   }
   std::vector<KVHandle> exchanges;
   {
     std::lock_guard<std::mutex> lock(mu_);
     exchanges = handles_;
-    stats_.step_pushes += pushes;
   }
   const int64_t global_batch = batch_size * store_().num_workers();
   double waited = 0;

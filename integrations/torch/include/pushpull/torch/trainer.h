@@ -65,7 +65,11 @@
 // backward passes may run concurrently in different threads (the hooks are
 // thread safe). The parameter tensors and the store must outlive the Trainer.
 // Blocking: init() and step() block on the store, each wait bounded by the
-// store's wait_timeout (Timeout).
+// store's wait_timeout (Timeout). A step() that throws still ends its round.
+//
+// The step itself is frontend::TrainerCore (include/pushpull/frontend/
+// trainer_core.h), which pushpull.torch.Trainer binds too; this class adds
+// libtorch's checks, messages and hooks.
 #pragma once
 
 #include <cstdint>
