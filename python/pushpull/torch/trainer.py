@@ -139,7 +139,7 @@ class Trainer:
         key_of = []  # parameter i's key (its unit's), for messages
         # Packing and key assignment, the step state machine, init, the
         # rescale and the local update: the C++ TrainerCore, as the libtorch
-        # Trainer's (the key a message names is the key of its parameter).
+        # Trainer's (messages name a parameter's key: its packed unit's).
         self._core = _TrainerCore(
             getattr(self._kv, '_store', self._kv), [p.detach() for p in self._params],
             functools.partial(_gradient, self._named, key_of),
@@ -148,7 +148,8 @@ class Trainer:
         key_of.extend(self._core.key_of(i) for i in range(len(self._params)))
         self._summed = None
         if self._torch_opt is not None:  # the core sums and scales; torch updates
-            self._summed = [torch.from_numpy(self._core.summed(i)) for i in range(len(self._params))]
+            self._summed = [torch.from_numpy(self._core.summed(i))
+                            for i in range(len(self._params))]
         self._grad_accs = []
         if push_from_hooks:
             for i, p in enumerate(self._params):
