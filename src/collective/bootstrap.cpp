@@ -26,6 +26,12 @@ NetOptions mesh_net(const Options& o) {
   return n;
 }
 
+// A loopback meeting point means every rank is on this host: stay on loopback.
+std::string mesh_host(const Options& o, const std::string& toward) {
+  if (!o.net.node_host.empty()) return o.net.node_host;
+  return net::is_loopback_host(toward) ? "127.0.0.1" : net::choose_host(o.net, toward);
+}
+
 // The mesh's failure detector (tcp_transport.h): heartbeats at
 // min(heartbeat_interval, heartbeat_timeout / 5). In a cluster the scheduler
 // is the main detector (its verdict reaches the mesh through the Node), so
@@ -110,14 +116,7 @@ Bootstrapped from_cluster(const Options& o) {
 Bootstrapped from_store(const Options& o, Store* store) {
   const CollectiveOptions& c = o.collective;
   const auto deadline = Clock::now() + o.cluster.startup_timeout;
-  // A loopback rendezvous means every rank is on this host: stay on loopback.
-  std::string host;
-  if (!o.net.node_host.empty())
-    host = o.net.node_host;
-  else if (net::is_loopback_host(c.master_addr))
-    host = "127.0.0.1";
-  else
-    host = net::choose_host(o.net, c.master_addr);  // the route to rank 0
+  const std::string host = mesh_host(o, c.master_addr);
   auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
                                             net::bind_host_for(host, o.net.bind_any), 0);
   AddressList book;

@@ -21,17 +21,16 @@
 //   SLURM_NTASKS, `pushpull launch -s 0`) and, for size > 1, a rendezvous
 //   address MASTER_ADDR / MASTER_PORT (or PUSHPULL_MASTER_ADDR / _PORT)
 //   where rank 0 hosts the group's Store (tcp_store.h; torch's backend
-//   passes its c10d store instead). Every rank meets the others through the
-//   Store (exchange_book, store.h: each publishes its mesh listener, rank 0
-//   judges and publishes the book or the reason it refuses, e.g. another
-//   world size). Then the mesh is connected (the higher rank connects to
-//   the lower).
+//   passes its c10d store instead). The ranks trade their mesh listeners
+//   through it (store.h), then connect the mesh (the higher rank connects
+//   to the lower).
 // - kSingle: nothing of the above set: a world of one (a script run alone).
 //
 // Message types (net's collective range 128..191): 128 is TcpTransport's
 // data; 129 unused (the port exchange before mesh_port), 130..132 the
-// MASTER_ADDR store's (tcp_store.h); 133..135 the mesh's failure detector (heartbeat, verdict,
-// goodbye; see tcp_transport.h), started here once the mesh is connected.
+// MASTER_ADDR store's (tcp_store.h); 133..135 the mesh's failure detector
+// (heartbeat, verdict, goodbye; see tcp_transport.h), started here once the
+// mesh is connected.
 //
 // local_rank / local_size: from the environment (LOCAL_RANK, ...) when set,
 // else counted among the ranks whose advertised host equals this one's.
@@ -105,6 +104,9 @@ Bootstrapped bootstrap(const Options& options, Store& store);
 // the mesh's NetOptions (connecting may take as long as startup) and its
 // failure detector settings.
 NetOptions mesh_net(const Options& o);
+// The host a rank's mesh listener advertises: PUSHPULL_NODE_HOST, else
+// loopback when `toward` (who it meets first) is, else the route there.
+std::string mesh_host(const Options& o, const std::string& toward);
 struct LivenessConfig;
 LivenessConfig mesh_liveness(const Options& o, bool cluster);
 

@@ -246,7 +246,11 @@ std::pair<Status, Bytes> ask(TcpStore::State& st, net::Transport& t, uint16_t ty
                                   st.rank, st.where, s.message()));
   std::unique_lock lock(st.mu);
   st.cv.wait_until(lock, deadline, [&] { return st.replies.count(id) || !st.failure.is_ok(); });
-  if (auto it = st.replies.find(id); it != st.replies.end()) return it->second;
+  if (auto it = st.replies.find(id); it != st.replies.end()) {
+    auto answer = std::move(it->second);
+    st.replies.erase(it);
+    return answer;
+  }
   st.failure.raise();
   throw Timeout(
       fmt::format("collective rendezvous: rank {} waited for '{}' at {} until its "
@@ -296,16 +300,15 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string>& keys,
       }
     return missing;
   }
-  auto all_set = [&] {
+  auto all_set = [&] {  // and the ones not, in `missing`
+    missing.clear();
     for (const auto& k : keys)
-      if (!st_->kv.count(k)) return false;
-    return true;
+      if (!st_->kv.count(k)) missing.push_back(k);
+    return missing.empty();
   };
   std::unique_lock lock(st_->mu);
   st_->cv.wait_until(lock, deadline, [&] { return all_set() || !st_->failure.is_ok(); });
   st_->failure.raise();
-  for (const auto& k : keys)
-    if (!st_->kv.count(k)) missing.push_back(k);
   return missing;
 }
 

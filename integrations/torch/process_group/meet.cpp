@@ -20,8 +20,8 @@ using collective::Clock;
 
 // torch's store as the group's Store. Not write-once (c10d overwrites): two
 // processes of one rank are refused later, by the mesh's authenticated
-// connections. c10d reports a timeout and a lost store alike (c10::Error):
-// failing before the deadline is the store failing.
+// connections. torch's stores report a timeout and a lost store alike (and
+// not all as c10::Error): failing before the deadline is the store failing.
 class C10dStore final : public collective::Store {
  public:
   explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {}
@@ -60,23 +60,27 @@ class C10dStore final : public collective::Store {
  private:
   static constexpr const char* kPrefix = "pushpull/";
   static std::chrono::milliseconds left(Clock::time_point deadline) {
-    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+    return std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                     std::chrono::milliseconds(1));
+  }
+  static std::string first_line(const char* what) {  // without c10's backtrace
+    std::string s(what);
+    return s.substr(0, s.find('\n'));
   }
   template <typename F>
   void call(const std::string& key, F&& f, Clock::time_point deadline = Clock::time_point::max()) {
     try {
       f();
-    } catch (const c10::Error& e) {
-      if (Clock::now() >= deadline)
+    } catch (const std::exception& e) {
+      if (Clock::now() + std::chrono::milliseconds(100) >= deadline)  // a store's clock may round
         throw Timeout(
             fmt::format("pushpull ProcessGroup: '{}{}' not in the torch.distributed "
                         "store by the deadline (PUSHPULL_STARTUP_TIMEOUT_MS): {}",
-                        kPrefix, key, e.what_without_backtrace()));
+                        kPrefix, key, first_line(e.what())));
       throw PeerFailure(
           fmt::format("pushpull ProcessGroup: the torch.distributed store failed "
                       "on '{}{}': {}",
-                      kPrefix, key, e.what_without_backtrace()));
+                      kPrefix, key, first_line(e.what())));
     }
   }
   c10::intrusive_ptr<c10d::Store> s_;
