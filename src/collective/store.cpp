@@ -130,17 +130,6 @@ bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book) {
   return hosts.complete();
 }
 
-std::vector<std::byte> encode_book(const AddressList& book) {
-  net::Writer w;
-  put_address_list(w, book);
-  return w.take();
-}
-
-Status decode_book(const std::byte* data, size_t n, AddressList* book) {
-  net::Reader r({data, n});
-  return get_address_list(r, kMaxRanks, book) && r.at_end() ? Status{} : malformed("address list");
-}
-
 std::vector<std::byte> encode_entry(int size, const std::string& host, int port) {
   net::Writer w;
   w.reserve(10 + host.size());

@@ -74,8 +74,6 @@ AddressList exchange_book(Store& store, int rank, int size, const std::string& h
 // malformed or not canonical.
 void put_address_list(net::Writer& w, const AddressList& book);
 bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book);
-std::vector<std::byte> encode_book(const AddressList& book);
-Status decode_book(const std::byte* data, size_t n, AddressList* book);
 // A rank's entry ("rank/<r>"): u32 world size, host, u16 port.
 std::vector<std::byte> encode_entry(int size, const std::string& host, int port);
 Status decode_entry(std::span<const std::byte> in, int* size, std::string* host, int* port);

@@ -115,27 +115,30 @@ TEST(Bootstrap, LocalRanksCountSameHosts) {
   EXPECT_EQ(local_of(hosts, 4), std::make_pair(1, 2));
 }
 
-// Many ranks share a host: the book names each host once (net/host_table.h),
-// and only its one canonical form decodes.
+// Many ranks share a host: rank 0's book (its verdict, store.h) names each
+// host once (net/host_table.h), and only its one canonical form decodes.
 TEST(Bootstrap, BooksNameEachHostOnceAndOnlyTheCanonicalFormDecodes) {
   AddressList book;
   for (int r = 0; r < 64; ++r)
     book.emplace_back(fmt::format("node-{:02}.cluster.example", r / 8), 40000 + r);
-  auto bytes = encode_book(book);
-  EXPECT_LT(bytes.size(), 8 * (4 + 24) + 64 * 6 + 8u);  // 8 host strings, 6 bytes a rank
+  auto bytes = encode_verdict({}, book);
+  EXPECT_LT(bytes.size(), 8 * (4 + 24) + 64 * 6 + 12u);  // 8 host strings, 6 bytes a rank
   AddressList back;
-  ASSERT_TRUE(decode_book(bytes.data(), bytes.size(), &back).is_ok());
+  Status verdict;
+  ASSERT_TRUE(decode_verdict(bytes, &verdict, &back).is_ok());
+  EXPECT_TRUE(verdict.is_ok());
   EXPECT_EQ(back, book);
-  auto reject = [](const std::function<void(net::Writer&)>& write) {
+  auto reject = [&](const std::function<void(net::Writer&)>& write) {
     net::Writer w;
+    w.u<uint32_t>(0);  // the verdict: ok, then the book
     write(w);
     AddressList out;
-    return !decode_book(w.data().data(), w.size(), &out).is_ok();
+    return !decode_verdict(w.data(), &verdict, &out).is_ok();
   };
   auto entry = [](net::Writer& w, uint32_t host, uint16_t port) {
     w.u<uint32_t>(host).u<uint16_t>(port);
   };
-  // The same table and entries as encode_book writes decode...
+  // The same table and entries as encode_verdict writes decode...
   EXPECT_FALSE(reject([&](net::Writer& w) {
     w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(3);
     entry(w, 0, 1), entry(w, 1, 2), entry(w, 0, 3);

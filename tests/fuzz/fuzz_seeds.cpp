@@ -291,11 +291,10 @@ void collective_seeds(const fs::path& root) {
   const collective::AddressList book{{"10.0.0.1", 9100}, {"10.0.0.2", 9101}, {"::1", 9102}};
   const auto entry = collective::encode_entry(3, "10.0.0.2", 9100);
   rv.add(0, collective::encode_store_request("rank/1", entry));  // a set
-  rv.add(4, collective::encode_store_request("book", {}));       // a get (selector 4)
+  rv.add(3, collective::encode_store_request("book", {}));       // a get (selector 3)
   rv.add(1, entry);
   rv.add(2, collective::encode_verdict({}, book));
   rv.add(2, collective::encode_verdict(Status(ErrorCode::kTimeout, "for ranks 2"), {}));
-  rv.add(3, collective::encode_book(book));
 }
 
 }  // namespace
