@@ -274,6 +274,26 @@ TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
   }
 }
 
+// Sessions over the MASTER_ADDR store: a rank with another WORLD_SIZE fails
+// every rank with rank 0's reason, at once.
+TEST(TcpStore, AnotherWorldSizeFailsEverySessionWithTheReason) {
+  const int port = test::free_port();
+  std::vector<ErrorCode> codes;
+  auto errors = on_threads(
+      3,
+      [&](int r) {
+        Options o = tcp_options(r, r == 2 ? 4 : 3, port);
+        o.cluster.startup_timeout = 20s;
+        Session s(o);
+      },
+      &codes);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(codes[static_cast<size_t>(r)], ErrorCode::kInvalidArgument)
+        << errors[static_cast<size_t>(r)];
+    EXPECT_THAT(errors[static_cast<size_t>(r)], HasSubstr("rank 2 says the world has 4 ranks"));
+  }
+}
+
 TEST(TcpStore, RankZeroGoneIsAPeerFailure) {
   const int port = test::free_port();
   // Rank 0 that accepts, then closes every connection at its first request.
