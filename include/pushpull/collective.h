@@ -217,9 +217,15 @@ class Communicator {
 // a job with a scheduler, its cluster node). One Session per process and job:
 // a second one would register a second worker with the scheduler or bind
 // MASTER_PORT twice. Thread safety: as Communicator.
+class Store;  // src/collective/store.h
+
 class Session {
  public:
   explicit Session(const Options& options = Options::from_env());
+  // The ranks meet through `store` (torch's c10d store, wrapped) instead of
+  // MASTER_ADDR: options.collective's rank and size (> 1) are the group's.
+  // `store` is only used during construction.
+  Session(const Options& options, Store& store);
   // shutdown().
   ~Session();
   Session(const Session&) = delete;

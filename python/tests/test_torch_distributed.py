@@ -57,6 +57,38 @@ def test_world_of_one_in_process():
         dist.destroy_process_group()
 
 
+def test_ranks_meet_through_torchs_store_and_rank_0_judges(monkeypatch):
+    """The ranks meet through torch's own store (the group's Store,
+    src/collective/store.h; no port of pushpull's own): a rank that never
+    comes is a Timeout naming it; another world size fails every rank with
+    rank 0's reason."""
+    import datetime
+    import threading
+    import torch.distributed as dist
+    monkeypatch.setenv('PUSHPULL_STARTUP_TIMEOUT_MS', '1500')
+    timeout = datetime.timedelta(seconds=30)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match='for ranks 1'):
+        ppd.ProcessGroupPushpull(dist.HashStore(), 0, 2, timeout)
+    assert time.monotonic() - start < 10
+    store, errors = dist.HashStore(), {}
+
+    def member(rank, size):
+        try:
+            ppd.ProcessGroupPushpull(store, rank, size, timeout)
+        except RuntimeError as e:
+            errors[rank] = str(e)
+
+    threads = [threading.Thread(target=member, args=a) for a in ((0, 2), (1, 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(errors) == [0, 1], errors
+    for why in errors.values():
+        assert 'rank 1 says the world has 3 ranks, rank 0 says 2' in why, errors
+
+
 def test_abi_mismatch_is_explained():
     good = types.SimpleNamespace(torch_version=ppd._torch_version(),
                                  cxx11_abi=torch._C._GLIBCXX_USE_CXX11_ABI,

@@ -9,7 +9,8 @@
 
 #include "collective/elastic_client.h"
 #include "collective/inprocess_transport.h"
-#include "collective/rendezvous.h"
+#include "collective/store.h"
+#include "collective/tcp_store.h"
 #include "collective/tcp_transport.h"
 #include "net/address.h"
 #include "net/peer_policy.h"
@@ -23,6 +24,12 @@ NetOptions mesh_net(const Options& o) {
   NetOptions n = o.net;
   n.connect_timeout = o.cluster.startup_timeout;
   return n;
+}
+
+// A loopback meeting point means every rank is on this host: stay on loopback.
+std::string mesh_host(const Options& o, const std::string& toward) {
+  if (!o.net.node_host.empty()) return o.net.node_host;
+  return net::is_loopback_host(toward) ? "127.0.0.1" : net::choose_host(o.net, toward);
 }
 
 // The mesh's failure detector (tcp_transport.h): heartbeats at
@@ -105,26 +112,21 @@ Bootstrapped from_cluster(const Options& o) {
   return out;
 }
 
-Bootstrapped from_rendezvous(const Options& o) {
+// The group meets through `store`, or, when null, the MASTER_ADDR store.
+Bootstrapped from_store(const Options& o, Store* store) {
   const CollectiveOptions& c = o.collective;
-  RendezvousConfig rc;
-  rc.net = o.net;
-  rc.rank = c.rank;
-  rc.size = c.size;
-  rc.master_addr = c.master_addr;
-  rc.master_port = c.master_port;
-  rc.timeout = o.cluster.startup_timeout;
-  // A loopback rendezvous means every rank is on this host: stay on loopback.
-  if (!o.net.node_host.empty())
-    rc.host = o.net.node_host;
-  else if (net::is_loopback_host(c.master_addr))
-    rc.host = "127.0.0.1";
-  else
-    rc.host = net::choose_host(o.net, c.master_addr);  // the route to rank 0
+  const auto deadline = Clock::now() + o.cluster.startup_timeout;
+  const std::string host = mesh_host(o, c.master_addr);
   auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
-                                            net::bind_host_for(rc.host, o.net.bind_any), 0);
-  rc.port = tcp->port();
-  return connect_group(BootstrapMode::kRendezvous, std::move(tcp), rendezvous(rc),
+                                            net::bind_host_for(host, o.net.bind_any), 0);
+  AddressList book;
+  if (store != nullptr) {
+    book = exchange_book(*store, c.rank, c.size, host, tcp->port(), deadline);
+  } else {  // gone before the mesh connects: rank 0's lingers until all read the book
+    TcpStore own(o, deadline);
+    book = exchange_book(own, c.rank, c.size, host, tcp->port(), deadline);
+  }
+  return connect_group(BootstrapMode::kRendezvous, std::move(tcp), std::move(book),
                        mesh_liveness(o, false), o, o.cluster.startup_timeout);
 }
 
@@ -191,7 +193,7 @@ Bootstrapped bootstrap(const Options& options) {
     case BootstrapMode::kCluster:
       return from_cluster(options);
     case BootstrapMode::kRendezvous:
-      return from_rendezvous(options);
+      return from_store(options, nullptr);
     case BootstrapMode::kElastic:
       return elastic::bootstrap_elastic(options);
     case BootstrapMode::kSingle:
@@ -204,6 +206,15 @@ Bootstrapped bootstrap(const Options& options) {
   out.local_rank = 0;
   out.local_size = 1;
   return out;
+}
+
+Bootstrapped bootstrap(const Options& options, Store& store) {
+  const CollectiveOptions& c = options.collective;
+  if (c.size < 2 || c.rank < 0 || c.rank >= c.size)
+    throw InvalidArgument(
+        fmt::format("collective bootstrap: rank {} of world size {} cannot meet through a store",
+                    c.rank, c.size));
+  return from_store(options, &store);
 }
 
 }  // namespace pushpull::collective

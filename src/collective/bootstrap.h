@@ -19,19 +19,18 @@
 // - kRendezvous: no scheduler, but a rank and a world size (torchrun's RANK /
 //   WORLD_SIZE, mpirun's OMPI_COMM_WORLD_RANK / _SIZE, Slurm's SLURM_PROCID /
 //   SLURM_NTASKS, `pushpull launch -s 0`) and, for size > 1, a rendezvous
-//   address MASTER_ADDR / MASTER_PORT (or PUSHPULL_MASTER_ADDR / _PORT). Rank
-//   0 listens there (net::Transport, hello and job id checked); every other
-//   rank connects, sends kHelloType {rank, size, host, port of its mesh
-//   listener}; once all size-1 arrived rank 0 answers each with kBookType
-//   (every rank's host and port) or, on a conflict (another world size, a
-//   rank out of range or twice), kRefuseType with the reason to everyone.
-//   Then the mesh is connected (the higher rank connects to the lower).
+//   address MASTER_ADDR / MASTER_PORT (or PUSHPULL_MASTER_ADDR / _PORT)
+//   where rank 0 hosts the group's Store (tcp_store.h; torch's backend
+//   passes its c10d store instead). The ranks trade their mesh listeners
+//   through it (store.h), then connect the mesh (the higher rank connects
+//   to the lower).
 // - kSingle: nothing of the above set: a world of one (a script run alone).
 //
 // Message types (net's collective range 128..191): 128 is TcpTransport's
-// data; 129 unused (the port exchange before mesh_port), 130 kHelloType, 131 kBookType, 132
-// kRefuseType; 133..135 the mesh's failure detector (heartbeat, verdict, goodbye; see
-// tcp_transport.h), started here once the mesh is connected.
+// data; 129 unused (the port exchange before mesh_port), 130..132 the
+// MASTER_ADDR store's (tcp_store.h); 133..135 the mesh's failure detector
+// (heartbeat, verdict, goodbye; see tcp_transport.h), started here once the
+// mesh is connected.
 //
 // local_rank / local_size: from the environment (LOCAL_RANK, ...) when set,
 // else counted among the ranks whose advertised host equals this one's.
@@ -40,8 +39,8 @@
 // ClusterOptions::startup_timeout (PUSHPULL_STARTUP_TIMEOUT_MS or the
 // launcher's --timeout): a rank that never shows up is a Timeout naming the
 // missing ranks and the address; a rank whose connection closes during the
-// rendezvous (it died) is a PeerFailure naming it, on rank 0 and, through the
-// closed rendezvous, on every other rank.
+// rendezvous (it died) is a PeerFailure naming it, on rank 0 and, through
+// rank 0's verdict, on every other rank.
 //
 // Thread safety: bootstrap() blocks the calling thread (no other threads of
 // the caller are involved). Ownership: the result owns what it made.
@@ -59,14 +58,11 @@
 #include "pushpull/options.h"
 
 namespace pushpull::collective {
+class Store;
 class TcpTransport;
-}
+}  // namespace pushpull::collective
 
 namespace pushpull::collective {
-
-inline constexpr uint16_t kHelloType = 130;
-inline constexpr uint16_t kBookType = 131;
-inline constexpr uint16_t kRefuseType = 132;
 
 // kElastic: a worker of `pushpull launch --min-workers/--max-workers`
 // (PUSHPULL_ELASTIC_ADDR set): the launcher's rendezvous places it in a round
@@ -100,17 +96,23 @@ BootstrapMode bootstrap_mode(const Options& options);
 
 // Builds the transport. Blocks up to options.cluster.startup_timeout.
 Bootstrapped bootstrap(const Options& options);
+// kRendezvous through `store` (torch's c10d store) instead of MASTER_ADDR's:
+// options.collective's rank and size (> 1) are the group's.
+Bootstrapped bootstrap(const Options& options, Store& store);
 
 // The pieces every mode shares (elastic_client.cpp builds its mesh with them):
 // the mesh's NetOptions (connecting may take as long as startup) and its
 // failure detector settings.
 NetOptions mesh_net(const Options& o);
+// The host a rank's mesh listener advertises: PUSHPULL_NODE_HOST, else
+// loopback when `toward` (who it meets first) is, else the route there.
+std::string mesh_host(const Options& o, const std::string& toward);
 struct LivenessConfig;
 LivenessConfig mesh_liveness(const Options& o, bool cluster);
 
 // The one way a group forms once its address book is known, whatever
-// produced the book (the scheduler, the MASTER_ADDR rendezvous, which torch's
-// c10d store leads to, or an elastic round): connects `tcp`'s mesh from
+// produced the book (the scheduler, a Store: MASTER_ADDR's or torch's c10d
+// store, or an elastic round): connects `tcp`'s mesh from
 // `book`, starts its failure detector with `liveness`, takes local_rank /
 // local_size from `o` (when set) or counts them in the book, and puts shared
 // memory under the host's ranks (PUSHPULL_SHM=0: TCP only), its exchanges

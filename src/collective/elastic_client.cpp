@@ -1,20 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/elastic_client.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <mutex>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "collective/shm_data_transport.h"
-#include "net/address.h"
 #include "net/peer_policy.h"
 #include "net/socket.h"
 #include "net/transport.h"
@@ -253,13 +247,7 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   Client* client = process_client(o);
   if (client == nullptr) throw InvalidArgument("elastic bootstrap without PUSHPULL_ELASTIC_ADDR");
   auto cfg = client_config_from_env(o);
-  std::string host;
-  if (!o.net.node_host.empty())
-    host = o.net.node_host;
-  else if (net::is_loopback_host(cfg->server_host))
-    host = "127.0.0.1";
-  else
-    host = net::choose_host(o.net, cfg->server_host);  // the route to the rendezvous
+  const std::string host = mesh_host(o, cfg->server_host);
   // The mesh's listener, bound (and held) before joining: the round's book
   // must name its port before the mesh, whose rank it fixes, exists, and no
   // other program may take the port in between.

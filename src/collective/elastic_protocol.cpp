@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "collective/rendezvous.h"
+#include "collective/store.h"
 #include "net/wire.h"
 
 namespace pushpull::collective::elastic {

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/rendezvous.h"
+#include "collective/store.h"
 #include "pushpull/error.h"
 
 namespace pushpull::collective::elastic {

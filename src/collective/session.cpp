@@ -21,22 +21,32 @@ struct Session::Impl {
   std::function<std::optional<Status>()> verdict;
   std::mutex mu;
   bool shut = false;
+
+  void start(Bootstrapped b, const Options& options);
 };
 
 Session::Session(const Options& options) : impl_(std::make_unique<Impl>()) {
   options.validate();
-  Bootstrapped b = bootstrap(options);
-  impl_->mode = b.mode;
-  impl_->node = std::move(b.node);
-  if (impl_->node) impl_->verdict = std::move(b.verdict);
+  impl_->start(bootstrap(options), options);
+}
+
+Session::Session(const Options& options, Store& store) : impl_(std::make_unique<Impl>()) {
+  options.validate();
+  impl_->start(bootstrap(options, store), options);
+}
+
+void Session::Impl::start(Bootstrapped b, const Options& options) {
+  mode = b.mode;
+  node = std::move(b.node);
+  if (node) verdict = std::move(b.verdict);
   CommunicatorOptions co = CommunicatorOptions::from(options);
   co.collective.local_rank = b.local_rank;
   co.collective.local_size = b.local_size;
   for (const auto& [host, port] : b.book)  // host identity: the advertised address
     co.hosts.push_back(host);
-  impl_->comm = std::make_unique<Communicator>(std::move(b.transport), std::move(co));
-  PP_DEBUG("collective session: rank {} of {} (local {} of {}), bootstrap {}", impl_->comm->rank(),
-           impl_->comm->size(), b.local_rank, b.local_size, bootstrap_mode_name(b.mode));
+  comm = std::make_unique<Communicator>(std::move(b.transport), std::move(co));
+  PP_DEBUG("collective session: rank {} of {} (local {} of {}), bootstrap {}", comm->rank(),
+           comm->size(), b.local_rank, b.local_size, bootstrap_mode_name(b.mode));
 }
 
 Session::~Session() {

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "cluster/scheduler.h"
-#include "collective/rendezvous.h"
+#include "collective/store.h"
 #include "collective/tcp_transport.h"
 #include "net/socket.h"
 #include "net/transport.h"
@@ -115,46 +115,30 @@ TEST(Bootstrap, LocalRanksCountSameHosts) {
   EXPECT_EQ(local_of(hosts, 4), std::make_pair(1, 2));
 }
 
-TEST(Bootstrap, WireFormsRoundTripAndRejectGarbage) {
-  AddressList book{{"10.0.0.1", 9000}, {"host-b", 9001}};
-  auto bytes = encode_book(book);
-  AddressList back;
-  ASSERT_TRUE(decode_book(bytes.data(), bytes.size(), &back).is_ok());
-  EXPECT_EQ(back, book);
-  EXPECT_FALSE(decode_book(bytes.data(), bytes.size() - 1, &back).is_ok());
-  auto hello = encode_hello(3, 4, "h", 77);
-  int r, s, p;
-  std::string h;
-  ASSERT_TRUE(decode_hello(hello.data(), hello.size(), &r, &s, &h, &p).is_ok());
-  EXPECT_EQ(r, 3);
-  EXPECT_EQ(s, 4);
-  EXPECT_EQ(h, "h");
-  EXPECT_EQ(p, 77);
-  std::vector<std::byte> junk(3, std::byte{0xff});
-  EXPECT_FALSE(decode_hello(junk.data(), junk.size(), &r, &s, &h, &p).is_ok());
-}
-
-// Many ranks share a host: the book names each host once (net/host_table.h),
-// and only its one canonical form decodes.
+// Many ranks share a host: rank 0's book (its verdict, store.h) names each
+// host once (net/host_table.h), and only its one canonical form decodes.
 TEST(Bootstrap, BooksNameEachHostOnceAndOnlyTheCanonicalFormDecodes) {
   AddressList book;
   for (int r = 0; r < 64; ++r)
     book.emplace_back(fmt::format("node-{:02}.cluster.example", r / 8), 40000 + r);
-  auto bytes = encode_book(book);
-  EXPECT_LT(bytes.size(), 8 * (4 + 24) + 64 * 6 + 8u);  // 8 host strings, 6 bytes a rank
+  auto bytes = encode_verdict({}, book);
+  EXPECT_LT(bytes.size(), 8 * (4 + 24) + 64 * 6 + 12u);  // 8 host strings, 6 bytes a rank
   AddressList back;
-  ASSERT_TRUE(decode_book(bytes.data(), bytes.size(), &back).is_ok());
+  Status verdict;
+  ASSERT_TRUE(decode_verdict(bytes, &verdict, &back).is_ok());
+  EXPECT_TRUE(verdict.is_ok());
   EXPECT_EQ(back, book);
-  auto reject = [](const std::function<void(net::Writer&)>& write) {
+  auto reject = [&](const std::function<void(net::Writer&)>& write) {
     net::Writer w;
+    w.u<uint32_t>(0);  // the verdict: ok, then the book
     write(w);
     AddressList out;
-    return !decode_book(w.data().data(), w.size(), &out).is_ok();
+    return !decode_verdict(w.data(), &verdict, &out).is_ok();
   };
   auto entry = [](net::Writer& w, uint32_t host, uint16_t port) {
     w.u<uint32_t>(host).u<uint16_t>(port);
   };
-  // The same table and entries as encode_book writes decode...
+  // The same table and entries as encode_verdict writes decode...
   EXPECT_FALSE(reject([&](net::Writer& w) {
     w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(3);
     entry(w, 0, 1), entry(w, 1, 2), entry(w, 0, 3);
@@ -345,33 +329,6 @@ TEST(Bootstrap, ARankTakenTwiceIsRefusedWithoutFailingTheOthers) {
   }
   EXPECT_EQ(refused, 1);
   EXPECT_EQ(timed_out, 2);
-}
-
-TEST(Bootstrap, ARankThatDiesDuringTheRendezvousIsAPeerFailure) {
-  const int port = test::free_port();
-  auto host = std::async(std::launch::async,
-                         [&] { Session s(rendezvous_options(0, 3, port, Millis(10000))); });
-  {
-    // Rank 1 says hello, then its process "dies" (the connection closes).
-    net::TransportConfig c;
-    c.net = rendezvous_options(1, 3, port).net;
-    c.role = Role::kWorker;
-    c.rank = 1;
-    net::Transport t(c);
-    t.start();
-    net::ConnId conn = t.connect("127.0.0.1", port, Millis(10000));
-    auto hello = encode_hello(1, 3, "127.0.0.1", 1);
-    ASSERT_TRUE(
-        t.send_copy(conn, net::Header{.type = kHelloType}, hello.data(), hello.size()).is_ok());
-    ASSERT_TRUE(t.drain(Millis(2000)));
-    std::this_thread::sleep_for(Millis(100));
-  }
-  try {
-    host.get();
-    ADD_FAILURE() << "rank 0 did not notice";
-  } catch (const PeerFailure& e) {
-    EXPECT_THAT(e.what(), HasSubstr("rank 1"));
-  }
 }
 
 TEST(FreeFunctions, ThrowBeforeInitAndWorkInAWorldOfOne) {

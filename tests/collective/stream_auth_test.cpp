@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "collective/bootstrap.h"
-#include "collective/rendezvous.h"
+#include "collective/tcp_store.h"
 #include "net/transport.h"
 #include "support/ports.h"
 
@@ -224,53 +224,63 @@ TEST(StreamAuthTls, AConnectorWithTlsRefusesAPlainListener) {
   accepted.get();
 }
 
-RendezvousConfig rv(int rank, int size, int port) {
-  RendezvousConfig c;
-  c.net.job_id = "rv-auth-" + std::to_string(port);
-  c.net.connect_timeout = 5s;
-  c.rank = rank;
-  c.size = size;
-  c.master_addr = "127.0.0.1";
-  c.master_port = port;
-  c.host = "127.0.0.1";
-  c.port = 1000 + rank;
-  c.timeout = 8s;
-  return c;
+Options rv(int rank, int size, int port) {
+  Options o;
+  o.net.job_id = "rv-auth-" + std::to_string(port);
+  o.net.connect_timeout = 5s;
+  o.collective.rank = rank;
+  o.collective.size = size;
+  o.collective.master_addr = "127.0.0.1";
+  o.collective.master_port = port;
+  return o;
 }
 
-TEST(RendezvousAuth, ABadHelloClosesOnlyItsConnection) {
+AddressList meet(int rank, int size, int port) {
+  const auto deadline = Clock::now() + 8s;
+  TcpStore store(rv(rank, size, port), deadline);
+  return exchange_book(store, rank, size, "127.0.0.1", 1000 + rank, deadline);
+}
+
+// The MASTER_ADDR store (tcp_store.h) refuses what a member may not do.
+TEST(RendezvousAuth, ABadRequestClosesOnlyItsConnection) {
   const int port = test::free_port();
-  auto host = std::async(std::launch::async, [&] { return rendezvous(rv(0, 2, port)); });
+  auto host = std::async(std::launch::async, [&] { return meet(0, 3, port); });
   // Strangers that passed the net hello (no secret, loopback) but claim an
-  // out-of-range rank, a rank other than their identity, or send garbage.
-  auto stranger = [&](int identity, std::vector<std::byte> hello) {
+  // out-of-range rank, set another rank's key, or send garbage.
+  auto stranger = [&](int identity, uint16_t type, std::vector<std::byte> request) {
     net::TransportConfig tc;
-    tc.net = rv(0, 2, port).net;
+    tc.net = rv(0, 3, port).net;
     tc.role = Role::kWorker;
     tc.rank = identity;
     net::Transport t(tc);
     std::promise<std::string> refused;
-    t.set_handler(kBookType, kRefuseType, [&](net::Message&& m) {
-      if (m.header.type == kRefuseType)
-        refused.set_value(
-            std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
+    t.set_handler(kStoreReply, kStoreReply, [&](net::Message&& m) {
+      EXPECT_NE(m.header.flags, 0u) << "refused with an error code";
+      refused.set_value(
+          std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
     });
     t.start();
     net::ConnId c = t.connect("127.0.0.1", port, 5s);
-    t.send_copy(c, net::Header{.type = kHelloType}, hello.data(), hello.size());
+    t.send_copy(c, net::Header{.type = type, .request_id = 1}, request.data(), request.size());
     auto f = refused.get_future();
     EXPECT_EQ(f.wait_for(5s), std::future_status::ready);
     return f.get();
   };
-  EXPECT_THAT(stranger(7, encode_hello(7, 2, "127.0.0.1", 1)), HasSubstr("out of range"));
-  EXPECT_THAT(stranger(3, encode_hello(1, 2, "127.0.0.1", 1)),
+  const auto entry = encode_entry(3, "127.0.0.1", 1);
+  EXPECT_THAT(stranger(7, kStoreSet, encode_store_request("rank/7", entry)),
+              HasSubstr("out of range"));
+  EXPECT_THAT(stranger(7, kStoreGet, encode_store_request("book", {})), HasSubstr("out of range"));
+  EXPECT_THAT(stranger(2, kStoreSet, encode_store_request("rank/1", entry)),
               HasSubstr("not the rank it connected as"));
-  EXPECT_THAT(stranger(4, {std::byte{1}, std::byte{2}}), HasSubstr("malformed"));
-  // The real rank 1 still completes the rendezvous.
-  AddressList book = rendezvous(rv(1, 2, port));
-  ASSERT_EQ(book.size(), 2u);
+  EXPECT_THAT(stranger(1, kStoreSet, {std::byte{1}, std::byte{2}}), HasSubstr("malformed"));
+  // A refused member never set its key: the real ranks 1 and 2 still meet.
+  auto two = std::async(std::launch::async, [&] { return meet(2, 3, port); });
+  AddressList book = meet(1, 3, port);
+  ASSERT_EQ(book.size(), 3u);
   EXPECT_EQ(book[1].second, 1001);
-  EXPECT_EQ(host.get().size(), 2u);
+  EXPECT_EQ(book[2].second, 1002);
+  EXPECT_EQ(two.get(), book);
+  EXPECT_EQ(host.get(), book);
 }
 
 }  // namespace

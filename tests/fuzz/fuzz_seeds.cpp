@@ -14,8 +14,9 @@
 #include "base/file_auth.h"
 #include "cluster/protocol.h"
 #include "collective/messages.h"
-#include "collective/rendezvous.h"
+#include "collective/store.h"
 #include "collective/stream_handshake.h"
+#include "collective/tcp_store.h"
 #include "compress/compressor.h"
 #include "net/hello.h"
 #include "net/host_identity.h"
@@ -287,8 +288,13 @@ void collective_seeds(const fs::path& root) {
   co.add(0 | (2 << 2), collective::encode(up));
 
   Corpus rv(root, "fuzz_rendezvous");
-  rv.add(0, collective::encode_hello(1, 3, "10.0.0.2", 9100));
-  rv.add(1, collective::encode_book({{"10.0.0.1", 9100}, {"10.0.0.2", 9101}, {"::1", 9102}}));
+  const collective::AddressList book{{"10.0.0.1", 9100}, {"10.0.0.2", 9101}, {"::1", 9102}};
+  const auto entry = collective::encode_entry(3, "10.0.0.2", 9100);
+  rv.add(0, collective::encode_store_request("rank/1", entry));  // a set
+  rv.add(3, collective::encode_store_request("book", {}));       // a get (selector 3)
+  rv.add(1, entry);
+  rv.add(2, collective::encode_verdict({}, book));
+  rv.add(2, collective::encode_verdict(Status(ErrorCode::kTimeout, "for ranks 2"), {}));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@
 #include "collective/coordinator.h"
 #include "collective/messages.h"
 #include "collective/negotiation_tree.h"
-#include "collective/rendezvous.h"
+#include "collective/store.h"
+#include "collective/tcp_store.h"
 #include "net/message.h"
 #include "sim/scale_net.h"
 
@@ -113,21 +114,27 @@ class CollectiveWorld {
     return w != v && (full_ || (w + 1) % n_ == v || (v + 1) % n_ == w);
   }
 
-  // bootstrap.cpp kRendezvous: every rank dials rank 0, sends its hello;
-  // rank 0 answers every rank with the book once all arrived.
+  // bootstrap.cpp kRendezvous over the MASTER_ADDR store (store.h): every
+  // rank dials rank 0 and sets its entry (the get of the book that follows
+  // is held there: it is counted with the set); rank 0 answers every get
+  // with its verdict once all arrived.
   void rendezvous(int r) {
     net_.connect(r, 0, [this, r] {
-      auto hello = collective::encode_hello(r, n_, host_of(r, c_.local_size), 41000 + r % 20000);
-      net_.send(r, 0, kHeader + hello.size(), [this] {
+      auto set = collective::encode_store_request(
+          fmt::format("rank/{}", r),
+          collective::encode_entry(n_, host_of(r, c_.local_size), 41000 + r % 20000));
+      net_.send(r, 0, 2 * kHeader + set.size() + 8, [this] {
         if (++hellos_ < n_ - 1) return;
         collective::AddressList book;
         for (int p = 0; p < n_; ++p)
           book.emplace_back(host_of(p, c_.local_size), 41000 + p % 20000);
-        auto bytes = std::make_shared<const std::vector<std::byte>>(collective::encode_book(book));
+        auto bytes =
+            std::make_shared<const std::vector<std::byte>>(collective::encode_verdict({}, book));
         for (int p = 1; p < n_; ++p)
           net_.send(0, p, kHeader + bytes->size(), [this, p, bytes] {
             collective::AddressList got;
-            if (!collective::decode_book(bytes->data(), bytes->size(), &got) ||
+            Status verdict;
+            if (!collective::decode_verdict(*bytes, &verdict, &got) || !verdict.is_ok() ||
                 got.size() != static_cast<size_t>(n_))
               return fail_run("a rendezvous book does not decode");
             mesh(p);

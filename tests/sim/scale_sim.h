@@ -14,7 +14,7 @@
 //   (cluster::BarrierBook), the failure detectors' timers (SilenceDetector
 //   on a ManualClock, base/liveness.h), the PS servers' ps::ServerStore (no
 //   threads) answering one dist_sync pushpull, the collectives' rendezvous
-//   codecs (collective::encode_hello / encode_book), the engine's
+//   codecs (collective::encode_entry / encode_verdict), the engine's
 //   negotiation (collective::Coordinator, ResponseCache, encode(Announce),
 //   encode(responses) and their decoders).
 // - models, written after the code they stand for, because that code is
@@ -24,7 +24,7 @@
 //   heartbeats (cluster/node.cpp Node::start, node_liveness.cpp), the dist_sync
 //   store's creation (kvstore/dist_store.cpp: rank 0's kSetMode to every
 //   server, then a workers' barrier), the collectives' rendezvous and mesh
-//   (collective/bootstrap.cpp, rendezvous.cpp, tcp_transport.cpp connect_all:
+//   (collective/bootstrap.cpp, store.cpp, tcp_transport.cpp connect_all:
 //   the higher rank dials the lower one, one after another; one data stream
 //   per pair, tcp_streams.h), their detector (tcp_transport_liveness.cpp:
 //   heartbeats to every peer, verdicts to every peer, a closed connection

@@ -6,38 +6,84 @@
 
 #include <fmt/format.h>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "net/peer_policy.h"
-#include "net/socket.h"
+#include "collective/store.h"
 #include "pushpull/error.h"
 #include "pushpull/options.h"
 
 namespace pushpull::torch_pg {
 namespace {
 
-// Rank 0's rendezvous listener, bound (and listening) before its port is
-// published in torch's store, and handed in-process to the Session's
-// rendezvous (net::offer_listener): no other program can take the port in
-// between. (A bound, non-listening SO_REUSEADDR reservation, as before, let
-// another user bind the port too, with SO_REUSEADDR, and listen first.)
-// Whatever happens to the Session, an untaken listener is closed.
-class OfferedListener {
+using collective::Clock;
+
+// torch's store as the group's Store. Not write-once (c10d overwrites): two
+// processes of one rank are refused later, by the mesh's authenticated
+// connections. torch's stores report a timeout and a lost store alike (and
+// not all as c10::Error): failing before the deadline is the store failing.
+class C10dStore final : public collective::Store {
  public:
-  explicit OfferedListener(const std::string& bind_host) {
-    net::Fd fd = net::listen_on(bind_host, 0);
-    port_ = net::local_port(fd.get());
-    net::offer_listener(std::move(fd));
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {}
+  void set(const std::string& key, std::vector<std::byte> value) override {
+    const auto* p = reinterpret_cast<const uint8_t*>(value.data());
+    call(key, [&] { s_->set(kPrefix + key, std::vector<uint8_t>(p, p + value.size())); });
   }
-  ~OfferedListener() { net::withdraw_offered_listener(); }
-  OfferedListener(const OfferedListener&) = delete;
-  OfferedListener& operator=(const OfferedListener&) = delete;
-  int port() const { return port_; }
+  std::vector<std::byte> get(const std::string& key, Clock::time_point deadline) override {
+    std::vector<uint8_t> v;
+    call(
+        key,
+        [&] {
+          s_->wait({kPrefix + key}, left(deadline));
+          v = s_->get(kPrefix + key);
+        },
+        deadline);
+    const auto* p = reinterpret_cast<const std::byte*>(v.data());
+    return {p, p + v.size()};
+  }
+  std::vector<std::string> wait(const std::vector<std::string>& keys,
+                                Clock::time_point deadline) override {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      try {
+        get(keys[i], deadline);
+      } catch (const Timeout&) {
+        std::vector<std::string> missing;
+        for (size_t j = i; j < keys.size(); ++j)
+          if (!s_->check({kPrefix + keys[j]})) missing.push_back(keys[j]);
+        return missing;
+      }
+    }
+    return {};
+  }
+  std::string where() const override { return "the torch.distributed store"; }
 
  private:
-  int port_ = 0;
+  static constexpr const char* kPrefix = "pushpull/";
+  static std::chrono::milliseconds left(Clock::time_point deadline) {
+    return std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                    std::chrono::milliseconds(1));
+  }
+  static std::string first_line(const char* what) {  // without c10's backtrace
+    std::string s(what);
+    return s.substr(0, s.find('\n'));
+  }
+  template <typename F>
+  void call(const std::string& key, F&& f, Clock::time_point deadline = Clock::time_point::max()) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      if (Clock::now() + std::chrono::milliseconds(100) >= deadline)  // a store's clock may round
+        throw Timeout(
+            fmt::format("pushpull ProcessGroup: '{}{}' not in the torch.distributed "
+                        "store by the deadline (PUSHPULL_STARTUP_TIMEOUT_MS): {}",
+                        kPrefix, key, first_line(e.what())));
+      throw PeerFailure(
+          fmt::format("pushpull ProcessGroup: the torch.distributed store failed "
+                      "on '{}{}': {}",
+                      kPrefix, key, first_line(e.what())));
+    }
+  }
+  c10::intrusive_ptr<c10d::Store> s_;
 };
 
 // The TCPStore under any PrefixStores, or nullptr.
@@ -49,18 +95,6 @@ c10d::TCPStore* tcp_store_of(c10d::Store* s) {
     s = prefix->getUnderlyingStore().get();
   }
   return nullptr;
-}
-
-// Where rank 0 hosts the rendezvous: an address the other ranks reach it at.
-std::string meeting_host(const Options& o, c10d::Store* store) {
-  if (!o.collective.master_addr.empty()) return o.collective.master_addr;
-  if (auto* tcp = tcp_store_of(store)) return tcp->getHost();
-  if (!o.net.node_host.empty()) return o.net.node_host;  // PUSHPULL_NODE_HOST / DMLC_NODE_HOST
-  return "127.0.0.1";  // file:// or hash stores without any of the above: one host
-}
-
-std::vector<uint8_t> bytes(const std::string& s) {
-  return {s.begin(), s.end()};
 }
 
 }  // namespace
@@ -83,46 +117,15 @@ std::shared_ptr<collective::Session> meet(const c10::intrusive_ptr<c10d::Store>&
     o.collective.master_port = 0;
     return std::make_shared<collective::Session>(o);
   }
-
-  std::unique_ptr<OfferedListener> reserved;
-  if (rank == 0) {
-    const std::string host = meeting_host(o, store.get());
-    // Bound where the rendezvous would bind it (collective/rendezvous.cpp).
-    reserved = std::make_unique<OfferedListener>(net::bind_host_for(host, o.net.bind_any));
-    o.collective.master_addr = host;
-    o.collective.master_port = reserved->port();
-    store->set(kRendezvousKey, bytes(fmt::format("{} {}", host, reserved->port())));
-  } else {
-    try {
-      store->wait({kRendezvousKey}, o.cluster.startup_timeout);
-    } catch (const std::exception& e) {
-      throw Timeout(fmt::format(
-          "pushpull ProcessGroup: rank {} of {} waited {} ms for rank 0 to publish pushpull's "
-          "rendezvous address in the torch.distributed store (key '{}'): {}; is rank 0 running "
-          "and using the 'pushpull' backend too? (PUSHPULL_STARTUP_TIMEOUT_MS)",
-          rank, size, o.cluster.startup_timeout.count(), kRendezvousKey, e.what()));
-    }
-    const std::vector<uint8_t> value = store->get(kRendezvousKey);
-    std::istringstream in(std::string(value.begin(), value.end()));
-    std::string host;
-    int port = 0;
-    if (!(in >> host >> port) || port <= 0 || port > 65535) {
-      throw ProtocolError(fmt::format(
-          "pushpull ProcessGroup: malformed rendezvous address '{}' in the store (key '{}')",
-          std::string(value.begin(), value.end()), kRendezvousKey));
-    }
-    o.collective.master_addr = host;
-    o.collective.master_port = port;
+  // The mesh advertises the host on the route to rank 0's side (bootstrap.h):
+  // without MASTER_ADDR, the TCPStore's host; file:// or hash stores without
+  // PUSHPULL_NODE_HOST either: one host, loopback.
+  if (o.collective.master_addr.empty()) {
+    auto* tcp = tcp_store_of(store.get());
+    o.collective.master_addr = tcp != nullptr ? tcp->getHost() : "127.0.0.1";
   }
-  auto session = std::make_shared<collective::Session>(o);
-  if (rank == 0) {
-    try {
-      store->deleteKey(kRendezvousKey);  // every rank has met: a later group starts afresh
-    } catch (const std::exception&) {
-      // Some stores cannot delete; a stale key is replaced by the next set().
-    }
-  }
-  return session;
+  C10dStore meeting(store);
+  return std::make_shared<collective::Session>(o, meeting);
 }
 
 }  // namespace pushpull::torch_pg

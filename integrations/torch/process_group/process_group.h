@@ -5,13 +5,12 @@
 // detection under DDP and the torch.distributed calls. Python registers it
 // as backend "pushpull" (python/pushpull/torch/distributed.py).
 //
-// Meeting: rank 0 reserves a free port and publishes "host port" in the
-// c10d store (key "pushpull/rendezvous"); every rank then builds a
-// collective::Session in rendezvous mode with the group's rank and size and
-// everything else from the environment (job secret and id, heartbeats,
-// fusion; Options::from_env), so the group is authenticated like the rest of
-// pushpull's job. The host is MASTER_ADDR / PUSHPULL_MASTER_ADDR, else the
-// TCPStore's host, else PUSHPULL_NODE_HOST, else 127.0.0.1.
+// Meeting (meet.h): the ranks trade their mesh addresses through the c10d
+// store itself (collective::Store's key protocol) and build a
+// collective::Session with the group's rank and size and everything else
+// from the environment (job secret and id, heartbeats, fusion;
+// Options::from_env), so the group is authenticated like the rest of
+// pushpull's job.
 //
 // Operations: allreduce (sum, avg, min, max, product), allreduce_coalesced,
 // broadcast, reduce, allgather, _allgather_base, gather, reduce_scatter,
