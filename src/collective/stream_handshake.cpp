@@ -14,23 +14,13 @@
 
 #include "net/address.h"
 #include "net/peer_policy.h"
+#include "net/wire.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
 namespace {
 
 constexpr size_t kHelloBytes = kStreamHelloBytes;
-
-void put(std::byte* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint64_t get(const std::byte* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 
 net::ProofInput input(const StreamAuth& auth, net::Direction d, const net::Nonce& acceptor_nonce,
                       const net::Nonce& connector_nonce, int prover_rank) {
@@ -62,7 +52,7 @@ StreamHelloCheck check_stream_hello(std::span<const std::byte, kStreamHelloBytes
                                     const StreamAuth& auth, const net::Nonce& nonce, int rank,
                                     int size, const std::vector<bool>& taken) {
   StreamHelloCheck out;
-  const uint64_t q = get(hello.data());
+  const uint64_t q = net::load_le<uint64_t>(hello.data());
   net::Nonce theirs;
   net::Proof proof;
   std::memcpy(theirs.data(), hello.data() + 8, theirs.size());
@@ -295,7 +285,7 @@ Stream connect_stream(const std::string& host, int port, const StreamAuth& auth,
   const std::string key = auth.key();
   net::Nonce mine = net::random_nonce();
   std::byte hello[kHelloBytes];
-  put(hello, static_cast<uint64_t>(rank));
+  net::store_le<uint64_t>(hello, static_cast<uint64_t>(rank));
   std::memcpy(hello + 8, mine.data(), mine.size());
   net::Proof proof =
       net::compute_proof(key, input(auth, net::Direction::kConnector, theirs, mine, rank));
