@@ -51,7 +51,8 @@ std::vector<HostEntry> run_discovery(const std::string& script, Millis timeout) 
   ChildSpec spec;
   spec.label = "host discovery";
   spec.argv = {"/bin/sh", "-c", script};
-  for (const auto& [name, value] : Environment::current().vars())
+  const Environment env = Environment::current();  // named: the loop reads its map
+  for (const auto& [name, value] : env.vars())
     spec.env.push_back(name + "=" + value);
   Spawned child;
   if (std::string why = spawn_child(spec, &child); !why.empty())
