@@ -18,16 +18,6 @@
 namespace pushpull::net {
 namespace {
 
-// Every live block of this process by address, for find_lent().
-std::mutex& registry_mu() {
-  static std::mutex mu;
-  return mu;
-}
-std::map<const std::byte*, const LendBlock*>& registry() {
-  static auto* blocks = new std::map<const std::byte*, const LendBlock*>();
-  return *blocks;
-}
-
 std::string hex(const LendToken& t) {
   std::string s;
   for (std::byte b : t)
@@ -109,32 +99,21 @@ std::unique_ptr<LendBlock> LendBlock::create(size_t bytes, std::string* why) {
   }
   b->data_ = static_cast<std::byte*>(p);
   b->bytes_ = bytes;
-  std::lock_guard lock(registry_mu());
-  registry()[b->data_] = b.get();
   return b;
 }
 
 LendBlock::~LendBlock() {
-  if (data_) {
-    {
-      std::lock_guard lock(registry_mu());
-      registry().erase(data_);
-    }
-    ::munmap(data_, bytes_);
-  }
+  if (data_) ::munmap(data_, bytes_);
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::optional<LendRef> find_lent(const void* data, size_t bytes) {
-  const auto* p = static_cast<const std::byte*>(data);
-  std::lock_guard lock(registry_mu());
-  auto& blocks = registry();
-  auto it = blocks.upper_bound(p);
-  if (it == blocks.begin()) return std::nullopt;
-  const LendBlock* b = std::prev(it)->second;
-  const auto offset = static_cast<size_t>(p - b->data_);
-  if (offset > b->bytes_ || bytes > b->bytes_ - offset) return std::nullopt;
-  return LendRef{static_cast<uint32_t>(::getpid()), b->fd_, b->token_, b->bytes_, offset, bytes};
+std::optional<LendRef> LendBlock::ref(const void* data, size_t bytes) const {
+  // Compared as integers: a pointer into another object is not ordered
+  // against data_ by the language.
+  const auto p = reinterpret_cast<uintptr_t>(data), base = reinterpret_cast<uintptr_t>(data_);
+  if (p < base || p - base > bytes_ || bytes > bytes_ - (p - base)) return std::nullopt;
+  const size_t offset = p - base;
+  return LendRef{static_cast<uint32_t>(::getpid()), fd_, token_, bytes_, offset, bytes};
 }
 
 LendReader::LendReader(size_t max_mapped) : max_mapped_(max_mapped) {}
