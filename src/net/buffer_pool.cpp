@@ -28,9 +28,9 @@ struct Buffer::State {
   bool add_slab(size_t cls, Buffer::Storage* out) {
     if (slabs.size() >= kMaxSlabs) return false;
     const size_t piece = size_t{1} << cls, bytes = std::max(piece, size_t{1} << kSlabClass);
-    std::string why;
-    std::shared_ptr<LendBlock> slab = LendBlock::create(bytes, &why);
-    if (!slab) return false;
+    std::unique_ptr<LendBlock> made;
+    if (!LendBlock::create(bytes, &made)) return false;  // the heap then: nothing to report
+    std::shared_ptr<LendBlock> slab = std::move(made);
     slabs.emplace(reinterpret_cast<uintptr_t>(slab->data()), slab);
     for (size_t at = bytes; at >= piece * 2; at -= piece)
       free[cls].push_back(Buffer::Storage{nullptr, slab, slab->data() + at - piece});

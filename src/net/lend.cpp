@@ -72,34 +72,32 @@ Status decode_lend_ref(std::span<const std::byte> in, LendRef* out) {
   return Status::ok();
 }
 
-std::unique_ptr<LendBlock> LendBlock::create(size_t bytes, std::string* why) {
+Status LendBlock::create(size_t bytes, std::unique_ptr<LendBlock>* out) {
   std::unique_ptr<LendBlock> b(new LendBlock());
   Nonce n = random_nonce();
   std::memcpy(b->token_.data(), n.data(), b->token_.size());
   const std::string name = kLendNamePrefix + hex(b->token_);
   b->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (b->fd_ < 0) {
-    *why = fmt::format("memfd_create: {}", std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("memfd_create: {}", std::strerror(errno))};
   }
   if (::ftruncate(b->fd_, static_cast<off_t>(bytes)) != 0) {
-    *why = fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError,
+            fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno))};
   }
   // Sealed at its size: a reader's mapping can never lose its pages (a
   // shrunk file would fault the reader), and the reader checks the seals.
   if (::fcntl(b->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    *why = fmt::format("sealing: {}", std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("sealing: {}", std::strerror(errno))};
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd_, 0);
   if (p == MAP_FAILED) {
-    *why = fmt::format("mmap {} bytes: {}", bytes, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("mmap {} bytes: {}", bytes, std::strerror(errno))};
   }
   b->data_ = static_cast<std::byte*>(p);
   b->bytes_ = bytes;
-  return b;
+  *out = std::move(b);
+  return Status::ok();
 }
 
 LendBlock::~LendBlock() {

@@ -76,9 +76,9 @@ Status decode_lend_ref(std::span<const std::byte> in, LendRef* out);
 
 class LendBlock {
  public:
-  // A block of `bytes` (> 0), or nullptr with *why set (no memfd_create,
-  // out of memory).
-  static std::unique_ptr<LendBlock> create(size_t bytes, std::string* why);
+  // A block of `bytes` (> 0) in *out, or an IoError saying why none could
+  // be made (no memfd_create, out of memory); *out is untouched then.
+  static Status create(size_t bytes, std::unique_ptr<LendBlock>* out);
   ~LendBlock();
   LendBlock(const LendBlock&) = delete;
   LendBlock& operator=(const LendBlock&) = delete;

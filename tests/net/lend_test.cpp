@@ -21,9 +21,10 @@ namespace pushpull::net {
 namespace {
 
 std::unique_ptr<LendBlock> block_of(size_t bytes) {
-  std::string why;
-  auto b = LendBlock::create(bytes, &why);
-  EXPECT_TRUE(b) << why;
+  std::unique_ptr<LendBlock> b;
+  Status st = LendBlock::create(bytes, &b);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(st.is_ok(), b != nullptr);
   return b;
 }
 
@@ -162,9 +163,8 @@ TEST(Lend, APinnedRangeOutlivesItsOwnerAndTheReadersMappings) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    std::string why;
-    auto b = LendBlock::create(1 << 20, &why);
-    if (!b) ::_exit(2);
+    std::unique_ptr<LendBlock> b;
+    if (!LendBlock::create(1 << 20, &b)) ::_exit(2);
     for (size_t i = 0; i < b->size(); ++i)
       b->data()[i] = static_cast<std::byte>(i * 7);
     auto wire = encode_lend_ref(*b->ref(b->data() + 4096, 8192));

@@ -355,9 +355,9 @@ class ReplicaPeerJob {
 
 // A zeroed 1 MiB block to lend from.
 std::unique_ptr<net::LendBlock> zeroed_block() {
-  std::string why;
-  auto block = net::LendBlock::create(1 << 20, &why);
-  EXPECT_TRUE(block) << why;
+  std::unique_ptr<net::LendBlock> block;
+  Status st = net::LendBlock::create(1 << 20, &block);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
   if (block) std::memset(block->data(), 0, block->size());
   return block;
 }
