@@ -73,16 +73,15 @@ AddressList host(const RendezvousConfig& c, Clock::time_point deadline) {
   // `pushpull launch` binds rank 0's rendezvous port itself and hands the
   // listening socket down (PUSHPULL_LISTEN_FD), so nobody can take the port
   // between its choice and this listen; else (torchrun, by hand) bind it.
-  std::string why_not;
-  if (net::Fd held =
-          net::take_inherited_listener(c.master_port, c.net.inherited_listener, &why_not);
-      held.valid()) {
+  net::Fd held;
+  if (Status taken = net::take_inherited_listener(c.master_port, c.net.inherited_listener, &held);
+      taken) {
     PP_DEBUG("collective rendezvous: listening on the socket the launcher bound (port {})",
              c.master_port);
     t.listen(std::move(held));
   } else {
     if (!c.net.inherited_listener.empty())
-      PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable, why_not);
+      PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable, taken.message());
     t.listen(net::bind_host_for(c.master_addr, c.net.bind_any), c.master_port);
   }
   // A hello that is malformed, or whose rank is out of range, taken, or not

@@ -237,7 +237,6 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
 
 Stream connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank, int peer,
                       Clock::time_point deadline, const std::string& what) {
-  std::string error;
   const std::string where = net::format_address(host, port);
   auto fail = [&](const std::string& why) {
     return IoError(fmt::format("{}: cannot open the data stream to rank {} at {}: {}", what, peer,
@@ -258,26 +257,26 @@ Stream connect_stream(const std::string& host, int port, const StreamAuth& auth,
   net::Fd fd;
   std::unique_ptr<net::TlsLink> tls;
   auto read_exact = [&](void* p, size_t n) {
-    return tls ? net::tls_read_all(*tls, p, n, deadline, &error)
-               : net::read_all(fd.get(), p, n, deadline, &error);
+    return tls ? net::tls_read_all(*tls, p, n, deadline) : net::read_all(fd.get(), p, n, deadline);
   };
   net::Nonce theirs;
   Millis backoff{10};
   for (;;) {
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
     tls.reset();
-    fd = net::connect_once(addr, std::max(left, Millis(1)), &error);
-    if (!fd.valid()) throw fail(error);
-    bool opened = true;
+    fd.reset();
+    if (Status st = net::connect_once(addr, std::max(left, Millis(1)), &fd); !st)
+      throw fail(st.message());
+    Status st;
     if (auth.tls) {
       tls = std::make_unique<net::TlsLink>(auth.tls, fd.get(), net::TlsLink::Side::kClient);
-      opened = net::tls_handshake(*tls, deadline, &error);
-      if (!opened && tls->refused()) throw ProtocolError(fail(error).what());
+      st = net::tls_handshake(*tls, deadline);
+      if (!st && tls->refused()) throw ProtocolError(fail(st.message()).what());
     }
-    if (opened && read_exact(theirs.data(), theirs.size())) break;
+    if (st && (st = read_exact(theirs.data(), theirs.size()))) break;
     // Closed before the nonce with time left: the listener's per-source
     // limit of pending connections was full (a flood); dial again.
-    if (Clock::now() + backoff >= deadline) throw fail(error);
+    if (Clock::now() + backoff >= deadline) throw fail(st.message());
     fd.reset();
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, Millis(1000));
@@ -290,11 +289,13 @@ Stream connect_stream(const std::string& host, int port, const StreamAuth& auth,
   net::Proof proof =
       net::compute_proof(key, input(auth, net::Direction::kConnector, theirs, mine, rank));
   std::memcpy(hello + 8 + mine.size(), proof.data(), proof.size());
-  if (!(tls ? net::tls_write_all(*tls, hello, sizeof hello, deadline, &error)
-            : net::write_all(fd.get(), hello, sizeof hello, deadline, &error)))
-    throw fail(error);
+  if (Status st = tls ? net::tls_write_all(*tls, hello, sizeof hello, deadline)
+                      : net::write_all(fd.get(), hello, sizeof hello, deadline);
+      !st)
+    throw fail(st.message());
   net::Proof answer;
-  if (!read_exact(answer.data(), answer.size())) throw fail(fmt::format("{} (refused?)", error));
+  if (Status st = read_exact(answer.data(), answer.size()); !st)
+    throw fail(fmt::format("{} (refused?)", st.message()));
   if (!net::verify_proof(key, input(auth, net::Direction::kAcceptor, theirs, mine, peer), answer))
     throw ProtocolError(fmt::format(
         "{}: the listener at {} failed to prove it is rank {} of this job; refusing its data "

@@ -56,28 +56,27 @@ class FakeAcceptor {
     Fd fd(::accept(listener_.get(), nullptr, nullptr));
     if (!fd.valid()) return;
     auto deadline = std::chrono::steady_clock::now() + 5s;
-    std::string err;
     Challenge ch{kProtocolVersion, job_tag("job"), random_nonce()};
     send(fd.get(), msg::kChallenge, encode(ch), deadline);
     HeaderBytes hb;
     Header h;
-    if (!read_all(fd.get(), hb.data(), hb.size(), deadline, &err)) return;
+    if (!read_all(fd.get(), hb.data(), hb.size(), deadline)) return;
     if (!decode_header(hb, kMaxHandshakeBytes, &h).is_ok()) return;
     std::vector<std::byte> p(h.payload_bytes);
-    if (!read_all(fd.get(), p.data(), p.size(), deadline, &err)) return;
+    if (!read_all(fd.get(), p.data(), p.size(), deadline)) return;
     Hello hello;
     if (!decode(p, &hello).is_ok()) return;
     HelloAck ack{true, "", Role::kServer, 0, forge_(ch, hello)};
     send(fd.get(), msg::kHelloAck, encode(ack), deadline);
     char c;
-    read_all(fd.get(), &c, 1, deadline, &err);  // until the connector hangs up
+    (void)read_all(fd.get(), &c, 1, deadline);  // until the connector hangs up
   }
   static void send(int fd, uint16_t type, const std::vector<std::byte>& payload,
                    std::chrono::steady_clock::time_point deadline) {
-    std::string err;
     auto hb = encode_header(Header{.type = type, .payload_bytes = payload.size()});
-    write_all(fd, hb.data(), hb.size(), deadline, &err);
-    write_all(fd, payload.data(), payload.size(), deadline, &err);
+    // The connector may hang up mid-way: what it saw is what the test checks.
+    if (write_all(fd, hb.data(), hb.size(), deadline))
+      (void)write_all(fd, payload.data(), payload.size(), deadline);
   }
   Forge forge_;
   Fd listener_;

@@ -182,9 +182,9 @@ ssize_t first_bytes(int fd, std::chrono::milliseconds timeout) {
 }
 
 Fd dial(const std::string& host, int port) {
-  std::string err;
-  Fd fd = connect_once(resolve(host, port), 2000ms, &err);
-  EXPECT_TRUE(fd.valid()) << err;
+  Fd fd;
+  Status st = connect_once(resolve(host, port), 2000ms, &fd);
+  EXPECT_TRUE(st.is_ok() && fd.valid()) << st.to_string();
   return fd;
 }
 
