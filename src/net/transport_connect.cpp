@@ -61,9 +61,9 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
         if (!is_loopback(remote))
           for (const auto& i : list_interfaces())
             local.push_back(i.address);
-        if (std::string why = dial_refusal(remote, config_.net, local); !why.empty()) {
-          PP_ERROR("not using the connection to {}: {}", where, why);
-          throw ProtocolError(fmt::format("refused to connect to {}: {}", where, why));
+        if (Status why = dial_refusal(remote, config_.net, local); !why) {
+          PP_ERROR("not using the connection to {}: {}", where, why.message());
+          throw ProtocolError(fmt::format("refused to connect to {}: {}", where, why.message()));
         }
       }
     }

@@ -328,22 +328,24 @@ TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
 
 TEST(Auth, WithoutASecretOnlyThisMachineMayConnect) {
   NetOptions open;
-  EXPECT_TRUE(peer_refusal(resolve("127.0.0.1", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("127.4.5.6", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("::1", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("::ffff:127.0.0.1", 1), open).empty());
-  std::string why = peer_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_TRUE(peer_refusal(resolve("127.0.0.1", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("127.4.5.6", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("::1", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("::ffff:127.0.0.1", 1), open).is_ok());
+  const Status refused = peer_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_EQ(refused.code(), ErrorCode::kProtocolError);
+  const std::string& why = refused.message();
   EXPECT_NE(why.find("PUSHPULL_JOB_SECRET"), std::string::npos) << why;
   EXPECT_NE(why.find("10.1.2.3"), std::string::npos) << why;
-  EXPECT_FALSE(peer_refusal(resolve("fd00::7", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).empty());  // our own
-  EXPECT_TRUE(peer_refusal(resolve("::ffff:10.1.2.3", 1), open, {"10.1.2.3"}).empty());
+  EXPECT_FALSE(peer_refusal(resolve("fd00::7", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).is_ok());  // our own
+  EXPECT_TRUE(peer_refusal(resolve("::ffff:10.1.2.3", 1), open, {"10.1.2.3"}).is_ok());
   NetOptions secret;
   secret.job_secret = "s";
-  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), secret).empty());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), secret).is_ok());
   NetOptions insecure;
   insecure.allow_insecure = true;
-  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), insecure).empty());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), insecure).is_ok());
   EXPECT_TRUE(is_loopback(resolve("127.0.0.1", 1)));
   EXPECT_FALSE(is_loopback(resolve("128.0.0.1", 1)));
 }
