@@ -17,6 +17,7 @@
 
 #include "launch/launcher.h"
 #include "pushpull/error.h"
+#include "pushpull/options.h"
 
 extern char** environ;
 
@@ -32,9 +33,8 @@ ProcessGroup::~ProcessGroup() {
 // nodes authenticate each other also when they run in network namespaces.
 static void ensure_job_secret() {
   static const bool done = [] {
-    const char* s = std::getenv("PUSHPULL_JOB_SECRET");
-    if (s == nullptr || *s == '\0')
-      ::setenv("PUSHPULL_JOB_SECRET", launch::make_job_secret().c_str(), 1);
+    const auto s = Environment::current().get("PUSHPULL_JOB_SECRET");
+    if (!s || s->empty()) ::setenv("PUSHPULL_JOB_SECRET", launch::make_job_secret().c_str(), 1);
     return true;
   }();
   (void)done;

@@ -45,6 +45,7 @@
 #include "bench_step_netns.h"
 #include "commands.h"
 #include "pushpull/error.h"
+#include "pushpull/options.h"
 
 namespace pushpull::cli {
 namespace {
@@ -96,7 +97,7 @@ void export_python_path() {
   std::filesystem::path pkg = std::filesystem::path(self_dir()).parent_path() / "python";
   if (!std::filesystem::exists(pkg / "pushpull" / "bench_step.py")) return;
   std::string path = pkg.string();
-  if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
+  if (auto old = Environment::current().get("PYTHONPATH"); old && !old->empty()) path += ":" + *old;
   ::setenv("PYTHONPATH", path.c_str(), 1);
   ::setenv("OMP_NUM_THREADS", "1", 0);
 }

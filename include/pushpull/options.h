@@ -301,6 +301,12 @@ struct ObserveOptions {
   // PUSHPULL_RANK / RANK / ... (-1: unknown).
   std::string role = "process";
   int rank = -1;
+  // Whether PUSHPULL_ROLE / DMLC_ROLE named the role: the timeline calls a
+  // process known only by its rank "rank N", not "worker N" (docs/timeline.md).
+  bool role_named = false;
+  // The timeline's file stem F (PUSHPULL_TIMELINE, else HOROVOD_TIMELINE);
+  // each process writes F.<role><rank>.json. "": no timeline.
+  std::string timeline;
   // The flight recorder (docs/timeline.md, "Flight recorder"): how many of
   // the last operations it keeps (0: off), PUSHPULL_FLIGHT_RECORDER_SIZE; the
   // directory of its dumps, PUSHPULL_FLIGHT_RECORDER_DIR ("": the working

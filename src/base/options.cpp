@@ -285,16 +285,25 @@ ObserveOptions ObserveOptions::from_env(const Environment& env) {
   r.flag({"PUSHPULL_BIND_ANY"}, &any);
   if (any || o.bind_host.empty()) o.bind_host = any ? "0.0.0.0" : "127.0.0.1";
   r.integer({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &o.rank);
-  if (auto v = r.find({"PUSHPULL_ROLE", "DMLC_ROLE"}).second; v && !v->empty())
+  if (auto v = r.find({"PUSHPULL_ROLE", "DMLC_ROLE"}).second; v && !v->empty()) {
     o.role = *v;
-  else if (o.rank >= 0)
+    o.role_named = true;
+  } else if (o.rank >= 0) {
     o.role = "worker";
+  }
   r.integer({"PUSHPULL_FLIGHT_RECORDER_SIZE"}, &o.flight_recorder_size);
   if (o.flight_recorder_size < 0 || o.flight_recorder_size > (1 << 20))
     throw InvalidArgument(fmt::format("PUSHPULL_FLIGHT_RECORDER_SIZE={} is not in 0..1048576",
                                       o.flight_recorder_size));
   r.string({"PUSHPULL_FLIGHT_RECORDER_DIR"}, &o.flight_recorder_dir);
   r.string({"PUSHPULL_TIMELINE_CLOCK"}, &o.timeline_clock);
+  // The first one set and not empty: an empty PUSHPULL_TIMELINE leaves
+  // Horovod's name in charge.
+  for (const char* name : {"PUSHPULL_TIMELINE", "HOROVOD_TIMELINE"})
+    if (auto v = env.get(name); v && !v->empty()) {
+      o.timeline = *v;
+      break;
+    }
   return o;
 }
 

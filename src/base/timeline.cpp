@@ -252,33 +252,21 @@ std::vector<std::unique_ptr<Recorder>>& retired() {
   return *v;
 }
 
-std::string first_env(std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    const char* v = std::getenv(n);
-    if (v != nullptr && *v != '\0') return v;
-  }
-  return {};
-}
-
 void flush_at_exit() {
   shutdown();
 }
 
 struct Identity {
-  std::string role;  // "worker", "server", "rank", "pid"
-  int rank;
+  std::string role;  // the named role, "rank" (only a rank is known) or "pid"
+  int rank;          // the rank, else the process id
 };
 
-Identity identity_from_env() {
-  Identity id{first_env({"PUSHPULL_ROLE", "DMLC_ROLE"}), static_cast<int>(::getpid())};
-  const std::string rank_text =
-      first_env({"PUSHPULL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
-  if (!rank_text.empty()) {
-    id.rank = std::atoi(rank_text.c_str());
-    if (id.role.empty()) id.role = "rank";
-  } else if (id.role.empty()) {
-    id.role = "pid";
-  }
+// Options::from_env's ObserveOptions (the only reader of the environment);
+// a setting it rejects (say a PUSHPULL_METRICS_PORT that is not a number)
+// throws, and the caller decides whether the timeline goes without.
+Identity identity_of(const ObserveOptions& o) {
+  Identity id{o.role_named ? o.role : std::string(o.rank >= 0 ? "rank" : "pid"),
+              o.rank >= 0 ? o.rank : static_cast<int>(::getpid())};
   return id;
 }
 
@@ -286,7 +274,13 @@ Identity identity_from_env() {
 
 const std::string& process_node() {
   static const std::string name = [] {
-    const Identity id = identity_from_env();
+    Identity id{"pid", 0};
+    try {
+      id = identity_of(ObserveOptions::from_env());
+    } catch (const Error&) {
+      // Named "process", as without any variable; from_env's error is
+      // reported by the recorder that needs the setting.
+    }
     return id.role == "pid" ? std::string("process") : fmt::format("{} {}", id.role, id.rank);
   }();
   return name;
@@ -329,21 +323,21 @@ namespace detail {
 bool init_from_env() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const std::string base = first_env({"PUSHPULL_TIMELINE", "HOROVOD_TIMELINE"});
-    if (base.empty()) {
-      int expected = 0;
-      g_state.compare_exchange_strong(expected, 1);
-      return;
-    }
-    const Identity id = identity_from_env();
     try {
-      start(process_file_name(base, id.role, id.rank));
+      const ObserveOptions o = ObserveOptions::from_env();
+      if (o.timeline.empty()) {
+        int expected = 0;
+        g_state.compare_exchange_strong(expected, 1);
+        return;
+      }
+      const Identity id = identity_of(o);
+      start(process_file_name(o.timeline, id.role, id.rank));
       // Under `pushpull launch`: this host's clock against the launcher's,
       // for the merged file (docs/timeline.md, "One file for the job").
-      const std::string service = ObserveOptions::from_env().timeline_clock;
+      const std::string& service = o.timeline_clock;
       if (!service.empty()) {
-        if (auto o = base::measure_offset(service))
-          g_recorder.load()->clock_offset(o->offset_ns, o->rtt_ns, o->samples);
+        if (auto offset = base::measure_offset(service))
+          g_recorder.load()->clock_offset(offset->offset_ns, offset->rtt_ns, offset->samples);
         else
           PP_WARN(
               "timeline: the launcher's clock service {} did not answer; this file's "

@@ -115,7 +115,8 @@ void sequential(AlgoContext& ctx, const Hierarchy& h, char* base, size_t count, 
 
 void pipelined(AlgoContext& ctx, const Hierarchy& h, char* base, size_t count, DType dtype,
                ReduceOp op, size_t nchunks) {
-  // One phase at a time may hold the direct streams. The host phases get
+  // One phase at a time may run its schedules on the TCP transport's direct
+  // streams (Transport::run; the other runs them posted). The host phases get
   // them when the host's pairs have them (loopback TCP: those phases move as
   // many bytes as the cross-host one, at memory speed, so they are the ones
   // that need the cheaper path; measured under load with the cross-host phase

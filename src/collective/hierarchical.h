@@ -17,9 +17,12 @@
 // the phases as a pipeline: a helper thread runs the host's phases (1 and 3)
 // of chunk c+1 and c-1 while the calling thread runs phase 2 of chunk c, so
 // only the first chunk's reduce-scatter and the last chunk's allgather add
-// to the cross-host time. Only one thread may hold the direct streams: the
-// host phases get them when the host's pairs have them, else the cross-host
-// phase; the other uses post_send/post_recv.
+// to the cross-host time. Each phase builds Schedules (ring.cpp,
+// halving_doubling.cpp) and runs them on a SubgroupTransport
+// (hierarchical_view.h); only one thread may drive the TCP transport's
+// direct streams (Transport::run): the host phases when the host's pairs
+// have them, else the cross-host phase; the other phase's schedules run
+// with post_send/post_recv (run_posted, schedule.h).
 //
 // Every element is reduced in one place, so all ranks get identical results.
 // Errors: as the flat algorithms (thrown, every wait with a deadline), with

@@ -12,8 +12,9 @@
 // own (Transport::runs_direct_to: the TCP mesh's direct streams); without,
 // or when some pair has none, schedules run with post_send/post_recv, so
 // that another thread may drive the streams meanwhile (the pipelined
-// hierarchical allreduce runs the cross-host ring on the streams and the
-// host's phases beside it).
+// hierarchical allreduce gives the streams to the host's phases when the
+// host's pairs have them, else to the cross-host phase, and runs the other
+// beside it: hierarchical.cpp).
 //
 // Ownership: a view borrows the base and must not outlive it; close() and
 // abort() act on the whole base transport (a failure is fatal to the group).

@@ -53,7 +53,7 @@ class ShmDataTransport final : public Transport {
   void post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Completion done) override;
   void close(const Status& reason) override;
   void abort(const Status& why) override;
-  // Operations whose messages are below stream_below() on the TCP mesh's
+  // Operations whose messages are below set_stream_below()'s on the TCP mesh's
   // direct streams (when it has them), the others with post_send/post_recv.
   void run(const Schedule& s) override;
   bool streams_for(size_t message_bytes) const;
@@ -66,8 +66,6 @@ class ShmDataTransport final : public Transport {
   // 0: every data message through shared memory. Set before the first
   // operation; the same on every rank (an option).
   void set_stream_below(uint64_t bytes) { stream_below_ = bytes; }
-  uint64_t stream_below() const { return stream_below_; }
-  TcpTransport& tcp() { return *tcp_; }
   // This rank's host group (the job's ranks reached through shared memory).
   const std::vector<int>& group() const { return group_; }
 

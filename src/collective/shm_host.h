@@ -14,7 +14,7 @@
 // the point of such a setup.
 //
 // The records and the proofs travel over the job's authenticated TCP mesh;
-// every rank computes the same groups from the same matrix (shm_groups).
+// every rank computes the same groups from the same matrix (shm_group).
 //
 // Thread safety: functions are pure or touch only their own probe file.
 #pragma once

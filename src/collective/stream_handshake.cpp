@@ -14,23 +14,13 @@
 
 #include "net/address.h"
 #include "net/peer_policy.h"
+#include "net/wire.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
 namespace {
 
 constexpr size_t kHelloBytes = kStreamHelloBytes;
-
-void put(std::byte* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint64_t get(const std::byte* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 
 net::ProofInput input(const StreamAuth& auth, net::Direction d, const net::Nonce& acceptor_nonce,
                       const net::Nonce& connector_nonce, int prover_rank) {
@@ -62,7 +52,7 @@ StreamHelloCheck check_stream_hello(std::span<const std::byte, kStreamHelloBytes
                                     const StreamAuth& auth, const net::Nonce& nonce, int rank,
                                     int size, const std::vector<bool>& taken) {
   StreamHelloCheck out;
-  const uint64_t q = get(hello.data());
+  const uint64_t q = net::load_le<uint64_t>(hello.data());
   net::Nonce theirs;
   net::Proof proof;
   std::memcpy(theirs.data(), hello.data() + 8, theirs.size());
@@ -247,7 +237,6 @@ std::vector<Stream> accept_streams(int listener, const StreamAuth& auth, int ran
 
 Stream connect_stream(const std::string& host, int port, const StreamAuth& auth, int rank, int peer,
                       Clock::time_point deadline, const std::string& what) {
-  std::string error;
   const std::string where = net::format_address(host, port);
   auto fail = [&](const std::string& why) {
     return IoError(fmt::format("{}: cannot open the data stream to rank {} at {}: {}", what, peer,
@@ -268,26 +257,26 @@ Stream connect_stream(const std::string& host, int port, const StreamAuth& auth,
   net::Fd fd;
   std::unique_ptr<net::TlsLink> tls;
   auto read_exact = [&](void* p, size_t n) {
-    return tls ? net::tls_read_all(*tls, p, n, deadline, &error)
-               : net::read_all(fd.get(), p, n, deadline, &error);
+    return tls ? net::tls_read_all(*tls, p, n, deadline) : net::read_all(fd.get(), p, n, deadline);
   };
   net::Nonce theirs;
   Millis backoff{10};
   for (;;) {
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
     tls.reset();
-    fd = net::connect_once(addr, std::max(left, Millis(1)), &error);
-    if (!fd.valid()) throw fail(error);
-    bool opened = true;
+    fd.reset();
+    if (Status st = net::connect_once(addr, std::max(left, Millis(1)), &fd); !st)
+      throw fail(st.message());
+    Status st;
     if (auth.tls) {
       tls = std::make_unique<net::TlsLink>(auth.tls, fd.get(), net::TlsLink::Side::kClient);
-      opened = net::tls_handshake(*tls, deadline, &error);
-      if (!opened && tls->refused()) throw ProtocolError(fail(error).what());
+      st = net::tls_handshake(*tls, deadline);
+      if (!st && tls->refused()) throw ProtocolError(fail(st.message()).what());
     }
-    if (opened && read_exact(theirs.data(), theirs.size())) break;
+    if (st && (st = read_exact(theirs.data(), theirs.size()))) break;
     // Closed before the nonce with time left: the listener's per-source
     // limit of pending connections was full (a flood); dial again.
-    if (Clock::now() + backoff >= deadline) throw fail(error);
+    if (Clock::now() + backoff >= deadline) throw fail(st.message());
     fd.reset();
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, Millis(1000));
@@ -295,16 +284,18 @@ Stream connect_stream(const std::string& host, int port, const StreamAuth& auth,
   const std::string key = auth.key();
   net::Nonce mine = net::random_nonce();
   std::byte hello[kHelloBytes];
-  put(hello, static_cast<uint64_t>(rank));
+  net::store_le<uint64_t>(hello, static_cast<uint64_t>(rank));
   std::memcpy(hello + 8, mine.data(), mine.size());
   net::Proof proof =
       net::compute_proof(key, input(auth, net::Direction::kConnector, theirs, mine, rank));
   std::memcpy(hello + 8 + mine.size(), proof.data(), proof.size());
-  if (!(tls ? net::tls_write_all(*tls, hello, sizeof hello, deadline, &error)
-            : net::write_all(fd.get(), hello, sizeof hello, deadline, &error)))
-    throw fail(error);
+  if (Status st = tls ? net::tls_write_all(*tls, hello, sizeof hello, deadline)
+                      : net::write_all(fd.get(), hello, sizeof hello, deadline);
+      !st)
+    throw fail(st.message());
   net::Proof answer;
-  if (!read_exact(answer.data(), answer.size())) throw fail(fmt::format("{} (refused?)", error));
+  if (Status st = read_exact(answer.data(), answer.size()); !st)
+    throw fail(fmt::format("{} (refused?)", st.message()));
   if (!net::verify_proof(key, input(auth, net::Direction::kAcceptor, theirs, mine, peer), answer))
     throw ProtocolError(fmt::format(
         "{}: the listener at {} failed to prove it is rank {} of this job; refusing its data "

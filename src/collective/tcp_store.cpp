@@ -150,14 +150,14 @@ TcpStore::TcpStore(const Options& o, Clock::time_point deadline)
     // themselves and hand the listening socket down, so nobody can take the
     // port between its choice and this listen; else (torchrun, by hand)
     // bind it.
-    std::string why_not;
-    if (net::Fd held =
-            net::take_inherited_listener(c.master_port, o.net.inherited_listener, &why_not);
-        held.valid()) {
+    net::Fd held;
+    if (Status taken = net::take_inherited_listener(c.master_port, o.net.inherited_listener, &held);
+        taken) {
       t_->listen(std::move(held));
     } else {
       if (!o.net.inherited_listener.empty())
-        PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable, why_not);
+        PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable,
+                 taken.message());
       t_->listen(net::bind_host_for(c.master_addr, o.net.bind_any), c.master_port);
     }
     t_->set_handler(kStoreSet, kStoreGet,

@@ -19,6 +19,7 @@
 
 #include "collective/stream_handshake.h"
 #include "collective/tcp_transport.h"
+#include "net/wire.h"
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
@@ -47,8 +48,7 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
     listener = net::listen_on(host_, 0, static_cast<int>(partners.size()) + 1);
     mine.token = net::random_nonce();
     const auto port = static_cast<uint64_t>(net::local_port(listener.get()));
-    for (int i = 0; i < 8; ++i)
-      offer[i] = static_cast<std::byte>(port >> (8 * i));
+    net::store_le<uint64_t>(offer, port);
     std::memcpy(offer + 8, mine.token.data(), mine.token.size());
     for (int q = rank_ + 1; q < size_; ++q)
       if (expected[static_cast<size_t>(q)])
@@ -60,9 +60,7 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
     std::byte got[kOfferBytes];
     irecv(*this, p, kStreamSetupTag, got, sizeof got)
         .wait(deadline, fmt::format("{}: offer from rank {}", what, p));
-    uint64_t port = 0;
-    for (int i = 0; i < 8; ++i)
-      port |= static_cast<uint64_t>(got[i]) << (8 * i);
+    const uint64_t port = net::load_le<uint64_t>(got);
     StreamAuth theirs{opts_.job_id, opts_.job_secret, {}, local_only, mine.tls};
     std::memcpy(theirs.token.data(), got + 8, theirs.token.size());
     if (port == 0 || port > 65535)

@@ -12,6 +12,7 @@
 #include "launch/host_list.h"
 #include "launch/spawn.h"
 #include "pushpull/error.h"
+#include "pushpull/options.h"
 
 namespace pushpull::launch {
 
@@ -50,8 +51,9 @@ std::vector<HostEntry> run_discovery(const std::string& script, Millis timeout) 
   ChildSpec spec;
   spec.label = "host discovery";
   spec.argv = {"/bin/sh", "-c", script};
-  for (char** e = environ; *e != nullptr; ++e)
-    spec.env.emplace_back(*e);
+  const Environment env = Environment::current();  // named: the loop reads its map
+  for (const auto& [name, value] : env.vars())
+    spec.env.push_back(name + "=" + value);
   Spawned child;
   if (std::string why = spawn_child(spec, &child); !why.empty())
     throw InvalidArgument(fmt::format("host discovery script '{}' cannot start: {}", script, why));

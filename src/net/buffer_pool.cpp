@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 
 namespace pushpull::net {
 namespace {
@@ -18,16 +19,19 @@ struct Buffer::State {
   size_t max_cached;
   bool lending = false;
   std::vector<Buffer::Storage> free[kMaxClass + 1];
-  size_t slabs = 0;
+  // Every slab made, by its first byte (find_lent). Owned here as well as by
+  // the pieces: a piece always comes back (see reset()), so a slab lives as
+  // long as the pool's state anyway.
+  std::map<uintptr_t, std::shared_ptr<LendBlock>> slabs;
   // Under mu: a new slab for class `cls`, cut into buffers, all but one put
   // on the free list; false when none can be made (the heap then).
   bool add_slab(size_t cls, Buffer::Storage* out) {
-    if (slabs >= kMaxSlabs) return false;
+    if (slabs.size() >= kMaxSlabs) return false;
     const size_t piece = size_t{1} << cls, bytes = std::max(piece, size_t{1} << kSlabClass);
-    std::string why;
-    std::shared_ptr<LendBlock> slab = LendBlock::create(bytes, &why);
-    if (!slab) return false;
-    ++slabs;
+    std::unique_ptr<LendBlock> made;
+    if (!LendBlock::create(bytes, &made)) return false;  // the heap then: nothing to report
+    std::shared_ptr<LendBlock> slab = std::move(made);
+    slabs.emplace(reinterpret_cast<uintptr_t>(slab->data()), slab);
     for (size_t at = bytes; at >= piece * 2; at -= piece)
       free[cls].push_back(Buffer::Storage{nullptr, slab, slab->data() + at - piece});
     *out = Buffer::Storage{nullptr, slab, slab->data()};
@@ -96,6 +100,13 @@ Buffer BufferPool::acquire(size_t size) {
   }
   b.data_.heap.reset(new std::byte[b.capacity_]);
   return b;
+}
+
+std::optional<LendRef> BufferPool::find_lent(const void* data, size_t bytes) const {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->slabs.upper_bound(reinterpret_cast<uintptr_t>(data));
+  if (it == state_->slabs.begin()) return std::nullopt;
+  return std::prev(it)->second->ref(data, bytes);
 }
 
 size_t BufferPool::cached() const {

@@ -13,14 +13,19 @@
 // so a node can lend what it holds to a peer on the same host (net/lend.h). Such buffers always go
 // back to their free list (a slab is never split back), so the pool keeps its peak; slabs hold one
 // descriptor each, at most kMaxSlabs per pool (the heap after that, and when a block cannot be
-// made).
+// made). The pool owns its slabs (they live as long as it or any of its
+// buffers) and finds the one a pointer lies in (find_lent), so lending
+// needs no process-wide registry.
 //
-// Thread safety: acquire() and Buffer destruction may happen on any thread.
+// Thread safety: acquire(), find_lent() and Buffer destruction may happen
+// on any thread.
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "net/lend.h"
@@ -71,6 +76,10 @@ class BufferPool {
   Buffer acquire(size_t size);
   // Buffers currently cached (for tests).
   size_t cached() const;
+  // The LendRef of [data, data + bytes) when that range lies inside one of
+  // this pool's slabs (a buffer it handed out, live or cached); nullopt
+  // otherwise (the heap, another pool's memory, a pool that does not lend).
+  std::optional<LendRef> find_lent(const void* data, size_t bytes) const;
 
  private:
   std::shared_ptr<Buffer::State> state_;

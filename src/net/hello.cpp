@@ -133,8 +133,8 @@ bool verify_proof(const std::string& secret, const ProofInput& input, const Proo
   return secret.empty() || proof_equal(proof, compute_proof(secret, input));
 }
 
-std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
-                        const std::string& my_job_id, const std::string& secret) {
+Status check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
+                   const std::string& my_job_id, const std::string& secret) {
   std::string reason;
   if (h.version != my_version)
     reason = fmt::format(
@@ -151,8 +151,9 @@ std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my
     reason = std::string(
                  "authentication failed: the connecting node does not know this job's secret; ") +
              kSecretAdvice;
+  if (reason.empty()) return Status::ok();
   if (reason.size() > kMaxReason) reason.resize(kMaxReason);
-  return reason;
+  return {ErrorCode::kProtocolError, std::move(reason)};
 }
 
 std::string secret_source(const NetOptions& opts) {

@@ -116,9 +116,10 @@ inline constexpr const char* kSecretAdvice =
 // Where this node's secret came from, for errors: NetOptions::job_secret_source.
 std::string secret_source(const NetOptions& opts);
 
-// The acceptor's decision on a decoded hello: empty when accepted, else the
-// reason to send back. `acceptor_nonce` is the one of its challenge.
-std::string check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
-                        const std::string& my_job_id, const std::string& secret);
+// The acceptor's decision on a decoded hello: ok when accepted, else a
+// ProtocolError whose message (at most kMaxReason bytes) is the reason to
+// send back. `acceptor_nonce` is the one of its challenge.
+Status check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
+                   const std::string& my_job_id, const std::string& secret);
 
 }  // namespace pushpull::net

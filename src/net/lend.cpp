@@ -18,16 +18,6 @@
 namespace pushpull::net {
 namespace {
 
-// Every live block of this process by address, for find_lent().
-std::mutex& registry_mu() {
-  static std::mutex mu;
-  return mu;
-}
-std::map<const std::byte*, const LendBlock*>& registry() {
-  static auto* blocks = new std::map<const std::byte*, const LendBlock*>();
-  return *blocks;
-}
-
 std::string hex(const LendToken& t) {
   std::string s;
   for (std::byte b : t)
@@ -82,59 +72,46 @@ Status decode_lend_ref(std::span<const std::byte> in, LendRef* out) {
   return Status::ok();
 }
 
-std::unique_ptr<LendBlock> LendBlock::create(size_t bytes, std::string* why) {
+Status LendBlock::create(size_t bytes, std::unique_ptr<LendBlock>* out) {
   std::unique_ptr<LendBlock> b(new LendBlock());
   Nonce n = random_nonce();
   std::memcpy(b->token_.data(), n.data(), b->token_.size());
   const std::string name = kLendNamePrefix + hex(b->token_);
   b->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (b->fd_ < 0) {
-    *why = fmt::format("memfd_create: {}", std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("memfd_create: {}", std::strerror(errno))};
   }
   if (::ftruncate(b->fd_, static_cast<off_t>(bytes)) != 0) {
-    *why = fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError,
+            fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno))};
   }
   // Sealed at its size: a reader's mapping can never lose its pages (a
   // shrunk file would fault the reader), and the reader checks the seals.
   if (::fcntl(b->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    *why = fmt::format("sealing: {}", std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("sealing: {}", std::strerror(errno))};
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd_, 0);
   if (p == MAP_FAILED) {
-    *why = fmt::format("mmap {} bytes: {}", bytes, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("mmap {} bytes: {}", bytes, std::strerror(errno))};
   }
   b->data_ = static_cast<std::byte*>(p);
   b->bytes_ = bytes;
-  std::lock_guard lock(registry_mu());
-  registry()[b->data_] = b.get();
-  return b;
+  *out = std::move(b);
+  return Status::ok();
 }
 
 LendBlock::~LendBlock() {
-  if (data_) {
-    {
-      std::lock_guard lock(registry_mu());
-      registry().erase(data_);
-    }
-    ::munmap(data_, bytes_);
-  }
+  if (data_) ::munmap(data_, bytes_);
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::optional<LendRef> find_lent(const void* data, size_t bytes) {
-  const auto* p = static_cast<const std::byte*>(data);
-  std::lock_guard lock(registry_mu());
-  auto& blocks = registry();
-  auto it = blocks.upper_bound(p);
-  if (it == blocks.begin()) return std::nullopt;
-  const LendBlock* b = std::prev(it)->second;
-  const auto offset = static_cast<size_t>(p - b->data_);
-  if (offset > b->bytes_ || bytes > b->bytes_ - offset) return std::nullopt;
-  return LendRef{static_cast<uint32_t>(::getpid()), b->fd_, b->token_, b->bytes_, offset, bytes};
+std::optional<LendRef> LendBlock::ref(const void* data, size_t bytes) const {
+  // Compared as integers: a pointer into another object is not ordered
+  // against data_ by the language.
+  const auto p = reinterpret_cast<uintptr_t>(data), base = reinterpret_cast<uintptr_t>(data_);
+  if (p < base || p - base > bytes_ || bytes > bytes_ - (p - base)) return std::nullopt;
+  const size_t offset = p - base;
+  return LendRef{static_cast<uint32_t>(::getpid()), fd_, token_, bytes_, offset, bytes};
 }
 
 LendReader::LendReader(size_t max_mapped) : max_mapped_(max_mapped) {}

@@ -27,15 +27,12 @@
 // Ownership: a LendBlock owns its descriptor and mapping. The owner must keep
 // a lent range unchanged until the reader said it is done with it.
 //
-// Process-wide state: every live LendBlock registers its mapping's address in
-// one registry of this process (guarded by a mutex; a block adds itself in
-// create() and removes itself in its destructor). It exists so find_lent()
-// can tell, from a bare pointer the transport is about to send, whether the
-// bytes live in a lendable block, without threading the block through every
-// API in between (a KVStore value, a server's replica). The registry holds
-// no ownership and is never iterated across processes; it is deliberately
-// leaked (never destroyed) so blocks freed during static destruction find it.
-// Thread safety: LendBlock is immutable after create(); find_lent() and
+// Finding a block from a bare pointer: a BufferPool that lends
+// (net/buffer_pool.h) knows the blocks it carved its buffers from
+// (BufferPool::find_lent); a LendBlock answers for its own range
+// (LendBlock::ref). There is no process-wide registry: whoever holds the
+// memory's pool is asked.
+// Thread safety: LendBlock is immutable after create(); ref() and
 // LendReader may be called from any thread.
 #pragma once
 
@@ -43,7 +40,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,15 +76,18 @@ Status decode_lend_ref(std::span<const std::byte> in, LendRef* out);
 
 class LendBlock {
  public:
-  // A block of `bytes` (> 0), or nullptr with *why set (no memfd_create,
-  // out of memory).
-  static std::unique_ptr<LendBlock> create(size_t bytes, std::string* why);
+  // A block of `bytes` (> 0) in *out, or an IoError saying why none could
+  // be made (no memfd_create, out of memory); *out is untouched then.
+  static Status create(size_t bytes, std::unique_ptr<LendBlock>* out);
   ~LendBlock();
   LendBlock(const LendBlock&) = delete;
   LendBlock& operator=(const LendBlock&) = delete;
 
   std::byte* data() const { return data_; }
   size_t size() const { return bytes_; }
+  // The LendRef of [data, data + bytes) when that range lies inside this
+  // block; nullopt otherwise.
+  std::optional<LendRef> ref(const void* data, size_t bytes) const;
 
  private:
   LendBlock() = default;
@@ -96,12 +95,7 @@ class LendBlock {
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
   LendToken token_{};
-  friend std::optional<LendRef> find_lent(const void* data, size_t bytes);
 };
-
-// The LendRef of [data, data + bytes) when that range lies inside one live
-// LendBlock of this process; nullopt otherwise (plain heap memory).
-std::optional<LendRef> find_lent(const void* data, size_t bytes);
 
 // Copies lent ranges of peers out. Keeps the mappings it made (at most
 // `max_mapped` bytes of them, least recently used dropped first), since an

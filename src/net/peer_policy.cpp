@@ -47,16 +47,18 @@ bool is_local_peer(const SockAddr& peer, const std::vector<std::string>& local_h
   return false;
 }
 
-std::string dial_refusal(const SockAddr& peer, const NetOptions& opts,
-                         const std::vector<std::string>& local_hosts) {
+Status dial_refusal(const SockAddr& peer, const NetOptions& opts,
+                    const std::vector<std::string>& local_hosts) {
   if (!opts.job_secret.empty() || opts.allow_insecure || is_local_peer(peer, local_hosts))
-    return {};
-  return fmt::format(
-      "this node has no job secret and so connects to this machine only, not to {}: without a "
-      "secret nothing proves that a job member answers there; set the same PUSHPULL_JOB_SECRET "
-      "(or PUSHPULL_JOB_SECRET_FILE) on every node (or PUSHPULL_ALLOW_INSECURE=1 on a trusted, "
-      "isolated network)",
-      host_of(peer));
+    return Status::ok();
+  return {
+      ErrorCode::kProtocolError,
+      fmt::format(
+          "this node has no job secret and so connects to this machine only, not to {}: without a "
+          "secret nothing proves that a job member answers there; set the same PUSHPULL_JOB_SECRET "
+          "(or PUSHPULL_JOB_SECRET_FILE) on every node (or PUSHPULL_ALLOW_INSECURE=1 on a trusted, "
+          "isolated network)",
+          host_of(peer))};
 }
 
 bool PendingLimit::admit(const std::string& host) {
@@ -77,16 +79,15 @@ size_t PendingLimit::pending(const std::string& host) const {
   return it == count_.end() ? 0 : it->second;
 }
 
-std::string peer_refusal(const SockAddr& peer, const NetOptions& opts,
-                         const std::vector<std::string>& local_hosts) {
+Status peer_refusal(const SockAddr& peer, const NetOptions& opts,
+                    const std::vector<std::string>& local_hosts) {
   if (!opts.job_secret.empty() || opts.allow_insecure || is_local_peer(peer, local_hosts))
-    return {};
-  const std::string host = host_of(peer);
-  return fmt::format(
-      "this node has no job secret and so accepts connections from this machine only, "
-      "not from {}; set the same PUSHPULL_JOB_SECRET on every node (or "
-      "PUSHPULL_ALLOW_INSECURE=1 on a trusted, isolated network)",
-      host);
+    return Status::ok();
+  return {ErrorCode::kProtocolError,
+          fmt::format("this node has no job secret and so accepts connections from this machine "
+                      "only, not from {}; set the same PUSHPULL_JOB_SECRET on every node (or "
+                      "PUSHPULL_ALLOW_INSECURE=1 on a trusted, isolated network)",
+                      host_of(peer))};
 }
 
 void warn_insecure_once(const NetOptions& opts) {

@@ -32,16 +32,18 @@ bool is_loopback(const SockAddr& a);
 // The address without its port ("10.0.0.2", "::1"), for logs and rate limits.
 std::string host_of(const SockAddr& a);
 
-// Empty when a peer at `peer` may go on to authenticate, else why not (sent
-// to the peer in the hello ack and logged). `local_hosts` are this machine's
-// own addresses (list_interfaces()): a connection from one of them comes from
-// this machine too (a node that advertises its LAN address connects from it).
-std::string peer_refusal(const SockAddr& peer, const NetOptions& opts,
-                         const std::vector<std::string>& local_hosts = {});
-// The same rule for a connection this node opened: empty when it may use
-// the connection to `peer`, else why not (the dial fails with it).
-std::string dial_refusal(const SockAddr& peer, const NetOptions& opts,
-                         const std::vector<std::string>& local_hosts = {});
+// Ok when a peer at `peer` may go on to authenticate, else a ProtocolError
+// saying why not (sent to the peer in the hello ack and logged).
+// `local_hosts` are this machine's own addresses (list_interfaces()): a
+// connection from one of them comes from this machine too (a node that
+// advertises its LAN address connects from it).
+Status peer_refusal(const SockAddr& peer, const NetOptions& opts,
+                    const std::vector<std::string>& local_hosts = {});
+// The same rule for a connection this node opened: ok when it may use the
+// connection to `peer`, else a ProtocolError saying why not (the dial
+// fails with it).
+Status dial_refusal(const SockAddr& peer, const NetOptions& opts,
+                    const std::vector<std::string>& local_hosts = {});
 // Loopback, or one of `local_hosts` (IPv4-mapped addresses unwrapped).
 bool is_local_peer(const SockAddr& peer, const std::vector<std::string>& local_hosts);
 

@@ -83,12 +83,12 @@ bool ShmSegment::valid_name(const std::string& name) {
   return true;
 }
 
-std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::string& dir,
-                                               std::string* why) {
+Status ShmSegment::create(size_t ring_bytes, const std::string& dir,
+                          std::unique_ptr<ShmSegment>* out) {
   if (ring_bytes < kShmMinRingBytes || ring_bytes > kShmMaxRingBytes || ring_bytes % 4096 != 0) {
-    *why = fmt::format("ring size {} is not a multiple of 4 KiB in [{}, {}]", ring_bytes,
-                       kShmMinRingBytes, kShmMaxRingBytes);
-    return nullptr;
+    return {ErrorCode::kInvalidArgument,
+            fmt::format("ring size {} is not a multiple of 4 KiB in [{}, {}]", ring_bytes,
+                        kShmMinRingBytes, kShmMaxRingBytes)};
   }
   std::unique_ptr<ShmSegment> s(new ShmSegment);
   s->dir_ = dir;
@@ -100,21 +100,18 @@ std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::str
   const std::string path = path_of(dir, s->name_);
   Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) {
-    *why = fmt::format("cannot create {}: {}", path, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("cannot create {}: {}", path, std::strerror(errno))};
   }
   s->linked_ = true;  // from here the destructor removes it on failure
   if (::ftruncate(fd.get(), static_cast<off_t>(s->map_bytes_)) != 0) {
-    *why = fmt::format("cannot size {}: {}", path, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("cannot size {}: {}", path, std::strerror(errno))};
   }
   // Populated now, at the setup: otherwise every first pass over the ring
   // takes a page fault per 4 KiB on both sides, on the message path.
   void* p = ::mmap(nullptr, s->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                    fd.get(), 0);
   if (p == MAP_FAILED) {
-    *why = fmt::format("cannot map {}: {}", path, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("cannot map {}: {}", path, std::strerror(errno))};
   }
   s->base_ = static_cast<std::byte*>(p);
   store_le<uint64_t>(s->base_, kSegMagic);
@@ -122,35 +119,33 @@ std::unique_ptr<ShmSegment> ShmSegment::create(size_t ring_bytes, const std::str
   store_le<uint32_t>(s->base_ + 12, static_cast<uint32_t>(::getpid()));  // for sweep_stale
   store_le<uint64_t>(s->base_ + 16, ring_bytes);
   std::memcpy(s->base_ + kTokenAt, s->token_.data(), s->token_.size());
-  return s;
+  *out = std::move(s);
+  return Status::ok();
 }
 
-std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, const std::string& dir,
-                                             std::string* why) {
+Status ShmSegment::open(const std::string& name, const std::string& dir,
+                        std::unique_ptr<ShmSegment>* out) {
   if (!valid_name(name)) {
-    *why = "the segment name is not one pushpull makes";
-    return nullptr;
+    return {ErrorCode::kProtocolError, "the segment name is not one pushpull makes"};
   }
   const std::string path = path_of(dir, name);
   Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) {
-    *why = fmt::format("cannot open {}: {} (not on this host?)", path, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError,
+            fmt::format("cannot open {}: {} (not on this host?)", path, std::strerror(errno))};
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    *why = fmt::format("{} is not a regular file", path);
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("{} is not a regular file", path)};
   }
   if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    *why = fmt::format("{} belongs to another user or is open to others (mode {:o})", path,
-                       st.st_mode & 0777);
-    return nullptr;
+    return {ErrorCode::kIoError,
+            fmt::format("{} belongs to another user or is open to others (mode {:o})", path,
+                        st.st_mode & 0777)};
   }
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size < kShmHeaderBytes + kShmMinRingBytes || size > kShmHeaderBytes + kShmMaxRingBytes) {
-    *why = fmt::format("{} has an impossible size {}", path, size);
-    return nullptr;
+    return {ErrorCode::kProtocolError, fmt::format("{} has an impossible size {}", path, size)};
   }
   std::unique_ptr<ShmSegment> s(new ShmSegment);
   s->dir_ = dir;
@@ -158,19 +153,19 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, const std:
   s->map_bytes_ = static_cast<size_t>(size);
   void* p = ::mmap(nullptr, s->map_bytes_, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) {
-    *why = fmt::format("cannot map {}: {}", path, std::strerror(errno));
-    return nullptr;
+    return {ErrorCode::kIoError, fmt::format("cannot map {}: {}", path, std::strerror(errno))};
   }
   s->base_ = static_cast<std::byte*>(p);
   const uint64_t ring = load_le<uint64_t>(s->base_ + 16);
   if (load_le<uint64_t>(s->base_) != kSegMagic || load_le<uint32_t>(s->base_ + 8) != kSegVersion ||
       ring != size - kShmHeaderBytes || ring % 4096 != 0) {
-    *why = fmt::format("{} has no valid pushpull segment header", path);
-    return nullptr;
+    return {ErrorCode::kProtocolError,
+            fmt::format("{} has no valid pushpull segment header", path)};
   }
   s->ring_bytes_ = static_cast<size_t>(ring);
   std::memcpy(s->token_.data(), s->base_ + kTokenAt, s->token_.size());
-  return s;
+  *out = std::move(s);
+  return Status::ok();
 }
 
 ShmSegment::~ShmSegment() {

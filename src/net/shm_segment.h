@@ -36,6 +36,8 @@
 #include <memory>
 #include <string>
 
+#include "pushpull/error.h"
+
 namespace pushpull::net {
 
 using ShmToken = std::array<std::byte, 32>;
@@ -58,14 +60,16 @@ inline constexpr std::chrono::seconds kShmOrphanAfter{120};
 class ShmSegment {
  public:
   // Creates a fresh segment of `ring_bytes` (a multiple of 4 KiB within
-  // [kShmMinRingBytes, kShmMaxRingBytes]) in `dir`. Returns nullptr and sets
-  // *why on failure (no /dev/shm, out of space, ...).
-  static std::unique_ptr<ShmSegment> create(size_t ring_bytes, const std::string& dir,
-                                            std::string* why);
+  // [kShmMinRingBytes, kShmMaxRingBytes]) in `dir` into *out. On failure an
+  // error saying why (no /dev/shm, out of space, ...; InvalidArgument for a
+  // ring size out of range), *out untouched.
+  static Status create(size_t ring_bytes, const std::string& dir, std::unique_ptr<ShmSegment>* out);
   // Maps, read-only, the segment a peer created under `name` in `dir` (see
-  // above for what is checked). Returns nullptr and sets *why on failure.
-  static std::unique_ptr<ShmSegment> open(const std::string& name, const std::string& dir,
-                                          std::string* why);
+  // above for what is checked) into *out. On failure an error saying why
+  // (ProtocolError for a name, size or header pushpull never makes; IoError
+  // when the file cannot be opened, is not ours or cannot be mapped).
+  static Status open(const std::string& name, const std::string& dir,
+                     std::unique_ptr<ShmSegment>* out);
   // True when `name` has the form create() gives (no path separators).
   static bool valid_name(const std::string& name);
   // Removes from `dir` the segments of this user, of valid_name() form,

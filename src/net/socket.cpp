@@ -167,32 +167,22 @@ std::string peer_address(int fd) {
   return a.to_string();
 }
 
-Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::string* error) {
+Status connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, Fd* out) {
+  auto failed = [](int err) { return Status(ErrorCode::kIoError, std::strerror(err)); };
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) {
-    *error = std::strerror(errno);
-    return {};
-  }
+  if (!fd.valid()) return failed(errno);
   set_nonblocking(fd.get(), true);
   int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len);
-  if (rc != 0 && errno != EINPROGRESS) {
-    *error = std::strerror(errno);
-    return {};
-  }
+  if (rc != 0 && errno != EINPROGRESS) return failed(errno);
   if (rc != 0) {
     pollfd p{fd.get(), POLLOUT, 0};
     int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, timeout.count())));
-    if (n <= 0) {
-      *error = n == 0 ? "connect timed out" : std::strerror(errno);
-      return {};
-    }
+    if (n == 0) return {ErrorCode::kTimeout, "connect timed out"};
+    if (n < 0) return failed(errno);
     int err = 0;
     socklen_t len = sizeof err;
     getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
-      *error = std::strerror(err);
-      return {};
-    }
+    if (err != 0) return failed(err);
   }
   if (is_self_connection(fd.get())) {
     // Nothing listened on a loopback port inside the ephemeral range, and the
@@ -200,11 +190,11 @@ Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::st
     // connected the socket to itself. It would hold the port the listener is
     // about to bind and read back its own hello; drop it and let the caller
     // retry.
-    *error = "connected to itself (nothing listens there yet)";
-    return {};
+    return {ErrorCode::kIoError, "connected to itself (nothing listens there yet)"};
   }
   set_nonblocking(fd.get(), false);
-  return fd;
+  *out = std::move(fd);
+  return Status::ok();
 }
 
 bool is_self_connection(int fd) {
@@ -217,13 +207,10 @@ bool is_self_connection(int fd) {
          local.to_string() == peer.to_string();
 }
 
-Fd adopt_inherited_listener(const char* value, int port, std::string* why_not) {
-  auto no = [&](std::string why) {
-    if (why_not) *why_not = std::move(why);
-    return Fd();
-  };
+Status adopt_inherited_listener(const char* value, int port, Fd* out) {
+  auto no = [](std::string why) { return Status(ErrorCode::kInvalidArgument, std::move(why)); };
   if (value == nullptr || *value == '\0')
-    return no(fmt::format("{} is not set", kListenFdVariable));
+    return {ErrorCode::kNotFound, fmt::format("{} is not set", kListenFdVariable)};
   char* end = nullptr;
   errno = 0;
   const long n = std::strtol(value, &end, 10);
@@ -250,94 +237,64 @@ Fd adopt_inherited_listener(const char* value, int port, std::string* why_not) {
   // Ours now: no further program this process starts inherits it.
   fcntl(fd, F_SETFD, FD_CLOEXEC);
   set_nonblocking(fd, true);
-  return Fd(fd);
+  *out = Fd(fd);
+  return Status::ok();
 }
 
-namespace {
-std::mutex inherited_mu;
-Fd offered;  // offer_listener()'s, until taken or withdrawn
-}  // namespace
-
-void offer_listener(Fd listening) {
-  std::lock_guard lock(inherited_mu);
-  offered = std::move(listening);
-}
-
-void withdraw_offered_listener() {
-  std::lock_guard lock(inherited_mu);
-  offered.reset();
-}
-
-Fd take_inherited_listener(int port, const std::string& inherited, std::string* why_not) {
+Status take_inherited_listener(int port, const std::string& inherited, Fd* out) {
+  static std::mutex mu;
   static bool taken = false;
-  std::lock_guard lock(inherited_mu);
-  if (offered.valid() && (port == 0 || local_port(offered.get()) == port))
-    return std::move(offered);
-  if (taken) {
-    if (why_not) *why_not = "the inherited listener was taken already";
-    return {};
-  }
-  Fd fd = adopt_inherited_listener(inherited.empty() ? nullptr : inherited.c_str(), port, why_not);
-  taken = fd.valid();
-  return fd;
+  std::lock_guard lock(mu);
+  if (taken) return {ErrorCode::kNotFound, "the inherited listener was taken already"};
+  Status st = adopt_inherited_listener(inherited.empty() ? nullptr : inherited.c_str(), port, out);
+  taken = st.is_ok();
+  return st;
 }
 
 namespace {
-bool wait_fd(int fd, short events, std::chrono::steady_clock::time_point deadline,
-             std::string* error) {
+Status wait_fd(int fd, short events, std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
-  if (left.count() <= 0) {
-    *error = "timed out";
-    return false;
-  }
+  if (left.count() <= 0) return {ErrorCode::kTimeout, "timed out"};
   pollfd p{fd, events, 0};
   int n = ::poll(&p, 1, static_cast<int>(left.count()));
-  if (n < 0 && errno == EINTR) return true;
-  if (n <= 0) {
-    *error = n == 0 ? "timed out" : std::strerror(errno);
-    return false;
-  }
-  return true;
+  if (n < 0 && errno == EINTR) return Status::ok();
+  if (n == 0) return {ErrorCode::kTimeout, "timed out"};
+  if (n < 0) return {ErrorCode::kIoError, std::strerror(errno)};
+  return Status::ok();
 }
 }  // namespace
 
-bool write_all(int fd, const void* data, size_t n, std::chrono::steady_clock::time_point deadline,
-               std::string* error) {
+Status write_all(int fd, const void* data, size_t n,
+                 std::chrono::steady_clock::time_point deadline) {
   auto* p = static_cast<const char*>(data);
   while (n > 0) {
-    if (!wait_fd(fd, POLLOUT, deadline, error)) return false;
+    if (Status st = wait_fd(fd, POLLOUT, deadline); !st) return st;
     ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
-      *error = std::strerror(errno);
-      return false;
+      return {ErrorCode::kIoError, std::strerror(errno)};
     }
     p += w;
     n -= static_cast<size_t>(w);
   }
-  return true;
+  return Status::ok();
 }
 
-bool read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline,
-              std::string* error) {
+Status read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
-    if (!wait_fd(fd, POLLIN, deadline, error)) return false;
+    if (Status st = wait_fd(fd, POLLIN, deadline); !st) return st;
     ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
-    if (r == 0) {
-      *error = "connection closed by the peer";
-      return false;
-    }
+    if (r == 0) return {ErrorCode::kIoError, "connection closed by the peer"};
     if (r < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
-      *error = std::strerror(errno);
-      return false;
+      return {ErrorCode::kIoError, std::strerror(errno)};
     }
     p += r;
     n -= static_cast<size_t>(r);
   }
-  return true;
+  return Status::ok();
 }
 
 }  // namespace pushpull::net

@@ -6,7 +6,10 @@
 // Ownership: Fd owns one descriptor and closes it in its destructor; it is
 // move-only. Thread safety: an Fd is used by one thread at a time (the
 // Transport hands it to its I/O thread after the handshake).
-// Errors: functions throw IoError / InvalidArgument naming the address.
+// Errors: functions throw IoError / InvalidArgument naming the address,
+// except the ones a caller retries or reports on its own terms
+// (connect_once, the inherited listener, the blocking handshake I/O), which
+// return a Status.
 #pragma once
 
 #include <netinet/in.h>
@@ -16,6 +19,7 @@
 #include <cstddef>
 #include <string>
 
+#include "pushpull/error.h"
 #include "pushpull/options.h"
 
 namespace pushpull::net {
@@ -112,11 +116,11 @@ inline constexpr int kDefaultSocketBufferBytes = 128 << 10;
 // queue in front of it (8 flows of 128 KiB did at 250 Mbit/s: docs/scaling.md).
 int auto_socket_buffer_bytes(int data_peers);
 
-// Connects once to `addr`, waiting at most `timeout`. Returns an invalid Fd
-// and fills *error on failure (so callers can retry); the socket is blocking.
-// A socket connected to itself (is_self_connection) is refused like a failed
-// connect.
-Fd connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, std::string* error);
+// Connects once to `addr`, waiting at most `timeout`: the blocking socket in
+// *out, or an error (Timeout, IoError) and *out untouched, so callers can
+// retry. A socket connected to itself (is_self_connection) is refused like
+// a failed connect.
+Status connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, Fd* out);
 // Whether a connected socket's peer is the socket itself: a connect() to a
 // loopback port in the ephemeral range that nothing listens on can pick that
 // port as its source and complete by TCP's simultaneous open.
@@ -142,27 +146,19 @@ inline constexpr const char* kListenFdVariable = "PUSHPULL_LISTEN_FD";
 
 // Adopts the inherited listening socket named by `value` (a decimal fd) when
 // it is a listening TCP socket bound to `port` (any port when `port` is 0):
-// returns it close-on-exec and non-blocking. Otherwise an invalid Fd, the fd
-// left untouched (it is not ours), and *why_not says why (when given).
-Fd adopt_inherited_listener(const char* value, int port, std::string* why_not = nullptr);
-// The listener offered in this process (offer_listener) when it is bound to
-// `port`; else adopt_inherited_listener() with `inherited`
-// (NetOptions::inherited_listener, from PUSHPULL_LISTEN_FD), at most once per
-// process (the first success owns the fd; later calls return an invalid Fd).
-Fd take_inherited_listener(int port, const std::string& inherited, std::string* why_not = nullptr);
-// Hands a listening socket, bound before its port was published, to the
-// next take_inherited_listener() of its port in this process (the torch
-// ProcessGroup's rank 0 publishes the port in torch's store, then starts
-// the Session whose rendezvous listens). One at a time: a new offer closes
-// an untaken one. withdraw_offered_listener() closes one nobody took.
-void offer_listener(Fd listening);
-void withdraw_offered_listener();
+// *out gets it close-on-exec and non-blocking. Otherwise an error saying why
+// (NotFound: `value` is null or empty; InvalidArgument: the descriptor is
+// not such a socket), the fd left untouched (it is not ours).
+Status adopt_inherited_listener(const char* value, int port, Fd* out);
+// adopt_inherited_listener() with `inherited` (NetOptions::inherited_listener,
+// from PUSHPULL_LISTEN_FD), at most once per process (the first success owns
+// the fd; later calls get NotFound).
+Status take_inherited_listener(int port, const std::string& inherited, Fd* out);
 
-// Blocking full-buffer I/O with a deadline (handshakes only). Return false and
-// fill *error on timeout, EOF or error.
-bool write_all(int fd, const void* data, size_t n, std::chrono::steady_clock::time_point deadline,
-               std::string* error);
-bool read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline,
-              std::string* error);
+// Blocking full-buffer I/O with a deadline (handshakes only): Timeout at the
+// deadline, IoError on EOF ("connection closed by the peer") or an error.
+Status write_all(int fd, const void* data, size_t n,
+                 std::chrono::steady_clock::time_point deadline);
+Status read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace pushpull::net

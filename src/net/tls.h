@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "pushpull/error.h"
 #include "pushpull/options.h"
 
 typedef struct ssl_st SSL;
@@ -117,13 +118,13 @@ class TlsLink {
 
 // Blocking helpers bounded by `deadline` (the connectors' side): run the
 // handshake to its end, write every byte and flush, read exactly n bytes.
-// False with *error set on failure or at the deadline.
-bool tls_handshake(TlsLink& link, std::chrono::steady_clock::time_point deadline,
-                   std::string* error);
-bool tls_write_all(TlsLink& link, const void* data, size_t n,
-                   std::chrono::steady_clock::time_point deadline, std::string* error);
-bool tls_read_all(TlsLink& link, void* data, size_t n,
-                  std::chrono::steady_clock::time_point deadline, std::string* error);
+// Errors: Timeout at the deadline; ProtocolError when the peer refused the
+// handshake (TlsLink::refused(): a wrong key, not TLS); IoError otherwise.
+Status tls_handshake(TlsLink& link, std::chrono::steady_clock::time_point deadline);
+Status tls_write_all(TlsLink& link, const void* data, size_t n,
+                     std::chrono::steady_clock::time_point deadline);
+Status tls_read_all(TlsLink& link, void* data, size_t n,
+                    std::chrono::steady_clock::time_point deadline);
 
 // The first bytes of a TLS ClientHello record, for telling a plain node
 // that its peer runs with PUSHPULL_TLS=1.

@@ -259,7 +259,7 @@ class Transport {
   void release_held_hellos();
   void send_hello_ack(Conn& c, const std::string& reason, const Hello* hello);
   void refuse_stranger(Conn& c, const std::string& reason, bool tell);
-  std::string refusal_for(const Conn& c);
+  Status refusal_for(const Conn& c);
   // True for loopback and this machine's own addresses (re-read at most
   // every 5 s when an address is not among them). I/O thread.
   bool from_this_machine(const SockAddr& a);

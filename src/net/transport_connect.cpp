@@ -25,10 +25,10 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   const std::string where = format_address(host, port);
   SockAddr addr = resolve(host, port);
   Millis backoff{10};
-  std::string error;
+  std::string error;  // the last connect_once failure
   Fd fd;
   std::unique_ptr<TlsLink> link;  // with PUSHPULL_TLS, once the TCP connection is open
-  std::string tls_error;          // why its handshake failed
+  Status tls_status;              // why its handshake failed
   int attempts = 0;
   auto hs_deadline = deadline;
   // Opens the TCP connection, retrying with backoff until the deadline.
@@ -36,7 +36,9 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     while (true) {
       ++attempts;
       auto left = std::chrono::duration_cast<Millis>(deadline - clock::now());
-      fd = connect_once(addr, std::min(left, Millis{2000}), &error);
+      fd.reset();
+      if (Status st = connect_once(addr, std::min(left, Millis{2000}), &fd); !st)
+        error = st.message();
       if (fd.valid() || stopping_) break;
       left = std::chrono::duration_cast<Millis>(deadline - clock::now());
       if (left <= Millis{0}) break;
@@ -59,34 +61,30 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
         if (!is_loopback(remote))
           for (const auto& i : list_interfaces())
             local.push_back(i.address);
-        if (std::string why = dial_refusal(remote, config_.net, local); !why.empty()) {
-          PP_ERROR("not using the connection to {}: {}", where, why);
-          throw ProtocolError(fmt::format("refused to connect to {}: {}", where, why));
+        if (Status why = dial_refusal(remote, config_.net, local); !why) {
+          PP_ERROR("not using the connection to {}: {}", where, why.message());
+          throw ProtocolError(fmt::format("refused to connect to {}: {}", where, why.message()));
         }
       }
     }
     // The hello, on this thread with blocking I/O bounded by the deadline.
     hs_deadline = std::max(deadline, clock::now() + Millis{2000});
     link.reset();
-    tls_error.clear();
+    tls_status = Status::ok();
     if (tls_) {
       link = std::make_unique<TlsLink>(tls_, fd.get(), TlsLink::Side::kClient);
-      if (!tls_handshake(*link, hs_deadline, &tls_error)) {
-        if (link->refused()) {
-          PP_ERROR("TLS with {} failed: {}", where, tls_error);
-          throw ProtocolError(fmt::format("TLS with {} failed: {}", where, tls_error));
-        }
-        if (tls_error.empty()) tls_error = "TLS handshake failed";
+      tls_status = tls_handshake(*link, hs_deadline);
+      if (!tls_status && link->refused()) {
+        PP_ERROR("TLS with {} failed: {}", where, tls_status.message());
+        throw ProtocolError(fmt::format("TLS with {} failed: {}", where, tls_status.message()));
       }
     }
   };
   auto read_exact = [&](void* p, size_t n) {
-    return link ? tls_read_all(*link, p, n, hs_deadline, &error)
-                : read_all(fd.get(), p, n, hs_deadline, &error);
+    return link ? tls_read_all(*link, p, n, hs_deadline) : read_all(fd.get(), p, n, hs_deadline);
   };
   auto write_exact = [&](const void* p, size_t n) {
-    return link ? tls_write_all(*link, p, n, hs_deadline, &error)
-                : write_all(fd.get(), p, n, hs_deadline, &error);
+    return link ? tls_write_all(*link, p, n, hs_deadline) : write_all(fd.get(), p, n, hs_deadline);
   };
   dial();
   auto fail = [&](const std::string& what) -> ConnId {
@@ -95,15 +93,19 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   // Reads one handshake message of type `type` (at most kMaxHandshakeBytes).
   auto read_message = [&](uint16_t type, Header* h, std::vector<std::byte>* payload) -> Status {
     HeaderBytes hb;
-    if (!tls_error.empty()) return {ErrorCode::kIoError, tls_error};
-    if (!read_exact(hb.data(), hb.size())) return {ErrorCode::kIoError, error};
+    // Every failure to read is an IoError here, a timeout too: the caller
+    // dials again on IoError while time is left.
+    if (!tls_status) return {ErrorCode::kIoError, tls_status.message()};
+    if (Status st = read_exact(hb.data(), hb.size()); !st)
+      return {ErrorCode::kIoError, st.message()};
     if (Status st = decode_header(hb, kMaxHandshakeBytes, h, config_.protocol_version); !st)
       return st;
     if (h->type != type)
       return {ErrorCode::kProtocolError,
               fmt::format("expected handshake message type {}, got {}", type, h->type)};
     payload->resize(h->payload_bytes);
-    if (!read_exact(payload->data(), payload->size())) return {ErrorCode::kIoError, error};
+    if (Status st = read_exact(payload->data(), payload->size()); !st)
+      return {ErrorCode::kIoError, st.message()};
     return {};
   };
   Hello hello;
@@ -124,7 +126,8 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
     auto payload = encode(hello);
     Header out = stamp(Header{.type = msg::kHello}, payload.size());
     auto ob = encode_header(out);
-    return write_exact(ob.data(), ob.size()) && write_exact(payload.data(), payload.size());
+    if (Status st = write_exact(ob.data(), ob.size()); !st) return st;
+    return write_exact(payload.data(), payload.size());
   };
   Header h;
   std::vector<std::byte> payload;
@@ -149,7 +152,7 @@ ConnId Transport::connect(const std::string& host, int port, std::optional<Milli
   if (!st) return fail(st.message());
   Challenge ch;
   if (Status s = decode(payload, &ch); !s) return fail(s.message());
-  if (!send_hello(ch.nonce)) return fail(error);
+  if (Status s = send_hello(ch.nonce); !s) return fail(s.message());
   if (Status s = read_message(msg::kHelloAck, &h, &payload); !s)
     return fail(
         s.code() == ErrorCode::kIoError

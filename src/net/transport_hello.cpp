@@ -43,9 +43,9 @@ void Transport::send_hello_ack(Conn& c, const std::string& reason, const Hello* 
 }
 
 // Why a peer at this connection's address may not even try (peer policy).
-std::string Transport::refusal_for(const Conn& c) {
-  if (!config_.net.job_secret.empty() || config_.net.allow_insecure) return {};
-  if (from_this_machine(c.remote)) return {};
+Status Transport::refusal_for(const Conn& c) {
+  if (!config_.net.job_secret.empty() || config_.net.allow_insecure) return Status::ok();
+  if (from_this_machine(c.remote)) return Status::ok();
   return peer_refusal(c.remote, config_.net, local_hosts_);
 }
 
@@ -64,12 +64,15 @@ bool Transport::from_this_machine(const SockAddr& a) {
 void Transport::on_hello(Conn& c, Message&& m) {
   Hello hello;
   Status st = decode(std::span<const std::byte>(m.payload.data(), m.payload.size()), &hello);
-  std::string reason = refusal_for(c);
-  if (reason.empty() && !st) reason = st.message();
-  if (reason.empty())
-    reason = check_hello(hello, c.nonce, config_.protocol_version, config_.net.job_id,
-                         config_.net.job_secret);
-  if (!reason.empty()) {
+  // Ok while the stranger may go on: its address, its hello's form, then
+  // what the hello proves.
+  Status verdict = refusal_for(c);
+  if (verdict && !st) verdict = st;
+  if (verdict)
+    verdict = check_hello(hello, c.nonce, config_.protocol_version, config_.net.job_id,
+                          config_.net.job_secret);
+  if (!verdict) {
+    std::string reason = verdict.message();
     if (st)
       reason =
           fmt::format("{} (it claimed to be {} {})", reason, role_name(hello.role), hello.rank);

@@ -81,10 +81,8 @@ void Transport::wait_shm_settled(Conn& c, std::chrono::steady_clock::time_point 
 // The connector's first step, before the connection is visible to the I/O
 // thread (the offer itself is queued once it is).
 void Transport::offer_shm(Conn& c) {
-  std::string why;
-  c.shm_mine = ShmSegment::create(config_.shm_ring_bytes, config_.shm_dir, &why);
-  if (!c.shm_mine) {
-    PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), why);
+  if (Status st = ShmSegment::create(config_.shm_ring_bytes, config_.shm_dir, &c.shm_mine); !st) {
+    PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), st.message());
     c.shm_state = Conn::ShmState::kOff;
     settle_shm(c);
     return;
@@ -166,6 +164,8 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
     if (Status st = decode(in, &offer); !st) return shm_protocol_error(c, st.message());
     ShmAnswer answer;
     std::string why;
+    std::unique_ptr<ShmSegment> theirs, mine;
+    Status st;
     if (!config_.shared_memory) {
       why = "shared memory is off on this node";
     } else if (offer.host != host_identity()) {
@@ -173,17 +173,19 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
       // segments, but it stands for another machine: its bytes must cross
       // the links between them.
       why = "another host (its kernel, host name or network namespace differs)";
-    } else if (auto theirs = ShmSegment::open(offer.name, config_.shm_dir, &why)) {
-      if (theirs->ring_bytes() != offer.ring_bytes)
-        return shm_protocol_error(c, "the offered shared-memory ring has another size");
-      if (auto mine = ShmSegment::create(config_.shm_ring_bytes, config_.shm_dir, &why)) {
-        answer.accepted = true;
-        answer.token = theirs->token();
-        answer.name = mine->name();
-        answer.ring_bytes = mine->ring_bytes();
-        c.shm_in = std::move(theirs);
-        c.shm_mine = std::move(mine);
-      }
+    } else if (st = ShmSegment::open(offer.name, config_.shm_dir, &theirs); !st) {
+      why = st.message();
+    } else if (theirs->ring_bytes() != offer.ring_bytes) {
+      return shm_protocol_error(c, "the offered shared-memory ring has another size");
+    } else if (st = ShmSegment::create(config_.shm_ring_bytes, config_.shm_dir, &mine); !st) {
+      why = st.message();
+    } else {
+      answer.accepted = true;
+      answer.token = theirs->token();
+      answer.name = mine->name();
+      answer.ring_bytes = mine->ring_bytes();
+      c.shm_in = std::move(theirs);
+      c.shm_mine = std::move(mine);
     }
     if (!answer.accepted) {
       PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), why);
@@ -216,17 +218,17 @@ void Transport::on_shm_setup(Conn& c, Message&& m) {
       return shm_protocol_error(
           c, "the peer's shared-memory answer does not prove it mapped our ring");
     c.shm_mine->unlink();  // the peer has it mapped; nobody else may open it
-    std::string why;
     ShmConfirm confirm;
-    auto theirs = ShmSegment::open(answer.name, config_.shm_dir, &why);
-    if (theirs && theirs->ring_bytes() != answer.ring_bytes)
+    std::unique_ptr<ShmSegment> theirs;
+    const Status opened = ShmSegment::open(answer.name, config_.shm_dir, &theirs);
+    if (opened && theirs->ring_bytes() != answer.ring_bytes)
       return shm_protocol_error(c, "the answered shared-memory ring has another size");
-    if (!theirs) {
+    if (!opened) {
       // The acceptor may already be sending through it: without it this
       // connection cannot be read, so it closes (a resource failure here,
       // since the acceptor did map our ring on this host).
-      Status st{ErrorCode::kIoError,
-                fmt::format("cannot map the shared-memory ring of {}: {}", c.peer.describe(), why)};
+      Status st{ErrorCode::kIoError, fmt::format("cannot map the shared-memory ring of {}: {}",
+                                                 c.peer.describe(), opened.message())};
       PP_ERROR("{}; closing that connection", st.message());
       close_conn(c, st, true);
       return;

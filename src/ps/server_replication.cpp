@@ -62,9 +62,12 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
                           std::vector<int> backups, std::function<void()> done) {
   const ArrayView& v = state->value.view;
   // Same host: the backups hold the value in this process's memory instead
-  // of receiving it (docs/ps.md, "Replication on one host").
+  // of receiving it (docs/ps.md, "Replication on one host"). Lendable
+  // memory comes from one of two pools: the store's (a value it allocated:
+  // state->lent) or the transport's (a received push it adopted as the value).
   std::optional<net::LendRef> ref;
-  if (lending() && v.nbytes() > 0) ref = net::find_lent(v.data, v.nbytes());
+  if (lending() && v.nbytes() > 0)
+    ref = state->lent ? state->lent : node_.transport().pool().find_lent(v.data, v.nbytes());
   uint64_t id;
   std::vector<char> lend(backups.size(), 0);
   {

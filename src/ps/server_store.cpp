@@ -304,6 +304,8 @@ std::shared_ptr<ReplicaState> ServerStore::state_of(const PartId& part, Entry& e
   state->name = e.name;
   state->home = e.home;
   state->value = e.value;
+  if (config_.lendable_values && e.value.view.nbytes() > 0)
+    state->lent = value_pool_.find_lent(e.value.view.data, e.value.view.nbytes());
   state->applied_seq = e.applied_seq;
   state->optimizer_states = optimizer_states_of(part, e);
   add_behind(e, *state);

@@ -140,6 +140,10 @@ struct ReplicaState {
   // (empty: nobody is behind). A promoted backup answers their pulls with
   // the values of their rounds, which it kept from earlier replicas.
   std::vector<uint64_t> behind;
+  // Where `value` lies when the store allocated it in lendable memory
+  // (ServerStoreConfig::lendable_values), for lending it to a same-host
+  // backup; nullopt otherwise (net::BufferPool::find_lent).
+  std::optional<net::LendRef> lent;
 };
 
 class ServerResponder {

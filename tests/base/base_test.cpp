@@ -141,6 +141,25 @@ TEST(Options, CheckpointAndResumeSettings) {
   EXPECT_THROW(Options::from_env(Environment{{"PUSHPULL_RESUME_ROUND", "x"}}), InvalidArgument);
 }
 
+// The timeline's settings come from Options too (src/base/timeline.cpp reads
+// no variable itself): its file stem, and whether a role was named (a
+// process known only by its rank writes F.rank<N>.json, docs/timeline.md).
+TEST(Options, TimelineSettings) {
+  ObserveOptions d = ObserveOptions::from_env(Environment{});
+  EXPECT_TRUE(d.timeline.empty());
+  EXPECT_FALSE(d.role_named);
+  ObserveOptions hvd = ObserveOptions::from_env(
+      Environment{{"PUSHPULL_TIMELINE", ""}, {"HOROVOD_TIMELINE", "/t/hvd"}, {"RANK", "2"}});
+  EXPECT_EQ(hvd.timeline, "/t/hvd");  // an empty PUSHPULL_TIMELINE leaves Horovod's
+  EXPECT_EQ(hvd.rank, 2);
+  EXPECT_FALSE(hvd.role_named);
+  ObserveOptions pp = ObserveOptions::from_env(Environment{
+      {"PUSHPULL_TIMELINE", "/t/pp"}, {"HOROVOD_TIMELINE", "/t/hvd"}, {"DMLC_ROLE", "server"}});
+  EXPECT_EQ(pp.timeline, "/t/pp");
+  EXPECT_EQ(pp.role, "server");
+  EXPECT_TRUE(pp.role_named);
+}
+
 TEST(Options, BadValuesNameTheVariable) {
   try {
     Options::from_env(Environment{{"DMLC_NUM_WORKER", "two"}});

@@ -99,9 +99,9 @@ TEST(MultiProcess, RegistersRanksBarriersAndShutsDownInOrder) {
                                                 std::regex("[\\s\\S]*PORT (\\d+)[\\s\\S]*"), "$1"));
   auto addr = net::resolve("127.0.0.1", port);
   for (int kind = 0; kind < 3; ++kind) {
-    std::string err;
-    net::Fd fd = net::connect_once(addr, 2s, &err);
-    ASSERT_TRUE(fd.valid()) << err;
+    net::Fd fd;
+    Status st = net::connect_once(addr, 2s, &fd);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
     std::vector<std::byte> bytes;
     if (kind == 0) {
       for (int i = 0; i < 5000; ++i)
@@ -112,8 +112,9 @@ TEST(MultiProcess, RegistersRanksBarriersAndShutsDownInOrder) {
       bytes.assign(hb.begin(), hb.end());
       if (kind == 2) bytes.resize(bytes.size() + 10);
     }
-    net::write_all(fd.get(), bytes.data(), bytes.size(), std::chrono::steady_clock::now() + 2s,
-                   &err);
+    // The node may close on the garbage before it all went: it is not checked.
+    (void)net::write_all(fd.get(), bytes.data(), bytes.size(),
+                         std::chrono::steady_clock::now() + 2s);
   }
 
   for (auto* p : job.nodes()) {

@@ -31,9 +31,9 @@ StreamAuth auth(const std::string& secret = "s3cret") {
 }
 
 net::Fd raw_connect(int port) {
-  std::string err;
-  net::Fd fd = net::connect_once(net::resolve("127.0.0.1", port), 2s, &err);
-  EXPECT_TRUE(fd.valid()) << err;
+  net::Fd fd;
+  Status st = net::connect_once(net::resolve("127.0.0.1", port), 2s, &fd);
+  EXPECT_TRUE(st.is_ok() && fd.valid()) << st.to_string();
   return fd;
 }
 
@@ -116,9 +116,9 @@ TEST(StreamAuth, AProofForAnotherRankIsRefused) {
   });
   // Claims rank 2 with a proof made for rank 1.
   net::Fd fd = raw_connect(port);
-  std::string err;
   net::Nonce theirs;
-  ASSERT_TRUE(net::read_all(fd.get(), theirs.data(), theirs.size(), deadline, &err)) << err;
+  Status st = net::read_all(fd.get(), theirs.data(), theirs.size(), deadline);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   net::Nonce mine = net::random_nonce();
   net::Proof proof = net::compute_proof(
       a.key(), {net::Direction::kConnector, theirs, mine, a.job_id, Role::kWorker, 1});
@@ -126,9 +126,11 @@ TEST(StreamAuth, AProofForAnotherRankIsRefused) {
   hello[0] = std::byte{2};
   std::memcpy(hello + 8, mine.data(), mine.size());
   std::memcpy(hello + 40, proof.data(), proof.size());
-  ASSERT_TRUE(net::write_all(fd.get(), hello, sizeof hello, deadline, &err));
+  ASSERT_TRUE(net::write_all(fd.get(), hello, sizeof hello, deadline).is_ok());
   char c;
-  EXPECT_FALSE(net::read_all(fd.get(), &c, 1, deadline, &err));  // closed, no answer
+  st = net::read_all(fd.get(), &c, 1, deadline);  // closed, no answer
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.code(), ErrorCode::kTimeout) << st.to_string();  // closed, not left hanging
   try {
     accepted.get();
     ADD_FAILURE() << "no rank connected, yet the accept succeeded";
@@ -143,17 +145,16 @@ TEST(StreamAuth, ConnectorRefusesAnImpostorListener) {
   const int port = net::local_port(listener.get());
   std::thread impostor([&] {
     net::Fd fd(::accept(listener.get(), nullptr, nullptr));
-    std::string err;
     auto deadline = Clock::now() + 5s;
     net::Nonce n = net::random_nonce();
-    net::write_all(fd.get(), n.data(), n.size(), deadline, &err);
+    EXPECT_TRUE(net::write_all(fd.get(), n.data(), n.size(), deadline).is_ok());
     std::byte hello[72];
-    net::read_all(fd.get(), hello, sizeof hello, deadline, &err);
+    EXPECT_TRUE(net::read_all(fd.get(), hello, sizeof hello, deadline).is_ok());
     net::Proof reflected;
     std::memcpy(reflected.data(), hello + 40, reflected.size());  // the connector's own proof
-    net::write_all(fd.get(), reflected.data(), reflected.size(), deadline, &err);
+    EXPECT_TRUE(net::write_all(fd.get(), reflected.data(), reflected.size(), deadline).is_ok());
     char c;
-    net::read_all(fd.get(), &c, 1, deadline, &err);
+    (void)net::read_all(fd.get(), &c, 1, deadline);  // until the connector gives up on us
   });
   EXPECT_THROW(connect_stream("127.0.0.1", port, auth(), 1, 0, Clock::now() + 5s, "test"),
                ProtocolError);
@@ -195,15 +196,17 @@ TEST(StreamAuthTls, MembersGetEncryptedStreamsStrangersAreDropped) {
   ASSERT_TRUE(mine.tls);
   auto fds = accepted.get();
   ASSERT_TRUE(fds[1].tls);
-  std::string error;
   const std::string ping = "ping over tls", pong = "pong";
-  ASSERT_TRUE(net::tls_write_all(*mine.tls, ping.data(), ping.size(), deadline, &error)) << error;
+  Status st = net::tls_write_all(*mine.tls, ping.data(), ping.size(), deadline);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   std::string got(ping.size(), '\0');
-  ASSERT_TRUE(net::tls_read_all(*fds[1].tls, got.data(), got.size(), deadline, &error)) << error;
+  st = net::tls_read_all(*fds[1].tls, got.data(), got.size(), deadline);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(got, ping);
-  ASSERT_TRUE(net::tls_write_all(*fds[1].tls, pong.data(), pong.size(), deadline, &error));
+  ASSERT_TRUE(net::tls_write_all(*fds[1].tls, pong.data(), pong.size(), deadline).is_ok());
   std::string back(pong.size(), '\0');
-  ASSERT_TRUE(net::tls_read_all(*mine.tls, back.data(), back.size(), deadline, &error)) << error;
+  st = net::tls_read_all(*mine.tls, back.data(), back.size(), deadline);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(back, pong);
 }
 

@@ -56,28 +56,27 @@ class FakeAcceptor {
     Fd fd(::accept(listener_.get(), nullptr, nullptr));
     if (!fd.valid()) return;
     auto deadline = std::chrono::steady_clock::now() + 5s;
-    std::string err;
     Challenge ch{kProtocolVersion, job_tag("job"), random_nonce()};
     send(fd.get(), msg::kChallenge, encode(ch), deadline);
     HeaderBytes hb;
     Header h;
-    if (!read_all(fd.get(), hb.data(), hb.size(), deadline, &err)) return;
+    if (!read_all(fd.get(), hb.data(), hb.size(), deadline)) return;
     if (!decode_header(hb, kMaxHandshakeBytes, &h).is_ok()) return;
     std::vector<std::byte> p(h.payload_bytes);
-    if (!read_all(fd.get(), p.data(), p.size(), deadline, &err)) return;
+    if (!read_all(fd.get(), p.data(), p.size(), deadline)) return;
     Hello hello;
     if (!decode(p, &hello).is_ok()) return;
     HelloAck ack{true, "", Role::kServer, 0, forge_(ch, hello)};
     send(fd.get(), msg::kHelloAck, encode(ack), deadline);
     char c;
-    read_all(fd.get(), &c, 1, deadline, &err);  // until the connector hangs up
+    (void)read_all(fd.get(), &c, 1, deadline);  // until the connector hangs up
   }
   static void send(int fd, uint16_t type, const std::vector<std::byte>& payload,
                    std::chrono::steady_clock::time_point deadline) {
-    std::string err;
     auto hb = encode_header(Header{.type = type, .payload_bytes = payload.size()});
-    write_all(fd, hb.data(), hb.size(), deadline, &err);
-    write_all(fd, payload.data(), payload.size(), deadline, &err);
+    // The connector may hang up mid-way: what it saw is what the test checks.
+    if (write_all(fd, hb.data(), hb.size(), deadline))
+      (void)write_all(fd, payload.data(), payload.size(), deadline);
   }
   Forge forge_;
   Fd listener_;
@@ -329,22 +328,24 @@ TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
 
 TEST(Auth, WithoutASecretOnlyThisMachineMayConnect) {
   NetOptions open;
-  EXPECT_TRUE(peer_refusal(resolve("127.0.0.1", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("127.4.5.6", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("::1", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("::ffff:127.0.0.1", 1), open).empty());
-  std::string why = peer_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_TRUE(peer_refusal(resolve("127.0.0.1", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("127.4.5.6", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("::1", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("::ffff:127.0.0.1", 1), open).is_ok());
+  const Status refused = peer_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_EQ(refused.code(), ErrorCode::kProtocolError);
+  const std::string& why = refused.message();
   EXPECT_NE(why.find("PUSHPULL_JOB_SECRET"), std::string::npos) << why;
   EXPECT_NE(why.find("10.1.2.3"), std::string::npos) << why;
-  EXPECT_FALSE(peer_refusal(resolve("fd00::7", 1), open).empty());
-  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).empty());  // our own
-  EXPECT_TRUE(peer_refusal(resolve("::ffff:10.1.2.3", 1), open, {"10.1.2.3"}).empty());
+  EXPECT_FALSE(peer_refusal(resolve("fd00::7", 1), open).is_ok());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).is_ok());  // our own
+  EXPECT_TRUE(peer_refusal(resolve("::ffff:10.1.2.3", 1), open, {"10.1.2.3"}).is_ok());
   NetOptions secret;
   secret.job_secret = "s";
-  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), secret).empty());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), secret).is_ok());
   NetOptions insecure;
   insecure.allow_insecure = true;
-  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), insecure).empty());
+  EXPECT_TRUE(peer_refusal(resolve("10.1.2.3", 1), insecure).is_ok());
   EXPECT_TRUE(is_loopback(resolve("127.0.0.1", 1)));
   EXPECT_FALSE(is_loopback(resolve("128.0.0.1", 1)));
 }

@@ -80,9 +80,8 @@ struct Sink {
 class RawClient {
  public:
   explicit RawClient(int port, const std::string& host = "127.0.0.1") {
-    std::string err;
-    fd_ = connect_once(resolve(host, port), std::chrono::seconds(2), &err);
-    EXPECT_TRUE(fd_.valid()) << err;
+    Status st = connect_once(resolve(host, port), std::chrono::seconds(2), &fd_);
+    EXPECT_TRUE(st.is_ok() && fd_.valid()) << st.to_string();
   }
   // Reads the acceptor's challenge.
   Challenge challenge() {
@@ -118,17 +117,17 @@ class RawClient {
   }
   std::vector<std::byte> read_message(uint16_t type) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    std::string err;
     HeaderBytes hb;
-    if (!read_all(fd_.get(), hb.data(), hb.size(), deadline, &err)) {
-      ADD_FAILURE() << "no message: " << err;
+    if (Status st = read_all(fd_.get(), hb.data(), hb.size(), deadline); !st) {
+      ADD_FAILURE() << "no message: " << st.to_string();
       return {};
     }
     Header h;
     EXPECT_TRUE(decode_header(hb, kMaxHandshakeBytes, &h).is_ok());
     EXPECT_EQ(h.type, type);
     std::vector<std::byte> p(h.payload_bytes);
-    EXPECT_TRUE(read_all(fd_.get(), p.data(), p.size(), deadline, &err)) << err;
+    Status st = read_all(fd_.get(), p.data(), p.size(), deadline);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
     return p;
   }
   void write(const Header& h, std::span<const std::byte> payload) {
@@ -137,17 +136,18 @@ class RawClient {
     raw(payload.data(), payload.size());
   }
   void raw(const void* p, size_t n) {
-    std::string err;
-    write_all(fd_.get(), p, n, std::chrono::steady_clock::now() + std::chrono::seconds(5), &err);
+    // A node that closed on us is what some tests expect: not checked here.
+    (void)write_all(fd_.get(), p, n, std::chrono::steady_clock::now() + std::chrono::seconds(5));
   }
   // True when the node closed the connection (EOF) within the timeout.
   bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
     char buf[4096];
     auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string err;
-    while (read_all(fd_.get(), buf, 1, deadline, &err)) {
+    Status st;
+    while ((st = read_all(fd_.get(), buf, 1, deadline))) {
     }
-    return err.find("closed") != std::string::npos || err.find("reset") != std::string::npos;
+    return st.message().find("closed") != std::string::npos ||
+           st.message().find("reset") != std::string::npos;
   }
   int fd() const { return fd_.get(); }
   // Goes away without a word (a peer that died).

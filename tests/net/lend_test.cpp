@@ -4,7 +4,7 @@
 // process), a pinned range outlives its owner, and a reference that names the
 // wrong token, size, descriptor or range, or a look-alike that is not sealed,
 // is refused instead of read. The lending BufferPool hands out slab pieces
-// that find_lent() knows.
+// that its find_lent() knows (and no other pool does).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -21,9 +21,10 @@ namespace pushpull::net {
 namespace {
 
 std::unique_ptr<LendBlock> block_of(size_t bytes) {
-  std::string why;
-  auto b = LendBlock::create(bytes, &why);
-  EXPECT_TRUE(b) << why;
+  std::unique_ptr<LendBlock> b;
+  Status st = LendBlock::create(bytes, &b);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(st.is_ok(), b != nullptr);
   return b;
 }
 
@@ -33,26 +34,24 @@ void fill(LendBlock& b) {
     p[i] = static_cast<uint8_t>(i * 7 + 3);
 }
 
-TEST(Lend, FindLentKnowsRangesInsideLiveBlocksOnly) {
+TEST(Lend, ABlockKnowsRangesInsideItOnly) {
   auto b = block_of(1 << 20);
-  auto ref = find_lent(b->data() + 4096, 8192);
+  auto ref = b->ref(b->data() + 4096, 8192);
   ASSERT_TRUE(ref);
   EXPECT_EQ(ref->pid, static_cast<uint32_t>(::getpid()));
   EXPECT_EQ(ref->block_bytes, size_t{1} << 20);
   EXPECT_EQ(ref->offset, 4096u);
   EXPECT_EQ(ref->bytes, 8192u);
-  EXPECT_FALSE(find_lent(b->data() + (1 << 20) - 10, 11));  // runs past the end
+  EXPECT_TRUE(b->ref(b->data() + (1 << 20) - 10, 10));   // up to the end
+  EXPECT_FALSE(b->ref(b->data() + (1 << 20) - 10, 11));  // runs past the end
   std::vector<std::byte> heap(4096);
-  EXPECT_FALSE(find_lent(heap.data(), heap.size()));
-  std::byte* gone = b->data();
-  b.reset();
-  EXPECT_FALSE(find_lent(gone, 1));
+  EXPECT_FALSE(b->ref(heap.data(), heap.size()));
 }
 
 TEST(Lend, AReaderCopiesTheRangeAndKeepsTheMapping) {
   auto b = block_of(1 << 20);
   fill(*b);
-  auto ref = find_lent(b->data() + 100, 5000);
+  auto ref = b->ref(b->data() + 100, 5000);
   ASSERT_TRUE(ref);
   LendReader reader;
   std::vector<std::byte> out(5000);
@@ -71,7 +70,7 @@ TEST(Lend, AReaderCopiesTheRangeAndKeepsTheMapping) {
 
 TEST(Lend, AWrongTokenSizeOrDescriptorIsRefused) {
   auto b = block_of(1 << 20);
-  auto good = find_lent(b->data(), 64);
+  auto good = b->ref(b->data(), 64);
   ASSERT_TRUE(good);
   LendReader reader;
   std::vector<std::byte> out(64);
@@ -120,12 +119,12 @@ TEST(Lend, AReusedDescriptorDropsTheOldMapping) {
   std::vector<std::byte> out(16);
   auto first = block_of(1 << 20);
   fill(*first);
-  auto ref1 = find_lent(first->data(), 16);
+  auto ref1 = first->ref(first->data(), 16);
   ASSERT_TRUE(reader.copy(*ref1, out.data()).is_ok());
   first.reset();  // its descriptor number is free again
   auto second = block_of(1 << 20);
   std::memset(second->data(), 0x11, second->size());
-  auto ref2 = find_lent(second->data(), 16);
+  auto ref2 = second->ref(second->data(), 16);
   ASSERT_TRUE(ref2);
   ASSERT_TRUE(reader.copy(*ref2, out.data()).is_ok());
   EXPECT_EQ(out[0], std::byte{0x11});
@@ -137,7 +136,7 @@ TEST(Lend, AReusedDescriptorDropsTheOldMapping) {
 TEST(Lend, AnotherProcessReadsTheBlock) {
   auto b = block_of(2 << 20);
   fill(*b);
-  auto ref = find_lent(b->data() + 12345, 1 << 20);
+  auto ref = b->ref(b->data() + 12345, 1 << 20);
   ASSERT_TRUE(ref);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
@@ -164,12 +163,11 @@ TEST(Lend, APinnedRangeOutlivesItsOwnerAndTheReadersMappings) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    std::string why;
-    auto b = LendBlock::create(1 << 20, &why);
-    if (!b) ::_exit(2);
+    std::unique_ptr<LendBlock> b;
+    if (!LendBlock::create(1 << 20, &b)) ::_exit(2);
     for (size_t i = 0; i < b->size(); ++i)
       b->data()[i] = static_cast<std::byte>(i * 7);
-    auto wire = encode_lend_ref(*find_lent(b->data() + 4096, 8192));
+    auto wire = encode_lend_ref(*b->ref(b->data() + 4096, 8192));
     char go = 0;
     if (::write(to_parent[1], wire.data(), wire.size()) != static_cast<ssize_t>(wire.size()) ||
         ::read(to_child[0], &go, 1) != 1)
@@ -234,21 +232,32 @@ TEST(Lend, TheReferenceRoundTripsAndBadOnesAreRefused) {
 TEST(Lend, ALendingPoolHandsOutSlabPiecesAndReusesThem) {
   BufferPool pool(2, /*lending=*/true);
   Buffer big = pool.acquire(2 << 20);
-  ASSERT_TRUE(find_lent(big.data(), big.size()));
+  auto big_ref = pool.find_lent(big.data(), big.size());
+  ASSERT_TRUE(big_ref);
+  EXPECT_EQ(big_ref->bytes, size_t{2} << 20);
+  EXPECT_EQ(big_ref->block_bytes, size_t{32} << 20);  // one slab
   Buffer small = pool.acquire(4096);
-  EXPECT_FALSE(find_lent(small.data(), small.size()));  // below 256 KiB: the heap
+  EXPECT_FALSE(pool.find_lent(small.data(), small.size()));  // below 256 KiB: the heap
   std::vector<Buffer> many;
   for (int i = 0; i < 20; ++i) {  // more than one 32 MiB slab of 2 MiB pieces
     many.push_back(pool.acquire(2 << 20));
-    ASSERT_TRUE(find_lent(many.back().data(), many.back().size())) << i;
+    auto ref = pool.find_lent(many.back().data(), many.back().size());
+    ASSERT_TRUE(ref) << i;
+    // The piece's own slab: its offset and bytes name exactly this buffer.
+    EXPECT_LE(ref->offset + ref->bytes, ref->block_bytes) << i;
   }
   std::byte* first = big.data();
   big.reset();
+  EXPECT_TRUE(pool.find_lent(first, 16));  // cached: the pool still owns the slab
   Buffer again = pool.acquire(2 << 20);
   EXPECT_EQ(again.data(), first);  // a slab piece always goes back to its list
   BufferPool plain(2);
   Buffer heap = plain.acquire(2 << 20);
-  EXPECT_FALSE(find_lent(heap.data(), heap.size()));
+  EXPECT_FALSE(plain.find_lent(heap.data(), heap.size()));
+  // Each pool knows its own slabs only: no process-wide registry.
+  EXPECT_FALSE(plain.find_lent(again.data(), again.size()));
+  BufferPool other(2, /*lending=*/true);
+  EXPECT_FALSE(other.find_lent(again.data(), again.size()));
 }
 
 }  // namespace

@@ -100,15 +100,19 @@ TEST(Hello, ProofDependsOnSecretNoncesDirectionAndIdentity) {
   EXPECT_TRUE(changed([](ProofInput& i) { i.rank = 2; }));
 
   Hello h{kProtocolVersion, job_tag("job"), Role::kWorker, 1, "127.0.0.1", 5, n, p};
-  EXPECT_EQ(check_hello(h, a, kProtocolVersion, "job", "s3cret"), "");
-  EXPECT_NE(check_hello(h, a, kProtocolVersion, "job", "wrong").find("secret"), std::string::npos);
-  EXPECT_NE(check_hello(h, random_nonce(), kProtocolVersion, "job", "s3cret").find("secret"),
+  auto refusal = [&](const Nonce& nonce, uint16_t version, const std::string& job,
+                     const std::string& secret) {
+    Status st = check_hello(h, nonce, version, job, secret);
+    EXPECT_EQ(st.is_ok() ? ErrorCode::kProtocolError : st.code(), ErrorCode::kProtocolError);
+    return st.message();  // "" when accepted
+  };
+  EXPECT_TRUE(check_hello(h, a, kProtocolVersion, "job", "s3cret").is_ok());
+  EXPECT_NE(refusal(a, kProtocolVersion, "job", "wrong").find("secret"), std::string::npos);
+  EXPECT_NE(refusal(random_nonce(), kProtocolVersion, "job", "s3cret").find("secret"),
             std::string::npos);
-  EXPECT_NE(check_hello(h, a, kProtocolVersion, "other", "s3cret").find("job id"),
-            std::string::npos);
-  EXPECT_NE(check_hello(h, a, kProtocolVersion + 1, "job", "s3cret").find("version"),
-            std::string::npos);
-  EXPECT_EQ(check_hello(h, a, kProtocolVersion, "job", ""), "");
+  EXPECT_NE(refusal(a, kProtocolVersion, "other", "s3cret").find("job id"), std::string::npos);
+  EXPECT_NE(refusal(a, kProtocolVersion + 1, "job", "s3cret").find("version"), std::string::npos);
+  EXPECT_TRUE(check_hello(h, a, kProtocolVersion, "job", "").is_ok());
 
   Hello back;
   auto bytes = encode(h);

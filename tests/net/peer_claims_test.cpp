@@ -67,19 +67,21 @@ TEST(PeerClaims, APeerThisNodeDialedCannotBeClaimedByAnotherConnection) {
 
 TEST(PeerClaims, WithoutASecretANodeDialsThisMachineOnly) {
   NetOptions open;
-  EXPECT_TRUE(dial_refusal(resolve("127.0.0.1", 1), open).empty());
-  EXPECT_TRUE(dial_refusal(resolve("::1", 1), open).empty());
-  EXPECT_TRUE(dial_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).empty());  // our own
-  std::string why = dial_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_TRUE(dial_refusal(resolve("127.0.0.1", 1), open).is_ok());
+  EXPECT_TRUE(dial_refusal(resolve("::1", 1), open).is_ok());
+  EXPECT_TRUE(dial_refusal(resolve("10.1.2.3", 1), open, {"10.1.2.3"}).is_ok());  // our own
+  const Status refused = dial_refusal(resolve("10.1.2.3", 1), open);
+  EXPECT_EQ(refused.code(), ErrorCode::kProtocolError);
+  const std::string& why = refused.message();
   EXPECT_NE(why.find("10.1.2.3"), std::string::npos) << why;
   EXPECT_NE(why.find("PUSHPULL_JOB_SECRET"), std::string::npos) << why;
-  EXPECT_FALSE(dial_refusal(resolve("::ffff:10.1.2.3", 1), open).empty());
+  EXPECT_FALSE(dial_refusal(resolve("::ffff:10.1.2.3", 1), open).is_ok());
   NetOptions secret;
   secret.job_secret = "s";
-  EXPECT_TRUE(dial_refusal(resolve("10.1.2.3", 1), secret).empty());
+  EXPECT_TRUE(dial_refusal(resolve("10.1.2.3", 1), secret).is_ok());
   NetOptions insecure;
   insecure.allow_insecure = true;
-  EXPECT_TRUE(dial_refusal(resolve("10.1.2.3", 1), insecure).empty());
+  EXPECT_TRUE(dial_refusal(resolve("10.1.2.3", 1), insecure).is_ok());
 }
 
 // A network namespace (another "host") reached over a veth pair; removed
@@ -182,9 +184,9 @@ ssize_t first_bytes(int fd, std::chrono::milliseconds timeout) {
 }
 
 Fd dial(const std::string& host, int port) {
-  std::string err;
-  Fd fd = connect_once(resolve(host, port), 2000ms, &err);
-  EXPECT_TRUE(fd.valid()) << err;
+  Fd fd;
+  Status st = connect_once(resolve(host, port), 2000ms, &fd);
+  EXPECT_TRUE(st.is_ok() && fd.valid()) << st.to_string();
   return fd;
 }
 

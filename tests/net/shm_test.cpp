@@ -223,14 +223,13 @@ struct RawShmPeer {
   }
   // The whole setup, honestly.
   void setup() {
-    std::string why;
-    mine = ShmSegment::create(64 << 10, "/dev/shm", &why);
-    ASSERT_TRUE(mine) << why;
+    Status st = ShmSegment::create(64 << 10, "/dev/shm", &mine);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
     ShmAnswer a = offer(mine->name(), mine->ring_bytes());
     ASSERT_TRUE(a.accepted) << a.reason;
     ASSERT_EQ(a.token, mine->token());
-    theirs = ShmSegment::open(a.name, "/dev/shm", &why);
-    ASSERT_TRUE(theirs) << why;
+    st = ShmSegment::open(a.name, "/dev/shm", &theirs);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
     confirm(theirs->token());
   }
   void frame(uint16_t type, uint64_t offset, uint64_t length = 0) {
@@ -326,9 +325,9 @@ TEST(ShmTransport, PeersThatLieAreRefused) {
   };
   {  // A confirmation that does not prove it mapped the acceptor's ring.
     RawShmPeer p(a.t.port());
-    std::string why;
-    auto mine = ShmSegment::create(64 << 10, "/dev/shm", &why);
-    ASSERT_TRUE(mine) << why;
+    std::unique_ptr<ShmSegment> mine;
+    Status st = ShmSegment::create(64 << 10, "/dev/shm", &mine);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
     ShmAnswer ans = p.offer(mine->name(), mine->ring_bytes());
     ASSERT_TRUE(ans.accepted) << ans.reason;
     p.confirm(ShmToken{});
@@ -386,9 +385,9 @@ TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
   // A segment it could open, offered by a peer in another network namespace
   // of this kernel (a simulated host): declined by identity, not by access.
   RawShmPeer q(a.t.port(), 8);
-  std::string why;
-  auto seg = ShmSegment::create(64 << 10, "/dev/shm", &why);
-  ASSERT_TRUE(seg) << why;
+  std::unique_ptr<ShmSegment> seg;
+  Status st = ShmSegment::create(64 << 10, "/dev/shm", &seg);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   ShmAnswer other = q.offer(seg->name(), seg->ring_bytes(),
                             "00000000-0000-0000-0000-000000000000|elsewhere|net 4:1|pid 4:2");
   EXPECT_FALSE(other.accepted);
@@ -444,10 +443,10 @@ TEST(ShmSegment, NamesWhoseCreatorDiedAreSweptAfterTwoMinutes) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    std::string why, both;
+    std::string both;
     for (int i = 0; i < 2; ++i) {
-      auto s = ShmSegment::create(kShmMinRingBytes, dir.path, &why);
-      if (!s) ::_exit(2);
+      std::unique_ptr<ShmSegment> s;
+      if (!ShmSegment::create(kShmMinRingBytes, dir.path, &s)) ::_exit(2);
       both += s->name() + "\n";
       s.release();  // never unlinked: the process "dies" with the names
     }
@@ -466,9 +465,9 @@ TEST(ShmSegment, NamesWhoseCreatorDiedAreSweptAfterTwoMinutes) {
   const std::string orphan = dir.path + "/" + text.substr(0, text.find('\n'));
   const std::string young = dir.path + "/" + text.substr(text.find('\n') + 1, kShmNameBytes);
   // And one of this (live) process.
-  std::string why;
-  auto mine = ShmSegment::create(kShmMinRingBytes, dir.path, &why);
-  ASSERT_TRUE(mine) << why;
+  std::unique_ptr<ShmSegment> mine;
+  Status st = ShmSegment::create(kShmMinRingBytes, dir.path, &mine);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   const std::string live = dir.path + "/" + mine->name();
   auto age = [](const std::string& path, int seconds) {
     timespec t[2];
@@ -511,10 +510,15 @@ TEST(ShmSegment, OnlyItsOwnNamesAndWellFormedSetupMessages) {
                                 std::string(kShmNamePrefix) + std::string(32, 'A'),
                                 std::string(kShmNamePrefix) + std::string(33, '0')})
     EXPECT_FALSE(ShmSegment::valid_name(bad)) << bad;
-  std::string why;
-  EXPECT_FALSE(ShmSegment::open("../../etc/passwd", "/dev/shm", &why));
-  EXPECT_FALSE(ShmSegment::create(1000, "/dev/shm", &why));  // not a multiple of 4 KiB
-  EXPECT_FALSE(ShmSegment::create(64 << 10, "/nonexistent-dir", &why));
+  std::unique_ptr<ShmSegment> seg;
+  EXPECT_EQ(ShmSegment::open("../../etc/passwd", "/dev/shm", &seg).code(),
+            ErrorCode::kProtocolError);
+  EXPECT_EQ(ShmSegment::create(1000, "/dev/shm", &seg).code(),  // not a multiple of 4 KiB
+            ErrorCode::kInvalidArgument);
+  Status st = ShmSegment::create(64 << 10, "/nonexistent-dir", &seg);
+  EXPECT_EQ(st.code(), ErrorCode::kIoError);
+  EXPECT_NE(st.message().find("/nonexistent-dir"), std::string::npos) << st.message();
+  EXPECT_FALSE(seg);
 
   ShmAnswer a{true, "", {}, std::string(kShmNamePrefix) + std::string(32, 'f'), 4096};
   auto bytes = encode(a);

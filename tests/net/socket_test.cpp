@@ -61,8 +61,9 @@ TEST(Socket, ASocketConnectedToItselfIsRecognised) {
   EXPECT_TRUE(is_self_connection(self.get()));
 
   Fd listener = listen_on("127.0.0.1", 0);
-  std::string error;
-  Fd client = connect_once(resolve("127.0.0.1", local_port(listener.get())), 2s, &error);
+  Fd client;
+  const Status dialed = connect_once(resolve("127.0.0.1", local_port(listener.get())), 2s, &client);
+  const std::string error = dialed.message();
   ASSERT_TRUE(client.valid()) << error;
   EXPECT_FALSE(is_self_connection(client.get()));
 }
@@ -88,9 +89,11 @@ TEST(Socket, AReservedPortCannotBeBoundAndRefusesConnections) {
   ASSERT_GT(port, 0);
   EXPECT_THROW(listen_on("127.0.0.1", port), IoError);
   EXPECT_THROW(reserve_port("127.0.0.1", port), IoError);
-  std::string error;
-  Fd client = connect_once(resolve("127.0.0.1", port), 2s, &error);
+  Fd client;
+  const Status dialed = connect_once(resolve("127.0.0.1", port), 2s, &client);
+  const std::string error = dialed.message();
   EXPECT_FALSE(client.valid());
+  EXPECT_EQ(dialed.code(), ErrorCode::kIoError);
   EXPECT_THAT(error, ::testing::HasSubstr("refused"));
 }
 
@@ -105,8 +108,9 @@ TEST(Socket, ASharedReservationLetsOnlyAReuseAddrListenerBindThePort) {
   EXPECT_THROW(reserve_port("", port), IoError);
   EXPECT_THROW(reserve_port("::1", port), IoError);  // IPv6 only, where there is IPv6
   Fd store = listen_on("", port);                    // SO_REUSEADDR, the wildcard: as torch's store
-  std::string error;
-  Fd client = connect_once(resolve("127.0.0.1", port), 2s, &error);
+  Fd client;
+  const Status dialed = connect_once(resolve("127.0.0.1", port), 2s, &client);
+  const std::string error = dialed.message();
   EXPECT_TRUE(client.valid()) << error;
   // Once the store listens, nobody else binds the port, SO_REUSEADDR or not.
   EXPECT_THROW(listen_on("127.0.0.1", port), IoError);
@@ -123,22 +127,30 @@ TEST(Socket, AnInheritedListenerIsAdoptedOnlyWhenItListensOnThePort) {
   set_nonblocking(listener.get(), false);
   const std::string number = std::to_string(listener.get());
   std::string why;
+  Fd out;
+  auto adopt = [&](const char* value, int on) {
+    Status st = adopt_inherited_listener(value, on, &out);
+    why = st.message();
+    EXPECT_EQ(st.is_ok(), out.valid()) << st.to_string();
+    return st;
+  };
 
-  EXPECT_FALSE(adopt_inherited_listener(nullptr, port, &why).valid());
+  EXPECT_EQ(adopt(nullptr, port).code(), ErrorCode::kNotFound);
   EXPECT_THAT(why, ::testing::HasSubstr("not set"));
   for (const char* bad : {"", "x", "2", "-5", "4x", "99999999999"}) {
-    EXPECT_FALSE(adopt_inherited_listener(bad, port, &why).valid()) << bad;
+    const ErrorCode want = *bad == '\0' ? ErrorCode::kNotFound : ErrorCode::kInvalidArgument;
+    EXPECT_EQ(adopt(bad, port).code(), want) << bad;
   }
-  EXPECT_FALSE(adopt_inherited_listener("1000000", port, &why).valid());
+  EXPECT_EQ(adopt("1000000", port).code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(why, ::testing::HasSubstr("no such open descriptor"));
-  EXPECT_FALSE(adopt_inherited_listener(number.c_str(), port + 1, &why).valid());
+  EXPECT_EQ(adopt(number.c_str(), port + 1).code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(why, ::testing::HasSubstr("bound to port " + std::to_string(port)));
 
   int pipe_fds[2];
   ASSERT_EQ(pipe(pipe_fds), 0);
   Fd pipe_r(pipe_fds[0]), pipe_w(pipe_fds[1]);
   const std::string pipe_number = std::to_string(pipe_r.get());
-  EXPECT_FALSE(adopt_inherited_listener(pipe_number.c_str(), 0, &why).valid());
+  EXPECT_EQ(adopt(pipe_number.c_str(), 0).code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(why, ::testing::HasSubstr("not a stream socket"));
   EXPECT_GE(fcntl(pipe_r.get(), F_GETFD), 0) << "a refused descriptor must stay open";
 
@@ -146,17 +158,18 @@ TEST(Socket, AnInheritedListenerIsAdoptedOnlyWhenItListensOnThePort) {
   SockAddr any = resolve("127.0.0.1", 0);
   ASSERT_EQ(::bind(bound_only.get(), reinterpret_cast<sockaddr*>(&any.storage), any.len), 0);
   const std::string bound_number = std::to_string(bound_only.get());
-  EXPECT_FALSE(adopt_inherited_listener(bound_number.c_str(), 0, &why).valid());
+  EXPECT_EQ(adopt(bound_number.c_str(), 0).code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(why, ::testing::HasSubstr("not a listening socket"));
 
-  Fd adopted = adopt_inherited_listener(number.c_str(), port, &why);
-  ASSERT_TRUE(adopted.valid()) << why;
+  ASSERT_TRUE(adopt(number.c_str(), port).is_ok()) << why;
+  Fd adopted = std::move(out);
   listener.release();  // the same descriptor, owned by `adopted` now
   EXPECT_EQ(local_port(adopted.get()), port);
   EXPECT_TRUE(fcntl(adopted.get(), F_GETFD) & FD_CLOEXEC);
   EXPECT_TRUE(fcntl(adopted.get(), F_GETFL) & O_NONBLOCK);
-  std::string error;
-  Fd client = connect_once(resolve("127.0.0.1", port), 2s, &error);
+  Fd client;
+  const Status dialed = connect_once(resolve("127.0.0.1", port), 2s, &client);
+  const std::string error = dialed.message();
   EXPECT_TRUE(client.valid()) << error;
 }
 
@@ -167,31 +180,18 @@ TEST(Socket, TheInheritedListenerIsTakenOnce) {
   Fd listener = listen_on("127.0.0.1", 0);
   const int port = local_port(listener.get());
   const std::string number = std::to_string(listener.get());
-  std::string why;
-  EXPECT_FALSE(take_inherited_listener(port + 1, number, &why).valid()) << "the wrong port";
-  Fd taken = take_inherited_listener(port, number, &why);
-  ASSERT_TRUE(taken.valid()) << why;
+  Fd taken;
+  EXPECT_EQ(take_inherited_listener(port + 1, number, &taken).code(), ErrorCode::kInvalidArgument)
+      << "the wrong port";
+  EXPECT_FALSE(taken.valid());
+  Status st = take_inherited_listener(port, number, &taken);
+  ASSERT_TRUE(st.is_ok() && taken.valid()) << st.to_string();
   listener.release();
-  EXPECT_FALSE(take_inherited_listener(port, number, &why).valid());
-  EXPECT_THAT(why, ::testing::HasSubstr("taken already"));
-}
-
-// A listener offered in-process (the torch ProcessGroup's rank 0) goes to
-// the rendezvous of its port only, once; withdrawn, nobody gets it.
-TEST(Socket, AnOfferedListenerGoesToItsPortOnce) {
-  Fd listener = listen_on("127.0.0.1", 0);
-  const int port = local_port(listener.get());
-  const int fd = listener.get();
-  offer_listener(std::move(listener));
-  EXPECT_FALSE(take_inherited_listener(port + 1, "").valid()) << "another port's rendezvous";
-  Fd taken = take_inherited_listener(port, "");
-  ASSERT_TRUE(taken.valid());
-  EXPECT_EQ(taken.get(), fd);
-  EXPECT_FALSE(take_inherited_listener(port, "").valid());
-
-  offer_listener(listen_on("127.0.0.1", 0));
-  withdraw_offered_listener();
-  EXPECT_FALSE(take_inherited_listener(0, "").valid());
+  Fd again;
+  st = take_inherited_listener(port, number, &again);
+  EXPECT_FALSE(again.valid());
+  EXPECT_EQ(st.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("taken already"));
 }
 
 }  // namespace

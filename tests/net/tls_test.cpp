@@ -76,22 +76,19 @@ TEST(Tls, TwoLinksWithOneSecretMoveBytesBothWaysAtOnce) {
   auto a_data = random_bytes(kBytes, 1), b_data = random_bytes(kBytes, 2);
   std::vector<unsigned char> a_got(kBytes), b_got(kBytes);
   auto writer = [](TlsLink& link, const std::vector<unsigned char>& data) {
-    std::string error;
     size_t off = 0, piece = 7;
     while (off < data.size()) {
       size_t n = std::min(piece, data.size() - off);
-      ASSERT_TRUE(tls_write_all(link, data.data() + off, n, Clock::now() + std::chrono::seconds(20),
-                                &error))
-          << error;
+      Status st =
+          tls_write_all(link, data.data() + off, n, Clock::now() + std::chrono::seconds(20));
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
       off += n;
       piece = piece == 7 ? 300000 : piece == 300000 ? 32 : 7;
     }
   };
   auto reader = [](TlsLink& link, std::vector<unsigned char>& got) {
-    std::string error;
-    ASSERT_TRUE(
-        tls_read_all(link, got.data(), got.size(), Clock::now() + std::chrono::seconds(20), &error))
-        << error;
+    Status st = tls_read_all(link, got.data(), got.size(), Clock::now() + std::chrono::seconds(20));
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
   };
   std::thread t1(writer, std::ref(client), std::cref(a_data));
   std::thread t2(writer, std::ref(server), std::cref(b_data));
@@ -164,18 +161,22 @@ TEST(Tls, AnObserverOfTheWireSeesNoPlaintext) {
     }
   });
   auto deadline = Clock::now() + std::chrono::seconds(10);
-  std::string error;
-  std::thread hs([&] { EXPECT_TRUE(tls_handshake(server, deadline, &error)) << error; });
-  std::string cerror;
-  EXPECT_TRUE(tls_handshake(client, deadline, &cerror)) << cerror;
+  std::thread hs([&] {
+    Status st = tls_handshake(server, deadline);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  });
+  Status st = tls_handshake(client, deadline);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
   hs.join();
   const std::string secret = "the weights of layer 3 are 0.1234567";
   std::string payload;
   for (int i = 0; i < 100; ++i)
     payload += secret;
-  ASSERT_TRUE(tls_write_all(client, payload.data(), payload.size(), deadline, &error)) << error;
+  st = tls_write_all(client, payload.data(), payload.size(), deadline);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   std::string got(payload.size(), '\0');
-  ASSERT_TRUE(tls_read_all(server, got.data(), got.size(), deadline, &error)) << error;
+  st = tls_read_all(server, got.data(), got.size(), deadline);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
   stop = true;
   relay.join();
   EXPECT_EQ(got, payload);

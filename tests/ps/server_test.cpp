@@ -355,9 +355,9 @@ class ReplicaPeerJob {
 
 // A zeroed 1 MiB block to lend from.
 std::unique_ptr<net::LendBlock> zeroed_block() {
-  std::string why;
-  auto block = net::LendBlock::create(1 << 20, &why);
-  EXPECT_TRUE(block) << why;
+  std::unique_ptr<net::LendBlock> block;
+  Status st = net::LendBlock::create(1 << 20, &block);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
   if (block) std::memset(block->data(), 0, block->size());
   return block;
 }
@@ -367,7 +367,7 @@ TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
   auto block = zeroed_block();
   ASSERT_TRUE(block);
   const uint64_t n = 1000;
-  net::LendRef ref = *net::find_lent(block->data() + 4096, n * 4);
+  net::LendRef ref = *block->ref(block->data() + 4096, n * 4);
 
   // A good reference: held in place (pinned), installed, acknowledged.
   Answer ok = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(ref));
@@ -375,7 +375,7 @@ TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
   EXPECT_EQ(ok.flags, msg::kFlagPinned);
   // The next round of that key replaces it: the first range is released
   // (named by its reference), the second one stays held.
-  net::LendRef next = *net::find_lent(block->data() + 8192, n * 4);
+  net::LendRef next = *block->ref(block->data() + 8192, n * 4);
   Answer ok2 = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(next));
   EXPECT_EQ(ok2.flags, msg::kFlagPinned);
   Answer released = job.release_of(1001);
@@ -417,7 +417,7 @@ TEST(Server, ALentReplicaWithItsMetadataInOneMessageIsHeldInPlace) {
   ASSERT_TRUE(block);
   const uint64_t n = 1000;
   const uint32_t both = msg::kFlagLent | msg::kFlagWithMeta;
-  auto ref = net::encode_lend_ref(*net::find_lent(block->data() + 4096, n * 4));
+  auto ref = net::encode_lend_ref(*block->ref(block->data() + 4096, n * 4));
   Answer ok = job.replicate_in_one(1, n, both, ref);
   EXPECT_EQ(ok.type, msg::kReply);
   EXPECT_EQ(ok.flags, msg::kFlagPinned);
