@@ -64,7 +64,7 @@ struct Pair {
     c.net.max_message_bytes = uint64_t{1} << 31;
     return c;
   }
-  net::Transport a, b;
+  net::MessageTransport a, b;
   net::ConnId a_conn = 0, b_conn = 0;
   std::mutex mu;
   std::condition_variable cv;

@@ -46,7 +46,7 @@ Node::Node(Options options, const ClockSource& clock)
     tc.net.socket_buffer_bytes = net::auto_socket_buffer_bytes(peers);
     auto_buffer_bytes_ = tc.net.socket_buffer_bytes;
   }
-  transport_ = std::make_unique<net::Transport>(std::move(tc));
+  transport_ = std::make_unique<net::MessageTransport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,
                           [this](net::Message&& m) { on_control(std::move(m)); });
   transport_->set_connect_handler(

@@ -105,7 +105,7 @@ class Node {
   // server's peers connect while it may already serve); false at the deadline
   // or when the job failed. Not from the I/O thread.
   bool wait_connected(Role role, int rank, Millis timeout);
-  // Sending and posting receives to a peer (see net::Transport for the
+  // Sending and posting receives to a peer (see net::MessageTransport for the
   // contracts). When the peer is dead, `done` gets the PeerFailure.
   void send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,
             int priority = 0);
@@ -157,7 +157,7 @@ class Node {
   // sees the connection close).
   void stop_delivery();
 
-  net::Transport& transport() { return *transport_; }
+  net::MessageTransport& transport() { return *transport_; }
 
   // Mixed placement (docs/ps.md): scales the automatic socket buffers of the
   // connections between workers and servers by server: `scale[s]` for the
@@ -194,7 +194,7 @@ class Node {
 
   Options options_;
   const ClockSource& clock_;
-  std::unique_ptr<net::Transport> transport_;
+  std::unique_ptr<net::MessageTransport> transport_;
   std::mutex stop_mu_;  // serializes joining heartbeat_
   std::thread heartbeat_;
   AddressBook book_;

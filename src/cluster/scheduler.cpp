@@ -24,7 +24,7 @@ Scheduler::Scheduler(Options options, const ClockSource& clock)
   tc.role = Role::kScheduler;
   tc.rank = 0;
   tc.label = "scheduler";
-  transport_ = std::make_unique<net::Transport>(std::move(tc));
+  transport_ = std::make_unique<net::MessageTransport>(std::move(tc));
   transport_->set_identity(Role::kScheduler, 0, node_id(Role::kScheduler, 0));
   transport_->set_handler(msg::kRegister, msg::kLast,
                           [this](net::Message&& m) { on_message(std::move(m)); });

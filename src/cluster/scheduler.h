@@ -153,7 +153,7 @@ class Scheduler {
   int count_registered(Role role) const;  // mu_ held
 
   Options options_;
-  std::unique_ptr<net::Transport> transport_;
+  std::unique_ptr<net::MessageTransport> transport_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<net::ConnId, Entry> nodes_;

@@ -30,7 +30,7 @@ struct Client::Impl {
   }
 
   ClientConfig cfg;
-  net::Transport net;
+  net::MessageTransport net;
   net::ConnId conn{};
   mutable std::mutex mu;
   std::condition_variable cv;

@@ -37,7 +37,7 @@ struct RendezvousServer::Impl {
   };
 
   ServerConfig cfg;
-  net::Transport net;
+  net::MessageTransport net;
   mutable std::mutex mu;
   std::set<std::string> alive;
   std::map<std::string, net::ConnId> conn_of;  // the worker's connection, once it asked

@@ -25,7 +25,8 @@ struct Waiter {
   uint64_t id;
 };
 
-void reply(net::Transport& t, net::ConnId conn, uint64_t id, const Status& s, const Bytes& value) {
+void reply(net::MessageTransport& t, net::ConnId conn, uint64_t id, const Status& s,
+           const Bytes& value) {
   const std::string& why = s.message();
   const void* data = s.is_ok() ? static_cast<const void*>(value.data()) : why.data();
   (void)t.send_copy(
@@ -75,7 +76,7 @@ struct TcpStore::State {
 namespace {
 
 // Rank 0's side: a request from a member, on the I/O thread.
-void serve(TcpStore::State& st, net::Transport& t, net::Message&& m) {
+void serve(TcpStore::State& st, net::MessageTransport& t, net::Message&& m) {
   std::string key;
   Bytes value;
   const bool is_set = m.header.type == kStoreSet;
@@ -143,7 +144,7 @@ TcpStore::TcpStore(const Options& o, Clock::time_point deadline)
   tc.role = Role::kWorker;
   tc.rank = c.rank;
   tc.label = fmt::format("rendezvous rank {}", c.rank);
-  t_ = std::make_unique<net::Transport>(tc);
+  t_ = std::make_unique<net::MessageTransport>(tc);
   State* st = st_.get();
   if (c.rank == 0) {
     // `pushpull launch` (and the torch backend) bind rank 0's port
@@ -230,7 +231,7 @@ std::string TcpStore::where() const {
 namespace {
 
 // A client's request and its reply (a get's: once the key is set).
-std::pair<Status, Bytes> ask(TcpStore::State& st, net::Transport& t, uint16_t type,
+std::pair<Status, Bytes> ask(TcpStore::State& st, net::MessageTransport& t, uint16_t type,
                              const std::string& key, std::span<const std::byte> value,
                              Clock::time_point deadline) {
   uint64_t id = 0;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The collective Transport over TCP (src/net): one net::Transport per rank,
+// The collective Transport over TCP (src/net): one net::MessageTransport per rank,
 // at most one connection per pair of ranks, always opened by the higher rank
 // (so a pair never gets two; net's duplicate-identity check refuses a second
 // claim anyway).
@@ -306,7 +306,7 @@ class TcpTransport final : public Transport {
 
   int rank_, size_;
   NetOptions opts_;
-  net::Transport net_;
+  net::MessageTransport net_;
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

@@ -2,7 +2,7 @@
 // The point-to-point interface the collective algorithms and the engine run
 // on (Gloo's model: a per-rank context with asynchronous send/recv between
 // ranks). Implementations: InProcessFabric (ranks as threads, memcpy; tests),
-// TcpTransport (over net::Transport, plus direct streams), ShmTransport (one
+// TcpTransport (over net::MessageTransport, plus direct streams), ShmTransport (one
 // host's shared-memory rings) and ShmDataTransport (shared memory between a
 // host's ranks, TCP to the others), and SubgroupTransport (a view of a
 // subset of ranks, hierarchical_view.h).

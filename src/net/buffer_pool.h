@@ -5,7 +5,7 @@
 // buffer goes back to its class's free list (at most `max_cached` per class),
 // larger ones are freed. Buffer is move-only and returns itself to the pool
 // when destroyed; it keeps the pool's state alive (shared ownership: a
-// handler may keep a payload after its Transport is gone).
+// handler may keep a payload after its MessageTransport is gone).
 //
 // A lending pool (TransportConfig::lend_buffers; a replicating server's
 // store) carves buffers of 256 KiB to 32 MiB out of memfd-backed LendBlocks

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Internal: one connection's state inside a Transport (see transport.h).
+// Internal: one connection's state inside a MessageTransport (see transport.h).
 // Receive-side fields belong to the I/O thread; send-side fields are guarded
 // by send_mu (user threads write directly when the queue is empty); posted
 // receives by recv_mu. The shared-memory fields follow the same split
@@ -58,7 +58,7 @@ struct PostedRecv {
   RecvDone done;
 };
 
-struct Transport::Conn {
+struct MessageTransport::Conn {
   enum class State { kHandshake, kOpen, kClosed };
 
   ConnId id = 0;
@@ -79,7 +79,7 @@ struct Transport::Conn {
   std::chrono::steady_clock::time_point handshake_deadline;
   bool hello_seen = false;    // the hello arrived; anything more before the ack is an error
   std::optional<Hello> held;  // a hello waiting until this node has a rank to prove
-  // While counted in the Transport's per-source limit of pending
+  // While counted in the MessageTransport's per-source limit of pending
   // connections (net/peer_policy.h PendingLimit): the source address.
   std::string pending_source;
 

@@ -100,7 +100,7 @@ struct ProofInput {
 };
 
 // HMAC-SHA256(secret, input); all zeros when `secret` is empty. Used by the
-// Transport's hello and by the collectives' data streams.
+// MessageTransport's hello and by the collectives' data streams.
 Proof compute_proof(const std::string& secret, const ProofInput& input);
 // Constant-time comparison.
 bool proof_equal(const Proof& a, const Proof& b);

@@ -22,7 +22,7 @@
 // payload length against a cap before the receiver allocates anything.
 //
 // Message type ranges: each layer owns one range and registers handlers for
-// it on the Transport; a message whose type has no handler is a protocol
+// it on the MessageTransport; a message whose type has no handler is a protocol
 // error that closes that connection only.
 //   [0, 16)     net: the hello handshake
 //   [16, 64)    cluster: registration, address book, barriers, heartbeats
@@ -74,7 +74,7 @@ struct Header {
   uint64_t request_id = 0;
   uint64_t key = 0;
   uint32_t dtype = 0;
-  uint32_t net_flags = 0;  // kNetFlag*: set and checked by the Transport only
+  uint32_t net_flags = 0;  // kNetFlag*: set and checked by the MessageTransport only
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t payload_bytes = 0;

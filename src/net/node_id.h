@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The node id in Header::sender: scheduler 1, server r 8+2r, worker r 9+2r
 // (ps-lite's numbering); a server or worker that has no rank yet is 2 or 3,
-// nobody 0. The Transport writes the id of a connection's authenticated peer
+// nobody 0. The MessageTransport writes the id of a connection's authenticated peer
 // into every message it delivers (see transport.h), so receivers can trust it.
 // Thread safety: pure functions.
 #pragma once

@@ -14,7 +14,7 @@
 //
 // Thread safety: the free functions are pure (warn_insecure_once() logs once
 // per process, from any thread). RefusalLog is used by one thread (a
-// Transport's I/O thread, or one setup routine).
+// MessageTransport's I/O thread, or one setup routine).
 #pragma once
 
 #include <chrono>

@@ -17,7 +17,7 @@
 // only a regular file owned by this user with no group/other permissions and
 // exactly the size its header announces, and maps it read-only. A name
 // left behind by a process killed during the setup (before its peer's proof)
-// is removed when a Transport with shared memory next starts on this host
+// is removed when a MessageTransport with shared memory next starts on this host
 // (sweep_stale): once its creator is gone (or it never got a header) and it
 // is two minutes old, or in any case once it is an hour old.
 //
@@ -26,7 +26,7 @@
 //
 // Ownership and thread safety: a ShmSegment owns its mapping and (creator)
 // the name until unlink(); destruction unmaps and unlinks a name still
-// linked. The object is not synchronised: the Transport guards each one.
+// linked. The object is not synchronised: the MessageTransport guards each one.
 #pragma once
 
 #include <array>
@@ -49,7 +49,7 @@ inline constexpr char kShmNamePrefix[] = "pushpull-net-";
 inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
 // A name is linked only while its connection's setup runs (bounded by the
 // connect timeout): one older than this was left by a process killed in
-// that window, and Transport::start() removes it (sweep_stale).
+// that window, and MessageTransport::start() removes it (sweep_stale).
 inline constexpr std::chrono::seconds kShmStaleAfter{3600};
 // ... and one whose creator (the pid in its header) no longer exists, or
 // with no header at all, is removed once this old: a setup takes
@@ -75,7 +75,7 @@ class ShmSegment {
   // Removes from `dir` the segments of this user, of valid_name() form,
   // last modified at least `older_than` ago, or at least `orphan_after` ago
   // when the creator pid in their header no longer exists or they have no
-  // header (regular files only, symlinks not followed). Transport::start() calls it with
+  // header (regular files only, symlinks not followed). MessageTransport::start() calls it with
   // kShmStaleAfter and kShmOrphanAfter when shared memory is on. Returns how
   // many it removed.
   static int sweep_stale(const std::string& dir, std::chrono::seconds older_than,

@@ -5,7 +5,7 @@
 //
 // Ownership: Fd owns one descriptor and closes it in its destructor; it is
 // move-only. Thread safety: an Fd is used by one thread at a time (the
-// Transport hands it to its I/O thread after the handshake).
+// MessageTransport hands it to its I/O thread after the handshake).
 // Errors: functions throw IoError / InvalidArgument naming the address,
 // except the ones a caller retries or reports on its own terms
 // (connect_once, the inherited listener, the blocking handshake I/O), which

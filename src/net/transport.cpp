@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: setup, send and post_recv. Connecting (the connector's side
+// MessageTransport: setup, send and post_recv. Connecting (the connector's side
 // of the hello) is in transport_connect.cpp, the epoll loop in
 // transport_loop.cpp.
 #include <sys/epoll.h>
@@ -29,7 +29,7 @@ std::string PeerInfo::describe() const {
   return fmt::format("{} (host {})", who, where);
 }
 
-Transport::Transport(TransportConfig config)
+MessageTransport::MessageTransport(TransportConfig config)
     : config_(std::move(config)),
       pool_(8, /*lending=*/config_.lend_buffers),
       role_(config_.role),
@@ -45,15 +45,15 @@ Transport::Transport(TransportConfig config)
   tls_ = tls_context(config_.net);
 }
 
-Transport::~Transport() {
+MessageTransport::~MessageTransport() {
   stop();
 }
 
-int Transport::listen(const std::string& host, int port) {
+int MessageTransport::listen(const std::string& host, int port) {
   return listen(listen_on(host, port));
 }
 
-int Transport::listen(Fd listening) {
+int MessageTransport::listen(Fd listening) {
   warn_insecure_once(config_.net);
   set_nonblocking(listening.get(), true);
   listen_fd_ = std::move(listening);
@@ -65,7 +65,7 @@ int Transport::listen(Fd listening) {
   return port_;
 }
 
-void Transport::set_handler(uint16_t first, uint16_t last, Handler handler) {
+void MessageTransport::set_handler(uint16_t first, uint16_t last, Handler handler) {
   if (first > last || last > 255 || first <= msg::kNetLast)
     throw InvalidArgument(
         fmt::format("handler range [{}, {}] is invalid: upper layers own "
@@ -77,15 +77,15 @@ void Transport::set_handler(uint16_t first, uint16_t last, Handler handler) {
     handlers_[t] = h;
 }
 
-void Transport::set_connect_handler(ConnectHandler h) {
+void MessageTransport::set_connect_handler(ConnectHandler h) {
   std::lock_guard lock(mu_);
   on_connect_ = std::move(h);
 }
-void Transport::set_close_handler(CloseHandler h) {
+void MessageTransport::set_close_handler(CloseHandler h) {
   std::lock_guard lock(mu_);
   on_close_ = std::move(h);
 }
-void Transport::set_identity(Role role, int32_t rank, uint32_t sender_id) {
+void MessageTransport::set_identity(Role role, int32_t rank, uint32_t sender_id) {
   {
     std::lock_guard lock(mu_);
     role_ = role;
@@ -94,13 +94,13 @@ void Transport::set_identity(Role role, int32_t rank, uint32_t sender_id) {
   }
   wake();  // held hellos may be answered now
 }
-void Transport::set_advertised_address(const std::string& host, int port) {
+void MessageTransport::set_advertised_address(const std::string& host, int port) {
   std::lock_guard lock(mu_);
   adv_host_ = host;
   adv_port_ = port;
 }
 
-void Transport::start() {
+void MessageTransport::start() {
   if (started_) return;
   started_ = true;
   // Segment names left on this host by processes killed mid-setup.
@@ -112,7 +112,7 @@ void Transport::start() {
   });
 }
 
-void Transport::stop() {
+void MessageTransport::stop() {
   if (stopping_.exchange(true)) {
     if (thread_.joinable()) thread_.join();
     return;
@@ -130,19 +130,19 @@ void Transport::stop() {
     close_conn(*c, {ErrorCode::kIoError, "transport stopped"}, false);
 }
 
-void Transport::wake() {
+void MessageTransport::wake() {
   uint64_t one = 1;
   [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof one);
 }
 
-void Transport::set_socket_buffer(ConnId id, int bytes) {
+void MessageTransport::set_socket_buffer(ConnId id, int bytes) {
   auto c = find(id);
   if (!c || bytes <= 0 || !c->fd.valid()) return;
   setsockopt(c->fd.get(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
-int Transport::socket_receive_buffer(ConnId id) const {
+int MessageTransport::socket_receive_buffer(ConnId id) const {
   auto c = find(id);
   int bytes = 0;
   socklen_t len = sizeof bytes;
@@ -151,26 +151,26 @@ int Transport::socket_receive_buffer(ConnId id) const {
   return bytes;
 }
 
-std::shared_ptr<Transport::Conn> Transport::find(ConnId id) const {
+std::shared_ptr<MessageTransport::Conn> MessageTransport::find(ConnId id) const {
   std::lock_guard lock(mu_);
   auto it = conns_.find(id);
   return it == conns_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<Handler> Transport::handler(uint16_t type) const {
+std::shared_ptr<Handler> MessageTransport::handler(uint16_t type) const {
   if (type > 255) return nullptr;
   std::lock_guard lock(mu_);
   return handlers_[type];
 }
 
-std::optional<PeerInfo> Transport::peer(ConnId conn) const {
+std::optional<PeerInfo> MessageTransport::peer(ConnId conn) const {
   std::lock_guard lock(mu_);
   auto it = conns_.find(conn);
   if (it == conns_.end()) return std::nullopt;
   return it->second->peer;
 }
 
-bool Transport::bind_peer_rank(ConnId conn, int32_t rank) {
+bool MessageTransport::bind_peer_rank(ConnId conn, int32_t rank) {
   std::lock_guard lock(mu_);
   auto it = conns_.find(conn);
   if (it == conns_.end() || rank < 0) return false;
@@ -181,7 +181,7 @@ bool Transport::bind_peer_rank(ConnId conn, int32_t rank) {
   return true;
 }
 
-std::vector<ConnId> Transport::connections() const {
+std::vector<ConnId> MessageTransport::connections() const {
   std::lock_guard lock(mu_);
   std::vector<ConnId> ids;
   for (auto& [id, c] : conns_)
@@ -189,7 +189,7 @@ std::vector<ConnId> Transport::connections() const {
   return ids;
 }
 
-Header Transport::stamp(Header h, size_t n) const {
+Header MessageTransport::stamp(Header h, size_t n) const {
   h.magic = kMagic;
   h.version = config_.protocol_version;
   h.payload_bytes = n;
@@ -198,14 +198,14 @@ Header Transport::stamp(Header h, size_t n) const {
   return h;
 }
 
-ConnId Transport::add_conn(std::shared_ptr<Conn> c) {
+ConnId MessageTransport::add_conn(std::shared_ptr<Conn> c) {
   std::lock_guard lock(mu_);
   c->id = next_id_++;
   conns_[c->id] = c;
   return c->id;
 }
 
-void Transport::enqueue(Conn& c, SendOp&& op, bool from_io_thread) {
+void MessageTransport::enqueue(Conn& c, SendOp&& op, bool from_io_thread) {
   (void)from_io_thread;
   std::vector<SendOp> completed;
   Status failed;
@@ -235,8 +235,8 @@ void Transport::enqueue(Conn& c, SendOp&& op, bool from_io_thread) {
   complete_sends(nullptr, completed);
 }
 
-void Transport::send(ConnId conn, Header header, const void* data, size_t n, SendDone done,
-                     int priority) {
+void MessageTransport::send(ConnId conn, Header header, const void* data, size_t n, SendDone done,
+                            int priority) {
   auto c = find(conn);
   if (!c || c->state == Conn::State::kHandshake) {
     if (done) done({ErrorCode::kIoError, fmt::format("connection {} is closed", conn)});
@@ -251,7 +251,8 @@ void Transport::send(ConnId conn, Header header, const void* data, size_t n, Sen
   enqueue(*c, std::move(op), false);
 }
 
-Status Transport::send_copy(ConnId conn, Header header, const void* data, size_t n, int priority) {
+Status MessageTransport::send_copy(ConnId conn, Header header, const void* data, size_t n,
+                                   int priority) {
   auto c = find(conn);
   if (!c) return {ErrorCode::kIoError, fmt::format("connection {} is closed", conn)};
   SendOp op;
@@ -271,8 +272,8 @@ Status Transport::send_copy(ConnId conn, Header header, const void* data, size_t
   return result;
 }
 
-Status Transport::post_recv(ConnId conn, RecvMatch match, void* dst, size_t capacity,
-                            RecvDone done) {
+Status MessageTransport::post_recv(ConnId conn, RecvMatch match, void* dst, size_t capacity,
+                                   RecvDone done) {
   auto c = find(conn);
   if (!c) return {ErrorCode::kIoError, fmt::format("connection {} is closed", conn)};
   std::lock_guard lock(c->recv_mu);
@@ -289,7 +290,7 @@ Status Transport::post_recv(ConnId conn, RecvMatch match, void* dst, size_t capa
   return {};
 }
 
-bool Transport::cancel_recv(ConnId conn, RecvMatch match) {
+bool MessageTransport::cancel_recv(ConnId conn, RecvMatch match) {
   auto c = find(conn);
   if (!c) return false;
   std::lock_guard lock(c->recv_mu);
@@ -301,7 +302,7 @@ bool Transport::cancel_recv(ConnId conn, RecvMatch match) {
   return false;
 }
 
-void Transport::close(ConnId conn, Status reason) {
+void MessageTransport::close(ConnId conn, Status reason) {
   {
     std::lock_guard lock(mu_);
     to_close_.emplace_back(conn, std::move(reason));
@@ -309,7 +310,7 @@ void Transport::close(ConnId conn, Status reason) {
   wake();
 }
 
-bool Transport::drain(Millis timeout) {
+bool MessageTransport::drain(Millis timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (queued_.load() > 0) {
     if (std::chrono::steady_clock::now() >= deadline) return false;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: framed messages over TCP between pushpull nodes.
+// MessageTransport: framed messages over TCP between pushpull nodes.
 //
-// One Transport per node. It owns a listening socket, every connection of the
+// One MessageTransport per node. It owns a listening socket, every connection of the
 // node, and one I/O thread running an epoll loop over all of them. Every
 // connection starts with the mutual hello of net/hello.h; only connections
 // that pass it reach the upper layers.
@@ -69,7 +69,7 @@
 // receive is filled from the ring. Payload bytes sent each way are counted
 // in the metrics net_shm_bytes / net_tcp_bytes (base/metrics.h).
 //
-// Ownership. The Transport owns its sockets and thread; the destructor stops
+// Ownership. The MessageTransport owns its sockets and thread; the destructor stops
 // the loop, closes every connection and joins the thread.
 #pragma once
 
@@ -165,12 +165,12 @@ struct TransportConfig {
   Millis dead_link_timeout{0};
 };
 
-class Transport {
+class MessageTransport {
  public:
-  explicit Transport(TransportConfig config);
-  ~Transport();
-  Transport(const Transport&) = delete;
-  Transport& operator=(const Transport&) = delete;
+  explicit MessageTransport(TransportConfig config);
+  ~MessageTransport();
+  MessageTransport(const MessageTransport&) = delete;
+  MessageTransport& operator=(const MessageTransport&) = delete;
 
   // Binds the listening socket (setup only). `host` empty: all IPv4
   // addresses (see bind_host_for() in net/peer_policy.h). Returns the bound

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: accepting connections (the per-source limit of pending ones,
+// MessageTransport: accepting connections (the per-source limit of pending ones,
 // pausing the listener when out of descriptors), the acceptor's side of the
 // TLS handshake, and reading again what a TLS link holds. The I/O loop is in
 // transport_loop.cpp.
@@ -27,7 +27,7 @@ bool out_of_resources(int err) {
 }
 }  // namespace
 
-void Transport::accept_all() {
+void MessageTransport::accept_all() {
   while (!listen_paused_) {
     SockAddr remote;
     remote.len = sizeof remote.storage;
@@ -44,7 +44,7 @@ void Transport::accept_all() {
     accept_backoff_ = Millis{100};
     // At most kMaxPendingPerSource connections from one address of another
     // machine may be authenticating at once; more are closed before anything
-    // is sent (an honest connector retries: Transport::connect). Not this
+    // is sent (an honest connector retries: MessageTransport::connect). Not this
     // machine's addresses: the job's own nodes share them, so a cap would let
     // any local user lock them out (peer_policy.h).
     const std::string source = host_of(remote);
@@ -91,7 +91,7 @@ void Transport::accept_all() {
 // and the listener stays readable, so keep polling it and the loop spins.
 // Stop watching it for a while instead (connections already open go on),
 // doubling the pause up to a second, and log once per pause at most.
-void Transport::pause_listener(int error) {
+void MessageTransport::pause_listener(int error) {
   auto now = std::chrono::steady_clock::now();
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
   listen_paused_ = true;
@@ -108,7 +108,7 @@ void Transport::pause_listener(int error) {
   accept_backoff_ = std::min(accept_backoff_ * 2, kMaxAcceptBackoff);
 }
 
-void Transport::resume_listener_if_due() {
+void MessageTransport::resume_listener_if_due() {
   if (!listen_paused_ || std::chrono::steady_clock::now() < listen_resume_) return;
   listen_paused_ = false;
   epoll_event ev{};
@@ -117,7 +117,7 @@ void Transport::resume_listener_if_due() {
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
 }
 
-void Transport::read_again_later(Conn& c) {
+void MessageTransport::read_again_later(Conn& c) {
   {
     std::lock_guard lock(mu_);
     read_again_.push_back(c.id);
@@ -125,7 +125,7 @@ void Transport::read_again_later(Conn& c) {
   wake();
 }
 
-bool Transport::tls_accept_step(Conn& c) {
+bool MessageTransport::tls_accept_step(Conn& c) {
   const auto step = c.tls->handshake();
   if (step == TlsLink::Step::kFailed) {
     refuse_stranger(c, c.tls->error(), false);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport::connect: the connector's side of a connection (dialing with
+// MessageTransport::connect: the connector's side of a connection (dialing with
 // backoff, the local-peer policy, TLS when on, the hello, the shared-memory
 // offer), on the calling thread, bounded by the connect deadline.
 #include <sys/epoll.h>
@@ -18,7 +18,7 @@
 
 namespace pushpull::net {
 
-ConnId Transport::connect(const std::string& host, int port, std::optional<Millis> timeout) {
+ConnId MessageTransport::connect(const std::string& host, int port, std::optional<Millis> timeout) {
   using clock = std::chrono::steady_clock;
   const Millis limit = timeout.value_or(config_.net.connect_timeout);
   const auto deadline = clock::now() + limit;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: the acceptor side of the hello, on the I/O thread: refusing
+// MessageTransport: the acceptor side of the hello, on the I/O thread: refusing
 // strangers, answering (and holding) hellos, duplicate identities.
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@ namespace pushpull::net {
 // Closes a connection that has not authenticated: logged rate-limited per
 // peer address, never reported to the close handler. `tell`: send the reason
 // in a refusing ack first, so an honest but misconfigured peer learns why.
-void Transport::refuse_stranger(Conn& c, const std::string& reason, bool tell) {
+void MessageTransport::refuse_stranger(Conn& c, const std::string& reason, bool tell) {
   if (c.state != Conn::State::kHandshake) return;
   if (tell) send_hello_ack(c, reason, nullptr);
   refusals_.note(host_of(c.remote),
@@ -22,7 +22,7 @@ void Transport::refuse_stranger(Conn& c, const std::string& reason, bool tell) {
 
 // Answers a hello: accepted (empty `reason`; `hello` is the accepted one and
 // the ack carries this node's proof) or refused and why. Runs on the I/O thread.
-void Transport::send_hello_ack(Conn& c, const std::string& reason, const Hello* hello) {
+void MessageTransport::send_hello_ack(Conn& c, const std::string& reason, const Hello* hello) {
   HelloAck ack{reason.empty(), reason, Role::kNone, -1, {}};
   {
     std::lock_guard lock(mu_);  // set_identity() may run concurrently
@@ -43,13 +43,13 @@ void Transport::send_hello_ack(Conn& c, const std::string& reason, const Hello* 
 }
 
 // Why a peer at this connection's address may not even try (peer policy).
-Status Transport::refusal_for(const Conn& c) {
+Status MessageTransport::refusal_for(const Conn& c) {
   if (!config_.net.job_secret.empty() || config_.net.allow_insecure) return Status::ok();
   if (from_this_machine(c.remote)) return Status::ok();
   return peer_refusal(c.remote, config_.net, local_hosts_);
 }
 
-bool Transport::from_this_machine(const SockAddr& a) {
+bool MessageTransport::from_this_machine(const SockAddr& a) {
   if (is_local_peer(a, local_hosts_)) return true;
   auto now = std::chrono::steady_clock::now();
   if (now - local_hosts_at_ <= std::chrono::seconds(5)) return false;
@@ -61,7 +61,7 @@ bool Transport::from_this_machine(const SockAddr& a) {
   return is_local_peer(a, local_hosts_);
 }
 
-void Transport::on_hello(Conn& c, Message&& m) {
+void MessageTransport::on_hello(Conn& c, Message&& m) {
   Hello hello;
   Status st = decode(std::span<const std::byte>(m.payload.data(), m.payload.size()), &hello);
   // Ok while the stranger may go on: its address, its hello's form, then
@@ -99,7 +99,7 @@ void Transport::on_hello(Conn& c, Message&& m) {
 // was replaced (worker restart, server rejoin) is no obstacle: the scheduler
 // announced it and this node closed the old connection first (Node's
 // apply_placement), or the old process died and its connections with it.
-void Transport::answer_hello(Conn& c, const Hello& hello) {
+void MessageTransport::answer_hello(Conn& c, const Hello& hello) {
   std::string taken;
   if (hello.role != Role::kNone && hello.rank >= 0) {
     std::lock_guard lock(mu_);
@@ -134,7 +134,7 @@ void Transport::answer_hello(Conn& c, const Hello& hello) {
   if (h) run_guarded(&c, "the connect handler", [&] { h(c.id, c.peer); });
 }
 
-void Transport::release_held_hellos() {
+void MessageTransport::release_held_hellos() {
   if (held_count_ == 0) return;
   std::vector<std::shared_ptr<Conn>> ready;
   {

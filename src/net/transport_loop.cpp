@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: the I/O thread (epoll loop, the receive state machine,
+// MessageTransport: the I/O thread (epoll loop, the receive state machine,
 // flushing send queues, closing). Accepting is in transport_accept.cpp, the
 // acceptor side of the hello in transport_hello.cpp, writing in
 // transport_write.cpp.
@@ -31,7 +31,7 @@ constexpr size_t kFirstChunk = 256 << 10;
 constexpr size_t kGrowth = 16;
 }  // namespace
 
-void Transport::loop() {
+void MessageTransport::loop() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (!stopping_) {
@@ -113,7 +113,7 @@ void Transport::loop() {
     close_conn(*c, {ErrorCode::kIoError, "transport stopped"}, false);
 }
 
-void Transport::on_readable(Conn& c) {
+void MessageTransport::on_readable(Conn& c) {
   if (c.tls_handshaking() && !tls_accept_step(c)) return;
   size_t budget = kReadBudget;
   auto fail_io = [&](ssize_t r) {
@@ -177,7 +177,7 @@ void Transport::on_readable(Conn& c) {
 
 // Where the next payload bytes go and how many fit there (> 0 while the
 // payload is incomplete); nullptr when they are to be dropped.
-std::byte* Transport::payload_room(Conn& c, size_t* room) {
+std::byte* MessageTransport::payload_room(Conn& c, size_t* room) {
   const size_t left = c.payload_left();
   if (c.discard) {
     *room = left;
@@ -200,7 +200,7 @@ std::byte* Transport::payload_room(Conn& c, size_t* room) {
   return c.dst + c.got;
 }
 
-void Transport::on_header(Conn& c) {
+void MessageTransport::on_header(Conn& c) {
   c.hdr_got = 0;
   const bool handshake = c.state == Conn::State::kHandshake;
   Header h;
@@ -276,7 +276,7 @@ void Transport::on_header(Conn& c) {
 // Runs `f` (a handler or completion on the I/O thread); an exception closes
 // connection `c` (when given) with a logged error instead of ending the
 // process. Returns false when `f` threw.
-bool Transport::run_guarded(Conn* c, const char* what, const std::function<void()>& f) {
+bool MessageTransport::run_guarded(Conn* c, const char* what, const std::function<void()>& f) {
   std::string error;
   try {
     f();
@@ -294,7 +294,7 @@ bool Transport::run_guarded(Conn* c, const char* what, const std::function<void(
   return false;
 }
 
-void Transport::finish_message(Conn& c) {
+void MessageTransport::finish_message(Conn& c) {
   c.in_payload = false;
   c.shm_payload = false;
   if (c.active) {
@@ -319,13 +319,13 @@ void Transport::finish_message(Conn& c) {
                 [&] { (*h)(std::move(m)); });
 }
 
-void Transport::release_pending(Conn& c) {
+void MessageTransport::release_pending(Conn& c) {
   if (c.pending_source.empty()) return;
   pending_.release(c.pending_source);
   c.pending_source.clear();
 }
 
-void Transport::close_conn(Conn& c, const Status& why, bool notify) {
+void MessageTransport::close_conn(Conn& c, const Status& why, bool notify) {
   if (c.state == Conn::State::kClosed) return;
   const bool was_open = c.state == Conn::State::kOpen;
   c.state = Conn::State::kClosed;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: the same-host setup (net/shm_setup.h has the protocol,
+// MessageTransport: the same-host setup (net/shm_setup.h has the protocol,
 // net/shm_segment.h the rings) and the shared-memory frames on the receive
 // side. The write path is in transport_write.cpp.
 #include <sys/epoll.h>
@@ -19,8 +19,8 @@
 #include "pushpull/log.h"
 
 namespace pushpull::net {
-void Transport::queue_ctl(Conn& c, Header h, const std::vector<std::byte>& payload,
-                          bool activates) {
+void MessageTransport::queue_ctl(Conn& c, Header h, const std::vector<std::byte>& payload,
+                                 bool activates) {
   CtlFrame f;
   f.bytes.resize(kHeaderBytes + payload.size());
   encode_header(stamp(h, payload.size()),
@@ -39,7 +39,7 @@ void Transport::queue_ctl(Conn& c, Header h, const std::vector<std::byte>& paylo
 
 // Tells the peer we consumed its ring up to `pos` (I/O thread). An unsent
 // release is updated in place, so releases never pile up.
-void Transport::queue_release(Conn& c, uint64_t pos) {
+void MessageTransport::queue_release(Conn& c, uint64_t pos) {
   c.shm_release_sent = pos;
   Header h{.type = msg::kShmRelease, .offset = pos};
   h.version = config_.protocol_version;
@@ -61,7 +61,7 @@ void Transport::queue_release(Conn& c, uint64_t pos) {
   complete_sends(&c, completed);
 }
 
-void Transport::settle_shm(Conn& c) {
+void MessageTransport::settle_shm(Conn& c) {
   {
     std::lock_guard lock(c.shm_mu);
     c.shm_settled = true;
@@ -69,7 +69,7 @@ void Transport::settle_shm(Conn& c) {
   c.shm_cv.notify_all();
 }
 
-void Transport::wait_shm_settled(Conn& c, std::chrono::steady_clock::time_point deadline) {
+void MessageTransport::wait_shm_settled(Conn& c, std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(c.shm_mu);
   if (!c.shm_cv.wait_until(lock, deadline, [&] { return c.shm_settled; }))
     PP_WARN(
@@ -80,7 +80,7 @@ void Transport::wait_shm_settled(Conn& c, std::chrono::steady_clock::time_point 
 
 // The connector's first step, before the connection is visible to the I/O
 // thread (the offer itself is queued once it is).
-void Transport::offer_shm(Conn& c) {
+void MessageTransport::offer_shm(Conn& c) {
   if (Status st = ShmSegment::create(config_.shm_ring_bytes, config_.shm_dir, &c.shm_mine); !st) {
     PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), st.message());
     c.shm_state = Conn::ShmState::kOff;
@@ -90,7 +90,7 @@ void Transport::offer_shm(Conn& c) {
   c.shm_state = Conn::ShmState::kOffered;
 }
 
-void Transport::shm_protocol_error(Conn& c, const std::string& what) {
+void MessageTransport::shm_protocol_error(Conn& c, const std::string& what) {
   Status st{ErrorCode::kProtocolError, what};
   PP_ERROR("ProtocolError from {}: {}; closing that connection", c.peer.describe(), what);
   close_conn(c, st, true);
@@ -98,7 +98,7 @@ void Transport::shm_protocol_error(Conn& c, const std::string& what) {
 
 // kShmPiece and kShmRelease (bare headers), on the I/O thread. False when
 // the connection was closed.
-bool Transport::on_shm_frame(Conn& c, const Header& h) {
+bool MessageTransport::on_shm_frame(Conn& c, const Header& h) {
   if (h.payload_bytes != 0 || h.net_flags != 0) {
     shm_protocol_error(c, "a shared-memory frame carries a payload or flags");
     return false;
@@ -153,7 +153,7 @@ bool Transport::on_shm_frame(Conn& c, const Header& h) {
 }
 
 // kShmOffer / kShmAnswer / kShmConfirm, on the I/O thread.
-void Transport::on_shm_setup(Conn& c, Message&& m) {
+void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
   using S = Conn::ShmState;
   const std::span<const std::byte> in(m.payload.data(), m.payload.size());
   const uint16_t type = m.header.type;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport: the write path (TCP batches, net control frames and payloads
+// MessageTransport: the write path (TCP batches, net control frames and payloads
 // through the connection's shared-memory ring, all through the TLS link when
 // on), called with the connection's send_mu held.
 #include <sys/epoll.h>
@@ -35,7 +35,7 @@ uint16_t type_of(const SendOp& op) {
 
 // Picks the path of a message whose header is about to go out: the ring
 // when it is ready and the payload is big enough (the header then says so).
-void decide_path(const Transport::Conn& c, SendOp& op, size_t min_payload) {
+void decide_path(const MessageTransport::Conn& c, SendOp& op, size_t min_payload) {
   if (op.path != SendOp::Path::kUndecided) return;
   if (c.shm_out_ready && op.len > 0 && op.len >= min_payload) {
     op.path = SendOp::Path::kShm;
@@ -47,7 +47,7 @@ void decide_path(const Transport::Conn& c, SendOp& op, size_t min_payload) {
 
 }  // namespace
 
-void Transport::arm_output(Conn& c) {
+void MessageTransport::arm_output(Conn& c) {
   const bool out = c.want_out && !c.ring_blocked;
   if (out == c.out_armed) return;
   c.out_armed = out;
@@ -58,13 +58,13 @@ void Transport::arm_output(Conn& c) {
 }
 
 // Called with send_mu held after write_some(): who continues and when.
-void Transport::after_write(Conn& c, WriteState r) {
+void MessageTransport::after_write(Conn& c, WriteState r) {
   c.want_out = r != WriteState::kIdle;
   c.ring_blocked = r == WriteState::kRingFull;
   arm_output(c);
 }
 
-void Transport::complete_sends(Conn* c, std::vector<SendOp>& completed) {
+void MessageTransport::complete_sends(Conn* c, std::vector<SendOp>& completed) {
   for (auto& op : completed) {
     --queued_;
     if (!op.done) continue;
@@ -78,7 +78,8 @@ void Transport::complete_sends(Conn* c, std::vector<SendOp>& completed) {
 
 // Writes the TCP ops at the head of the queue (one sendmsg). False on a hard
 // error (errno kept); *would_block when the socket is full.
-bool Transport::write_tcp_batch(Conn& c, std::vector<SendOp>& completed, bool* would_block_out) {
+bool MessageTransport::write_tcp_batch(Conn& c, std::vector<SendOp>& completed,
+                                       bool* would_block_out) {
   constexpr int kMaxIov = 64;
   auto& q = c.queue;
   iovec iov[kMaxIov];
@@ -125,7 +126,7 @@ bool Transport::write_tcp_batch(Conn& c, std::vector<SendOp>& completed, bool* w
 
 // Copies the next piece of `op` into our ring and prepares its frame; false
 // when the ring is full (the peer has not released enough yet).
-bool Transport::fill_piece(Conn& c, SendOp& op) {
+bool MessageTransport::fill_piece(Conn& c, SendOp& op) {
   const size_t ring = c.shm_out->ring_bytes();
   const uint64_t used = c.shm_written - c.shm_released;
   if (used >= ring) return false;
@@ -144,7 +145,7 @@ bool Transport::fill_piece(Conn& c, SendOp& op) {
 
 // Writes control frames, messages and pieces in stream order until the
 // socket or the ring is full or nothing is left. Called with send_mu held.
-Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& completed) {
+MessageTransport::WriteState MessageTransport::write_some(Conn& c, std::vector<SendOp>& completed) {
   auto& q = c.queue;
   // With TLS, ciphertext the socket did not take yet goes first; nothing
   // else moves before the TLS handshake is done (tls_accept_step flushes
@@ -229,7 +230,7 @@ Transport::WriteState Transport::write_some(Conn& c, std::vector<SendOp>& comple
   }
 }
 
-void Transport::flush(Conn& c) {
+void MessageTransport::flush(Conn& c) {
   std::vector<SendOp> completed;
   WriteState r;
   int err = 0;

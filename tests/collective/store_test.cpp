@@ -242,7 +242,7 @@ TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
     c.net = tcp_options(1, 4, port).net;
     c.role = Role::kWorker;
     c.rank = 1;
-    net::Transport t(c);
+    net::MessageTransport t(c);
     std::promise<void> set_done;
     t.set_handler(kStoreReply, kStoreReply, [&](net::Message&& m) {
       if (m.header.request_id == 1) set_done.set_value();
@@ -301,7 +301,7 @@ TEST(TcpStore, RankZeroGoneIsAPeerFailure) {
   c.net = tcp_options(0, 2, port).net;
   c.role = Role::kWorker;
   c.rank = 0;
-  net::Transport zero(c);
+  net::MessageTransport zero(c);
   zero.listen("127.0.0.1", port);
   zero.set_handler(kStoreSet, kStoreGet, [&](net::Message&& m) {
     zero.close(m.conn, Status(ErrorCode::kPeerFailure, "gone"));

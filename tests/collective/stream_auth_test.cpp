@@ -255,7 +255,7 @@ TEST(RendezvousAuth, ABadRequestClosesOnlyItsConnection) {
     tc.net = rv(0, 3, port).net;
     tc.role = Role::kWorker;
     tc.rank = identity;
-    net::Transport t(tc);
+    net::MessageTransport t(tc);
     std::promise<std::string> refused;
     t.set_handler(kStoreReply, kStoreReply, [&](net::Message&& m) {
       EXPECT_NE(m.header.flags, 0u) << "refused with an error code";

@@ -86,7 +86,7 @@ class FakeAcceptor {
 
 void expect_connector_refuses(const FakeAcceptor::Forge& forge) {
   FakeAcceptor fake(forge);
-  Transport b(config(Role::kWorker, 1, "right"));
+  MessageTransport b(config(Role::kWorker, 1, "right"));
   b.start();
   try {
     b.connect("127.0.0.1", fake.port());
@@ -149,7 +149,7 @@ TEST(Auth, AcceptorRefusesAProofForAnotherIdentity) {
 
 TEST(Auth, AcceptorProvesItsIdentityToTheConnector) {
   Sink a(config(Role::kServer, 3, "s3cret"));
-  Transport b(config(Role::kWorker, 1, "s3cret"));
+  MessageTransport b(config(Role::kWorker, 1, "s3cret"));
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   auto p = b.peer(c);
@@ -228,7 +228,7 @@ TEST(Auth, SilentStrangersDoNotDelayARealPeerAndNeverReachTheCloseHandler) {
   std::vector<std::unique_ptr<RawClient>> silent;
   for (int i = 0; i < 64; ++i)
     silent.push_back(std::make_unique<RawClient>(a.t.port()));
-  Transport b(config(Role::kWorker, 0, "s3cret"));
+  MessageTransport b(config(Role::kWorker, 0, "s3cret"));
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   // Served while every stranger is still pending (none expired yet): read the
@@ -285,7 +285,7 @@ TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
   // them) until srv is destroyed, when `good` and `bad` go away first.
   std::mutex mu;
   std::vector<Status> closes;
-  Transport srv(config(Role::kServer, 0, "s3cret"));
+  MessageTransport srv(config(Role::kServer, 0, "s3cret"));
   srv.listen("127.0.0.1", 0);
   srv.set_handler(kData, kData, [&](Message&& m) {
     if (m.payload.size() == 4) throw std::runtime_error("bad input");
@@ -297,7 +297,8 @@ TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
     throw std::logic_error("the close handler throws too");
   });
   srv.start();
-  Transport good(config(Role::kWorker, 0, "s3cret")), bad(config(Role::kWorker, 1, "s3cret"));
+  MessageTransport good(config(Role::kWorker, 0, "s3cret")),
+      bad(config(Role::kWorker, 1, "s3cret"));
   good.start();
   bad.start();
   ConnId g = good.connect("127.0.0.1", srv.port());
@@ -315,11 +316,11 @@ TEST(Auth, AHandlerExceptionClosesOnlyThatConnection) {
   good.send_copy(g, Header{.type = kData}, "x", 1);
   EXPECT_TRUE(wait_until([&] { return ok == 1; }));
   // A connect handler that throws closes that connection only.
-  Transport srv2(config(Role::kServer, 1, "s3cret"));
+  MessageTransport srv2(config(Role::kServer, 1, "s3cret"));
   srv2.listen("127.0.0.1", 0);
   srv2.set_connect_handler([](ConnId, const PeerInfo&) { throw std::runtime_error("nope"); });
   srv2.start();
-  Transport c(config(Role::kWorker, 2, "s3cret"));
+  MessageTransport c(config(Role::kWorker, 2, "s3cret"));
   c.start();
   (void)c.connect("127.0.0.1", srv2.port());
   EXPECT_TRUE(wait_until([&] { return srv2.connections().empty(); }));
@@ -383,10 +384,10 @@ TEST(Auth, BindWhereAdvertised) {
 TEST(Auth, AnUnrankedNodeHoldsHellosUntilItHasARank) {
   auto cfg = config(Role::kWorker, -1, "s3cret");
   cfg.hold_hellos_until_ranked = true;
-  Transport a(cfg);
+  MessageTransport a(cfg);
   a.listen("127.0.0.1", 0);
   a.start();
-  Transport b(config(Role::kWorker, 1, "s3cret"));
+  MessageTransport b(config(Role::kWorker, 1, "s3cret"));
   b.start();
   auto fut = std::async(std::launch::async, [&] { return b.connect("127.0.0.1", a.port()); });
   EXPECT_EQ(fut.wait_for(300ms), std::future_status::timeout);
@@ -399,7 +400,7 @@ TEST(Auth, AnUnrankedNodeHoldsHellosUntilItHasARank) {
 
 TEST(Auth, ALargeMessageGrowsItsBufferAsBytesArrive) {
   Sink a(config(Role::kServer, 0, "s3cret"));
-  Transport b(config(Role::kWorker, 0, "s3cret"));
+  MessageTransport b(config(Role::kWorker, 0, "s3cret"));
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   std::vector<uint8_t> big((5 << 20) + 13);
@@ -451,10 +452,10 @@ int open_fds() {
 int out_of_descriptors_child(const std::string& log_path) {
   FILE* log = std::freopen(log_path.c_str(), "w", stderr);
   if (log == nullptr) return 10;
-  Transport a(config(Role::kServer, 0, "s3cret"));
+  MessageTransport a(config(Role::kServer, 0, "s3cret"));
   a.listen("127.0.0.1", 0);
   a.start();
-  Transport b(config(Role::kWorker, 0, "s3cret"));
+  MessageTransport b(config(Role::kWorker, 0, "s3cret"));
   b.start();
   // One connection first, with descriptors to spare: besides showing the
   // pair works, it lets UBSan's vptr check (sanitizer builds) learn the
@@ -462,7 +463,7 @@ int out_of_descriptors_child(const std::string& log_path) {
   // process has no descriptor left looks like an invalid object to it (its
   // memory probe needs a pipe) and ends the child.
   try {
-    Transport warm(config(Role::kWorker, 1, "s3cret"));
+    MessageTransport warm(config(Role::kWorker, 1, "s3cret"));
     warm.start();
     warm.connect("127.0.0.1", a.port(), 5s);
   } catch (const std::exception&) {

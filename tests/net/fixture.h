@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport test fixtures: a config for loopback tests, a Sink that records
+// MessageTransport test fixtures: a config for loopback tests, a Sink that records
 // what arrives, and a hand-driven RawClient that speaks the hello byte by
 // byte (so tests can replay, reflect or forge it) and then raw frames.
 #pragma once
@@ -70,7 +70,7 @@ struct Sink {
     std::lock_guard l(mu);
     return closes.size();
   }
-  Transport t;
+  MessageTransport t;
   std::mutex mu;
   std::vector<Message> got;
   std::vector<std::pair<ConnId, PeerInfo>> peers;

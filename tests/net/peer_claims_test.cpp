@@ -37,7 +37,7 @@ struct Node {
     t.start();
   }
   ~Node() { t.stop(); }
-  Transport t;
+  MessageTransport t;
 };
 
 TEST(PeerClaims, APeerThisNodeDialedCannotBeClaimedByAnotherConnection) {
@@ -142,15 +142,15 @@ TEST(PeerClaims, ANodeWithoutASecretRefusesAFakePeerOnAnotherHost) {
   if (std::system("command -v ip >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs iproute2 (ip)";
   OtherHost other;
   if (!other.ok()) GTEST_SKIP() << "cannot make a network namespace here";
-  std::unique_ptr<Transport> fake_public;
+  std::unique_ptr<MessageTransport> fake_public;
   other.inside([&] {
     TransportConfig c = config(Role::kWorker, 0, "");
     c.net.allow_insecure = true;  // the attacker's fake rank 0 takes anyone
-    fake_public = std::make_unique<Transport>(c);
+    fake_public = std::make_unique<MessageTransport>(c);
     fake_public->listen(other.there(), 0);
     fake_public->start();
   });
-  Transport victim(config(Role::kWorker, 1, ""));  // no secret, not insecure
+  MessageTransport victim(config(Role::kWorker, 1, ""));  // no secret, not insecure
   victim.start();
   try {
     victim.connect(other.there(), fake_public->port(), 2000ms);
@@ -164,7 +164,7 @@ TEST(PeerClaims, ANodeWithoutASecretRefusesAFakePeerOnAnotherHost) {
   // With PUSHPULL_ALLOW_INSECURE=1 the user accepts that risk: it connects.
   TransportConfig c = config(Role::kWorker, 2, "");
   c.net.allow_insecure = true;
-  Transport trusting(c);
+  MessageTransport trusting(c);
   trusting.start();
   EXPECT_NO_THROW(trusting.connect(other.there(), fake_public->port(), 2000ms));
   trusting.stop();
@@ -212,7 +212,7 @@ TEST(PeerClaims, PendingConnectionsFromAnotherHostAreCappedPerAddress) {
   if (std::system("command -v ip >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs iproute2 (ip)";
   OtherHost other;
   if (!other.ok()) GTEST_SKIP() << "cannot make a network namespace here";
-  Transport node(config(Role::kServer, 0, "s3cret"));
+  MessageTransport node(config(Role::kServer, 0, "s3cret"));
   const int port = node.listen(other.here(), 0);
   node.start();
   std::vector<Fd> flood;
@@ -235,7 +235,7 @@ TEST(PeerClaims, PendingConnectionsFromAnotherHostAreCappedPerAddress) {
     flood.clear();
   });
   other.inside([&] {
-    Transport member(config(Role::kWorker, 0, "s3cret"));
+    MessageTransport member(config(Role::kWorker, 0, "s3cret"));
     member.start();
     EXPECT_NO_THROW(member.connect(other.here(), port, 5000ms));
     member.stop();

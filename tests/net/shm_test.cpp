@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The same-host shared-memory path of the Transport (net/shm_setup.h):
+// The same-host shared-memory path of the MessageTransport (net/shm_setup.h):
 // payloads of every size through small rings, in order with TCP-only
 // messages, both directions at once; a peer that dies mid-payload; peers
 // that lie in the setup or the frames; the opt-out.
@@ -87,7 +87,7 @@ TEST(ShmTransport, PayloadsOfEverySizeArriveInOrderThroughTheRing) {
   TransportConfig ca = shm_config(Role::kServer, 0), cb = shm_config(Role::kWorker, 1);
   ca.shm_dir = cb.shm_dir = dir.path;
   Sink a(ca);
-  Transport b(cb);
+  MessageTransport b(cb);
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   const int64_t shm0 = shm_bytes(), tcp0 = tcp_bytes();
@@ -135,7 +135,7 @@ TEST(ShmTransport, PayloadsOfEverySizeArriveInOrderThroughTheRing) {
 
 TEST(ShmTransport, PostedReceiveAndBothDirectionsAtOnce) {
   Sink a(shm_config(Role::kServer, 0));
-  Transport b(shm_config(Role::kWorker, 1));
+  MessageTransport b(shm_config(Role::kWorker, 1));
   b.set_handler(kData, kData, [](Message&&) {});
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
@@ -185,7 +185,7 @@ TEST(ShmTransport, PostedReceiveAndBothDirectionsAtOnce) {
 TEST(ShmTransport, OptOutOnEitherSideKeepsEverythingOnTcp) {
   for (bool server_on : {false, true}) {
     Sink a(shm_config(Role::kServer, 0, server_on));
-    Transport b(shm_config(Role::kWorker, 1, !server_on));
+    MessageTransport b(shm_config(Role::kWorker, 1, !server_on));
     b.start();
     ConnId c = b.connect("127.0.0.1", a.t.port());
     const int64_t shm0 = shm_bytes(), tcp0 = tcp_bytes();
@@ -284,7 +284,7 @@ TEST(ShmTransport, APeerThatDiesMidPayloadClosesOnlyItsConnection) {
   ASSERT_TRUE(wait_until([&] { return a.ncloses() == 1; }));
   EXPECT_EQ(a.count(), 0u);
   // The node goes on serving others.
-  Transport b(shm_config(Role::kWorker, 2));
+  MessageTransport b(shm_config(Role::kWorker, 2));
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   ASSERT_TRUE(b.send_copy(c, Header{.type = kData}, data.data(), data.size()).is_ok());
@@ -293,7 +293,7 @@ TEST(ShmTransport, APeerThatDiesMidPayloadClosesOnlyItsConnection) {
 
 TEST(ShmTransport, ASenderThatStopsMidPayloadFailsTheReceiveWithoutHanging) {
   Sink a(shm_config(Role::kServer, 0));
-  auto b = std::make_unique<Transport>(shm_config(Role::kWorker, 1));
+  auto b = std::make_unique<MessageTransport>(shm_config(Role::kWorker, 1));
   b->start();
   ConnId c = b->connect("127.0.0.1", a.t.port());
   ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Transport over loopback: hello, send/receive, posted receives, priority,
+// MessageTransport over loopback: hello, send/receive, posted receives, priority,
 // refusals, limits and garbage from raw sockets.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -38,7 +38,7 @@ using test::kReply;
 // The automatic socket buffer (NetOptions::socket_buffer_bytes = -1): 256 KiB
 // split among a node's tensor peers, 32..128 KiB each; tune_socket applies
 // it, and a negative value outside a Node means the 128 KiB default.
-TEST(Transport, AutomaticSocketBuffersSplitANodesBudgetAmongItsPeers) {
+TEST(MessageTransport, AutomaticSocketBuffersSplitANodesBudgetAmongItsPeers) {
   EXPECT_EQ(auto_socket_buffer_bytes(0), 128 << 10);
   EXPECT_EQ(auto_socket_buffer_bytes(1), 128 << 10);
   EXPECT_EQ(auto_socket_buffer_bytes(2), 128 << 10);
@@ -62,7 +62,7 @@ TEST(Transport, AutomaticSocketBuffersSplitANodesBudgetAmongItsPeers) {
 // least 1 s) and bounds unacknowledged data with TCP_USER_TIMEOUT; zero
 // leaves the kernel's defaults (chaos.link_cut's pair scenario cuts a real
 // link under it).
-TEST(Transport, ADeadLinkTimeoutSetsKeepaliveAndTheUserTimeout) {
+TEST(MessageTransport, ADeadLinkTimeoutSetsKeepaliveAndTheUserTimeout) {
   auto opt = [](int fd, int level, int name) {
     int got = -1;
     socklen_t len = sizeof got;
@@ -85,9 +85,9 @@ TEST(Transport, ADeadLinkTimeoutSetsKeepaliveAndTheUserTimeout) {
   EXPECT_EQ(opt(off.get(), IPPROTO_TCP, TCP_USER_TIMEOUT), 0);
 }
 
-TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
+TEST(MessageTransport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
   Sink a(config(Role::kServer, 0));
-  Transport b(config(Role::kWorker, 3));
+  MessageTransport b(config(Role::kWorker, 3));
   b.set_advertised_address("127.0.0.1", 4242);
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
@@ -113,14 +113,14 @@ TEST(Transport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
   }
 }
 
-TEST(Transport, ZeroCopySendIntoPostedReceiveAndReply) {
+TEST(MessageTransport, ZeroCopySendIntoPostedReceiveAndReply) {
   Sink a(config(Role::kServer, 0));
   a.t.set_handler(kReply, kReply, [&](Message&& m) {
     // Echo the request id back, from the I/O thread.
     uint64_t v = m.header.request_id * 2;
     a.t.send_copy(m.conn, Header{.type = kReply, .request_id = m.header.request_id}, &v, sizeof v);
   });
-  Transport b(config(Role::kWorker, 0));
+  MessageTransport b(config(Role::kWorker, 0));
   b.set_handler(kReply, kReply, [](Message&&) { ADD_FAILURE() << "reply should be posted"; });
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
@@ -161,9 +161,9 @@ TEST(Transport, ZeroCopySendIntoPostedReceiveAndReply) {
   EXPECT_EQ(reply, 42u);
 }
 
-TEST(Transport, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
+TEST(MessageTransport, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
   Sink a(config(Role::kServer, 0));
-  Transport b(config(Role::kWorker, 0));
+  MessageTransport b(config(Role::kWorker, 0));
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
@@ -190,12 +190,12 @@ TEST(Transport, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
   EXPECT_TRUE(wait_until([&] { return a.ncloses() == 1; }));
 }
 
-TEST(Transport, HigherPriorityGoesFirstAmongWaitingSends) {
+TEST(MessageTransport, HigherPriorityGoesFirstAmongWaitingSends) {
   Sink a(config(Role::kServer, 0));
   std::promise<void> release;
   auto released = release.get_future().share();
   a.t.set_handler(kBlock, kBlock, [&](Message&&) { released.wait_for(20s); });
-  Transport b(config(Role::kWorker, 0));
+  MessageTransport b(config(Role::kWorker, 0));
   b.start();
   ConnId c = b.connect("127.0.0.1", a.t.port());
   std::vector<char> big(64 << 20, 'x');
@@ -213,10 +213,10 @@ TEST(Transport, HigherPriorityGoesFirstAmongWaitingSends) {
   EXPECT_EQ(order, (std::vector<uint64_t>{0, 4, 1, 2, 3}));
 }
 
-TEST(Transport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
+TEST(MessageTransport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
   Sink a(config(Role::kScheduler, 0, "right"));
   {
-    Transport b(config(Role::kWorker, -1, "wrong"));
+    MessageTransport b(config(Role::kWorker, -1, "wrong"));
     b.start();
     auto t0 = std::chrono::steady_clock::now();
     try {
@@ -228,7 +228,7 @@ TEST(Transport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // no retry loop
   }
   {
-    Transport b(config(Role::kWorker, -1, "right", "other-job"));
+    MessageTransport b(config(Role::kWorker, -1, "right", "other-job"));
     b.start();
     try {
       b.connect("127.0.0.1", a.t.port());
@@ -240,7 +240,7 @@ TEST(Transport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
   {
     auto cfg = config(Role::kWorker, -1, "right");
     cfg.protocol_version = kProtocolVersion + 1;
-    Transport b(cfg);
+    MessageTransport b(cfg);
     b.start();
     try {
       b.connect("127.0.0.1", a.t.port());
@@ -250,15 +250,15 @@ TEST(Transport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
     }
   }
   EXPECT_EQ(a.npeers(), 0u);
-  Transport ok(config(Role::kWorker, -1, "right"));
+  MessageTransport ok(config(Role::kWorker, -1, "right"));
   ok.start();
   ConnId c = ok.connect("127.0.0.1", a.t.port());
   ok.send_copy(c, Header{.type = kData}, "a", 1);
   EXPECT_TRUE(wait_until([&] { return a.count() == 1; }));
 }
 
-TEST(Transport, ConnectTimesOutNamingTheAddress) {
-  Transport b(config(Role::kWorker, 0));
+TEST(MessageTransport, ConnectTimesOutNamingTheAddress) {
+  MessageTransport b(config(Role::kWorker, 0));
   b.start();
   int port = test::free_port();
   auto t0 = std::chrono::steady_clock::now();
@@ -273,21 +273,21 @@ TEST(Transport, ConnectTimesOutNamingTheAddress) {
   EXPECT_LT(took, 3s);
 }
 
-TEST(Transport, ConnectRetriesUntilTheListenerAppears) {
+TEST(MessageTransport, ConnectRetriesUntilTheListenerAppears) {
   int port = test::free_port();
-  Transport b(config(Role::kWorker, 0));
+  MessageTransport b(config(Role::kWorker, 0));
   b.start();
   auto fut = std::async(std::launch::async, [&] { return b.connect("127.0.0.1", port, 5s); });
   std::this_thread::sleep_for(300ms);
-  Transport a(config(Role::kServer, 0));
+  MessageTransport a(config(Role::kServer, 0));
   a.listen("127.0.0.1", port);
   a.start();
   EXPECT_GT(fut.get(), 0u);
 }
 
-TEST(Transport, Ipv6Loopback) {
+TEST(MessageTransport, Ipv6Loopback) {
   auto cfg = config(Role::kServer, 0);
-  Transport a(cfg);
+  MessageTransport a(cfg);
   try {
     a.listen("::1", 0);
   } catch (const Error&) {
@@ -296,16 +296,16 @@ TEST(Transport, Ipv6Loopback) {
   std::atomic<int> got{0};
   a.set_handler(kData, kData, [&](Message&&) { ++got; });
   a.start();
-  Transport b(config(Role::kWorker, 0));
+  MessageTransport b(config(Role::kWorker, 0));
   b.start();
   ConnId c = b.connect("::1", a.port());
   b.send_copy(c, Header{.type = kData}, "v6", 2);
   EXPECT_TRUE(wait_until([&] { return got == 1; }));
 }
 
-TEST(Transport, GarbageClosesOnlyThatConnection) {
+TEST(MessageTransport, GarbageClosesOnlyThatConnection) {
   Sink a(config(Role::kServer, 0));
-  Transport good(config(Role::kWorker, 0));
+  MessageTransport good(config(Role::kWorker, 0));
   good.start();
   ConnId gc = good.connect("127.0.0.1", a.t.port());
   auto check_alive = [&](size_t expect) {
@@ -351,9 +351,9 @@ TEST(Transport, GarbageClosesOnlyThatConnection) {
   EXPECT_EQ(a.closes[1].code(), ErrorCode::kProtocolError);
 }
 
-TEST(Transport, PendingOperationsFailWhenThePeerGoesAway) {
+TEST(MessageTransport, PendingOperationsFailWhenThePeerGoesAway) {
   auto a = std::make_unique<Sink>(config(Role::kServer, 0));
-  Transport b(config(Role::kWorker, 0));
+  MessageTransport b(config(Role::kWorker, 0));
   std::promise<Status> closed;
   b.set_close_handler([&](ConnId, const PeerInfo& p, const Status& s) {
     EXPECT_EQ(p.role, Role::kServer);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// net::Transport with PUSHPULL_TLS (net/tls.h): messages of every size both
+// net::MessageTransport with PUSHPULL_TLS (net/tls.h): messages of every size both
 // ways at once (handlers and posted receives, with and without shared
 // memory), and clear refusals between a TLS node and a plain one or one
 // with another secret, the acceptor going on serving.
@@ -37,7 +37,7 @@ TEST_P(TransportTls, MessagesOfEverySizeArriveInOrderBothWays) {
   auto ca = tls_config(Role::kServer, 0), cb = tls_config(Role::kWorker, 0);
   ca.shared_memory = cb.shared_memory = GetParam();
   Sink a(ca);
-  Transport b(cb);
+  MessageTransport b(cb);
   std::mutex mu;
   std::vector<Message> at_b;
   b.set_handler(kData, kData, [&](Message&& m) {
@@ -106,7 +106,7 @@ INSTANTIATE_TEST_SUITE_P(SharedMemory, TransportTls, ::testing::Bool(),
 TEST(TransportTlsRefusals, PlainAndTlsNodesRefuseEachOtherAndTheAcceptorGoesOn) {
   // A TLS node dialing a plain one: the TLS handshake meets a challenge.
   Sink plain(config(Role::kServer, 0, "s3cret"));
-  Transport tls_client(tls_config(Role::kWorker, 0));
+  MessageTransport tls_client(tls_config(Role::kWorker, 0));
   tls_client.start();
   try {
     tls_client.connect("127.0.0.1", plain.t.port(), 3s);
@@ -116,11 +116,11 @@ TEST(TransportTlsRefusals, PlainAndTlsNodesRefuseEachOtherAndTheAcceptorGoesOn) 
   }
   // A plain node dialing a TLS one: no challenge ever comes in clear.
   Sink tls_server(tls_config(Role::kServer, 0));
-  Transport plain_client(config(Role::kWorker, 1, "s3cret"));
+  MessageTransport plain_client(config(Role::kWorker, 1, "s3cret"));
   plain_client.start();
   EXPECT_ANY_THROW(plain_client.connect("127.0.0.1", tls_server.t.port(), 2s));
   // Another secret: refused by TLS itself.
-  Transport other(tls_config(Role::kWorker, 2, "another"));
+  MessageTransport other(tls_config(Role::kWorker, 2, "another"));
   other.start();
   try {
     other.connect("127.0.0.1", tls_server.t.port(), 3s);
@@ -131,7 +131,7 @@ TEST(TransportTlsRefusals, PlainAndTlsNodesRefuseEachOtherAndTheAcceptorGoesOn) 
   // None of it reached the upper layers; a member still gets in.
   EXPECT_EQ(tls_server.npeers(), 0u);
   EXPECT_EQ(plain.npeers(), 0u);
-  Transport member(tls_config(Role::kWorker, 3));
+  MessageTransport member(tls_config(Role::kWorker, 3));
   member.start();
   ConnId c = member.connect("127.0.0.1", tls_server.t.port(), 3s);
   const char hi[] = "hi";
