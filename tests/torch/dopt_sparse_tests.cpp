@@ -113,19 +113,22 @@ torch::Tensor reference(const std::string& optimizer, int workers, const std::ve
   return flat(net);
 }
 
-// kSteps steps of the DistributedOptimizer on this rank's shard; throws when
-// the embedding's gradient after synchronize() is not sparse.
+// kSteps steps of the DistributedOptimizer on this rank's shard (each step's
+// batch backward_passes_per_step times); throws when the embedding's gradient
+// after synchronize() is not sparse.
 torch::Tensor train(Communicator& comm, const std::string& optimizer, int workers,
                     DistributedOptimizerOptions options) {
   auto net = make_net();
   auto inner = make_optimizer(optimizer, net);
+  const int opt_passes = options.backward_passes_per_step;
   DistributedOptimizer opt(*inner, named(net->named_parameters()), comm, std::move(options));
   const Data data = make_data(workers);
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
-    loss_of(net, data.x[s].narrow(0, comm.rank() * kShard, kShard),
-            data.y[s].narrow(0, comm.rank() * kShard, kShard))
-        .backward();
+    for (int k = 0; k < opt_passes; ++k)
+      loss_of(net, data.x[s].narrow(0, comm.rank() * kShard, kShard),
+              data.y[s].narrow(0, comm.rank() * kShard, kShard))
+          .backward();
     opt.synchronize();
     if (!net->emb->weight.grad().is_sparse())
       throw pushpull::InvalidArgument("the embedding's gradient after synchronize() is dense");
@@ -261,6 +264,21 @@ TEST(SparseWorldOfOne, BothPathsMatchThePlainOptimizer) {
       const auto got = train(session.communicator(), optimizer, 1, {.sparse_as_dense = as_dense});
       expect_close(got, want, std::string(optimizer) + (as_dense ? " sparse_as_dense" : ""));
     }
+  }
+}
+
+// Two backward passes of the same batch per step, averaged: the accumulated
+// sparse gradient (the passes' concatenation) is divided by 2, so the steps
+// are the plain optimizer's on one pass (Adagrad's step depends on the scale).
+TEST(SparseWorldOfOne, AccumulatedPassesAreAveraged) {
+  Session session{pushpull::Options{}};
+  const auto want = reference("adagrad", 1, {0});
+  for (bool as_dense : {false, true}) {
+    const auto got = train(session.communicator(), "adagrad", 1,
+                           {.backward_passes_per_step = 2,
+                            .average_aggregated_gradients = true,
+                            .sparse_as_dense = as_dense});
+    expect_close(got, want, as_dense ? "sparse_as_dense" : "allgather");
   }
 }
 
