@@ -48,14 +48,11 @@ struct DistributedOptimizer::Impl {
   struct Param {
     at::Tensor tensor;
     at::Tensor reduced;  // the view the reducer writes: .grad, or a contiguous copy of it
-    // A sparse gradient: its allgathers in flight (the reducer does not see
-    // them), or, with sparse_as_dense, `reduced` is its dense copy and
-    // synchronize() hands the optimizer a sparse gradient back.
+    // A sparse gradient's allgathers (the reducer does not see them); with
+    // sparse_as_dense, `reduced` is its dense copy (densified), handed back sparse.
     detail::SparseGather gather;
     bool densified = false;
-    // The sparse_dim of the last sparse gradient (-1: never sparse), so that
-    // an unused parameter contributes an empty sparse gradient, as the others do.
-    int64_t sparse_dim = -1;
+    int64_t sparse_dim = -1;  // the last sparse gradient's (an unused one's zeros: sparse too)
     // Hooks.
     std::shared_ptr<autograd::Node> accumulator;
     uintptr_t post_id = 0;
@@ -81,8 +78,7 @@ struct DistributedOptimizer::Impl {
   // The policy (frontend/gradient_reducer.h); here only tensors and hooks.
   std::unique_ptr<frontend::GradientReducer> reducer;
   const bool sparse_as_dense;
-  // Sparse allgathers that outlived a failed synchronize(): waited for by the
-  // destructor, since they read tensors held here.
+  // Sparse allgathers still reading after a failed synchronize() (the destructor waits).
   std::vector<detail::SparseGather> lingering;
   mutable std::mutex mu;  // params' reduced tensors, synced, steps
   bool synced = false;    // synchronize() ran since the last step()
