@@ -45,6 +45,16 @@ target_compile_definitions(torch_dopt_codes_test PRIVATE
 add_dependencies(torch_dopt_codes_test pushpull_cli)
 gtest_discover_tests(torch_dopt_codes_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
 
+# DistributedOptimizer with sparse gradients (allgathered, or sparse_as_dense);
+# the launched cases run `pushpull launch -s 0` with this binary as the workers.
+add_executable(torch_dopt_sparse_test ${CMAKE_CURRENT_LIST_DIR}/dopt_sparse_tests.cpp)
+target_link_libraries(torch_dopt_sparse_test PRIVATE pushpull_torch pushpull_test_support
+  GTest::gtest CLI11::CLI11)
+target_compile_definitions(torch_dopt_sparse_test PRIVATE
+  PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+add_dependencies(torch_dopt_sparse_test pushpull_cli)
+gtest_discover_tests(torch_dopt_sparse_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)
+
 # pushpull::torch::elastic in one process (TorchState, run re-forming the
 # default session); whole elastic jobs: python/tests/test_elastic.py.
 add_executable(torch_elastic_test ${CMAKE_CURRENT_LIST_DIR}/elastic_tests.cpp)

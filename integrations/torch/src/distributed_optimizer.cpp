@@ -15,6 +15,7 @@
 #include "pushpull/error.h"
 #include "pushpull/frontend/gradient_reducer.h"
 #include "pushpull/log.h"
+#include "sparse_gradients.h"
 #include "tensor_collectives.h"
 
 namespace pushpull::torch {
@@ -47,6 +48,11 @@ struct DistributedOptimizer::Impl {
   struct Param {
     at::Tensor tensor;
     at::Tensor reduced;  // the view the reducer writes: .grad, or a contiguous copy of it
+    // A sparse gradient's allgathers (the reducer does not see them); with
+    // sparse_as_dense, `reduced` is its dense copy (densified), handed back sparse.
+    detail::SparseGather gather;
+    bool densified = false;
+    int64_t sparse_dim = -1;  // the last sparse gradient's (an unused one's zeros: sparse too)
     // Hooks.
     std::shared_ptr<autograd::Node> accumulator;
     uintptr_t post_id = 0;
@@ -61,6 +67,8 @@ struct DistributedOptimizer::Impl {
                                                   const std::vector<std::string>& names);
   void install_hooks();
   void submit(const std::vector<size_t>& ready);
+  void submit_sparse(size_t i, const at::Tensor& g);
+  void finish_sparse(std::exception_ptr& error);
   void synchronize(bool submit_missing);
 
   ::torch::optim::Optimizer& opt;
@@ -69,6 +77,9 @@ struct DistributedOptimizer::Impl {
   std::vector<std::string> names;
   // The policy (frontend/gradient_reducer.h); here only tensors and hooks.
   std::unique_ptr<frontend::GradientReducer> reducer;
+  const bool sparse_as_dense;
+  // Sparse allgathers still reading after a failed synchronize() (the destructor waits).
+  std::vector<detail::SparseGather> lingering;
   mutable std::mutex mu;  // params' reduced tensors, synced, steps
   bool synced = false;    // synchronize() ran since the last step()
   int64_t steps = 0;
@@ -76,7 +87,7 @@ struct DistributedOptimizer::Impl {
 
 DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const NamedTensors& named,
                                  Communicator& c, const DistributedOptimizerOptions& opts)
-    : opt(optimizer), comm(c) {
+    : opt(optimizer), comm(c), sparse_as_dense(opts.sparse_as_dense) {
   std::unordered_map<const void*, std::string> name_of;
   for (const auto& [name, t] : named)
     if (t.defined()) name_of.emplace(t.unsafeGetTensorImpl(), name);
@@ -156,7 +167,10 @@ DistributedOptimizer::Impl::~Impl() {
   for (auto& p : params) {
     if (p.accumulator) p.accumulator->del_post_hook(p.post_id);
     if (p.has_pre) p.tensor.remove_hook(p.pre_id);
+    if (p.gather.started()) detail::wait_sparse_gather(comm, p.gather);
   }
+  for (const auto& g : lingering)
+    detail::wait_sparse_gather(comm, g);
   reducer.reset();  // waits for reductions still writing into the tensors below
 }
 
@@ -194,9 +208,15 @@ void DistributedOptimizer::Impl::submit(const std::vector<size_t>& ready) {
       if (!p.tensor.grad().defined()) {
         // Unused on this rank (maybe used on another): contribute zeros, so every
         // rank submits every name and nobody stalls (Horovod does the same).
-        p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+        p.tensor.mutable_grad() = p.sparse_dim > 0
+                                      ? detail::empty_sparse_like(p.tensor, p.sparse_dim)
+                                      : at::zeros_like(p.tensor);
       }
       const at::Tensor& g = p.tensor.grad();
+      if (g.is_sparse()) {
+        submit_sparse(ready[k], g);
+        continue;
+      }
       if (auto problem = grad_problem(g, p.tensor); !problem.empty()) {
         throw InvalidArgument("DistributedOptimizer: the gradient of '" + names[ready[k]] + "', " +
                               describe(g) + ", " + problem);
@@ -205,10 +225,57 @@ void DistributedOptimizer::Impl::submit(const std::vector<size_t>& ready) {
       reducer->submit(ready[k], view_of(p.reduced));
     } catch (...) {
       p.reduced = at::Tensor();
+      p.densified = false;
       for (size_t j = k; j < ready.size(); ++j)
         reducer->hand_back(ready[j]);
       throw;
     }
+  }
+}
+
+// Under mu (from submit): a sparse gradient's densified reduction or allgathers.
+void DistributedOptimizer::Impl::submit_sparse(size_t i, const at::Tensor& g) {
+  Param& p = params[i];
+  if (auto problem = detail::sparse_grad_problem(g, p.tensor); !problem.empty()) {
+    throw InvalidArgument("DistributedOptimizer: the sparse gradient of '" + names[i] + "', " +
+                          describe(g) + ", " + problem);
+  }
+  p.sparse_dim = g.sparse_dim();
+  if (sparse_as_dense) {
+    p.reduced = g.to_dense();
+    p.densified = true;
+    reducer->submit(i, view_of(p.reduced));
+    return;
+  }
+  // op is kAverage or kSum: the reducer refused the others at construction.
+  p.gather =
+      detail::start_sparse_gather(comm, reducer->op_name(i), g, reducer->options().process_set);
+}
+
+// The sparse allgathers: waited for without the lock (hooks may run), then
+// their sums become the gradients (on no earlier error), and the reducer
+// releases the parameters. `error` keeps the first error.
+void DistributedOptimizer::Impl::finish_sparse(std::exception_ptr& error) {
+  std::vector<std::pair<size_t, detail::SparseGather>> gathers;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].gather.started()) continue;
+      gathers.emplace_back(i, std::move(params[i].gather));
+      params[i].gather = {};
+    }
+  }
+  if (gathers.empty()) return;
+  const double scale = detail::sparse_scale(reducer->options(), reducer->members());
+  std::vector<at::Tensor> sums(gathers.size());
+  for (size_t k = 0; k < gathers.size(); ++k)
+    sums[k] = detail::finish_sparse_gather(comm, gathers[k].second, scale, error);
+  std::lock_guard<std::mutex> lock(mu);
+  for (size_t k = 0; k < gathers.size(); ++k) {
+    auto& [i, g] = gathers[k];
+    if (!error) params[i].tensor.mutable_grad() = sums[k];
+    if (detail::in_flight(comm, g)) lingering.push_back(std::move(g));  // after a Timeout
+    reducer->finish_external(i);
   }
 }
 
@@ -232,8 +299,10 @@ void DistributedOptimizer::Impl::synchronize(bool submit_missing) {
       std::lock_guard<std::mutex> lock(mu);
       for (size_t i = 0; i < params.size(); ++i) {
         const at::Tensor& g = params[i].tensor.grad();
-        if (params[i].reduced.defined() || !g.defined()) continue;
-        if (auto problem = grad_problem(g, params[i].tensor); !problem.empty()) {
+        if (params[i].reduced.defined() || params[i].gather.started() || !g.defined()) continue;
+        if (auto problem = g.is_sparse() ? detail::sparse_grad_problem(g, params[i].tensor)
+                                         : grad_problem(g, params[i].tensor);
+            !problem.empty()) {
           throw InvalidArgument("DistributedOptimizer: the gradient of '" + names[i] + "', " +
                                 describe(g) + ", " + problem);
         }
@@ -247,13 +316,19 @@ void DistributedOptimizer::Impl::synchronize(bool submit_missing) {
   } catch (...) {
     error = std::current_exception();
   }
+  finish_sparse(error);
   std::lock_guard<std::mutex> lock(mu);
   for (auto& p : params) {
-    if (!error && p.reduced.defined() && p.reduced.data_ptr() != p.tensor.grad().data_ptr()) {
+    if (!error && p.densified) {
+      // As Horovod's sparse_as_dense: the optimizer gets a sparse gradient back.
+      p.tensor.mutable_grad() = p.reduced.to_sparse(p.sparse_dim);
+    } else if (!error && p.reduced.defined() &&
+               p.reduced.data_ptr() != p.tensor.grad().data_ptr()) {
       at::NoGradGuard no_grad;
       p.tensor.mutable_grad().copy_(p.reduced);
     }
     p.reduced = at::Tensor();
+    p.densified = false;
   }
   synced = submit_missing || synced;
   if (error) std::rethrow_exception(error);

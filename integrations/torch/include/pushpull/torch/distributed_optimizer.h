@@ -60,6 +60,22 @@
 // - kAverage divides the sum by the ranks of the set, so a rank that joined
 //   counts as zeros (as Horovod's).
 // - groups / num_groups (Horovod's): a group's allreduces start together.
+// - Sparse COO gradients (nn::Embedding with sparse(true)), as Horovod's:
+//   by default every rank's indices (transposed, nnz x sparse_dim) and values
+//   are allgathered, as `<name_prefix><name>.indices` / `.values`, among the
+//   process set's members when there is one, and the gradient becomes their
+//   coalesced sum (times 1 / members for kAverage, and 1 /
+//   backward_passes_per_step with average_aggregated_gradients); op must be
+//   kAverage or kSum, and compression and gradient_predivide_factor do not
+//   apply (the values travel as they are). With sparse_as_dense the gradient
+//   is densified and reduced as a dense one (compression applies), and the
+//   wrapped optimizer gets a sparse gradient back (to_sparse with the same
+//   sparse_dim), so a sparse-capable optimizer (torch::optim::Adagrad) keeps
+//   working. Whether a gradient is sparse is seen when it arrives, so a
+//   parameter's gradient must be sparse on every rank or on none; one a rank
+//   did not use contributes an empty sparse gradient once it had a sparse one
+//   on this rank (before that, dense zeros: use it on every rank in the first
+//   step, or pass sparse_as_dense).
 // The policy (names, readiness, groups, scaling, compression) is the one
 // pushpull.torch's Python DistributedOptimizer uses too:
 // pushpull/frontend/gradient_reducer.h; this class adds tensors and hooks.
@@ -67,7 +83,8 @@
 // Errors: InvalidArgument (naming the parameter and what to do) for a
 // parameter of the optimizer missing from `named_parameters`, duplicate names,
 // a tensor that is not on the CPU, not contiguous or of a dtype the
-// collectives do not reduce (float32/64, float16, bfloat16),
+// collectives do not reduce (float32/64, float16, bfloat16), an op other
+// than kAverage or kSum,
 // backward_passes_per_step < 1, a process set with a rank out of range or
 // twice, a gradient_predivide_factor <= 0 or with kSum, and a backward pass beyond
 // backward_passes_per_step before step() (raised from the tensor hook, before
@@ -133,6 +150,9 @@ struct DistributedOptimizerOptions {
   // reduced parameters in the optimizer's order into that many.
   std::vector<std::vector<std::string>> groups = {};
   int num_groups = 0;
+  // Sparse gradients are densified for a dense allreduce (and handed back
+  // sparse) instead of being allgathered.
+  bool sparse_as_dense = false;
 };
 
 class DistributedOptimizer {
