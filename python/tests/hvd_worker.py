@@ -493,7 +493,7 @@ def case_optimizer(n, r):
     # Introspection and Horovod's names.
     facts = (hvd.mpi_built(), hvd.mpi_enabled(), hvd.gloo_built(), hvd.gloo_enabled(),
              hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.cuda_built(),
-             hvd.rocm_built(), hvd.mpi_threads_supported())
+             hvd.rocm_built(), hvd.mpi_threads_supported(), hvd.sycl_built())
     if any(facts):
         raise AssertionError('build facts: %r' % (facts,))
     if not issubclass(hvd.HorovodInternalError, pushpull.Error) or not issubclass(
