@@ -245,6 +245,30 @@ def case_hvd028(n, r, hvd):
     hvd.remove_process_set(odds)
     hvd.remove_process_set(evens)
 
+    # A handle dropped without synchronize holds its name DROP_HOLD seconds
+    # after the drop even when its op completed first (before, the rank whose
+    # op completed between its submission and the drop could submit the name
+    # again: Horovod's duplicate-name tests failed on it now and then); a
+    # synchronized handle frees its name at once.
+    from pushpull.torch import ops as hvd_ops
+    x = torch.full((3,), float(r + 1))
+    h = hvd.allreduce_async(x, name='held', op=hvd.Sum)
+    t0 = time.time()
+    while not hvd.poll(h):
+        if time.time() - t0 > 30:
+            raise AssertionError('the held allreduce never completed')
+        time.sleep(0.001)
+    del h
+    expect_error(lambda: hvd.allreduce_async(x, name='held', op=hvd.Sum), ValueError,
+                 "'held'", 'dropped without synchronize')
+    time.sleep(hvd_ops.DROP_HOLD + 0.1)
+    total = torch.full((3,), n * (n + 1) / 2)
+    check(hvd.allreduce(x, name='held', op=hvd.Sum), total, 'the held name, after the hold')
+    h = hvd.allreduce_async(x, name='freed', op=hvd.Sum)
+    hvd.synchronize(h)
+    del h
+    check(hvd.allreduce(x, name='freed', op=hvd.Sum), total, 'a synchronized name, reused')
+
     # A barrier while other collectives are in flight; they complete.
     handles = [hvd.broadcast_async(torch.eye(3) * r, root_rank=0),
                hvd.allgather_async(torch.full((1, 2), float(r))),
