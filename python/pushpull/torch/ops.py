@@ -176,10 +176,10 @@ def _raw(tensor):
 def _scale_(tensor, factor, divisor=1):
     """tensor *= factor / divisor in place; integers are scaled in float64 and
     cast back (truncating), 16-bit floats in float32, as Horovod does. The
-    divisor (an Average's set size) divides; an integer is divided rounding
-    down, as torch's floor_divide (since 1.13) and Python's // do, which is
-    what Horovod's own suite checks an integer average against (-75 / 2 is
-    -38; 9 / 3 is exactly 3, where 9 * (1 / 3) would truncate to 2)."""
+    divisor (an Average's set size) divides; an integer is divided truncating
+    toward zero, as Horovod's C++ casts sum * (1 / n) back and its 0.28 suite
+    checks (div(..., rounding_mode='trunc'): -75 / 2 is -37), but exactly
+    (9 / 3 is 3, where 9 * (1 / 3) may truncate to 2)."""
     if factor == 1.0 and divisor == 1:
         return tensor
     if tensor.dtype == torch.bool:
@@ -193,7 +193,7 @@ def _scale_(tensor, factor, divisor=1):
     if factor != 1.0:
         tensor.copy_(tensor.to(torch.float64) * factor)
     if divisor != 1:
-        tensor.copy_(torch.div(tensor, divisor, rounding_mode='floor'))
+        tensor.copy_(torch.div(tensor, divisor, rounding_mode='trunc'))
     return tensor
 
 
