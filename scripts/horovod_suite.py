@@ -18,9 +18,17 @@ that writes each rank's outcome (and the skip reason or failure) to a file; a
 test still running after --timeout seconds (default 45) is a hang, and its job
 is stopped by its process group (the launcher's guardian then stops the ranks).
 
-Python compatibility shim (the only one): files written before Python 3.11 call
+Python compatibility shim (always on): files written before Python 3.11 call
 inspect.getargspec, removed in 3.11; the plugin restores it as
 inspect.getfullargspec (the tests read only `.args`).
+
+torch compatibility shim (opt-in, --legacy-type-is-xpu): Intel's copy of the
+0.28-era file (intel/intel-optimization-for-horovod) asks `dtype.is_xpu` of the
+legacy type classes (torch.FloatTensor, ...). torch 1.13 without Intel's
+extension gives those classes no is_xpu: the lookup finds the tensor-instance
+descriptor, which is truthy, so cast_and_place calls tensor.xpu() and raises
+NotImplementedError before any hvd call. The shim makes the classes answer
+False (no torch 1.13 type is an XPU type); tensors and pushpull are untouched.
 
 Exit status: 0 when no test failed or hung, 1 otherwise, 2 on bad arguments.
 """
@@ -87,6 +95,23 @@ import os
 
 if not hasattr(inspect, 'getargspec'):  # removed in Python 3.11
     inspect.getargspec = inspect.getfullargspec
+
+# Opt-in (--legacy-type-is-xpu): Intel's XPU copy of the file asks the legacy
+# type classes (torch.FloatTensor, ...) for .is_xpu. torch 1.13 without Intel's
+# extension has no such class attribute: the lookup falls through to the
+# tensor-instance descriptor, which is truthy, and cast_and_place sends every
+# CPU tensor to the absent XPU backend before any hvd call. The shim gives the
+# legacy type classes is_xpu = False (none of them is an XPU type in torch
+# 1.13); tensors and pushpull are untouched.
+if os.environ.get('PP_SUITE_LEGACY_IS_XPU') == '1':
+    import ctypes
+    import gc
+
+    import torch
+
+    _meta = type(torch.FloatTensor)
+    gc.get_referents(_meta.__dict__)[0]['is_xpu'] = property(lambda cls: False)
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(_meta))
 
 _result = {'outcome': None, 'reason': ''}
 
@@ -182,6 +207,7 @@ def run_one(args, dest, test, n):
     """(verdict, reason, seconds, log tail) of one test on n ranks."""
     out = Path(tempfile.mkdtemp(prefix='pp-hvd-%d-' % n, dir=dest.parent.parent))
     env = dict(os.environ, PP_SUITE_OUT=str(out), PYTHONDONTWRITEBYTECODE='1',
+               PP_SUITE_LEGACY_IS_XPU='1' if args.legacy_type_is_xpu else '0',
                PYTHONPATH=os.pathsep.join(
                    [str(dest.parent), args.pythonpath, os.environ.get('PYTHONPATH', '')]))
     cmd = [args.bin, 'launch', '-n', str(n), '-s', '0', args.python, '-m', 'pytest', '-q',
@@ -247,6 +273,9 @@ def main():
                    help='what the import line names instead of horovod.torch (default '
                         'pushpull.torch; pushpull.torch.horovod_0_21 for a file written for '
                         'Horovod <= 0.21, docs/python.md)')
+    p.add_argument('--legacy-type-is-xpu', action='store_true',
+                   help="torch 1.13 shim for Intel's XPU copy of the file: torch.FloatTensor"
+                        ' and the other legacy type classes answer is_xpu = False')
     p.add_argument('--json', default=None, help='also write the results here')
     p.add_argument('--markdown', default=None,
                    help='also write the counts and the skipped tests as a Markdown table '

@@ -41,6 +41,16 @@ def test_optimizer_sparse_groups_process_set_and_state(n):
     run_case('optimizer', n)
 
 
+@pytest.mark.parametrize('n', [2, 3])
+def test_hvd028_reducescatter_scalar_barriers_and_names(n):
+    # What Horovod 0.28's suite (Intel's copy) adds: a 0-d tensor refused by
+    # reducescatter and grouped_reducescatter on every rank (the job goes on);
+    # barrier(process_set) waits for the set's members only; a barrier with
+    # other collectives in flight; unique optimizer names without
+    # named_parameters, the same on every rank; sycl_built() is False.
+    run_case('hvd028', n)
+
+
 # ---- the worker side ----------------------------------------------------------------
 
 
@@ -186,7 +196,104 @@ def case_optimizer(n, r, hvd):
     hvd.remove_process_set(evens)
 
 
-CASES = {'names': case_names, 'optimizer': case_optimizer}
+def _wait_for(path, what, deadline=30.0):
+    import os
+    t0 = time.time()
+    while not os.path.exists(path):
+        if time.time() - t0 > deadline:
+            raise AssertionError('%s: %s never appeared' % (what, path))
+        time.sleep(0.01)
+
+
+def case_hvd028(n, r, hvd):
+    import os
+    import tempfile
+    from torch_worker import check, expect_error
+
+    # A scalar has no first dimension to scatter: refused on every rank, and
+    # the group goes on.
+    for fn in (lambda: hvd.reducescatter(torch.tensor(float(r)), op=hvd.Average),
+               lambda: hvd.grouped_reducescatter([torch.zeros(3, 1), torch.tensor(1.0)])):
+        expect_error(fn, ValueError, 'scalar')
+    check(hvd.reducescatter(torch.ones(2 * n, 2), op=hvd.Sum), torch.full((2, 2), float(n)),
+          'reducescatter after the refusals')
+
+    # barrier(process_set): rank 1 (the odd set) leaves its barrier without
+    # rank 0, which only enters the even set's barrier once rank 1 has said so
+    # (a barrier that needed rank 0 would never see that file); the even set's
+    # others leave theirs only after rank 0 entered it.
+    folder = hvd.broadcast_object(tempfile.mkdtemp(prefix='pp-hvd028-') if r == 0 else None, 0)
+    evens = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
+    odds = hvd.add_process_set([k for k in range(n) if k % 2 == 1])
+    odd_done, zero_in = os.path.join(folder, 'odd_done'), os.path.join(folder, 'zero_in')
+    if r % 2 == 1:
+        hvd.barrier(odds)
+        if r == 1:
+            open(odd_done, 'w').close()
+    else:
+        if r == 0:
+            _wait_for(odd_done, 'the odd set left its barrier without rank 0')
+            open(zero_in, 'w').close()
+        hvd.barrier(evens)
+        if not os.path.exists(zero_in):
+            raise AssertionError('left the even set barrier before rank 0 entered it')
+    hvd.barrier()
+    if r == 0:
+        for f in (odd_done, zero_in):
+            os.remove(f)
+        os.rmdir(folder)
+    hvd.remove_process_set(odds)
+    hvd.remove_process_set(evens)
+
+    # A handle dropped without synchronize holds its name DROP_HOLD seconds
+    # after the drop even when its op completed first (before, the rank whose
+    # op completed between its submission and the drop could submit the name
+    # again: Horovod's duplicate-name tests failed on it now and then); a
+    # synchronized handle frees its name at once.
+    from pushpull.torch import ops as hvd_ops
+    x = torch.full((3,), float(r + 1))
+    h = hvd.allreduce_async(x, name='held', op=hvd.Sum)
+    t0 = time.time()
+    while not hvd.poll(h):
+        if time.time() - t0 > 30:
+            raise AssertionError('the held allreduce never completed')
+        time.sleep(0.001)
+    del h
+    expect_error(lambda: hvd.allreduce_async(x, name='held', op=hvd.Sum), ValueError,
+                 "'held'", 'dropped without synchronize')
+    time.sleep(hvd_ops.DROP_HOLD + 0.1)
+    total = torch.full((3,), n * (n + 1) / 2)
+    check(hvd.allreduce(x, name='held', op=hvd.Sum), total, 'the held name, after the hold')
+    h = hvd.allreduce_async(x, name='freed', op=hvd.Sum)
+    hvd.synchronize(h)
+    del h
+    check(hvd.allreduce(x, name='freed', op=hvd.Sum), total, 'a synchronized name, reused')
+
+    # A barrier while other collectives are in flight; they complete.
+    handles = [hvd.broadcast_async(torch.eye(3) * r, root_rank=0),
+               hvd.allgather_async(torch.full((1, 2), float(r))),
+               hvd.allreduce_async(torch.eye(2) * (r + 1), op=hvd.Sum)]
+    hvd.barrier()
+    check(hvd.synchronize(handles[2]), torch.eye(2) * (n * (n + 1) / 2), 'allreduce')
+    check(hvd.synchronize(handles[1])[:, 0], torch.arange(n, dtype=torch.float32), 'allgather')
+    check(hvd.synchronize(handles[0]), torch.zeros(3, 3), 'broadcast')
+
+    # Without named_parameters, every parameter of every group gets its own
+    # name, the same on every rank.
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(
+        [{'params': net[0].parameters()}, {'params': net[1].parameters()}], lr=0.1))
+    names = opt._parameter_names
+    if len(names) != 4 or len(set(names.values())) != 4:
+        raise AssertionError('optimizer names: %r' % list(names.values()))
+    every = hvd.allgather_object(sorted(names.values()))
+    if any(got != every[0] for got in every):
+        raise AssertionError('optimizer names differ across ranks: %r' % every)
+    if hvd.sycl_built() is not False:
+        raise AssertionError('sycl_built')
+
+
+CASES = {'names': case_names, 'optimizer': case_optimizer, 'hvd028': case_hvd028}
 
 
 def main():

@@ -30,9 +30,9 @@ def run_case(case, n, timeout=120):
 
 @pytest.mark.parametrize('n', [2, 3])
 def test_average_rounding(n):
-    # Average of negative integers is floor(sum / n) (torch's floor_divide since
-    # 1.13, Python's //), also with joined ranks' zeros, in reducescatter and
-    # through the int16 path; prescale of integers still truncates toward zero;
+    # Average of negative integers is sum / n truncated toward zero (Horovod's
+    # C++, its 0.28 suite), also with joined ranks' zeros, in reducescatter and
+    # through the int16 path; prescale of integers truncates toward zero too;
     # float32 / float64 averages are the correctly rounded sum / n, joined too.
     run_case('rounding', n)
 
@@ -94,7 +94,7 @@ def case_rounding(n, r, hvd, _):
     total = sum(base + k * k for k in range(n))
     for dtype in (torch.int32, torch.int64, torch.int16):  # int16: summed in an int32 copy
         got = hvd.allreduce(mine.to(dtype), name='round.%s' % dtype, op=hvd.Average)
-        check(got, torch.div(total, n, rounding_mode='floor').to(dtype), 'average %s' % dtype)
+        check(got, torch.div(total, n, rounding_mode='trunc').to(dtype), 'average %s' % dtype)
     # Prescale of integers: scaled in float64, truncated toward zero, then summed.
     got = hvd.allreduce(mine, name='round.pre', op=hvd.Sum, prescale_factor=0.5)
     check(got, sum((((base + k * k).double() * 0.5).to(torch.int32)) for k in range(n)),
@@ -108,14 +108,14 @@ def case_rounding(n, r, hvd, _):
     # reducescatter's average: the same rounding.
     rows = torch.stack([mine] * n)
     got = hvd.reducescatter(rows, name='round.rs', op=hvd.Average)
-    check(got, torch.div(total, n, rounding_mode='floor').view(1, -1), 'reducescatter average')
+    check(got, torch.div(total, n, rounding_mode='trunc').view(1, -1), 'reducescatter average')
     # Rank 0 joined: the others average with its zeros, divided by size().
     if r == 0:
         hvd.join()
     else:
         got = hvd.allreduce(mine, name='round.join', op=hvd.Average)
         active = sum(base + k * k for k in range(1, n))
-        check(got, torch.div(active, n, rounding_mode='floor'), 'average with rank 0 joined')
+        check(got, torch.div(active, n, rounding_mode='trunc'), 'average with rank 0 joined')
         got = hvd.allreduce(xs.to(torch.float32) * r, name='round.join.f32', op=hvd.Average)
         check(got, sum(xs.to(torch.float32) * k for k in range(1, n)) / n,
               'float average with rank 0 joined')

@@ -120,7 +120,13 @@ void Coordinator::check(const std::string& name, Clock::time_point now) {
   if (it == pending_.end()) return;
   Pending& p = it->second;
   const Spec* any = first_spec(p);
-  for (int r = 0; r < size_; ++r)
+  // An allgather or broadcast fails while a member has joined (below); it
+  // fails the ranks that submitted it at once, without waiting for the other
+  // members: their submissions may never come under this name (unnamed ops
+  // are numbered per rank, and a joined rank's numbers fall behind).
+  const bool fails_now = (any->type == OpType::kBroadcast || any->type == OpType::kAllgather) &&
+                         !joined_members(p, *any).empty();
+  for (int r = 0; r < size_ && !fails_now; ++r)
     if (!p.specs[static_cast<size_t>(r)] && !joined_[static_cast<size_t>(r)] && any->includes(r))
       return;
   Item item;

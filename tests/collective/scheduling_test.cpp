@@ -103,5 +103,37 @@ TEST(Scheduling, ABroadcastDoesNotWaitTheCycle) {
   EXPECT_EQ(rs[0].tensors[0].name, "bcast");
 }
 
+TEST(Scheduling, AnAllgatherFailsAtOnceOnTheRanksThatSubmittedItWhileAMemberHasJoined) {
+  // Rank 1 joined; ranks 0 and 2 each submit an allgather under a different
+  // name (unnamed ops are numbered per rank): each fails at once, without
+  // waiting for the other's submission, which would never come. A reduction
+  // still waits for every member that has not joined.
+  ResponseCache cache;
+  Coordinator c(3, opts(), cache);
+  c.join(1, t0);
+  Spec g = allreduce("allgather.noname.3", 16);
+  g.type = OpType::kAllgather;
+  c.submit(0, g, t0);
+  auto rs = poll(c, t0 + 10ms);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].kind, Response::Kind::kError);
+  EXPECT_EQ(rs[0].code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(rs[0].tensors[0].name, "allgather.noname.3");
+  EXPECT_NE(rs[0].message.find("joined"), std::string::npos) << rs[0].message;
+  g.name = "allgather.noname.4";
+  c.submit(2, g, t0 + 10ms);
+  rs = poll(c, t0 + 20ms);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].kind, Response::Kind::kError);
+  EXPECT_EQ(rs[0].tensors[0].name, "allgather.noname.4");
+  c.submit(0, allreduce("sum", 16), t0 + 20ms);
+  EXPECT_TRUE(poll(c, t0 + 30ms).empty());  // rank 2 has not submitted it
+  c.submit(2, allreduce("sum", 16), t0 + 30ms);
+  rs = poll(c, t0 + 40ms);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].kind, Response::Kind::kExecute);
+  EXPECT_EQ(rs[0].joined, std::vector<int>{1});
+}
+
 }  // namespace
 }  // namespace pushpull::collective

@@ -141,6 +141,12 @@ def ccl_built():
     return False
 
 
+def sycl_built():
+    """Intel's Horovod fork (intel-optimization-for-horovod) asks whether
+    oneCCL runs on SYCL (XPU) devices: pushpull runs CPU tensors."""
+    return False
+
+
 def cuda_built():
     return False
 
@@ -199,6 +205,6 @@ __all__ = [
     'TwoBitCompressor', 'Trainer', 'ProcessSet',
     'add_process_set', 'remove_process_set', 'global_process_set', 'HorovodInternalError',
     'mpi_threads_supported', 'mpi_enabled', 'mpi_built', 'gloo_enabled', 'gloo_built',
-    'nccl_built', 'ddl_built', 'ccl_built', 'cuda_built', 'rocm_built', 'start_timeline',
-    'stop_timeline', 'elastic', 'SyncBatchNorm',
+    'nccl_built', 'ddl_built', 'ccl_built', 'sycl_built', 'cuda_built', 'rocm_built',
+    'start_timeline', 'stop_timeline', 'elastic', 'SyncBatchNorm',
 ]

@@ -58,31 +58,41 @@ _counters = {}
 _counters_lock = threading.Lock()
 
 
-# Ops whose handle was dropped before they completed: {engine name: (op, when)}.
+# Ops whose handle was dropped without synchronize: {engine name: (op, when)}.
 # As in Horovod, submitting a name again while its op is pending on this rank
 # is a ValueError. Horovod negotiates once per cycle (milliseconds), so an op
 # never completes between two submissions in a row; pushpull's engine can, so
 # a dropped handle keeps its name taken until the op is done and DROP_HOLD
-# seconds have passed since the drop (the handle itself is kept here, which
-# also keeps its tensors alive, until then).
+# seconds have passed since the drop (the op is kept here, which also keeps
+# its tensors alive, until then). That holds when the op completed before its
+# handle was dropped, too (op None here): otherwise whether the second
+# submission is refused would depend on how fast the others submitted theirs
+# (Horovod's suite saw that race on the rank that submits last).
 DROP_HOLD = 1.0
 _dropped = {}
 _dropped_lock = threading.Lock()
 
 
 def _forget_dropped(handle):
-    """Handle.__del__: remembers the engine ops it leaves pending."""
+    """Handle.__del__: remembers the names of the engine ops of a handle that
+    was never synchronized (auto-generated names are never submitted again)."""
+    if handle._waited:
+        return
     op = handle._op
     try:
+        now = time.monotonic()
         for one in (op.ops if isinstance(op, _Group) else [op]):
-            if not one.done():
+            pending = not one.done()
+            if pending or '.noname.' not in one.name:
                 with _dropped_lock:
-                    _dropped[one.name] = (one, time.monotonic())
+                    _dropped[one.name] = (one if pending else None, now)
     except Exception:  # noqa: BLE001 - never raise from a destructor
         pass
 
 
 def _done(op):
+    if op is None:
+        return True
     try:
         return op.done()
     except Exception:  # noqa: BLE001 - e.g. a handle of a session that was shut down
@@ -98,9 +108,9 @@ def _check_not_dropped(full):
         taken = full in _dropped
     if taken:
         raise InvalidArgument(
-            "pushpull.torch: an op named '%s' is still pending on this rank (its handle was "
-            "dropped without synchronize); a name may not be submitted again until its op is "
-            "done" % full)
+            "pushpull.torch: an op named '%s' is still pending on this rank, or its handle was "
+            "dropped without synchronize less than %g s ago; a name may not be submitted again "
+            "until then" % (full, DROP_HOLD))
 
 
 def _auto_name(kind, name, prefix=''):
@@ -166,10 +176,10 @@ def _raw(tensor):
 def _scale_(tensor, factor, divisor=1):
     """tensor *= factor / divisor in place; integers are scaled in float64 and
     cast back (truncating), 16-bit floats in float32, as Horovod does. The
-    divisor (an Average's set size) divides; an integer is divided rounding
-    down, as torch's floor_divide (since 1.13) and Python's // do, which is
-    what Horovod's own suite checks an integer average against (-75 / 2 is
-    -38; 9 / 3 is exactly 3, where 9 * (1 / 3) would truncate to 2)."""
+    divisor (an Average's set size) divides; an integer is divided truncating
+    toward zero, as Horovod's C++ casts sum * (1 / n) back and its 0.28 suite
+    checks (div(..., rounding_mode='trunc'): -75 / 2 is -37), but exactly
+    (9 / 3 is 3, where 9 * (1 / 3) may truncate to 2)."""
     if factor == 1.0 and divisor == 1:
         return tensor
     if tensor.dtype == torch.bool:
@@ -183,7 +193,7 @@ def _scale_(tensor, factor, divisor=1):
     if factor != 1.0:
         tensor.copy_(tensor.to(torch.float64) * factor)
     if divisor != 1:
-        tensor.copy_(torch.div(tensor, divisor, rounding_mode='floor'))
+        tensor.copy_(torch.div(tensor, divisor, rounding_mode='trunc'))
     return tensor
 
 
@@ -196,12 +206,13 @@ def _scope(process_set, what):
 class Handle:
     """An operation in flight. Pass it to ``synchronize`` or ``poll``."""
 
-    __slots__ = ('_op', '_result', '_finish', '__weakref__')
+    __slots__ = ('_op', '_result', '_finish', '_waited', '__weakref__')
 
     def __init__(self, op, result, finish=None):
         self._op = op
         self._result = result
         self._finish = finish
+        self._waited = False  # synchronize was called: dropping it frees its name
 
     @property
     def name(self):
@@ -237,6 +248,7 @@ def poll(handle):
 
 def synchronize(handle, timeout=None):
     """Waits for the operation and returns its output tensor (raises its error)."""
+    handle._waited = True
     if handle._finish is not None:
         finish, handle._finish = handle._finish, None
         handle._result = finish(handle._op, timeout)
