@@ -14,12 +14,32 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace pushpull::test {
 
 // A program built into the build tree's bin/ (PUSHPULL_BIN_DIR).
 inline std::string bin(const std::string& name) {
   return std::string(PUSHPULL_BIN_DIR) + "/" + name;
+}
+
+// The command line of `pushpull launch -n <workers> -s 0` whose workers are
+// the running test binary itself, given `worker_args` (a flag its main()
+// turns into a worker, then that worker's options).
+inline std::vector<std::string> launch_self(int workers,
+                                            const std::vector<std::string>& worker_args) {
+  std::vector<std::string> argv = {bin("pushpull"),
+                                   "launch",
+                                   "-n",
+                                   std::to_string(workers),
+                                   "-s",
+                                   "0",
+                                   "--timeout",
+                                   "120",
+                                   "--",
+                                   std::filesystem::read_symlink("/proc/self/exe").string()};
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
 }
 
 // A fresh directory under the temporary directory, removed with everything

@@ -21,6 +21,7 @@
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
 #include "pushpull/torch/distributed_optimizer.h"
+#include "support/launched_job.h"
 #include "support/process.h"
 
 namespace {
@@ -298,20 +299,8 @@ int dopt_worker(int argc, char** argv) {
 
 // Runs `pushpull launch -n N -s 0` with this binary as the workers.
 void launch_workers(int n, const fs::path& dir, std::vector<std::string> worker_args) {
-  std::vector<std::string> argv = {std::string(PUSHPULL_BIN_DIR) + "/pushpull",
-                                   "launch",
-                                   "-n",
-                                   std::to_string(n),
-                                   "-s",
-                                   "0",
-                                   "--timeout",
-                                   "120",
-                                   "--",
-                                   fs::read_symlink("/proc/self/exe").string(),
-                                   "--dopt-worker",
-                                   "--out-dir",
-                                   dir.string()};
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  worker_args.insert(worker_args.begin(), {"--dopt-worker", "--out-dir", dir.string()});
+  const std::vector<std::string> argv = pushpull::test::launch_self(n, worker_args);
   pushpull::test::ChildProcess child(argv);
   auto rc = child.wait(std::chrono::seconds(180));
   ASSERT_TRUE(rc.has_value()) << "workers did not finish in 180 s:\n" << child.output();

@@ -21,6 +21,7 @@
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
 #include "pushpull/torch/distributed_optimizer.h"
+#include "support/launched_job.h"
 #include "support/process.h"
 
 namespace {
@@ -145,21 +146,8 @@ std::vector<std::vector<float>> launch_3(const std::string& type,
   const fs::path dir =
       fs::temp_directory_path() / ("pp_dopt_codes_" + std::to_string(::getpid()) + "_" + type);
   fs::create_directories(dir);
-  std::vector<std::string> argv = {std::string(PUSHPULL_BIN_DIR) + "/pushpull",
-                                   "launch",
-                                   "-n",
-                                   std::to_string(kWorkers),
-                                   "-s",
-                                   "0",
-                                   "--timeout",
-                                   "120",
-                                   "--",
-                                   fs::read_symlink("/proc/self/exe").string(),
-                                   "--codes-worker",
-                                   "--type",
-                                   type,
-                                   "--out-dir",
-                                   dir.string()};
+  std::vector<std::string> argv = pushpull::test::launch_self(
+      kWorkers, {"--codes-worker", "--type", type, "--out-dir", dir.string()});
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<std::vector<float>> out;
   {

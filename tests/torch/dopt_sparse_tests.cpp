@@ -23,6 +23,7 @@
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
 #include "pushpull/torch/distributed_optimizer.h"
+#include "support/launched_job.h"
 #include "support/process.h"
 
 namespace {
@@ -180,23 +181,9 @@ std::vector<torch::Tensor> launch(int workers, const std::string& optimizer,
                                   const std::vector<std::string>& extra) {
   const fs::path dir = fs::temp_directory_path() / ("pp_dopt_sparse_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::vector<std::string> argv = {std::string(PUSHPULL_BIN_DIR) + "/pushpull",
-                                   "launch",
-                                   "-n",
-                                   std::to_string(workers),
-                                   "-s",
-                                   "0",
-                                   "--timeout",
-                                   "120",
-                                   "--",
-                                   fs::read_symlink("/proc/self/exe").string(),
-                                   "--sparse-worker",
-                                   "--optimizer",
-                                   optimizer,
-                                   "--workers",
-                                   std::to_string(workers),
-                                   "--out-dir",
-                                   dir.string()};
+  std::vector<std::string> argv = pushpull::test::launch_self(
+      workers, {"--sparse-worker", "--optimizer", optimizer, "--workers", std::to_string(workers),
+                "--out-dir", dir.string()});
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<torch::Tensor> out;
   {
