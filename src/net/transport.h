@@ -270,7 +270,12 @@ class MessageTransport {
   bool run_guarded(Conn* c, const char* what, const std::function<void()>& f);
   void pause_listener(int error);
   void resume_listener_if_due();
+  // I/O thread: writes what the socket takes; on a send error delivers what
+  // the peer still sent (drain_before_close, at most kDrainRounds reads of
+  // the read budget), then closes.
   void flush(Conn& c);
+  void drain_before_close(Conn& c);
+  static constexpr int kDrainRounds = 16;
   void close_conn(Conn& c, const Status& why, bool notify);
   void arm_output(Conn& c);
   ConnId add_conn(std::shared_ptr<Conn> c);

@@ -2,6 +2,7 @@
 // MessageTransport: the write path (TCP batches, net control frames and payloads
 // through the connection's shared-memory ring, all through the TLS link when
 // on), called with the connection's send_mu held.
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
@@ -244,10 +245,26 @@ void MessageTransport::flush(Conn& c) {
   complete_sends(&c, completed);
   if (r == WriteState::kError && c.state != Conn::State::kClosed) {
     Status why{ErrorCode::kIoError, fmt::format("send failed: {}", std::strerror(err))};
-    if (c.state == Conn::State::kHandshake)
+    if (c.state == Conn::State::kHandshake) {
       refuse_stranger(c, why.message(), false);
-    else
-      close_conn(c, why, true);
+      return;
+    }
+    // A peer that is going away may have said why just before it closed (a
+    // verdict naming the node that failed first): deliver what it sent before
+    // this connection is closed and its peer suspected, or the closing peer
+    // is blamed for a failure it only reported.
+    drain_before_close(c);
+    close_conn(c, why, true);  // a no-op when the drain met the close first
+  }
+}
+
+void MessageTransport::drain_before_close(Conn& c) {
+  // Bounded: a peer that keeps sending cannot hold the I/O thread here.
+  for (int round = 0; round < kDrainRounds && c.state == Conn::State::kOpen; ++round) {
+    pollfd p{c.fd.get(), POLLIN, 0};
+    const bool buffered = c.tls && c.tls->input_buffered();
+    if (!buffered && (::poll(&p, 1, 0) <= 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR)))) return;
+    on_readable(c);
   }
 }
 
