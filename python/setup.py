@@ -127,7 +127,7 @@ def torch_pg_extension():
         # Set by BuildExt: setuptools refuses sources outside this directory
         # as setup() arguments (they are in the repository, next to python/).
         sources=[],
-        # src/: meet.cpp hands rank 0's listener to the rendezvous (net/socket.h).
+        # src/: meet.cpp wraps torch's c10d store as the group's Store (collective/store.h).
         include_dirs=[os.path.join(REPO, 'include'), TORCH_PG_DIR,
                       os.path.join(REPO, 'integrations', 'torch', 'src'), os.path.join(REPO, 'src'),
                       sysconfig.get_paths()['include'], *cpp_extension.include_paths()],
