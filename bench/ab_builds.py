@@ -5,6 +5,7 @@ one run, every cell within 3% or faster").
 
     bench/ab_builds.py OLD_BUILD NEW_BUILD [--rounds 5] -- allreduce -n 2,4 --sizes 4K,1M
     bench/ab_builds.py OLD_BUILD NEW_BUILD -- ps -n 1,2 -s 1,2 --sizes 1M,64M
+    bench/ab_builds.py OLD_BUILD NEW_BUILD -- step -n 2 --grad-mb 64 --impls hvd,trainer
 
 Each round runs `BUILD/bin/pushpull bench ARGS --format csv --impl pushpull
 --repeats 1` once per build, the order flipping every round, so both builds
@@ -25,18 +26,25 @@ import sys
 
 
 def run(build, args, timeout):
-    cmd = [f'{build}/bin/pushpull', 'bench'] + args + ['--format', 'csv', '--impl', 'pushpull',
-                                                       '--repeats', '1']
+    # `bench step` names its implementations itself (--impls); the others
+    # run pushpull alone.
+    impl = [] if any(a.startswith('--impl') for a in args) or args[:1] == ['step'] else [
+        '--impl', 'pushpull']
+    cmd = [f'{build}/bin/pushpull', 'bench'] + args + ['--format', 'csv', '--repeats', '1'] + impl
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise SystemExit(f'{" ".join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}')
     rows = {}
     for row in csv.DictReader(io.StringIO(out.stdout)):
-        if 'median_us' not in row:
+        # The time a cell is judged by: allreduce's and ps's median_us, the
+        # step's step_ms (in microseconds here too).
+        value = 'median_us' if 'median_us' in row else 'step_ms' if 'step_ms' in row else None
+        if value is None or not row[value]:
             continue
         key = tuple((k, v) for k, v in row.items()
-                    if k != 'median_us' and not k.endswith(('GBps', 'MBps', '_s', 'ratio')))
-        rows[key] = float(row['median_us'])
+                    if k != value and not k.endswith(('GBps', 'MBps', '_s', 'ratio'))
+                    and not k.startswith(('vs_', 'paired_')))
+        rows[key] = float(row[value]) * (1000.0 if value == 'step_ms' else 1.0)
     if not rows:
         raise SystemExit(f'{" ".join(cmd)} printed no rows:\n{out.stdout[-2000:]}')
     return rows
