@@ -55,8 +55,9 @@ std::vector<HostEntry> run_discovery(const std::string& script, Millis timeout) 
   for (const auto& [name, value] : env.vars())
     spec.env.push_back(name + "=" + value);
   Spawned child;
-  if (std::string why = spawn_child(spec, &child); !why.empty())
-    throw InvalidArgument(fmt::format("host discovery script '{}' cannot start: {}", script, why));
+  if (Status st = spawn_child(spec, &child); !st)
+    throw InvalidArgument(
+        fmt::format("host discovery script '{}' cannot start: {}", script, st.message()));
   std::string out, err;
   const auto deadline = Clock::now() + timeout;
   bool out_open = true, err_open = true;

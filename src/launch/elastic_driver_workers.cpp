@@ -76,9 +76,9 @@ void Driver::spawn_on(const std::string& host) {
   if (!cfg_.log_dir.empty())
     w->log = std::make_unique<PrivateLog>(fmt::format("{}/worker.{}.log", cfg_.log_dir, id));
   server_->add_worker(id);
-  if (std::string why = spawn_child(spec, &w->proc); !why.empty()) {
-    server_->remove_worker(id, why);
-    fail(127, fmt::format("elastic: worker {} on {} cannot start: {}", id, host, why));
+  if (Status st = spawn_child(spec, &w->proc); !st) {
+    server_->remove_worker(id, st.message());
+    fail(127, fmt::format("elastic: worker {} on {} cannot start: {}", id, host, st.message()));
     return;
   }
   PP_INFO("elastic: started worker {} on {} (pid {}); {} workers", id, host, w->proc.pid,

@@ -41,52 +41,57 @@ std::vector<std::string_view> split_words(std::string_view line) {
   return words;
 }
 
-// Parses "host", "host:port", "[v6]" or "[v6]:port". Returns an error text or "".
-std::string parse_host(std::string_view word, HostEntry* e) {
+Status bad(std::string why) {
+  return {ErrorCode::kInvalidArgument, std::move(why)};
+}
+
+// Parses "host", "host:port", "[v6]" or "[v6]:port" (InvalidArgument with why not).
+Status parse_host(std::string_view word, HostEntry* e) {
   std::string_view host = word, port;
   if (word.front() == '[') {
     auto close = word.find(']');
-    if (close == std::string_view::npos) return "missing ']' after an IPv6 address";
+    if (close == std::string_view::npos) return bad("missing ']' after an IPv6 address");
     host = word.substr(1, close - 1);
     auto rest = word.substr(close + 1);
     if (!rest.empty()) {
-      if (rest.front() != ':') return "expected ':port' after ']'";
+      if (rest.front() != ':') return bad("expected ':port' after ']'");
       port = rest.substr(1);
-      if (port.empty()) return "empty ssh port after ':'";
+      if (port.empty()) return bad("empty ssh port after ':'");
     }
   } else if (auto colon = word.find(':'); colon != std::string_view::npos) {
     if (word.find(':', colon + 1) != std::string_view::npos)
-      return "an IPv6 address must be written in brackets, e.g. [fe80::1]:22";
+      return bad("an IPv6 address must be written in brackets, e.g. [fe80::1]:22");
     host = word.substr(0, colon);
     port = word.substr(colon + 1);
-    if (port.empty()) return "empty ssh port after ':'";
+    if (port.empty()) return bad("empty ssh port after ':'");
   }
-  if (auto why = check_host_name(host); !why.empty()) return why;
+  if (Status st = check_host_name(host); !st) return st;
   if (!port.empty() && !parse_int(port, 1, 65535, &e->ssh_port))
-    return fmt::format("ssh port '{}' is not a number in 1..65535", port);
+    return bad(fmt::format("ssh port '{}' is not a number in 1..65535", port));
   e->host = std::string(host);
-  return "";
+  return {};
 }
 
 }  // namespace
 
-std::string check_host_name(std::string_view host) {
-  if (host.empty()) return "empty host name";
+Status check_host_name(std::string_view host) {
+  if (host.empty()) return bad("empty host name");
   if (host.front() == '-')
-    return fmt::format("host name '{}' starts with '-' (ssh would read it as an option)", host);
+    return bad(
+        fmt::format("host name '{}' starts with '-' (ssh would read it as an option)", host));
   for (char c : host) {
     bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
               c == '-' || c == '[' || c == ']' || c == '@';
     if (!ok)
-      return fmt::format(
+      return bad(fmt::format(
           "host name '{}' contains the character '{}' (allowed: letters, digits and . _ : - [ ] "
           "@)",
-          host, c);
+          host, c));
   }
   if (auto at = host.find('@');
       at != std::string_view::npos && at + 1 < host.size() && host[at + 1] == '-')
-    return fmt::format("host name '{}' starts with '-' after the user name", host);
-  return "";
+    return bad(fmt::format("host name '{}' starts with '-' after the user name", host));
+  return {};
 }
 
 std::vector<HostEntry> parse_hostfile(std::string_view text, std::string_view source) {
@@ -107,7 +112,7 @@ std::vector<HostEntry> parse_hostfile(std::string_view text, std::string_view so
           "hostfile {} line {}: {} (expected 'host[:sshport] [slots=K]')", source, line_no, why));
     };
     HostEntry e;
-    if (auto err = parse_host(words[0], &e); !err.empty()) fail(err);
+    if (Status st = parse_host(words[0], &e); !st) fail(st.message());
     for (size_t i = 1; i < words.size(); ++i) {
       auto w = words[i];
       if (w.starts_with("slots=")) {

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pushpull/error.h"
+
 namespace pushpull::launch {
 
 struct HostEntry {
@@ -24,8 +26,8 @@ struct HostEntry {
 
 // Whether `host` can go on ssh's, rsync's or mpirun's command line: not
 // empty, no leading '-', only letters, digits and . _ : - [ ] @ (and no '-'
-// right after '@'). Returns "" when it can, else why not.
-std::string check_host_name(std::string_view host);
+// right after '@'). Returns InvalidArgument with why not.
+Status check_host_name(std::string_view host);
 
 // Parses hostfile text. `source` names it in messages (usually the path).
 // Throws InvalidArgument naming the source and the 1-based line number of the

@@ -41,14 +41,15 @@ std::string resolve(const std::string& prog, const std::vector<std::string>& env
 
 }  // namespace
 
-std::string spawn_child(const ChildSpec& s, Spawned* c) {
-  if (s.argv.empty()) return "empty command";
+Status spawn_child(const ChildSpec& s, Spawned* c) {
+  if (s.argv.empty()) return {ErrorCode::kInvalidArgument, "empty command"};
   int out[2], err[2], in[2] = {-1, -1}, status[2];
   if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status, O_CLOEXEC))
-    return fmt::format("pipe: {}", std::strerror(errno));
+    return {ErrorCode::kIoError, fmt::format("pipe: {}", std::strerror(errno))};
   Fd out_r(out[0]), out_w(out[1]), err_r(err[0]), err_w(err[1]), st_r(status[0]), st_w(status[1]);
   if (s.stop_by_closing_stdin) {
-    if (pipe2(in, O_CLOEXEC)) return fmt::format("pipe: {}", std::strerror(errno));
+    if (pipe2(in, O_CLOEXEC))
+      return {ErrorCode::kIoError, fmt::format("pipe: {}", std::strerror(errno))};
   } else {
     in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
@@ -65,7 +66,7 @@ std::string spawn_child(const ChildSpec& s, Spawned* c) {
   pid_t parent = getpid();
 
   pid_t pid = fork();
-  if (pid < 0) return fmt::format("fork: {}", std::strerror(errno));
+  if (pid < 0) return {ErrorCode::kIoError, fmt::format("fork: {}", std::strerror(errno))};
   if (pid == 0) {
     // Child: async-signal-safe calls only.
     setpgid(0, 0);
@@ -101,8 +102,9 @@ std::string spawn_child(const ChildSpec& s, Spawned* c) {
   while (n < 0 && errno == EINTR);
   if (n == sizeof e) {
     waitpid(pid, nullptr, 0);
-    return dir && e != ENOENT ? fmt::format("cannot run {} in {}: {}", path, dir, std::strerror(e))
-                              : fmt::format("cannot run {}: {}", path, std::strerror(e));
+    return {ErrorCode::kIoError,
+            dir && e != ENOENT ? fmt::format("cannot run {} in {}: {}", path, dir, std::strerror(e))
+                               : fmt::format("cannot run {}: {}", path, std::strerror(e))};
   }
   if (in_w.get() >= 0) {
     // Small (credentials): the pipe holds it whether or not the child reads yet.
@@ -120,7 +122,7 @@ std::string spawn_child(const ChildSpec& s, Spawned* c) {
   c->err_r = std::move(err_r);
   fcntl(c->out_r.get(), F_SETFL, O_NONBLOCK);
   fcntl(c->err_r.get(), F_SETFL, O_NONBLOCK);
-  return "";
+  return {};
 }
 
 }  // namespace pushpull::launch

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "launch/supervisor.h"
+#include "pushpull/error.h"
 
 namespace pushpull::launch {
 
@@ -45,9 +46,10 @@ struct Spawned {
   Fd err_r;
 };
 
-// Starts `spec` (argv[0] searched in the child's PATH). Returns "" and fills
-// `out`, or returns why it could not start (exec failure reported through a
-// close-on-exec pipe, so a missing program is known before this returns).
-std::string spawn_child(const ChildSpec& spec, Spawned* out);
+// Starts `spec` (argv[0] searched in the child's PATH) and fills `out`, or
+// returns why it could not start (IoError; InvalidArgument for an empty
+// command): an exec failure is reported through a close-on-exec pipe, so a
+// missing program is known before this returns.
+Status spawn_child(const ChildSpec& spec, Spawned* out);
 
 }  // namespace pushpull::launch

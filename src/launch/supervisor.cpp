@@ -110,9 +110,9 @@ class Job {
     guardian_ = &guardian;
     for (auto& c : children_) {
       if (stopping_) break;
-      if (auto why = start(c); !why.empty()) {
-        PP_ERROR("cannot start {}: {}", c.spec.label, why);
-        begin_stop(127, fmt::format("{} could not be started: {}", c.spec.label, why));
+      if (Status st = start(c); !st) {
+        PP_ERROR("cannot start {}: {}", c.spec.label, st.message());
+        begin_stop(127, fmt::format("{} could not be started: {}", c.spec.label, st.message()));
         continue;
       }
     }
@@ -155,15 +155,15 @@ class Job {
       if (c.pid > 0) kill(-c.pid, SIGKILL);
   }
 
-  // Starts (or restarts) a child; "" or why it could not be started.
-  std::string start(Child& c) {
+  // Starts (or restarts) a child, or says why it could not be started.
+  Status start(Child& c) {
     Spawned sp;
-    auto why = spawn_child(c.spec, &sp);
+    Status st = spawn_child(c.spec, &sp);
     if (c.spec.pass_fd >= 0) {  // passed once: the child holds it now (supervisor.h)
       ::close(c.spec.pass_fd);
       c.spec.pass_fd = -1;
     }
-    if (!why.empty()) return why;
+    if (!st) return st;
     guardian_->watch(sp.pid);
     c.pid = sp.pid;
     c.running = true;
@@ -178,7 +178,7 @@ class Job {
     c.streams[0].out = 1;
     c.streams[1].fd = std::move(sp.err_r);
     c.streams[1].out = 2;
-    return "";
+    return {};
   }
 
   // The restart hook said yes: the same child again (its old pipes' last
@@ -188,8 +188,8 @@ class Job {
       flush(c, st);
       st.fd.reset();
     }
-    if (auto why = start(c); !why.empty()) {
-      PP_ERROR("cannot restart {}: {}", c.spec.label, why);
+    if (Status st = start(c); !st) {
+      PP_ERROR("cannot restart {}: {}", c.spec.label, st.message());
       add_event({FailureEvent::Kind::kChild, size_t(&c - children_.data()), ""});
     }
   }

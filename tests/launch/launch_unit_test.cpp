@@ -72,13 +72,13 @@ TEST(Hostfile, BadLinesNameTheirLineNumber) {
 }
 
 TEST(Hostfile, AcceptsNamesUsersAndAddresses) {
-  EXPECT_EQ(check_host_name("node-1.example.org"), "");
-  EXPECT_EQ(check_host_name("me@node_2"), "");
-  EXPECT_EQ(check_host_name("fe80::1"), "");
-  EXPECT_EQ(check_host_name("[fe80::1]"), "");
-  EXPECT_NE(check_host_name(""), "");
-  EXPECT_NE(check_host_name("a b"), "");
-  EXPECT_NE(check_host_name("a\nb"), "");
+  EXPECT_TRUE(check_host_name("node-1.example.org").is_ok());
+  EXPECT_TRUE(check_host_name("me@node_2").is_ok());
+  EXPECT_TRUE(check_host_name("fe80::1").is_ok());
+  EXPECT_TRUE(check_host_name("[fe80::1]").is_ok());
+  EXPECT_EQ(check_host_name("").code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(check_host_name("a b").code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(check_host_name("a\nb").code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(Hostfile, UnreadableFileSaysWhy) {
