@@ -9,21 +9,21 @@ the same order on every rank.
 Process sets (process_sets.py) scope names: an op of set k is named
 ``ps<k>.<name>`` in the engine. allgather and broadcast are in gather.py,
 reducescatter in reducescatter.py, alltoall in alltoall.py, the grouped forms
-in grouped.py.
+in grouped.py, handles and their names in handles.py.
 
 Thread safety: every function may be called from any thread. A handle keeps the
 tensors of its operation alive until it is done; the caller must not change an
 input (or read an output) before ``synchronize(handle)``.
 """
 
-import itertools
-import threading
-import time
 
 import torch
 
 from pushpull._pushpull import InvalidArgument
 from pushpull._pushpull import collective as _c
+
+from .handles import (DROP_HOLD, Handle, _auto_name, _counters, _counters_lock,  # noqa: F401
+                      _dropped, _dropped_lock, _Group, poll, synchronize)
 
 # Reduction ops, as hvd.Average / hvd.Sum / ... (Horovod's names).
 Average = _c.Reduction.AVERAGE
@@ -53,76 +53,6 @@ _NATIVE = {
 # bits of a native dtype of the same size (no copy).
 _WIDENED = {torch.int16, torch.bool}
 _BITS = {torch.int16: torch.float16, torch.bool: torch.uint8}
-
-_counters = {}
-_counters_lock = threading.Lock()
-
-
-# Ops whose handle was dropped without synchronize: {engine name: (op, when)}.
-# As in Horovod, submitting a name again while its op is pending on this rank
-# is a ValueError. Horovod negotiates once per cycle (milliseconds), so an op
-# never completes between two submissions in a row; pushpull's engine can, so
-# a dropped handle keeps its name taken until the op is done and DROP_HOLD
-# seconds have passed since the drop (the op is kept here, which also keeps
-# its tensors alive, until then). That holds when the op completed before its
-# handle was dropped, too (op None here): otherwise whether the second
-# submission is refused would depend on how fast the others submitted theirs
-# (Horovod's suite saw that race on the rank that submits last).
-DROP_HOLD = 1.0
-_dropped = {}
-_dropped_lock = threading.Lock()
-
-
-def _forget_dropped(handle):
-    """Handle.__del__: remembers the names of the engine ops of a handle that
-    was never synchronized (auto-generated names are never submitted again)."""
-    if handle._waited:
-        return
-    op = handle._op
-    try:
-        now = time.monotonic()
-        for one in (op.ops if isinstance(op, _Group) else [op]):
-            pending = not one.done()
-            if pending or '.noname.' not in one.name:
-                with _dropped_lock:
-                    _dropped[one.name] = (one if pending else None, now)
-    except Exception:  # noqa: BLE001 - never raise from a destructor
-        pass
-
-
-def _done(op):
-    if op is None:
-        return True
-    try:
-        return op.done()
-    except Exception:  # noqa: BLE001 - e.g. a handle of a session that was shut down
-        return True
-
-
-def _check_not_dropped(full):
-    now = time.monotonic()
-    with _dropped_lock:
-        for n, (op, when) in list(_dropped.items()):
-            if _done(op) and (n != full or now - when >= DROP_HOLD):
-                del _dropped[n]
-        taken = full in _dropped
-    if taken:
-        raise InvalidArgument(
-            "pushpull.torch: an op named '%s' is still pending on this rank, or its handle was "
-            "dropped without synchronize less than %g s ago; a name may not be submitted again "
-            "until then" % (full, DROP_HOLD))
-
-
-def _auto_name(kind, name, prefix=''):
-    """The op's engine name: ``prefix`` scopes it to a process set. A name whose
-    op is still pending here (its handle dropped) is refused (ValueError)."""
-    if name is not None:
-        _check_not_dropped(prefix + str(name))
-        return prefix + str(name)
-    with _counters_lock:
-        counter = _counters.setdefault((kind, prefix), itertools.count())
-        return '%s%s.noname.%d' % (prefix, kind, next(counter))
-
 
 def _resolve_op(average, op):
     if op is Adasum:
@@ -201,60 +131,6 @@ def _scope(process_set, what):
     """(members, name prefix, set size) of the op's process set."""
     from .process_sets import _resolve
     return _resolve(process_set, what)
-
-
-class Handle:
-    """An operation in flight. Pass it to ``synchronize`` or ``poll``."""
-
-    __slots__ = ('_op', '_result', '_finish', '_waited', '__weakref__')
-
-    def __init__(self, op, result, finish=None):
-        self._op = op
-        self._result = result
-        self._finish = finish
-        self._waited = False  # synchronize was called: dropping it frees its name
-
-    @property
-    def name(self):
-        return self._op.name
-
-    def __repr__(self):
-        return '<pushpull.torch.Handle %r done=%s>' % (self._op.name, self._op.done())
-
-    def __del__(self):
-        _forget_dropped(self)
-
-
-class _Group:
-    """Several engine operations behind one Handle (grouped ops, alltoall)."""
-
-    __slots__ = ('name', 'ops')
-
-    def __init__(self, name, ops):
-        self.name, self.ops = name, list(ops)
-
-    def done(self):
-        return all(op.done() for op in self.ops)
-
-    def wait(self, timeout=None):
-        for op in self.ops:
-            op.wait(timeout)
-
-
-def poll(handle):
-    """True once the operation is done (``synchronize`` then returns at once)."""
-    return handle._op.done()
-
-
-def synchronize(handle, timeout=None):
-    """Waits for the operation and returns its output tensor (raises its error)."""
-    handle._waited = True
-    if handle._finish is not None:
-        finish, handle._finish = handle._finish, None
-        handle._result = finish(handle._op, timeout)
-    else:
-        handle._op.wait(timeout)
-    return handle._result
 
 
 # ---- allreduce -------------------------------------------------------------------
