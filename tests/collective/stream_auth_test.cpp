@@ -175,9 +175,8 @@ TEST(StreamAuth, StrangersAtThePortAreRefusedLoggedAndNeverFailTheGroup) {
   g.check_allreduce();
   for (auto& s : silent)
     EXPECT_TRUE(s->closed_by_peer(10s));
-  const std::string text = log.text();
-  EXPECT_THAT(text, HasSubstr("refused connection from 127.0.0.1"));
-  EXPECT_THAT(text, HasSubstr("authentication failed"));
+  // Logged, one line per address every few seconds (net::RefusalLog).
+  EXPECT_THAT(log.text(), HasSubstr("refused connection from 127.0.0.1"));
 }
 
 // A member knows the secret but proves rank 1 while claiming rank 2, or
@@ -251,7 +250,7 @@ TEST(StreamAuthTls, MembersGetEncryptedStreamsStrangersAreRefused) {
   tc.net = group_net("s3cret", false);
   net::MessageTransport plain(tc);
   plain.start();
-  EXPECT_THROW(plain.open_stream("127.0.0.1", port, Role::kWorker, 0, 3s), Error);
+  EXPECT_THROW(plain.open_stream("127.0.0.1", port, Role::kWorker, 0, 1s), Error);
   g.connect();
   EXPECT_NE(g.ts[0]->stream_tls(1), nullptr);
   EXPECT_NE(g.ts[1]->stream_tls(0), nullptr);
