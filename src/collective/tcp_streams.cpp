@@ -13,8 +13,6 @@
 
 #include <fmt/format.h>
 
-#include "net/wire.h"
-
 namespace pushpull::collective {
 namespace {
 
@@ -39,7 +37,6 @@ ssize_t stream_readv(int fd, net::TlsLink* tls, iovec* iov, int n) {
 bool tls_pending(const net::TlsLink* tls) {
   return tls != nullptr && tls->output_pending();
 }
-
 // The header of one stream message (tcp_streams.h, "Wire").
 net::HeaderBytes stream_header(uint64_t tag, size_t bytes) {
   return net::encode_header(
@@ -145,17 +142,17 @@ bool StreamPump::write_some(Peer& p) {
 }
 
 void StreamPump::check_header(const Peer& p, const In& in) const {
-  // No size cap here: the size must equal the expected one, checked below.
+  // No size cap: the size must be the expected one.
   net::Header h;
-  if (Status st = net::decode_header(in.hdr, UINT64_MAX, &h); !st)
+  Status st = net::decode_header(in.hdr, UINT64_MAX, &h);
+  if (st &&
+      (h.type != net::msg::kStreamData || h.request_id != in.tag || h.payload_bytes != in.bytes))
+    st = Status(ErrorCode::kProtocolError,
+                fmt::format("streams out of step: got message {:#x} of {} bytes (type {}), "
+                            "expected {:#x} of {} bytes",
+                            h.request_id, h.payload_bytes, h.type, in.tag, in.bytes));
+  if (!st)
     t_.stream_error(p.peer, fmt::format("{} ({})", st.message(), what_), ErrorCode::kProtocolError)
-        .raise();
-  if (h.type != net::msg::kStreamData || h.request_id != in.tag || h.payload_bytes != in.bytes)
-    t_.stream_error(p.peer,
-                    fmt::format("streams out of step: got message {:#x} of {} bytes (type {}), "
-                                "expected {:#x} of {} bytes ({})",
-                                h.request_id, h.payload_bytes, h.type, in.tag, in.bytes, what_),
-                    ErrorCode::kProtocolError)
         .raise();
 }
 
