@@ -2,10 +2,12 @@
 // MessageTransport's data streams (net/transport.h, "Streams"): open_stream()
 // and take_stream() over the one listening port and the one hello; the
 // proofs bind the kind (a message connection's proof cannot open a stream,
-// nor the reverse); who may open one (ranks in range, not this node's own
-// identity, once each); a connector that is not who the caller expected;
-// bytes sent before the ack; TLS streams; deadlines and stop().
+// nor the reverse, both ways); who may open one (ranks in range, not this
+// node's own identity, once each); an acceptor that is not who the connector
+// expected; bytes sent before the ack; TLS streams; deadlines and stop().
 #include <gtest/gtest.h>
+
+#include <sys/socket.h>
 
 #include <future>
 #include <thread>
@@ -162,6 +164,62 @@ TEST(Streams, TheConnectorRefusesAnAcceptorThatIsSomeoneElse) {
   }
 }
 
+// An acceptor on a raw socket that accepts whatever hello comes, with an ack
+// whose proof is right for worker 0 and the kind `proof_kind`.
+void fake_acceptor(Fd& listener, HelloKind proof_kind) {
+  Fd fd(::accept(listener.get(), nullptr, nullptr));
+  if (!fd.valid()) return;
+  const auto deadline = clock::now() + 5s;
+  auto send = [&](uint16_t type, const std::vector<std::byte>& payload) {
+    auto hb = encode_header(Header{.type = type, .payload_bytes = payload.size()});
+    if (write_all(fd.get(), hb.data(), hb.size(), deadline))
+      (void)write_all(fd.get(), payload.data(), payload.size(), deadline);
+  };
+  Challenge ch{kProtocolVersion, job_tag("job"), random_nonce()};
+  send(msg::kChallenge, encode(ch));
+  HeaderBytes hb;
+  Header h;
+  if (!read_all(fd.get(), hb.data(), hb.size(), deadline)) return;
+  if (!decode_header(hb, kMaxHandshakeBytes, &h)) return;
+  std::vector<std::byte> p(h.payload_bytes);
+  Hello hello;
+  if (!read_all(fd.get(), p.data(), p.size(), deadline) || !decode(p, &hello)) return;
+  EXPECT_EQ(hello.kind, HelloKind::kStream);
+  HelloAck ack{true, "", Role::kWorker, 0, {}};
+  ack.proof = compute_proof(
+      "s3cret", {Direction::kAcceptor, ch.nonce, hello.nonce, "job", Role::kWorker, 0, proof_kind});
+  send(msg::kHelloAck, encode(ack));
+  char c;
+  (void)read_all(fd.get(), &c, 1, deadline);  // until the connector hangs up
+}
+
+// The acceptor's proof binds the kind too: an ack proven for a message
+// connection does not open a stream (the same acceptor proving the stream
+// kind does).
+TEST(Streams, TheConnectorChecksTheAcceptorsProofForTheStreamKind) {
+  for (auto kind : {HelloKind::kMessages, HelloKind::kStream}) {
+    Fd listener = listen_on("127.0.0.1", 0);
+    set_nonblocking(listener.get(), false);
+    const int port = local_port(listener.get());
+    std::thread acceptor([&] { fake_acceptor(listener, kind); });
+    MessageTransport b(connector_config(1));
+    b.start();
+    if (kind == HelloKind::kMessages) {
+      try {
+        b.open_stream("127.0.0.1", port, Role::kWorker, 0, 3s);
+        ADD_FAILURE() << "a message connection's ack opened a stream";
+      } catch (const ProtocolError& e) {
+        EXPECT_NE(std::string(e.what()).find("authentication failed"), std::string::npos)
+            << e.what();
+      }
+    } else {
+      Stream s = b.open_stream("127.0.0.1", port, Role::kWorker, 0, 3s);
+      EXPECT_TRUE(s.fd.valid());
+    }
+    acceptor.join();
+  }
+}
+
 // A connector must wait for the ack: bytes behind its hello close the
 // connection instead of reaching the owner as stream data.
 TEST(Streams, BytesBeforeTheAckCloseTheConnection) {
@@ -190,7 +248,7 @@ TEST(Streams, TlsStreamsWorkAndAPlainConnectorIsRefused) {
   Sink a(acceptor_config("s3cret", true));
   MessageTransport plain(connector_config(1));
   plain.start();
-  EXPECT_THROW(plain.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0, 2s), Error);
+  EXPECT_THROW(plain.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0, 1s), Error);
   MessageTransport other(connector_config(1, "another", true));
   other.start();
   EXPECT_THROW(other.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0, 2s), ProtocolError);
