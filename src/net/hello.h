@@ -107,7 +107,7 @@ struct ProofInput {
 };
 
 // HMAC-SHA256(secret, input); all zeros when `secret` is empty. Used by the
-// MessageTransport's hello and by the collectives' data streams.
+// MessageTransport's hello, for message connections and data streams alike.
 Proof compute_proof(const std::string& secret, const ProofInput& input);
 // Constant-time comparison.
 bool proof_equal(const Proof& a, const Proof& b);

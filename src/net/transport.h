@@ -78,10 +78,9 @@
 // [0, TransportConfig::stream_ranks) other than itself, at most once per
 // (role, rank) for this transport's life, and once the ack is written takes
 // the socket (and its TLS link) out of its loop and queues it for
-// take_stream(). Nothing else of this class touches a stream: every message
-// on it is a 64-byte header (type msg::kStreamData, request_id = the tag,
-// payload_bytes) then the payload, checked with decode_header(), and the
-// owner closes it.
+// take_stream() (untaken ones, at most stream_ranks, until stop()). Nothing else of this class
+// touches a stream: every message on it is a 64-byte header (type msg::kStreamData, request_id =
+// the tag, payload_bytes) then the payload, checked with decode_header(), and the owner closes it.
 //
 // Ownership. The MessageTransport owns its sockets and thread; the destructor stops
 // the loop, closes every connection and joins the thread.
