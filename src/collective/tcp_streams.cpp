@@ -13,12 +13,11 @@
 
 #include <fmt/format.h>
 
-#include "net/wire.h"
-
 namespace pushpull::collective {
 namespace {
 
 constexpr int kMaxIov = 64;
+constexpr size_t kHdr = net::kHeaderBytes;
 // How long a waiting pump keeps yielding and re-checking before it blocks.
 constexpr auto kYieldWindow = std::chrono::microseconds(100);
 
@@ -37,6 +36,11 @@ ssize_t stream_readv(int fd, net::TlsLink* tls, iovec* iov, int n) {
 }
 bool tls_pending(const net::TlsLink* tls) {
   return tls != nullptr && tls->output_pending();
+}
+// The header of one stream message (tcp_streams.h, "Wire").
+net::HeaderBytes stream_header(uint64_t tag, size_t bytes) {
+  return net::encode_header(
+      net::Header{.type = net::msg::kStreamData, .request_id = tag, .payload_bytes = bytes});
 }
 
 }  // namespace
@@ -59,8 +63,7 @@ StreamPump::Peer& StreamPump::peer(int p) {
 
 void StreamPump::send(int p, uint64_t tag, const void* data, size_t bytes) {
   Out o;
-  net::store_le<uint64_t>(o.hdr, tag);
-  net::store_le<uint64_t>(o.hdr + 8, bytes);
+  o.hdr = stream_header(tag, bytes);
   o.data = static_cast<const char*>(data);
   o.bytes = bytes;
   peer(p).out.push_back(o);
@@ -113,10 +116,10 @@ bool StreamPump::write_some(Peer& p) {
     size_t want = 0;
     for (size_t i = 0; i < p.out.size() && n + 2 <= kMaxIov; ++i) {
       Out& o = p.out[i];
-      if (o.done < 16) iov[n++] = {o.hdr + o.done, 16 - o.done};
-      size_t pd = o.done > 16 ? o.done - 16 : 0;
+      if (o.done < kHdr) iov[n++] = {o.hdr.data() + o.done, kHdr - o.done};
+      size_t pd = o.done > kHdr ? o.done - kHdr : 0;
       if (o.bytes > pd) iov[n++] = {const_cast<char*>(o.data) + pd, o.bytes - pd};
-      want += 16 + o.bytes - o.done;
+      want += kHdr + o.bytes - o.done;
     }
     ssize_t r = stream_writev(p.fd, p.tls, iov, n);
     if (r < 0) {
@@ -128,10 +131,10 @@ bool StreamPump::write_some(Peer& p) {
     size_t left = static_cast<size_t>(r);
     while (left > 0) {
       Out& o = p.out.front();
-      size_t take = std::min(left, 16 + o.bytes - o.done);
+      size_t take = std::min(left, kHdr + o.bytes - o.done);
       o.done += take;
       left -= take;
-      if (o.done == 16 + o.bytes) p.out.pop_front();
+      if (o.done == kHdr + o.bytes) p.out.pop_front();
     }
     if (static_cast<size_t>(r) < want) return moved;  // socket buffer full
   }
@@ -139,13 +142,17 @@ bool StreamPump::write_some(Peer& p) {
 }
 
 void StreamPump::check_header(const Peer& p, const In& in) const {
-  uint64_t tag = net::load_le<uint64_t>(in.hdr), bytes = net::load_le<uint64_t>(in.hdr + 8);
-  if (tag != in.tag || bytes != in.bytes)
-    t_.stream_error(p.peer,
-                    fmt::format("streams out of step: got message {:#x} of {} bytes, expected "
-                                "{:#x} of {} bytes ({})",
-                                tag, bytes, in.tag, in.bytes, what_),
-                    ErrorCode::kProtocolError)
+  // No size cap: the size must be the expected one.
+  net::Header h;
+  Status st = net::decode_header(in.hdr, UINT64_MAX, &h);
+  if (st &&
+      (h.type != net::msg::kStreamData || h.request_id != in.tag || h.payload_bytes != in.bytes))
+    st = Status(ErrorCode::kProtocolError,
+                fmt::format("streams out of step: got message {:#x} of {} bytes (type {}), "
+                            "expected {:#x} of {} bytes",
+                            h.request_id, h.payload_bytes, h.type, in.tag, in.bytes));
+  if (!st)
+    t_.stream_error(p.peer, fmt::format("{} ({})", st.message(), what_), ErrorCode::kProtocolError)
         .raise();
 }
 
@@ -159,10 +166,10 @@ bool StreamPump::read_some(Peer& p, size_t last) {
     size_t want = 0;
     for (size_t i = p.in_next; i < p.in.size() && i <= last && n + 2 <= kMaxIov; ++i) {
       In& in = p.in[i];
-      if (in.done < 16) iov[n++] = {in.hdr + in.done, 16 - in.done};
-      size_t pd = in.done > 16 ? in.done - 16 : 0;
+      if (in.done < kHdr) iov[n++] = {in.hdr.data() + in.done, kHdr - in.done};
+      size_t pd = in.done > kHdr ? in.done - kHdr : 0;
       if (in.bytes > pd) iov[n++] = {in.dst + pd, in.bytes - pd};
-      want += 16 + in.bytes - in.done;
+      want += kHdr + in.bytes - in.done;
     }
     ssize_t r = stream_readv(p.fd, p.tls, iov, n);
     if (r < 0) {
@@ -175,12 +182,12 @@ bool StreamPump::read_some(Peer& p, size_t last) {
     size_t left = static_cast<size_t>(r);
     while (left > 0) {
       In& in = p.in[p.in_next];
-      const bool had_header = in.done >= 16;
-      size_t take = std::min(left, 16 + in.bytes - in.done);
+      const bool had_header = in.done >= kHdr;
+      size_t take = std::min(left, kHdr + in.bytes - in.done);
       in.done += take;
       left -= take;
-      if (!had_header && in.done >= 16) check_header(p, in);
-      if (in.done == 16 + in.bytes) ++p.in_next;
+      if (!had_header && in.done >= kHdr) check_header(p, in);
+      if (in.done == kHdr + in.bytes) ++p.in_next;
     }
     if (static_cast<size_t>(r) < want) return moved;  // drained
   }
@@ -250,10 +257,8 @@ StreamWriter::StreamWriter(DirectStreams& t, int peer, std::vector<Msg> msgs,
   if (fd_ < 0)
     throw InvalidArgument(
         fmt::format("collective: rank {} has no data stream to rank {}", t.rank(), peer));
-  for (size_t i = 0; i < msgs_.size(); ++i) {
-    net::store_le<uint64_t>(hdrs_[i].data(), msgs_[i].tag);
-    net::store_le<uint64_t>(hdrs_[i].data() + 8, msgs_[i].bytes);
-  }
+  for (size_t i = 0; i < msgs_.size(); ++i)
+    hdrs_[i] = stream_header(msgs_[i].tag, msgs_[i].bytes);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   error_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0 || error_fd_ < 0)
@@ -313,22 +318,22 @@ Status StreamWriter::write_all_released(size_t& next, size_t& offset, size_t rel
       int n = 0;
       size_t want = 0;
       for (size_t i = next, off = offset; i < released && n + 2 <= kMaxIov; ++i, off = 0) {
-        if (off < 16) iov[n++] = {hdrs_[i].data() + off, 16 - off};
-        size_t pd = off > 16 ? off - 16 : 0;
+        if (off < kHdr) iov[n++] = {hdrs_[i].data() + off, kHdr - off};
+        size_t pd = off > kHdr ? off - kHdr : 0;
         if (msgs_[i].bytes > pd)
           iov[n++] = {const_cast<char*>(static_cast<const char*>(msgs_[i].data)) + pd,
                       msgs_[i].bytes - pd};
-        want += 16 + msgs_[i].bytes - off;
+        want += kHdr + msgs_[i].bytes - off;
       }
       r = stream_writev(fd_, tls_, iov, n);
       if (r > 0) {
         deadline = Clock::now() + timeout_;
         size_t left = static_cast<size_t>(r);
         while (left > 0) {
-          size_t take = std::min(left, 16 + msgs_[next].bytes - offset);
+          size_t take = std::min(left, kHdr + msgs_[next].bytes - offset);
           offset += take;
           left -= take;
-          if (offset == 16 + msgs_[next].bytes) ++next, offset = 0;
+          if (offset == kHdr + msgs_[next].bytes) ++next, offset = 0;
         }
         again = static_cast<size_t>(r) == want;
       }

@@ -9,10 +9,13 @@
 // payloads straight into place and sleeping in poll() when neither side can
 // move (waits block, never spin).
 //
-// Wire: every message on a stream is a 16-byte header {tag u64, bytes u64,
-// little-endian} then the payload. Both ends run the same algorithm, so the
-// messages on one directed stream come in the order they were sent; a header
-// that is not the expected one is a ProtocolError ("streams out of step").
+// Wire: every message on a stream is net's 64-byte header (net/message.h:
+// type msg::kStreamData, request_id = the tag, payload_bytes = the size)
+// then the payload; the streams are net connections handed over after the
+// one hello (net/transport.h, "Streams"). Both ends run the same algorithm,
+// so the messages on one directed stream come in the order they were sent;
+// a header that decode_header() refuses, or that is not the expected one, is
+// a ProtocolError ("streams out of step").
 //
 // StreamPump is used by one thread at a time (the one holding the
 // transport's stream lock, DirectStreams::lock_streams()). Errors throw: PeerFailure
@@ -34,6 +37,7 @@
 
 #include "collective/transport.h"
 #include "collective/worker_thread.h"
+#include "net/message.h"
 #include "net/tls.h"
 #include "pushpull/options.h"
 
@@ -101,16 +105,16 @@ class StreamPump {
 
  private:
   struct Out {
-    unsigned char hdr[16];
+    net::HeaderBytes hdr;
     const char* data;
     size_t bytes;
-    size_t done = 0;  // of 16 + bytes
+    size_t done = 0;  // of net::kHeaderBytes + bytes
   };
   struct In {
     uint64_t tag;
     char* dst;
     size_t bytes;
-    unsigned char hdr[16];
+    net::HeaderBytes hdr;
     size_t done = 0;
   };
   struct Peer {
@@ -182,7 +186,7 @@ class StreamWriter {
   int peer_, fd_;
   net::TlsLink* tls_;  // the stream's TLS link, or nullptr
   std::vector<Msg> msgs_;
-  std::vector<std::array<unsigned char, 16>> hdrs_;
+  std::vector<net::HeaderBytes> hdrs_;
   Millis timeout_;
   std::string what_;
   int wake_fd_ = -1;   // eventfd: wakes the thread's poll() on abort

@@ -16,12 +16,13 @@
 namespace pushpull::collective {
 namespace {
 
-net::TransportConfig config_of(int rank, const NetOptions& net) {
+net::TransportConfig config_of(int rank, int size, const NetOptions& net) {
   net::TransportConfig c;
   c.net = net;
   c.role = Role::kWorker;
   c.rank = rank;
   c.label = fmt::format("collective rank {}", rank);
+  c.stream_ranks = size;  // the group's ranks open their data streams here
   return c;
 }
 
@@ -31,12 +32,13 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
                            int port)
     : TcpTransport(rank, size, net, host, net::listen_on(host, port)) {}
 
-TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
+TcpTransport::TcpTransport(int rank, int size, const NetOptions& net,
+                           const std::string& /*host: the streams share the listener now*/,
                            net::Fd listener)
     : rank_(rank),
       size_(size),
       opts_(net),
-      net_(config_of(rank, net)),
+      net_(config_of(rank, size, net)),
       conns_(static_cast<size_t>(size), 0),
       dead_(static_cast<size_t>(size)),
       early_count_(static_cast<size_t>(size), 0),
@@ -47,8 +49,7 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std:
       flushing_(static_cast<size_t>(size), 0),
       dialing_(static_cast<size_t>(size), 0),
       wait_until_(static_cast<size_t>(size)),
-      asked_(static_cast<size_t>(size)),
-      host_(host) {
+      asked_(static_cast<size_t>(size)) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
   net_.listen(std::move(listener));

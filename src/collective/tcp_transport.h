@@ -25,13 +25,17 @@
 // messages, whose tags repeat, always take that path so a stale posting can
 // never capture a later message).
 //
-// Data streams (tcp_streams.h): connect_all also opens one plain TCP
+// Data streams (tcp_streams.h): connect_all also opens one more TCP
 // connection per pair of partners (mesh_partners; stream_fd() is -1 for any
-// other peer, and a subgroup with such a pair moves its data over net), authenticated by a nonce
-// exchanged over the net connection, on which run() drives every collective's schedule directly
-// from the calling thread (StreamPump; large rings add a StreamWriter thread) for speed. One
-// operation uses them at a time (lock_streams()); post_send/post_recv keep going over net, so the
-// engine's control traffic never mixes with them.
+// other peer, and a subgroup with such a pair moves its data over net): the
+// higher rank opens it to the lower one's net port with the same hello,
+// marked as a stream (net::MessageTransport::open_stream), and the lower
+// rank's MessageTransport hands it over (take_stream; only ranks of this
+// group, once each). On them run() drives every collective's schedule
+// directly from the calling thread (StreamPump; large rings add a
+// StreamWriter thread) for speed. One operation uses them at a time
+// (lock_streams()); post_send/post_recv keep going over net, so the engine's
+// control traffic never mixes with them.
 //
 // Failure detection (start_liveness, after connect_all; in
 // tcp_transport_liveness.cpp), with a constant load per rank whatever the
@@ -347,7 +351,6 @@ class TcpTransport final : public Transport {
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
 
-  std::string host_;                                       // where the stream listener binds
   std::vector<net::Fd> streams_;                           // per peer; set once by connect_all
   std::vector<std::unique_ptr<net::TlsLink>> stream_tls_;  // per peer, with TLS; set with streams_
   std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation

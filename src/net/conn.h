@@ -58,6 +58,16 @@ struct PostedRecv {
   RecvDone done;
 };
 
+// A connection whose hello the acceptor accepted (dial_hello), before it
+// becomes a message connection (connect) or a stream (open_stream).
+struct MessageTransport::Dialed {
+  Fd fd;  // blocking
+  std::unique_ptr<TlsLink> tls;
+  HelloAck ack;  // accepted, its proof verified
+  std::string where;
+  std::chrono::steady_clock::time_point hs_deadline;
+};
+
 struct MessageTransport::Conn {
   enum class State { kHandshake, kOpen, kClosed };
 

@@ -28,7 +28,8 @@ std::vector<std::byte> encode(const Hello& h) {
       .str(h.host)
       .u<int32_t>(h.port)
       .bytes(h.nonce)
-      .bytes(h.proof);
+      .bytes(h.proof)
+      .u<uint8_t>(static_cast<uint8_t>(h.kind));
   return w.take();
 }
 std::vector<std::byte> encode(const HelloAck& a) {
@@ -47,6 +48,9 @@ Status malformed(const char* what) {
 }
 bool valid_role(uint8_t r) {
   return r <= static_cast<uint8_t>(Role::kWorker);
+}
+bool valid_kind(uint8_t k) {
+  return k <= static_cast<uint8_t>(HelloKind::kStream);
 }
 // Longest refusal reason an ack carries (keeps the ack under kMaxHandshakeBytes).
 constexpr size_t kMaxReason = 700;
@@ -69,8 +73,10 @@ Status decode(std::span<const std::byte> in, Hello* out) {
   out->port = r.u<int32_t>();
   r.bytes(out->nonce);
   r.bytes(out->proof);
-  if (!r.ok() || !r.at_end() || !valid_role(role)) return malformed("hello");
+  auto kind = r.u<uint8_t>();
+  if (!r.ok() || !r.at_end() || !valid_role(role) || !valid_kind(kind)) return malformed("hello");
   out->role = static_cast<Role>(role);
+  out->kind = static_cast<HelloKind>(kind);
   return {};
 }
 Status decode(std::span<const std::byte> in, HelloAck* out) {
@@ -117,7 +123,8 @@ Proof compute_proof(const std::string& secret, const ProofInput& in) {
       .bytes(in.connector_nonce)
       .str(in.job_id)
       .u<uint8_t>(static_cast<uint8_t>(in.role))
-      .u<int32_t>(in.rank);
+      .u<int32_t>(in.rank)
+      .u<uint8_t>(static_cast<uint8_t>(in.kind));
   unsigned int len = 0;
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
        reinterpret_cast<const unsigned char*>(w.data().data()), w.data().size(),
@@ -146,7 +153,8 @@ Status check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_vers
         "job id mismatch: the connecting node belongs to another job; check PUSHPULL_JOB_ID and "
         "the scheduler address";
   else if (!verify_proof(
-               secret, {Direction::kConnector, acceptor_nonce, h.nonce, my_job_id, h.role, h.rank},
+               secret,
+               {Direction::kConnector, acceptor_nonce, h.nonce, my_job_id, h.role, h.rank, h.kind},
                h.proof))
     reason = std::string(
                  "authentication failed: the connecting node does not know this job's secret; ") +

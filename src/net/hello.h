@@ -4,22 +4,22 @@
 //
 //   acceptor  -> connector  Challenge {version, job tag, acceptor nonce}
 //   connector -> acceptor   Hello {version, job tag, role, rank, advertised host+port,
-//                                  connector nonce, connector proof}
+//                                  connector nonce, connector proof, kind}
 //   acceptor  -> connector  HelloAck {accepted?, reason, acceptor role, rank, acceptor proof}
 //
 // Nonces are 32 fresh random bytes (RAND_bytes) per connection and side. The
 // job tag is SHA-256 of the job id (the id itself never travels in clear).
 // A proof is HMAC-SHA256(job secret, direction label | acceptor nonce |
-// connector nonce | job id | prover's role | prover's rank): it binds both
-// nonces (no replay), the direction (a connector's proof cannot be reflected
-// as an acceptor's) and the prover's claimed identity (a proof for worker 1
-// does not admit worker 2). The acceptor checks the connector's proof before
-// accepting; the connector checks the acceptor's proof in the ack before it
-// uses the connection. Without a secret proofs are all zeros and only the
-// version and job tag are checked (net/peer_policy.h then limits the peers a
-// node accepts and dials to this machine; Options::from_env() leaves the
-// secret empty only with PUSHPULL_ALLOW_INSECURE=1). The refused side gets
-// the reason in the ack and does not retry.
+// connector nonce | job id | prover's role | prover's rank | kind): it binds
+// both nonces (no replay), the direction (a connector's proof cannot be
+// reflected as an acceptor's), the prover's claimed identity (a proof for
+// worker 1 does not admit worker 2) and the kind of connection asked for (a
+// message connection's proof cannot open a data stream, nor the reverse). The acceptor checks the
+// connector's proof before accepting; the connector checks the acceptor's proof in the ack before
+// it uses the connection. Without a secret proofs are all zeros and only the version and job tag
+// are checked (net/peer_policy.h then limits the peers a node accepts and dials to this machine;
+// Options::from_env() leaves the secret empty only with PUSHPULL_ALLOW_INSECURE=1). The refused
+// side gets the reason in the ack and does not retry.
 //
 // This authenticates who is at the other end when the connection opens; it
 // does not encrypt or sign the traffic that follows (an attacker on the path
@@ -46,7 +46,12 @@ using JobTag = std::array<std::byte, 32>;
 // Longest advertised host name a hello may carry.
 inline constexpr size_t kMaxHelloHost = 255;
 // The largest hello: the acceptor's cap on input before authentication.
-inline constexpr size_t kMaxHelloBytes = 2 + 32 + 1 + 4 + (4 + kMaxHelloHost) + 4 + 32 + 32;
+inline constexpr size_t kMaxHelloBytes = 2 + 32 + 1 + 4 + (4 + kMaxHelloHost) + 4 + 32 + 32 + 1;
+
+// What the connector asks for (protocol version 4): a message connection
+// served by the acceptor's MessageTransport, or a data stream that the
+// acceptor hands, once accepted, to its owner (net/transport.h, "Streams").
+enum class HelloKind : uint8_t { kMessages = 0, kStream = 1 };
 // Upper bound of any handshake payload (challenge, hello, ack with its
 // reason): the connector's cap on what an acceptor sends before the ack.
 inline constexpr size_t kMaxHandshakeBytes = 1024;
@@ -66,6 +71,7 @@ struct Hello {
   int32_t port = 0;
   Nonce nonce{};  // the connector's
   Proof proof{};
+  HelloKind kind = HelloKind::kMessages;
 };
 
 struct HelloAck {
@@ -95,12 +101,13 @@ struct ProofInput {
   Nonce acceptor_nonce{};
   Nonce connector_nonce{};
   std::string job_id;
-  Role role = Role::kNone;  // the prover's
-  int32_t rank = -1;        // the prover's
+  Role role = Role::kNone;                // the prover's
+  int32_t rank = -1;                      // the prover's
+  HelloKind kind = HelloKind::kMessages;  // of the connection both sides prove for
 };
 
 // HMAC-SHA256(secret, input); all zeros when `secret` is empty. Used by the
-// MessageTransport's hello and by the collectives' data streams.
+// MessageTransport's hello, for message connections and data streams alike.
 Proof compute_proof(const std::string& secret, const ProofInput& input);
 // Constant-time comparison.
 bool proof_equal(const Proof& a, const Proof& b);

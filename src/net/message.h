@@ -24,7 +24,7 @@
 // Message type ranges: each layer owns one range and registers handlers for
 // it on the MessageTransport; a message whose type has no handler is a protocol
 // error that closes that connection only.
-//   [0, 16)     net: the hello handshake
+//   [0, 16)     net: the hello handshake, shared memory, data-stream frames
 //   [16, 64)    cluster: registration, address book, barriers, heartbeats
 //   [64, 128)   ps: push, pull, init, commands
 //   [128, 192)  collective: ring segments, negotiation
@@ -43,8 +43,9 @@
 namespace pushpull::net {
 
 inline constexpr uint32_t kMagic = 0x48535050;  // bytes "PPSH"
-// 2: mutual hello (net/hello.h); 3: shared-memory payloads (net/shm_setup.h).
-inline constexpr uint16_t kProtocolVersion = 3;
+// 2: mutual hello (net/hello.h); 3: shared-memory payloads (net/shm_setup.h);
+// 4: the hello's kind (a message connection or a data stream, bound by the proofs).
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderBytes = 64;
 
 namespace msg {
@@ -58,6 +59,9 @@ inline constexpr uint16_t kShmAnswer = 5;   // acceptor -> connector: your token
 inline constexpr uint16_t kShmConfirm = 6;  // connector -> acceptor: your token / no
 inline constexpr uint16_t kShmPiece = 7;    // `length` payload bytes at ring position `offset`
 inline constexpr uint16_t kShmRelease = 8;  // the reader consumed the ring up to `offset`
+// One message on a data stream (net/transport.h, "Streams"): request_id is
+// the sender's tag, payload_bytes what follows; only on streams.
+inline constexpr uint16_t kStreamData = 9;
 inline constexpr uint16_t kNetLast = 15;
 inline constexpr uint16_t kClusterFirst = 16, kClusterLast = 63;
 inline constexpr uint16_t kPsFirst = 64, kPsLast = 127;

@@ -118,6 +118,11 @@ void MessageTransport::stop() {
     return;
   }
   wake();
+  {
+    std::lock_guard lock(streams_mu_);  // take_stream() waiters see stopping_
+    streams_in_.clear();
+  }
+  streams_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   // The loop closed what it saw; close what is left (never started, or
   // connections added after the loop ended).

@@ -69,12 +69,26 @@
 // receive is filled from the ring. Payload bytes sent each way are counted
 // in the metrics net_shm_bytes / net_tcp_bytes (base/metrics.h).
 //
+// Streams. A connection can also become a data stream that its owner drives
+// from its own thread (the collectives' StreamPump): open_stream() dials the
+// same listening port and runs the same hello (with TLS, the same TLS first)
+// marked HelloKind::kStream, which both proofs bind. The acceptor serves it
+// like any stranger (deadlines, refusal logs, per-source limits, the
+// local-only rule without a secret), accepts it only from a peer of rank in
+// [0, TransportConfig::stream_ranks) other than itself, at most once per
+// (role, rank) for this transport's life, and once the ack is written takes
+// the socket (and its TLS link) out of its loop and queues it for
+// take_stream() (untaken ones, at most stream_ranks, until stop()). Nothing else of this class
+// touches a stream: every message on it is a 64-byte header (type msg::kStreamData, request_id =
+// the tag, payload_bytes) then the payload, checked with decode_header(), and the owner closes it.
+//
 // Ownership. The MessageTransport owns its sockets and thread; the destructor stops
 // the loop, closes every connection and joins the thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -83,6 +97,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "net/buffer_pool.h"
@@ -110,6 +125,15 @@ struct PeerInfo {
   bool outgoing = false;  // we connected to it
   // "worker 2 (host 10.0.0.2:9000)".
   std::string describe() const;
+};
+
+// A data stream (see "Streams"): a connected socket out of any epoll loop,
+// its TLS link when TLS is on (every byte on fd then goes through it), and
+// the peer it authenticated. Owned by whoever took it.
+struct Stream {
+  Fd fd;
+  std::unique_ptr<TlsLink> tls;
+  PeerInfo peer;
 };
 
 struct Message {
@@ -163,6 +187,9 @@ struct TransportConfig {
   // cut between two nodes that both still reach the scheduler is noticed as
   // soon as heartbeats notice anything else. Zero: the kernel's defaults.
   Millis dead_link_timeout{0};
+  // Peers of rank [0, stream_ranks) may open one data stream each to this
+  // node (see "Streams"); 0: none may.
+  int32_t stream_ranks = 0;
 };
 
 class MessageTransport {
@@ -205,6 +232,18 @@ class MessageTransport {
   // ProtocolError when the peer refused us (never retried), IoError.
   ConnId connect(const std::string& host, int port, std::optional<Millis> timeout = {});
 
+  // Opens a data stream to the node at host:port, which must prove it is
+  // (role, rank): dials and says hello as connect() does (same deadline,
+  // retries and errors; ProtocolError also when the acceptor is someone
+  // else). Blocks; not on the I/O thread. Thread-safe.
+  Stream open_stream(const std::string& host, int port, Role role, int32_t rank,
+                     std::optional<Millis> timeout = {});
+  // The stream that (role, rank) opened to this node, once its ack is
+  // written (with TLS, flushed until `deadline`). Timeout at `deadline`,
+  // IoError after stop(). Thread-safe.
+  Status take_stream(Role role, int32_t rank, std::chrono::steady_clock::time_point deadline,
+                     Stream* out);
+
   // Zero-copy send of `n` bytes at `data` (see above). Header fields magic,
   // version, sender and payload_bytes are filled in.
   void send(ConnId conn, Header header, const void* data, size_t n, SendDone done,
@@ -243,8 +282,16 @@ class MessageTransport {
   const TransportConfig& config() const { return config_; }
 
   struct Conn;
+  struct Dialed;
 
  private:
+  // The connector's side of the hello (transport_connect.cpp): dials
+  // host:port with retries and says hello as `kind`, until the timeout.
+  Dialed dial_hello(const std::string& host, int port, Millis limit, HelloKind kind);
+  // The acceptor's side of a stream hello, and the hand-over once its ack
+  // is written (transport_stream.cpp). I/O thread.
+  void answer_stream(Conn& c, const Hello& hello);
+  void hand_over_stream(ConnId id, uint32_t peer_id);
   std::shared_ptr<Conn> find(ConnId id) const;
   void loop();
   void accept_all();
@@ -257,7 +304,8 @@ class MessageTransport {
   void on_hello(Conn& c, Message&& m);
   void answer_hello(Conn& c, const Hello& hello);
   void release_held_hellos();
-  void send_hello_ack(Conn& c, const std::string& reason, const Hello* hello);
+  void send_hello_ack(Conn& c, const std::string& reason, const Hello* hello,
+                      SendDone written = {});
   void refuse_stranger(Conn& c, const std::string& reason, bool tell);
   Status refusal_for(const Conn& c);
   // True for loopback and this machine's own addresses (re-read at most
@@ -339,7 +387,13 @@ class MessageTransport {
   // signals (net/tls.h): read again without waiting (guarded by mu_).
   std::vector<ConnId> read_again_;
   std::shared_ptr<const TlsContext> tls_;  // null without PUSHPULL_TLS
-  std::atomic<int64_t> queued_{0};         // sends not yet completed (for drain)
+  // Streams (transport_stream.cpp): the node ids that opened one here
+  // (guarded by mu_), and those handed over and not taken yet.
+  std::unordered_set<uint32_t> stream_peers_;
+  std::mutex streams_mu_;
+  std::condition_variable streams_cv_;
+  std::vector<Stream> streams_in_;  // guarded by streams_mu_
+  std::atomic<int64_t> queued_{0};  // sends not yet completed (for drain)
 };
 
 }  // namespace pushpull::net

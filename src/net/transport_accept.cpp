@@ -61,7 +61,9 @@ void MessageTransport::accept_all() {
     c->fd = Fd(fd);
     c->remote = remote;
     if (counted) c->pending_source = source;
-    tune_socket(fd, config_.net.socket_buffer_bytes);
+    // TCP_NODELAY now; fixed buffers once it proves to be a message
+    // connection (answer_hello): a data stream keeps autotuning.
+    tune_socket(fd, 0);
     set_dead_link_timeout(fd, config_.dead_link_timeout);
     c->peer.address = remote.to_string();
     c->nonce = random_nonce();

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // MessageTransport::connect: the connector's side of a connection (dialing with
-// backoff, the local-peer policy, TLS when on, the hello, the shared-memory
-// offer), on the calling thread, bounded by the connect deadline.
+// backoff, the local-peer policy, TLS when on, the hello: dial_hello, shared
+// with open_stream; then the shared-memory offer), on the calling thread,
+// bounded by the connect deadline.
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
@@ -18,9 +19,9 @@
 
 namespace pushpull::net {
 
-ConnId MessageTransport::connect(const std::string& host, int port, std::optional<Millis> timeout) {
+MessageTransport::Dialed MessageTransport::dial_hello(const std::string& host, int port,
+                                                      Millis limit, HelloKind kind) {
   using clock = std::chrono::steady_clock;
-  const Millis limit = timeout.value_or(config_.net.connect_timeout);
   const auto deadline = clock::now() + limit;
   const std::string where = format_address(host, port);
   SockAddr addr = resolve(host, port);
@@ -87,7 +88,7 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
     return link ? tls_write_all(*link, p, n, hs_deadline) : write_all(fd.get(), p, n, hs_deadline);
   };
   dial();
-  auto fail = [&](const std::string& what) -> ConnId {
+  auto fail = [&](const std::string& what) -> Dialed {
     throw IoError(fmt::format("handshake with {} failed: {}", where, what));
   };
   // Reads one handshake message of type `type` (at most kMaxHandshakeBytes).
@@ -119,10 +120,11 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
   hello.version = config_.protocol_version;
   hello.job_tag = job_tag(config_.net.job_id);
   hello.nonce = random_nonce();
+  hello.kind = kind;
   auto send_hello = [&](const Nonce& acceptor_nonce) {
     hello.proof =
         compute_proof(config_.net.job_secret, {Direction::kConnector, acceptor_nonce, hello.nonce,
-                                               config_.net.job_id, hello.role, hello.rank});
+                                               config_.net.job_id, hello.role, hello.rank, kind});
     auto payload = encode(hello);
     Header out = stamp(Header{.type = msg::kHello}, payload.size());
     auto ob = encode_header(out);
@@ -165,10 +167,10 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
     throw ProtocolError(fmt::format("node at {} refused the connection: {}", where, ack.reason));
   }
   // Mutual: the acceptor proves it knows the secret too, for the identity it claims.
-  if (!verify_proof(
-          config_.net.job_secret,
-          {Direction::kAcceptor, ch.nonce, hello.nonce, config_.net.job_id, ack.role, ack.rank},
-          ack.proof)) {
+  if (!verify_proof(config_.net.job_secret,
+                    {Direction::kAcceptor, ch.nonce, hello.nonce, config_.net.job_id, ack.role,
+                     ack.rank, kind},
+                    ack.proof)) {
     PP_ERROR("node at {} failed to authenticate; closing the connection", where);
     throw ProtocolError(fmt::format(
         "authentication failed: the node at {} does not know this job's secret (it claims to "
@@ -176,7 +178,14 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
         "(from {}): {}",
         where, role_name(ack.role), ack.rank, secret_source(config_.net), kSecretAdvice));
   }
+  return Dialed{std::move(fd), std::move(link), std::move(ack), where, hs_deadline};
+}
 
+ConnId MessageTransport::connect(const std::string& host, int port, std::optional<Millis> timeout) {
+  Dialed d =
+      dial_hello(host, port, timeout.value_or(config_.net.connect_timeout), HelloKind::kMessages);
+  Fd fd = std::move(d.fd);
+  const HelloAck& ack = d.ack;
   auto c = std::make_shared<Conn>();
   set_nonblocking(fd.get(), true);
   tune_socket(fd.get(), config_.net.socket_buffer_bytes);
@@ -189,7 +198,7 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
   c->peer.address = peer_address(fd.get());
   c->peer.outgoing = true;
   c->fd = std::move(fd);
-  c->tls = std::move(link);
+  c->tls = std::move(d.tls);
   c->state = Conn::State::kOpen;
   if (config_.shared_memory) offer_shm(*c);
   ConnId id = add_conn(c);
@@ -205,7 +214,7 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
     queue_ctl(*c, Header{.type = msg::kShmOffer},
               encode(ShmOffer{c->shm_mine->name(), c->shm_mine->ring_bytes(), host_identity()}),
               false);
-    wait_shm_settled(*c, hs_deadline);
+    wait_shm_settled(*c, d.hs_deadline);
   }
   return id;
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // MessageTransport: the acceptor side of the hello, on the I/O thread: refusing
-// strangers, answering (and holding) hellos, duplicate identities.
+// strangers, answering (and holding) hellos, duplicate identities. A stream
+// hello's answer is in transport_stream.cpp.
 #include <fmt/format.h>
 
 #include "net/address.h"
@@ -22,7 +23,8 @@ void MessageTransport::refuse_stranger(Conn& c, const std::string& reason, bool 
 
 // Answers a hello: accepted (empty `reason`; `hello` is the accepted one and
 // the ack carries this node's proof) or refused and why. Runs on the I/O thread.
-void MessageTransport::send_hello_ack(Conn& c, const std::string& reason, const Hello* hello) {
+void MessageTransport::send_hello_ack(Conn& c, const std::string& reason, const Hello* hello,
+                                      SendDone written) {
   HelloAck ack{reason.empty(), reason, Role::kNone, -1, {}};
   {
     std::lock_guard lock(mu_);  // set_identity() may run concurrently
@@ -30,8 +32,9 @@ void MessageTransport::send_hello_ack(Conn& c, const std::string& reason, const 
     ack.rank = rank_;
   }
   if (ack.accepted && hello != nullptr)
-    ack.proof = compute_proof(config_.net.job_secret, {Direction::kAcceptor, c.nonce, hello->nonce,
-                                                       config_.net.job_id, ack.role, ack.rank});
+    ack.proof = compute_proof(config_.net.job_secret,
+                              {Direction::kAcceptor, c.nonce, hello->nonce, config_.net.job_id,
+                               ack.role, ack.rank, hello->kind});
   auto payload = encode(ack);
   SendOp op;
   op.header = encode_header(stamp(Header{.type = msg::kHelloAck}, payload.size()));
@@ -39,6 +42,7 @@ void MessageTransport::send_hello_ack(Conn& c, const std::string& reason, const 
   std::memcpy(op.owned.data(), payload.data(), payload.size());
   op.data = op.owned.data();
   op.len = payload.size();
+  op.done = std::move(written);
   enqueue(c, std::move(op), true);
 }
 
@@ -100,6 +104,7 @@ void MessageTransport::on_hello(Conn& c, Message&& m) {
 // announced it and this node closed the old connection first (Node's
 // apply_placement), or the old process died and its connections with it.
 void MessageTransport::answer_hello(Conn& c, const Hello& hello) {
+  if (hello.kind == HelloKind::kStream) return answer_stream(c, hello);  // transport_stream.cpp
   std::string taken;
   if (hello.role != Role::kNone && hello.rank >= 0) {
     std::lock_guard lock(mu_);
@@ -130,6 +135,8 @@ void MessageTransport::answer_hello(Conn& c, const Hello& hello) {
   }
   c.peer_id = node_id(hello.role, hello.rank);
   release_pending(c);
+  // Fixed buffers only now: a stream keeps the kernel's autotuning.
+  tune_socket(c.fd.get(), config_.net.socket_buffer_bytes);
   c.state = Conn::State::kOpen;
   if (h) run_guarded(&c, "the connect handler", [&] { h(c.id, c.peer); });
 }

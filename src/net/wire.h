@@ -53,8 +53,8 @@ inline T load_le(const std::byte* p) {
   return static_cast<T>(static_cast<std::make_unsigned_t<T>>(v));
 }
 
-// The same on raw frame headers (the collectives' 16-byte stream and ring
-// headers are unsigned char arrays).
+// The same on raw frame headers kept as unsigned char arrays (the
+// collectives' shared-memory ring headers).
 template <typename T>
 inline void store_le(unsigned char* p, T v) {
   store_le<T>(reinterpret_cast<std::byte*>(p), v);

@@ -15,7 +15,6 @@
 #include "cluster/protocol.h"
 #include "collective/messages.h"
 #include "collective/store.h"
-#include "collective/stream_handshake.h"
 #include "collective/tcp_store.h"
 #include "compress/compressor.h"
 #include "net/hello.h"
@@ -73,6 +72,18 @@ void net_seeds(const fs::path& root) {
   h.host = "10.0.0.2";
   h.port = 9000;
   hs.add(1, net::encode(h));
+  // Hellos with proofs for fuzz_net_handshake's fixed job (selector 3):
+  // a stream's and a message connection's, each right for its own kind.
+  for (auto kind : {net::HelloKind::kStream, net::HelloKind::kMessages}) {
+    net::Hello p = h;
+    p.job_tag = net::job_tag("fuzz-job");
+    p.kind = kind;
+    net::Nonce acceptor{};
+    acceptor.fill(std::byte{0x5a});
+    p.proof = net::compute_proof("fuzz-secret", {net::Direction::kConnector, acceptor, p.nonce,
+                                                 "fuzz-job", p.role, p.rank, kind});
+    hs.add(3, net::encode(p));
+  }
   hs.add(2, net::encode(net::HelloAck{true, "", Role::kServer, 0}));
   hs.add(2, net::encode(net::HelloAck{false, "authentication failed", Role::kNone, -1}));
   header.add(0, net::encode_header(net::Header{
@@ -236,27 +247,6 @@ void idx_seeds(const fs::path& root) {
   idx.add(0, file({65536, 65536, 65536, 65536}, 0));
 }
 
-// Data-stream hellos for fuzz_stream_hello's fixed job: rank 1 proving
-// itself to rank 0 (accepted when the selector leaves rank 1 free), and
-// the same proof claiming rank 2.
-void stream_hello_seeds(const fs::path& root) {
-  Corpus sh(root, "fuzz_stream_hello");
-  collective::StreamAuth auth{"fuzz-job", "fuzz-secret", net::Nonce{}, false, nullptr};
-  net::Nonce acceptor{};
-  acceptor.fill(std::byte{0x5a});
-  net::Nonce mine{};
-  mine.fill(std::byte{7});
-  for (int claimed : {1, 2}) {
-    std::vector<std::byte> hello(collective::kStreamHelloBytes);
-    hello[0] = static_cast<std::byte>(claimed);
-    std::memcpy(hello.data() + 8, mine.data(), mine.size());
-    net::Proof p = net::compute_proof(
-        auth.key(), {net::Direction::kConnector, acceptor, mine, auth.job_id, Role::kWorker, 1});
-    std::memcpy(hello.data() + 8 + mine.size(), p.data(), p.size());
-    sh.add(0 | (2 << 2), hello);  // rank 0 of 3, nothing taken
-  }
-}
-
 void collective_seeds(const fs::path& root) {
   Corpus co(root, "fuzz_collective_messages");
   collective::Spec s;
@@ -312,7 +302,6 @@ int main(int argc, char** argv) {
   optimizer_seeds(root);
   checkpoint_seeds(root);
   collective_seeds(root);
-  stream_hello_seeds(root);
   idx_seeds(root);
   return 0;
 }

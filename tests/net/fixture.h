@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,11 +96,15 @@ class RawClient {
     auto payload = encode(hello);
     write(Header{.type = msg::kHello, .payload_bytes = payload.size()}, payload);
   }
-  // A well-formed hello for (role, rank) answering `ch` with `secret`.
+  // A well-formed hello for (role, rank) answering `ch` with `secret`, asking
+  // for a connection of `kind` with a proof made for `proof_kind` (the same
+  // unless a test forges it).
   static Hello make_hello(const Challenge& ch, const std::string& secret, Role role, int rank,
-                          const std::string& job = "job") {
-    Hello h{kProtocolVersion, job_tag(job), role, rank, "127.0.0.1", 1, random_nonce(), {}};
-    h.proof = compute_proof(secret, {Direction::kConnector, ch.nonce, h.nonce, job, role, rank});
+                          const std::string& job = "job", HelloKind kind = HelloKind::kMessages,
+                          std::optional<HelloKind> proof_kind = {}) {
+    Hello h{kProtocolVersion, job_tag(job), role, rank, "127.0.0.1", 1, random_nonce(), {}, kind};
+    h.proof = compute_proof(secret, {Direction::kConnector, ch.nonce, h.nonce, job, role, rank,
+                                     proof_kind.value_or(kind)});
     return h;
   }
   HelloAck ack() {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Adversary suite: starts a real job with `pushpull launch` and, while it
 runs, attacks every listening port of every process of the job (found in
-/proc, including short-lived ones such as the collective rendezvous and data
-stream listeners) with the attacks of attacks.py. Passes when the job exits 0
+/proc, including short-lived ones such as the collective rendezvous; the
+collectives' data streams come in through the mesh ports) with the attacks of attacks.py. Passes when the job exits 0
 with correct values (its workers check every round and print PASS), every
 attack got the answer a secure node must give, and no process's command line
 shows the job secret.

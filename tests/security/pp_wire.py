@@ -126,9 +126,11 @@ def proof_v1(secret, nonce, job_id, role, rank):
     return hmac.new(secret.encode(), msg, hashlib.sha256).digest()
 
 
-def proof_v2(secret, acceptor_nonce, connector_nonce, job_id, role, rank):
+def proof_v2(secret, acceptor_nonce, connector_nonce, job_id, role, rank, version=2):
+    """The connector's proof (net/hello.h); from protocol version 4 it also
+    binds the hello's kind (0: a message connection)."""
     msg = (wstr("pushpull v2 connector") + acceptor_nonce + connector_nonce + wstr(job_id) +
-           struct.pack("<Bi", role, rank))
+           struct.pack("<Bi", role, rank) + (b"\0" if version >= 4 else b""))
     return hmac.new(secret.encode(), msg, hashlib.sha256).digest()
 
 
@@ -145,7 +147,7 @@ def connector_handshake(sock, deadline, role, rank, proof_mode, secret="", job_i
     my_nonce = os.urandom(32)
     if proof_mode == "right":
         p = (proof_v1(secret, nonce, job, role, rank) if fmt == 1 else
-             proof_v2(secret, nonce, my_nonce, job_id, role, rank))
+             proof_v2(secret, nonce, my_nonce, job_id, role, rank, version))
     elif proof_mode == "wrong":
         p = os.urandom(32)
     else:
@@ -153,6 +155,8 @@ def connector_handshake(sock, deadline, role, rank, proof_mode, secret="", job_i
     head = struct.pack("<H", version) + (wstr(job) if fmt == 1 else job)
     body = struct.pack("<Bi", role, rank) + wstr("127.0.0.1") + struct.pack("<i", 1)
     tail = p if fmt == 1 else my_nonce + p
+    if fmt != 1 and version >= 4:
+        tail += b"\0"  # the hello's kind: a message connection
     out = frame(T_HELLO, head + body + tail, version=header_version)
     sock.sendall(out)
     return out
