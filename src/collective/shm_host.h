@@ -5,11 +5,13 @@
 // A rank's identity (HostRecord) is the kernel's boot id, the host name, the
 // network and PID namespaces' inodes, the device and inode of the
 // segment directory, and the effective uid, plus a probe file it created in
-// that directory (mode 0600, random name, random content). Ranks with equal
+// that directory (a net::ShmFile, net/shm_file.h: mode 0600, random name,
+// random content). Ranks with equal
 // keys are candidates for one group; the proof is that each candidate can
-// open every other candidate's probe, owned by this user, with the
-// advertised content, and that its own probe could reserve the bytes its
-// segment will need (posix_fallocate). Two network-namespace "hosts" of one
+// open every other candidate's probe (ShmFile::open's checks: this user's
+// private regular file, 16 bytes) with the advertised content, and that it
+// could reserve the bytes its segment will need (a second file, held until
+// remove()). Two network-namespace "hosts" of one
 // kernel are separate hosts (their keys differ): the links between them are
 // the point of such a setup.
 //
@@ -21,8 +23,11 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "net/shm_file.h"
 
 namespace pushpull::collective {
 
@@ -54,19 +59,24 @@ class HostProbe {
   HostProbe& operator=(const HostProbe&) = delete;
 
   const HostRecord& record() const { return record_; }
-  // Reserves `bytes` in the probe file (as the segment will); false when the
-  // directory has no room.
+  // Reserves `bytes` in the directory (as the segment will) until remove();
+  // false when it has no room.
   bool reserve(size_t bytes);
-  // Frees the probe (before the segments are made).
+  // Frees the probe and the reservation (before the segments are made).
   void remove();
   // Whether `peer`'s probe is visible here: same user, private, its content.
   bool sees(const HostRecord& peer) const;
 
  private:
-  std::string dir_, path_;
+  std::string dir_;
   HostRecord record_;
-  int fd_ = -1;
+  std::unique_ptr<net::ShmFile> probe_, reserved_;
 };
+
+// Removes probes and segments (use_shared_memory's names) that processes
+// killed during a setup left in `dir`, once an hour old (net/shm_file.h).
+// Returns how many.
+int sweep_stale_files(const std::string& dir);
 
 // The group of `rank` (the job's ranks, ascending) given every rank's record
 // and proof row (proof[i][j]: rank i saw rank j's probe and, for j == i,
