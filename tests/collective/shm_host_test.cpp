@@ -126,7 +126,7 @@ TEST(ShmHost, AProbeIsSeenOnlyWhereItIsAndLeavesNothing) {
     forged.content[0] ^= 1;
     EXPECT_FALSE(pa2.sees(forged));  // the file is there, the content is not
     EXPECT_TRUE(pa.reserve(1 << 16));
-    EXPECT_EQ(a.entries(), 3u);  // two probes and pa's reservation
+    EXPECT_EQ(a.entries(), 3u);          // two probes and pa's reservation
     EXPECT_TRUE(pa2.sees(pa.record()));  // the probe keeps its size
     pa.remove();
     EXPECT_EQ(a.entries(), 1u);  // the probe and its reservation went
