@@ -152,8 +152,7 @@ bool ShmTransport::Impl::read_some(int p, Done& done) {
 bool ShmTransport::Impl::peer_alive(int p) {
   SegHeader* h = map(p).h;
   if (h->closed.load(std::memory_order_acquire)) return false;
-  int32_t pid = h->pid.load();
-  return !(pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH);
+  return !net::process_gone(h->pid.load());
 }
 
 void ShmTransport::Impl::fail_peer(int p, const Status& why, Done& done) {

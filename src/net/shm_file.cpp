@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,6 +35,10 @@ Status io_error(const std::string& what, const std::string& path, int err) {
 }
 
 }  // namespace
+
+bool process_gone(int pid) {
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
 
 std::string to_hex(const std::byte* p, size_t n) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -118,26 +123,31 @@ Status ShmFile::open(const std::string& dir, const std::string& name, const ShmK
     return {err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIoError,
             fmt::format("cannot open {}: {} (not on this host?)", path, std::strerror(err))};
   }
+  std::unique_ptr<ShmFile> f(new ShmFile);
+  f->dir_ = dir;
+  f->name_ = name;
+  if (Status s = f->check_and_map(fd.get(), path, min_bytes, max_bytes, true, map); !s) return s;
+  *out = std::move(f);
+  return Status::ok();
+}
+
+Status ShmFile::check_and_map(int fd, const std::string& path, uint64_t min, uint64_t max,
+                              bool private_mode, ShmMapping map) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return {ErrorCode::kIoError, fmt::format("{} is not a regular file; refusing it", path)};
-  if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+  // Owned by this user even when we are root: never another user's memory.
+  if (st.st_uid != ::geteuid() || (private_mode && (st.st_mode & 077) != 0))
     return {ErrorCode::kIoError,
             fmt::format("{} belongs to another user or is open to others (mode {:o}); refusing it",
                         path, st.st_mode & 0777)};
   const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < min_bytes || size > max_bytes || size == 0)
+  if (size < min || size > max || size == 0)
     return {ErrorCode::kProtocolError,
             fmt::format("{} has size {}, not {}", path, size,
-                        min_bytes == max_bytes ? fmt::format("{}", min_bytes)
-                                               : fmt::format("{}..{}", min_bytes, max_bytes))};
-  std::unique_ptr<ShmFile> f(new ShmFile);
-  f->dir_ = dir;
-  f->name_ = name;
-  f->bytes_ = static_cast<size_t>(size);
-  if (Status s = f->map_fd(fd.get(), path, map); !s) return s;
-  *out = std::move(f);
-  return Status::ok();
+                        min == max ? fmt::format("{}", min) : fmt::format("{}..{}", min, max))};
+  bytes_ = static_cast<size_t>(size);
+  return map_fd(fd, path, map);
 }
 
 Status ShmFile::create_memfd(const ShmKind& kind, size_t bytes, std::unique_ptr<ShmFile>* out) {
@@ -162,16 +172,9 @@ Status ShmFile::create_memfd(const ShmKind& kind, size_t bytes, std::unique_ptr<
 
 Status ShmFile::adopt(Fd fd, const std::string& what, uint64_t bytes, ShmMapping map,
                       std::unique_ptr<ShmFile>* out) {
-  struct stat st {};
-  // Owned by this user as well: a root process never maps another user's
-  // memory, whatever else it was told.
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
-      static_cast<uint64_t>(st.st_size) != bytes || bytes == 0)
-    return {ErrorCode::kIoError,
-            fmt::format("{}: its owner or size is not the one expected", what)};
   std::unique_ptr<ShmFile> f(new ShmFile);
-  f->bytes_ = static_cast<size_t>(bytes);
-  if (Status s = f->map_fd(fd.get(), what, map); !s) return s;
+  if (Status s = f->check_and_map(fd.get(), what, bytes, bytes, false, map); !s)
+    return {ErrorCode::kIoError, s.message()};
   *out = std::move(f);
   return Status::ok();
 }

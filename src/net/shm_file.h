@@ -1,37 +1,29 @@
 // SPDX-License-Identifier: Apache-2.0
 // The one way pushpull makes, opens, maps and removes shared memory: the
-// PS's payload rings (net/shm_segment.h), lent blocks (net/lend.h), the
-// collectives' segments (collective/shm_transport*) and their host probes
-// (collective/shm_host.h) are all ShmFiles. The security-critical code is
-// here once.
+// PS's rings (shm_segment.h), lent blocks (lend.h), the collectives'
+// segments and host probes (collective/shm_transport*, shm_host.h).
 //
 // A file of a kind (its name prefix) under a directory (/dev/shm, tmpfs):
 // - create(): O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600, named prefix + 32
-//   hex digits of 128 random bits (id(); unguessable, so nobody creates it
-//   first: a squat), or a name the caller chose (create_named, whose
-//   randomness the caller owns); its pages reserved up front
-//   (posix_fallocate: a full /dev/shm is an IoError here, never a SIGBUS on
-//   a later write), mapped read-write;
-// - open(): a peer's file, only when its name has the kind's form (no
-//   path), it is a regular file (never through a symlink) owned by this
-//   effective user, without group/other permission bits, and of the size
-//   the caller expects; mapped read-only or read-write;
-// - unlink(): the creator removes the name once its peers mapped it (the
-//   destructor does if nobody did), so nothing outlives the processes;
-// - sweep_stale(): names of a kind left by processes killed before they
-//   unlinked them (this user's regular files only, symlinks not followed).
-// create_memfd() makes an anonymous file (memfd_create) with the same
-// naming and sealed against resizing; adopt() maps a descriptor another
-// process's /proc entry gave (lend.h) after the same owner and size checks.
+//   hex digits of 128 random bits (id(): nobody can create it first), or a
+//   name whose randomness the caller owns (create_named); its pages
+//   reserved (posix_fallocate: a full /dev/shm is an IoError here, never a
+//   SIGBUS on a later write); mapped read-write;
+// - open(): a peer's file, only when its name has the kind's form (no path)
+//   and it is a regular file (no symlink followed, a FIFO never blocks the
+//   open) owned by this effective user, with no group/other bits, of the
+//   size the caller expects; mapped read-only or read-write;
+// - unlink() once the peers mapped it (the destructor does if nobody did);
+//   sweep_stale(): names of a kind that killed processes left behind.
+// create_memfd() makes an anonymous file, named alike and sealed at its
+// size; adopt() maps a descriptor (another process's, via /proc) after the
+// owner and size checks.
 //
-// Errors are Status values: kIoError when the system refuses or the file is
-// not this user's private file, kProtocolError for a name or size pushpull
-// would never make, kNotFound when the name does not exist (yet).
-//
-// Ownership and thread safety: a ShmFile owns its mapping, its name until
-// unlink() (creator only) and, for a memfd, its descriptor; destruction
-// unmaps and unlinks a name still linked. Its memory is the caller's to
-// synchronise; the object itself is immutable apart from unlink().
+// Errors: kIoError (the system refused, or not this user's private file),
+// kProtocolError (a name or size pushpull never makes), kNotFound (no such
+// name yet). Ownership and thread safety: a ShmFile owns its mapping, its
+// name until unlink() and a memfd's descriptor; it is immutable apart from
+// unlink(); its memory is the caller's to synchronise.
 #pragma once
 
 #include <array>
@@ -50,8 +42,8 @@ namespace pushpull::net {
 
 using ShmId = std::array<std::byte, 16>;
 
-// A kind of file: names are `prefix` + exactly `hex_digits` lowercase hex
-// digits, or (hex_digits 0) + 1..96 characters of [0-9a-z.-].
+// Names of a kind: `prefix` + `hex_digits` lowercase hex digits, or
+// (hex_digits 0) + 1..96 characters of [0-9a-z.-].
 struct ShmKind {
   std::string_view prefix;
   size_t hex_digits = 32;
@@ -59,9 +51,7 @@ struct ShmKind {
 
 struct ShmMapping {
   bool writable = false;
-  // Fault every page in at the setup (MAP_POPULATE) instead of on the
-  // message path.
-  bool populate = false;
+  bool populate = false;  // MAP_POPULATE: page faults at the setup, not on the message path
 };
 
 class ShmFile {
@@ -75,20 +65,16 @@ class ShmFile {
   static Status open(const std::string& dir, const std::string& name, const ShmKind& kind,
                      uint64_t min_bytes, uint64_t max_bytes, ShmMapping map,
                      std::unique_ptr<ShmFile>* out);
-  // An anonymous file named like create()'s, sized (not reserved: memfds
-  // live on the kernel's internal tmpfs, which has no size limit to hit)
-  // and sealed against shrinking and growing; keeps its descriptor (fd()).
+  // Sized, not reserved: a memfd lives on the kernel's internal tmpfs, which
+  // has no size limit to hit. Keeps its descriptor (fd()).
   static Status create_memfd(const ShmKind& kind, size_t bytes, std::unique_ptr<ShmFile>* out);
-  // Maps the open descriptor `fd` (taken) when it is a regular file owned
-  // by this effective user, exactly `bytes` long; `what` names it in errors.
+  // Maps `fd` (taken) when it is this user's regular file of `bytes`.
   static Status adopt(Fd fd, const std::string& what, uint64_t bytes, ShmMapping map,
                       std::unique_ptr<ShmFile>* out);
 
   static bool valid_name(std::string_view name, const ShmKind& kind);
-  // Removes from `dir` this user's regular files of `kind` last modified at
-  // least `older_than` ago, or at least `orphan_after` ago when
-  // `creator_gone` (given a read-only descriptor of the file) says so.
-  // Returns how many it removed.
+  // Removes this user's regular files of `kind` modified `older_than` ago,
+  // or `orphan_after` ago when `creator_gone(read-only fd)`; returns how many.
   static int sweep_stale(const std::string& dir, const ShmKind& kind,
                          std::chrono::seconds older_than,
                          std::chrono::seconds orphan_after = std::chrono::seconds{0},
@@ -108,6 +94,10 @@ class ShmFile {
 
  private:
   ShmFile() = default;
+  // Checks `fd` (a regular file of this user, of a size in [min, max],
+  // private when `private_mode`) and maps it.
+  Status check_and_map(int fd, const std::string& path, uint64_t min, uint64_t max,
+                       bool private_mode, ShmMapping map);
   Status map_fd(int fd, const std::string& path, ShmMapping map);
   std::string dir_, name_;
   bool linked_ = false;  // we created the name and it is still there
@@ -119,5 +109,7 @@ class ShmFile {
 
 // 2 * n lowercase hex digits.
 std::string to_hex(const std::byte* p, size_t n);
+// Whether no process `pid` exists (a creator or peer that died).
+bool process_gone(int pid);
 
 }  // namespace pushpull::net

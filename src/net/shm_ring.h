@@ -1,23 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // The one single-producer single-consumer byte ring of pushpull's shared
-// memory: the PS's payload rings (net/shm_segment.h) and the collectives'
-// inbound rings (collective/shm_transport_impl.h). Each keeps its own
-// message framing and doorbells; the ring is only bytes.
+// memory, under the PS's payload rings (shm_segment.h) and the collectives'
+// inbound rings (collective/shm_transport_impl.h); each keeps its own
+// message framing and doorbells.
 //
-// Positions are byte offsets into an endless stream (uint64_t: never wraps
-// in practice); stream byte p lives at p % size(). The producer owns `head`
-// (bytes ever written), the consumer `tail` (bytes ever read); the producer
-// may write [head, tail + size), the consumer read [tail, head).
-// ShmRing::copy_in/copy_out copy across the wrap. Where both positions live
-// in the shared memory itself (the collectives), ShmRingCtl holds them as
-// atomics: the producer publishes head with release after copying in, the
-// consumer reads it with acquire before copying out (and the same for
-// tail the other way). The PS keeps its positions in its TCP frames
-// instead (net/shm_setup.h) and uses only ShmRing.
+// Positions are offsets into an endless byte stream (uint64_t); stream byte
+// p lives at p % size(). The producer owns head (bytes ever written) and may
+// write [head, tail + size); the consumer owns tail and may read [tail,
+// head). Where the positions live in the shared memory (the collectives),
+// ShmRingCtl holds them: each side publishes its own with release after
+// copying and reads the other's with acquire. The PS carries them in its
+// TCP frames instead (shm_setup.h).
 //
-// Thread safety: one producer thread and one consumer thread at a time;
-// the ring never checks positions: callers bound them by free()/used().
-// Ownership: a ShmRing points into memory its owner maps (a ShmFile).
+// Thread safety: one producer and one consumer at a time; callers bound
+// positions by free()/used(). Ownership: points into a mapping its owner holds.
 #pragma once
 
 #include <algorithm>

@@ -1,11 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "net/shm_segment.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <array>
-#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -28,8 +26,7 @@ bool creator_gone(int fd) {
   std::array<std::byte, 16> head{};
   if (::pread(fd, head.data(), head.size(), 0) != 16) return true;
   if (load_le<uint64_t>(head.data()) != kSegMagic) return true;
-  const auto pid = static_cast<pid_t>(load_le<uint32_t>(head.data() + 12));
-  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+  return process_gone(static_cast<int>(load_le<uint32_t>(head.data() + 12)));
 }
 
 }  // namespace
