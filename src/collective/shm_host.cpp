@@ -10,7 +10,6 @@
 
 #include "net/hello.h"
 #include "net/host_identity.h"
-#include "net/shm_segment.h"
 #include "pushpull/error.h"
 
 namespace pushpull::collective {
@@ -56,11 +55,6 @@ HostRecord decode_host_record(const uint8_t* data, size_t bytes) {
   std::memcpy(r.content.data(), data + kContentAt, 16);
   std::memcpy(r.token.data(), data + kTokenAt, 16);
   return r;
-}
-
-std::string host_key(const std::string& dir) {
-  // The directory's device and inode tell a private /dev/shm apart.
-  return fmt::format("{}|dir {}|uid {}", net::host_identity(), net::inode_of(dir), ::geteuid());
 }
 
 HostProbe::HostProbe(const std::string& dir) : dir_(dir) {

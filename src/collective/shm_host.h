@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "net/host_identity.h"
 #include "net/shm_file.h"
 
 namespace pushpull::collective {
@@ -46,8 +47,9 @@ inline constexpr size_t kHostRecordBytes = 256;
 std::vector<uint8_t> encode(const HostRecord& r);
 HostRecord decode_host_record(const uint8_t* data, size_t bytes);
 
-// This process's key for segments under `dir`.
-std::string host_key(const std::string& dir);
+// This process's key for segments under `dir` (the PS's offers carry the
+// same key, net/host_identity.h).
+using net::host_key;
 
 // This rank's probe: created (random name and content) by the constructor,
 // removed by the destructor. Throws IoError when it cannot be created.

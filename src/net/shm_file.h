@@ -49,6 +49,11 @@ struct ShmKind {
   size_t hex_digits = 32;
 };
 
+// A name is linked only while its setup runs (bounded by a connect or
+// start-up timeout): one older than this was left by a process killed in
+// that window, and the next setup on the host removes it (sweep_stale).
+inline constexpr std::chrono::seconds kShmStaleAfter{3600};
+
 struct ShmMapping {
   bool writable = false;
   bool populate = false;  // MAP_POPULATE: page faults at the setup, not on the message path

@@ -51,10 +51,6 @@ inline constexpr size_t kShmMaxRingBytes = size_t{1} << 30;
 inline constexpr char kShmNamePrefix[] = "pushpull-net-";
 inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
 inline constexpr ShmKind kShmSegmentKind{kShmNamePrefix, 32};
-// A name is linked only while its connection's setup runs (bounded by the
-// connect timeout): one older than this was left by a process killed in
-// that window, and MessageTransport::start() removes it (sweep_stale).
-inline constexpr std::chrono::seconds kShmStaleAfter{3600};
 // ... and one whose creator (the pid in its header) no longer exists, or
 // with no header at all, is removed once this old: a setup takes
 // milliseconds, and this is longer than the default connect timeout
