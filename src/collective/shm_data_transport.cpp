@@ -157,6 +157,7 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   // probe (it proves nothing): the others must not wait for it.
   std::unique_ptr<HostProbe> probe;
   HostRecord mine;
+  sweep_stale_files(dir);  // what ranks killed mid-setup left
   try {
     probe = std::make_unique<HostProbe>(dir);
     mine = probe->record();
@@ -205,10 +206,9 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   // local user can create a peer's name first.
   std::vector<std::string> names;
   for (int r : group) {
-    std::string n = "pushpull-coll-";
-    for (uint8_t b : records[static_cast<size_t>(r)].token)
-      n += fmt::format("{:02x}", b);
-    names.push_back(std::move(n));
+    const auto& token = records[static_cast<size_t>(r)].token;
+    names.push_back("pushpull-coll-" +
+                    net::to_hex(reinterpret_cast<const std::byte*>(token.data()), token.size()));
   }
   const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   o.connect_timeout = std::chrono::duration_cast<Millis>(deadline - Clock::now());

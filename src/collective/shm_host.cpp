@@ -1,12 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/shm_host.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -24,22 +21,13 @@ constexpr size_t kProbeAt = kKeyBytes, kContentAt = kProbeAt + 16, kTokenAt = kC
                  kVersionAt = kTokenAt + 16;
 static_assert(kVersionAt < kHostRecordBytes);
 
+constexpr net::ShmKind kProbeKind{"pushpull-probe-", 32};
+
 Bytes16 random16() {
   net::Nonce n = net::random_nonce();
   Bytes16 b{};
   std::memcpy(b.data(), n.data(), b.size());
   return b;
-}
-
-std::string hex(const Bytes16& b) {
-  std::string s;
-  for (uint8_t c : b)
-    s += fmt::format("{:02x}", c);
-  return s;
-}
-
-std::string probe_path(const std::string& dir, const Bytes16& name) {
-  return fmt::format("{}/pushpull-probe-{}", dir, hex(name));
 }
 
 }  // namespace
@@ -69,55 +57,45 @@ HostRecord decode_host_record(const uint8_t* data, size_t bytes) {
   return r;
 }
 
-std::string host_key(const std::string& dir) {
-  // The directory's device and inode tell a private /dev/shm apart.
-  return fmt::format("{}|dir {}|uid {}", net::host_identity(), net::inode_of(dir), ::geteuid());
-}
-
 HostProbe::HostProbe(const std::string& dir) : dir_(dir) {
   record_.key = host_key(dir);
-  record_.probe = random16();
   record_.content = random16();
   record_.token = random16();
-  path_ = probe_path(dir, record_.probe);
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd_ < 0) {
-    std::string why = std::strerror(errno);
-    path_.clear();
-    throw IoError(fmt::format("collective shm: cannot create a probe in {}: {}", dir, why));
-  }
-  if (::write(fd_, record_.content.data(), 16) != 16) {
-    std::string why = std::strerror(errno);
-    remove();
-    throw IoError(fmt::format("collective shm: cannot write a probe in {}: {}", dir, why));
-  }
+  if (Status st = net::ShmFile::create(dir, kProbeKind, sizeof record_.content,
+                                       net::ShmMapping{.writable = true}, &probe_);
+      !st)
+    throw IoError(
+        fmt::format("collective shm: cannot create a probe in {}: {}", dir, st.message()));
+  std::memcpy(record_.probe.data(), probe_->id().data(), record_.probe.size());
+  std::memcpy(probe_->data(), record_.content.data(), record_.content.size());
 }
 
-HostProbe::~HostProbe() {
-  remove();
-}
+HostProbe::~HostProbe() = default;
 
 bool HostProbe::reserve(size_t bytes) {
-  return fd_ >= 0 && ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes)) == 0;
+  // A file of its own, held until remove(): the probe keeps the exact size
+  // its peers check.
+  return probe_ && net::ShmFile::create(dir_, kProbeKind, bytes, net::ShmMapping{.writable = true},
+                                        &reserved_)
+                       .is_ok();
 }
 
 void HostProbe::remove() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-  if (!path_.empty()) ::unlink(path_.c_str());
-  path_.clear();
+  probe_.reset();
+  reserved_.reset();
 }
 
 bool HostProbe::sees(const HostRecord& peer) const {
-  int fd = ::open(probe_path(dir_, peer.probe).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return false;
-  struct stat st {};
-  Bytes16 got{};
-  const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-                  (st.st_mode & 077) == 0 && ::pread(fd, got.data(), 16, 0) == 16 &&
-                  got == peer.content;
-  ::close(fd);
-  return ok;
+  const std::string name = std::string(kProbeKind.prefix) +
+                           net::to_hex(reinterpret_cast<const std::byte*>(peer.probe.data()), 16);
+  std::unique_ptr<net::ShmFile> f;
+  return net::ShmFile::open(dir_, name, kProbeKind, 16, 16, net::ShmMapping{}, &f).is_ok() &&
+         std::memcmp(f->data(), peer.content.data(), 16) == 0;
+}
+
+int sweep_stale_files(const std::string& dir) {
+  return net::ShmFile::sweep_stale(dir, kProbeKind, net::kShmStaleAfter) +
+         net::ShmFile::sweep_stale(dir, net::ShmKind{"pushpull-coll-", 32}, net::kShmStaleAfter);
 }
 
 std::vector<int> same_key(const std::vector<HostRecord>& records, int rank) {

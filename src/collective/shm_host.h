@@ -5,11 +5,13 @@
 // A rank's identity (HostRecord) is the kernel's boot id, the host name, the
 // network and PID namespaces' inodes, the device and inode of the
 // segment directory, and the effective uid, plus a probe file it created in
-// that directory (mode 0600, random name, random content). Ranks with equal
+// that directory (a net::ShmFile, net/shm_file.h: mode 0600, random name,
+// random content). Ranks with equal
 // keys are candidates for one group; the proof is that each candidate can
-// open every other candidate's probe, owned by this user, with the
-// advertised content, and that its own probe could reserve the bytes its
-// segment will need (posix_fallocate). Two network-namespace "hosts" of one
+// open every other candidate's probe (ShmFile::open's checks: this user's
+// private regular file, 16 bytes) with the advertised content, and that it
+// could reserve the bytes its segment will need (a second file, held until
+// remove()). Two network-namespace "hosts" of one
 // kernel are separate hosts (their keys differ): the links between them are
 // the point of such a setup.
 //
@@ -21,8 +23,12 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "net/host_identity.h"
+#include "net/shm_file.h"
 
 namespace pushpull::collective {
 
@@ -41,8 +47,9 @@ inline constexpr size_t kHostRecordBytes = 256;
 std::vector<uint8_t> encode(const HostRecord& r);
 HostRecord decode_host_record(const uint8_t* data, size_t bytes);
 
-// This process's key for segments under `dir`.
-std::string host_key(const std::string& dir);
+// This process's key for segments under `dir` (the PS's offers carry the
+// same key, net/host_identity.h).
+using net::host_key;
 
 // This rank's probe: created (random name and content) by the constructor,
 // removed by the destructor. Throws IoError when it cannot be created.
@@ -54,19 +61,24 @@ class HostProbe {
   HostProbe& operator=(const HostProbe&) = delete;
 
   const HostRecord& record() const { return record_; }
-  // Reserves `bytes` in the probe file (as the segment will); false when the
-  // directory has no room.
+  // Reserves `bytes` in the directory (as the segment will) until remove();
+  // false when it has no room.
   bool reserve(size_t bytes);
-  // Frees the probe (before the segments are made).
+  // Frees the probe and the reservation (before the segments are made).
   void remove();
   // Whether `peer`'s probe is visible here: same user, private, its content.
   bool sees(const HostRecord& peer) const;
 
  private:
-  std::string dir_, path_;
+  std::string dir_;
   HostRecord record_;
-  int fd_ = -1;
+  std::unique_ptr<net::ShmFile> probe_, reserved_;
 };
+
+// Removes probes and segments (use_shared_memory's names) that processes
+// killed during a setup left in `dir`, once an hour old (net/shm_file.h).
+// Returns how many.
+int sweep_stale_files(const std::string& dir);
 
 // The group of `rank` (the job's ranks, ascending) given every rank's record
 // and proof row (proof[i][j]: rank i saw rank j's probe and, for j == i,

@@ -12,8 +12,6 @@
 // guards it.
 #pragma once
 
-#include <sys/mman.h>
-
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -30,6 +28,8 @@
 #include "collective/futex.h"
 #include "collective/shm_arena.h"
 #include "collective/shm_transport.h"
+#include "net/shm_file.h"
+#include "net/shm_ring.h"
 #include "net/wire.h"
 
 namespace pushpull::collective {
@@ -51,15 +51,13 @@ struct alignas(64) SegHeader {
   std::atomic<uint32_t> attached;  // peers that mapped this segment
   std::atomic<uint32_t> sleeping;  // the owner is (about to be) in FUTEX_WAIT
 };
-struct alignas(64) RingCtl {
-  std::atomic<uint64_t> head;  // bytes ever written (producer)
-  char pad[56];
-  std::atomic<uint64_t> tail;  // bytes ever read (consumer)
-  char pad2[56];
-};
-static_assert(std::atomic<uint32_t>::is_always_lock_free &&
-              std::atomic<uint64_t>::is_always_lock_free);
+// One inbound ring per peer: the positions of net/shm_ring.h.
+using RingCtl = net::ShmRingCtl;
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(SegHeader) == 64 && sizeof(RingCtl) == 128);
+// The segments' names (net/shm_file.h checks them): use_shared_memory's
+// "pushpull-coll-" + 32 hex digits, or `<prefix>.<rank>`.
+inline constexpr net::ShmKind kSegmentKind{"pushpull-", 0};
 
 inline size_t round64(size_t v) {
   return (v + 63) / 64 * 64;
@@ -84,8 +82,7 @@ inline void ring_bell(SegHeader* h) {
 
 struct ShmTransport::Impl {
   struct Map {
-    void* base = MAP_FAILED;
-    size_t len = 0;
+    std::unique_ptr<net::ShmFile> file;
     SegHeader* h = nullptr;
     RingCtl* ctl = nullptr;  // [size]
     char* data = nullptr;    // [size][ring]
@@ -125,7 +122,7 @@ struct ShmTransport::Impl {
 
   int rank, size;
   ShmOptions o;
-  std::string dir, prefix, own_path;
+  std::string dir, prefix;
   std::vector<Map> maps;
 
   std::mutex send_mu;  // the send queues and writing into the peers' rings
@@ -150,8 +147,8 @@ struct ShmTransport::Impl {
   // ---- the segments (shm_transport_setup.cpp) --------------------------------
   Impl(int r, int n, std::string pre, ShmOptions opts, std::string d);
   ~Impl();
-  // Maps rank r's segment (fd, len bytes) and points maps[r] into it.
-  void map_fd(int fd, int r, size_t len);
+  // Points maps[r] into rank r's segment `file`.
+  void use_file(int r, std::unique_ptr<net::ShmFile> file);
   // Creates this rank's segment and waits for every peer's (constructor).
   void setup();
   void make_arena();
@@ -165,18 +162,21 @@ struct ShmTransport::Impl {
 
   // How messages name rank r: its rank in the job.
   int name(int r) const { return o.rank_names.empty() ? r : o.rank_names[static_cast<size_t>(r)]; }
-  std::string path_of(int r) const {
-    return o.segment_names.empty() ? fmt::format("{}/{}.{}", dir, prefix, r)
-                                   : fmt::format("{}/{}", dir, o.segment_names[size_t(r)]);
+  std::string name_of(int r) const {
+    return o.segment_names.empty() ? fmt::format("{}.{}", prefix, r) : o.segment_names[size_t(r)];
   }
+  std::string path_of(int r) const { return fmt::format("{}/{}", dir, name_of(r)); }
   // Creates, sizes and maps this rank's segment and writes its header.
   void create_own(size_t len);
   // Runs one step of the setup; with ShmOptions::agree, every rank learns
   // whether it worked on every rank, and all fail together (see there).
   void step(const std::function<void()>& f);
   Map& map(int r) { return maps[static_cast<size_t>(r)]; }
-  char* ring_data(int owner, int from) {
-    return map(owner).data + static_cast<size_t>(from) * o.ring_bytes;
+  // The ring in `owner`'s segment that rank `from` writes.
+  net::ShmRing ring(int owner, int from) {
+    return net::ShmRing(
+        reinterpret_cast<std::byte*>(map(owner).data + static_cast<size_t>(from) * o.ring_bytes),
+        o.ring_bytes);
   }
 
   // ---- the progress thread (shm_transport_progress.cpp) ----------------------

@@ -14,10 +14,9 @@ bool ShmTransport::Impl::write_some(int p, Done& done) {
   if (q.empty()) return false;
   Map& m = map(p);
   RingCtl& c = m.ctl[rank];
-  char* ring = ring_data(p, rank);
+  const net::ShmRing r = ring(p, rank);
   uint64_t head = c.head.load(std::memory_order_relaxed);
-  const uint64_t tail = c.tail.load(std::memory_order_acquire);
-  uint64_t space = o.ring_bytes - (head - tail);
+  uint64_t space = r.free(head, c.tail.load(std::memory_order_acquire));
   bool moved = false;
   while (!q.empty() && space > 0) {
     SendOp& op = q.front();
@@ -31,9 +30,8 @@ bool ShmTransport::Impl::write_some(int p, Done& done) {
         src = op.data + (op.done - 16);
         n = op.bytes - (op.done - 16);
       }
-      size_t at = static_cast<size_t>(head % o.ring_bytes);
-      n = std::min({n, static_cast<size_t>(space), o.ring_bytes - at});
-      std::memcpy(ring + at, src, n);
+      n = std::min(n, static_cast<size_t>(space));
+      r.copy_in(head, src, n);
       head += n;
       space -= n;
       op.done += n;
@@ -114,26 +112,17 @@ void ShmTransport::Impl::message_done(int p, Incoming& in, Done& done) {
 }
 
 bool ShmTransport::Impl::read_some(int p, Done& done) {
-  Map& own = map(rank);
-  RingCtl& c = own.ctl[p];
-  const char* ring = ring_data(rank, p);
+  RingCtl& c = map(rank).ctl[p];
+  const net::ShmRing r = ring(rank, p);
   const uint64_t head = c.head.load(std::memory_order_acquire);
   uint64_t tail = c.tail.load(std::memory_order_relaxed);
   if (head == tail) return false;
-  if (head - tail > o.ring_bytes)
+  if (net::ShmRing::used(head, tail) > o.ring_bytes)
     throw ProtocolError(fmt::format("collective shm: rank {}'s ring is corrupt", name(p)));
   Incoming& in = incoming[static_cast<size_t>(p)];
-  auto copy_out = [&](char* dst, size_t n) {  // n bytes from the ring at tail
-    while (n > 0) {
-      size_t at = static_cast<size_t>(tail % o.ring_bytes);
-      size_t k = std::min(n, o.ring_bytes - at);
-      if (dst) {
-        std::memcpy(dst, ring + at, k);
-        dst += k;
-      }
-      tail += k;
-      n -= k;
-    }
+  auto copy_out = [&](char* dst, size_t n) {  // n bytes from the ring at tail (null: dropped)
+    r.copy_out(tail, dst, n);
+    tail += n;
   };
   while (tail < head) {
     if (in.hdr_got < 16) {
@@ -163,8 +152,7 @@ bool ShmTransport::Impl::read_some(int p, Done& done) {
 bool ShmTransport::Impl::peer_alive(int p) {
   SegHeader* h = map(p).h;
   if (h->closed.load(std::memory_order_acquire)) return false;
-  int32_t pid = h->pid.load();
-  return !(pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH);
+  return !net::process_gone(h->pid.load());
 }
 
 void ShmTransport::Impl::fail_peer(int p, const Status& why, Done& done) {

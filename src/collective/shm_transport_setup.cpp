@@ -1,30 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/shm_transport_impl.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstddef>
-#include <cstring>
+#include <cstdint>
 #include <exception>
 
-#include "net/socket.h"
-
 namespace pushpull::collective {
-namespace {
-
-// A field of a segment header read as bytes (before the segment is mapped).
-template <class T>
-T load_at(const unsigned char* raw, size_t offset) {
-  T v;
-  std::memcpy(&v, raw + offset, sizeof v);
-  return v;
-}
-
-}  // namespace
-
 ShmTransport::Impl::Impl(int r, int n, std::string pre, ShmOptions opts, std::string d)
     : rank(r),
       size(n),
@@ -38,46 +20,26 @@ ShmTransport::Impl::Impl(int r, int n, std::string pre, ShmOptions opts, std::st
       incoming(static_cast<size_t>(n)),
       failed(static_cast<size_t>(n), false) {}
 
-ShmTransport::Impl::~Impl() {
-  for (auto& m : maps)
-    if (m.base != MAP_FAILED) ::munmap(m.base, m.len);
-  if (!own_path.empty()) ::unlink(own_path.c_str());
-}
+ShmTransport::Impl::~Impl() = default;  // the files unmap (and unlink) themselves
 
-void ShmTransport::Impl::map_fd(int fd, int r, size_t len) {
-  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED)
-    throw IoError(fmt::format("collective shm: mmap of rank {}'s segment: {}", name(r),
-                              std::strerror(errno)));
+void ShmTransport::Impl::use_file(int r, std::unique_ptr<net::ShmFile> file) {
   Map& m = map(r);
-  m.base = base;
-  m.len = len;
-  m.h = static_cast<SegHeader*>(base);
-  m.ctl = reinterpret_cast<RingCtl*>(static_cast<char*>(base) + sizeof(SegHeader));
-  m.data =
-      static_cast<char*>(base) + sizeof(SegHeader) + static_cast<size_t>(size) * sizeof(RingCtl);
-  m.arena =
-      reinterpret_cast<ArenaCtl*>(static_cast<char*>(base) + arena_offset(size, o.ring_bytes));
+  char* base = reinterpret_cast<char*>(file->data());
+  m.file = std::move(file);
+  m.h = reinterpret_cast<SegHeader*>(base);
+  m.ctl = reinterpret_cast<RingCtl*>(base + sizeof(SegHeader));
+  m.data = base + sizeof(SegHeader) + static_cast<size_t>(size) * sizeof(RingCtl);
+  m.arena = reinterpret_cast<ArenaCtl*>(base + arena_offset(size, o.ring_bytes));
   m.slots = reinterpret_cast<char*>(m.arena) + sizeof(ArenaCtl);
 }
 
 void ShmTransport::Impl::create_own(size_t len) {
-  own_path = path_of(rank);
-  net::Fd fd(::open(own_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) {
-    std::string why = std::strerror(errno);
-    own_path.clear();  // not ours: never unlink it
-    throw IoError(fmt::format("collective shm: cannot create {}: {}", path_of(rank), why));
-  }
-  // Reserves the pages now (posix_fallocate): a full /dev/shm is a clean
-  // IoError here, not a SIGBUS on the first write into the segment.
-  if (int e = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(len)); e != 0) {
-    std::string why = std::strerror(e);
-    throw IoError(
-        fmt::format("collective shm: cannot size {} to {} bytes: {}", own_path, len, why));
-  }
-  map_fd(fd.get(), rank, len);
-  fd.reset();  // the mapping outlives the descriptor
+  std::unique_ptr<net::ShmFile> file;
+  if (Status st = net::ShmFile::create_named(dir, name_of(rank), kSegmentKind, len,
+                                             net::ShmMapping{.writable = true}, &file);
+      !st)
+    throw IoError("collective shm: " + st.message());
+  use_file(rank, std::move(file));
   SegHeader* h = map(rank).h;
   h->size = static_cast<uint32_t>(size);
   h->ring_bytes = o.ring_bytes;
@@ -124,13 +86,12 @@ void ShmTransport::Impl::setup() {
   });
   while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(size - 1)) {
     if (Clock::now() > deadline)
-      throw Timeout(fmt::format("collective shm: not every peer mapped {} within {} ms", own_path,
-                                o.connect_timeout.count()));
+      throw Timeout(fmt::format("collective shm: not every peer mapped {} within {} ms",
+                                path_of(rank), o.connect_timeout.count()));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ::unlink(own_path.c_str());  // every peer has it mapped; nothing to leak from here on
-  own_path.clear();
-  o.agree = nullptr;  // its captures live only as long as the constructor
+  map(rank).file->unlink();  // every peer has it mapped; nothing to leak from here on
+  o.agree = nullptr;         // its captures live only as long as the constructor
   if (o.arena_slot_bytes > 0) make_arena();
 }
 
@@ -167,43 +128,22 @@ std::string ShmTransport::Impl::disagreement(int p, uint32_t their_size, uint64_
 }
 
 bool ShmTransport::Impl::try_attach(int p, size_t len) {
-  net::Fd fd(::open(path_of(p).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return false;
-    throw IoError(
-        fmt::format("collective shm: cannot open {}: {}", path_of(p), std::strerror(errno)));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    throw IoError(fmt::format(
-        "collective shm: {} is not a private segment of this user; refusing it", path_of(p)));
-  }
-  if (static_cast<size_t>(st.st_size) != len) {
-    // posix_fallocate sizes a segment in one call and its header is written
-    // after: a segment of another size is still being set up, or (its header
-    // written) laid out for another job shape or arena.
-    unsigned char raw[sizeof(SegHeader)];
-    const bool written =
-        static_cast<size_t>(st.st_size) >= sizeof raw &&
-        ::pread(fd.get(), raw, sizeof raw, 0) == static_cast<ssize_t>(sizeof raw) &&
-        load_at<uint64_t>(raw, offsetof(SegHeader, magic)) == kMagic;
-    if (!written) return false;
-    throw InvalidArgument(
-        disagreement(p, load_at<uint32_t>(raw, offsetof(SegHeader, size)),
-                     load_at<uint64_t>(raw, offsetof(SegHeader, ring_bytes)),
-                     load_at<uint32_t>(raw, offsetof(SegHeader, arena_slot_bytes))));
-  }
-  map_fd(fd.get(), p, len);
-  Map& m = map(p);
-  if (m.h->magic.load(std::memory_order_acquire) != kMagic) {  // header not written yet
-    ::munmap(m.base, m.len);
-    m = Map{};
-    return false;
-  }
-  if (m.h->size != static_cast<uint32_t>(size) || m.h->ring_bytes != o.ring_bytes ||
-      m.h->arena_slot_bytes != o.arena_slot_bytes)
-    throw InvalidArgument(disagreement(p, m.h->size, m.h->ring_bytes, m.h->arena_slot_bytes));
-  m.h->attached.fetch_add(1, std::memory_order_acq_rel);
+  std::unique_ptr<net::ShmFile> file;
+  const Status st = net::ShmFile::open(dir, name_of(p), kSegmentKind, sizeof(SegHeader), UINT64_MAX,
+                                       net::ShmMapping{.writable = true}, &file);
+  // Not there yet, or not yet sized (posix_fallocate sizes it in one call).
+  if (st.code() == ErrorCode::kNotFound || st.code() == ErrorCode::kProtocolError) return false;
+  if (!st) throw IoError("collective shm: " + st.message());
+  const auto* h = reinterpret_cast<const SegHeader*>(file->data());
+  // The header is written after the file is sized: a segment of another
+  // size without one is still being set up; with one, it is laid out for
+  // another job shape or arena.
+  if (h->magic.load(std::memory_order_acquire) != kMagic) return false;
+  if (file->size() != len || h->size != static_cast<uint32_t>(size) ||
+      h->ring_bytes != o.ring_bytes || h->arena_slot_bytes != o.arena_slot_bytes)
+    throw InvalidArgument(disagreement(p, h->size, h->ring_bytes, h->arena_slot_bytes));
+  use_file(p, std::move(file));
+  map(p).h->attached.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
 

@@ -32,6 +32,10 @@ std::string host_identity() {
                      inode_of("/proc/self/ns/net"), inode_of("/proc/self/ns/pid"));
 }
 
+std::string host_key(const std::string& dir) {
+  return fmt::format("{}|dir {}|uid {}", host_identity(), inode_of(dir), ::geteuid());
+}
+
 std::string inode_of(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "?";

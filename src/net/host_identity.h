@@ -20,6 +20,13 @@ namespace pushpull::net {
 // "boot id|host name|net N|pid P", at most 160 bytes.
 std::string host_identity();
 
+// The key both shared-memory paths decide "same host, same user, same
+// segment directory" by: host_identity(), the device and inode of `dir` (a
+// private /dev/shm differs) and the effective uid. The collectives trade it
+// in their host records (collective/shm_host.h), the PS in its shared-memory
+// offer (net/shm_setup.h).
+std::string host_key(const std::string& dir);
+
 // "device:inode" of `path`, "?" when it cannot be stat()ed.
 std::string inode_of(const std::string& path);
 

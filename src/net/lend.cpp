@@ -2,8 +2,6 @@
 #include "net/lend.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,17 +10,13 @@
 #include <fmt/format.h>
 
 #include "base/metrics.h"
-#include "net/hello.h"
 #include "net/wire.h"
 
 namespace pushpull::net {
 namespace {
 
 std::string hex(const LendToken& t) {
-  std::string s;
-  for (std::byte b : t)
-    s += fmt::format("{:02x}", static_cast<unsigned>(b));
-  return s;
+  return to_hex(t.data(), t.size());
 }
 
 // What readlink shows for a memfd named for `token`.
@@ -72,46 +66,25 @@ Status decode_lend_ref(std::span<const std::byte> in, LendRef* out) {
   return Status::ok();
 }
 
+static_assert(sizeof(LendToken) == sizeof(ShmId));
+
 Status LendBlock::create(size_t bytes, std::unique_ptr<LendBlock>* out) {
   std::unique_ptr<LendBlock> b(new LendBlock());
-  Nonce n = random_nonce();
-  std::memcpy(b->token_.data(), n.data(), b->token_.size());
-  const std::string name = kLendNamePrefix + hex(b->token_);
-  b->fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (b->fd_ < 0) {
-    return {ErrorCode::kIoError, fmt::format("memfd_create: {}", std::strerror(errno))};
-  }
-  if (::ftruncate(b->fd_, static_cast<off_t>(bytes)) != 0) {
-    return {ErrorCode::kIoError,
-            fmt::format("ftruncate {} bytes: {}", bytes, std::strerror(errno))};
-  }
-  // Sealed at its size: a reader's mapping can never lose its pages (a
-  // shrunk file would fault the reader), and the reader checks the seals.
-  if (::fcntl(b->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return {ErrorCode::kIoError, fmt::format("sealing: {}", std::strerror(errno))};
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd_, 0);
-  if (p == MAP_FAILED) {
-    return {ErrorCode::kIoError, fmt::format("mmap {} bytes: {}", bytes, std::strerror(errno))};
-  }
-  b->data_ = static_cast<std::byte*>(p);
-  b->bytes_ = bytes;
+  if (Status st = ShmFile::create_memfd(ShmKind{kLendNamePrefix, 32}, bytes, &b->file_); !st)
+    return st;
   *out = std::move(b);
   return Status::ok();
 }
 
-LendBlock::~LendBlock() {
-  if (data_) ::munmap(data_, bytes_);
-  if (fd_ >= 0) ::close(fd_);
-}
-
 std::optional<LendRef> LendBlock::ref(const void* data, size_t bytes) const {
   // Compared as integers: a pointer into another object is not ordered
-  // against data_ by the language.
-  const auto p = reinterpret_cast<uintptr_t>(data), base = reinterpret_cast<uintptr_t>(data_);
-  if (p < base || p - base > bytes_ || bytes > bytes_ - (p - base)) return std::nullopt;
+  // against data() by the language.
+  const auto p = reinterpret_cast<uintptr_t>(data),
+             base = reinterpret_cast<uintptr_t>(file_->data());
+  const size_t size = file_->size();
+  if (p < base || p - base > size || bytes > size - (p - base)) return std::nullopt;
   const size_t offset = p - base;
-  return LendRef{static_cast<uint32_t>(::getpid()), fd_, token_, bytes_, offset, bytes};
+  return LendRef{static_cast<uint32_t>(::getpid()), file_->fd(), file_->id(), size, offset, bytes};
 }
 
 LendReader::LendReader(size_t max_mapped) : max_mapped_(max_mapped) {}
@@ -168,33 +141,20 @@ Status LendReader::map(const LendRef& r, std::shared_ptr<const std::byte>* block
     if (std::string first = read_link(path); first != want)
       return refused(r, first.empty() ? fmt::format("no {}", path)
                                       : fmt::format("it is '{}', not the block named", first));
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) return refused(r, fmt::format("open {}: {}", path, std::strerror(errno)));
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (!fd.valid()) return refused(r, fmt::format("open {}: {}", path, std::strerror(errno)));
     // Checked on the descriptor we hold: what it names cannot change now.
-    const std::string got = read_link(fmt::format("/proc/self/fd/{}", fd));
-    struct stat st {};
-    // Owned by this user as well: a root reader never maps another
-    // user's memory, whatever the token says.
-    const bool size_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-                         static_cast<uint64_t>(st.st_size) == r.block_bytes;
+    const std::string got = read_link(fmt::format("/proc/self/fd/{}", fd.get()));
+    if (got != want) return refused(r, fmt::format("it is '{}', not the block named", got));
     // Its owner cannot shrink it under our mapping (which would fault us).
-    const int seals = ::fcntl(fd, F_GET_SEALS);
-    const bool sealed = seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_SEAL);
-    if (got != want || !size_ok || !sealed) {
-      ::close(fd);
-      return refused(r, got != want ? fmt::format("it is '{}', not the block named", got)
-                        : !size_ok  ? std::string("its owner or size is not the block's")
-                                    : std::string("it is not sealed against shrinking"));
-    }
-    void* p = ::mmap(nullptr, r.block_bytes, PROT_READ, MAP_SHARED, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) return refused(r, fmt::format("mmap: {}", std::strerror(err)));
-    const size_t bytes = r.block_bytes;
-    lru_.push_front(Mapping{r, std::shared_ptr<const std::byte>(
-                                   static_cast<const std::byte*>(p), [bytes](const std::byte* q) {
-                                     ::munmap(const_cast<std::byte*>(q), bytes);
-                                   })});
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK) || !(seals & F_SEAL_SEAL))
+      return refused(r, "it is not sealed against shrinking");
+    std::unique_ptr<ShmFile> file;
+    if (Status st = ShmFile::adopt(std::move(fd), path, r.block_bytes, ShmMapping{}, &file); !st)
+      return refused(r, st.message());
+    std::shared_ptr<ShmFile> mapped(std::move(file));
+    lru_.push_front(Mapping{r, std::shared_ptr<const std::byte>(mapped, mapped->data())});
     lru_.front().id.offset = lru_.front().id.bytes = 0;
     mapped_ += r.block_bytes;
     while (mapped_ > max_mapped_ && lru_.size() > 1)

@@ -4,14 +4,16 @@
 // holds them in place with no copy at all (docs/ps.md, "Replication on one
 // host"; the parameter server's replicas are held in place).
 //
-// A LendBlock is anonymous shared memory (memfd_create) named
-// "pushpull-lend-" + 32 random hex digits and mapped read-write by its owner.
+// A LendBlock is anonymous shared memory (a net::ShmFile made by
+// create_memfd, net/shm_file.h) named "pushpull-lend-" + 32 random hex
+// digits (its id, the token) and mapped read-write by its owner.
 // The owner tells a peer a LendRef {pid, fd, token, block size, offset,
 // bytes}; LendReader opens /proc/<pid>/fd/<fd>, checks that the file it got
 // is a memfd named with that token (read back through its own descriptor, so
-// a descriptor closed and reused in between is noticed), of that size and
-// sealed against shrinking (so the owner cannot make the reader's mapping
-// fault), maps it read-only and copies the range out, or pins it: keeps a
+// a descriptor closed and reused in between is noticed) and sealed against
+// shrinking (so the owner cannot make the reader's mapping fault), then
+// hands it to ShmFile::adopt (this user's regular file of that size), which
+// maps it read-only and copies the range out, or pins it: keeps a
 // reference to the mapping, which keeps the memory even after its owner
 // exits. Nothing is named in a filesystem, so nothing is left behind when a
 // process dies: the memory goes with its last mapping.
@@ -47,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "net/shm_file.h"
 #include "pushpull/error.h"
 
 namespace pushpull::net {
@@ -79,22 +82,18 @@ class LendBlock {
   // A block of `bytes` (> 0) in *out, or an IoError saying why none could
   // be made (no memfd_create, out of memory); *out is untouched then.
   static Status create(size_t bytes, std::unique_ptr<LendBlock>* out);
-  ~LendBlock();
   LendBlock(const LendBlock&) = delete;
   LendBlock& operator=(const LendBlock&) = delete;
 
-  std::byte* data() const { return data_; }
-  size_t size() const { return bytes_; }
+  std::byte* data() const { return file_->data(); }
+  size_t size() const { return file_->size(); }
   // The LendRef of [data, data + bytes) when that range lies inside this
   // block; nullopt otherwise.
   std::optional<LendRef> ref(const void* data, size_t bytes) const;
 
  private:
   LendBlock() = default;
-  int fd_ = -1;
-  std::byte* data_ = nullptr;
-  size_t bytes_ = 0;
-  LendToken token_{};
+  std::unique_ptr<ShmFile> file_;
 };
 
 // Copies lent ranges of peers out. Keeps the mappings it made (at most

@@ -9,20 +9,21 @@
 // repeats it over the authenticated TCP connection has proven it mapped the
 // segment, i.e. that it runs on this host as this user.
 //
-// Security: the creator makes the file with O_CREAT | O_EXCL | O_NOFOLLOW and
-// mode 0600 under an unguessable name ("pushpull-net-" + 32 random hex
-// digits) and unlinks the name as soon as the peer proved it mapped it (or
-// when the setup ends otherwise), so nothing is left behind and nobody else
-// can open it afterwards. open() accepts only names of that form (no paths),
-// only a regular file owned by this user with no group/other permissions and
-// exactly the size its header announces, and maps it read-only. A name
-// left behind by a process killed during the setup (before its peer's proof)
-// is removed when a MessageTransport with shared memory next starts on this host
-// (sweep_stale): once its creator is gone (or it never got a header) and it
-// is two minutes old, or in any case once it is an hour old.
+// Security: the file is a net::ShmFile (net/shm_file.h has the checks:
+// O_EXCL | O_NOFOLLOW, mode 0600, an unguessable name "pushpull-net-" + 32
+// hex digits, pages reserved; a peer's opened only when it is this user's
+// private regular file) and mapped read-only by the peer. Its creator
+// unlinks the name as soon as the peer proved it mapped it (or when the
+// setup ends otherwise), so nothing is left behind and nobody else can
+// open it afterwards. open() also checks the header (magic, version, ring
+// size matching the file's). A name left behind by a process killed during
+// the setup (before its peer's proof) is removed when a MessageTransport
+// with shared memory next starts on this host (sweep_stale): once its
+// creator is gone (or it never got a header) and it is two minutes old, or
+// in any case once it is an hour old.
 //
-// Positions are byte offsets into an endless stream; the ring holds stream
-// byte p at p % ring_bytes(). write()/read() copy across the wrap.
+// The ring is a net::ShmRing (net/shm_ring.h): positions are byte offsets
+// into an endless stream, carried in the TCP frames, never in the segment.
 //
 // Ownership and thread safety: a ShmSegment owns its mapping and (creator)
 // the name until unlink(); destruction unmaps and unlinks a name still
@@ -36,6 +37,8 @@
 #include <memory>
 #include <string>
 
+#include "net/shm_file.h"
+#include "net/shm_ring.h"
 #include "pushpull/error.h"
 
 namespace pushpull::net {
@@ -47,10 +50,7 @@ inline constexpr size_t kShmMinRingBytes = 64 << 10;
 inline constexpr size_t kShmMaxRingBytes = size_t{1} << 30;
 inline constexpr char kShmNamePrefix[] = "pushpull-net-";
 inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
-// A name is linked only while its connection's setup runs (bounded by the
-// connect timeout): one older than this was left by a process killed in
-// that window, and MessageTransport::start() removes it (sweep_stale).
-inline constexpr std::chrono::seconds kShmStaleAfter{3600};
+inline constexpr ShmKind kShmSegmentKind{kShmNamePrefix, 32};
 // ... and one whose creator (the pid in its header) no longer exists, or
 // with no header at all, is removed once this old: a setup takes
 // milliseconds, and this is longer than the default connect timeout
@@ -81,28 +81,23 @@ class ShmSegment {
   static int sweep_stale(const std::string& dir, std::chrono::seconds older_than,
                          std::chrono::seconds orphan_after = kShmOrphanAfter);
 
-  ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return file_->name(); }
   const ShmToken& token() const { return token_; }
-  size_t ring_bytes() const { return ring_bytes_; }
+  size_t ring_bytes() const { return ring_.size(); }
   // Removes the name (creator only; idempotent).
-  void unlink();
+  void unlink() { file_->unlink(); }
 
   // Copies `n` <= ring_bytes() bytes to / from stream position `pos`.
-  void write(uint64_t pos, const void* src, size_t n);
-  void read(uint64_t pos, void* dst, size_t n) const;
+  void write(uint64_t pos, const void* src, size_t n) { ring_.copy_in(pos, src, n); }
+  void read(uint64_t pos, void* dst, size_t n) const { ring_.copy_out(pos, dst, n); }
 
  private:
-  ShmSegment() = default;
-  std::string dir_;
-  std::string name_;
-  bool linked_ = false;  // we created the name and it is still there
-  std::byte* base_ = nullptr;
-  size_t map_bytes_ = 0;
-  size_t ring_bytes_ = 0;
+  explicit ShmSegment(std::unique_ptr<ShmFile> file);
+  std::unique_ptr<ShmFile> file_;
+  ShmRing ring_;
   ShmToken token_{};
 };
 

@@ -54,7 +54,9 @@ inline constexpr size_t kMaxShmHostBytes = 200;
 struct ShmOffer {
   std::string name;
   uint64_t ring_bytes = 0;
-  std::string host;  // the connector's net::host_identity()
+  // The connector's net::host_key(shm dir), the collectives' key, or its
+  // bare net::host_identity() (what connectors send today).
+  std::string host;
 };
 
 struct ShmAnswer {

@@ -168,7 +168,10 @@ void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
     Status st;
     if (!config_.shared_memory) {
       why = "shared memory is off on this node";
-    } else if (offer.host != host_identity()) {
+    } else if (offer.host != host_key(config_.shm_dir) && offer.host != host_identity()) {
+      // host_key is the collectives' key (same host, user and directory);
+      // the bare host_identity() is what connectors send until they send
+      // the key: the token proof below covers the user and directory.
       // Another network namespace of this kernel can still open our
       // segments, but it stands for another machine: its bytes must cross
       // the links between them.

@@ -126,8 +126,10 @@ TEST(ShmHost, AProbeIsSeenOnlyWhereItIsAndLeavesNothing) {
     forged.content[0] ^= 1;
     EXPECT_FALSE(pa2.sees(forged));  // the file is there, the content is not
     EXPECT_TRUE(pa.reserve(1 << 16));
-    EXPECT_EQ(a.entries(), 2u);
+    EXPECT_EQ(a.entries(), 3u);          // two probes and pa's reservation
+    EXPECT_TRUE(pa2.sees(pa.record()));  // the probe keeps its size
     pa.remove();
+    EXPECT_EQ(a.entries(), 1u);  // the probe and its reservation went
     EXPECT_FALSE(pa2.sees(pa.record()));
   }
   EXPECT_EQ(a.entries(), 0u);

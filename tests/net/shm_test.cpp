@@ -401,6 +401,29 @@ TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
   EXPECT_EQ(a.ncloses(), 0u);
 }
 
+// The offer may carry the collectives' host key (net::host_key: host, user
+// and segment directory), the one key both engines decide "same host" by:
+// accepted for this directory, declined as another host for another one.
+TEST(ShmTransport, AnOfferCarryingTheSharedHostKeyIsJudgedByIt) {
+  Sink a(shm_config(Role::kServer, 0));
+  RawShmPeer p(a.t.port());
+  std::unique_ptr<ShmSegment> mine;
+  Status st = ShmSegment::create(64 << 10, "/dev/shm", &mine);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ShmAnswer ans = p.offer(mine->name(), mine->ring_bytes(), host_key("/dev/shm"));
+  EXPECT_TRUE(ans.accepted) << ans.reason;
+  EXPECT_EQ(ans.token, mine->token());
+  TempShmDir dir;
+  RawShmPeer q(a.t.port(), 8);
+  std::unique_ptr<ShmSegment> seg;
+  st = ShmSegment::create(64 << 10, "/dev/shm", &seg);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ShmAnswer other = q.offer(seg->name(), seg->ring_bytes(), host_key(dir.path));
+  EXPECT_FALSE(other.accepted);
+  EXPECT_NE(other.reason.find("another host"), std::string::npos) << other.reason;
+  EXPECT_EQ(a.ncloses(), 0u);
+}
+
 // A process killed between creating a segment and its peer's proof leaves
 // the name behind; an hour later a create() on this host removes it. Only
 // this user's regular files of pushpull's name form, old enough, go.
