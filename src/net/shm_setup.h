@@ -54,8 +54,8 @@ inline constexpr size_t kMaxShmHostBytes = 200;
 struct ShmOffer {
   std::string name;
   uint64_t ring_bytes = 0;
-  // The connector's net::host_key(shm dir), the collectives' key, or its
-  // bare net::host_identity() (what connectors send today).
+  // The connector's net::host_key(shm dir): the key the collectives group
+  // ranks by too.
   std::string host;
 };
 

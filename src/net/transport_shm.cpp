@@ -168,14 +168,15 @@ void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
     Status st;
     if (!config_.shared_memory) {
       why = "shared memory is off on this node";
-    } else if (offer.host != host_key(config_.shm_dir) && offer.host != host_identity()) {
-      // host_key is the collectives' key (same host, user and directory);
-      // the bare host_identity() is what connectors send until they send
-      // the key: the token proof below covers the user and directory.
-      // Another network namespace of this kernel can still open our
-      // segments, but it stands for another machine: its bytes must cross
-      // the links between them.
-      why = "another host (its kernel, host name or network namespace differs)";
+    } else if (offer.host != host_key(config_.shm_dir)) {
+      // The one key both engines decide "same host" by (net/host_identity.h:
+      // kernel, host name, namespaces, segment directory, user); the token
+      // proof below then shows the peer really mapped the segment. Another
+      // network namespace of this kernel could open our segments, but it
+      // stands for another machine: its bytes must cross the links between.
+      why =
+          "another host (its kernel, host name, network namespace, user or segment directory "
+          "differs)";
     } else if (st = ShmSegment::open(offer.name, config_.shm_dir, &theirs); !st) {
       why = st.message();
     } else if (theirs->ring_bytes() != offer.ring_bytes) {

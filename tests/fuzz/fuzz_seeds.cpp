@@ -90,7 +90,7 @@ void net_seeds(const fs::path& root) {
                     .type = 65, .net_flags = net::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
   Corpus shm(root, "fuzz_net_shm");
   const std::string name = std::string(net::kShmNamePrefix) + std::string(32, 'a');
-  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20, net::host_identity()}));
+  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20, net::host_key("/dev/shm")}));
   shm.add(1, net::encode(net::ShmAnswer{true, "", net::ShmToken{}, name, 8 << 20}));
   shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
   shm.add(2, net::encode_lend_ref(net::LendRef{4242, 17, {}, 32 << 20, 2 << 20, 2 << 20}));

@@ -210,7 +210,7 @@ struct RawShmPeer {
   explicit RawShmPeer(int port, int rank = 7) : raw(port) { raw.hello("", Role::kWorker, rank); }
   // Offers `mine`; returns the acceptor's answer.
   ShmAnswer offer(const std::string& name, uint64_t ring,
-                  const std::string& host = host_identity()) {
+                  const std::string& host = host_key("/dev/shm")) {
     auto p = encode(ShmOffer{name, ring, host});
     raw.write(Header{.type = msg::kShmOffer, .payload_bytes = p.size()}, p);
     ShmAnswer answer;
@@ -368,7 +368,7 @@ TEST(ShmTransport, PeersThatLieAreRefused) {
   {  // A second offer.
     RawShmPeer p(a.t.port());
     ASSERT_NO_FATAL_FAILURE(p.setup());
-    auto offer = encode(ShmOffer{p.mine->name(), p.mine->ring_bytes(), host_identity()});
+    auto offer = encode(ShmOffer{p.mine->name(), p.mine->ring_bytes(), host_key("/dev/shm")});
     p.raw.write(Header{.type = msg::kShmOffer, .payload_bytes = offer.size()}, offer);
     expect_closed(p, 7);
   }
@@ -401,9 +401,10 @@ TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
   EXPECT_EQ(a.ncloses(), 0u);
 }
 
-// The offer may carry the collectives' host key (net::host_key: host, user
+// The offer carries the collectives' host key (net::host_key: host, user
 // and segment directory), the one key both engines decide "same host" by:
-// accepted for this directory, declined as another host for another one.
+// accepted for this directory, declined as another host for another one,
+// and the bare host identity (without directory and user) is not enough.
 TEST(ShmTransport, AnOfferCarryingTheSharedHostKeyIsJudgedByIt) {
   Sink a(shm_config(Role::kServer, 0));
   RawShmPeer p(a.t.port());
@@ -421,6 +422,12 @@ TEST(ShmTransport, AnOfferCarryingTheSharedHostKeyIsJudgedByIt) {
   ShmAnswer other = q.offer(seg->name(), seg->ring_bytes(), host_key(dir.path));
   EXPECT_FALSE(other.accepted);
   EXPECT_NE(other.reason.find("another host"), std::string::npos) << other.reason;
+  RawShmPeer r(a.t.port(), 9);
+  std::unique_ptr<ShmSegment> bare;
+  st = ShmSegment::create(64 << 10, "/dev/shm", &bare);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ShmAnswer old = r.offer(bare->name(), bare->ring_bytes(), host_identity());
+  EXPECT_FALSE(old.accepted);
   EXPECT_EQ(a.ncloses(), 0u);
 }
 
