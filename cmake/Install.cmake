@@ -11,7 +11,7 @@ include(CMakePackageConfigHelpers)
 option(PUSHPULL_INSTALL "Generate the install rules and the CPack package" ${PROJECT_IS_TOP_LEVEL})
 
 # The static layers, in link order (a library before the ones it uses).
-set(PUSHPULL_STATIC_LINK_ORDER frontend kvstore launch data ps collective cluster net compress optim base)
+set(PUSHPULL_STATIC_LINK_ORDER frontend kvstore launch data ps collective cluster transport compress optim base)
 
 # libpushpull.so: the objects of every static layer (all built with -fPIC),
 # linked whole into one shared library, so nothing is compiled twice.

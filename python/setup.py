@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # Link order: a static library before the ones it uses.
 TORCH_PG_DIR = os.path.join(REPO, 'integrations', 'torch', 'process_group')
-LAYERS = ['frontend', 'kvstore', 'ps', 'collective', 'compress', 'optim', 'cluster', 'net', 'base']
+LAYERS = ['frontend', 'kvstore', 'ps', 'collective', 'compress', 'optim', 'cluster', 'transport', 'base']
 CMAKE_TARGETS = ['pushpull_frontend', 'pushpull_kvstore', 'pushpull_collective', 'pushpull_cli']
 
 

@@ -29,11 +29,11 @@
 #include "bench_common.h"
 #include "collective/algorithms.h"
 #include "collective/hierarchical.h"
-#include "collective/shm_data_transport.h"
-#include "collective/tcp_transport.h"
 #include "compress/compressor.h"
 #include "compress/gathered.h"
 #include "pushpull/options.h"
+#include "transport/shm/shm_data_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::cli {
 namespace {

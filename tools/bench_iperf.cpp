@@ -19,7 +19,7 @@
 
 #include <fmt/format.h>
 
-#include "net/socket.h"
+#include "transport/socket.h"
 
 namespace pushpull::cli {
 namespace {

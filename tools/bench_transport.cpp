@@ -25,8 +25,8 @@
 #include "bench_common.h"
 #include "bench_iperf.h"
 #include "commands.h"
-#include "net/socket.h"
-#include "net/transport.h"
+#include "transport/socket.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::cli {
 namespace {

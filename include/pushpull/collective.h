@@ -58,7 +58,7 @@
 
 namespace pushpull::collective {
 
-class Transport;  // src/collective/transport.h: the point-to-point interface
+class Transport;  // src/transport/transport.h: the point-to-point interface
 
 enum class Reduction : uint8_t { kSum = 0, kAverage = 1, kMin = 2, kMax = 3, kProduct = 4 };
 std::string_view reduction_name(Reduction r);  // "sum", "average", "min", "max", "product"

@@ -88,7 +88,7 @@ struct NetOptions {
   // the only way from_env() leaves job_secret empty. PUSHPULL_ALLOW_INSECURE=1.
   bool allow_insecure = false;
   // Every connection (the parameter server's, the collectives' control and
-  // data streams) runs over TLS 1.3 keyed from job_secret (net/tls.h,
+  // data streams) runs over TLS 1.3 keyed from job_secret (transport/tls.h,
   // docs/security.md "Encryption"). Needs a secret. PUSHPULL_TLS=1.
   bool tls = false;
   // Listen on every address instead of the advertised one. PUSHPULL_BIND_ANY=1.

@@ -45,7 +45,8 @@ enum class Counter : int {
   // Counted always (not only with PUSHPULL_METRICS), by net::MessageTransport:
   kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
   kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)
-  kNetLentBytes,  // replica bytes a backup copied straight out of a same-host primary (net/lend.h)
+  kNetLentBytes,  // replica bytes a backup copied straight out of a same-host primary
+                  // (transport/shm/lend.h)
   kCount
 };
 std::string_view counter_name(Counter c);

@@ -33,8 +33,8 @@
 #include <utility>
 #include <vector>
 
-#include "net/transport.h"
 #include "pushpull/options.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::cluster {
 

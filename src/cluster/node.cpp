@@ -9,9 +9,9 @@
 #include "base/flight_recorder.h"
 #include "base/metrics.h"
 #include "cluster/describe.h"
-#include "net/address.h"
-#include "net/socket.h"
 #include "pushpull/log.h"
+#include "transport/address.h"
+#include "transport/socket.h"
 
 namespace pushpull::cluster {
 

@@ -53,8 +53,8 @@
 #include "base/liveness.h"
 #include "cluster/barrier_book.h"
 #include "cluster/protocol.h"
-#include "net/transport.h"
 #include "pushpull/options.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::cluster {
 

@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "net/host_table.h"
-#include "net/node_id.h"
-#include "net/socket.h"
-#include "net/wire.h"
+#include "transport/host_table.h"
+#include "transport/node_id.h"
+#include "transport/socket.h"
+#include "transport/wire.h"
 
 namespace pushpull::cluster {
 
@@ -105,7 +105,7 @@ bool same_host(const AddressBook& book) {
 }
 
 // The book's wire form: the scheduler in full, then the servers' and
-// workers' hosts as a table (net/host_table.h) and each of them as (host
+// workers' hosts as a table (transport/host_table.h) and each of them as (host
 // index, port, mesh port); rank = position, role = list. 8 bytes a node
 // instead of 30 or more.
 std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Cluster control messages (types 16..63 of net/message.h) and their payloads.
+// Cluster control messages (types 16..63 of transport/message.h) and their payloads.
 //
 //   kRegister     node -> scheduler   {role, preferred rank, host, port}
 //   kAddressBook  scheduler -> node   {your rank, AddressBook, restart flags,
@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "net/message.h"
 #include "pushpull/error.h"
 #include "pushpull/options.h"
+#include "transport/message.h"
 
 namespace pushpull::cluster {
 
@@ -92,7 +92,7 @@ struct AddressBook {
   const NodeAddress& at(Role role, int rank) const;  // throws NotFound
 };
 
-// The id in Header::sender (net/node_id.h: scheduler 1, server r 8+2r, worker r
+// The id in Header::sender (transport/node_id.h: scheduler 1, server r 8+2r, worker r
 // 9+2r, a server / worker without a rank 2 / 3). The Transport writes the
 // authenticated peer's id into every delivered message.
 uint32_t node_id(Role role, int rank);

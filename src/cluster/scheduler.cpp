@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "cluster/describe.h"
-#include "net/address.h"
 #include "pushpull/log.h"
+#include "transport/address.h"
 
 namespace pushpull::cluster {
 

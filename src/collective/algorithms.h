@@ -24,10 +24,10 @@
 #include <utility>
 #include <vector>
 
-#include "collective/transport.h"
 #include "pushpull/dtype.h"
 #include "pushpull/kernels.h"
 #include "pushpull/options.h"
+#include "transport/transport.h"
 
 namespace pushpull::collective {
 
@@ -58,14 +58,6 @@ inline Schedule schedule(const AlgoContext& ctx, std::string what, DType dtype =
   return s;
 }
 
-// A rank's block of a buffer, in elements.
-struct Block {
-  size_t offset = 0;
-  size_t count = 0;
-};
-// `count` elements split in `n` blocks, the first count % n one element larger.
-std::vector<Block> even_blocks(size_t count, int n);
-
 // In place: data (count elements) becomes the reduction over all ranks,
 // times `postscale` (an average's 1/n; the shared-memory arena applies it
 // to each block while it is in cache). Picks the transport's host
@@ -76,26 +68,6 @@ void allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp
 void ring_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype, ReduceOp op);
 void halving_doubling_allreduce(AlgoContext& ctx, void* data, size_t count, DType dtype,
                                 ReduceOp op);
-
-// Halving-doubling's shape for rank r of n: p, the largest power of two <= n,
-// ranks take part in the XOR exchanges; the first 2 rem ranks (rem = n - p)
-// fold in pairs first (r and r ^ 1): the even one sits out (newrank -1), the
-// odd one continues as r / 2; the others as r - rem. real() maps a new rank
-// back. The algorithm runs it; the mesh connects its partners up front
-// (tcp_transport_mesh.cpp).
-struct HalvingDoublingShape {
-  int p = 1, rem = 0, newrank = -1;
-  bool folds(int r) const { return r < 2 * rem; }
-  int real(int nr) const { return nr < rem ? 2 * nr + 1 : nr + rem; }
-};
-inline HalvingDoublingShape halving_doubling_shape(int r, int n) {
-  HalvingDoublingShape s;
-  while (s.p * 2 <= n)
-    s.p *= 2;
-  s.rem = n - s.p;
-  s.newrank = !s.folds(r) ? r - s.rem : (r % 2 == 0 ? -1 : r / 2);
-  return s;
-}
 
 // The ring pipeline over `blocks` (one per rank, elements of `dtype` at
 // base): with `reduce_scatter`, rank r ends holding the reduction of block r;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "collective/bootstrap.h"
-#include "collective/shm_data_transport.h"
+#include "transport/shm/shm_data_transport.h"
 
 #include <algorithm>
 
@@ -8,14 +8,14 @@
 #include <fmt/ranges.h>
 
 #include "collective/elastic_client.h"
-#include "collective/inprocess_transport.h"
 #include "collective/store.h"
 #include "collective/tcp_store.h"
-#include "collective/tcp_transport.h"
-#include "net/address.h"
-#include "net/peer_policy.h"
-#include "net/socket.h"
 #include "pushpull/log.h"
+#include "transport/address.h"
+#include "transport/inproc/inprocess_transport.h"
+#include "transport/peer_policy.h"
+#include "transport/socket.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 

@@ -54,8 +54,8 @@
 #include <vector>
 
 #include "cluster/node.h"
-#include "collective/transport.h"
 #include "pushpull/options.h"
+#include "transport/transport.h"
 
 namespace pushpull::collective {
 class Store;

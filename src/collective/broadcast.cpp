@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
-#include "collective/host_collectives.h"
+#include "transport/host_collectives.h"
 
 namespace pushpull::collective {
 namespace {

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "collective/messages.h"
-#include "collective/transport.h"
 #include "pushpull/options.h"
+#include "transport/transport.h"
 
 namespace pushpull::collective {
 

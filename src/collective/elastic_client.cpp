@@ -8,12 +8,12 @@
 
 #include <fmt/format.h>
 
-#include "collective/shm_data_transport.h"
-#include "net/peer_policy.h"
-#include "net/socket.h"
-#include "net/transport.h"
 #include "pushpull/elastic.h"
 #include "pushpull/log.h"
+#include "transport/peer_policy.h"
+#include "transport/shm/shm_data_transport.h"
+#include "transport/socket.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective::elastic {
 

@@ -30,8 +30,8 @@
 
 #include "collective/bootstrap.h"
 #include "collective/elastic_protocol.h"
-#include "collective/tcp_transport.h"
 #include "pushpull/options.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective::elastic {
 

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "collective/store.h"
-#include "net/wire.h"
+#include "transport/wire.h"
 
 namespace pushpull::collective::elastic {
 namespace {

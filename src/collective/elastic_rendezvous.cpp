@@ -11,9 +11,9 @@
 #include <fmt/ranges.h>
 
 #include "base/clock.h"
-#include "net/peer_policy.h"
-#include "net/transport.h"
 #include "pushpull/log.h"
+#include "transport/peer_policy.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective::elastic {
 

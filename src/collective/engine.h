@@ -34,8 +34,8 @@
 #include "collective/hierarchical.h"
 #include "collective/messages.h"
 #include "collective/negotiation_tree.h"
-#include "collective/transport.h"
 #include "pushpull/collective.h"
+#include "transport/transport.h"
 
 namespace pushpull::collective {
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/transport.h"
+#include "transport/transport.h"
 
 namespace pushpull::collective {
 

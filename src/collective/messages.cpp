@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "net/wire.h"
 #include "pushpull/checked.h"
+#include "transport/wire.h"
 
 namespace pushpull::collective {
 namespace {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The engine's control messages: what a rank announces to rank 0 (the
 // coordinator) and the responses rank 0 broadcasts, with their encoding.
-// Encoded with net/wire.h (little-endian). Decoding checks every length and
+// Encoded with transport/wire.h (little-endian). Decoding checks every length and
 // value and never trusts a peer's counts for allocation beyond the buffer.
 //
 // Thread safety: plain values and pure functions.

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
-#include "collective/host_collectives.h"
+#include "transport/host_collectives.h"
 
 namespace pushpull::collective {
 namespace {
@@ -27,17 +27,6 @@ int mod(int a, int n) {
 }
 
 }  // namespace
-
-std::vector<Block> even_blocks(size_t count, int n) {
-  std::vector<Block> out(static_cast<size_t>(n));
-  size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n), off = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i].offset = off;
-    out[i].count = base + (i < extra ? 1 : 0);
-    off += out[i].count;
-  }
-  return out;
-}
 
 void ring(AlgoContext& ctx, void* base_ptr, DType dtype, ReduceOp op,
           const std::vector<Block>& blocks, bool reduce_scatter, bool allgather) {

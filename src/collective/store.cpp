@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "net/host_table.h"
 #include "pushpull/log.h"
+#include "transport/host_table.h"
 
 namespace pushpull::collective {
 namespace {

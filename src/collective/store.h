@@ -27,9 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "net/wire.h"
 #include "pushpull/error.h"
 #include "pushpull/options.h"
+#include "transport/wire.h"
 
 namespace pushpull::collective {
 
@@ -69,7 +69,7 @@ AddressList exchange_book(Store& store, int rank, int size, const std::string& h
 
 // Wire forms, all bounds-checked (tests/fuzz/fuzz_rendezvous.cpp).
 // An address list (rank 0's book, an elastic round's): its hosts as a table
-// (net/host_table.h), then (host index, u16 port) per rank; ports 1..65535.
+// (transport/host_table.h), then (host index, u16 port) per rank; ports 1..65535.
 // get_address_list() reads at most `max_ranks` entries and fails on anything
 // malformed or not canonical.
 void put_address_list(net::Writer& w, const AddressList& book);

@@ -8,11 +8,11 @@
 
 #include <fmt/format.h>
 
-#include "net/node_id.h"
-#include "net/peer_policy.h"
-#include "net/socket.h"
-#include "net/transport.h"
 #include "pushpull/log.h"
+#include "transport/node_id.h"
+#include "transport/peer_policy.h"
+#include "transport/socket.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective {
 namespace {

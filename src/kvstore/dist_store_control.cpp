@@ -13,8 +13,8 @@
 #include "base/private_file.h"
 #include "kvstore/dist_store.h"
 #include "kvstore/states_file.h"
-#include "net/wire.h"
 #include "ps/protocol.h"
+#include "transport/wire.h"
 
 namespace pushpull {
 

@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "net/wire.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
+#include "transport/wire.h"
 
 namespace pushpull::kv {
 namespace {

@@ -19,9 +19,9 @@
 #include "launch/observe.h"
 #include "launch/rendezvous_ports.h"
 #include "launch/supervisor.h"
-#include "net/socket.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
+#include "transport/socket.h"
 
 namespace pushpull::launch {
 namespace {

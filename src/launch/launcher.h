@@ -18,7 +18,7 @@
 
 #include "launch/embedded_scheduler.h"
 #include "launch/plan.h"
-#include "net/address.h"
+#include "transport/address.h"
 
 namespace pushpull::launch {
 
@@ -54,7 +54,7 @@ int run_launch(const LaunchConfig& cfg, const LaunchContext& ctx);
 std::string first_ipv4_address();
 // The IPv4 address of the interface `spec` selects here (one name, a list
 // `eth0,ens5` whose first existing entry wins, or per host
-// `host1:eth0,host2:ens5`: net/address.h), if it has one. Throws
+// `host1:eth0,host2:ens5`: transport/address.h), if it has one. Throws
 // InvalidArgument on a malformed spec.
 std::optional<std::string> interface_ipv4_address(const std::string& spec);
 // The address this host sends from toward `host` (the route's source
@@ -64,7 +64,7 @@ std::string address_toward(const std::string& host);
 // after the pod that needs it starts), retrying with backoff; false when it
 // still does not after `within`.
 bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds within);
-// One loopback test for the whole project (net/address.h).
+// One loopback test for the whole project (transport/address.h).
 using net::is_loopback_host;
 
 // A fresh job secret: 128 bits from OpenSSL's RAND_bytes, as hex. Throws

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "launch/launcher.h"
-#include "net/address.h"
+#include "transport/address.h"
 
 namespace pushpull::launch {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "launch/rendezvous_ports.h"
 
-#include "net/peer_policy.h"
+#include "transport/peer_policy.h"
 
 namespace pushpull::launch {
 

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "launch/plan.h"
-#include "net/socket.h"
+#include "transport/socket.h"
 
 namespace pushpull::launch {
 

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "net/wire.h"
+#include "transport/wire.h"
 
 namespace pushpull::ps {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter-server messages (types 64..127 of net/message.h).
+// Parameter-server messages (types 64..127 of transport/message.h).
 //
 //   kInit     worker -> server  key = key id, offset/length = slice begin/count
 //                               (elements), dtype; payload = u16 name length,
@@ -69,9 +69,9 @@
 #include <string_view>
 #include <vector>
 
-#include "net/lend.h"
-#include "net/message.h"
 #include "ps/server_store.h"
+#include "transport/message.h"
+#include "transport/shm/lend.h"
 
 namespace pushpull::ps {
 
@@ -153,7 +153,7 @@ inline constexpr size_t kMaxKeyName = 4096;
 // One kPull range: i64 begin, i64 count.
 inline constexpr size_t kRangeBytes = 16;
 
-// Payload codecs (net/wire.h, little-endian). Decoders are pure functions of
+// Payload codecs (transport/wire.h, little-endian). Decoders are pure functions of
 // the bytes: ProtocolError on malformed input, outputs untouched then.
 
 // kInit payload: u16 name length, name, i32 home server (-1: unknown), value.

@@ -43,9 +43,9 @@
 #include <set>
 
 #include "cluster/node.h"
-#include "net/lend.h"
 #include "ps/protocol.h"
 #include "ps/server_store.h"
+#include "transport/shm/lend.h"
 
 namespace pushpull::ps {
 
@@ -79,7 +79,7 @@ class Server : public ServerResponder {
     return !kv.checkpoint_dir.empty() || !kv.resume_dir.empty();
   }
   // A replication in flight: the backups that have not acknowledged it.
-  // Lent to a backup (same host, net/lend.h), the state stays here until
+  // Lent to a backup (same host, transport/shm/lend.h), the state stays here until
   // every backup answered, so the value is not changed under its reader
   // and can still be sent by value to a backup that cannot read it.
   struct Outgoing {

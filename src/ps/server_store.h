@@ -85,10 +85,10 @@
 #include "base/executor.h"
 #include "base/file_auth.h"
 #include "compress/settings.h"
-#include "net/buffer_pool.h"
 #include "pushpull/array.h"
 #include "pushpull/error.h"
 #include "pushpull/optimizer.h"
+#include "transport/buffer_pool.h"
 
 namespace pushpull::ps {
 
@@ -119,7 +119,7 @@ struct Payload {
   ArrayView view;
   std::shared_ptr<void> owner;
   // Never written in place, even with no other reference: another process's
-  // memory, mapped read-only (a pinned replica, net/lend.h).
+  // memory, mapped read-only (a pinned replica, transport/shm/lend.h).
   bool read_only = false;
 };
 
@@ -187,7 +187,7 @@ struct ServerStoreConfig {
   // checkpoint_every > 0 (without it, no file is written: an error is logged).
   base::FileKey checkpoint_key = {};
   // Values of 256 KiB and more the store allocates live in lendable memory
-  // (net/lend.h), so the responder can lend them to same-host backups.
+  // (transport/shm/lend.h), so the responder can lend them to same-host backups.
   bool lendable_values = false;
   // Backup workers (sync only): a round closes after num_workers -
   // backup_workers pushes; 0 = every worker's push (must be < num_workers).
@@ -227,7 +227,7 @@ class ServerStore {
   // part when new); `done` runs on the store's thread once installed, with
   // an error when the state does not fit (e.g. another dtype). `fill`, when
   // given, runs first on that thread and sets state.value (a lent value,
-  // net/lend.h); its error goes to `done` instead.
+  // transport/shm/lend.h); its error goes to `done` instead.
   void install_replica(PartId part, ReplicaState state, std::function<void(const Status&)> done,
                        std::function<Status(ReplicaState&)> fill = {});
 

@@ -41,7 +41,7 @@ inline Key state_key(const PartId& p) {
 }
 
 // An owned, writable buffer for `shape` elements of `dtype`: from `pool`
-// (lendable memory, net/lend.h) when given and the value is 256 KiB or more.
+// (lendable memory, transport/shm/lend.h) when given and the value is 256 KiB or more.
 inline Payload fresh(const Shape& shape, DType dtype, net::BufferPool* pool = nullptr) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   if (pool && bytes >= net::BufferPool::kLendMinBytes) {

@@ -10,10 +10,10 @@
 
 #include <regex>
 
-#include "net/message.h"
-#include "net/socket.h"
 #include "support/process.h"
 #include "support/wait.h"
+#include "transport/message.h"
+#include "transport/socket.h"
 
 namespace pushpull::test {
 namespace {

@@ -16,11 +16,11 @@
 
 #include "cluster/scheduler.h"
 #include "collective/store.h"
-#include "collective/tcp_transport.h"
-#include "net/socket.h"
-#include "net/transport.h"
 #include "pushpull/collective.h"
 #include "support/ports.h"
+#include "transport/socket.h"
+#include "transport/tcp/message_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
@@ -116,7 +116,7 @@ TEST(Bootstrap, LocalRanksCountSameHosts) {
 }
 
 // Many ranks share a host: rank 0's book (its verdict, store.h) names each
-// host once (net/host_table.h), and only its one canonical form decodes.
+// host once (transport/host_table.h), and only its one canonical form decodes.
 TEST(Bootstrap, BooksNameEachHostOnceAndOnlyTheCanonicalFormDecodes) {
   AddressList book;
   for (int r = 0; r < 64; ++r)

@@ -19,9 +19,9 @@
 #include <fmt/format.h>
 
 #include "launch/harness.h"
-#include "net/socket.h"
 #include "support/ports.h"
 #include "support/process.h"
+#include "transport/socket.h"
 
 namespace pushpull {
 namespace {

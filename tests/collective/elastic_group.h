@@ -16,8 +16,8 @@
 #include <mutex>
 #include <vector>
 
-#include "collective/inprocess_transport.h"
 #include "pushpull/collective.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective::testing {
 

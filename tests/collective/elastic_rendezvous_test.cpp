@@ -14,7 +14,7 @@
 
 #include "collective/elastic_client.h"
 #include "collective/elastic_rendezvous.h"
-#include "collective/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective::elastic {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "collective/elastic_group.h"
-#include "collective/inprocess_transport.h"
 #include "pushpull/elastic.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective::elastic {
 namespace {

@@ -20,10 +20,10 @@
 
 #include <fmt/format.h>
 
-#include "collective/inprocess_transport.h"
-#include "collective/shm_transport.h"
 #include "harness.h"
 #include "tcp_group.h"
+#include "transport/inproc/inprocess_transport.h"
+#include "transport/shm/shm_transport.h"
 
 namespace pushpull::collective::testing {
 

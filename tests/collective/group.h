@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "collective/inprocess_transport.h"
 #include "pushpull/collective.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective::testing {
 

@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "collective/inprocess_transport.h"
 #include "pushpull/array.h"
 #include "pushpull/kernels.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective::testing {
 

@@ -10,9 +10,9 @@
 #include "base/clock.h"
 #include "base/liveness.h"
 #include "collective/coordinator.h"
-#include "collective/tcp_transport.h"
 #include "pushpull/collective.h"
 #include "tcp_group.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {

@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
-#include "collective/tcp_transport.h"
 #include "harness.h"
 #include "tcp_group.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The engine's control messages (collective/messages.h) on net/wire.h: round
+// The engine's control messages (collective/messages.h) on transport/wire.h: round
 // trips, and truncated, garbage, huge-count or overflowing-shape input is a
 // ProtocolError (never a read past the input: run under ASan to check that).
 #include "collective/messages.h"
@@ -9,7 +9,7 @@
 #include <limits>
 #include <random>
 
-#include "net/wire.h"
+#include "transport/wire.h"
 
 namespace pushpull::collective {
 namespace {

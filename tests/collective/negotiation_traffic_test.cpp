@@ -12,11 +12,11 @@
 #include <mutex>
 #include <thread>
 
-#include "collective/inprocess_transport.h"
 #include "collective/negotiation_tree.h"
 #include "group.h"
 #include "harness.h"
 #include "pushpull/collective.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective {
 namespace {

@@ -10,7 +10,7 @@
 #include <memory>
 #include <set>
 
-#include "collective/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {

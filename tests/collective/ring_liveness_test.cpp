@@ -10,8 +10,8 @@
 #include <chrono>
 #include <thread>
 
-#include "collective/tcp_transport.h"
 #include "tcp_group.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {

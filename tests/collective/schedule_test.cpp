@@ -14,8 +14,8 @@
 #include <numeric>
 #include <vector>
 
-#include "collective/schedule.h"
 #include "fabrics.h"
+#include "transport/schedule.h"
 
 namespace pushpull::collective {
 namespace {

@@ -5,7 +5,7 @@
 // the same bits on every rank, long mixed sequences (slots alternate,
 // phases stay in step), and the failure paths: a peer that closes, one
 // that never comes, this rank's own close.
-#include "collective/shm_arena.h"
+#include "transport/shm/shm_arena.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // every member proved every other, and a job whose ranks are split over two
 // segment directories ("hosts") moves data between ranks of one directory
 // through shared memory and to the others over TCP, every pair correct.
-#include "collective/shm_host.h"
+#include "transport/shm/shm_host.h"
 
 #include <sched.h>
 #include <sys/stat.h>
@@ -25,8 +25,8 @@
 #include <fmt/format.h>
 
 #include "collective/algorithms.h"
-#include "collective/shm_data_transport.h"
 #include "tcp_group.h"
+#include "transport/shm/shm_data_transport.h"
 
 namespace pushpull::collective {
 namespace {

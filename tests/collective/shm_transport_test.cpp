@@ -3,7 +3,7 @@
 // over it in algorithms_test): setup leaves no files, foreign segments are
 // refused, a closed peer fails what is pending with it, bad sizes and floods
 // are protocol errors, a missing peer times out.
-#include "collective/shm_transport.h"
+#include "transport/shm/shm_transport.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "collective/tcp_store.h"
-#include "net/transport.h"
 #include "pushpull/collective.h"
 #include "support/ports.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective {
 namespace {

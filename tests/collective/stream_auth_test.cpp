@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The collectives' data streams against strangers and impostors: the
 // streams are opened with the net hello marked as a stream on each rank's
-// one listening port (net/transport.h, "Streams"), so a stranger's silent,
+// one listening port (transport/tcp/message_transport.h, "Streams"), so a stranger's silent,
 // garbage or unproven connection to that port is refused and logged and
 // never fails the group; a member claiming another rank, and a message
 // connection's proof, cannot open a stream; TLS groups get encrypted
@@ -21,10 +21,10 @@
 #include "collective/algorithms.h"
 #include "collective/bootstrap.h"
 #include "collective/tcp_store.h"
-#include "collective/tcp_transport.h"
 #include "net/fixture.h"
-#include "net/transport.h"
 #include "support/ports.h"
+#include "transport/tcp/message_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {
@@ -258,7 +258,7 @@ TEST(StreamAuthTls, MembersGetEncryptedStreamsStrangersAreRefused) {
 }
 
 // Without a secret the hello's rule holds for streams too (only this
-// machine's peers: net/peer_policy.h, tested in tests/net/auth_test.cpp);
+// machine's peers: transport/peer_policy.h, tested in tests/net/auth_test.cpp);
 // on this machine the group gets its streams.
 TEST(StreamAuth, WithoutASecretTheGroupOnThisMachineGetsStreams) {
   Group g(3, group_net(""));

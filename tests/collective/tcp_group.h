@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective::testing {
 

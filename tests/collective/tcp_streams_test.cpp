@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "collective/algorithms.h"
-#include "collective/tcp_streams.h"
-#include "collective/tcp_transport.h"
 #include "harness.h"
 #include "tcp_group.h"
+#include "transport/tcp/tcp_streams.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
 namespace {

@@ -1,17 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// The collective engine over real TCP on loopback (src/net), ranks as
+// The collective engine over real TCP on loopback (src/transport/tcp), ranks as
 // threads: data ops against local references, and a closed rank turning
 // into PeerFailure on the others.
-#include "collective/tcp_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "harness.h"
-#include "net/socket.h"
 #include "pushpull/collective.h"
 #include "tcp_group.h"
+#include "transport/socket.h"
 
 namespace pushpull::collective {
 namespace {

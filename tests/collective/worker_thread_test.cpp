@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // WorkerThread: one thread for every job, jobs one at a time, clean teardown.
-#include "collective/worker_thread.h"
+#include "transport/worker_thread.h"
 
 #include <gtest/gtest.h>
 

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   const int rounds = std::stoi(argv[2]);
   const int sleep_ms = std::stoi(argv[3]);
   // A fourth key this large (float32), when given: its slices are chunked in
-  // pieces big enough for same-host replicas to be lent (net/lend.h).
+  // pieces big enough for same-host replicas to be lent (transport/shm/lend.h).
   const int64_t large = argc > 4 ? std::stoll(argv[4]) : 0;
   const double rate = 0.5;
   try {

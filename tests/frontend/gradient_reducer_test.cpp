@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "collective/harness.h"
-#include "collective/inprocess_transport.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::frontend {
 namespace {

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: the handshake messages (net/hello.h): challenge, hello, ack.
+// Fuzz target: the handshake messages (transport/hello.h): challenge, hello, ack.
 // A hello that decodes re-encodes to as many bytes as it came in. Selector
 // 3: the acceptor's check of a hello for a fixed job (fuzz_seeds writes
 // hellos with right proofs): accepted exactly when its proof is right for
 // the kind it asks for (a message connection or a data stream), and such a
 // proof is never right for the other kind.
 #include "fuzz_input.h"
-#include "net/hello.h"
+#include "transport/hello.h"
 
 using namespace pushpull::net;
 

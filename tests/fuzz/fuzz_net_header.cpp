@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: the 64-byte message header (net/message.h decode_header).
+// Fuzz target: the 64-byte message header (transport/message.h decode_header).
 // A header that decodes re-encodes to the same bytes and respects the cap.
 #include "fuzz_input.h"
-#include "net/message.h"
+#include "transport/message.h"
 
 using namespace pushpull::net;
 

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: the shared-memory setup messages (net/shm_setup.h): offer,
-// answer, confirmation, and a lent block's reference (net/lend.h). One that
+// Fuzz target: the shared-memory setup messages (transport/shm/shm_setup.h): offer,
+// answer, confirmation, and a lent block's reference (transport/shm/lend.h). One that
 // decodes re-encodes to the same bytes, a name it accepts is one pushpull
 // makes (never a path), and a lent range lies inside its block.
 #include <algorithm>
 
 #include "fuzz_input.h"
-#include "net/lend.h"
-#include "net/shm_setup.h"
+#include "transport/shm/lend.h"
+#include "transport/shm/shm_setup.h"
 
 using namespace pushpull::net;
 

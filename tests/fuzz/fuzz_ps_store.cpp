@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "fuzz_input.h"
-#include "net/wire.h"
 #include "ps/protocol.h"
 #include "ps/server_store.h"
+#include "transport/wire.h"
 
 using namespace pushpull;
 using namespace pushpull::ps;

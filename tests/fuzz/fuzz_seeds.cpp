@@ -17,15 +17,15 @@
 #include "collective/store.h"
 #include "collective/tcp_store.h"
 #include "compress/compressor.h"
-#include "net/hello.h"
-#include "net/host_identity.h"
-#include "net/lend.h"
-#include "net/message.h"
-#include "net/shm_setup.h"
-#include "net/wire.h"
 #include "ps/checkpoint.h"
 #include "ps/protocol.h"
 #include "pushpull/optimizer.h"
+#include "transport/hello.h"
+#include "transport/host_identity.h"
+#include "transport/message.h"
+#include "transport/shm/lend.h"
+#include "transport/shm/shm_setup.h"
+#include "transport/wire.h"
 
 namespace fs = std::filesystem;
 using namespace pushpull;

@@ -56,8 +56,8 @@ function(pushpull_fuzz_target name library)
               -I${CMAKE_BINARY_DIR}/generated -I${CMAKE_CURRENT_FUNCTION_LIST_DIR}
               ${src} ${F_CLANG_SOURCES} -lfmt -lcrypto -o ${bin}
       DEPENDS ${src} ${F_CLANG_SOURCES} ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/fuzz_input.h
-              ${CMAKE_SOURCE_DIR}/src/net/message.h ${CMAKE_SOURCE_DIR}/src/net/hello.h
-              ${CMAKE_SOURCE_DIR}/src/net/wire.h
+              ${CMAKE_SOURCE_DIR}/src/transport/message.h ${CMAKE_SOURCE_DIR}/src/transport/hello.h
+              ${CMAKE_SOURCE_DIR}/src/transport/wire.h
       COMMENT "Building the libFuzzer target ${name}_libfuzzer with clang"
       VERBATIM)
     add_custom_target(${name}_libfuzzer ALL DEPENDS ${bin})
@@ -71,11 +71,11 @@ endfunction()
 if(NOT PUSHPULL_FUZZ)
   find_program(PUSHPULL_CLANGXX NAMES clang++ clang++-16 clang++-15 clang++-14)
 endif()
-set(net_srcs ${CMAKE_SOURCE_DIR}/src/net/message.cpp ${CMAKE_SOURCE_DIR}/src/net/hello.cpp
+set(net_srcs ${CMAKE_SOURCE_DIR}/src/transport/message.cpp ${CMAKE_SOURCE_DIR}/src/transport/hello.cpp
              ${CMAKE_SOURCE_DIR}/src/base/error.cpp)
-pushpull_fuzz_target(fuzz_net_header pushpull_net CLANG_SOURCES ${net_srcs})
-pushpull_fuzz_target(fuzz_net_handshake pushpull_net CLANG_SOURCES ${net_srcs})
-pushpull_fuzz_target(fuzz_net_shm pushpull_net)
+pushpull_fuzz_target(fuzz_net_header pushpull_transport CLANG_SOURCES ${net_srcs})
+pushpull_fuzz_target(fuzz_net_handshake pushpull_transport CLANG_SOURCES ${net_srcs})
+pushpull_fuzz_target(fuzz_net_shm pushpull_transport)
 pushpull_fuzz_target(fuzz_cluster_messages pushpull_cluster)
 pushpull_fuzz_target(fuzz_ps_messages pushpull_ps)
 pushpull_fuzz_target(fuzz_collective_messages pushpull_collective)

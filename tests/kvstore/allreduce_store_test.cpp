@@ -11,8 +11,8 @@
 #include <mutex>
 #include <thread>
 
-#include "collective/inprocess_transport.h"
 #include "support/ports.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull {
 namespace {

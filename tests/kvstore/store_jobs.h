@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "collective/inprocess_transport.h"
 #include "kvstore/allreduce_store.h"
 #include "kvstore/inprocess_job.h"
 #include "pushpull/kvstore.h"
+#include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::testing {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What cluster managers give the per-node launcher (launch/cluster_env.h:
 // Kubeflow TrainJob and PyTorchJob, srun, mpirun), and the address a node
-// advertises (net/address.h: --interface lists and per-host entries, the
+// advertises (transport/address.h: --interface lists and per-host entries, the
 // route toward the scheduler). The whole jobs on network-namespace hosts are
 // tests/launch/slurm_cluster_test.py and kubernetes_pods_test.py.
 #include <chrono>
@@ -13,9 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "launch/cluster_env.h"
-#include "net/address.h"
 #include "pushpull/error.h"
 #include "support/process.h"
+#include "transport/address.h"
 
 namespace {
 

@@ -19,9 +19,9 @@
 #include <thread>
 
 #include "fixture.h"
-#include "net/node_id.h"
-#include "net/peer_policy.h"
 #include "support/wait.h"
+#include "transport/node_id.h"
+#include "transport/peer_policy.h"
 
 namespace pushpull::net {
 namespace {

@@ -15,10 +15,10 @@
 
 #include <fmt/format.h>
 
-#include "net/hello.h"
-#include "net/message.h"
-#include "net/socket.h"
-#include "net/transport.h"
+#include "transport/hello.h"
+#include "transport/message.h"
+#include "transport/socket.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::test {
 

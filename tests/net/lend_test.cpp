@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Lending buffers to a same-host peer (net/lend.h): the block is found from
+// Lending buffers to a same-host peer (transport/shm/lend.h): the block is found from
 // any address inside it, a reader copies the right bytes (also from another
 // process), a pinned range outlives its owner, and a reference that names the
 // wrong token, size, descriptor or range, or a look-alike that is not sealed,
@@ -14,8 +14,8 @@
 #include <numeric>
 #include <vector>
 
-#include "net/buffer_pool.h"
-#include "net/lend.h"
+#include "transport/buffer_pool.h"
+#include "transport/shm/lend.h"
 
 namespace pushpull::net {
 namespace {

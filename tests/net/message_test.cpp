@@ -7,11 +7,11 @@
 #include <random>
 #include <vector>
 
-#include "net/address.h"
-#include "net/buffer_pool.h"
-#include "net/hello.h"
-#include "net/message.h"
-#include "net/wire.h"
+#include "transport/address.h"
+#include "transport/buffer_pool.h"
+#include "transport/hello.h"
+#include "transport/message.h"
+#include "transport/wire.h"
 
 namespace pushpull::net {
 namespace {
@@ -162,7 +162,7 @@ TEST(BufferPool, ReusesBuffersBySizeClass) {
   EXPECT_TRUE(e.empty());
 }
 
-// ---- net/wire.h: the one codec ----------------------------------------------
+// ---- transport/wire.h: the one codec ----------------------------------------------
 
 std::vector<std::byte> bytes_of(std::initializer_list<int> v) {
   std::vector<std::byte> out;

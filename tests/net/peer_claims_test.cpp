@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "fixture.h"
-#include "net/peer_policy.h"
 #include "support/wait.h"
+#include "transport/peer_policy.h"
 
 namespace pushpull::net {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one shared-memory file primitive (net/shm_file.h): what create()
+// The one shared-memory file primitive (transport/shm/shm_file.h): what create()
 // makes (private, reserved, unguessable, never over an existing name), and
 // every file open() and adopt() refuse: open to others, another user's, a
 // symlink, a FIFO, the wrong size, a name of the wrong form; a peer's file
@@ -18,7 +18,7 @@
 #include <ctime>
 #include <string>
 
-#include "net/shm_file.h"
+#include "transport/shm/shm_file.h"
 
 namespace pushpull::net {
 namespace {

@@ -3,7 +3,7 @@
 // 2 workers, dist_sync, in this process over real connections) moves every
 // tensor byte through shared memory and none over loopback TCP; with
 // PUSHPULL_PS_SHM=0 the same job moves them over TCP. The values are the
-// same either way. Replicas are lent (net/lend.h: the backup copies them out
+// same either way. Replicas are lent (transport/shm/lend.h: the backup copies them out
 // of the primary's memory, not through the ring), and a backup that does not
 // read lent memory (PUSHPULL_PS_LEND=0) gets them by value.
 #include <gtest/gtest.h>

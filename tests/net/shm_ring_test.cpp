@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one SPSC ring (net/shm_ring.h): copies across the wrap, free and used
+// The one SPSC ring (transport/shm/shm_ring.h): copies across the wrap, free and used
 // space when empty and full, positions past 4 GiB, and a producer and a
 // consumer thread streaming through a small ring with the positions in
 // ShmRingCtl (acquire/release), every byte checked.
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "net/shm_ring.h"
+#include "transport/shm/shm_ring.h"
 
 namespace pushpull::net {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The same-host shared-memory path of the MessageTransport (net/shm_setup.h):
+// The same-host shared-memory path of the MessageTransport (transport/shm/shm_setup.h):
 // payloads of every size through small rings, in order with TCP-only
 // messages, both directions at once; a peer that dies mid-payload; peers
 // that lie in the setup or the frames; the opt-out.
@@ -20,12 +20,12 @@
 
 #include "base/metrics.h"
 #include "fixture.h"
-#include "net/host_identity.h"
-#include "net/shm_segment.h"
-#include "net/shm_setup.h"
-#include "net/transport.h"
 #include "pushpull/options.h"
 #include "support/wait.h"
+#include "transport/host_identity.h"
+#include "transport/shm/shm_segment.h"
+#include "transport/shm/shm_setup.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::net {
 namespace {

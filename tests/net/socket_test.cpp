@@ -14,8 +14,8 @@
 #include <cstdio>
 #include <string>
 
-#include "net/socket.h"
 #include "pushpull/error.h"
+#include "transport/socket.h"
 
 namespace pushpull::net {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// MessageTransport's data streams (net/transport.h, "Streams"): open_stream()
+// MessageTransport's data streams (transport/tcp/message_transport.h, "Streams"): open_stream()
 // and take_stream() over the one listening port and the one hello; the
 // proofs bind the kind (a message connection's proof cannot open a stream,
 // nor the reverse, both ways); who may open one (ranks in range, not this

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// TlsLink (net/tls.h) over socket pairs: the handshake keyed from the job
+// TlsLink (transport/tls.h) over socket pairs: the handshake keyed from the job
 // secret, both directions at once from two threads, refusals (another
 // secret, a plain peer), and what an observer of the wire sees.
-#include "net/tls.h"
+#include "transport/tls.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,8 +16,8 @@
 
 #include <gtest/gtest.h>
 
-#include "net/socket.h"
 #include "pushpull/error.h"
+#include "transport/socket.h"
 
 namespace pushpull::net {
 namespace {

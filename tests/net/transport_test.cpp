@@ -18,11 +18,11 @@
 #include <thread>
 
 #include "fixture.h"
-#include "net/hello.h"
-#include "net/socket.h"
-#include "net/transport.h"
 #include "support/ports.h"
 #include "support/wait.h"
+#include "transport/hello.h"
+#include "transport/socket.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::net {
 namespace {

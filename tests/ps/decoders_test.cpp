@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Every decoder of the PS and cluster messages (net/wire.h underneath): round
+// Every decoder of the PS and cluster messages (transport/wire.h underneath): round
 // trips, and truncated, garbage, huge-count or overflowing input is rejected
 // with a ProtocolError status (never a throw, never a read past the input:
 // run under the ASan build to check the latter).
@@ -11,8 +11,8 @@
 #include <random>
 
 #include "cluster/protocol.h"
-#include "net/wire.h"
 #include "ps/protocol.h"
+#include "transport/wire.h"
 
 namespace pushpull {
 namespace {

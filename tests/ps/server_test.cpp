@@ -3,7 +3,7 @@
 // crafted requests a worker could send (sizes that overflow, ranges past the
 // value, bad dtypes and types, garbage payloads) get error replies and the
 // server keeps serving the real workers; and a Server torn down while pushes
-// are arriving never touches its destroyed store. A lent replica (net/lend.h)
+// are arriving never touches its destroyed store. A lent replica (transport/shm/lend.h)
 // is read only when its reference checks out.
 #include "ps/server.h"
 
@@ -20,9 +20,9 @@
 #include <set>
 #include <thread>
 
-#include "net/lend.h"
 #include "ps/protocol.h"
 #include "support/cluster_harness.h"
+#include "transport/shm/lend.h"
 
 namespace pushpull::ps {
 namespace {

@@ -191,7 +191,7 @@ def duplicate_insider(t, secret, job_id, connected_member, **_):
     out = f"as {role} {rank}: {out}"
     if "authentication failed" in out or "out of date" in out:
         # The target found the proof wrong: this suite computes it out of
-        # step with net/hello.cpp, and the duplicate check went untested.
+        # step with transport/hello.cpp, and the duplicate check went untested.
         return out + " (the suite's proof is out of date)", False
     return out, ok
 

@@ -1,5 +1,5 @@
-"""The pushpull wire format as an adversary speaks it (see src/net/message.h
-and src/net/hello.h): 64-byte little-endian headers, and the connector's side
+"""The pushpull wire format as an adversary speaks it (see src/transport/message.h
+and src/transport/hello.h): 64-byte little-endian headers, and the connector's side
 of the handshake, with the proof computed right, wrong, or not at all.
 
 Everything here is the protocol as the repository defines it; when the
@@ -22,7 +22,7 @@ HEADER_BYTES = 64
 HEADER = struct.Struct("<IHHIIQQIIQQQ")
 assert HEADER.size == HEADER_BYTES
 
-# net (src/net/message.h)
+# net (src/transport/message.h)
 T_CHALLENGE, T_HELLO, T_HELLO_ACK = 1, 2, 3
 # cluster (src/cluster/protocol.h)
 T_REGISTER, T_HEARTBEAT, T_PEER_DEAD, T_ABORT, T_LEAVE, T_SHUTDOWN = 16, 20, 21, 22, 23, 24
@@ -127,7 +127,7 @@ def proof_v1(secret, nonce, job_id, role, rank):
 
 
 def proof_v2(secret, acceptor_nonce, connector_nonce, job_id, role, rank, version=2):
-    """The connector's proof (net/hello.h); from protocol version 4 it also
+    """The connector's proof (transport/hello.h); from protocol version 4 it also
     binds the hello's kind (0: a message connection)."""
     msg = (wstr("pushpull v2 connector") + acceptor_nonce + connector_nonce + wstr(job_id) +
            struct.pack("<Bi", role, rank) + (b"\0" if version >= 4 else b""))

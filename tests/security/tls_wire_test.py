@@ -225,7 +225,7 @@ def main():
             job_id = f'tlswire{i}-{tag}'
             cap = run_job(cluster, bin_dir, tmp, name.replace(' ', '_').replace('=', ''), ps,
                           tls, 29400 + 10 * i, secret, job_id)
-            # The handshake's job tag (src/net/hello.cpp) travels in a plain
+            # The handshake's job tag (src/transport/hello.cpp) travels in a plain
             # job's hellos: its absence under TLS means the hellos are hidden.
             tag_bytes = hashlib.sha256(b'pushpull job id\n' + job_id.encode()).digest()
             needles = {'pattern': MARKER, 'job tag': tag_bytes, 'job id': job_id.encode(),

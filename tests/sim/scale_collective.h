@@ -23,8 +23,8 @@
 #include "collective/negotiation_tree.h"
 #include "collective/store.h"
 #include "collective/tcp_store.h"
-#include "net/message.h"
 #include "sim/scale_net.h"
+#include "transport/message.h"
 
 namespace pushpull::sim::scale::detail {
 

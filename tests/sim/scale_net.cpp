@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "net/hello.h"
-#include "net/message.h"
+#include "transport/hello.h"
+#include "transport/message.h"
 
 namespace pushpull::sim::scale {
 
@@ -14,7 +14,7 @@ Net::Net(int nodes, const Costs& costs)
       busy_(static_cast<size_t>(nodes), 0),
       down_(static_cast<size_t>(nodes), false),
       count_(static_cast<size_t>(nodes)) {
-  // The handshake's messages as net/hello.cpp encodes them (a host name of
+  // The handshake's messages as transport/hello.cpp encodes them (a host name of
   // a typical address), each behind a message header.
   net::Hello h;
   h.role = Role::kWorker;

@@ -12,11 +12,11 @@
 #include "cluster/barrier_book.h"
 #include "cluster/describe.h"
 #include "cluster/protocol.h"
-#include "net/message.h"
 #include "ps/protocol.h"
 #include "ps/server_store.h"
 #include "pushpull/array.h"
 #include "sim/scale_net.h"
+#include "transport/message.h"
 
 namespace pushpull::sim::scale {
 namespace {

@@ -69,7 +69,7 @@ struct Config {
   Topology topology = Topology::kFullMesh;  // collectives
   // Ranks per host: the collectives' local ranks (the sparse topology), and
   // a PS job's workers per host (servers have hosts of their own), which the
-  // address book names once each (net/host_table.h).
+  // address book names once each (transport/host_table.h).
   int local_size = 8;
   Fault fault = Fault::kStop;
   int victim = -1;  // the rank stopped or killed; -1: the last one
