@@ -2,13 +2,11 @@
 // A group of Communicators as threads in one process.
 #pragma once
 
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
+#include "harness.h"
 #include "pushpull/collective.h"
 #include "transport/inproc/inprocess_transport.h"
 
@@ -33,22 +31,7 @@ class Group {
 
   // Runs fn(rank, comm) on one thread per rank; rethrows the first exception.
   void run(const std::function<void(int, Communicator&)>& fn) {
-    std::exception_ptr first;
-    std::mutex mu;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < size(); ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          fn(r, (*this)[r]);
-        } catch (...) {
-          std::lock_guard lock(mu);
-          if (!first) first = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads)
-      t.join();
-    if (first) std::rethrow_exception(first);
+    testing::on_threads(size(), [&](int r) { fn(r, (*this)[r]); });
   }
 
  private:

@@ -287,21 +287,8 @@ struct RecordedGroup {
     }
   }
   void run(const std::function<void(int, Communicator&)>& fn) {
-    std::vector<std::thread> th;
-    std::exception_ptr first;
-    std::mutex mu;
-    for (int r = 0; r < static_cast<int>(comms.size()); ++r)
-      th.emplace_back([&, r] {
-        try {
-          fn(r, *comms[static_cast<size_t>(r)]);
-        } catch (...) {
-          std::lock_guard lock(mu);
-          if (!first) first = std::current_exception();
-        }
-      });
-    for (auto& t : th)
-      t.join();
-    if (first) std::rethrow_exception(first);
+    testing::on_threads(static_cast<int>(comms.size()),
+                        [&](int r) { fn(r, *comms[static_cast<size_t>(r)]); });
   }
 };
 

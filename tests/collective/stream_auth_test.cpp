@@ -21,6 +21,7 @@
 #include "collective/algorithms.h"
 #include "collective/bootstrap.h"
 #include "collective/tcp_store.h"
+#include "harness.h"
 #include "net/fixture.h"
 #include "support/ports.h"
 #include "transport/tcp/message_transport.h"
@@ -54,21 +55,7 @@ struct Group {
   }
   // connect_all on a thread per rank; the first error is rethrown.
   void connect() {
-    std::exception_ptr first;
-    std::mutex mu;
-    std::vector<std::thread> th;
-    for (size_t r = 0; r < ts.size(); ++r)
-      th.emplace_back([&, r] {
-        try {
-          ts[r]->connect_all(book);
-        } catch (...) {
-          std::lock_guard lock(mu);
-          if (!first) first = std::current_exception();
-        }
-      });
-    for (auto& t : th)
-      t.join();
-    if (first) std::rethrow_exception(first);
+    testing::on_threads(static_cast<int>(ts.size()), [&](int r) { ts[r]->connect_all(book); });
   }
   // An allreduce of (rank + 1) on every rank, on the streams: every rank
   // must get n (n + 1) / 2 in each element.

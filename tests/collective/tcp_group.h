@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective::testing {
@@ -29,11 +30,8 @@ inline std::vector<std::unique_ptr<TcpTransport>> connect_tcp_group_on(
     ts.push_back(std::make_unique<TcpTransport>(r, n, net, hosts[static_cast<size_t>(r)]));
     book.emplace_back(hosts[static_cast<size_t>(r)], ts.back()->port());
   }
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] { ts[r]->connect_all(book); });
-  for (auto& t : th)
-    t.join();
+  // A rank that fails to connect fails the test (rethrown), not the process.
+  on_threads(n, [&](int r) { ts[r]->connect_all(book); });
   return ts;
 }
 

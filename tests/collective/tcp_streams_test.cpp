@@ -34,26 +34,14 @@ void run_group(int n, const std::function<void(int, AlgoContext&)>& fn,
   auto ts = connect_group(n);
   for (auto& t : ts)
     ASSERT_TRUE(t->has_streams());
-  std::exception_ptr first;
-  std::mutex mu;
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        std::vector<char> scratch;
-        AlgoContext ctx{*ts[r]};
-        ctx.peer_timeout = Millis(10000);
-        ctx.ring_segment_bytes = segment;
-        ctx.scratch = &scratch;
-        fn(r, ctx);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : th)
-    t.join();
-  if (first) std::rethrow_exception(first);
+  testing::on_threads(n, [&](int r) {
+    std::vector<char> scratch;
+    AlgoContext ctx{*ts[r]};
+    ctx.peer_timeout = Millis(10000);
+    ctx.ring_segment_bytes = segment;
+    ctx.scratch = &scratch;
+    fn(r, ctx);
+  });
 }
 
 TEST(TcpStreams, AllreduceEveryPathMatchesReference) {

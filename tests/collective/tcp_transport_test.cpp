@@ -31,21 +31,7 @@ void run_comms(int n, const std::function<void(int, Communicator&)>& fn) {
   std::vector<std::unique_ptr<Communicator>> cs;
   for (int r = 0; r < n; ++r)
     cs.push_back(std::make_unique<Communicator>(std::move(ts[r]), o));
-  std::exception_ptr first;
-  std::mutex mu;
-  std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        fn(r, *cs[r]);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : th)
-    t.join();
-  if (first) std::rethrow_exception(first);
+  testing::on_threads(n, [&](int r) { fn(r, *cs[r]); });
 }
 
 TEST(TcpTransport, CollectivesOverLoopback) {
