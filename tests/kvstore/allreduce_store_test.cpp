@@ -8,9 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <mutex>
 #include <thread>
 
+#include "collective/harness.h"
 #include "support/ports.h"
 #include "transport/inproc/inprocess_transport.h"
 
@@ -37,23 +37,11 @@ collective::CommunicatorOptions comm_options() {
 // collectives with PeerFailure instead of leaving them waiting.
 void run_workers(int n, const std::function<void(KVStore&)>& body) {
   collective::InProcessFabric fabric(n);
-  std::exception_ptr first;
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = std::make_unique<collective::Communicator>(fabric.endpoint(r), comm_options());
-        AllreduceStore store("dist_sync_allreduce", store_options(), std::move(comm));
-        body(store);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  if (first) std::rethrow_exception(first);
+  collective::testing::on_threads(n, [&](int r) {
+    auto comm = std::make_unique<collective::Communicator>(fabric.endpoint(r), comm_options());
+    AllreduceStore store("dist_sync_allreduce", store_options(), std::move(comm));
+    body(store);
+  });
 }
 
 // Workers push keys in opposite orders and keep several pushes of one key in

@@ -11,11 +11,10 @@
 #pragma once
 
 #include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "collective/harness.h"
 #include "kvstore/allreduce_store.h"
 #include "kvstore/inprocess_job.h"
 #include "pushpull/kvstore.h"
@@ -73,23 +72,11 @@ inline void run_store_job(const std::string& type, const JobShape& shape,
   c.peer_timeout = Millis(5000);
   c.wait_timeout = Millis(30000);
   c.collective.cycle_time_ms = 0.5;
-  std::exception_ptr first;
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < shape.workers; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = std::make_unique<collective::Communicator>(fabric.endpoint(r), c);
-        AllreduceStore store(type, o, std::move(comm));
-        body(store);
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  if (first) std::rethrow_exception(first);
+  collective::testing::on_threads(shape.workers, [&](int r) {
+    auto comm = std::make_unique<collective::Communicator>(fabric.endpoint(r), c);
+    AllreduceStore store(type, o, std::move(comm));
+    body(store);
+  });
 }
 
 }  // namespace pushpull::testing
