@@ -87,26 +87,27 @@ void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t by
   post_send_now(peer, tag, data, bytes, std::move(done), false);
 }
 
+Status TcpTransport::refusal_locked(int peer) const {
+  if (closed_) return *closed_;
+  if (verdict_.failure()) return *verdict_.failure();
+  if (peer < 0 || peer >= size_ || peer == rank_ || book_.empty())
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("collective: no connection to rank {}", peer));
+  return Status::ok();
+}
+
 void TcpTransport::post_send_now(int peer, uint64_t tag, const void* data, size_t bytes,
                                  Completion done, bool flushing) {
   net::ConnId conn;
   std::optional<Status> dead;
   {
-    std::lock_guard lock(mu_);
-    Status err;
-    if (closed_)
-      err = *closed_;
-    else if (verdict_.failure())
-      err = *verdict_.failure();
-    else if (peer < 0 || peer >= size_ || peer == rank_ || book_.empty())
-      err = Status(ErrorCode::kInvalidArgument,
-                   fmt::format("collective: no connection to rank {}", peer));
-    else
-      dead = dead_[static_cast<size_t>(peer)];
-    if (!err.is_ok()) {
+    std::unique_lock lock(mu_);
+    if (Status err = refusal_locked(peer); !err.is_ok()) {
+      lock.unlock();  // completions never run under the transport's lock
       done(err);
       return;
     }
+    dead = dead_[static_cast<size_t>(peer)];
     if (!dead && !flushing) {
       Deferred d{true, tag, data, nullptr, bytes, std::move(done)};
       if (defer(peer, d)) return;
@@ -134,14 +135,7 @@ void TcpTransport::post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes
   net::ConnId conn;
   {
     std::unique_lock lock(mu_);
-    Status err;
-    if (closed_)
-      err = *closed_;
-    else if (verdict_.failure())
-      err = *verdict_.failure();
-    else if (peer < 0 || peer >= size_ || peer == rank_ || book_.empty())
-      err = Status(ErrorCode::kInvalidArgument,
-                   fmt::format("collective: no connection to rank {}", peer));
+    Status err = refusal_locked(peer);
     if (err.is_ok() && !flushing && !dead_[static_cast<size_t>(peer)]) {
       Deferred d{false, tag, nullptr, dst, bytes, std::move(done)};
       if (defer(peer, d)) return;

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The collective Transport over TCP (transport/tcp/message_transport.h): one net::MessageTransport per rank,
-// at most one connection per pair of ranks, always opened by the higher rank
-// (so a pair never gets two; net's duplicate-identity check refuses a second
-// claim anyway).
+// The collective Transport over TCP (transport/tcp/message_transport.h): one net::MessageTransport
+// per rank, at most one connection per pair of ranks, always opened by the higher rank (so a pair
+// never gets two; net's duplicate-identity check refuses a second claim anyway).
 //
 // Not a full mesh (tcp_transport_mesh.cpp chooses, tcp_transport_connect.cpp
 // connects): connect_all opens, in parallel, only the connections the
@@ -296,6 +295,9 @@ class TcpTransport final : public Transport {
   void on_dial_me(const net::Message& m, int from);  // mu_ not held
   void lazy_failed(int peer, Status why);            // mu_ not held: fails its queue
   std::vector<Deferred> take_deferred();             // mu_ held: every queued operation
+  // Why an operation with `peer` cannot be posted (closed, a verdict, no
+  // such peer), or ok. Under mu_.
+  Status refusal_locked(int peer) const;
   void post_send_now(int peer, uint64_t tag, const void* data, size_t bytes, Completion done,
                      bool flushing);
   void post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,

@@ -13,12 +13,10 @@
 // NetOptions::connect_timeout; a verdict (a peer that died before opening
 // its stream) ends the wait at once.
 #include <algorithm>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "pushpull/log.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
