@@ -17,6 +17,7 @@
 #include "collective/tcp_store.h"
 #include "pushpull/collective.h"
 #include "support/ports.h"
+#include "tcp_group.h"
 #include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective {
@@ -184,14 +185,7 @@ TEST(SessionOverAStore, MeetsThroughTheStoreAndAllreduces) {
 }
 
 Options tcp_options(int rank, int size, int port) {
-  Options o;
-  o.net.job_id = "store-test-" + std::to_string(port);
-  o.net.connect_timeout = 5s;
-  o.collective.rank = rank;
-  o.collective.size = size;
-  o.collective.master_addr = "127.0.0.1";
-  o.collective.master_port = port;
-  return o;
+  return testing::master_addr_options("store-test", rank, size, port);
 }
 
 TEST(TcpStore, KeysAreWriteOnceAndGetsTimeOutNamingTheKey) {

@@ -24,6 +24,7 @@
 #include "harness.h"
 #include "net/fixture.h"
 #include "support/ports.h"
+#include "tcp_group.h"
 #include "transport/tcp/message_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -254,14 +255,7 @@ TEST(StreamAuth, WithoutASecretTheGroupOnThisMachineGetsStreams) {
 }
 
 Options rv(int rank, int size, int port) {
-  Options o;
-  o.net.job_id = "rv-auth-" + std::to_string(port);
-  o.net.connect_timeout = 5s;
-  o.collective.rank = rank;
-  o.collective.size = size;
-  o.collective.master_addr = "127.0.0.1";
-  o.collective.master_port = port;
-  return o;
+  return testing::master_addr_options("rv-auth", rank, size, port);
 }
 
 AddressList meet(int rank, int size, int port) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "pushpull/options.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective::testing {
@@ -50,6 +51,19 @@ inline Status outcome(const Request& r) {
   } catch (const Error& e) {
     return Status(e.code(), e.what());
   }
+}
+
+// Options of rank `rank` of `size` meeting through the MASTER_ADDR store on
+// 127.0.0.1:`port`, under a job id made of `job` and the port.
+inline Options master_addr_options(const std::string& job, int rank, int size, int port) {
+  Options o;
+  o.net.job_id = job + "-" + std::to_string(port);
+  o.net.connect_timeout = Millis(5000);
+  o.collective.rank = rank;
+  o.collective.size = size;
+  o.collective.master_addr = "127.0.0.1";
+  o.collective.master_port = port;
+  return o;
 }
 
 // Rank r alone on "host" 127.0.0.(r + 1).
