@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "base/hex.h"
 #include "base/secret_file.h"
 #include "pushpull/error.h"
 
@@ -34,10 +35,7 @@ bool is_on(const std::optional<std::string>& v) {
 }  // namespace
 
 std::string FileKey::id_hex() const {
-  std::string s;
-  for (unsigned char c : id)
-    s += fmt::format("{:02x}", c);
-  return s;
+  return to_hex(id.data(), id.size());
 }
 
 std::string FileKey::tag(std::string_view bytes) const {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <openssl/rand.h>
 
+#include "base/hex.h"
 #include "pushpull/error.h"
 #include "pushpull/log.h"
 
@@ -39,17 +40,6 @@ std::string parent_of(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
-}
-
-std::string hex(const unsigned char* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  s.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    s.push_back(digits[p[i] >> 4]);
-    s.push_back(digits[p[i] & 15]);
-  }
-  return s;
 }
 
 // The directory that holds the secret: created 0700 (parents too, as XDG
@@ -164,12 +154,12 @@ bool create_secret(const std::string& path) {
   unsigned char tag[8];
   if (RAND_bytes(tag, sizeof tag) != 1)
     throw IoError("cannot make a job secret: OpenSSL RAND_bytes failed");
-  const std::string tmp = fmt::format("{}/.secret.{}.{}", dir, ::getpid(), hex(tag, sizeof tag));
+  const std::string tmp = fmt::format("{}/.secret.{}.{}", dir, ::getpid(), to_hex(tag, sizeof tag));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     throw PlaceError(
         fmt::format("cannot create the job secret file in {}: {}", dir, errno_text(errno)));
-  const std::string line = hex(raw, sizeof raw) + "\n";
+  const std::string line = to_hex(raw, sizeof raw) + "\n";
   bool ok = ::fchmod(fd, 0600) == 0;  // whatever the umask
   for (size_t off = 0; ok && off < line.size();) {
     ssize_t n = ::write(fd, line.data() + off, line.size() - off);

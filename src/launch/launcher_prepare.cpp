@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <openssl/rand.h>
 
+#include "base/hex.h"
 #include "base/secret_file.h"
 #include "launch/commands.h"
 #include "launch/launcher.h"
@@ -30,10 +31,7 @@ std::string make_job_secret() {
   unsigned char bytes[16];
   if (RAND_bytes(bytes, sizeof bytes) != 1)
     throw IoError("cannot generate the job secret: OpenSSL's RAND_bytes failed");
-  std::string hex;
-  for (unsigned char b : bytes)
-    hex += fmt::format("{:02x}", b);
-  return hex;
+  return to_hex(bytes, sizeof bytes);
 }
 
 std::string resolve_launch_secret(const LaunchConfig& cfg, const Environment& env,

@@ -207,8 +207,7 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   std::vector<std::string> names;
   for (int r : group) {
     const auto& token = records[static_cast<size_t>(r)].token;
-    names.push_back("pushpull-coll-" +
-                    net::to_hex(reinterpret_cast<const std::byte*>(token.data()), token.size()));
+    names.push_back("pushpull-coll-" + to_hex(token.data(), token.size()));
   }
   const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   o.connect_timeout = std::chrono::duration_cast<Millis>(deadline - Clock::now());

@@ -40,17 +40,6 @@ bool process_gone(int pid) {
   return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-std::string to_hex(const std::byte* p, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    const auto b = static_cast<unsigned>(p[i]);
-    s[2 * i] = kDigits[b >> 4];
-    s[2 * i + 1] = kDigits[b & 15];
-  }
-  return s;
-}
-
 bool ShmFile::valid_name(std::string_view name, const ShmKind& kind) {
   if (name.size() <= kind.prefix.size() || name.substr(0, kind.prefix.size()) != kind.prefix)
     return false;

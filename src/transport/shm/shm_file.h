@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/hex.h"
 #include "pushpull/error.h"
 #include "transport/socket.h"
 
@@ -112,8 +113,6 @@ class ShmFile {
   Fd fd_;
 };
 
-// 2 * n lowercase hex digits.
-std::string to_hex(const std::byte* p, size_t n);
 // Whether no process `pid` exists (a creator or peer that died).
 bool process_gone(int pid);
 

@@ -86,8 +86,7 @@ void HostProbe::remove() {
 }
 
 bool HostProbe::sees(const HostRecord& peer) const {
-  const std::string name = std::string(kProbeKind.prefix) +
-                           net::to_hex(reinterpret_cast<const std::byte*>(peer.probe.data()), 16);
+  const std::string name = std::string(kProbeKind.prefix) + to_hex(peer.probe.data(), 16);
   std::unique_ptr<net::ShmFile> f;
   return net::ShmFile::open(dir_, name, kProbeKind, 16, 16, net::ShmMapping{}, &f).is_ok() &&
          std::memcmp(f->data(), peer.content.data(), 16) == 0;
