@@ -19,7 +19,7 @@ struct WorkerArgs {
   std::vector<uint64_t> sizes;  // bytes
   std::vector<int> iters;       // per size
   int warmup = 2;
-  std::string transport = "tcp";  // or "shm": collective::ShmTransport (one host)
+  std::string transport = "tcp";  // or "shm": transport::ShmTransport (one host)
   // "none", or "fp16": the float32 gradient is fp16-compressed (with a
   // residual), allreduced as float16 and decoded back, all inside the timing;
   // "2bit"/"1bit": encoded (with a residual), the codes allgathered round the

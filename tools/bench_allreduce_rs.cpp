@@ -29,22 +29,22 @@ size_t RsCodes::len(int j) const {
 }
 
 void RsCodes::run(collective::AlgoContext& ctx, uint64_t& op_id, const float* grad, float* out) {
-  collective::Transport& t = ctx.transport;
+  transport::Transport& t = ctx.transport;
   first_.encode_raw(0, 0, count_, 0, grad, count_, mine_.data());
   // All-to-all: chunk j's codes to rank j; rank r's of this rank's chunk in.
   ctx.op_id = ++op_id;
   const size_t part = bytes_at(len(rank_));
-  std::vector<collective::Request> reqs;
+  std::vector<transport::Request> reqs;
   for (int p = 0; p < n_; ++p) {
     if (p == rank_) {
       if (part) std::memcpy(theirs_.data() + p * part, mine_.data() + bytes_at(begin(p)), part);
       continue;
     }
-    const uint64_t tag = collective::op_tag(ctx.op_id, 0);
+    const uint64_t tag = transport::op_tag(ctx.op_id, 0);
     if (len(p))
       reqs.push_back(
-          collective::isend(t, p, tag, mine_.data() + bytes_at(begin(p)), bytes_at(len(p))));
-    if (part) reqs.push_back(collective::irecv(t, p, tag, theirs_.data() + p * part, part));
+          transport::isend(t, p, tag, mine_.data() + bytes_at(begin(p)), bytes_at(len(p))));
+    if (part) reqs.push_back(transport::irecv(t, p, tag, theirs_.data() + p * part, part));
   }
   for (auto& r : reqs)
     r.wait(ctx.deadline(), fmt::format("compressed reduce-scatter (op {})", ctx.op_id));
@@ -58,7 +58,7 @@ void RsCodes::run(collective::AlgoContext& ctx, uint64_t& op_id, const float* gr
                        all_.data() + bytes_at(begin(rank_)));
   // Allgather of the re-encoded chunks, then every rank decodes them all.
   ctx.op_id = ++op_id;
-  std::vector<collective::Block> blocks;
+  std::vector<transport::Block> blocks;
   for (int j = 0; j < n_; ++j)
     blocks.push_back({bytes_at(begin(j)), bytes_at(len(j))});
   collective::ring(ctx, all_.data(), DType::kUInt8, ReduceOp::kSum, blocks, false, true);

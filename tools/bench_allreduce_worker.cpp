@@ -102,7 +102,7 @@ void check_sum(const std::vector<float>& buf, int n, const compress::Settings& c
 void gather_and_sum(collective::AlgoContext& ctx, const compress::Codec& codec,
                     std::vector<std::byte>& all, size_t part, size_t count, float* out) {
   const int n = ctx.size();
-  std::vector<collective::Block> blocks;
+  std::vector<transport::Block> blocks;
   std::vector<const std::byte*> parts;
   for (int r = 0; r < n; ++r) {
     blocks.push_back({static_cast<size_t>(r) * part, part});
@@ -117,10 +117,10 @@ void gather_and_sum(collective::AlgoContext& ctx, const compress::Codec& codec,
 int run_allreduce_worker(const WorkerArgs& a) {
   Options opts = Options::from_env();
   opts.net.connect_timeout = Millis(30000);
-  std::unique_ptr<collective::Transport> transport;
+  std::unique_ptr<transport::Transport> transport;
   std::vector<std::pair<std::string, int>> book;
   {
-    auto tcp = std::make_unique<collective::TcpTransport>(a.rank, a.size, opts.net, a.host, 0);
+    auto tcp = std::make_unique<transport::TcpTransport>(a.rank, a.size, opts.net, a.host, 0);
     book = rendezvous(a.rendezvous_dir, a.rank, a.size, a.host, tcp->port(), Millis(30000));
     tcp->connect_all(book);
     if (a.transport == "shm") {
@@ -129,7 +129,7 @@ int run_allreduce_worker(const WorkerArgs& a) {
       // mesh's direct streams (PUSHPULL_SHM_MIN_MESSAGE_BYTES).
       CollectiveOptions c = opts.collective;
       c.shared_memory = true;
-      transport = collective::use_shared_memory(std::move(tcp), c, Millis(30000), "/dev/shm");
+      transport = transport::use_shared_memory(std::move(tcp), c, Millis(30000), "/dev/shm");
     } else {
       transport = std::move(tcp);
     }
@@ -145,7 +145,7 @@ int run_allreduce_worker(const WorkerArgs& a) {
     if (!hierarchy)
       throw InvalidArgument("bench allreduce: no hierarchical allreduce here: " + note);
   }
-  collective::Transport& t = *transport;
+  transport::Transport& t = *transport;
 
   std::vector<char> scratch;
   collective::AlgoContext ctx{t};

@@ -59,8 +59,8 @@ class Child {
 std::optional<std::pair<double, double>> iperf3_once(int seconds) {
   int port;
   {
-    net::Fd probe = net::listen_on("127.0.0.1", 0);
-    port = net::local_port(probe.get());
+    transport::Fd probe = transport::listen_on("127.0.0.1", 0);
+    port = transport::local_port(probe.get());
   }
   Child server({"iperf3", "-s", "-1", "-p", std::to_string(port)});
   std::string out;

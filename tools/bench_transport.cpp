@@ -41,11 +41,11 @@ double seconds_since(Clock::time_point t0) {
 struct Pair {
   Pair() : a(config("server", Role::kServer)), b(config("worker", Role::kWorker)) {
     a.listen("127.0.0.1", 0);
-    a.set_handler(kPing, kPing, [this](net::Message&& m) {
-      a.send_copy(m.conn, net::Header{.type = kPong, .request_id = m.header.request_id},
+    a.set_handler(kPing, kPing, [this](transport::Message&& m) {
+      a.send_copy(m.conn, transport::Header{.type = kPong, .request_id = m.header.request_id},
                   m.payload.data(), m.payload.size());
     });
-    a.set_connect_handler([this](net::ConnId id, const net::PeerInfo&) {
+    a.set_connect_handler([this](transport::ConnId id, const transport::PeerInfo&) {
       std::lock_guard l(mu);
       a_conn = id;
       cv.notify_all();
@@ -57,15 +57,15 @@ struct Pair {
     if (!cv.wait_for(l, std::chrono::seconds(10), [&] { return a_conn != 0; }))
       throw Timeout("benchmark peer did not connect");
   }
-  static net::TransportConfig config(const char* label, Role role) {
-    net::TransportConfig c;
+  static transport::TransportConfig config(const char* label, Role role) {
+    transport::TransportConfig c;
     c.role = role;
     c.label = label;
     c.net.max_message_bytes = uint64_t{1} << 31;
     return c;
   }
-  net::MessageTransport a, b;
-  net::ConnId a_conn = 0, b_conn = 0;
+  transport::MessageTransport a, b;
+  transport::ConnId a_conn = 0, b_conn = 0;
   std::mutex mu;
   std::condition_variable cv;
 };
@@ -78,14 +78,14 @@ double pingpong_us(Pair& p, uint64_t bytes, int iters) {
     bool done = false;
     Status st;
     p.b.post_recv(p.b_conn, {kPong, static_cast<uint64_t>(i), 0}, in.data(), in.size(),
-                  [&](const Status& s, const net::Header&) {
+                  [&](const Status& s, const transport::Header&) {
                     std::lock_guard l(p.mu);
                     st = s;
                     done = true;
                     p.cv.notify_all();
                   });
     auto t0 = Clock::now();
-    p.b.send(p.b_conn, net::Header{.type = kPing, .request_id = static_cast<uint64_t>(i)},
+    p.b.send(p.b_conn, transport::Header{.type = kPing, .request_id = static_cast<uint64_t>(i)},
              out.data(), out.size(), nullptr);
     std::unique_lock l(p.mu);
     if (!p.cv.wait_for(l, std::chrono::seconds(10), [&] { return done; }))
@@ -105,8 +105,8 @@ double oneway_seconds(Pair& p, uint64_t bytes, int count, int reps) {
     Status st;
     // Each arrival posts the next receive from the I/O thread, before the
     // next header is read, so every payload lands straight in dst.
-    std::function<void(const Status&, const net::Header&)> on_recv;
-    on_recv = [&](const Status& s, const net::Header&) {
+    std::function<void(const Status&, const transport::Header&)> on_recv;
+    on_recv = [&](const Status& s, const transport::Header&) {
       std::lock_guard l(p.mu);
       if (!s) st = s;
       if (++got < count && s)
@@ -117,7 +117,7 @@ double oneway_seconds(Pair& p, uint64_t bytes, int count, int reps) {
     p.a.post_recv(p.a_conn, {kData, 0, 0}, dst.data(), dst.size(), on_recv);
     auto t0 = Clock::now();
     for (int i = 0; i < count; ++i)
-      p.b.send(p.b_conn, net::Header{.type = kData, .request_id = static_cast<uint64_t>(i)},
+      p.b.send(p.b_conn, transport::Header{.type = kData, .request_id = static_cast<uint64_t>(i)},
                src.data(), src.size(), nullptr);
     std::unique_lock l(p.mu);
     if (!p.cv.wait_for(l, std::chrono::seconds(60), [&] { return got == count || !st; }))

@@ -56,9 +56,13 @@
 #include "pushpull/error.h"
 #include "pushpull/options.h"
 
+namespace pushpull::transport {
+class Transport;  // src/transport/transport.h: the point-to-point interface
+}  // namespace pushpull::transport
+
 namespace pushpull::collective {
 
-class Transport;  // src/transport/transport.h: the point-to-point interface
+using transport::Transport;
 
 enum class Reduction : uint8_t { kSum = 0, kAverage = 1, kMin = 2, kMax = 3, kProduct = 4 };
 std::string_view reduction_name(Reduction r);  // "sum", "average", "min", "max", "product"

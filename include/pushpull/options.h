@@ -95,7 +95,7 @@ struct NetOptions {
   bool bind_any = false;
   // A listening socket inherited from `pushpull launch` (internal: set for
   // worker 0 of a `-s 0` job, whose rendezvous port the launcher bound and
-  // held; net::take_inherited_listener). PUSHPULL_LISTEN_FD, a descriptor number.
+  // held; transport::take_inherited_listener). PUSHPULL_LISTEN_FD, a descriptor number.
   std::string inherited_listener;
   // How long an accepted connection may take to authenticate (capped by
   // connect_timeout). PUSHPULL_HANDSHAKE_TIMEOUT_MS.

@@ -42,7 +42,7 @@ enum class Counter : int {
   kServerPulls,           // pulls answered by a server
   kPsLatePushesDropped,   // pushes a server dropped: their round closed without them (backup
                           // workers)
-  // Counted always (not only with PUSHPULL_METRICS), by net::MessageTransport:
+  // Counted always (not only with PUSHPULL_METRICS), by transport::MessageTransport:
   kNetShmBytes,   // message payload bytes sent through a same-host shared-memory ring
   kNetTcpBytes,   // ... sent over TCP between servers and workers (not to or from the scheduler)
   kNetLentBytes,  // replica bytes a backup copied straight out of a same-host primary

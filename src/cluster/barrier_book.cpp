@@ -5,8 +5,9 @@
 
 namespace pushpull::cluster {
 
-std::vector<BarrierBook::Answer> BarrierBook::arrive(uint8_t group, Member m, net::ConnId conn,
-                                                     uint64_t count, BarrierTag tag,
+std::vector<BarrierBook::Answer> BarrierBook::arrive(uint8_t group, Member m,
+                                                     transport::ConnId conn, uint64_t count,
+                                                     BarrierTag tag,
                                                      const std::vector<Member>& members) {
   Group& g = groups_[group];
   // A replacement calling a barrier its predecessor already went through.

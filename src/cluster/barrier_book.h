@@ -49,7 +49,7 @@ class BarrierBook {
  public:
   using Member = std::pair<Role, int>;  // (role, rank)
   struct Answer {
-    net::ConnId conn;
+    transport::ConnId conn;
     uint64_t count;  // the member's own barrier count, echoed back
   };
 
@@ -57,7 +57,7 @@ class BarrierBook {
   // `group` whose expected members are `members`. Returns whom to answer:
   // everyone waiting when this completes it, `m` alone when it was already
   // passed, nothing while others are missing.
-  std::vector<Answer> arrive(uint8_t group, Member m, net::ConnId conn, uint64_t count,
+  std::vector<Answer> arrive(uint8_t group, Member m, transport::ConnId conn, uint64_t count,
                              BarrierTag tag, const std::vector<Member>& members);
   // A replacement worker issued its first push at `position`: it is past
   // every barrier at that position or before. Settle every group again.
@@ -74,7 +74,7 @@ class BarrierBook {
 
  private:
   struct Arrival {
-    net::ConnId conn;
+    transport::ConnId conn;
     uint64_t count;
     BarrierTag tag;
   };

@@ -26,7 +26,7 @@ Node::Node(Options options, const ClockSource& clock)
         fmt::format("a Node is a server or a worker, not a {} (DMLC_ROLE)", role_name(r)));
   metrics::start_from_env();  // PUSHPULL_METRICS_PORT: the endpoint answers from now on
   flight::start_from_env();   // the ring and its SIGUSR1 dump
-  net::TransportConfig tc;
+  transport::TransportConfig tc;
   tc.net = options_.net;
   tc.role = r;
   tc.label = std::string(role_name(r));
@@ -43,16 +43,16 @@ Node::Node(Options options, const ClockSource& clock)
     // Automatic: the peers this node exchanges tensors with share its link.
     const int servers = options_.cluster.num_servers, workers = options_.cluster.num_workers;
     const int peers = r == Role::kWorker ? servers : workers + (replicas_ > 0 ? servers - 1 : 0);
-    tc.net.socket_buffer_bytes = net::auto_socket_buffer_bytes(peers);
+    tc.net.socket_buffer_bytes = transport::auto_socket_buffer_bytes(peers);
     auto_buffer_bytes_ = tc.net.socket_buffer_bytes;
   }
-  transport_ = std::make_unique<net::MessageTransport>(std::move(tc));
+  transport_ = std::make_unique<transport::MessageTransport>(std::move(tc));
   transport_->set_handler(msg::kRegister, msg::kLast,
-                          [this](net::Message&& m) { on_control(std::move(m)); });
+                          [this](transport::Message&& m) { on_control(std::move(m)); });
   transport_->set_connect_handler(
-      [this](net::ConnId id, const net::PeerInfo& p) { on_connect(id, p); });
-  transport_->set_close_handler(
-      [this](net::ConnId id, const net::PeerInfo& p, const Status& s) { on_close(id, p, s); });
+      [this](transport::ConnId id, const transport::PeerInfo& p) { on_connect(id, p); });
+  transport_->set_close_handler([this](transport::ConnId id, const transport::PeerInfo& p,
+                                       const Status& s) { on_close(id, p, s); });
 }
 
 Node::~Node() {
@@ -83,7 +83,7 @@ Status Node::failure() const {
   return failure_;
 }
 
-void Node::set_handler(uint16_t first, uint16_t last, net::Handler handler) {
+void Node::set_handler(uint16_t first, uint16_t last, transport::Handler handler) {
   transport_->set_handler(first, last, std::move(handler));
 }
 
@@ -105,20 +105,22 @@ void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const st
 
 void Node::start() {
   const auto& c = options_.cluster;
-  std::string host = net::choose_host(options_.net, c.root_uri);  // the route to the scheduler
-  int port = transport_->listen(net::bind_host_for(host, options_.net.bind_any), options_.net.port);
+  std::string host =
+      transport::choose_host(options_.net, c.root_uri);  // the route to the scheduler
+  int port =
+      transport_->listen(transport::bind_host_for(host, options_.net.bind_any), options_.net.port);
   transport_->set_advertised_address(host, port);
   transport_->set_identity(role(), -1, 0);
   transport_->start();
-  net::ConnId sched = transport_->connect(c.root_uri, c.root_port);
+  transport::ConnId sched = transport_->connect(c.root_uri, c.root_port);
   {
     std::lock_guard lock(mu_);
     scheduler_ = sched;
     scheduler_silence_.heard(0);
   }
   auto reg = encode_register({role(), -1, host, port, c.mesh_port}, c.preferred_rank);
-  if (Status s =
-          transport_->send_copy(sched, net::Header{.type = msg::kRegister}, reg.data(), reg.size());
+  if (Status s = transport_->send_copy(sched, transport::Header{.type = msg::kRegister}, reg.data(),
+                                       reg.size());
       !s)
     s.raise();
   heartbeat_ = std::thread([this] {
@@ -130,9 +132,10 @@ void Node::start() {
     std::unique_lock lock(mu_);
     // A little longer than the scheduler's own limit, so its verdict (which
     // names the missing nodes) arrives first.
-    wait_for(lock, c.startup_timeout + Millis{2000},
-             "registration with the scheduler at " + net::format_address(c.root_uri, c.root_port),
-             [&] { return have_book_ || shutdown_; });
+    wait_for(
+        lock, c.startup_timeout + Millis{2000},
+        "registration with the scheduler at " + transport::format_address(c.root_uri, c.root_port),
+        [&] { return have_book_ || shutdown_; });
     if (!have_book_) {
       // Every worker finished without joining the job (the scheduler says
       // so): there is nothing to serve. wait_for_workers() and shutdown()
@@ -143,7 +146,8 @@ void Node::start() {
     my_rank = rank_;
   }
   transport_->set_identity(role(), my_rank, node_id(role(), my_rank));
-  PP_INFO("{} {} registered at {}", role_name(role()), my_rank, net::format_address(host, port));
+  PP_INFO("{} {} registered at {}", role_name(role()), my_rank,
+          transport::format_address(host, port));
   // Worker -> every server; with ClusterOptions::worker_mesh also worker ->
   // every lower-rank worker.
   std::vector<NodeAddress> targets;
@@ -199,12 +203,12 @@ void Node::start() {
   } else {
     // The first start: every peer at once (each dial and hello is a round
     // trip or more; one after another they add up with the job's size).
-    std::vector<std::future<net::ConnId>> dials;
+    std::vector<std::future<transport::ConnId>> dials;
     for (const auto& t : targets)
       dials.push_back(std::async(std::launch::async,
                                  [this, &t] { return transport_->connect(t.host, t.port); }));
     for (size_t i = 0; i < dials.size(); ++i) {
-      net::ConnId id =
+      transport::ConnId id =
           dials[i].get();  // the first failure throws (the others end by their deadline)
       std::lock_guard lock(mu_);
       peers_[{targets[i].role, targets[i].rank}] = id;
@@ -220,7 +224,7 @@ void Node::start() {
            [&] { return peers_.size() + gave_up >= expected; });
 }
 
-void Node::on_control(net::Message&& m) {
+void Node::on_control(transport::Message&& m) {
   std::span<const std::byte> payload(m.payload.data(), m.payload.size());
   std::unique_lock lock(mu_);
   if (m.conn != scheduler_) {
@@ -292,14 +296,14 @@ void Node::barrier(Group group, std::optional<Millis> timeout, BarrierTag tag) {
   if (!failure_.is_ok()) failure_.raise();
   uint8_t g = static_cast<uint8_t>(group);
   uint64_t seq = ++barrier_sent_[g];
-  net::ConnId sched = scheduler_;
+  transport::ConnId sched = scheduler_;
   lock.unlock();
   transport_->send_copy(sched,
-                        net::Header{.type = msg::kBarrier,
-                                    .request_id = seq,
-                                    .key = g,
-                                    .offset = tag.tracked ? tag.position + 1 : 0,
-                                    .length = tag.seq},
+                        transport::Header{.type = msg::kBarrier,
+                                          .request_id = seq,
+                                          .key = g,
+                                          .offset = tag.tracked ? tag.position + 1 : 0,
+                                          .length = tag.seq},
                         nullptr, 0);
   lock.lock();
   wait_for(lock, timeout.value_or(options_.cluster.barrier_timeout),
@@ -308,16 +312,16 @@ void Node::barrier(Group group, std::optional<Millis> timeout, BarrierTag tag) {
 }
 
 void Node::pass_barriers(uint64_t position) {
-  net::ConnId sched;
+  transport::ConnId sched;
   {
     std::lock_guard lock(mu_);
     sched = scheduler_;
   }
-  transport_->send_copy(sched, net::Header{.type = msg::kBarrierPass, .offset = position}, nullptr,
-                        0);
+  transport_->send_copy(sched, transport::Header{.type = msg::kBarrierPass, .offset = position},
+                        nullptr, 0);
 }
 
-net::ConnId Node::conn(Role role, int rank) const {
+transport::ConnId Node::conn(Role role, int rank) const {
   std::lock_guard lock(mu_);
   if (!failure_.is_ok()) failure_.raise();
   if (role == Role::kScheduler) return scheduler_;
@@ -347,9 +351,9 @@ bool Node::wait_connected(Role role, int rank, Millis timeout) {
          failure_.is_ok() && peers_.count({role, rank}) != 0;
 }
 
-void Node::send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,
-                int priority) {
-  net::ConnId id;
+void Node::send(Role role, int rank, transport::Header h, const void* data, size_t n,
+                transport::SendDone done, int priority) {
+  transport::ConnId id;
   try {
     id = conn(role, rank);
   } catch (const Error&) {
@@ -359,7 +363,7 @@ void Node::send(Role role, int rank, net::Header h, const void* data, size_t n, 
   transport_->send(id, h, data, n, std::move(done), priority);
 }
 
-Status Node::send_copy(Role role, int rank, net::Header h, const void* data, size_t n,
+Status Node::send_copy(Role role, int rank, transport::Header h, const void* data, size_t n,
                        int priority) {
   try {
     return transport_->send_copy(conn(role, rank), h, data, n, priority);
@@ -368,8 +372,8 @@ Status Node::send_copy(Role role, int rank, net::Header h, const void* data, siz
   }
 }
 
-Status Node::post_recv(Role role, int rank, net::RecvMatch match, void* dst, size_t capacity,
-                       net::RecvDone done) {
+Status Node::post_recv(Role role, int rank, transport::RecvMatch match, void* dst, size_t capacity,
+                       transport::RecvDone done) {
   try {
     return transport_->post_recv(conn(role, rank), match, dst, capacity, std::move(done));
   } catch (const Error&) {
@@ -387,9 +391,9 @@ void Node::shutdown() {
   std::unique_lock lock(mu_);
   if (!failure_.is_ok()) failure_.raise();
   leaving_ = true;
-  net::ConnId sched = scheduler_;
+  transport::ConnId sched = scheduler_;
   lock.unlock();
-  transport_->send_copy(sched, net::Header{.type = msg::kLeave}, nullptr, 0);
+  transport_->send_copy(sched, transport::Header{.type = msg::kLeave}, nullptr, 0);
   lock.lock();
   wait_for(lock, options_.cluster.barrier_timeout, "orderly shutdown", [&] { return shutdown_; });
   lock.unlock();

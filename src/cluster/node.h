@@ -100,24 +100,24 @@ class Node {
 
   // The connection to (role, rank); throws NotFound for pairs that are not
   // connected (server-server, self) and the failure if that peer died.
-  net::ConnId conn(Role role, int rank) const;
+  transport::ConnId conn(Role role, int rank) const;
   // Waits up to `timeout` until the connection to (role, rank) is up (a
   // server's peers connect while it may already serve); false at the deadline
   // or when the job failed. Not from the I/O thread.
   bool wait_connected(Role role, int rank, Millis timeout);
-  // Sending and posting receives to a peer (see net::MessageTransport for the
+  // Sending and posting receives to a peer (see transport::MessageTransport for the
   // contracts). When the peer is dead, `done` gets the PeerFailure.
-  void send(Role role, int rank, net::Header h, const void* data, size_t n, net::SendDone done,
-            int priority = 0);
-  Status send_copy(Role role, int rank, net::Header h, const void* data, size_t n,
+  void send(Role role, int rank, transport::Header h, const void* data, size_t n,
+            transport::SendDone done, int priority = 0);
+  Status send_copy(Role role, int rank, transport::Header h, const void* data, size_t n,
                    int priority = 0);
-  Status post_recv(Role role, int rank, net::RecvMatch match, void* dst, size_t capacity,
-                   net::RecvDone done);
+  Status post_recv(Role role, int rank, transport::RecvMatch match, void* dst, size_t capacity,
+                   transport::RecvDone done);
   // Who sent a message (from Header::sender).
-  static NodeAddress sender(const net::Header& h) { return from_node_id(h.sender); }
+  static NodeAddress sender(const transport::Header& h) { return from_node_id(h.sender); }
 
   // Upper layers' handlers (types 64..255).
-  void set_handler(uint16_t first, uint16_t last, net::Handler handler);
+  void set_handler(uint16_t first, uint16_t last, transport::Handler handler);
   void on_peer_failure(std::function<void(const Status&)> callback);
   // OK while the job is healthy.
   Status failure() const;
@@ -157,7 +157,7 @@ class Node {
   // sees the connection close).
   void stop_delivery();
 
-  net::MessageTransport& transport() { return *transport_; }
+  transport::MessageTransport& transport() { return *transport_; }
 
   // Mixed placement (docs/ps.md): scales the automatic socket buffers of the
   // connections between workers and servers by server: `scale[s]` for the
@@ -174,9 +174,9 @@ class Node {
   // The socket buffer of the link to (role, rank) under link_scale_, or 0 to
   // leave it. Called with mu_ held.
   int scaled_buffer(Role role, int rank) const;
-  void on_control(net::Message&& m);
-  void on_connect(net::ConnId id, const net::PeerInfo& p);
-  void on_close(net::ConnId id, const net::PeerInfo& p, const Status& why);
+  void on_control(transport::Message&& m);
+  void on_connect(transport::ConnId id, const transport::PeerInfo& p);
+  void on_close(transport::ConnId id, const transport::PeerInfo& p, const Status& why);
   void fail(Status why);
   void apply_placement(Placement p);
   // Start-up: dials `t` unless it has dialed this node (Node::start).
@@ -194,7 +194,7 @@ class Node {
 
   Options options_;
   const ClockSource& clock_;
-  std::unique_ptr<net::MessageTransport> transport_;
+  std::unique_ptr<transport::MessageTransport> transport_;
   std::mutex stop_mu_;  // serializes joining heartbeat_
   std::thread heartbeat_;
   AddressBook book_;
@@ -203,9 +203,9 @@ class Node {
   std::condition_variable cv_;
   int rank_ = -1;
   bool have_book_ = false;
-  net::ConnId scheduler_ = 0;
+  transport::ConnId scheduler_ = 0;
   SilenceDetector<int> scheduler_silence_;  // key 0: the scheduler
-  std::map<std::pair<Role, int>, net::ConnId> peers_;
+  std::map<std::pair<Role, int>, transport::ConnId> peers_;
   int auto_buffer_bytes_ = 0;       // the automatic socket buffer; 0: set explicitly
   std::vector<double> link_scale_;  // set_server_link_scale
   std::map<uint8_t, uint64_t> barrier_sent_, barrier_done_;

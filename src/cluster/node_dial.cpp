@@ -26,7 +26,7 @@ bool Node::dial_until_failed_over(const NodeAddress& t) {
     try {
       // Short attempts: a stopped server accepts (its kernel does) but never
       // answers the hello; between attempts the placement may have named it.
-      net::ConnId id = transport_->connect(t.host, t.port, Millis{1000});
+      transport::ConnId id = transport_->connect(t.host, t.port, Millis{1000});
       std::lock_guard lock(mu_);
       if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
       cv_.notify_all();
@@ -50,7 +50,7 @@ void Node::dial_if_absent(const NodeAddress& t) {
       if (peers_.count({t.role, t.rank}) || shutdown_) return;  // it dialed this node
     }
     try {
-      net::ConnId id = transport_->connect(t.host, t.port, brief);
+      transport::ConnId id = transport_->connect(t.host, t.port, brief);
       std::lock_guard lock(mu_);
       if (!peers_.count({t.role, t.rank})) peers_[{t.role, t.rank}] = id;
       cv_.notify_all();

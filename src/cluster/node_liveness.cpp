@@ -60,9 +60,9 @@ void Node::heartbeat_loop() {
     if (Real::now() < next_beat) continue;
     next_beat = Real::now() + c.heartbeat_interval;
     auto silent = scheduler_silence_.silence(0);
-    net::ConnId sched = scheduler_;
+    transport::ConnId sched = scheduler_;
     lock.unlock();
-    transport_->send_copy(sched, net::Header{.type = msg::kHeartbeat}, nullptr, 0);
+    transport_->send_copy(sched, transport::Header{.type = msg::kHeartbeat}, nullptr, 0);
     if (silent > c.heartbeat_timeout)
       fail({ErrorCode::kPeerFailure,
             fmt::format("{} failed: no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
@@ -74,7 +74,7 @@ void Node::heartbeat_loop() {
   }
 }
 
-void Node::on_close(net::ConnId id, const net::PeerInfo& p, const Status& why) {
+void Node::on_close(transport::ConnId id, const transport::PeerInfo& p, const Status& why) {
   std::unique_lock lock(mu_);
   if (shutdown_ || leaving_) return;
   if (id == scheduler_) {
@@ -135,12 +135,12 @@ Millis Node::suspect_grace() const {
 }
 
 void Node::report_rejoined() {
-  net::ConnId sched;
+  transport::ConnId sched;
   {
     std::lock_guard lock(mu_);
     sched = scheduler_;
   }
-  transport_->send_copy(sched, net::Header{.type = msg::kServerRejoined}, nullptr, 0);
+  transport_->send_copy(sched, transport::Header{.type = msg::kServerRejoined}, nullptr, 0);
 }
 
 void Node::fail(Status why) {
@@ -161,12 +161,12 @@ void Node::fail(Status why) {
 void Node::report_failure(const Status& why) {
   std::unique_lock lock(mu_);
   if (!failure_.is_ok()) return;
-  net::ConnId sched = scheduler_;
+  transport::ConnId sched = scheduler_;
   NodeAddress me{role(), rank_, "", 0};
   lock.unlock();
   auto p = encode_dead(me, why.message());
-  Status sent =
-      transport_->send_copy(sched, net::Header{.type = msg::kFailureReport}, p.data(), p.size());
+  Status sent = transport_->send_copy(sched, transport::Header{.type = msg::kFailureReport},
+                                      p.data(), p.size());
   lock.lock();
   if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_.is_ok(); });
   if (!failure_.is_ok()) return;
@@ -192,7 +192,7 @@ void Node::on_placement(std::function<void(const Placement&)> callback) {
 
 void Node::apply_placement(Placement p) {
   std::vector<std::function<void(const Placement&)>> callbacks;
-  std::vector<net::ConnId> gone;
+  std::vector<transport::ConnId> gone;
   {
     std::lock_guard lock(mu_);
     if (p.epoch <= placement_.epoch) return;
@@ -224,14 +224,14 @@ void Node::apply_placement(Placement p) {
   }
   // A stopped server that wakes up later must not reach us: its connection
   // is closed (the scheduler closed it too).
-  for (net::ConnId id : gone)
+  for (transport::ConnId id : gone)
     transport_->close(id, {ErrorCode::kPeerFailure, "the server was failed over"});
   PP_WARN("{} {}: parameter-server placement epoch {}", role_name(role()), rank(), p.epoch);
   for (auto& cb : callbacks)
     cb(p);
 }
 
-void Node::on_connect(net::ConnId id, const net::PeerInfo& p) {
+void Node::on_connect(transport::ConnId id, const transport::PeerInfo& p) {
   std::lock_guard lock(mu_);
   if (p.role == Role::kWorker || p.role == Role::kServer) {
     auto& slot = peers_[{p.role, p.rank}];
@@ -259,7 +259,7 @@ int Node::scaled_buffer(Role role, int rank) const {
 }
 
 void Node::set_server_link_scale(std::vector<double> scale) {
-  std::vector<std::pair<net::ConnId, int>> apply;
+  std::vector<std::pair<transport::ConnId, int>> apply;
   {
     std::lock_guard lock(mu_);
     link_scale_ = std::move(scale);

@@ -28,7 +28,7 @@ std::string_view group_name(Group g) {
 std::string NodeAddress::describe() const {
   std::string who = rank < 0 || role == Role::kNone ? std::string(role_name(role))
                                                     : fmt::format("{} {}", role_name(role), rank);
-  return fmt::format("{} (host {})", who, net::format_address(host, port));
+  return fmt::format("{} (host {})", who, transport::format_address(host, port));
 }
 
 const NodeAddress& AddressBook::at(Role role, int rank) const {
@@ -41,12 +41,12 @@ const NodeAddress& AddressBook::at(Role role, int rank) const {
 }
 
 uint32_t node_id(Role role, int rank) {
-  return net::node_id(role, rank);
+  return transport::node_id(role, rank);
 }
 
 NodeAddress from_node_id(uint32_t id) {
   NodeAddress a;
-  std::tie(a.role, a.rank) = net::node_of_id(id);
+  std::tie(a.role, a.rank) = transport::node_of_id(id);
   return a;
 }
 
@@ -57,11 +57,11 @@ constexpr size_t kMaxReason = 64 * 1024;
 // A server or worker in the book: host index, port, mesh port.
 constexpr size_t kBookEntryBytes = 4 + 2 + 2;
 
-void put(net::Writer& w, const NodeAddress& a) {
+void put(transport::Writer& w, const NodeAddress& a) {
   w.u<uint8_t>(static_cast<uint8_t>(a.role)).u<int32_t>(a.rank).str(a.host).u<int32_t>(a.port);
   w.u<int32_t>(a.mesh_port);
 }
-bool get(net::Reader& r, NodeAddress* a) {
+bool get(transport::Reader& r, NodeAddress* a) {
   auto role = r.u<uint8_t>();
   a->rank = r.u<int32_t>();
   a->host = r.str(kMaxHost);
@@ -80,14 +80,14 @@ Status bad(const char* what) {
 }  // namespace
 
 std::vector<std::byte> encode_register(const NodeAddress& me, int32_t preferred_rank) {
-  net::Writer w;
+  transport::Writer w;
   put(w, me);
   w.u<int32_t>(preferred_rank);
   return w.take();
 }
 
 Status decode_register(std::span<const std::byte> in, NodeAddress* me, int32_t* preferred_rank) {
-  net::Reader r(in);
+  transport::Reader r(in);
   if (!get(r, me)) return bad("register");
   *preferred_rank = r.u<int32_t>();
   return r.done() ? Status{} : bad("register");
@@ -114,11 +114,11 @@ std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
   for (const auto* list : {&book.servers, &book.workers})
     for (const NodeAddress& a : *list)
       hosts.push_back(a.host);
-  net::Writer w;
+  transport::Writer w;
   w.reserve(64 + hosts.size() * kBookEntryBytes);
   w.u<int32_t>(your_rank);
   put(w, book.scheduler);
-  const std::vector<uint32_t> at = net::put_host_table(w, hosts);
+  const std::vector<uint32_t> at = transport::put_host_table(w, hosts);
   size_t i = 0;
   for (const auto* list : {&book.servers, &book.workers}) {
     w.u<uint32_t>(static_cast<uint32_t>(list->size()));
@@ -133,14 +133,14 @@ std::vector<std::byte> encode_book(int32_t your_rank, const AddressBook& book) {
 }
 
 void set_book_rank(std::vector<std::byte>& encoded, int32_t your_rank) {
-  if (encoded.size() >= 4) net::store_le<int32_t>(encoded.data(), your_rank);
+  if (encoded.size() >= 4) transport::store_le<int32_t>(encoded.data(), your_rank);
 }
 
 Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBook* book) {
-  net::Reader r(in);
+  transport::Reader r(in);
   *your_rank = r.u<int32_t>();
   if (!get(r, &book->scheduler)) return bad("address book");
-  net::HostTableReader hosts;
+  transport::HostTableReader hosts;
   if (!hosts.read(r, kMaxNodes, kMaxHost)) return bad("address book");
   for (Role role : {Role::kServer, Role::kWorker}) {
     auto& list = role == Role::kServer ? book->servers : book->workers;
@@ -163,14 +163,14 @@ Status decode_book(std::span<const std::byte> in, int32_t* your_rank, AddressBoo
 }
 
 std::vector<std::byte> encode_dead(const NodeAddress& who, const std::string& reason) {
-  net::Writer w;
+  transport::Writer w;
   put(w, who);
   w.str(std::string_view(reason).substr(0, kMaxReason));
   return w.take();
 }
 
 Status decode_dead(std::span<const std::byte> in, NodeAddress* who, std::string* reason) {
-  net::Reader r(in);
+  transport::Reader r(in);
   if (!get(r, who)) return bad("peer dead");
   *reason = r.str(kMaxReason);
   return r.done() ? Status{} : bad("peer dead");
@@ -210,7 +210,7 @@ int first_lost_home(int num_servers, int replicas, const std::vector<bool>& dead
 }
 
 std::vector<std::byte> encode_placement(const Placement& p) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint64_t>(p.epoch).u<uint32_t>(static_cast<uint32_t>(p.dead.size()));
   // Per server: flags (1 dead, 2 rejoined, 4 restarting), then a rejoined
   // server's rejoin order (u32).
@@ -224,7 +224,7 @@ std::vector<std::byte> encode_placement(const Placement& p) {
 }
 
 Status decode_placement(std::span<const std::byte> in, Placement* p) {
-  net::Reader r(in);
+  transport::Reader r(in);
   Placement out;
   out.epoch = r.u<uint64_t>();
   uint32_t n = r.u<uint32_t>();

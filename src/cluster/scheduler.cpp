@@ -19,17 +19,17 @@ Scheduler::Scheduler(Options options, const ClockSource& clock)
       silence_(clock, options_.cluster.heartbeat_timeout),
       replicas_(ps_replicas(options_.cluster.ps_replicas, options_.cluster.num_servers)) {
   placement_.dead.assign(static_cast<size_t>(std::max(0, options_.cluster.num_servers)), false);
-  net::TransportConfig tc;
+  transport::TransportConfig tc;
   tc.net = options_.net;
   tc.role = Role::kScheduler;
   tc.rank = 0;
   tc.label = "scheduler";
-  transport_ = std::make_unique<net::MessageTransport>(std::move(tc));
+  transport_ = std::make_unique<transport::MessageTransport>(std::move(tc));
   transport_->set_identity(Role::kScheduler, 0, node_id(Role::kScheduler, 0));
   transport_->set_handler(msg::kRegister, msg::kLast,
-                          [this](net::Message&& m) { on_message(std::move(m)); });
-  transport_->set_close_handler(
-      [this](net::ConnId id, const net::PeerInfo& p, const Status& s) { on_close(id, p, s); });
+                          [this](transport::Message&& m) { on_message(std::move(m)); });
+  transport_->set_close_handler([this](transport::ConnId id, const transport::PeerInfo& p,
+                                       const Status& s) { on_close(id, p, s); });
 }
 
 Scheduler::~Scheduler() {
@@ -39,11 +39,11 @@ Scheduler::~Scheduler() {
 int Scheduler::bind(const std::string& host) {
   int port = options_.net.port > 0 ? options_.net.port : options_.cluster.root_port;
   // An explicit host (the launcher's --host-ip) binds itself; otherwise the
-  // advertised root address decides (net::bind_host_for: loopback stays
+  // advertised root address decides (transport::bind_host_for: loopback stays
   // loopback, the wildcard only when asked).
   const std::string where =
-      host.empty() ? net::bind_host_for(options_.cluster.root_uri, options_.net.bind_any)
-                   : net::bind_host_for(host, options_.net.bind_any);
+      host.empty() ? transport::bind_host_for(options_.cluster.root_uri, options_.net.bind_any)
+                   : transport::bind_host_for(host, options_.net.bind_any);
   int bound = transport_->listen(where, port);
   transport_->set_advertised_address(options_.cluster.root_uri, bound);
   PP_INFO("scheduler listening on port {} for {} servers and {} workers", bound,
@@ -83,7 +83,7 @@ void Scheduler::answer_barrier(uint8_t group, const std::vector<BarrierBook::Ans
   // started afresh).
   for (const auto& a : answers)
     transport_->send_copy(
-        a.conn, net::Header{.type = msg::kBarrierDone, .request_id = a.count, .key = group},
+        a.conn, transport::Header{.type = msg::kBarrierDone, .request_id = a.count, .key = group},
         nullptr, 0);
 }
 
@@ -95,11 +95,11 @@ void Scheduler::settle_barriers() {
 void Scheduler::broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key,
                           uint64_t request_id) {
   for (auto& [id, e] : nodes_)
-    transport_->send_copy(id, net::Header{.type = type, .request_id = request_id, .key = key},
+    transport_->send_copy(id, transport::Header{.type = type, .request_id = request_id, .key = key},
                           payload.data(), payload.size());
 }
 
-void Scheduler::on_message(net::Message&& m) {
+void Scheduler::on_message(transport::Message&& m) {
   std::lock_guard lock(mu_);
   auto it = nodes_.find(m.conn);
   if (it != nodes_.end() && !it->second.left) silence_.heard(m.conn);
@@ -140,7 +140,7 @@ void Scheduler::on_message(net::Message&& m) {
                         want, role_name(e.addr.role));
         PP_ERROR("refusing {}: {}", e.addr.describe(), why);
         auto p = encode_dead(e.addr, why);
-        transport_->send_copy(m.conn, net::Header{.type = msg::kAbort}, p.data(), p.size());
+        transport_->send_copy(m.conn, transport::Header{.type = msg::kAbort}, p.data(), p.size());
         transport_->close(m.conn, {ErrorCode::kInvalidArgument, why});
         return;
       }
@@ -207,7 +207,7 @@ void Scheduler::on_message(net::Message&& m) {
       if (workers_left && failure_.is_ok())
         for (auto& [id, e] : nodes_)
           if (e.addr.role == Role::kServer)
-            transport_->send_copy(id, net::Header{.type = msg::kWorkersDone}, nullptr, 0);
+            transport_->send_copy(id, transport::Header{.type = msg::kWorkersDone}, nullptr, 0);
       bool all = complete_ && away_.empty() &&
                  std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) { return kv.second.left; });
       if (all && failure_.is_ok()) {
@@ -279,7 +279,7 @@ void Scheduler::assign_ranks() {
       PP_WARN("{} {} said hello with another rank; its connection keeps that identity",
               role_name(e.addr.role), e.addr.rank);
     set_book_rank(encoded, e.addr.rank);
-    transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, encoded.data(),
+    transport_->send_copy(id, transport::Header{.type = msg::kAddressBook}, encoded.data(),
                           encoded.size());
   }
   complete_ = true;

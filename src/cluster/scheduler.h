@@ -133,13 +133,13 @@ class Scheduler {
     int32_t preferred = -1;
     bool left = false;
   };
-  void on_message(net::Message&& m);
-  void on_close(net::ConnId id, const net::PeerInfo& peer, const Status& why);
+  void on_message(transport::Message&& m);
+  void on_close(transport::ConnId id, const transport::PeerInfo& peer, const Status& why);
   void assign_ranks();                                           // mu_ held
   void fail(const NodeAddress& who, const std::string& reason);  // mu_ held
   // A registered node is gone (mu_ held; its entry is still in nodes_): a
   // server fails over when it can, anything else fails the job.
-  void lose(net::ConnId id, const std::string& reason);
+  void lose(transport::ConnId id, const std::string& reason);
   void abort_job(Status why);  // mu_ held
   void broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key = 0,
                  uint64_t request_id = 0);  // mu_ held
@@ -153,10 +153,10 @@ class Scheduler {
   int count_registered(Role role) const;  // mu_ held
 
   Options options_;
-  std::unique_ptr<net::MessageTransport> transport_;
+  std::unique_ptr<transport::MessageTransport> transport_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<net::ConnId, Entry> nodes_;
+  std::map<transport::ConnId, Entry> nodes_;
   bool complete_ = false;  // every node registered and got its book
   bool finished_ = false;  // every node left
   Status failure_;
@@ -184,10 +184,10 @@ class Scheduler {
   // A worker is gone: away when restarts are allowed (true), else false.
   bool mark_away(const NodeAddress& who, const std::string& reason);  // mu_ held
   // A replacement of an away worker registers (mu_ held).
-  void rejoin(net::ConnId id, Entry e);
+  void rejoin(transport::ConnId id, Entry e);
   const ClockSource& clock_;
   ClockSource::time_point started_;
-  SilenceDetector<net::ConnId> silence_;
+  SilenceDetector<transport::ConnId> silence_;
   // Workers (launcher rank) that exited 0 before registering, and when the
   // first did (the 2 s grace for the others to follow).
   std::set<int> exited_unregistered_;

@@ -29,7 +29,7 @@ std::string describe_exit(int exit_code, int signal) {
 
 }  // namespace
 
-void Scheduler::on_close(net::ConnId id, const net::PeerInfo&, const Status& why) {
+void Scheduler::on_close(transport::ConnId id, const transport::PeerInfo&, const Status& why) {
   std::lock_guard lock(mu_);
   auto it = nodes_.find(id);
   if (it == nodes_.end() || it->second.left || finished_) return;
@@ -37,7 +37,7 @@ void Scheduler::on_close(net::ConnId id, const net::PeerInfo&, const Status& why
                        why.message()));
 }
 
-void Scheduler::lose(net::ConnId id, const std::string& reason) {
+void Scheduler::lose(transport::ConnId id, const std::string& reason) {
   auto it = nodes_.find(id);
   if (it == nodes_.end()) return;
   NodeAddress who = it->second.addr;
@@ -50,7 +50,7 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   if (who.role == Role::kWorker && mark_away(who, reason)) {
     // A stopped worker that wakes up must not act as the rank any more.
     auto bye = encode_dead(who, "this worker was replaced: " + reason);
-    transport_->send_copy(id, net::Header{.type = msg::kAbort}, bye.data(), bye.size());
+    transport_->send_copy(id, transport::Header{.type = msg::kAbort}, bye.data(), bye.size());
     transport_->close(id, {ErrorCode::kPeerFailure, "worker lost; waiting for its replacement"});
     return;
   }
@@ -84,7 +84,7 @@ void Scheduler::lose(net::ConnId id, const std::string& reason) {
   auto bye = encode_dead(who, "this server was failed over: " + reason);
   broadcast(msg::kPlacement, encode_placement(placement_));
   settle_barriers();  // a barrier of servers no longer waits for this one
-  transport_->send_copy(id, net::Header{.type = msg::kAbort}, bye.data(), bye.size());
+  transport_->send_copy(id, transport::Header{.type = msg::kAbort}, bye.data(), bye.size());
   transport_->close(id, {ErrorCode::kPeerFailure, "failed over"});
 }
 
@@ -102,7 +102,7 @@ bool Scheduler::mark_away(const NodeAddress& who, const std::string& reason) {
   return true;
 }
 
-void Scheduler::rejoin(net::ConnId id, Entry e) {
+void Scheduler::rejoin(transport::ConnId id, Entry e) {
   const int rank = e.preferred;
   const bool server = e.addr.role == Role::kServer;
   e.addr.rank = rank;
@@ -120,12 +120,12 @@ void Scheduler::rejoin(net::ConnId id, Entry e) {
   // The placement first: the replacement connects only to live servers.
   if (placement_.epoch > 0) {
     auto p = encode_placement(placement_);
-    transport_->send_copy(id, net::Header{.type = msg::kPlacement}, p.data(), p.size());
+    transport_->send_copy(id, transport::Header{.type = msg::kPlacement}, p.data(), p.size());
   }
   AddressBook book = book_;
   book.incarnation = server ? server_losses_[rank] : losses_[rank];
   auto p = encode_book(rank, book);
-  transport_->send_copy(id, net::Header{.type = msg::kAddressBook}, p.data(), p.size());
+  transport_->send_copy(id, transport::Header{.type = msg::kAddressBook}, p.data(), p.size());
   if (server)
     PP_WARN("server {} registered again (replacement {}, {}); it fetches its key ranges", rank,
             book.incarnation, e.addr.describe());
@@ -290,8 +290,8 @@ void Scheduler::check_unregistered_exits() {
         "use only collectives or torch.distributed leave the servers idle; launch them with -s "
         "0)");
     for (auto& [id, e] : nodes_) {
-      transport_->send_copy(id, net::Header{.type = msg::kWorkersDone}, nullptr, 0);
-      transport_->send_copy(id, net::Header{.type = msg::kShutdown}, nullptr, 0);
+      transport_->send_copy(id, transport::Header{.type = msg::kWorkersDone}, nullptr, 0);
+      transport_->send_copy(id, transport::Header{.type = msg::kShutdown}, nullptr, 0);
     }
     finished_ = true;
     cv_.notify_all();

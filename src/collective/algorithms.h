@@ -31,6 +31,12 @@
 
 namespace pushpull::collective {
 
+using transport::Block;
+using transport::Clock;
+using transport::Deadline;
+using transport::Schedule;
+using transport::Transport;
+
 struct AlgoContext {
   Transport& transport;
   uint64_t op_id = 0;

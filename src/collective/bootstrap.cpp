@@ -19,6 +19,12 @@
 
 namespace pushpull::collective {
 
+using transport::Clock;
+using transport::InProcessFabric;
+using transport::LivenessConfig;
+using transport::TcpTransport;
+using transport::use_shared_memory;
+
 // The mesh's own NetOptions: connecting may take as long as startup.
 NetOptions mesh_net(const Options& o) {
   NetOptions n = o.net;
@@ -29,7 +35,7 @@ NetOptions mesh_net(const Options& o) {
 // A loopback meeting point means every rank is on this host: stay on loopback.
 std::string mesh_host(const Options& o, const std::string& toward) {
   if (!o.net.node_host.empty()) return o.net.node_host;
-  return net::is_loopback_host(toward) ? "127.0.0.1" : net::choose_host(o.net, toward);
+  return transport::is_loopback_host(toward) ? "127.0.0.1" : transport::choose_host(o.net, toward);
 }
 
 // The mesh's failure detector (tcp_transport.h): heartbeats at
@@ -80,11 +86,11 @@ Bootstrapped from_cluster(const Options& o) {
   // travels in the registration and reaches every worker in the scheduler's
   // address book (NodeAddress::mesh_port), so no worker dials another just
   // to trade ports. The host is the one the Node advertises.
-  const std::string host = net::choose_host(o.net, o.cluster.root_uri);
-  const std::string bind_host = net::bind_host_for(host, o.net.bind_any);
-  net::Fd listener = net::listen_on(bind_host, 0);
+  const std::string host = transport::choose_host(o.net, o.cluster.root_uri);
+  const std::string bind_host = transport::bind_host_for(host, o.net.bind_any);
+  transport::Fd listener = transport::listen_on(bind_host, 0);
   Options registered = o;
-  registered.cluster.mesh_port = net::local_port(listener.get());
+  registered.cluster.mesh_port = transport::local_port(listener.get());
   auto node = std::make_unique<cluster::Node>(registered);
   node->start();
   const cluster::AddressBook& book = node->address_book();
@@ -118,7 +124,7 @@ Bootstrapped from_store(const Options& o, Store* store) {
   const auto deadline = Clock::now() + o.cluster.startup_timeout;
   const std::string host = mesh_host(o, c.master_addr);
   auto tcp = std::make_unique<TcpTransport>(c.rank, c.size, mesh_net(o),
-                                            net::bind_host_for(host, o.net.bind_any), 0);
+                                            transport::bind_host_for(host, o.net.bind_any), 0);
   AddressList book;
   if (store != nullptr) {
     book = exchange_book(*store, c.rank, c.size, host, tcp->port(), deadline);

@@ -57,9 +57,17 @@
 #include "pushpull/options.h"
 #include "transport/transport.h"
 
+namespace pushpull::transport {
+class TcpTransport;
+class Transport;
+struct LivenessConfig;
+}  // namespace pushpull::transport
+
 namespace pushpull::collective {
 class Store;
-class TcpTransport;
+using transport::LivenessConfig;
+using transport::TcpTransport;
+using transport::Transport;
 }  // namespace pushpull::collective
 
 namespace pushpull::collective {
@@ -107,7 +115,6 @@ NetOptions mesh_net(const Options& o);
 // The host a rank's mesh listener advertises: PUSHPULL_NODE_HOST, else
 // loopback when `toward` (who it meets first) is, else the route there.
 std::string mesh_host(const Options& o, const std::string& toward);
-struct LivenessConfig;
 LivenessConfig mesh_liveness(const Options& o, bool cluster);
 
 // The one way a group forms once its address book is known, whatever

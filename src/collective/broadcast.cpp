@@ -9,6 +9,11 @@
 #include "transport/host_collectives.h"
 
 namespace pushpull::collective {
+
+using transport::HostCollectives;
+using transport::op_tag;
+using transport::Schedule;
+
 namespace {
 
 constexpr size_t kMinChainSegment = 64 << 10;

@@ -12,6 +12,8 @@
 
 namespace pushpull::collective {
 
+using transport::Transport;
+
 std::string_view reduction_name(Reduction r) {
   switch (r) {
     case Reduction::kSum:

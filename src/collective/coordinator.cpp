@@ -8,6 +8,8 @@
 
 namespace pushpull::collective {
 
+using transport::Clock;
+
 uint32_t ResponseCache::find(const Spec& s) const {
   auto it = by_name_.find(s.name);
   if (it == by_name_.end() || !(specs_[it->second] == s)) return kNoCacheId;

@@ -33,6 +33,8 @@
 
 namespace pushpull::collective {
 
+using transport::Clock;
+
 // Specs rank 0 has validated, numbered in the order of its responses, so
 // every rank holds the same table and repeat submissions travel as an id.
 class ResponseCache {

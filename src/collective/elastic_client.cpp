@@ -17,11 +17,14 @@
 
 namespace pushpull::collective::elastic {
 
+using transport::TcpTransport;
+using transport::VerdictPort;
+
 struct Client::Impl {
   explicit Impl(ClientConfig c) : cfg(std::move(c)), net(transport_config(cfg)) {}
 
-  static net::TransportConfig transport_config(const ClientConfig& c) {
-    net::TransportConfig t;
+  static transport::TransportConfig transport_config(const ClientConfig& c) {
+    transport::TransportConfig t;
     t.net = c.net;
     t.role = Role::kWorker;
     t.rank = -1;
@@ -30,8 +33,8 @@ struct Client::Impl {
   }
 
   ClientConfig cfg;
-  net::MessageTransport net;
-  net::ConnId conn{};
+  transport::MessageTransport net;
+  transport::ConnId conn{};
   mutable std::mutex mu;
   std::condition_variable cv;
   std::optional<Assignment> assigned;
@@ -49,7 +52,7 @@ struct Client::Impl {
 Client::Client(ClientConfig config) : impl_(std::make_shared<Impl>(std::move(config))) {
   Impl& s = *impl_;
   std::weak_ptr<Impl> weak = impl_;
-  s.net.set_handler(kAssignType, kHostsType, [weak](net::Message&& m) {
+  s.net.set_handler(kAssignType, kHostsType, [weak](transport::Message&& m) {
     auto self = weak.lock();
     if (!self) return;
     std::unique_lock lock(self->mu);
@@ -97,7 +100,7 @@ Client::Client(ClientConfig config) : impl_(std::make_shared<Impl>(std::move(con
         return;
     }
   });
-  s.net.set_close_handler([weak](net::ConnId, const net::PeerInfo&, const Status& why) {
+  s.net.set_close_handler([weak](transport::ConnId, const transport::PeerInfo&, const Status& why) {
     auto self = weak.lock();
     if (!self) return;
     std::unique_lock lock(self->mu);
@@ -129,7 +132,8 @@ Assignment Client::join(const std::string& host, int port, Millis timeout) {
     s.early_gone.reset();
   }
   auto req = encode(JoinRequest{s.cfg.worker_id, host, port});
-  if (Status st = s.net.send_copy(s.conn, net::Header{.type = kJoinType}, req.data(), req.size());
+  if (Status st =
+          s.net.send_copy(s.conn, transport::Header{.type = kJoinType}, req.data(), req.size());
       !st.is_ok())
     throw Internal(
         fmt::format("elastic: cannot reach the launcher's rendezvous: {}", st.message()));
@@ -251,9 +255,9 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   // The mesh's listener, bound (and held) before joining: the round's book
   // must name its port before the mesh, whose rank it fixes, exists, and no
   // other program may take the port in between.
-  const std::string bind_host = net::bind_host_for(host, o.net.bind_any);
-  net::Fd listener = net::listen_on(bind_host, 0);
-  const int port = net::local_port(listener.get());
+  const std::string bind_host = transport::bind_host_for(host, o.net.bind_any);
+  transport::Fd listener = transport::listen_on(bind_host, 0);
+  const int port = transport::local_port(listener.get());
   Assignment a = client->join(host, port, o.collective.elastic_timeout);
   PP_INFO("elastic: worker {} is rank {} of {} in round {}", cfg->worker_id, a.rank, a.size(),
           a.round);

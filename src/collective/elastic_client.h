@@ -35,6 +35,8 @@
 
 namespace pushpull::collective::elastic {
 
+using transport::VerdictPort;
+
 struct ClientConfig {
   NetOptions net;
   std::string server_host;

@@ -19,13 +19,13 @@ Status malformed(const char* what) {
 }  // namespace
 
 std::vector<std::byte> encode(const JoinRequest& j) {
-  net::Writer w;
+  transport::Writer w;
   w.str(j.worker_id).str(j.host).u<int32_t>(j.port);
   return w.take();
 }
 
 Status decode(const std::byte* data, size_t n, JoinRequest* out) {
-  net::Reader r({data, n});
+  transport::Reader r({data, n});
   out->worker_id = r.str(256);
   out->host = r.str(256);
   out->port = r.u<int32_t>();
@@ -37,16 +37,16 @@ Status decode(const std::byte* data, size_t n, JoinRequest* out) {
 std::vector<std::byte> encode(const Assignment& a) {
   // The book first into its own writer: writing the fixed fields into an
   // empty Writer here trips g++ 12's -Wstringop-overflow (a false positive).
-  net::Writer book;
+  transport::Writer book;
   put_address_list(book, a.book);
-  net::Writer w;
+  transport::Writer w;
   w.reserve(20 + book.size());
   w.u<uint64_t>(a.round).u<int32_t>(a.rank).u<uint64_t>(a.hosts_stamp).bytes(book.data());
   return w.take();
 }
 
 Status decode(const std::byte* data, size_t n, Assignment* out) {
-  net::Reader r({data, n});
+  transport::Reader r({data, n});
   out->round = r.u<uint64_t>();
   out->rank = r.u<int32_t>();
   out->hosts_stamp = r.u<uint64_t>();
@@ -57,26 +57,26 @@ Status decode(const std::byte* data, size_t n, Assignment* out) {
 }
 
 std::vector<std::byte> encode(const MemberGone& g) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint64_t>(g.round).str(g.why.substr(0, kMaxText));
   return w.take();
 }
 
 Status decode(const std::byte* data, size_t n, MemberGone* out) {
-  net::Reader r({data, n});
+  transport::Reader r({data, n});
   out->round = r.u<uint64_t>();
   out->why = r.str(kMaxText);
   return r.done() ? Status{} : malformed("member-gone notice");
 }
 
 std::vector<std::byte> encode_stamp(uint64_t stamp) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint64_t>(stamp);
   return w.take();
 }
 
 Status decode_stamp(const std::byte* data, size_t n, uint64_t* stamp) {
-  net::Reader r({data, n});
+  transport::Reader r({data, n});
   *stamp = r.u<uint64_t>();
   return r.done() ? Status{} : malformed("hosts notice");
 }

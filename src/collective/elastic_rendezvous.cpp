@@ -20,8 +20,8 @@ namespace pushpull::collective::elastic {
 struct RendezvousServer::Impl {
   explicit Impl(ServerConfig c) : cfg(std::move(c)), net(transport_config(cfg)) {}
 
-  static net::TransportConfig transport_config(const ServerConfig& c) {
-    net::TransportConfig t;
+  static transport::TransportConfig transport_config(const ServerConfig& c) {
+    transport::TransportConfig t;
     t.net = c.net;
     t.role = Role::kScheduler;
     t.rank = 0;
@@ -30,29 +30,29 @@ struct RendezvousServer::Impl {
   }
 
   struct Waiting {
-    net::ConnId conn;
+    transport::ConnId conn;
     std::string host;
     int port;
     Clock::time_point since;
   };
 
   ServerConfig cfg;
-  net::MessageTransport net;
+  transport::MessageTransport net;
   mutable std::mutex mu;
   std::set<std::string> alive;
-  std::map<std::string, net::ConnId> conn_of;  // the worker's connection, once it asked
-  std::map<std::string, Waiting> waiting;      // asked, not placed yet
-  std::vector<std::string> order;              // fresh workers in the order they asked
+  std::map<std::string, transport::ConnId> conn_of;  // the worker's connection, once it asked
+  std::map<std::string, Waiting> waiting;            // asked, not placed yet
+  std::vector<std::string> order;                    // fresh workers in the order they asked
   RoundInfo round;
   uint64_t stamp = 0;  // host changes announced so far
   std::optional<Status> refused;
 
-  void send(net::ConnId conn, uint16_t type, const std::vector<std::byte>& payload,
+  void send(transport::ConnId conn, uint16_t type, const std::vector<std::byte>& payload,
             uint32_t flags = 0) {
-    (void)net.send_copy(conn, net::Header{.type = type, .flags = flags}, payload.data(),
+    (void)net.send_copy(conn, transport::Header{.type = type, .flags = flags}, payload.data(),
                         payload.size());
   }
-  void decline(net::ConnId conn, const Status& why) {
+  void decline(transport::ConnId conn, const Status& why) {
     std::vector<std::byte> p(why.message().size());
     std::memcpy(p.data(), why.message().data(), p.size());
     send(conn, kDeclineType, p, static_cast<uint32_t>(why.code()));
@@ -62,7 +62,7 @@ struct RendezvousServer::Impl {
   }
 
   // mu held.
-  void on_join(net::ConnId conn, const JoinRequest& j) {
+  void on_join(transport::ConnId conn, const JoinRequest& j) {
     if (refused) return decline(conn, *refused);
     if (!alive.count(j.worker_id))
       return decline(conn, Status(ErrorCode::kInvalidArgument,
@@ -174,7 +174,7 @@ RendezvousServer::RendezvousServer(ServerConfig config)
   Impl& s = *impl_;
   s.net.listen(s.cfg.bind_host, s.cfg.port);
   std::weak_ptr<Impl> weak = impl_;
-  s.net.set_handler(kJoinType, kJoinType, [weak](net::Message&& m) {
+  s.net.set_handler(kJoinType, kJoinType, [weak](transport::Message&& m) {
     auto self = weak.lock();
     if (!self) return;
     JoinRequest j;

@@ -27,7 +27,7 @@
 // (round_job_id), so a member of an older round cannot connect into it.
 //
 // Thread safety: every method is thread-safe; the net I/O thread runs the
-// handlers. Ownership: owns its net::MessageTransport (stopped by the destructor).
+// handlers. Ownership: owns its transport::MessageTransport (stopped by the destructor).
 #pragma once
 
 #include <memory>

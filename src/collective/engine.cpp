@@ -12,6 +12,11 @@
 #include "pushpull/log.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::kControlTagBit;
+using transport::Transport;
+
 namespace {
 
 constexpr uint64_t kLengthTag = kControlTagBit | 1;

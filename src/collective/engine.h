@@ -39,6 +39,8 @@
 
 namespace pushpull::collective {
 
+using transport::Transport;
+
 namespace detail {
 struct HandleState {
   std::string name;

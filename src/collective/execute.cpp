@@ -13,6 +13,10 @@
 #include "pushpull/kernels.h"
 
 namespace pushpull::collective {
+
+using transport::Block;
+using transport::even_blocks;
+
 namespace {
 
 ReduceOp kernel_op(Reduction r) {

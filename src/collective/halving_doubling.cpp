@@ -20,6 +20,12 @@
 #include "collective/algorithms.h"
 
 namespace pushpull::collective {
+
+using transport::halving_doubling_shape;
+using transport::HalvingDoublingShape;
+using transport::op_tag;
+using transport::Schedule;
+
 namespace {
 
 // At most this many bytes: recursive doubling instead of halving-doubling.

@@ -17,6 +17,11 @@
 #include "collective/hierarchical_view.h"
 
 namespace pushpull::collective {
+
+using transport::Block;
+using transport::even_blocks;
+using transport::Transport;
+
 namespace {
 
 // ctx's settings over another transport (and scratch).

@@ -6,6 +6,11 @@
 
 namespace pushpull::collective {
 
+using transport::Completion;
+using transport::run_posted;
+using transport::Schedule;
+using transport::Transport;
+
 SubgroupTransport::SubgroupTransport(Transport& base, std::vector<int> members, bool streams)
     : base_(base), members_(std::move(members)) {
   for (size_t i = 0; i < members_.size(); ++i) {

@@ -28,6 +28,10 @@
 
 namespace pushpull::collective {
 
+using transport::Completion;
+using transport::Schedule;
+using transport::Transport;
+
 class SubgroupTransport final : public Transport {
  public:
   // `members`: base ranks, distinct, including the base's own rank.

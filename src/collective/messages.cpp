@@ -23,7 +23,7 @@ constexpr size_t kMinSpecBytes = 4 + 3 + 4 + 1 + 4 + 8;
 constexpr size_t kMinTensorBytes = 4 + 4 + 1;
 constexpr size_t kMinResponseBytes = 1 + 4 + 4 + 4 + 4 + 4;
 
-void put_spec(net::Writer& w, const Spec& s) {
+void put_spec(transport::Writer& w, const Spec& s) {
   w.str(s.name);
   w.u<uint8_t>(static_cast<uint8_t>(s.type));
   w.u<uint8_t>(static_cast<uint8_t>(s.dtype));
@@ -44,7 +44,7 @@ std::string as_string(std::vector<std::byte>&& b) {
 
 // Decoding state: the reader plus the first reason the input was rejected.
 struct Decoder {
-  net::Reader r;
+  transport::Reader r;
   std::string why;
 
   bool fail(std::string what) {
@@ -171,7 +171,7 @@ size_t Spec::bytes() const {
 }
 
 std::string encode(const Announce& a) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint32_t>(static_cast<uint32_t>(a.specs.size()));
   for (const auto& s : a.specs)
     put_spec(w, s);
@@ -183,7 +183,7 @@ std::string encode(const Announce& a) {
 }
 
 Status decode_announce(std::span<const std::byte> in, int size, Announce* out) {
-  Decoder d{net::Reader(in), {}};
+  Decoder d{transport::Reader(in), {}};
   Announce a;
   if (in.size() > kMaxMessage) d.fail(fmt::format("{} bytes", in.size()));
   for (size_t i = 0, n = d.r.count(kMaxItems, kMinSpecBytes); i < n && d.r.ok(); ++i) {
@@ -206,7 +206,7 @@ Announce decode_announce(std::string_view bytes, int size) {
 }
 
 std::string encode(const Upward& u) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint32_t>(static_cast<uint32_t>(u.specs.size()));
   for (const auto& s : u.specs) {
     w.u<int32_t>(s.rank);
@@ -228,7 +228,7 @@ std::string encode(const Upward& u) {
 }
 
 Status decode_upward(std::span<const std::byte> in, int size, Upward* out) {
-  Decoder d{net::Reader(in), {}};
+  Decoder d{transport::Reader(in), {}};
   Upward u;
   auto rank = [&](int32_t r) {
     if (r < 0 || r >= size) d.fail(fmt::format("rank {}", r));
@@ -264,7 +264,7 @@ Upward decode_upward(std::string_view bytes, int size) {
 }
 
 std::string encode(const std::vector<Response>& rs) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint32_t>(static_cast<uint32_t>(rs.size()));
   for (const auto& r : rs) {
     w.u<uint8_t>(static_cast<uint8_t>(r.kind));
@@ -288,7 +288,7 @@ std::string encode(const std::vector<Response>& rs) {
 }
 
 Status decode_responses(std::span<const std::byte> in, int size, std::vector<Response>* out) {
-  Decoder d{net::Reader(in), {}};
+  Decoder d{transport::Reader(in), {}};
   std::vector<Response> rs;
   if (in.size() > kMaxMessage) d.fail(fmt::format("{} bytes", in.size()));
   for (size_t i = 0, n = d.r.count(kMaxItems, kMinResponseBytes); i < n && d.r.ok(); ++i) {

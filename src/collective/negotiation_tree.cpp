@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 
 namespace pushpull::collective {
+
+using transport::Clock;
+
 namespace {
 
 uint32_t millis(Clock::duration d) {

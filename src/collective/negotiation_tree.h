@@ -35,6 +35,8 @@
 
 namespace pushpull::collective {
 
+using transport::Clock;
+
 // From this many ranks the engine negotiates over the tree. Up to 8 ranks
 // (kFullMeshUpTo: every pair connected) the direct path stays: rank 0's 2(n - 1)
 // messages cost less than the tree's extra hops there, and A/B runs on this

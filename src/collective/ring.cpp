@@ -18,6 +18,13 @@
 #include "transport/host_collectives.h"
 
 namespace pushpull::collective {
+
+using transport::Block;
+using transport::even_blocks;
+using transport::HostCollectives;
+using transport::op_tag;
+using transport::Schedule;
+
 namespace {
 
 constexpr size_t kMinPipelineBytes = 64 << 10;  // below: one segment per block

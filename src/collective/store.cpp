@@ -9,6 +9,7 @@
 #include "transport/host_table.h"
 
 namespace pushpull::collective {
+
 namespace {
 
 constexpr uint32_t kMaxRanks = 1 << 20;
@@ -103,19 +104,19 @@ AddressList exchange_book(Store& store, int rank, int size, const std::string& h
   return book;
 }
 
-void put_address_list(net::Writer& w, const AddressList& book) {
+void put_address_list(transport::Writer& w, const AddressList& book) {
   std::vector<std::string_view> hosts;
   hosts.reserve(book.size());
   for (const auto& [h, p] : book)
     hosts.push_back(h);
-  const std::vector<uint32_t> at = net::put_host_table(w, hosts);
+  const std::vector<uint32_t> at = transport::put_host_table(w, hosts);
   w.u<uint32_t>(static_cast<uint32_t>(book.size()));
   for (size_t i = 0; i < book.size(); ++i)
     w.u<uint32_t>(at[i]).u<uint16_t>(static_cast<uint16_t>(book[i].second));
 }
 
-bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book) {
-  net::HostTableReader hosts;
+bool get_address_list(transport::Reader& r, size_t max_ranks, AddressList* book) {
+  transport::HostTableReader hosts;
   if (!hosts.read(r, max_ranks, kMaxHostBytes)) return false;
   const size_t count = r.count(max_ranks, 6);
   if (!r.ok()) return false;
@@ -131,14 +132,14 @@ bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book) {
 }
 
 std::vector<std::byte> encode_entry(int size, const std::string& host, int port) {
-  net::Writer w;
+  transport::Writer w;
   w.reserve(10 + host.size());
   w.u<uint32_t>(static_cast<uint32_t>(size)).str(host).u<uint16_t>(static_cast<uint16_t>(port));
   return w.take();
 }
 
 Status decode_entry(std::span<const std::byte> in, int* size, std::string* host, int* port) {
-  net::Reader r(in);
+  transport::Reader r(in);
   const uint32_t s = r.u<uint32_t>();
   *host = r.str(kMaxHostBytes);
   *port = r.u<uint16_t>();
@@ -147,7 +148,7 @@ Status decode_entry(std::span<const std::byte> in, int* size, std::string* host,
 }
 
 std::vector<std::byte> encode_verdict(const Status& verdict, const AddressList& book) {
-  net::Writer w;
+  transport::Writer w;
   w.reserve(64);
   w.u<uint32_t>(static_cast<uint32_t>(verdict.code()));
   if (verdict.is_ok())
@@ -158,7 +159,7 @@ std::vector<std::byte> encode_verdict(const Status& verdict, const AddressList& 
 }
 
 Status decode_verdict(std::span<const std::byte> in, Status* verdict, AddressList* book) {
-  net::Reader r(in);
+  transport::Reader r(in);
   const uint32_t code = r.u<uint32_t>();
   if (!r.ok() || code > static_cast<uint32_t>(ErrorCode::kInternal)) return malformed("verdict");
   if (code == 0) {

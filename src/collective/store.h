@@ -72,8 +72,8 @@ AddressList exchange_book(Store& store, int rank, int size, const std::string& h
 // (transport/host_table.h), then (host index, u16 port) per rank; ports 1..65535.
 // get_address_list() reads at most `max_ranks` entries and fails on anything
 // malformed or not canonical.
-void put_address_list(net::Writer& w, const AddressList& book);
-bool get_address_list(net::Reader& r, size_t max_ranks, AddressList* book);
+void put_address_list(transport::Writer& w, const AddressList& book);
+bool get_address_list(transport::Reader& r, size_t max_ranks, AddressList* book);
 // A rank's entry ("rank/<r>"): u32 world size, host, u16 port.
 std::vector<std::byte> encode_entry(int size, const std::string& host, int port);
 Status decode_entry(std::span<const std::byte> in, int* size, std::string* host, int* port);

@@ -15,23 +15,25 @@
 #include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective {
+
 namespace {
 
 constexpr size_t kMaxKeyBytes = 256;
 
 using Bytes = std::vector<std::byte>;
 struct Waiter {
-  net::ConnId conn;
+  transport::ConnId conn;
   uint64_t id;
 };
 
-void reply(net::MessageTransport& t, net::ConnId conn, uint64_t id, const Status& s,
+void reply(transport::MessageTransport& t, transport::ConnId conn, uint64_t id, const Status& s,
            const Bytes& value) {
   const std::string& why = s.message();
   const void* data = s.is_ok() ? static_cast<const void*>(value.data()) : why.data();
   (void)t.send_copy(
       conn,
-      net::Header{.type = kStoreReply, .flags = static_cast<uint32_t>(s.code()), .request_id = id},
+      transport::Header{
+          .type = kStoreReply, .flags = static_cast<uint32_t>(s.code()), .request_id = id},
       data, s.is_ok() ? value.size() : why.size());
 }
 
@@ -48,9 +50,9 @@ struct TcpStore::State {
   // Host.
   std::map<std::string, Bytes> kv;
   std::multimap<std::string, Waiter> waiting;  // members' gets not answered yet
-  std::set<net::ConnId> members;               // open connections that made a request
+  std::set<transport::ConnId> members;         // open connections that made a request
   // Client.
-  net::ConnId conn = 0;
+  transport::ConnId conn = 0;
   uint64_t next_id = 0;
   std::map<uint64_t, std::pair<Status, Bytes>> replies;
   bool closing = false;
@@ -76,12 +78,12 @@ struct TcpStore::State {
 namespace {
 
 // Rank 0's side: a request from a member, on the I/O thread.
-void serve(TcpStore::State& st, net::MessageTransport& t, net::Message&& m) {
+void serve(TcpStore::State& st, transport::MessageTransport& t, transport::Message&& m) {
   std::string key;
   Bytes value;
   const bool is_set = m.header.type == kStoreSet;
   Status s = decode_store_request({m.payload.data(), m.payload.size()}, is_set, &key, &value);
-  const auto [role, rank] = net::node_of_id(m.header.sender);
+  const auto [role, rank] = transport::node_of_id(m.header.sender);
   if (s.is_ok() && (role != Role::kWorker || rank <= 0 || rank >= st.size))
     s = Status(ErrorCode::kInvalidArgument,
                fmt::format("collective rendezvous: a process claims rank {} (out of range); "
@@ -139,53 +141,55 @@ TcpStore::TcpStore(const Options& o, Clock::time_point deadline)
         "MASTER_ADDR and MASTER_PORT (or PUSHPULL_MASTER_ADDR / PUSHPULL_MASTER_PORT) to rank "
         "0's host and a free port, the same for every process",
         c.master_addr, c.master_port));
-  net::TransportConfig tc;
+  transport::TransportConfig tc;
   tc.net = o.net;
   tc.role = Role::kWorker;
   tc.rank = c.rank;
   tc.label = fmt::format("rendezvous rank {}", c.rank);
-  t_ = std::make_unique<net::MessageTransport>(tc);
+  t_ = std::make_unique<transport::MessageTransport>(tc);
   State* st = st_.get();
   if (c.rank == 0) {
     // `pushpull launch` (and the torch backend) bind rank 0's port
     // themselves and hand the listening socket down, so nobody can take the
     // port between its choice and this listen; else (torchrun, by hand)
     // bind it.
-    net::Fd held;
-    if (Status taken = net::take_inherited_listener(c.master_port, o.net.inherited_listener, &held);
+    transport::Fd held;
+    if (Status taken =
+            transport::take_inherited_listener(c.master_port, o.net.inherited_listener, &held);
         taken) {
       t_->listen(std::move(held));
     } else {
       if (!o.net.inherited_listener.empty())
-        PP_DEBUG("collective rendezvous: not using {}: {}", net::kListenFdVariable,
+        PP_DEBUG("collective rendezvous: not using {}: {}", transport::kListenFdVariable,
                  taken.message());
-      t_->listen(net::bind_host_for(c.master_addr, o.net.bind_any), c.master_port);
+      t_->listen(transport::bind_host_for(c.master_addr, o.net.bind_any), c.master_port);
     }
     t_->set_handler(kStoreSet, kStoreGet,
-                    [st, t = t_.get()](net::Message&& m) { serve(*st, *t, std::move(m)); });
-    t_->set_close_handler([st](net::ConnId id, const net::PeerInfo& p, const Status& why) {
-      std::lock_guard lock(st->mu);
-      st->members.erase(id);
-      bool waited = false;
-      for (auto it = st->waiting.begin(); it != st->waiting.end();)
-        if (it->second.conn == id) {
-          waited = true;
-          it = st->waiting.erase(it);
-        } else {
-          ++it;
-        }
-      if (waited && st->failure.is_ok())
-        st->failure = Status(ErrorCode::kPeerFailure,
-                             fmt::format("collective rendezvous: rank {} ({}) closed its "
-                                         "connection to rank 0 before every rank arrived ({}); "
-                                         "did it die?",
-                                         p.rank, p.address, why.message()));
-      st->cv.notify_all();
-    });
+                    [st, t = t_.get()](transport::Message&& m) { serve(*st, *t, std::move(m)); });
+    t_->set_close_handler(
+        [st](transport::ConnId id, const transport::PeerInfo& p, const Status& why) {
+          std::lock_guard lock(st->mu);
+          st->members.erase(id);
+          bool waited = false;
+          for (auto it = st->waiting.begin(); it != st->waiting.end();)
+            if (it->second.conn == id) {
+              waited = true;
+              it = st->waiting.erase(it);
+            } else {
+              ++it;
+            }
+          if (waited && st->failure.is_ok())
+            st->failure = Status(ErrorCode::kPeerFailure,
+                                 fmt::format("collective rendezvous: rank {} ({}) closed its "
+                                             "connection to rank 0 before every rank arrived ({}); "
+                                             "did it die?",
+                                             p.rank, p.address, why.message()));
+          st->cv.notify_all();
+        });
     t_->start();
     return;
   }
-  t_->set_handler(kStoreReply, kStoreReply, [st](net::Message&& m) {
+  t_->set_handler(kStoreReply, kStoreReply, [st](transport::Message&& m) {
     std::lock_guard lock(st->mu);
     Status s;
     // Any other code is the host misbehaving.
@@ -199,7 +203,7 @@ TcpStore::TcpStore(const Options& o, Clock::time_point deadline)
         s, Bytes(m.payload.data(), m.payload.data() + m.payload.size())};
     st->cv.notify_all();
   });
-  t_->set_close_handler([st](net::ConnId, const net::PeerInfo&, const Status& why) {
+  t_->set_close_handler([st](transport::ConnId, const transport::PeerInfo&, const Status& why) {
     std::lock_guard lock(st->mu);
     if (!st->closing && st->failure.is_ok())
       st->failure = Status(ErrorCode::kPeerFailure,
@@ -231,7 +235,7 @@ std::string TcpStore::where() const {
 namespace {
 
 // A client's request and its reply (a get's: once the key is set).
-std::pair<Status, Bytes> ask(TcpStore::State& st, net::MessageTransport& t, uint16_t type,
+std::pair<Status, Bytes> ask(TcpStore::State& st, transport::MessageTransport& t, uint16_t type,
                              const std::string& key, std::span<const std::byte> value,
                              Clock::time_point deadline) {
   uint64_t id = 0;
@@ -240,8 +244,8 @@ std::pair<Status, Bytes> ask(TcpStore::State& st, net::MessageTransport& t, uint
     id = ++st.next_id;
   }
   Bytes payload = encode_store_request(key, value);
-  if (Status s = t.send_copy(st.conn, net::Header{.type = type, .request_id = id}, payload.data(),
-                             payload.size());
+  if (Status s = t.send_copy(st.conn, transport::Header{.type = type, .request_id = id},
+                             payload.data(), payload.size());
       !s.is_ok())
     throw PeerFailure(fmt::format("collective rendezvous: rank {} could not reach rank 0 at {}: {}",
                                   st.rank, st.where, s.message()));
@@ -314,14 +318,14 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string>& keys,
 }
 
 Bytes encode_store_request(const std::string& key, std::span<const std::byte> value) {
-  net::Writer w;
+  transport::Writer w;
   w.str(key).bytes(value);
   return w.take();
 }
 
 Status decode_store_request(std::span<const std::byte> in, bool with_value, std::string* key,
                             Bytes* value) {
-  net::Reader r(in);
+  transport::Reader r(in);
   *key = r.str(kMaxKeyBytes);
   if (with_value) {
     auto rest = r.rest();

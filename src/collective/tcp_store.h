@@ -2,7 +2,7 @@
 // TcpStore: the MASTER_ADDR store (store.h) of a group without a scheduler.
 // Rank 0 hosts it at MASTER_ADDR:MASTER_PORT (on the listener `pushpull
 // launch` or the torch backend handed down, else binding the port), in
-// memory, over a net::MessageTransport: every member authenticates with the job's
+// memory, over a transport::MessageTransport: every member authenticates with the job's
 // hello (job id, secret) before any request is read. The other ranks are
 // clients of it.
 //
@@ -12,7 +12,7 @@
 // reason. A get of a key not set yet is answered when it is set.
 //
 // Who may do what, on the host: only workers of ranks 1..size-1, each once
-// (net::MessageTransport refuses a second connection of a rank), each setting only
+// (transport::MessageTransport refuses a second connection of a rank), each setting only
 // keys ending in "/<its rank>"; keys are write-once (store.h). A request
 // that breaks this, or does not decode, is refused (told why) and closes
 // that connection only: a stranger or a confused process never fails the
@@ -34,7 +34,7 @@
 
 #include "collective/store.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 class MessageTransport;
 }
 
@@ -64,7 +64,7 @@ class TcpStore final : public Store {
 
  private:
   std::shared_ptr<State> st_;
-  std::unique_ptr<net::MessageTransport> t_;
+  std::unique_ptr<transport::MessageTransport> t_;
   Clock::time_point linger_until_;
 };
 

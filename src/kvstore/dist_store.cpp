@@ -20,7 +20,7 @@ namespace pushpull {
 
 namespace {
 // Whether `conn` is the connection to server `server`.
-bool from_server(const cluster::Node& node, net::ConnId conn, int server) {
+bool from_server(const cluster::Node& node, transport::ConnId conn, int server) {
   try {
     return node.conn(Role::kServer, server) == conn;
   } catch (...) {
@@ -45,7 +45,7 @@ DistStore::DistStore(std::string type, const Options& options)
         type_, options.cluster.num_servers));
   node_ = std::make_unique<cluster::Node>(options);
   node_->set_handler(ps::msg::kFirst, ps::msg::kLast,
-                     [this](net::Message&& m) { on_message(std::move(m)); });
+                     [this](transport::Message&& m) { on_message(std::move(m)); });
   node_->on_peer_failure([this](const Status& s) { on_failure(s); });
   replicas_ = node_->ps_replicas();
   node_->on_placement([this](const cluster::Placement& p) { on_placement(p); });
@@ -146,7 +146,7 @@ int DistStore::primary_of(int home) const {
   return p < 0 ? home : p;  // none left: the scheduler fails the job
 }
 
-void DistStore::request(int home, net::Header h, const void* data, size_t n,
+void DistStore::request(int home, transport::Header h, const void* data, size_t n,
                         std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
                         int priority, OnData on_data, bool command) {
   uint64_t rid = next_request_++;
@@ -211,8 +211,8 @@ void DistStore::finish(uint64_t rid, const Status& s) {
   p->done->finish(s);
 }
 
-void DistStore::on_message(net::Message&& m) {
-  const net::Header& h = m.header;
+void DistStore::on_message(transport::Message&& m) {
+  const transport::Header& h = m.header;
   if (h.type != ps::msg::kReply && h.type != ps::msg::kError) {
     PP_WARN("worker ignores parameter-server message type {}", h.type);
     return;

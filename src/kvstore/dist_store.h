@@ -124,7 +124,7 @@ class DistStore final : public KVStore {
   struct Pending {
     std::shared_ptr<Completion> done;
     int server = 0;
-    std::optional<net::RecvMatch> posted;
+    std::optional<transport::RecvMatch> posted;
     OnData on_data;
     bool command = false;
     // Sends this request again (a new request id) to the current primary.
@@ -139,7 +139,7 @@ class DistStore final : public KVStore {
   // Sends one request to the current primary of the key range whose home is
   // `home` (a command: to server `home` itself, answered OK at once when it
   // was failed over); `done` gets one finish() when answered.
-  void request(int home, net::Header h, const void* data, size_t n,
+  void request(int home, transport::Header h, const void* data, size_t n,
                std::shared_ptr<void> keep_alive, const std::shared_ptr<Completion>& done,
                int priority, OnData on_data = {}, bool command = false);
   // The server that serves key ranges placed on `home` now (mu_ held).
@@ -153,8 +153,8 @@ class DistStore final : public KVStore {
   // (h.type kPull, no payload) or a push with kFlagPullBack (the push's
   // bytes, kept alive by `keep_alive` until sent). Posts the reply's
   // destination, then sends; re-sent whole on a fail-over.
-  void value_request(KeyInfo& k, const ps::Slice& s, net::Header h, const void* data, size_t n,
-                     std::shared_ptr<void> keep_alive, const ArrayList& outs,
+  void value_request(KeyInfo& k, const ps::Slice& s, transport::Header h, const void* data,
+                     size_t n, std::shared_ptr<void> keep_alive, const ArrayList& outs,
                      const std::shared_ptr<Completion>& done, int priority);
   // With `pull_into` (pushpull) each slice's push asks for the slice's value
   // back (kFlagPullBack): one request and one reply per slice, and the
@@ -167,8 +167,8 @@ class DistStore final : public KVStore {
                    std::vector<std::string>* answers = nullptr);
   void finish(uint64_t request_id, const Status& s);
   // Drops a posted receive for `server`'s reply (its request failed).
-  void cancel_posted(int server, const net::RecvMatch& match);
-  void on_message(net::Message&& m);
+  void cancel_posted(int server, const transport::RecvMatch& match);
+  void on_message(transport::Message&& m);
   void on_failure(const Status& s);
   // Throws the job's failure, if any.
   void check_failure() const;

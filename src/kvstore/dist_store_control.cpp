@@ -25,7 +25,7 @@ void DistStore::command_all(uint64_t command, const std::vector<std::string>& pa
   if (answers) answers->assign(static_cast<size_t>(servers), {});
   for (int s = 0; s < servers; ++s) {
     auto text = std::make_shared<std::string>(payloads.size() == 1 ? payloads[0] : payloads.at(s));
-    net::Header h{.type = ps::msg::kCommand, .key = command};
+    transport::Header h{.type = ps::msg::kCommand, .key = command};
     OnData on_data;
     if (answers)
       on_data = [answers, s](const std::byte* d, size_t n) {

@@ -78,11 +78,11 @@ void DistStore::init(const std::vector<Key>& keys, const std::vector<ArrayView>&
         auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_init(
             k.key.to_string(), {base + s.begin * esize, static_cast<size_t>(s.count) * esize},
             s.server));
-        net::Header h{.type = ps::msg::kInit,
-                      .key = k.id,
-                      .dtype = static_cast<uint32_t>(k.dtype),
-                      .offset = static_cast<uint64_t>(s.begin),
-                      .length = static_cast<uint64_t>(s.count)};
+        transport::Header h{.type = ps::msg::kInit,
+                            .key = k.id,
+                            .dtype = static_cast<uint32_t>(k.dtype),
+                            .offset = static_cast<uint64_t>(s.begin),
+                            .length = static_cast<uint64_t>(s.count)};
         request(s.server, h, payload->data(), payload->size(), payload, done, 0);
       }
     }
@@ -106,12 +106,12 @@ void DistStore::rejoin_keys(const std::vector<KeyInfo*>& made,
     const size_t esize = dtype_size(k.dtype);
     for (size_t j = 0; j < k.slices.size(); ++j) {
       const ps::Slice s = k.slices[j];
-      net::Header h{.type = ps::msg::kPull,
-                    .flags = ps::msg::kFlagRejoin,
-                    .key = k.id,
-                    .dtype = static_cast<uint32_t>(k.dtype),
-                    .offset = static_cast<uint64_t>(s.begin),
-                    .length = static_cast<uint64_t>(s.count)};
+      transport::Header h{.type = ps::msg::kPull,
+                          .flags = ps::msg::kFlagRejoin,
+                          .key = k.id,
+                          .dtype = static_cast<uint32_t>(k.dtype),
+                          .offset = static_cast<uint64_t>(s.begin),
+                          .length = static_cast<uint64_t>(s.count)};
       auto* dst = static_cast<std::byte*>(values[i].data) + static_cast<size_t>(s.begin) * esize;
       const size_t want = static_cast<size_t>(s.count) * esize;
       request(s.server, h, nullptr, 0, nullptr, done, 0,
@@ -167,7 +167,7 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
   // Integer keys travel as they are (set_gradient_compression says so).
   if (!is_floating(k.dtype)) compressor.reset();
   const std::byte* src = static_cast<const std::byte*>(values[0].data);
-  std::shared_ptr<net::Buffer> buf;
+  std::shared_ptr<transport::Buffer> buf;
   std::vector<float> sum32;  // float32 sum when 16-bit or compressing
   // One float32 array is encoded straight from the caller's memory.
   const bool direct = compressor && values.size() == 1 && k.dtype == DType::kFloat32;
@@ -182,7 +182,7 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       }
     }
     if (!compressor) {
-      buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(n * esize));
+      buf = std::make_shared<transport::Buffer>(node_->transport().pool().acquire(n * esize));
       if (is_half(k.dtype)) {
         convert(k.dtype, buf->data(), DType::kFloat32, sum32.data(), n);
       } else {
@@ -211,7 +211,7 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
       wire_at.push_back(total);
       total += compressor->encoded_bytes(static_cast<size_t>(s.count));
     }
-    buf = std::make_shared<net::Buffer>(node_->transport().pool().acquire(total));
+    buf = std::make_shared<transport::Buffer>(node_->transport().pool().acquire(total));
     if (!k.slices.empty()) encode_slice(0);
   }
   std::vector<uint64_t> seqs(k.slices.size());
@@ -223,13 +223,13 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
   }
   for (size_t i = 0; i < k.slices.size(); ++i) {
     const ps::Slice& s = k.slices[i];
-    net::Header h{.type = ps::msg::kPush,
-                  .flags = (compressor ? ps::msg::kFlagCompressed : 0u) |
-                           (pull_into ? ps::msg::kFlagPullBack : 0u),
-                  .key = k.id,
-                  .dtype = ps::dtype_field(static_cast<uint32_t>(k.dtype), seqs[i]),
-                  .offset = static_cast<uint64_t>(s.begin),
-                  .length = static_cast<uint64_t>(s.count)};
+    transport::Header h{.type = ps::msg::kPush,
+                        .flags = (compressor ? ps::msg::kFlagCompressed : 0u) |
+                                 (pull_into ? ps::msg::kFlagPullBack : 0u),
+                        .key = k.id,
+                        .dtype = ps::dtype_field(static_cast<uint32_t>(k.dtype), seqs[i]),
+                        .offset = static_cast<uint64_t>(s.begin),
+                        .length = static_cast<uint64_t>(s.count)};
     const std::byte* data = src + s.begin * esize;
     size_t bytes = static_cast<size_t>(s.count) * esize;
     if (compressor) {
@@ -246,15 +246,15 @@ void DistStore::push_key(KeyInfo& k, const ArrayList& values,
 
 void DistStore::pull_slice(KeyInfo& k, const ps::Slice& s, const ArrayList& outs,
                            const std::shared_ptr<Completion>& done, int priority) {
-  net::Header h{.type = ps::msg::kPull,
-                .key = k.id,
-                .dtype = static_cast<uint32_t>(k.dtype),
-                .offset = static_cast<uint64_t>(s.begin),
-                .length = static_cast<uint64_t>(s.count)};
+  transport::Header h{.type = ps::msg::kPull,
+                      .key = k.id,
+                      .dtype = static_cast<uint32_t>(k.dtype),
+                      .offset = static_cast<uint64_t>(s.begin),
+                      .length = static_cast<uint64_t>(s.count)};
   value_request(k, s, h, nullptr, 0, nullptr, outs, done, priority);
 }
 
-void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, const void* data,
+void DistStore::value_request(KeyInfo& k, const ps::Slice& s, transport::Header h, const void* data,
                               size_t n, std::shared_ptr<void> keep_alive, const ArrayList& outs,
                               const std::shared_ptr<Completion>& done, int priority) {
   const size_t esize = dtype_size(k.dtype);
@@ -262,7 +262,7 @@ void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, con
   const size_t at = static_cast<size_t>(s.begin) * esize;
   uint64_t rid = next_request_++;
   requests_sent_.fetch_add(1, std::memory_order_relaxed);
-  net::RecvMatch match{ps::msg::kReply, rid, k.id};
+  transport::RecvMatch match{ps::msg::kReply, rid, k.id};
   PP_METRIC_ADD(kPsRequests, 1), PP_METRIC_ADD(kPsBytes, n + bytes);  // metrics hook
   PP_TIMELINE_ASYNC_BEGIN(timeline::process_node(), n > 0 ? "PUSHPULL" : "PULL", rid,
                           static_cast<int64_t>(k.id),
@@ -290,7 +290,8 @@ void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, con
   const bool may_compress = k.dtype == DType::kFloat32;
   Status posted = node_->post_recv(
       Role::kServer, server, match, dst, bytes,
-      [this, rid, outs, at, bytes, dst, may_compress](const Status& st, const net::Header& reply) {
+      [this, rid, outs, at, bytes, dst, may_compress](const Status& st,
+                                                      const transport::Header& reply) {
         Status result = st;
         if (result.is_ok() && reply.payload_bytes != bytes) {
           if (may_compress && reply.payload_bytes < bytes)
@@ -328,7 +329,7 @@ void DistStore::value_request(KeyInfo& k, const ps::Slice& s, net::Header h, con
   }
 }
 
-void DistStore::cancel_posted(int server, const net::RecvMatch& match) {
+void DistStore::cancel_posted(int server, const transport::RecvMatch& match) {
   try {
     node_->transport().cancel_recv(node_->conn(Role::kServer, server), match);
   } catch (...) {  // that server is gone: its posted receive went with it

@@ -48,11 +48,11 @@ KVHandle DistStore::row_sparse_pull_async(const Key& key, const ArrayList& outs,
   auto done = std::make_shared<Completion>(static_cast<int>(asks.size()));
   for (auto& a : asks) {
     auto payload = std::make_shared<std::vector<std::byte>>(ps::encode_ranges(a.ranges));
-    net::Header h{.type = ps::msg::kPull,
-                  .key = k->id,
-                  .dtype = static_cast<uint32_t>(k->dtype),
-                  .offset = static_cast<uint64_t>(a.slice.begin),
-                  .length = static_cast<uint64_t>(a.slice.count)};
+    transport::Header h{.type = ps::msg::kPull,
+                        .key = k->id,
+                        .dtype = static_cast<uint32_t>(k->dtype),
+                        .offset = static_cast<uint64_t>(a.slice.begin),
+                        .length = static_cast<uint64_t>(a.slice.count)};
     request(a.slice.server, h, payload->data(), payload->size(), payload, done, priority,
             [outs, a, esize](const std::byte* d, size_t n) {
               size_t want = 0;

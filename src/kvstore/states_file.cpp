@@ -30,7 +30,7 @@ IoError refused(std::string_view source, std::string_view why) {
 
 // u32 servers, then per server a u64-length-prefixed blob, nothing after.
 std::vector<std::string> decode_body(std::string_view body, std::string_view source, int servers) {
-  net::Reader r(std::as_bytes(std::span(body.data(), body.size())));
+  transport::Reader r(std::as_bytes(std::span(body.data(), body.size())));
   const uint32_t count = r.u<uint32_t>();
   if (!r.ok()) throw not_a_states_file(source, "truncated");
   if (static_cast<int64_t>(count) != servers)
@@ -51,7 +51,7 @@ std::string encode_states_file(const std::vector<std::string>& per_server,
                                const base::FileKey& key) {
   if (key.key.empty() || key.id.size() != kKeyId)
     throw InvalidArgument("save_optimizer_states: no checkpoint key");
-  net::Writer w;
+  transport::Writer w;
   w.bytes(std::as_bytes(std::span(kMagic, sizeof kMagic)));
   w.u<uint32_t>(kVersion);
   w.bytes(std::as_bytes(std::span(key.id.data(), key.id.size())));

@@ -31,7 +31,7 @@ std::vector<std::string> merged_env(const Environment& base,
   auto vars = base.vars();
   // Names a descriptor the launcher passes to one child only (run_launch):
   // never one from the launcher's own environment.
-  vars.erase(net::kListenFdVariable);
+  vars.erase(transport::kListenFdVariable);
   for (const auto& [k, v] : overrides)
     vars[k] = v;
   std::vector<std::string> out;
@@ -160,9 +160,9 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
     if (int rc = sync_hosts(signals, cfg, ctx); rc != 0) return rc;
 
   std::unique_ptr<EmbeddedScheduler> scheduler;
-  net::Fd rendezvous_listener;  // -s 0, local: worker 0's, until it is started
-  net::Fd reserved;             // no embedded scheduler: its port, held
-  net::Fd torch_store;          // MASTER_PORT (local jobs), held for torch's store
+  transport::Fd rendezvous_listener;  // -s 0, local: worker 0's, until it is started
+  transport::Fd reserved;             // no embedded scheduler: its port, held
+  transport::Fd torch_store;          // MASTER_PORT (local jobs), held for torch's store
   Rendezvous rv = choose_rendezvous(cfg, false, &rendezvous_listener, &torch_store);
   // Per-node mode: node 0's launcher hosts the scheduler, the others meet it.
   if (cfg.num_servers > 0 && (cfg.nnodes == 0 || cfg.node_rank == 0)) {
@@ -181,8 +181,8 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
     } else {
       // Held (bound, not listening) for the job's life, so no other program
       // is handed it meanwhile.
-      reserved = net::reserve_port(cfg.host_ip, rv.port);
-      rv.port = net::local_port(reserved.get());
+      reserved = transport::reserve_port(cfg.host_ip, rv.port);
+      rv.port = transport::local_port(reserved.get());
       PP_WARN(
           "this build has no embedded scheduler (the cluster layer is not linked): nothing "
           "listens on {}:{} (held, connections refused); the processes must not need a "
@@ -257,11 +257,12 @@ int run_launch(const LaunchConfig& cfg_in, const LaunchContext& ctx) {
   }
   auto specs = child_specs(cfg, ctx, rv, plan);
   if (rendezvous_listener.valid()) {
-    // Worker 0 inherits its rendezvous listener (net::take_inherited_listener);
+    // Worker 0 inherits its rendezvous listener (transport::take_inherited_listener);
     // the supervisor closes our copy once it has started.
     for (auto& spec : specs)
       if (spec.role == Role::kWorker && spec.rank == 0) {
-        spec.env.push_back(fmt::format("{}={}", net::kListenFdVariable, rendezvous_listener.get()));
+        spec.env.push_back(
+            fmt::format("{}={}", transport::kListenFdVariable, rendezvous_listener.get()));
         spec.pass_fd = rendezvous_listener.release();
         break;
       }

@@ -65,7 +65,7 @@ std::string address_toward(const std::string& host);
 // still does not after `within`.
 bool wait_until_resolvable(const std::string& host, std::chrono::milliseconds within);
 // One loopback test for the whole project (transport/address.h).
-using net::is_loopback_host;
+using transport::is_loopback_host;
 
 // A fresh job secret: 128 bits from OpenSSL's RAND_bytes, as hex. Throws
 // IoError when the generator fails.

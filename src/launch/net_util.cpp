@@ -35,15 +35,15 @@ std::string first_ipv4_address() {
 }
 
 std::optional<std::string> interface_ipv4_address(const std::string& spec) {
-  const auto interfaces = net::list_interfaces();
-  auto name = net::pick_interface(spec, interfaces, net::local_hostname());
+  const auto interfaces = transport::list_interfaces();
+  auto name = transport::pick_interface(spec, interfaces, transport::local_hostname());
   if (!name) return std::nullopt;
-  return net::interface_address(*name, interfaces, /*ipv4_only=*/true);
+  return transport::interface_address(*name, interfaces, /*ipv4_only=*/true);
 }
 
 std::string address_toward(const std::string& host) {
   if (is_loopback_host(host)) return "127.0.0.1";  // every node on this host
-  if (auto a = net::route_source_address(host); a && !is_loopback_host(*a)) return *a;
+  if (auto a = transport::route_source_address(host); a && !is_loopback_host(*a)) return *a;
   return first_ipv4_address();
 }
 

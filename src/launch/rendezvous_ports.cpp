@@ -6,13 +6,13 @@
 namespace pushpull::launch {
 
 int torch_store_port(const LaunchConfig& cfg, const std::string& host, int avoid,
-                     net::Fd* torch_store) {
+                     transport::Fd* torch_store) {
   if (torch_store != nullptr && cfg.hosts.empty()) {
     // Bound now and held until the job ends; torch's store binds it beside
     // this reservation (both SO_REUSEADDR), nobody else can.
     for (int attempt = 0; attempt < 16; ++attempt) {
-      net::Fd held = net::reserve_port_shared("", 0);
-      const int port = net::local_port(held.get());
+      transport::Fd held = transport::reserve_port_shared("", 0);
+      const int port = transport::local_port(held.get());
       if (port == avoid) continue;
       *torch_store = std::move(held);
       return port;
@@ -21,7 +21,7 @@ int torch_store_port(const LaunchConfig& cfg, const std::string& host, int avoid
   // Worker 0 may run on another host: picked and released (racy).
   int port = 0;
   do
-    port = net::pick_unused_port(cfg.hosts.empty() ? host : "0.0.0.0");
+    port = transport::pick_unused_port(cfg.hosts.empty() ? host : "0.0.0.0");
   while (port == avoid);
   return port;
 }
@@ -29,8 +29,8 @@ int torch_store_port(const LaunchConfig& cfg, const std::string& host, int avoid
 // With -s 0 and the local launcher, rank 0's rendezvous port is bound here
 // and held (*listener): worker 0 inherits the listening socket (run_launch),
 // so no other program can take the port between its choice and its use.
-Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* listener,
-                             net::Fd* torch_store) {
+Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, transport::Fd* listener,
+                             transport::Fd* torch_store) {
   Rendezvous rv;
   if (cfg.nnodes > 0) {  // per-node mode: given
     rv = Rendezvous(cfg.master_addr, cfg.port);
@@ -63,8 +63,8 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* lis
     // Worker 0 is our child: bind its port now (the one given, else any free
     // one; taken: "port P is in use (by another process)") and hand it the
     // listening socket. Bound where worker 0 itself would bind it.
-    *listener = net::listen_on(net::bind_host_for(rv.addr, cfg.bind_any), cfg.port);
-    rv.port = net::local_port(listener->get());
+    *listener = transport::listen_on(transport::bind_host_for(rv.addr, cfg.bind_any), cfg.port);
+    rv.port = transport::local_port(listener->get());
     // A torch.distributed store cannot adopt that socket: MASTER_PORT is a
     // port of its own (held by a shared reservation), PUSHPULL_MASTER_PORT
     // the held listener's.
@@ -75,7 +75,7 @@ Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* lis
   // Worker 0 is started by ssh, mpirun or srun, possibly on another host: the
   // launcher cannot hand it a socket. A port free here now, which worker 0
   // binds a moment later (racy, see docs/launch.md; --port chooses it).
-  if (rv.port == 0) rv.port = net::pick_unused_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
+  if (rv.port == 0) rv.port = transport::pick_unused_port(cfg.hosts.empty() ? rv.addr : "0.0.0.0");
   return rv;
 }
 

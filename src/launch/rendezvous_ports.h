@@ -9,10 +9,10 @@
 // - MASTER_PORT for a torch.distributed store: torch binds it itself and
 //   cannot adopt a socket (torch 1.13's TCPStore has no such option), so on
 //   this host the port is held by a shared reservation
-//   (net::reserve_port_shared, *torch_store) for the job's life: torch's
+//   (transport::reserve_port_shared, *torch_store) for the job's life: torch's
 //   store (which binds with SO_REUSEADDR) can listen on it, nobody who binds
 //   without SO_REUSEADDR can take it first. Jobs with --hostfile: picked and
-//   released (racy, net::pick_unused_port), as worker 0's rendezvous port when
+//   released (racy, transport::pick_unused_port), as worker 0's rendezvous port when
 //   ssh, mpirun or srun starts worker 0.
 //
 // Thread safety: free functions; the Fds are the caller's.
@@ -27,13 +27,13 @@ namespace pushpull::launch {
 
 // `listener`, `torch_store`: where the held sockets go (may be null with
 // dry_run, which binds nothing).
-Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, net::Fd* listener,
-                             net::Fd* torch_store);
+Rendezvous choose_rendezvous(const LaunchConfig& cfg, bool dry_run, transport::Fd* listener,
+                             transport::Fd* torch_store);
 
 // A port for a torch.distributed store on `host` other than `avoid`: held in
 // *torch_store when every process runs on this host (cfg.hosts empty) and
 // torch_store is given, else picked and released.
 int torch_store_port(const LaunchConfig& cfg, const std::string& host, int avoid,
-                     net::Fd* torch_store);
+                     transport::Fd* torch_store);
 
 }  // namespace pushpull::launch

@@ -25,7 +25,7 @@ uint64_t unwrap_seq(uint32_t low, uint64_t near) {
 
 std::vector<std::byte> encode_init(std::string_view name, std::span<const std::byte> value,
                                    int32_t home) {
-  net::Writer w;
+  transport::Writer w;
   w.reserve(6 + std::min(name.size(), kMaxKeyName) + value.size());
   w.str<uint16_t>(name.substr(0, kMaxKeyName)).u<int32_t>(home).bytes(value);
   return w.take();
@@ -33,7 +33,7 @@ std::vector<std::byte> encode_init(std::string_view name, std::span<const std::b
 
 Status decode_init(std::span<const std::byte> in, std::string* name,
                    std::span<const std::byte>* value, int32_t* home) {
-  net::Reader r(in);
+  transport::Reader r(in);
   std::string n = r.str<uint16_t>(kMaxKeyName);
   int32_t h = r.u<int32_t>();
   std::span<const std::byte> v = r.rest();
@@ -48,7 +48,7 @@ Status decode_init(std::span<const std::byte> in, std::string* name,
 }
 
 std::vector<std::byte> encode_replica_meta(const ReplicaState& s) {
-  net::Writer w;
+  transport::Writer w;
   w.str<uint16_t>(std::string_view(s.name).substr(0, kMaxKeyName)).u<int32_t>(s.home);
   w.u<uint32_t>(static_cast<uint32_t>(s.applied_seq.size()));
   for (uint64_t a : s.applied_seq)
@@ -63,7 +63,7 @@ std::vector<std::byte> encode_replica_meta(const ReplicaState& s) {
 }
 
 Status decode_replica_meta(std::span<const std::byte> in, int max_workers, ReplicaState* s) {
-  net::Reader r(in);
+  transport::Reader r(in);
   ReplicaState out;
   out.name = r.str<uint16_t>(kMaxKeyName);
   out.home = r.u<int32_t>();
@@ -87,28 +87,29 @@ Status decode_replica_meta(std::span<const std::byte> in, int max_workers, Repli
   return Status::ok();
 }
 
-std::vector<std::byte> encode_lent_replica(const net::LendRef& ref, const ReplicaState& s) {
-  std::vector<std::byte> out = net::encode_lend_ref(ref);
+std::vector<std::byte> encode_lent_replica(const transport::LendRef& ref, const ReplicaState& s) {
+  std::vector<std::byte> out = transport::encode_lend_ref(ref);
   std::vector<std::byte> meta = encode_replica_meta(s);
   out.insert(out.end(), meta.begin(), meta.end());
   return out;
 }
 
-Status decode_lent_replica(std::span<const std::byte> in, int max_workers, net::LendRef* ref,
+Status decode_lent_replica(std::span<const std::byte> in, int max_workers, transport::LendRef* ref,
                            ReplicaState* s) {
-  if (in.size() < net::kLendRefBytes)
+  if (in.size() < transport::kLendRefBytes)
     return Status(ErrorCode::kProtocolError,
                   fmt::format("lent replica of {} bytes: shorter than its reference", in.size()));
-  net::LendRef r;
-  if (Status st = net::decode_lend_ref(in.first(net::kLendRefBytes), &r); !st) return st;
-  if (Status st = decode_replica_meta(in.subspan(net::kLendRefBytes), max_workers, s); !st)
+  transport::LendRef r;
+  if (Status st = transport::decode_lend_ref(in.first(transport::kLendRefBytes), &r); !st)
+    return st;
+  if (Status st = decode_replica_meta(in.subspan(transport::kLendRefBytes), max_workers, s); !st)
     return st;
   *ref = r;
   return Status::ok();
 }
 
 std::vector<std::byte> encode_ranges(const std::vector<Range>& ranges) {
-  net::Writer w;
+  transport::Writer w;
   w.reserve(ranges.size() * kRangeBytes);
   for (const Range& r : ranges)
     w.u<int64_t>(r.begin).u<int64_t>(r.count);
@@ -119,7 +120,7 @@ Status decode_ranges(std::span<const std::byte> in, std::vector<Range>* ranges) 
   if (in.size() % kRangeBytes != 0)
     return Status(ErrorCode::kProtocolError,
                   fmt::format("pull payload of {} bytes is not a list of ranges", in.size()));
-  net::Reader r(in);
+  transport::Reader r(in);
   std::vector<Range> out;
   out.reserve(in.size() / kRangeBytes);
   while (r.ok() && !r.at_end()) {
@@ -161,7 +162,7 @@ Status decode_mode(std::string_view text, Mode* mode) {
 }
 
 std::vector<std::byte> encode_rejoin(uint64_t applied_seq, uint64_t accepted_seq) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint64_t>(applied_seq);
   w.u<uint64_t>(accepted_seq);
   return w.take();
@@ -172,7 +173,7 @@ Status decode_rejoin(std::span<const std::byte> in, uint64_t* applied_seq, uint6
     return {ErrorCode::kProtocolError,
             fmt::format("rejoin reply of {} bytes, shorter than its {}-byte head", in.size(),
                         kRejoinHeadBytes)};
-  net::Reader r(in.first(kRejoinHeadBytes));
+  transport::Reader r(in.first(kRejoinHeadBytes));
   *applied_seq = r.u<uint64_t>();
   *accepted_seq = r.u<uint64_t>();
   if (!r.done() || *applied_seq > *accepted_seq)

@@ -34,7 +34,7 @@
 //   kReplicaValue primary -> backup  same request_id; payload = the value
 //                               (answered by kReply with that request_id
 //                               once installed). With kFlagLent the payload
-//                               is a net::LendRef to the value in the
+//                               is a transport::LendRef to the value in the
 //                               primary's memory instead (same host); a
 //                               backup that cannot read it answers kReply
 //                               with kFlagSendBytes, and the primary sends
@@ -45,7 +45,7 @@
 //                               kReplicaRelease (or its death)
 //                               With kFlagLent | kFlagWithMeta there is no
 //                               kReplicaMeta: the payload is the LendRef
-//                               (net::kLendRefBytes) then the metadata
+//                               (transport::kLendRefBytes) then the metadata
 //   kReplicaRelease backup -> primary  the kReplicaValue's request_id and
 //                               key; payload = its LendRef: the backup
 //                               dropped the range it held
@@ -93,7 +93,7 @@ inline constexpr uint16_t kFirst = 64;
 inline constexpr uint16_t kLast = 75;
 inline constexpr uint32_t kFlagCompressed = 1;
 inline constexpr uint32_t kFlagRejoin = 2;
-inline constexpr uint32_t kFlagLent = 4;       // kReplicaValue: payload is a net::LendRef
+inline constexpr uint32_t kFlagLent = 4;       // kReplicaValue: payload is a transport::LendRef
 inline constexpr uint32_t kFlagSendBytes = 8;  // backup's kReply: cannot read lent memory
 inline constexpr uint32_t kFlagPinned = 16;    // backup's kReply: holds the lent range in place
 inline constexpr uint32_t kFlagPullBack = 32;  // kPush: answer with the value (a pushpull)
@@ -170,10 +170,10 @@ std::vector<std::byte> encode_replica_meta(const ReplicaState& s);
 Status decode_replica_meta(std::span<const std::byte> in, int max_workers, ReplicaState* s);
 
 // kReplicaValue payload with kFlagLent | kFlagWithMeta: the lent value's
-// reference (net::kLendRefBytes), then its kReplicaMeta payload. Decoding
-// checks both (net::decode_lend_ref, decode_replica_meta).
-std::vector<std::byte> encode_lent_replica(const net::LendRef& ref, const ReplicaState& s);
-Status decode_lent_replica(std::span<const std::byte> in, int max_workers, net::LendRef* ref,
+// reference (transport::kLendRefBytes), then its kReplicaMeta payload. Decoding
+// checks both (transport::decode_lend_ref, decode_replica_meta).
+std::vector<std::byte> encode_lent_replica(const transport::LendRef& ref, const ReplicaState& s);
+Status decode_lent_replica(std::span<const std::byte> in, int max_workers, transport::LendRef* ref,
                            ReplicaState* s);
 
 // kPull payload. Decoding rejects negative ranges and begin + count

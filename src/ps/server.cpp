@@ -51,14 +51,15 @@ Server::Server(cluster::Node& node)
   // The handler outlives this Server inside the node's transport: it reaches
   // the Server only through the gate, which ~Server closes first. The whole PS
   // type range is ours, so an unknown PS type is answered, not a closed link.
-  node_.set_handler(net::msg::kPsFirst, net::msg::kPsLast, [gate = gate_, this](net::Message&& m) {
-    if (!gate->enter()) return;  // the server is going away: drop the request
-    struct Leave {
-      Gate& g;
-      ~Leave() { g.leave(); }
-    } leave{*gate};
-    on_message_guarded(std::move(m));
-  });
+  node_.set_handler(transport::msg::kPsFirst, transport::msg::kPsLast,
+                    [gate = gate_, this](transport::Message&& m) {
+                      if (!gate->enter()) return;  // the server is going away: drop the request
+                      struct Leave {
+                        Gate& g;
+                        ~Leave() { g.leave(); }
+                      } leave{*gate};
+                      on_message_guarded(std::move(m));
+                    });
 }
 
 Server::~Server() {
@@ -92,7 +93,7 @@ void Server::Gate::close() {
   cv.wait(lock, [&] { return active == 0; });
 }
 
-void Server::on_message_guarded(net::Message&& m) {
+void Server::on_message_guarded(transport::Message&& m) {
   // A bad request is answered with an error and never escapes onto the I/O
   // thread (where an exception would end the process).
   cluster::NodeAddress from = cluster::Node::sender(m.header);
@@ -168,7 +169,7 @@ void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
   // A request of a worker's earlier process (detached by a rejoin): its
   // replacement does not know the id.
   if (to.request_id == 0) return;
-  net::Header h;
+  transport::Header h;
   h.request_id = to.request_id;
   h.key = to.key;
   h.dtype = static_cast<uint32_t>(dtype);
@@ -190,7 +191,7 @@ void Server::reply(const RequestMeta& to, const Status& status, DType dtype,
   });
 }
 
-void Server::on_message(net::Message&& m) {
+void Server::on_message(transport::Message&& m) {
   cluster::NodeAddress from = cluster::Node::sender(m.header);
   if (from.role == Role::kServer && node_.ps_replicas() > 0 && from.rank >= 0 &&
       from.rank < node_.num_servers() && from.rank != node_.rank())
@@ -246,7 +247,7 @@ void Server::on_message(net::Message&& m) {
                          fmt::format("slice (begin {}, count {}) of key id {} is out of range",
                                      m.header.offset, m.header.length, m.header.key)));
   const PartId part{m.header.key, static_cast<int64_t>(m.header.offset)};
-  auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
+  auto owner = std::make_shared<transport::Buffer>(std::move(m.payload));
   std::shared_ptr<ServerStore> s = store();
   switch (m.header.type) {
     case msg::kInit: {
@@ -294,7 +295,7 @@ void Server::on_message(net::Message&& m) {
   }
 }
 
-void Server::on_command(const RequestMeta& meta, net::Message&& m) {
+void Server::on_command(const RequestMeta& meta, transport::Message&& m) {
   std::string text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
   auto s = store();
   switch (static_cast<Command>(m.header.key)) {

@@ -87,22 +87,22 @@ class Server : public ServerResponder {
     std::function<void()> done;
     PartId part;
     std::shared_ptr<const ReplicaState> lent;
-    net::LendRef ref;  // where `lent`'s value is, when lent
+    transport::LendRef ref;  // where `lent`'s value is, when lent
   };
   // A value a backup holds in place (pinned, kFlagPinned): kept here,
   // unchanged and out of the buffer pool, until the backup releases it
   // (kReplicaRelease) or dies.
   struct Pinned {
-    net::LendRef ref;
+    transport::LendRef ref;
     std::shared_ptr<const ReplicaState> state;
   };
-  void on_server_message(const cluster::NodeAddress& from, net::Message&& m);
+  void on_server_message(const cluster::NodeAddress& from, transport::Message&& m);
   void on_placement(const cluster::Placement& p);
   // Acknowledgement (or death) of `backup` for replication `id`; `pinned`:
   // the backup holds the lent value in place.
   void replica_acked(uint64_t id, int backup, bool pinned = false);
   // A backup let go of a pinned value.
-  void on_replica_release(int backup, const net::Message& m);
+  void on_replica_release(int backup, const transport::Message& m);
   // Sends `state` to `backups`; `done` once each acknowledged (or died).
   void send_replica(const PartId& part, std::shared_ptr<const ReplicaState> state,
                     std::vector<int> backups, std::function<void()> done);
@@ -110,10 +110,10 @@ class Server : public ServerResponder {
   // given, else by value.
   void send_replica_to(uint64_t id, const PartId& part,
                        const std::shared_ptr<const ReplicaState>& state, int b,
-                       const net::LendRef* lend);
+                       const transport::LendRef* lend);
   // Backup side of kReplicaValue (server_replica_install.cpp): installs the
   // value (bytes or lent) and answers.
-  void on_replica_value(const cluster::NodeAddress& from, net::Message&& m);
+  void on_replica_value(const cluster::NodeAddress& from, transport::Message&& m);
   // Server rejoin: a live server sends `to` its ranges; the rejoined side.
   // `generation`: which catch-up of the rejoining server (it starts over
   // when a server it was catching up from dies), echoed in kRejoinDone.
@@ -136,9 +136,9 @@ class Server : public ServerResponder {
   bool lending() const {
     return node_.options().net.ps_shared_memory && node_.options().net.ps_lend;
   }
-  void on_message_guarded(net::Message&& m);
-  void on_message(net::Message&& m);
-  void on_command(const RequestMeta& meta, net::Message&& m);
+  void on_message_guarded(transport::Message&& m);
+  void on_message(transport::Message&& m);
+  void on_command(const RequestMeta& meta, transport::Message&& m);
   // A fresh store in this mode (worker 0's kSetMode, a rejoin's setup).
   void set_mode(const Mode& mode);
   Mode mode() {
@@ -176,12 +176,12 @@ class Server : public ServerResponder {
   std::set<int> no_lending_;        // backups that could not read lent memory
   // Backup side: metadata waiting for its value, by (primary, request id).
   std::map<std::pair<int, uint64_t>, ReplicaState> incoming_meta_;
-  net::LendReader lend_reader_;      // backup side: lent values of same-host primaries
-  std::map<int, uint32_t> lent_by_;  // backup side: the process of each server that lent to us
+  transport::LendReader lend_reader_;  // backup side: lent values of same-host primaries
+  std::map<int, uint32_t> lent_by_;    // backup side: the process of each server that lent to us
   // Primary side: values pinned by backups, by (backup, replication id).
   std::map<std::pair<int, uint64_t>, Pinned> pinned_;
   // Worker requests from a newer placement epoch than ours, in arrival order.
-  std::deque<net::Message> future_;
+  std::deque<transport::Message> future_;
   std::shared_ptr<ServerStore> store() {
     std::lock_guard lock(mu_);
     return store_;

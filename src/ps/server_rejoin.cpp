@@ -32,7 +32,8 @@ void Server::rejoin() {
   for (int s : live)
     node_.send_copy(
         Role::kServer, s,
-        net::Header{.type = msg::kRejoinRequest, .flags = epoch_flags(p.epoch), .key = generation},
+        transport::Header{
+            .type = msg::kRejoinRequest, .flags = epoch_flags(p.epoch), .key = generation},
         nullptr, 0);
   if (live.empty()) return node_.report_rejoined();
   // Test hook (tests/e2e/ps_restart_test.cpp): the restarted server stops
@@ -51,7 +52,7 @@ void Server::on_rejoin_request(int to, uint64_t generation) {
   PP_WARN("server {}: sending server {} the key ranges it backs up", me, to);
   // First the mode and optimizer: the same connection keeps them ahead of
   // the ranges.
-  node_.send_copy(Role::kServer, to, net::Header{.type = msg::kRejoinSetup}, setup.data(),
+  node_.send_copy(Role::kServer, to, transport::Header{.type = msg::kRejoinSetup}, setup.data(),
                   setup.size());
   auto wanted = [this, to, me, servers, replicas](const PartId&, int home) {
     std::lock_guard lock(repl_mu_);
@@ -66,8 +67,8 @@ void Server::on_rejoin_request(int to, uint64_t generation) {
   };
   store()->transfer(wanted, send, [this, to, me, generation] {
     PP_INFO("server {}: every key range sent to server {}", me, to);
-    node_.send_copy(Role::kServer, to, net::Header{.type = msg::kRejoinDone, .key = generation},
-                    nullptr, 0);
+    node_.send_copy(Role::kServer, to,
+                    transport::Header{.type = msg::kRejoinDone, .key = generation}, nullptr, 0);
   });
 }
 

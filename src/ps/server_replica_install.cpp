@@ -15,7 +15,7 @@
 namespace pushpull::ps {
 namespace {
 
-// A lent value held in place (net::LendReader::pin): keeps the primary's
+// A lent value held in place (transport::LendReader::pin): keeps the primary's
 // block mapped, and tells the primary when the last reference goes, so that
 // it may update or reuse that memory again.
 class PinnedValue {
@@ -41,16 +41,16 @@ class PinnedValue {
 
 }  // namespace
 
-void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m) {
-  const net::Header& h = m.header;
+void Server::on_replica_value(const cluster::NodeAddress& from, transport::Message&& m) {
+  const transport::Header& h = m.header;
   // Refused, not ignored: silence would hold the primary's round forever.
   auto refuse = [&](const std::string& why) {
     PP_WARN("replica {} from server {} refused: {}", h.request_id, from.rank, why);
-    net::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
+    transport::Header err{.type = msg::kError, .request_id = h.request_id, .key = h.key};
     node_.transport().send_copy(m.conn, err, why.data(), why.size());
   };
   ReplicaState state;
-  net::LendRef ref;
+  transport::LendRef ref;
   const bool with_meta = (h.flags & msg::kFlagWithMeta) != 0;
   if (with_meta) {
     // Lent, with its metadata behind the reference (no kReplicaMeta).
@@ -69,7 +69,7 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
   }
   const bool dtype_ok = h.dtype <= 0xff && is_valid_dtype(static_cast<uint8_t>(h.dtype));
   auto dtype = static_cast<DType>(h.dtype);
-  net::Header ack{.type = msg::kReply, .request_id = h.request_id, .key = h.key};
+  transport::Header ack{.type = msg::kReply, .request_id = h.request_id, .key = h.key};
   const bool lent = (h.flags & msg::kFlagLent) != 0;
   // The value's bytes: the payload itself, or the lent range it names
   // (decoded above when the metadata came with it).
@@ -78,7 +78,7 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
       h.offset > static_cast<uint64_t>(INT64_MAX)) {
     valid = {ErrorCode::kProtocolError, "bad dtype or size"};
   } else if (lent) {
-    if (!with_meta) valid = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
+    if (!with_meta) valid = transport::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref);
     if (valid && ref.bytes != h.length * dtype_size(dtype))
       valid = {ErrorCode::kProtocolError, "lent range is not the value's size"};
     // The bound a value sent by value has (the transport's message limit):
@@ -118,8 +118,8 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
       }
       auto release = [this, gate = gate_, back, id, key, ref] {
         if (!gate->enter()) return;  // this server is going away
-        net::Header rel{.type = msg::kReplicaRelease, .request_id = id, .key = key};
-        std::vector<std::byte> bytes = net::encode_lend_ref(ref);
+        transport::Header rel{.type = msg::kReplicaRelease, .request_id = id, .key = key};
+        std::vector<std::byte> bytes = transport::encode_lend_ref(ref);
         // Fails at once when the primary is gone: nothing to tell it then.
         (void)node_.transport().send_copy(back, rel, bytes.data(), bytes.size());
         gate->leave();
@@ -129,7 +129,7 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
       return Status::ok();
     };
   } else {
-    auto owner = std::make_shared<net::Buffer>(std::move(m.payload));
+    auto owner = std::make_shared<transport::Buffer>(std::move(m.payload));
     state.value = Payload{ArrayView(owner->data(), dtype, Shape{count}), owner};
   }
   PartId part{h.key, static_cast<int64_t>(h.offset)};
@@ -139,9 +139,9 @@ void Server::on_replica_value(const cluster::NodeAddress& from, net::Message&& m
   // to lower ranks) may not have recorded that connection yet, and an
   // acknowledgement lost that way held the round, or the init, forever.
   // (A closed connection fails the send: that primary is gone.)
-  net::ConnId back = m.conn;
+  transport::ConnId back = m.conn;
   auto answer = [this, ack, primary, back, unreadable, lent](const Status& s) {
-    net::Header a = ack;
+    transport::Header a = ack;
     if (s.is_ok()) {
       if (lent) a.flags = msg::kFlagPinned;
       node_.transport().send_copy(back, a, nullptr, 0);

@@ -65,7 +65,7 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
   // of receiving it (docs/ps.md, "Replication on one host"). Lendable
   // memory comes from one of two pools: the store's (a value it allocated:
   // state->lent) or the transport's (a received push it adopted as the value).
-  std::optional<net::LendRef> ref;
+  std::optional<transport::LendRef> ref;
   if (lending() && v.nbytes() > 0)
     ref = state->lent ? state->lent : node_.transport().pool().find_lent(v.data, v.nbytes());
   uint64_t id;
@@ -77,7 +77,7 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
     for (size_t i = 0; i < backups.size(); ++i)
       any |= lend[i] = ref && !no_lending_.contains(backups[i]);
     outgoing_[id] = Outgoing{backups, std::move(done), part, any ? state : nullptr,
-                             any ? *ref : net::LendRef{}};
+                             any ? *ref : transport::LendRef{}};
   }
   for (size_t i = 0; i < backups.size(); ++i)
     send_replica_to(id, part, state, backups[i], lend[i] ? &*ref : nullptr);
@@ -87,14 +87,14 @@ void Server::send_replica(const PartId& part, std::shared_ptr<const ReplicaState
 
 void Server::send_replica_to(uint64_t id, const PartId& part,
                              const std::shared_ptr<const ReplicaState>& state, int b,
-                             const net::LendRef* lend) {
+                             const transport::LendRef* lend) {
   const ArrayView& v = state->value.view;
-  net::Header h{.type = msg::kReplicaMeta,
-                .request_id = id,
-                .key = part.key,
-                .dtype = static_cast<uint32_t>(v.dtype),
-                .offset = static_cast<uint64_t>(part.begin),
-                .length = static_cast<uint64_t>(v.numel())};
+  transport::Header h{.type = msg::kReplicaMeta,
+                      .request_id = id,
+                      .key = part.key,
+                      .dtype = static_cast<uint32_t>(v.dtype),
+                      .offset = static_cast<uint64_t>(part.begin),
+                      .length = static_cast<uint64_t>(v.numel())};
   auto on_sent = [this, gate = gate_, id, b](const Status& s) {
     // A rejoined server that dies while catching up is not in any
     // placement's chain: its failed send completes it here.
@@ -147,9 +147,9 @@ void Server::replica_acked(uint64_t id, int backup, bool pinned) {
   done();
 }
 
-void Server::on_replica_release(int backup, const net::Message& m) {
-  net::LendRef ref;
-  if (Status st = net::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref); !st) {
+void Server::on_replica_release(int backup, const transport::Message& m) {
+  transport::LendRef ref;
+  if (Status st = transport::decode_lend_ref({m.payload.data(), m.payload.size()}, &ref); !st) {
     PP_WARN("bad replica release from server {}: {}", backup, st.to_string());
     return;
   }
@@ -163,8 +163,8 @@ void Server::on_replica_release(int backup, const net::Message& m) {
   pinned_.erase(it);
 }
 
-void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& m) {
-  const net::Header& h = m.header;
+void Server::on_server_message(const cluster::NodeAddress& from, transport::Message&& m) {
+  const transport::Header& h = m.header;
   switch (h.type) {
     case msg::kRejoinRequest: {
       // Which ranges it needs from this server depends on the placement it
@@ -237,7 +237,7 @@ void Server::on_server_message(const cluster::NodeAddress& from, net::Message&& 
 void Server::on_placement(const cluster::Placement& p) {
   // Replications waiting for a backup that is now dead are complete.
   std::vector<std::function<void()>> finished;
-  std::deque<net::Message> ready;
+  std::deque<transport::Message> ready;
   std::vector<Pinned> unpinned;  // released outside the lock
   bool restart_rejoin = false;
   {
@@ -293,7 +293,7 @@ void Server::on_placement(const cluster::Placement& p) {
                    p.dead[static_cast<size_t>(it->first.first)]
                ? incoming_meta_.erase(it)
                : std::next(it);
-    std::deque<net::Message> later;
+    std::deque<transport::Message> later;
     for (auto& m : future_)
       (epoch_of_flags(m.header.flags) <= p.epoch % kWrap ? ready : later).push_back(std::move(m));
     future_ = std::move(later);

@@ -142,8 +142,8 @@ struct ReplicaState {
   std::vector<uint64_t> behind;
   // Where `value` lies when the store allocated it in lendable memory
   // (ServerStoreConfig::lendable_values), for lending it to a same-host
-  // backup; nullopt otherwise (net::BufferPool::find_lent).
-  std::optional<net::LendRef> lent;
+  // backup; nullopt otherwise (transport::BufferPool::find_lent).
+  std::optional<transport::LendRef> lent;
 };
 
 class ServerResponder {
@@ -331,8 +331,8 @@ class ServerStore {
 
   ServerStoreConfig config_;
   ServerResponder& responder_;
-  net::BufferPool value_pool_;  // lending with config_.lendable_values
-  net::BufferPool* lending_pool() { return config_.lendable_values ? &value_pool_ : nullptr; }
+  transport::BufferPool value_pool_;  // lending with config_.lendable_values
+  transport::BufferPool* lending_pool() { return config_.lendable_values ? &value_pool_ : nullptr; }
   mutable std::mutex mu_;  // guards entries_' structure and optimizer_
   std::unordered_map<PartId, std::unique_ptr<Entry>, PartIdHash> entries_;
   std::shared_ptr<Optimizer> optimizer_;

@@ -42,10 +42,10 @@ inline Key state_key(const PartId& p) {
 
 // An owned, writable buffer for `shape` elements of `dtype`: from `pool`
 // (lendable memory, transport/shm/lend.h) when given and the value is 256 KiB or more.
-inline Payload fresh(const Shape& shape, DType dtype, net::BufferPool* pool = nullptr) {
+inline Payload fresh(const Shape& shape, DType dtype, transport::BufferPool* pool = nullptr) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
-  if (pool && bytes >= net::BufferPool::kLendMinBytes) {
-    auto b = std::make_shared<net::Buffer>(pool->acquire(bytes));
+  if (pool && bytes >= transport::BufferPool::kLendMinBytes) {
+    auto b = std::make_shared<transport::Buffer>(pool->acquire(bytes));
     return Payload{ArrayView(b->data(), dtype, shape), b};
   }
   auto a = std::make_shared<Array>(shape, dtype);
@@ -140,7 +140,7 @@ struct ServerStore::Entry {
   bool value_shared() const { return value.owner.use_count() > 1 || value.read_only; }
   // Makes `value` exclusively ours and writable before writing it (a new
   // buffer from `pool` when one is needed and given).
-  void own_value(net::BufferPool* pool) {
+  void own_value(transport::BufferPool* pool) {
     if (value_shared()) {
       Payload copy = server_store_detail::fresh(value.view.shape, value.view.dtype, pool);
       std::memcpy(copy.view.data, value.view.data, value.view.nbytes());

@@ -98,7 +98,7 @@ void ServerStore::compress_for_pulls(Entry& e) {
     e.pull_codec = e.round_codec;  // new settings start from a zero residual
     e.pull_residual.assign(n, 0.0f);
   }
-  auto wire = std::make_shared<net::Buffer>(value_pool_.acquire(bytes));
+  auto wire = std::make_shared<transport::Buffer>(value_pool_.acquire(bytes));
   compress::write_header(e.pull_codec, wire->data());
   // One pass: the value is encoded and replaced by what every worker decodes,
   // which this server holds from now on (ranges, rejoins, replicas and

@@ -15,7 +15,7 @@
 
 #include "pushpull/error.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 std::vector<InterfaceAddress> list_interfaces() {
   std::vector<InterfaceAddress> out;
@@ -179,4 +179,4 @@ std::string choose_host(const NetOptions& opts, std::string_view toward) {
   return choose_host(opts, list_interfaces(), local_hostname(), toward, route);
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

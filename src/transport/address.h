@@ -26,7 +26,7 @@
 
 #include "pushpull/options.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 struct InterfaceAddress {
   std::string name;     // "eth0"
@@ -74,4 +74,4 @@ std::string choose_host(const NetOptions& opts, const std::vector<InterfaceAddre
 // The same on this machine; `toward`: the peer met first ("" when none).
 std::string choose_host(const NetOptions& opts, std::string_view toward = {});
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -5,7 +5,7 @@
 #include <bit>
 #include <cstdint>
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 constexpr size_t kMinClass = 8;                                               // 256 B
 constexpr size_t kMaxClass = 26;                                              // 64 MiB
@@ -117,4 +117,4 @@ size_t BufferPool::cached() const {
   return n;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -29,7 +29,7 @@
 
 #include "transport/shm/lend.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 class BufferPool;
 
@@ -84,4 +84,4 @@ class BufferPool {
   std::shared_ptr<Buffer::State> state_;
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -12,7 +12,7 @@
 
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 std::vector<std::byte> encode(const Challenge& c) {
   Writer w;
@@ -169,4 +169,4 @@ std::string secret_source(const NetOptions& opts) {
   return opts.job_secret_source.empty() ? "set by the program" : opts.job_secret_source;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

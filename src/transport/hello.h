@@ -37,7 +37,7 @@
 #include "pushpull/error.h"
 #include "pushpull/options.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 using Nonce = std::array<std::byte, 32>;
 using Proof = std::array<std::byte, 32>;
@@ -129,4 +129,4 @@ std::string secret_source(const NetOptions& opts);
 Status check_hello(const Hello& h, const Nonce& acceptor_nonce, uint16_t my_version,
                    const std::string& my_job_id, const std::string& secret);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -18,7 +18,7 @@
 #include "pushpull/kernels.h"
 #include "pushpull/options.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 class HostCollectives {
  public:
@@ -35,4 +35,4 @@ class HostCollectives {
   virtual void barrier(Millis peer_timeout) = 0;
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 std::string first_line(const char* path) {
@@ -42,4 +42,4 @@ std::string inode_of(const std::string& path) {
   return fmt::format("{}:{}", static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -15,7 +15,7 @@
 
 #include <string>
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 // "boot id|host name|net N|pid P", at most 160 bytes.
 std::string host_identity();
@@ -30,4 +30,4 @@ std::string host_key(const std::string& dir);
 // "device:inode" of `path`, "?" when it cannot be stat()ed.
 std::string inode_of(const std::string& path);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -21,7 +21,7 @@
 
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 // Writes the table of the distinct values of `hosts` (u32 count, then each
 // as a string) and returns each entry's index into it.
@@ -75,4 +75,4 @@ class HostTableReader {
   uint32_t used_ = 0;
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

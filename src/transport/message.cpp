@@ -5,7 +5,7 @@
 
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 void encode_header(const Header& h, std::span<std::byte, kHeaderBytes> out) {
   SpanWriter w(out);
@@ -62,4 +62,4 @@ Status decode_header(std::span<const std::byte, kHeaderBytes> in, uint64_t max_p
   return {};
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

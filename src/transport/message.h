@@ -40,7 +40,7 @@
 
 #include "pushpull/error.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 inline constexpr uint32_t kMagic = 0x48535050;  // bytes "PPSH"
 // 2: mutual hello (transport/hello.h); 3: shared-memory payloads (transport/shm/shm_setup.h);
@@ -107,4 +107,4 @@ inline HeaderBytes encode_header(const Header& h) {
 Status decode_header(std::span<const std::byte, kHeaderBytes> in, uint64_t max_payload, Header* out,
                      uint16_t expected_version = kProtocolVersion);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

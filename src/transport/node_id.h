@@ -11,7 +11,7 @@
 
 #include "pushpull/options.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 inline constexpr uint32_t node_id(Role role, int32_t rank) {
   switch (role) {
@@ -36,4 +36,4 @@ inline constexpr std::pair<Role, int32_t> node_of_id(uint32_t id) {
   return {Role::kNone, -1};
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

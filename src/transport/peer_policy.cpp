@@ -10,7 +10,7 @@
 
 #include "pushpull/log.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 bool is_loopback(const SockAddr& a) {
   if (a.family() == AF_INET) {
@@ -136,4 +136,4 @@ void RefusalLog::note(const std::string& peer_host, const std::string& message) 
   it->second.suppressed = 0;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -25,7 +25,7 @@
 #include "pushpull/options.h"
 #include "transport/socket.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 // 127.0.0.0/8, ::1 and IPv4-mapped ::ffff:127.0.0.0/104.
 bool is_loopback(const SockAddr& a);
@@ -97,4 +97,4 @@ class RefusalLog {
   std::unordered_map<std::string, Entry> entries_;
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -16,7 +16,7 @@
 #include "pushpull/error.h"
 #include "transport/socket.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 [[noreturn]] void in_use(const SockAddr& addr) {
@@ -99,4 +99,4 @@ int pick_unused_port(const std::string& host) {
       fmt::format("cannot find a free port on {} (pass --port)", host.empty() ? "*" : host));
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -10,7 +10,7 @@
 
 #include "transport/transport.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 // Receives posted ahead of the one waited for: enough to keep a pipelined
@@ -86,4 +86,4 @@ std::vector<Block> even_blocks(size_t count, int n) {
   return out;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -39,7 +39,7 @@
 #include "pushpull/kernels.h"
 #include "pushpull/options.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 class Transport;
 
@@ -124,4 +124,4 @@ inline HalvingDoublingShape halving_doubling_shape(int r, int n) {
   return s;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -20,7 +20,7 @@
 
 #include "pushpull/error.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 void Fd::reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
@@ -297,4 +297,4 @@ Status read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_po
   return Status::ok();
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -22,7 +22,7 @@
 #include "pushpull/error.h"
 #include "pushpull/options.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 class Fd {
  public:
@@ -161,4 +161,4 @@ Status write_all(int fd, const void* data, size_t n,
                  std::chrono::steady_clock::time_point deadline);
 Status read_all(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

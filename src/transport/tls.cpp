@@ -19,7 +19,7 @@
 
 #include "pushpull/error.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 constexpr char kIdentity[] = "pushpull";
@@ -376,4 +376,4 @@ bool looks_like_tls(const unsigned char* bytes, size_t n) {
   return n >= 2 && bytes[0] == 0x16 && bytes[1] == 0x03;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

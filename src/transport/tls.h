@@ -43,7 +43,7 @@
 typedef struct ssl_st SSL;
 typedef struct ssl_ctx_st SSL_CTX;
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 class TlsContext {
  public:
@@ -130,4 +130,4 @@ Status tls_read_all(TlsLink& link, void* data, size_t n,
 // that its peer runs with PUSHPULL_TLS=1.
 bool looks_like_tls(const unsigned char* bytes, size_t n);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -10,7 +10,7 @@
 
 #include "transport/tls.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 Status wait_fd(int fd, short events, std::chrono::steady_clock::time_point deadline) {
@@ -82,4 +82,4 @@ Status tls_read_all(TlsLink& link, void* data, size_t n,
   return Status::ok();
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

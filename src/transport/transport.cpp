@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 Request::Request() : state_(std::make_shared<State>()) {}
 
@@ -46,4 +46,4 @@ Request irecv(Transport& t, int peer, uint64_t tag, void* dst, size_t bytes) {
   return r;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -2,7 +2,7 @@
 // The point-to-point interface the collective algorithms and the engine run
 // on (Gloo's model: a per-rank context with asynchronous send/recv between
 // ranks). Implementations: InProcessFabric (ranks as threads, memcpy; tests),
-// TcpTransport (over net::MessageTransport, plus direct streams), ShmTransport (one
+// TcpTransport (over transport::MessageTransport, plus direct streams), ShmTransport (one
 // host's shared-memory rings) and ShmDataTransport (shared memory between a
 // host's ranks, TCP to the others), and SubgroupTransport (a view of a
 // subset of ranks, hierarchical_view.h).
@@ -45,7 +45,7 @@
 #include "pushpull/error.h"
 #include "transport/schedule.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
@@ -112,4 +112,4 @@ inline uint64_t op_tag(uint64_t op_id, uint32_t index) {
   return ((op_id & 0x7fffffffu) << 32) | index;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -33,7 +33,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 // Little-endian store / load of an integer at `p` (which must hold sizeof(T)
 // bytes: callers check, Writer / Reader do).
@@ -229,4 +229,4 @@ class Reader {
   bool ok_ = true;
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -3,7 +3,7 @@
 
 #include "pushpull/error.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 WorkerThread::~WorkerThread() {
   {
@@ -49,4 +49,4 @@ void WorkerThread::loop() {
   }
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -17,7 +17,7 @@
 #include <mutex>
 #include <thread>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 class WorkerThread {
  public:
@@ -41,4 +41,4 @@ class WorkerThread {
   std::thread thread_;
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -61,7 +61,7 @@ TEST(Options, DefaultsAndDmlcNames) {
   Options d = Options::from_env(Environment{});
   EXPECT_EQ(d.cluster.role, Role::kNone);
   EXPECT_EQ(d.kvstore.bigarray_bound, 65536);
-  EXPECT_EQ(d.net.socket_buffer_bytes, -1);  // automatic (net::auto_socket_buffer_bytes)
+  EXPECT_EQ(d.net.socket_buffer_bytes, -1);  // automatic (transport::auto_socket_buffer_bytes)
   EXPECT_EQ(d.collective.fusion_threshold_bytes, 64u << 20);
   EXPECT_EQ(d.collective.shm_min_message_bytes, 512u << 10);
   EXPECT_EQ(d.collective.shm_arena_slot_bytes, 1u << 20);

@@ -111,7 +111,7 @@ TEST(Cluster, NodesMessageEachOtherByRoleAndRank) {
   std::vector<std::pair<uint32_t, uint32_t>> seen;  // (receiver id, sender id)
   InProcessCluster::Config cfg;
   cfg.setup = [&](Node& n) {
-    n.set_handler(kPing, kPing, [&mu, &seen, &n](net::Message&& m) {
+    n.set_handler(kPing, kPing, [&mu, &seen, &n](transport::Message&& m) {
       std::lock_guard l(mu);
       seen.emplace_back(n.id(), m.header.sender);
     });
@@ -141,7 +141,7 @@ TEST(Cluster, NodesMessageEachOtherByRoleAndRank) {
   EXPECT_EQ(unique.size(), 18u);
   EXPECT_TRUE(unique.count({node_id(Role::kServer, 1), node_id(Role::kWorker, 2)}));
   EXPECT_TRUE(unique.count({node_id(Role::kWorker, 0), node_id(Role::kWorker, 2)}));
-  EXPECT_EQ(Node::sender(net::Header{.sender = node_id(Role::kWorker, 2)}).rank, 2);
+  EXPECT_EQ(Node::sender(transport::Header{.sender = node_id(Role::kWorker, 2)}).rank, 2);
 }
 
 // Mixed placement: the links between workers and a server get socket buffers
@@ -214,7 +214,9 @@ TEST(Cluster, NoHandlerRunsAfterStopDelivery) {
   InProcessCluster::Config cfg;
   cfg.servers = 1;
   cfg.workers = 2;
-  cfg.setup = [&](Node& n) { n.set_handler(kPing, kPing, [&pings](net::Message&&) { ++pings; }); };
+  cfg.setup = [&](Node& n) {
+    n.set_handler(kPing, kPing, [&pings](transport::Message&&) { ++pings; });
+  };
   InProcessCluster c(cfg);
   ASSERT_TRUE(c.worker(0).send_copy(Role::kServer, 0, {.type = kPing}, nullptr, 0).is_ok());
   ASSERT_TRUE(test::wait_until([&] { return pings.load() == 1; }));

@@ -97,24 +97,24 @@ TEST(MultiProcess, RegistersRanksBarriersAndShutsDownInOrder) {
   // length, a truncated message. The job must not notice.
   const int port = std::stoi(std::regex_replace(job.scheduler->output(),
                                                 std::regex("[\\s\\S]*PORT (\\d+)[\\s\\S]*"), "$1"));
-  auto addr = net::resolve("127.0.0.1", port);
+  auto addr = transport::resolve("127.0.0.1", port);
   for (int kind = 0; kind < 3; ++kind) {
-    net::Fd fd;
-    Status st = net::connect_once(addr, 2s, &fd);
+    transport::Fd fd;
+    Status st = transport::connect_once(addr, 2s, &fd);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     std::vector<std::byte> bytes;
     if (kind == 0) {
       for (int i = 0; i < 5000; ++i)
         bytes.push_back(static_cast<std::byte>(i * 7919));
     } else {
-      auto hb = net::encode_header(
-          net::Header{.type = net::msg::kHello, .payload_bytes = kind == 1 ? (1ull << 45) : 100});
+      auto hb = transport::encode_header(transport::Header{
+          .type = transport::msg::kHello, .payload_bytes = kind == 1 ? (1ull << 45) : 100});
       bytes.assign(hb.begin(), hb.end());
       if (kind == 2) bytes.resize(bytes.size() + 10);
     }
     // The node may close on the garbage before it all went: it is not checked.
-    (void)net::write_all(fd.get(), bytes.data(), bytes.size(),
-                         std::chrono::steady_clock::now() + 2s);
+    (void)transport::write_all(fd.get(), bytes.data(), bytes.size(),
+                               std::chrono::steady_clock::now() + 2s);
   }
 
   for (auto* p : job.nodes()) {

@@ -15,6 +15,16 @@
 #include "harness.h"
 
 namespace pushpull::collective {
+
+using transport::Block;
+using transport::Clock;
+using transport::even_blocks;
+using transport::InProcessFabric;
+using transport::irecv;
+using transport::isend;
+using transport::Request;
+using transport::Transport;
+
 namespace {
 
 using testing::input_value;

@@ -128,40 +128,40 @@ TEST(Bootstrap, BooksNameEachHostOnceAndOnlyTheCanonicalFormDecodes) {
   ASSERT_TRUE(decode_verdict(bytes, &verdict, &back).is_ok());
   EXPECT_TRUE(verdict.is_ok());
   EXPECT_EQ(back, book);
-  auto reject = [&](const std::function<void(net::Writer&)>& write) {
-    net::Writer w;
+  auto reject = [&](const std::function<void(transport::Writer&)>& write) {
+    transport::Writer w;
     w.u<uint32_t>(0);  // the verdict: ok, then the book
     write(w);
     AddressList out;
     return !decode_verdict(w.data(), &verdict, &out).is_ok();
   };
-  auto entry = [](net::Writer& w, uint32_t host, uint16_t port) {
+  auto entry = [](transport::Writer& w, uint32_t host, uint16_t port) {
     w.u<uint32_t>(host).u<uint16_t>(port);
   };
   // The same table and entries as encode_verdict writes decode...
-  EXPECT_FALSE(reject([&](net::Writer& w) {
+  EXPECT_FALSE(reject([&](transport::Writer& w) {
     w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(3);
     entry(w, 0, 1), entry(w, 1, 2), entry(w, 0, 3);
   }));
   // ...a host listed twice, a host never used, a new host out of first-use
   // order, an index past the table and port 0 do not.
-  EXPECT_TRUE(reject([&](net::Writer& w) {
+  EXPECT_TRUE(reject([&](transport::Writer& w) {
     w.u<uint32_t>(2).str("a").str("a").u<uint32_t>(2);
     entry(w, 0, 1), entry(w, 1, 2);
   }));
-  EXPECT_TRUE(reject([&](net::Writer& w) {
+  EXPECT_TRUE(reject([&](transport::Writer& w) {
     w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(1);
     entry(w, 0, 1);
   }));
-  EXPECT_TRUE(reject([&](net::Writer& w) {
+  EXPECT_TRUE(reject([&](transport::Writer& w) {
     w.u<uint32_t>(2).str("a").str("b").u<uint32_t>(2);
     entry(w, 1, 1), entry(w, 0, 2);
   }));
-  EXPECT_TRUE(reject([&](net::Writer& w) {
+  EXPECT_TRUE(reject([&](transport::Writer& w) {
     w.u<uint32_t>(1).str("a").u<uint32_t>(1);
     entry(w, 1, 1);
   }));
-  EXPECT_TRUE(reject([&](net::Writer& w) {
+  EXPECT_TRUE(reject([&](transport::Writer& w) {
     w.u<uint32_t>(1).str("a").u<uint32_t>(1);
     entry(w, 0, 0);
   }));
@@ -195,8 +195,8 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, SessionsOverRendezvous, ::testing::Values(1
 // Binding the port again would fail (the launcher's socket holds it), so a
 // job that meets proves the socket was taken over.
 TEST(Bootstrap, RankZeroListensOnTheSocketItInherited) {
-  net::Fd held = net::listen_on("127.0.0.1", 0);
-  const int port = net::local_port(held.get());
+  transport::Fd held = transport::listen_on("127.0.0.1", 0);
+  const int port = transport::local_port(held.get());
   // What Options::from_env() reads from PUSHPULL_LISTEN_FD.
   const std::string inherited = std::to_string(held.get());
   held.release();  // rank 0's now

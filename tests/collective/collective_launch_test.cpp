@@ -172,8 +172,8 @@ TEST(CollectiveLaunch, PortSquatterRacingTheLauncherDoesNotStopTheJob) {
 // A port the user chose (--port) that another program holds fails the job
 // before anything starts, saying so.
 TEST(CollectiveLaunch, AGivenPortInUseIsSaidToBeInUse) {
-  net::Fd squatter = net::listen_on("127.0.0.1", 0);
-  const std::string port = std::to_string(net::local_port(squatter.get()));
+  transport::Fd squatter = transport::listen_on("127.0.0.1", 0);
+  const std::string port = std::to_string(transport::local_port(squatter.get()));
   for (const std::vector<std::string>& servers :
        {std::vector<std::string>{"-s", "0"},
         std::vector<std::string>{"-s", "1", "--server-command", bin("pushpull") + " server"}}) {

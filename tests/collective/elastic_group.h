@@ -21,6 +21,9 @@
 
 namespace pushpull::collective::testing {
 
+using transport::InProcessFabric;
+using transport::Transport;
+
 class ElasticHub {
  public:
   explicit ElasticHub(int members) : live_(members) {}

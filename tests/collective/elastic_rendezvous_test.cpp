@@ -17,6 +17,9 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective::elastic {
+
+using transport::TcpTransport;
+
 namespace {
 
 NetOptions net_options() {

@@ -15,6 +15,9 @@
 #include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective::elastic {
+
+using transport::InProcessFabric;
+
 namespace {
 
 using testing::ElasticHub;

@@ -27,6 +27,11 @@
 
 namespace pushpull::collective::testing {
 
+using transport::InProcessFabric;
+using transport::ShmOptions;
+using transport::ShmTransport;
+using transport::Transport;
+
 enum class Kind { kInProcess, kTcp, kShm };
 
 inline std::string kind_name(Kind k) {

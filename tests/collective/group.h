@@ -12,6 +12,8 @@
 
 namespace pushpull::collective::testing {
 
+using transport::InProcessFabric;
+
 inline CommunicatorOptions fast_options() {
   CommunicatorOptions o;
   o.peer_timeout = Millis(5000);

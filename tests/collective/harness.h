@@ -15,6 +15,9 @@
 
 namespace pushpull::collective::testing {
 
+using transport::InProcessFabric;
+using transport::Transport;
+
 // Runs fn(r) for r in [0, n) on n threads; once all ended, rethrows the
 // first exception any of them threw.
 inline void on_threads(int n, const std::function<void(int)>& fn) {

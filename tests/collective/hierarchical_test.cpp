@@ -24,6 +24,16 @@
 #include "pushpull/collective.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::Completion;
+using transport::InProcessFabric;
+using transport::irecv;
+using transport::isend;
+using transport::kControlTagBit;
+using transport::Request;
+using transport::Transport;
+
 namespace {
 
 using testing::Kind;

@@ -15,6 +15,14 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::irecv;
+using transport::isend;
+using transport::LivenessConfig;
+using transport::Request;
+using transport::TcpTransport;
+
 namespace {
 
 using namespace std::chrono_literals;

@@ -19,6 +19,15 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::irecv;
+using transport::isend;
+using transport::kMaxLocalMesh;
+using transport::mesh_partners;
+using transport::Request;
+using transport::TcpTransport;
+
 namespace {
 
 using namespace std::chrono_literals;

@@ -89,12 +89,12 @@ TEST(CollectiveMessages, EveryPrefixAndRandomBytesAreRejectedCleanly) {
 }
 
 TEST(CollectiveMessages, HugeCountsAndOverflowingShapesAreRejected) {
-  net::Writer w;
+  transport::Writer w;
   w.u<uint32_t>(1u << 20);  // a million specs announced, none follow
   Announce an;
   EXPECT_EQ(decode_announce(w.data(), 4, &an).code(), ErrorCode::kProtocolError);
 
-  net::Writer s;
+  transport::Writer s;
   s.u<uint32_t>(1);
   s.str("big").u<uint8_t>(0).u<uint8_t>(static_cast<uint8_t>(DType::kFloat64)).u<uint8_t>(0);
   s.u<int32_t>(0).u<uint8_t>(2);

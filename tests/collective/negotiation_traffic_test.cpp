@@ -19,6 +19,12 @@
 #include "transport/inproc/inprocess_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Completion;
+using transport::InProcessFabric;
+using transport::kControlTagBit;
+using transport::Transport;
+
 namespace {
 
 using testing::fast_options;

@@ -13,6 +13,10 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::mesh_partners;
+
 namespace {
 
 using std::chrono::milliseconds;

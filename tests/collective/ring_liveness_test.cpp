@@ -14,6 +14,12 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
+
+using transport::irecv;
+using transport::LivenessConfig;
+using transport::Request;
+using transport::TcpTransport;
+
 namespace {
 
 using namespace std::chrono_literals;

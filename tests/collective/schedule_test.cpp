@@ -18,6 +18,11 @@
 #include "transport/schedule.h"
 
 namespace pushpull::collective {
+
+using transport::op_tag;
+using transport::Schedule;
+using transport::Transport;
+
 namespace {
 
 using testing::Kind;

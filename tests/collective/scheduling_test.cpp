@@ -6,6 +6,9 @@
 #include "collective/coordinator.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+
 namespace {
 
 using namespace std::chrono_literals;

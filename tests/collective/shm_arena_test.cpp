@@ -19,6 +19,14 @@
 #include "pushpull/kernels.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::parse_slot_stores;
+using transport::ShmArena;
+using transport::ShmOptions;
+using transport::SlotStores;
+using transport::Transport;
+
 namespace {
 
 using namespace std::chrono_literals;

@@ -29,6 +29,23 @@
 #include "transport/shm/shm_data_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::decode_host_record;
+using transport::host_key;
+using transport::HostProbe;
+using transport::HostRecord;
+using transport::irecv;
+using transport::isend;
+using transport::kHostRecordBytes;
+using transport::Request;
+using transport::SegmentsHook;
+using transport::shm_group;
+using transport::ShmDataTransport;
+using transport::TcpTransport;
+using transport::Transport;
+using transport::use_shared_memory;
+
 namespace {
 
 namespace fs = std::filesystem;

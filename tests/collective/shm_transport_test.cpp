@@ -19,6 +19,17 @@
 #include "fabrics.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::irecv;
+using transport::isend;
+using transport::kShmHostRingBudget;
+using transport::kShmMinDataRingBytes;
+using transport::Request;
+using transport::ring_bytes_for_ranks;
+using transport::ShmOptions;
+using transport::ShmTransport;
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -47,8 +58,8 @@ TEST(ShmTransport, RingsShrinkSoAHostsRingsFitTheBudget) {
     const size_t ring = ring_bytes_for_ranks(max_ring, n);
     EXPECT_LE(ring, previous) << n;
     EXPECT_EQ(ring % 4096, 0u) << n;
-    EXPECT_GE(ring, kShmMinRingBytes) << n;
-    if (ring > kShmMinRingBytes) {
+    EXPECT_GE(ring, kShmMinDataRingBytes) << n;
+    if (ring > kShmMinDataRingBytes) {
       EXPECT_LE(uint64_t{ring} * n * (n - 1), kShmHostRingBudget) << n;
     }
     previous = ring;

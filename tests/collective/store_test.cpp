@@ -21,6 +21,9 @@
 #include "transport/tcp/message_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+
 namespace {
 
 using ::testing::HasSubstr;
@@ -232,25 +235,25 @@ TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
   {
     // Rank 1 sets its entry and waits for the book, then its process "dies"
     // (the connection closes).
-    net::TransportConfig c;
+    transport::TransportConfig c;
     c.net = tcp_options(1, 4, port).net;
     c.role = Role::kWorker;
     c.rank = 1;
-    net::MessageTransport t(c);
+    transport::MessageTransport t(c);
     std::promise<void> set_done;
-    t.set_handler(kStoreReply, kStoreReply, [&](net::Message&& m) {
+    t.set_handler(kStoreReply, kStoreReply, [&](transport::Message&& m) {
       if (m.header.request_id == 1) set_done.set_value();
     });
     t.start();
-    net::ConnId conn = t.connect("127.0.0.1", port, 5s);
+    transport::ConnId conn = t.connect("127.0.0.1", port, 5s);
     auto set = encode_store_request("rank/1", encode_entry(4, "127.0.0.1", 1001));
-    ASSERT_TRUE(
-        t.send_copy(conn, net::Header{.type = kStoreSet, .request_id = 1}, set.data(), set.size())
-            .is_ok());
+    ASSERT_TRUE(t.send_copy(conn, transport::Header{.type = kStoreSet, .request_id = 1}, set.data(),
+                            set.size())
+                    .is_ok());
     auto get = encode_store_request("book", {});
-    ASSERT_TRUE(
-        t.send_copy(conn, net::Header{.type = kStoreGet, .request_id = 2}, get.data(), get.size())
-            .is_ok());
+    ASSERT_TRUE(t.send_copy(conn, transport::Header{.type = kStoreGet, .request_id = 2}, get.data(),
+                            get.size())
+                    .is_ok());
     ASSERT_EQ(set_done.get_future().wait_for(5s), std::future_status::ready);
   }
   Status verdict;
@@ -291,13 +294,13 @@ TEST(TcpStore, AnotherWorldSizeFailsEverySessionWithTheReason) {
 TEST(TcpStore, RankZeroGoneIsAPeerFailure) {
   const int port = test::free_port();
   // Rank 0 that accepts, then closes every connection at its first request.
-  net::TransportConfig c;
+  transport::TransportConfig c;
   c.net = tcp_options(0, 2, port).net;
   c.role = Role::kWorker;
   c.rank = 0;
-  net::MessageTransport zero(c);
+  transport::MessageTransport zero(c);
   zero.listen("127.0.0.1", port);
-  zero.set_handler(kStoreSet, kStoreGet, [&](net::Message&& m) {
+  zero.set_handler(kStoreSet, kStoreGet, [&](transport::Message&& m) {
     zero.close(m.conn, Status(ErrorCode::kPeerFailure, "gone"));
   });
   zero.start();

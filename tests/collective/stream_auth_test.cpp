@@ -29,6 +29,11 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
+
+using transport::Clock;
+using transport::kVerdictType;
+using transport::TcpTransport;
+
 namespace {
 
 using ::testing::HasSubstr;
@@ -124,15 +129,15 @@ class StderrCapture {
 
 // A stream hello to `port` from `rank`, proven with `secret` for
 // (proof_rank, proof_kind); returns the acceptor's ack.
-net::HelloAck forged_stream(int port, const std::string& secret, int rank, int proof_rank,
-                            net::HelloKind proof_kind = net::HelloKind::kStream) {
+transport::HelloAck forged_stream(int port, const std::string& secret, int rank, int proof_rank,
+                                  transport::HelloKind proof_kind = transport::HelloKind::kStream) {
   RawClient r(port);
-  net::Challenge ch = r.challenge();
-  net::Hello h = RawClient::make_hello(ch, secret, Role::kWorker, proof_rank, "job",
-                                       net::HelloKind::kStream, proof_kind);
+  transport::Challenge ch = r.challenge();
+  transport::Hello h = RawClient::make_hello(ch, secret, Role::kWorker, proof_rank, "job",
+                                             transport::HelloKind::kStream, proof_kind);
   h.rank = rank;
   r.send_hello(h);
-  net::HelloAck ack = r.ack();
+  transport::HelloAck ack = r.ack();
   EXPECT_TRUE(r.closed_by_peer());
   return ack;
 }
@@ -152,7 +157,7 @@ TEST(StreamAuth, StrangersAtThePortAreRefusedLoggedAndNeverFailTheGroup) {
     EXPECT_TRUE(garbage.closed_by_peer());
   }
   for (int rank : {1, 2}) {
-    net::HelloAck ack = forged_stream(port, "not the secret", rank, rank);
+    transport::HelloAck ack = forged_stream(port, "not the secret", rank, rank);
     EXPECT_FALSE(ack.accepted);
     EXPECT_THAT(ack.reason, HasSubstr("authentication failed"));
   }
@@ -163,7 +168,7 @@ TEST(StreamAuth, StrangersAtThePortAreRefusedLoggedAndNeverFailTheGroup) {
   g.check_allreduce();
   for (auto& s : silent)
     EXPECT_TRUE(s->closed_by_peer(10s));
-  // Logged, one line per address every few seconds (net::RefusalLog).
+  // Logged, one line per address every few seconds (transport::RefusalLog).
   EXPECT_THAT(log.text(), HasSubstr("refused connection from 127.0.0.1"));
 }
 
@@ -173,10 +178,10 @@ TEST(StreamAuth, StrangersAtThePortAreRefusedLoggedAndNeverFailTheGroup) {
 TEST(StreamAuth, AnotherRanksProofOrAMessageProofOpensNoStream) {
   Group g(3, group_net());
   const int port = g.book[0].second;
-  net::HelloAck ack = forged_stream(port, "s3cret", 2, 1);
+  transport::HelloAck ack = forged_stream(port, "s3cret", 2, 1);
   EXPECT_FALSE(ack.accepted);
   EXPECT_THAT(ack.reason, HasSubstr("authentication failed"));
-  ack = forged_stream(port, "s3cret", 1, 1, net::HelloKind::kMessages);
+  ack = forged_stream(port, "s3cret", 1, 1, transport::HelloKind::kMessages);
   EXPECT_FALSE(ack.accepted);
   EXPECT_THAT(ack.reason, HasSubstr("authentication failed"));
   // Out of the group's range, though proven.
@@ -197,16 +202,16 @@ TEST(StreamAuth, AVerdictEndsTheWaitForStreams) {
     zero.connect_all({{"127.0.0.1", zero.port()}, {"127.0.0.1", 1}});
   });
   // "Rank 1": its message connection, then a verdict instead of a stream.
-  net::TransportConfig tc;
+  transport::TransportConfig tc;
   tc.net = net;
   tc.role = Role::kWorker;
   tc.rank = 1;
-  net::MessageTransport one(tc);
+  transport::MessageTransport one(tc);
   one.start();
-  net::ConnId c = one.connect("127.0.0.1", zero.port());
+  transport::ConnId c = one.connect("127.0.0.1", zero.port());
   std::this_thread::sleep_for(300ms);
   const std::string why = "rank 1 died before its stream";
-  ASSERT_TRUE(one.send_copy(c, net::Header{.type = kVerdictType}, why.data(), why.size()));
+  ASSERT_TRUE(one.send_copy(c, transport::Header{.type = kVerdictType}, why.data(), why.size()));
   const auto t0 = Clock::now();
   ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
   EXPECT_LT(Clock::now() - t0, 5s);
@@ -228,15 +233,15 @@ TEST(StreamAuthTls, MembersGetEncryptedStreamsStrangersAreRefused) {
     plain.raw("garbage!garbage!garbage!garbage!garbage!garbage!garbage!garbage!", 64);
     EXPECT_TRUE(plain.closed_by_peer());
   }
-  net::TransportConfig tc;
+  transport::TransportConfig tc;
   tc.net = group_net("another", true);
   tc.role = Role::kWorker;
   tc.rank = 1;
-  net::MessageTransport other(tc);
+  transport::MessageTransport other(tc);
   other.start();
   EXPECT_THROW(other.open_stream("127.0.0.1", port, Role::kWorker, 0, 3s), ProtocolError);
   tc.net = group_net("s3cret", false);
-  net::MessageTransport plain(tc);
+  transport::MessageTransport plain(tc);
   plain.start();
   EXPECT_THROW(plain.open_stream("127.0.0.1", port, Role::kWorker, 0, 1s), Error);
   g.connect();
@@ -271,20 +276,21 @@ TEST(RendezvousAuth, ABadRequestClosesOnlyItsConnection) {
   // Strangers that passed the net hello (no secret, loopback) but claim an
   // out-of-range rank, set another rank's key, or send garbage.
   auto stranger = [&](int identity, uint16_t type, std::vector<std::byte> request) {
-    net::TransportConfig tc;
+    transport::TransportConfig tc;
     tc.net = rv(0, 3, port).net;
     tc.role = Role::kWorker;
     tc.rank = identity;
-    net::MessageTransport t(tc);
+    transport::MessageTransport t(tc);
     std::promise<std::string> refused;
-    t.set_handler(kStoreReply, kStoreReply, [&](net::Message&& m) {
+    t.set_handler(kStoreReply, kStoreReply, [&](transport::Message&& m) {
       EXPECT_NE(m.header.flags, 0u) << "refused with an error code";
       refused.set_value(
           std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
     });
     t.start();
-    net::ConnId c = t.connect("127.0.0.1", port, 5s);
-    t.send_copy(c, net::Header{.type = type, .request_id = 1}, request.data(), request.size());
+    transport::ConnId c = t.connect("127.0.0.1", port, 5s);
+    t.send_copy(c, transport::Header{.type = type, .request_id = 1}, request.data(),
+                request.size());
     auto f = refused.get_future();
     EXPECT_EQ(f.wait_for(5s), std::future_status::ready);
     return f.get();

@@ -17,6 +17,10 @@
 
 namespace pushpull::collective::testing {
 
+using transport::Clock;
+using transport::Request;
+using transport::TcpTransport;
+
 // hosts[r]: rank r's listening address (a loopback one: 127.0.0.x); ranks
 // on different addresses count as different hosts (mesh_partners), so
 // distinct addresses give the partial mesh of a multi-host job.

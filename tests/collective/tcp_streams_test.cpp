@@ -19,6 +19,9 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace pushpull::collective {
+
+using transport::TcpTransport;
+
 namespace {
 
 using testing::make_input;

@@ -14,6 +14,9 @@
 #include "transport/socket.h"
 
 namespace pushpull::collective {
+
+using transport::TcpTransport;
+
 namespace {
 
 using testing::make_input;
@@ -66,11 +69,11 @@ TEST(TcpTransport, ListensOnASocketBoundBeforeIt) {
   const int n = 3;
   NetOptions net;
   net.connect_timeout = Millis(5000);
-  std::vector<net::Fd> listeners;
+  std::vector<transport::Fd> listeners;
   std::vector<std::pair<std::string, int>> book;
   for (int r = 0; r < n; ++r) {
-    listeners.push_back(net::listen_on("127.0.0.1", 0));
-    book.emplace_back("127.0.0.1", net::local_port(listeners.back().get()));
+    listeners.push_back(transport::listen_on("127.0.0.1", 0));
+    book.emplace_back("127.0.0.1", transport::local_port(listeners.back().get()));
   }
   std::vector<std::unique_ptr<TcpTransport>> ts;
   for (int r = 0; r < n; ++r) {

@@ -11,6 +11,9 @@
 #include "pushpull/error.h"
 
 namespace pushpull::collective {
+
+using transport::WorkerThread;
+
 namespace {
 
 TEST(WorkerThread, RunsEveryJobOnTheSameThread) {

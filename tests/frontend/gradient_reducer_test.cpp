@@ -17,9 +17,9 @@ namespace {
 
 using collective::Communicator;
 using collective::CommunicatorOptions;
-using collective::InProcessFabric;
 using collective::Reduction;
 using collective::testing::on_threads;
+using transport::InProcessFabric;
 
 std::vector<std::unique_ptr<Communicator>> group_of(int n) {
   InProcessFabric fabric(n);

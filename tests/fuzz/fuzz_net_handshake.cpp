@@ -8,7 +8,7 @@
 #include "fuzz_input.h"
 #include "transport/hello.h"
 
-using namespace pushpull::net;
+using namespace pushpull::transport;
 
 namespace {
 void check_proof_binding(std::span<const std::byte> in) {

@@ -4,7 +4,7 @@
 #include "fuzz_input.h"
 #include "transport/message.h"
 
-using namespace pushpull::net;
+using namespace pushpull::transport;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto [sel, in] = pushpull::fuzz::split(data, size);

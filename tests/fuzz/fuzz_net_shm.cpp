@@ -9,7 +9,7 @@
 #include "transport/shm/lend.h"
 #include "transport/shm/shm_setup.h"
 
-using namespace pushpull::net;
+using namespace pushpull::transport;
 
 namespace {
 bool same(const std::vector<std::byte>& a, std::span<const std::byte> b) {

@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 3: {
-      pushpull::net::LendRef ref;
+      pushpull::transport::LendRef ref;
       ReplicaState st;
       if (decode_lent_replica(in, 8, &ref, &st).is_ok()) {
         pushpull::fuzz::require(ref.offset <= ref.block_bytes &&

@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     config.backup_workers = (sel >> 2) % workers;
     config.backup_max_late = 1 + (sel >> 4) % 3;
     ServerStore store(config, responder);
-    net::Reader r(in);
+    transport::Reader r(in);
     for (int i = 0; i < 64 && !r.at_end(); ++i) {
       const auto op = r.u<uint8_t>() % 3;
       const int worker = r.u<uint8_t>() % workers;

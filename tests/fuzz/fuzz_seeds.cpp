@@ -50,51 +50,57 @@ class Corpus {
 
 void net_seeds(const fs::path& root) {
   Corpus header(root, "fuzz_net_header");
-  for (uint16_t type : {net::msg::kHello, uint16_t{17}, uint16_t{65}, uint16_t{130}}) {
-    net::Header h{.type = type,
-                  .sender = 9,
-                  .request_id = 7,
-                  .key = 3,
-                  .length = 4000,
-                  .payload_bytes = 4000};
-    header.add(0, net::encode_header(h));
-    header.add(1, net::encode_header(h));
+  for (uint16_t type : {transport::msg::kHello, uint16_t{17}, uint16_t{65}, uint16_t{130}}) {
+    transport::Header h{.type = type,
+                        .sender = 9,
+                        .request_id = 7,
+                        .key = 3,
+                        .length = 4000,
+                        .payload_bytes = 4000};
+    header.add(0, transport::encode_header(h));
+    header.add(1, transport::encode_header(h));
   }
   Corpus hs(root, "fuzz_net_handshake");
-  net::Challenge c;
-  c.version = net::kProtocolVersion;
-  c.nonce = net::random_nonce();
-  hs.add(0, net::encode(c));
-  net::Hello h;
-  h.version = net::kProtocolVersion;
+  transport::Challenge c;
+  c.version = transport::kProtocolVersion;
+  c.nonce = transport::random_nonce();
+  hs.add(0, transport::encode(c));
+  transport::Hello h;
+  h.version = transport::kProtocolVersion;
   h.role = Role::kWorker;
   h.rank = 1;
   h.host = "10.0.0.2";
   h.port = 9000;
-  hs.add(1, net::encode(h));
+  hs.add(1, transport::encode(h));
   // Hellos with proofs for fuzz_net_handshake's fixed job (selector 3):
   // a stream's and a message connection's, each right for its own kind.
-  for (auto kind : {net::HelloKind::kStream, net::HelloKind::kMessages}) {
-    net::Hello p = h;
-    p.job_tag = net::job_tag("fuzz-job");
+  for (auto kind : {transport::HelloKind::kStream, transport::HelloKind::kMessages}) {
+    transport::Hello p = h;
+    p.job_tag = transport::job_tag("fuzz-job");
     p.kind = kind;
-    net::Nonce acceptor{};
+    transport::Nonce acceptor{};
     acceptor.fill(std::byte{0x5a});
-    p.proof = net::compute_proof("fuzz-secret", {net::Direction::kConnector, acceptor, p.nonce,
-                                                 "fuzz-job", p.role, p.rank, kind});
-    hs.add(3, net::encode(p));
+    p.proof = transport::compute_proof("fuzz-secret", {transport::Direction::kConnector, acceptor,
+                                                       p.nonce, "fuzz-job", p.role, p.rank, kind});
+    hs.add(3, transport::encode(p));
   }
-  hs.add(2, net::encode(net::HelloAck{true, "", Role::kServer, 0}));
-  hs.add(2, net::encode(net::HelloAck{false, "authentication failed", Role::kNone, -1}));
-  header.add(0, net::encode_header(net::Header{
-                    .type = 65, .net_flags = net::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
+  hs.add(2, transport::encode(transport::HelloAck{true, "", Role::kServer, 0}));
+  hs.add(2,
+         transport::encode(transport::HelloAck{false, "authentication failed", Role::kNone, -1}));
+  header.add(
+      0, transport::encode_header(transport::Header{
+             .type = 65, .net_flags = transport::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
   Corpus shm(root, "fuzz_net_shm");
-  const std::string name = std::string(net::kShmNamePrefix) + std::string(32, 'a');
-  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20, net::host_key("/dev/shm")}));
-  shm.add(1, net::encode(net::ShmAnswer{true, "", net::ShmToken{}, name, 8 << 20}));
-  shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
-  shm.add(2, net::encode_lend_ref(net::LendRef{4242, 17, {}, 32 << 20, 2 << 20, 2 << 20}));
-  shm.add(3, net::encode(net::ShmConfirm{true, "", net::ShmToken{}}));
+  const std::string name = std::string(transport::kShmNamePrefix) + std::string(32, 'a');
+  shm.add(0,
+          transport::encode(transport::ShmOffer{name, 8 << 20, transport::host_key("/dev/shm")}));
+  shm.add(1,
+          transport::encode(transport::ShmAnswer{true, "", transport::ShmToken{}, name, 8 << 20}));
+  shm.add(1, transport::encode(
+                 transport::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
+  shm.add(2,
+          transport::encode_lend_ref(transport::LendRef{4242, 17, {}, 32 << 20, 2 << 20, 2 << 20}));
+  shm.add(3, transport::encode(transport::ShmConfirm{true, "", transport::ShmToken{}}));
 }
 
 void cluster_seeds(const fs::path& root) {
@@ -123,7 +129,7 @@ void ps_seeds(const fs::path& root) {
   st.applied_seq = {3, 4};
   st.optimizer_states = "momentum";
   ps.add(2, ps::encode_replica_meta(st));
-  net::LendRef ref{.pid = 42, .fd = 7, .block_bytes = 1 << 20, .offset = 4096, .bytes = 4000};
+  transport::LendRef ref{.pid = 42, .fd = 7, .block_bytes = 1 << 20, .offset = 4096, .bytes = 4000};
   ps.add(3, ps::encode_lent_replica(ref, st));
   st.behind = {0, 2};  // backup workers: rounds behind per worker
   ps.add(2, ps::encode_replica_meta(st));
@@ -131,8 +137,9 @@ void ps_seeds(const fs::path& root) {
 }
 
 // One request record of fuzz_ps_store.
-void ps_record(net::Writer& w, uint8_t op, uint8_t worker, DType dtype, uint8_t flags, uint64_t key,
-               int64_t offset, int64_t length, const std::vector<std::byte>& payload) {
+void ps_record(transport::Writer& w, uint8_t op, uint8_t worker, DType dtype, uint8_t flags,
+               uint64_t key, int64_t offset, int64_t length,
+               const std::vector<std::byte>& payload) {
   w.u<uint8_t>(op).u<uint8_t>(worker).u<uint8_t>(static_cast<uint8_t>(dtype)).u<uint8_t>(flags);
   w.u<uint64_t>(key).u<int64_t>(offset).u<int64_t>(length);
   w.u<uint16_t>(static_cast<uint16_t>(payload.size())).bytes(payload);
@@ -151,7 +158,7 @@ void compress_seeds(const fs::path& root, Corpus& st) {
     compress::Compressor c(compress::parse_settings({{"type", type}}));
     std::vector<std::byte> wire(c.encoded_bytes(g.size()));
     c.encode(1, 0, g.size(), 0, g.data(), g.size(), wire.data());
-    net::Writer w;
+    transport::Writer w;
     ps_record(w, 0, 0, DType::kFloat32, 0, 1, 0, 64, ps::encode_init("c", value));
     ps_record(w, 1, 0, DType::kFloat32, 1, 1, 0, 64, wire);
     ps_record(w, 1, 0, DType::kFloat32, 1 | ps::msg::kFlagPullBack, 1, 0, 64, wire);
@@ -186,7 +193,7 @@ void ps_store_seeds(const fs::path& root) {
   std::vector<std::byte> grad(16, std::byte{0x3f});
   std::vector<std::byte> words(8, std::byte{0x55});  // 2-bit: threshold + one word
   for (uint8_t workers : {0, 1}) {
-    net::Writer w;
+    transport::Writer w;
     ps_record(w, 0, 0, DType::kFloat32, 0, 1, 0, 4, ps::encode_init("w", value));
     for (uint8_t k = 0; k <= workers; ++k)
       ps_record(w, 1, k, DType::kFloat32, 0, 1, 0, 4, grad);

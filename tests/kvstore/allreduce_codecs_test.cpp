@@ -35,10 +35,10 @@ collective::CommunicatorOptions comm_options() {
 }
 
 // n transports of `kind`, rank r at index r.
-std::vector<std::unique_ptr<collective::Transport>> transports(Kind kind, int n) {
-  std::vector<std::unique_ptr<collective::Transport>> ts;
+std::vector<std::unique_ptr<transport::Transport>> transports(Kind kind, int n) {
+  std::vector<std::unique_ptr<transport::Transport>> ts;
   if (kind == Kind::kInProcess) {
-    auto fabric = std::make_shared<collective::InProcessFabric>(n);
+    auto fabric = std::make_shared<transport::InProcessFabric>(n);
     for (int r = 0; r < n; ++r)
       ts.push_back(fabric->endpoint(r));  // endpoints keep what they need of the fabric
   } else if (kind == Kind::kTcp) {

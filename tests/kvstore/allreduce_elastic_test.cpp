@@ -234,7 +234,7 @@ TEST(AllreduceStoreElastic, ARefusalWhileReformingEndsCleanly) {
 }
 
 TEST(AllreduceStoreElastic, OnlyAStoreThatFollowsTheGroupCanBeTracked) {
-  collective::InProcessFabric fabric(1);
+  transport::InProcessFabric fabric(1);
   auto comm = std::make_unique<Communicator>(fabric.endpoint(0), collective::CommunicatorOptions{});
   Communicator* raw = comm.get();
   AllreduceStore fixed("dist_sync_allreduce", store_options(), std::move(comm));

@@ -36,7 +36,7 @@ collective::CommunicatorOptions comm_options() {
 // A worker that throws destroys its store, which fails the others' pending
 // collectives with PeerFailure instead of leaving them waiting.
 void run_workers(int n, const std::function<void(KVStore&)>& body) {
-  collective::InProcessFabric fabric(n);
+  transport::InProcessFabric fabric(n);
   collective::testing::on_threads(n, [&](int r) {
     auto comm = std::make_unique<collective::Communicator>(fabric.endpoint(r), comm_options());
     AllreduceStore store("dist_sync_allreduce", store_options(), std::move(comm));
@@ -76,7 +76,7 @@ TEST(AllreduceStore, AsyncPushesInDifferentOrdersAllApply) {
 }
 
 TEST(AllreduceStore, ADeadWorkerFailsThePushesOfTheOthers) {
-  collective::InProcessFabric fabric(2);
+  transport::InProcessFabric fabric(2);
   auto c0 = std::make_unique<collective::Communicator>(fabric.endpoint(0), comm_options());
   auto c1 = std::make_unique<collective::Communicator>(fabric.endpoint(1), comm_options());
   AllreduceStore s0("dist_sync_allreduce", store_options(), std::move(c0));

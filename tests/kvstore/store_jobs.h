@@ -67,7 +67,7 @@ inline void run_store_job(const std::string& type, const JobShape& shape,
     run_inprocess_job(InProcessJob{shape.servers, shape.workers, type, o}, body);
     return;
   }
-  collective::InProcessFabric fabric(shape.workers);
+  transport::InProcessFabric fabric(shape.workers);
   collective::CommunicatorOptions c;
   c.peer_timeout = Millis(5000);
   c.wait_timeout = Millis(30000);

@@ -25,9 +25,9 @@ using pushpull::NetOptions;
 using pushpull::launch::cluster_node_env;
 using pushpull::launch::ClusterNodeEnv;
 using pushpull::launch::first_slurm_host;
-using pushpull::net::choose_host;
-using pushpull::net::InterfaceAddress;
-using pushpull::net::pick_interface;
+using pushpull::transport::choose_host;
+using pushpull::transport::InterfaceAddress;
+using pushpull::transport::pick_interface;
 
 std::optional<std::string> no_file(const std::string&) {
   return std::nullopt;
@@ -185,8 +185,8 @@ TEST(Interfaces, TheRouteTowardTheSchedulerWinsOverTheFirstAddress) {
 }
 
 TEST(Interfaces, RouteSourceOfThisMachine) {
-  EXPECT_EQ(pushpull::net::route_source_address("127.0.0.1"), "127.0.0.1");
-  EXPECT_EQ(pushpull::net::route_source_address("no-such-host.invalid"), std::nullopt);
+  EXPECT_EQ(pushpull::transport::route_source_address("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(pushpull::transport::route_source_address("no-such-host.invalid"), std::nullopt);
 }
 
 // ---- the per-node launcher reads them (dry run of the real binary) ----

@@ -23,7 +23,7 @@
 #include "transport/node_id.h"
 #include "transport/peer_policy.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -529,4 +529,4 @@ TEST(Auth, AcceptPausesWhenOutOfDescriptors) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

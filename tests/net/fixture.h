@@ -22,7 +22,7 @@
 
 namespace pushpull::test {
 
-using namespace pushpull::net;
+using namespace pushpull::transport;
 
 // Message types of the tests (the free range).
 inline constexpr uint16_t kData = 200, kReply = 201, kBlock = 202;

@@ -17,7 +17,7 @@
 #include "transport/buffer_pool.h"
 #include "transport/shm/lend.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 std::unique_ptr<LendBlock> block_of(size_t bytes) {
@@ -261,4 +261,4 @@ TEST(Lend, ALendingPoolHandsOutSlabPiecesAndReusesThem) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

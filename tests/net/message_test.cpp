@@ -13,7 +13,7 @@
 #include "transport/message.h"
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 Header sample() {
@@ -289,4 +289,4 @@ TEST(Wire, RandomInputNeverReadsPastTheEnd) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

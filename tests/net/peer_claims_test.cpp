@@ -21,7 +21,7 @@
 #include "support/wait.h"
 #include "transport/peer_policy.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -245,4 +245,4 @@ TEST(PeerClaims, PendingConnectionsFromAnotherHostAreCappedPerAddress) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -20,7 +20,7 @@
 
 #include "transport/shm/shm_file.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 constexpr ShmKind kKind{"pushpull-test-", 32};
@@ -263,4 +263,4 @@ TEST(ShmFile, NamesLeftByADeadProcessAreSwept) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -11,7 +11,7 @@
 
 #include "transport/shm/shm_ring.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 std::vector<std::byte> pattern(size_t n, unsigned seed) {
@@ -104,4 +104,4 @@ TEST(ShmRing, AProducerAndAConsumerStreamEveryByteInOrder) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

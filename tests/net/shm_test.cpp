@@ -27,7 +27,7 @@
 #include "transport/shm/shm_setup.h"
 #include "transport/tcp/message_transport.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -401,7 +401,7 @@ TEST(ShmTransport, AnOfferFromAnotherHostIsDeclinedAndTcpGoesOn) {
   EXPECT_EQ(a.ncloses(), 0u);
 }
 
-// The offer carries the collectives' host key (net::host_key: host, user
+// The offer carries the collectives' host key (transport::host_key: host, user
 // and segment directory), the one key both engines decide "same host" by:
 // accepted for this directory, declined as another host for another one,
 // and the bare host identity (without directory and user) is not enough.
@@ -568,4 +568,4 @@ TEST(ShmSegment, OnlyItsOwnNamesAndWellFormedSetupMessages) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -17,7 +17,7 @@
 #include "pushpull/error.h"
 #include "transport/socket.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -195,4 +195,4 @@ TEST(Socket, TheInheritedListenerIsTakenOnce) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -15,7 +15,7 @@
 #include "fixture.h"
 #include "support/wait.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -294,4 +294,4 @@ TEST(Streams, TakeStreamEndsAtItsDeadlineAndAtStop) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

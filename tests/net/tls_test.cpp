@@ -19,7 +19,7 @@
 #include "pushpull/error.h"
 #include "transport/socket.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -196,4 +196,4 @@ TEST(Tls, ContextNeedsASecretAndIsSharedPerJob) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

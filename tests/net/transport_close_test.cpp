@@ -16,7 +16,7 @@
 #include "fixture.h"
 #include "transport/tcp/message_transport.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -103,4 +103,4 @@ TEST(MessageTransport, ASendFailureFirstDeliversWhatThePeerSentLast) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -24,7 +24,7 @@
 #include "transport/socket.h"
 #include "transport/tcp/message_transport.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 using namespace std::chrono_literals;
@@ -381,4 +381,4 @@ TEST(MessageTransport, PendingOperationsFailWhenThePeerGoesAway) {
 }
 
 }  // namespace
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

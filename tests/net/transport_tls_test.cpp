@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// net::MessageTransport with PUSHPULL_TLS (transport/tls.h): messages of every size both
+// transport::MessageTransport with PUSHPULL_TLS (transport/tls.h): messages of every size both
 // ways at once (handlers and posted receives, with and without shared
 // memory), and clear refusals between a TLS node and a plain one or one
 // with another secret, the acceptor going on serving.

@@ -166,7 +166,7 @@ TEST(ClusterProtocol, TheBookIsCompact) {
 }
 
 TEST(ClusterProtocol, BookWithAHugeCountIsRejectedBeforeAllocating) {
-  net::Writer w;
+  transport::Writer w;
   w.u<int32_t>(0);
   w.u<uint8_t>(1).u<int32_t>(0).str("h").u<int32_t>(1).u<int32_t>(0);  // scheduler
   w.u<uint32_t>(0);                                                    // host table

@@ -39,7 +39,7 @@ struct Answer {
 // Collects a worker's PS answers by request id.
 class Inbox {
  public:
-  void add(net::Message&& m) {
+  void add(transport::Message&& m) {
     std::lock_guard lock(mu_);
     answers_[m.header.request_id] = Answer{
         m.header.type, m.header.flags, {m.payload.data(), m.payload.data() + m.payload.size()}};
@@ -77,7 +77,7 @@ class ServerJob {
         server_ = std::make_unique<Server>(n);
       } else {
         // Ranks are assigned at start: route by the rank then.
-        n.set_handler(msg::kFirst, msg::kLast, [this, &n](net::Message&& m) {
+        n.set_handler(msg::kFirst, msg::kLast, [this, &n](transport::Message&& m) {
           inboxes_.at(static_cast<size_t>(n.rank())).add(std::move(m));
         });
       }
@@ -89,7 +89,7 @@ class ServerJob {
     cluster_.reset();
   }
 
-  uint64_t send(int worker, net::Header h, std::span<const std::byte> payload = {}) {
+  uint64_t send(int worker, transport::Header h, std::span<const std::byte> payload = {}) {
     h.request_id = ++next_id_;
     Status s =
         cluster_->worker(worker).send_copy(Role::kServer, 0, h, payload.data(), payload.size());
@@ -111,9 +111,9 @@ std::span<const std::byte> bytes_of(const std::vector<float>& v) {
   return std::as_bytes(std::span(v));
 }
 
-net::Header header(uint16_t type, uint64_t key, uint64_t begin, uint64_t count,
-                   DType dtype = DType::kFloat32) {
-  net::Header h;
+transport::Header header(uint16_t type, uint64_t key, uint64_t begin, uint64_t count,
+                         DType dtype = DType::kFloat32) {
+  transport::Header h;
   h.type = type;
   h.key = key;
   h.offset = begin;
@@ -233,7 +233,7 @@ class ReplicaPeerJob {
     c.setup = [this](cluster::Node& n) {
       if (n.role() == Role::kWorker) {
         n.set_handler(msg::kFirst, msg::kLast,
-                      [this](net::Message&& m) { worker_inbox_.add(std::move(m)); });
+                      [this](transport::Message&& m) { worker_inbox_.add(std::move(m)); });
         return;
       }
       if (!server_) {
@@ -241,17 +241,17 @@ class ReplicaPeerJob {
         return;
       }
       peer_ = &n;
-      n.set_handler(msg::kFirst, msg::kLast, [this, &n](net::Message&& m) {
+      n.set_handler(msg::kFirst, msg::kLast, [this, &n](transport::Message&& m) {
         if (m.header.type == msg::kReplicaValue) {  // the real server's replica: installed
-          net::Header ack{.type = msg::kReply, .request_id = m.header.request_id};
-          net::LendRef ref;
+          transport::Header ack{.type = msg::kReply, .request_id = m.header.request_id};
+          transport::LendRef ref;
           std::span<const std::byte> body{m.payload.data(), m.payload.size()};
           if (m.header.flags & msg::kFlagWithMeta) {  // the metadata behind the reference
-            EXPECT_GT(body.size(), net::kLendRefBytes);
-            body = body.first(std::min(body.size(), net::kLendRefBytes));
+            EXPECT_GT(body.size(), transport::kLendRefBytes);
+            body = body.first(std::min(body.size(), transport::kLendRefBytes));
           }
           // Lent: held in place, as a real backup does, until release().
-          if ((m.header.flags & msg::kFlagLent) && net::decode_lend_ref(body, &ref).is_ok()) {
+          if ((m.header.flags & msg::kFlagLent) && transport::decode_lend_ref(body, &ref).is_ok()) {
             ack.flags = msg::kFlagPinned;
             std::lock_guard lock(mu_);
             pinned_.push_back({m.conn, m.header.request_id, m.header.key, ref});
@@ -278,7 +278,7 @@ class ReplicaPeerJob {
     st.name = "lent" + std::to_string(key);
     st.home = peer_->rank();
     st.applied_seq.assign(1, 0);
-    net::Header h = header(msg::kReplicaMeta, key, 0, count);
+    transport::Header h = header(msg::kReplicaMeta, key, 0, count);
     h.request_id = id;
     auto meta = encode_replica_meta(st);
     EXPECT_TRUE(peer_->send_copy(Role::kServer, real_rank(), h, meta.data(), meta.size()).is_ok());
@@ -300,7 +300,7 @@ class ReplicaPeerJob {
     std::vector<std::byte> payload = std::move(ref);
     std::vector<std::byte> m = meta ? *meta : encode_replica_meta(st);
     payload.insert(payload.end(), m.begin(), m.end());
-    net::Header h = header(msg::kReplicaValue, key, 0, count);
+    transport::Header h = header(msg::kReplicaValue, key, 0, count);
     h.request_id = id;
     h.flags = flags;
     EXPECT_TRUE(
@@ -312,7 +312,7 @@ class ReplicaPeerJob {
   bool released(uint64_t id) { return releases_.has(id); }
 
   // The worker's request to the real server, and its answer.
-  uint64_t worker_send(net::Header h, std::span<const std::byte> payload) {
+  uint64_t worker_send(transport::Header h, std::span<const std::byte> payload) {
     h.request_id = ++next_id_;
     EXPECT_TRUE(cluster_->worker(0)
                     .send_copy(Role::kServer, real_rank(), h, payload.data(), payload.size())
@@ -323,9 +323,9 @@ class ReplicaPeerJob {
 
   // The real server's replicas that this peer holds in place, in order.
   struct Pin {
-    net::ConnId conn;
+    transport::ConnId conn;
     uint64_t id, key;
-    net::LendRef ref;
+    transport::LendRef ref;
   };
   std::vector<Pin> pinned() {
     std::lock_guard lock(mu_);
@@ -336,8 +336,8 @@ class ReplicaPeerJob {
   Server& real_server() { return *server_; }
   // Tells the real server this peer let go of `p`.
   void release(const Pin& p) {
-    net::Header h{.type = msg::kReplicaRelease, .request_id = p.id, .key = p.key};
-    auto bytes = net::encode_lend_ref(p.ref);
+    transport::Header h{.type = msg::kReplicaRelease, .request_id = p.id, .key = p.key};
+    auto bytes = transport::encode_lend_ref(p.ref);
     EXPECT_TRUE(peer_->transport().send_copy(p.conn, h, bytes.data(), bytes.size()).is_ok());
   }
 
@@ -354,9 +354,9 @@ class ReplicaPeerJob {
 };
 
 // A zeroed 1 MiB block to lend from.
-std::unique_ptr<net::LendBlock> zeroed_block() {
-  std::unique_ptr<net::LendBlock> block;
-  Status st = net::LendBlock::create(1 << 20, &block);
+std::unique_ptr<transport::LendBlock> zeroed_block() {
+  std::unique_ptr<transport::LendBlock> block;
+  Status st = transport::LendBlock::create(1 << 20, &block);
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   if (block) std::memset(block->data(), 0, block->size());
   return block;
@@ -367,41 +367,43 @@ TEST(Server, ALentReplicaIsHeldInPlaceWhenItsReferenceChecksOut) {
   auto block = zeroed_block();
   ASSERT_TRUE(block);
   const uint64_t n = 1000;
-  net::LendRef ref = *block->ref(block->data() + 4096, n * 4);
+  transport::LendRef ref = *block->ref(block->data() + 4096, n * 4);
 
   // A good reference: held in place (pinned), installed, acknowledged.
-  Answer ok = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(ref));
+  Answer ok = job.replicate(1, n, msg::kFlagLent, transport::encode_lend_ref(ref));
   EXPECT_EQ(ok.type, msg::kReply);
   EXPECT_EQ(ok.flags, msg::kFlagPinned);
   // The next round of that key replaces it: the first range is released
   // (named by its reference), the second one stays held.
-  net::LendRef next = *block->ref(block->data() + 8192, n * 4);
-  Answer ok2 = job.replicate(1, n, msg::kFlagLent, net::encode_lend_ref(next));
+  transport::LendRef next = *block->ref(block->data() + 8192, n * 4);
+  Answer ok2 = job.replicate(1, n, msg::kFlagLent, transport::encode_lend_ref(next));
   EXPECT_EQ(ok2.flags, msg::kFlagPinned);
   Answer released = job.release_of(1001);
   EXPECT_EQ(released.type, msg::kReplicaRelease);
-  net::LendRef named;
-  ASSERT_TRUE(net::decode_lend_ref(released.payload, &named).is_ok());
+  transport::LendRef named;
+  ASSERT_TRUE(transport::decode_lend_ref(released.payload, &named).is_ok());
   EXPECT_EQ(named, ref);
   EXPECT_FALSE(job.released(1002));
   // A token that is not the block's: not read; the primary is asked for bytes.
-  net::LendRef forged = ref;
+  transport::LendRef forged = ref;
   forged.token[0] ^= std::byte{0xff};
-  Answer bytes = job.replicate(2, n, msg::kFlagLent, net::encode_lend_ref(forged));
+  Answer bytes = job.replicate(2, n, msg::kFlagLent, transport::encode_lend_ref(forged));
   EXPECT_EQ(bytes.type, msg::kReply);
   EXPECT_EQ(bytes.flags, msg::kFlagSendBytes);
   // A range that is not the value's size, a reference that does not decode,
   // and one that would make the backup allocate past the message limit
   // (2^42 bytes, inside a block that large): refused, nothing allocated.
-  net::LendRef wrong = ref;
+  transport::LendRef wrong = ref;
   wrong.bytes -= 4;
-  EXPECT_EQ(job.replicate(3, n, msg::kFlagLent, net::encode_lend_ref(wrong)).type, msg::kError);
+  EXPECT_EQ(job.replicate(3, n, msg::kFlagLent, transport::encode_lend_ref(wrong)).type,
+            msg::kError);
   EXPECT_EQ(job.replicate(4, n, msg::kFlagLent, std::vector<std::byte>(7)).type, msg::kError);
-  net::LendRef huge = ref;
+  transport::LendRef huge = ref;
   huge.block_bytes = huge.bytes = uint64_t{1} << 42;
   huge.offset = 0;
-  EXPECT_EQ(job.replicate(5, uint64_t{1} << 40, msg::kFlagLent, net::encode_lend_ref(huge)).type,
-            msg::kError);
+  EXPECT_EQ(
+      job.replicate(5, uint64_t{1} << 40, msg::kFlagLent, transport::encode_lend_ref(huge)).type,
+      msg::kError);
   // The same replica by value still installs.
   std::vector<std::byte> value(n * 4, std::byte{0});
   Answer by_value = job.replicate(6, n, 0, value);
@@ -417,7 +419,7 @@ TEST(Server, ALentReplicaWithItsMetadataInOneMessageIsHeldInPlace) {
   ASSERT_TRUE(block);
   const uint64_t n = 1000;
   const uint32_t both = msg::kFlagLent | msg::kFlagWithMeta;
-  auto ref = net::encode_lend_ref(*block->ref(block->data() + 4096, n * 4));
+  auto ref = transport::encode_lend_ref(*block->ref(block->data() + 4096, n * 4));
   Answer ok = job.replicate_in_one(1, n, both, ref);
   EXPECT_EQ(ok.type, msg::kReply);
   EXPECT_EQ(ok.flags, msg::kFlagPinned);
@@ -451,7 +453,7 @@ TEST(Server, AValueItsBackupHoldsInPlaceIsNotReusedUntilReleased) {
   auto pinned = job.pinned();
   ASSERT_GE(pinned.size(), 4u);  // every round's value (and the init's, lent too)
   const size_t first = pinned.size() - 4;
-  net::LendReader reader;
+  transport::LendReader reader;
   auto holds = [&](const ReplicaPeerJob::Pin& p, float want) {
     std::vector<float> got(static_cast<size_t>(n));
     EXPECT_TRUE(reader.copy(p.ref, got.data()).is_ok());

@@ -60,8 +60,8 @@ void World::on_scheduler(int from, const Msg& m) {
   std::vector<cluster::BarrierBook::Member> all;
   for (int r = 0; r < s_.workers; ++r)
     all.emplace_back(Role::kWorker, r);
-  barrier_done(barriers_.arrive(1, {Role::kWorker, rank}, static_cast<net::ConnId>(from), m.seq,
-                                m.tag, all));
+  barrier_done(barriers_.arrive(1, {Role::kWorker, rank}, static_cast<transport::ConnId>(from),
+                                m.seq, m.tag, all));
 }
 
 void World::barrier_done(const std::vector<cluster::BarrierBook::Answer>& answers) {

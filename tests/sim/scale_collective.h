@@ -28,7 +28,7 @@
 
 namespace pushpull::sim::scale::detail {
 
-inline constexpr uint64_t kHeader = net::kHeaderBytes;
+inline constexpr uint64_t kHeader = transport::kHeaderBytes;
 inline constexpr uint64_t kNever = UINT64_MAX;
 using Vec = std::array<float, 4>;
 

@@ -16,15 +16,15 @@ Net::Net(int nodes, const Costs& costs)
       count_(static_cast<size_t>(nodes)) {
   // The handshake's messages as transport/hello.cpp encodes them (a host name of
   // a typical address), each behind a message header.
-  net::Hello h;
+  transport::Hello h;
   h.role = Role::kWorker;
   h.rank = 1;
   h.host = "10.0.12.34";
   h.port = 40000;
-  challenge_bytes_ = net::kHeaderBytes + net::encode(net::Challenge{}).size();
-  hello_bytes_ = net::kHeaderBytes + net::encode(h).size();
-  ack_bytes_ =
-      net::kHeaderBytes + net::encode(net::HelloAck{true, "", Role::kServer, 0, {}}).size();
+  challenge_bytes_ = transport::kHeaderBytes + transport::encode(transport::Challenge{}).size();
+  hello_bytes_ = transport::kHeaderBytes + transport::encode(h).size();
+  ack_bytes_ = transport::kHeaderBytes +
+               transport::encode(transport::HelloAck{true, "", Role::kServer, 0, {}}).size();
 }
 
 void Net::at(uint64_t t, std::function<void()> fn) {
@@ -103,7 +103,7 @@ void Net::connect(int from, int to, std::function<void()> done, std::function<vo
              }
              // tcp_streams.h: a plain connection, authenticated by a nonce sent
              // over the net connection and echoed back on the stream.
-             send(from, to, net::kHeaderBytes + 32, [this, from, to, done] {
+             send(from, to, transport::kHeaderBytes + 32, [this, from, to, done] {
                send(to, from, 32, [this, from, done] {
                  count_[static_cast<size_t>(from)].connections += 2;
                  if (done) done();

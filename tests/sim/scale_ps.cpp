@@ -21,7 +21,7 @@
 namespace pushpull::sim::scale {
 namespace {
 
-constexpr uint64_t kHeader = net::kHeaderBytes;
+constexpr uint64_t kHeader = transport::kHeaderBytes;
 constexpr uint8_t kWorkersGroup = static_cast<uint8_t>(cluster::Group::kWorkers);
 
 class PsWorld;
@@ -186,8 +186,9 @@ class PsWorld {
     const int node = worker_node(rank);
     net_.send(node, 0, kHeader, [this, rank, node, count] {
       silence_.heard(node);
-      for (const auto& a : barriers_.arrive(kWorkersGroup, {Role::kWorker, rank},
-                                            static_cast<net::ConnId>(node), count, {}, members_)) {
+      for (const auto& a :
+           barriers_.arrive(kWorkersGroup, {Role::kWorker, rank},
+                            static_cast<transport::ConnId>(node), count, {}, members_)) {
         const int to = static_cast<int>(a.conn);
         net_.send(0, to, kHeader, [this, to] {
           auto fn = std::move(barrier_done_[static_cast<size_t>(to - 1 - S_)]);

@@ -10,7 +10,7 @@
 // - real (the code the job runs, called here): the cluster's codecs
 //   (cluster::encode_register / decode_register, encode_book / decode_book,
 //   encode_dead: their byte counts are what travels), the handshake's codecs
-//   (net::encode of Challenge, Hello, HelloAck), the scheduler's barriers
+//   (transport::encode of Challenge, Hello, HelloAck), the scheduler's barriers
 //   (cluster::BarrierBook), the failure detectors' timers (SilenceDetector
 //   on a ManualClock, base/liveness.h), the PS servers' ps::ServerStore (no
 //   threads) answering one dist_sync pushpull, the collectives' rendezvous

@@ -9,7 +9,7 @@ namespace pushpull::test {
 // elsewhere on the machine cannot take it as its source port before the code
 // under test binds it.
 int free_port() {
-  return net::pick_unused_port("127.0.0.1");
+  return transport::pick_unused_port("127.0.0.1");
 }
 
 }  // namespace pushpull::test

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A free TCP port on loopback (net::pick_unused_port: below the ephemeral
+// A free TCP port on loopback (transport::pick_unused_port: below the ephemeral
 // range, bound, read back, released). Still racy by nature: prefer letting
 // the code under test bind port 0 where it can.
 #pragma once

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 struct InProcessFabric::Impl {
   struct Op {
@@ -250,4 +250,4 @@ std::unique_ptr<Transport> InProcessFabric::endpoint(int rank) {
   return std::make_unique<Endpoint>(impl_, rank);
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -16,7 +16,7 @@
 
 #include "transport/transport.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 class InProcessFabric {
  public:
@@ -35,4 +35,4 @@ class InProcessFabric {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

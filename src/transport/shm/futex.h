@@ -12,7 +12,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 inline void futex_wake(std::atomic<uint32_t>* w) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, 1, nullptr, nullptr, 0);
@@ -25,4 +25,4 @@ inline void futex_wait(std::atomic<uint32_t>* w, uint32_t seen, std::chrono::nan
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -12,7 +12,7 @@
 #include "base/metrics.h"
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 std::string hex(const LendToken& t) {
@@ -182,4 +182,4 @@ size_t LendReader::mapped_bytes() const {
   return mapped_;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -4,7 +4,7 @@
 // holds them in place with no copy at all (docs/ps.md, "Replication on one
 // host"; the parameter server's replicas are held in place).
 //
-// A LendBlock is anonymous shared memory (a net::ShmFile made by
+// A LendBlock is anonymous shared memory (a transport::ShmFile made by
 // create_memfd, transport/shm/shm_file.h) named "pushpull-lend-" + 32 random hex
 // digits (its id, the token) and mapped read-write by its owner.
 // The owner tells a peer a LendRef {pid, fd, token, block size, offset,
@@ -52,7 +52,7 @@
 #include "pushpull/error.h"
 #include "transport/shm/shm_file.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 using LendToken = std::array<std::byte, 16>;
 
@@ -132,4 +132,4 @@ class LendReader {
   std::list<Mapping> lru_;  // front: most recently used
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

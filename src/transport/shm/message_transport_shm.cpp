@@ -18,7 +18,7 @@
 #include "transport/tcp/conn.h"
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 void MessageTransport::queue_ctl(Conn& c, Header h, const std::vector<std::byte>& payload,
                                  bool activates) {
   CtlFrame f;
@@ -271,4 +271,4 @@ void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
   shm_protocol_error(c, fmt::format("unknown message type {}", type));
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

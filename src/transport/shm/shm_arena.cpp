@@ -17,7 +17,7 @@
 #include "transport/schedule.h"
 #include "transport/shm/futex.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -275,4 +275,4 @@ void ShmArena::slot_allreduce(char* data, size_t count, DType dtype, ReduceOp op
   publish(slot_free_[s]);
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -59,7 +59,7 @@
 #include "pushpull/error.h"
 #include "transport/host_collectives.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 enum class SlotStores : uint8_t { kAuto = 0, kCached = 1, kStreaming = 2 };
 // "auto", "cached", "streaming" (PUSHPULL_SHM_ARENA_STORES); nullopt otherwise.
@@ -131,4 +131,4 @@ class ShmArena final : public HostCollectives {
   double rate_[2]{};  // bytes/s of tuned allreduces, [cached, streaming] (moving averages)
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -10,7 +10,7 @@
 #include "pushpull/log.h"
 #include "transport/shm/shm_host.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 constexpr uint64_t kHostTag = kControlTagBit | 0x53484d484f5354ull;   // "SHMHOST"
@@ -256,4 +256,4 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   return both;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

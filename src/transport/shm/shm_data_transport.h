@@ -32,7 +32,7 @@
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 class ShmDataTransport final : public Transport {
  public:
@@ -94,4 +94,4 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
                                              const std::string& dir = "/dev/shm",
                                              const SegmentsHook& before_segments = {});
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -16,7 +16,7 @@
 
 #include "transport/hello.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 std::string path_of(const std::string& dir, const std::string& name) {
@@ -203,4 +203,4 @@ void ShmFile::unlink() {
   ::unlink(path_of(dir_, name_).c_str());
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

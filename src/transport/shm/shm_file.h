@@ -39,7 +39,7 @@
 #include "pushpull/error.h"
 #include "transport/socket.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 using ShmId = std::array<std::byte, 16>;
 
@@ -116,4 +116,4 @@ class ShmFile {
 // Whether no process `pid` exists (a creator or peer that died).
 bool process_gone(int pid);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

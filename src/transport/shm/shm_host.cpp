@@ -12,7 +12,7 @@
 #include "transport/hello.h"
 #include "transport/host_identity.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 constexpr uint8_t kRecordVersion = 1;
@@ -21,10 +21,10 @@ constexpr size_t kProbeAt = kKeyBytes, kContentAt = kProbeAt + 16, kTokenAt = kC
                  kVersionAt = kTokenAt + 16;
 static_assert(kVersionAt < kHostRecordBytes);
 
-constexpr net::ShmKind kProbeKind{"pushpull-probe-", 32};
+constexpr transport::ShmKind kProbeKind{"pushpull-probe-", 32};
 
 Bytes16 random16() {
-  net::Nonce n = net::random_nonce();
+  transport::Nonce n = transport::random_nonce();
   Bytes16 b{};
   std::memcpy(b.data(), n.data(), b.size());
   return b;
@@ -61,8 +61,8 @@ HostProbe::HostProbe(const std::string& dir) : dir_(dir) {
   record_.key = host_key(dir);
   record_.content = random16();
   record_.token = random16();
-  if (Status st = net::ShmFile::create(dir, kProbeKind, sizeof record_.content,
-                                       net::ShmMapping{.writable = true}, &probe_);
+  if (Status st = transport::ShmFile::create(dir, kProbeKind, sizeof record_.content,
+                                             transport::ShmMapping{.writable = true}, &probe_);
       !st)
     throw IoError(
         fmt::format("collective shm: cannot create a probe in {}: {}", dir, st.message()));
@@ -75,8 +75,8 @@ HostProbe::~HostProbe() = default;
 bool HostProbe::reserve(size_t bytes) {
   // A file of its own, held until remove(): the probe keeps the exact size
   // its peers check.
-  return probe_ && net::ShmFile::create(dir_, kProbeKind, bytes, net::ShmMapping{.writable = true},
-                                        &reserved_)
+  return probe_ && transport::ShmFile::create(dir_, kProbeKind, bytes,
+                                              transport::ShmMapping{.writable = true}, &reserved_)
                        .is_ok();
 }
 
@@ -87,14 +87,16 @@ void HostProbe::remove() {
 
 bool HostProbe::sees(const HostRecord& peer) const {
   const std::string name = std::string(kProbeKind.prefix) + to_hex(peer.probe.data(), 16);
-  std::unique_ptr<net::ShmFile> f;
-  return net::ShmFile::open(dir_, name, kProbeKind, 16, 16, net::ShmMapping{}, &f).is_ok() &&
+  std::unique_ptr<transport::ShmFile> f;
+  return transport::ShmFile::open(dir_, name, kProbeKind, 16, 16, transport::ShmMapping{}, &f)
+             .is_ok() &&
          std::memcmp(f->data(), peer.content.data(), 16) == 0;
 }
 
 int sweep_stale_files(const std::string& dir) {
-  return net::ShmFile::sweep_stale(dir, kProbeKind, net::kShmStaleAfter) +
-         net::ShmFile::sweep_stale(dir, net::ShmKind{"pushpull-coll-", 32}, net::kShmStaleAfter);
+  return transport::ShmFile::sweep_stale(dir, kProbeKind, transport::kShmStaleAfter) +
+         transport::ShmFile::sweep_stale(dir, transport::ShmKind{"pushpull-coll-", 32},
+                                         transport::kShmStaleAfter);
 }
 
 std::vector<int> same_key(const std::vector<HostRecord>& records, int rank) {
@@ -117,4 +119,4 @@ std::vector<int> shm_group(const std::vector<HostRecord>& records,
   return g;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -5,7 +5,7 @@
 // A rank's identity (HostRecord) is the kernel's boot id, the host name, the
 // network and PID namespaces' inodes, the device and inode of the
 // segment directory, and the effective uid, plus a probe file it created in
-// that directory (a net::ShmFile, transport/shm/shm_file.h: mode 0600, random name,
+// that directory (a transport::ShmFile, transport/shm/shm_file.h: mode 0600, random name,
 // random content). Ranks with equal
 // keys are candidates for one group; the proof is that each candidate can
 // open every other candidate's probe (ShmFile::open's checks: this user's
@@ -30,7 +30,7 @@
 #include "transport/host_identity.h"
 #include "transport/shm/shm_file.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 using Bytes16 = std::array<uint8_t, 16>;
 
@@ -49,7 +49,7 @@ HostRecord decode_host_record(const uint8_t* data, size_t bytes);
 
 // This process's key for segments under `dir` (the PS's offers carry the
 // same key, transport/host_identity.h).
-using net::host_key;
+using transport::host_key;
 
 // This rank's probe: created (random name and content) by the constructor,
 // removed by the destructor. Throws IoError when it cannot be created.
@@ -72,7 +72,7 @@ class HostProbe {
  private:
   std::string dir_;
   HostRecord record_;
-  std::unique_ptr<net::ShmFile> probe_, reserved_;
+  std::unique_ptr<transport::ShmFile> probe_, reserved_;
 };
 
 // Removes probes and segments (use_shared_memory's names) that processes
@@ -91,4 +91,4 @@ std::vector<int> shm_group(const std::vector<HostRecord>& records,
 // The ranks with rank's key (before any proof), ascending.
 std::vector<int> same_key(const std::vector<HostRecord>& records, int rank);
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 class ShmRing {
  public:
@@ -65,4 +65,4 @@ struct alignas(64) ShmRingCtl {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && sizeof(ShmRingCtl) == 128);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -11,7 +11,7 @@
 #include "transport/hello.h"
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 constexpr uint64_t kSegMagic = 0x4d485354454e5050;  // "PPNETSHM"
@@ -95,4 +95,4 @@ Status ShmSegment::open(const std::string& name, const std::string& dir,
   return Status::ok();
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

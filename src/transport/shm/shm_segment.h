@@ -9,7 +9,7 @@
 // repeats it over the authenticated TCP connection has proven it mapped the
 // segment, i.e. that it runs on this host as this user.
 //
-// Security: the file is a net::ShmFile (transport/shm/shm_file.h has the checks:
+// Security: the file is a transport::ShmFile (transport/shm/shm_file.h has the checks:
 // O_EXCL | O_NOFOLLOW, mode 0600, an unguessable name "pushpull-net-" + 32
 // hex digits, pages reserved; a peer's opened only when it is this user's
 // private regular file) and mapped read-only by the peer. Its creator
@@ -22,7 +22,7 @@
 // creator is gone (or it never got a header) and it is two minutes old, or
 // in any case once it is an hour old.
 //
-// The ring is a net::ShmRing (transport/shm/shm_ring.h): positions are byte offsets
+// The ring is a transport::ShmRing (transport/shm/shm_ring.h): positions are byte offsets
 // into an endless stream, carried in the TCP frames, never in the segment.
 //
 // Ownership and thread safety: a ShmSegment owns its mapping and (creator)
@@ -41,7 +41,7 @@
 #include "transport/shm/shm_file.h"
 #include "transport/shm/shm_ring.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 using ShmToken = std::array<std::byte, 32>;
 
@@ -101,4 +101,4 @@ class ShmSegment {
   ShmToken token_{};
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

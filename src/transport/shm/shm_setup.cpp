@@ -5,7 +5,7 @@
 
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 Status malformed(const char* what) {
   return {ErrorCode::kProtocolError, fmt::format("malformed {} message", what)};
@@ -65,4 +65,4 @@ Status decode(std::span<const std::byte> in, ShmConfirm* out) {
   return {};
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -44,7 +44,7 @@
 #include "pushpull/error.h"
 #include "transport/shm/shm_segment.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 // The largest setup message (the receiver's cap on its payload).
 inline constexpr size_t kMaxShmSetupBytes = 512;
@@ -54,7 +54,7 @@ inline constexpr size_t kMaxShmHostBytes = 200;
 struct ShmOffer {
   std::string name;
   uint64_t ring_bytes = 0;
-  // The connector's net::host_key(shm dir): the key the collectives group
+  // The connector's transport::host_key(shm dir): the key the collectives group
   // ranks by too.
   std::string host;
 };
@@ -82,4 +82,4 @@ Status decode(std::span<const std::byte> in, ShmOffer* out);
 Status decode(std::span<const std::byte> in, ShmAnswer* out);
 Status decode(std::span<const std::byte> in, ShmConfirm* out);
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

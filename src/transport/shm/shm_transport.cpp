@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 bool ShmTransport::Impl::check_post(int peer, Completion& cb, bool peer_too) {
   Status st;
@@ -28,8 +28,8 @@ void ShmTransport::Impl::post_send(int peer, uint64_t tag, const void* data, siz
                                    Completion cb) {
   if (!check_post(peer, cb)) return;
   SendOp op;
-  net::store_le<uint64_t>(op.hdr, tag);
-  net::store_le<uint64_t>(op.hdr + 8, bytes);
+  transport::store_le<uint64_t>(op.hdr, tag);
+  transport::store_le<uint64_t>(op.hdr + 8, bytes);
   op.data = static_cast<const char*>(data);
   op.bytes = bytes;
   op.cb = std::move(cb);
@@ -176,7 +176,7 @@ size_t ring_bytes_for_ranks(size_t max_ring, size_t ranks) {
   if (ranks < 2) return max_ring;
   const uint64_t share = kShmHostRingBudget / (static_cast<uint64_t>(ranks) * (ranks - 1));
   if (share >= max_ring) return max_ring;
-  return std::max<size_t>(kShmMinRingBytes, static_cast<size_t>(share) & ~size_t{4095});
+  return std::max<size_t>(kShmMinDataRingBytes, static_cast<size_t>(share) & ~size_t{4095});
 }
 
 ShmTransport::~ShmTransport() {
@@ -208,4 +208,4 @@ void ShmTransport::declare(const Status& verdict) {
   impl_->close(verdict, false);
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

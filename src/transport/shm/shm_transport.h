@@ -44,19 +44,19 @@
 #include "transport/shm/shm_arena.h"
 #include "transport/transport.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 // What the rings of one host may take in all: there is one per ordered
 // pair of ranks, reserved up front (posix_fallocate), so a fixed size grows
 // with the square of the host's ranks (2 MiB rings: 4.5 GiB at 48 ranks,
 // 130 GiB at 256, which the kernel's OOM killer ends).
 inline constexpr uint64_t kShmHostRingBudget = uint64_t{2} << 30;
-inline constexpr size_t kShmMinRingBytes = size_t{16} << 10;
+inline constexpr size_t kShmMinDataRingBytes = size_t{16} << 10;
 
 // The ring size for `ranks` sharing a host: `max_ring` while the host's
 // ranks * (ranks - 1) rings fit kShmHostRingBudget (up to 32 ranks with 2
 // MiB), else the budget's share in whole pages, never below
-// kShmMinRingBytes (a ring only bounds how much of a message is in flight;
+// kShmMinDataRingBytes (a ring only bounds how much of a message is in flight;
 // the ranks move data through it piece by piece). Every rank of the host
 // computes the same size.
 size_t ring_bytes_for_ranks(size_t max_ring, size_t ranks);
@@ -131,4 +131,4 @@ class ShmTransport final : public Transport {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

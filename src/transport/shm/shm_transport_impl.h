@@ -32,9 +32,9 @@
 #include "transport/shm/shm_transport.h"
 #include "transport/wire.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
-inline constexpr uint64_t kMagic = 0x70707368'6d763034ull;  // "ppshmv04"
+inline constexpr uint64_t kSegmentMagic = 0x70707368'6d763034ull;  // "ppshmv04"
 inline constexpr auto kSpinWindow = std::chrono::microseconds(50);
 inline constexpr auto kSleepSlice =
     std::chrono::milliseconds(50);  // futex timeout: liveness checks
@@ -52,12 +52,12 @@ struct alignas(64) SegHeader {
   std::atomic<uint32_t> sleeping;  // the owner is (about to be) in FUTEX_WAIT
 };
 // One inbound ring per peer: the positions of transport/shm/shm_ring.h.
-using RingCtl = net::ShmRingCtl;
+using RingCtl = transport::ShmRingCtl;
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(SegHeader) == 64 && sizeof(RingCtl) == 128);
 // The segments' names (transport/shm/shm_file.h checks them): use_shared_memory's
 // "pushpull-coll-" + 32 hex digits, or `<prefix>.<rank>`.
-inline constexpr net::ShmKind kSegmentKind{"pushpull-", 0};
+inline constexpr transport::ShmKind kSegmentKind{"pushpull-", 0};
 
 inline size_t round64(size_t v) {
   return (v + 63) / 64 * 64;
@@ -82,7 +82,7 @@ inline void ring_bell(SegHeader* h) {
 
 struct ShmTransport::Impl {
   struct Map {
-    std::unique_ptr<net::ShmFile> file;
+    std::unique_ptr<transport::ShmFile> file;
     SegHeader* h = nullptr;
     RingCtl* ctl = nullptr;  // [size]
     char* data = nullptr;    // [size][ring]
@@ -148,7 +148,7 @@ struct ShmTransport::Impl {
   Impl(int r, int n, std::string pre, ShmOptions opts, std::string d);
   ~Impl();
   // Points maps[r] into rank r's segment `file`.
-  void use_file(int r, std::unique_ptr<net::ShmFile> file);
+  void use_file(int r, std::unique_ptr<transport::ShmFile> file);
   // Creates this rank's segment and waits for every peer's (constructor).
   void setup();
   void make_arena();
@@ -173,8 +173,8 @@ struct ShmTransport::Impl {
   void step(const std::function<void()>& f);
   Map& map(int r) { return maps[static_cast<size_t>(r)]; }
   // The ring in `owner`'s segment that rank `from` writes.
-  net::ShmRing ring(int owner, int from) {
-    return net::ShmRing(
+  transport::ShmRing ring(int owner, int from) {
+    return transport::ShmRing(
         reinterpret_cast<std::byte*>(map(owner).data + static_cast<size_t>(from) * o.ring_bytes),
         o.ring_bytes);
   }
@@ -216,4 +216,4 @@ struct ShmTransport::Impl {
   void close(const Status& reason, bool tell = true);
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

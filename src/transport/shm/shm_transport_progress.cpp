@@ -7,14 +7,14 @@
 #include <cerrno>
 #include <cstring>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 bool ShmTransport::Impl::write_some(int p, Done& done) {
   auto& q = sendq[static_cast<size_t>(p)];
   if (q.empty()) return false;
   Map& m = map(p);
   RingCtl& c = m.ctl[rank];
-  const net::ShmRing r = ring(p, rank);
+  const transport::ShmRing r = ring(p, rank);
   uint64_t head = c.head.load(std::memory_order_relaxed);
   uint64_t space = r.free(head, c.tail.load(std::memory_order_acquire));
   bool moved = false;
@@ -54,8 +54,8 @@ Status ShmTransport::Impl::gone(int p, const std::string& why) const {
 }
 
 void ShmTransport::Impl::match(int p, Incoming& in, Done& done) {
-  in.tag = net::load_le<uint64_t>(in.hdr);
-  in.bytes = net::load_le<uint64_t>(in.hdr + 8);
+  in.tag = transport::load_le<uint64_t>(in.hdr);
+  in.bytes = transport::load_le<uint64_t>(in.hdr + 8);
   in.got = 0;
   if (in.bytes > kMaxMessageBytes)
     throw ProtocolError(
@@ -113,11 +113,11 @@ void ShmTransport::Impl::message_done(int p, Incoming& in, Done& done) {
 
 bool ShmTransport::Impl::read_some(int p, Done& done) {
   RingCtl& c = map(rank).ctl[p];
-  const net::ShmRing r = ring(rank, p);
+  const transport::ShmRing r = ring(rank, p);
   const uint64_t head = c.head.load(std::memory_order_acquire);
   uint64_t tail = c.tail.load(std::memory_order_relaxed);
   if (head == tail) return false;
-  if (net::ShmRing::used(head, tail) > o.ring_bytes)
+  if (transport::ShmRing::used(head, tail) > o.ring_bytes)
     throw ProtocolError(fmt::format("collective shm: rank {}'s ring is corrupt", name(p)));
   Incoming& in = incoming[static_cast<size_t>(p)];
   auto copy_out = [&](char* dst, size_t n) {  // n bytes from the ring at tail (null: dropped)
@@ -152,7 +152,7 @@ bool ShmTransport::Impl::read_some(int p, Done& done) {
 bool ShmTransport::Impl::peer_alive(int p) {
   SegHeader* h = map(p).h;
   if (h->closed.load(std::memory_order_acquire)) return false;
-  return !net::process_gone(h->pid.load());
+  return !transport::process_gone(h->pid.load());
 }
 
 void ShmTransport::Impl::fail_peer(int p, const Status& why, Done& done) {
@@ -257,4 +257,4 @@ void ShmTransport::Impl::loop() {
   }
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <exception>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 ShmTransport::Impl::Impl(int r, int n, std::string pre, ShmOptions opts, std::string d)
     : rank(r),
       size(n),
@@ -22,7 +22,7 @@ ShmTransport::Impl::Impl(int r, int n, std::string pre, ShmOptions opts, std::st
 
 ShmTransport::Impl::~Impl() = default;  // the files unmap (and unlink) themselves
 
-void ShmTransport::Impl::use_file(int r, std::unique_ptr<net::ShmFile> file) {
+void ShmTransport::Impl::use_file(int r, std::unique_ptr<transport::ShmFile> file) {
   Map& m = map(r);
   char* base = reinterpret_cast<char*>(file->data());
   m.file = std::move(file);
@@ -34,9 +34,9 @@ void ShmTransport::Impl::use_file(int r, std::unique_ptr<net::ShmFile> file) {
 }
 
 void ShmTransport::Impl::create_own(size_t len) {
-  std::unique_ptr<net::ShmFile> file;
-  if (Status st = net::ShmFile::create_named(dir, name_of(rank), kSegmentKind, len,
-                                             net::ShmMapping{.writable = true}, &file);
+  std::unique_ptr<transport::ShmFile> file;
+  if (Status st = transport::ShmFile::create_named(dir, name_of(rank), kSegmentKind, len,
+                                                   transport::ShmMapping{.writable = true}, &file);
       !st)
     throw IoError("collective shm: " + st.message());
   use_file(rank, std::move(file));
@@ -45,7 +45,7 @@ void ShmTransport::Impl::create_own(size_t len) {
   h->ring_bytes = o.ring_bytes;
   h->arena_slot_bytes = static_cast<uint32_t>(o.arena_slot_bytes);
   h->pid.store(static_cast<int32_t>(::getpid()));
-  h->magic.store(kMagic, std::memory_order_release);
+  h->magic.store(kSegmentMagic, std::memory_order_release);
 }
 
 void ShmTransport::Impl::step(const std::function<void()>& f) {
@@ -128,9 +128,10 @@ std::string ShmTransport::Impl::disagreement(int p, uint32_t their_size, uint64_
 }
 
 bool ShmTransport::Impl::try_attach(int p, size_t len) {
-  std::unique_ptr<net::ShmFile> file;
-  const Status st = net::ShmFile::open(dir, name_of(p), kSegmentKind, sizeof(SegHeader), UINT64_MAX,
-                                       net::ShmMapping{.writable = true}, &file);
+  std::unique_ptr<transport::ShmFile> file;
+  const Status st =
+      transport::ShmFile::open(dir, name_of(p), kSegmentKind, sizeof(SegHeader), UINT64_MAX,
+                               transport::ShmMapping{.writable = true}, &file);
   // Not there yet, or not yet sized (posix_fallocate sizes it in one call).
   if (st.code() == ErrorCode::kNotFound || st.code() == ErrorCode::kProtocolError) return false;
   if (!st) throw IoError("collective shm: " + st.message());
@@ -138,7 +139,7 @@ bool ShmTransport::Impl::try_attach(int p, size_t len) {
   // The header is written after the file is sized: a segment of another
   // size without one is still being set up; with one, it is laid out for
   // another job shape or arena.
-  if (h->magic.load(std::memory_order_acquire) != kMagic) return false;
+  if (h->magic.load(std::memory_order_acquire) != kSegmentMagic) return false;
   if (file->size() != len || h->size != static_cast<uint32_t>(size) ||
       h->ring_bytes != o.ring_bytes || h->arena_slot_bytes != o.arena_slot_bytes)
     throw InvalidArgument(disagreement(p, h->size, h->ring_bytes, h->arena_slot_bytes));
@@ -147,4 +148,4 @@ bool ShmTransport::Impl::try_attach(int p, size_t len) {
   return true;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

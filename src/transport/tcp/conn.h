@@ -20,7 +20,7 @@
 #include "transport/tcp/message_transport.h"
 #include "transport/tls.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 struct SendOp {
   // How the payload travels, decided when the header starts going out.
@@ -163,4 +163,4 @@ struct MessageTransport::Conn {
   bool tcp_payload() const { return in_payload && !shm_payload; }
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

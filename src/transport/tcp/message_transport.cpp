@@ -19,7 +19,7 @@
 #include "transport/shm/shm_setup.h"
 #include "transport/tcp/conn.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 std::string PeerInfo::describe() const {
   std::string who = role == Role::kNone ? std::string("unregistered node")
@@ -324,4 +324,4 @@ bool MessageTransport::drain(Millis timeout) {
   return true;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -19,7 +19,7 @@
 // a rank, so connectors always learn a ranked identity.
 //
 // Identity. The `sender` field of every delivered message (handlers and
-// posted receives) is net::node_id() of the connection's authenticated peer,
+// posted receives) is transport::node_id() of the connection's authenticated peer,
 // whatever the peer wrote there.
 //
 // Sending. send() queues header + payload as one writev straight from the
@@ -110,7 +110,7 @@
 #include "transport/socket.h"
 #include "transport/tls.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 using ConnId = uint64_t;
 struct SendOp;
@@ -396,4 +396,4 @@ class MessageTransport {
   std::atomic<int64_t> queued_{0};  // sends not yet completed (for drain)
 };
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

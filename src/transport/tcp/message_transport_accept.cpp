@@ -17,7 +17,7 @@
 #include "transport/address.h"
 #include "transport/tcp/conn.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 namespace {
 constexpr Millis kMaxAcceptBackoff{1000};
@@ -137,4 +137,4 @@ bool MessageTransport::tls_accept_step(Conn& c) {
   return step == TlsLink::Step::kDone && c.state != Conn::State::kClosed;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -17,7 +17,7 @@
 #include "transport/shm/shm_setup.h"
 #include "transport/tcp/conn.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 MessageTransport::Dialed MessageTransport::dial_hello(const std::string& host, int port,
                                                       Millis limit, HelloKind kind) {
@@ -220,4 +220,4 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
   return id;
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -8,7 +8,7 @@
 #include "transport/address.h"
 #include "transport/tcp/conn.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 // Closes a connection that has not authenticated: logged rate-limited per
 // peer address, never reported to the close handler. `tell`: send the reason
@@ -104,7 +104,8 @@ void MessageTransport::on_hello(Conn& c, Message&& m) {
 // announced it and this node closed the old connection first (Node's
 // apply_placement), or the old process died and its connections with it.
 void MessageTransport::answer_hello(Conn& c, const Hello& hello) {
-  if (hello.kind == HelloKind::kStream) return answer_stream(c, hello);  // message_transport_stream.cpp
+  if (hello.kind == HelloKind::kStream)
+    return answer_stream(c, hello);  // message_transport_stream.cpp
   std::string taken;
   if (hello.role != Role::kNone && hello.rank >= 0) {
     std::lock_guard lock(mu_);
@@ -158,4 +159,4 @@ void MessageTransport::release_held_hellos() {
   }
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -18,7 +18,7 @@
 #include "transport/shm/shm_setup.h"
 #include "transport/tcp/conn.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 namespace {
 constexpr size_t kDirectRead = 16 << 10;  // payload rest read straight into place above this
@@ -382,4 +382,4 @@ void MessageTransport::close_conn(Conn& c, const Status& why, bool notify) {
     run_guarded(nullptr, "the close handler", [&] { on_close(c.id, c.peer, why); });
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -11,7 +11,7 @@
 #include "pushpull/log.h"
 #include "transport/tcp/conn.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 
 Stream MessageTransport::open_stream(const std::string& host, int port, Role role, int32_t rank,
                                      std::optional<Millis> timeout) {
@@ -143,4 +143,4 @@ Status MessageTransport::take_stream(Role role, int32_t rank,
   return Status::ok();
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -17,7 +17,7 @@
 #include "transport/tcp/conn.h"
 #include "transport/wire.h"
 
-namespace pushpull::net {
+namespace pushpull::transport {
 namespace {
 
 // A piece is copied into the ring and announced in one go; smaller pieces
@@ -268,4 +268,4 @@ void MessageTransport::drain_before_close(Conn& c) {
   }
 }
 
-}  // namespace pushpull::net
+}  // namespace pushpull::transport

@@ -13,34 +13,34 @@
 
 #include <fmt/format.h>
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 constexpr int kMaxIov = 64;
-constexpr size_t kHdr = net::kHeaderBytes;
+constexpr size_t kHdr = transport::kHeaderBytes;
 // How long a waiting pump keeps yielding and re-checking before it blocks.
 constexpr auto kYieldWindow = std::chrono::microseconds(100);
 
 // sendmsg(2) / readv(2) on a non-blocking stream, through its TLS link when
 // there is one (transport/tls.h: what sendv() took is committed and goes out with
 // later calls or flush()).
-ssize_t stream_writev(int fd, net::TlsLink* tls, iovec* iov, int n) {
+ssize_t stream_writev(int fd, transport::TlsLink* tls, iovec* iov, int n) {
   if (tls != nullptr) return tls->sendv(iov, n);
   msghdr mh{};
   mh.msg_iov = iov;
   mh.msg_iovlen = static_cast<size_t>(n);
   return ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
-ssize_t stream_readv(int fd, net::TlsLink* tls, iovec* iov, int n) {
+ssize_t stream_readv(int fd, transport::TlsLink* tls, iovec* iov, int n) {
   return tls != nullptr ? tls->readv(iov, n) : ::readv(fd, iov, n);
 }
-bool tls_pending(const net::TlsLink* tls) {
+bool tls_pending(const transport::TlsLink* tls) {
   return tls != nullptr && tls->output_pending();
 }
 // The header of one stream message (tcp_streams.h, "Wire").
-net::HeaderBytes stream_header(uint64_t tag, size_t bytes) {
-  return net::encode_header(
-      net::Header{.type = net::msg::kStreamData, .request_id = tag, .payload_bytes = bytes});
+transport::HeaderBytes stream_header(uint64_t tag, size_t bytes) {
+  return transport::encode_header(transport::Header{
+      .type = transport::msg::kStreamData, .request_id = tag, .payload_bytes = bytes});
 }
 
 }  // namespace
@@ -143,10 +143,10 @@ bool StreamPump::write_some(Peer& p) {
 
 void StreamPump::check_header(const Peer& p, const In& in) const {
   // No size cap: the size must be the expected one.
-  net::Header h;
-  Status st = net::decode_header(in.hdr, UINT64_MAX, &h);
-  if (st &&
-      (h.type != net::msg::kStreamData || h.request_id != in.tag || h.payload_bytes != in.bytes))
+  transport::Header h;
+  Status st = transport::decode_header(in.hdr, UINT64_MAX, &h);
+  if (st && (h.type != transport::msg::kStreamData || h.request_id != in.tag ||
+             h.payload_bytes != in.bytes))
     st = Status(ErrorCode::kProtocolError,
                 fmt::format("streams out of step: got message {:#x} of {} bytes (type {}), "
                             "expected {:#x} of {} bytes",
@@ -397,4 +397,4 @@ void StreamWriter::check() {
   if (done_ && !abort_) error_.raise();
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -41,7 +41,7 @@
 #include "transport/transport.h"
 #include "transport/worker_thread.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 // Streams to the peers as non-blocking file descriptors, for one operation at
 // a time (lock_streams()), and two threads living as long as the transport
@@ -56,7 +56,7 @@ class DirectStreams {
   // The stream's TLS link (PUSHPULL_TLS), through which every byte on
   // stream_fd(peer) must go; nullptr for plain TCP. It lives as long as the
   // stream; its own lock lets one thread read while another writes.
-  virtual net::TlsLink* stream_tls(int /*peer*/) const { return nullptr; }
+  virtual transport::TlsLink* stream_tls(int /*peer*/) const { return nullptr; }
   // Held by an operation for the whole of its use of the streams.
   virtual std::unique_lock<std::mutex> lock_streams() = 0;
   // True once closed or failed (stream waits end then).
@@ -105,22 +105,22 @@ class StreamPump {
 
  private:
   struct Out {
-    net::HeaderBytes hdr;
+    transport::HeaderBytes hdr;
     const char* data;
     size_t bytes;
-    size_t done = 0;  // of net::kHeaderBytes + bytes
+    size_t done = 0;  // of transport::kHeaderBytes + bytes
   };
   struct In {
     uint64_t tag;
     char* dst;
     size_t bytes;
-    net::HeaderBytes hdr;
+    transport::HeaderBytes hdr;
     size_t done = 0;
   };
   struct Peer {
     int peer = -1;
     int fd = -1;
-    net::TlsLink* tls = nullptr;  // with TLS: every byte goes through it
+    transport::TlsLink* tls = nullptr;  // with TLS: every byte goes through it
     std::deque<Out> out;
     std::vector<In> in;
     size_t in_next = 0;  // first incomplete receive
@@ -184,9 +184,9 @@ class StreamWriter {
 
   DirectStreams& t_;
   int peer_, fd_;
-  net::TlsLink* tls_;  // the stream's TLS link, or nullptr
+  transport::TlsLink* tls_;  // the stream's TLS link, or nullptr
   std::vector<Msg> msgs_;
-  std::vector<net::HeaderBytes> hdrs_;
+  std::vector<transport::HeaderBytes> hdrs_;
   Millis timeout_;
   std::string what_;
   int wake_fd_ = -1;   // eventfd: wakes the thread's poll() on abort
@@ -200,4 +200,4 @@ class StreamWriter {
   bool started_ = false;
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

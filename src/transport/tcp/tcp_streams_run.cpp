@@ -24,7 +24,7 @@
 
 #include "transport/tcp/tcp_streams.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 constexpr size_t kStreamReadAhead = 8 << 20;    // scratch for reads ahead
@@ -249,4 +249,4 @@ void run_on_streams(DirectStreams& t, const Schedule& s) {
   if (writer) writer->finish();
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

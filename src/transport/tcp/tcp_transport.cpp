@@ -13,11 +13,11 @@
 #include "pushpull/log.h"
 #include "transport/address.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
-net::TransportConfig config_of(int rank, int size, const NetOptions& net) {
-  net::TransportConfig c;
+transport::TransportConfig config_of(int rank, int size, const NetOptions& net) {
+  transport::TransportConfig c;
   c.net = net;
   c.role = Role::kWorker;
   c.rank = rank;
@@ -30,11 +30,11 @@ net::TransportConfig config_of(int rank, int size, const NetOptions& net) {
 
 TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
                            int port)
-    : TcpTransport(rank, size, net, host, net::listen_on(host, port)) {}
+    : TcpTransport(rank, size, net, host, transport::listen_on(host, port)) {}
 
 TcpTransport::TcpTransport(int rank, int size, const NetOptions& net,
                            const std::string& /*host: the streams share the listener now*/,
-                           net::Fd listener)
+                           transport::Fd listener)
     : rank_(rank),
       size_(size),
       opts_(net),
@@ -53,11 +53,12 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net,
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
   net_.listen(std::move(listener));
-  net_.set_handler(kDataType, kDataType, [this](net::Message&& m) { on_message(std::move(m)); });
+  net_.set_handler(kDataType, kDataType,
+                   [this](transport::Message&& m) { on_message(std::move(m)); });
   net_.set_handler(kHeartbeatType, kDialMeType,
-                   [this](net::Message&& m) { on_control(std::move(m)); });
+                   [this](transport::Message&& m) { on_control(std::move(m)); });
   port_->target_ = this;
-  net_.set_connect_handler([this](net::ConnId id, const net::PeerInfo& p) {
+  net_.set_connect_handler([this](transport::ConnId id, const transport::PeerInfo& p) {
     {
       std::lock_guard lock(mu_);
       if (p.rank < 0 || p.rank >= size_) return;
@@ -68,8 +69,8 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net,
     cv_.notify_all();
     flush(p.rank);  // operations that waited for this (lazy) connection
   });
-  net_.set_close_handler(
-      [this](net::ConnId id, const net::PeerInfo&, const Status& st) { on_close(id, st); });
+  net_.set_close_handler([this](transport::ConnId id, const transport::PeerInfo&,
+                                const Status& st) { on_close(id, st); });
   net_.start();
 }
 
@@ -98,7 +99,7 @@ Status TcpTransport::refusal_locked(int peer) const {
 
 void TcpTransport::post_send_now(int peer, uint64_t tag, const void* data, size_t bytes,
                                  Completion done, bool flushing) {
-  net::ConnId conn;
+  transport::ConnId conn;
   std::optional<Status> dead;
   {
     std::unique_lock lock(mu_);
@@ -116,7 +117,7 @@ void TcpTransport::post_send_now(int peer, uint64_t tag, const void* data, size_
     conn = conns_[static_cast<size_t>(peer)];
   }
   if (dead) return fail_or_hold(peer, std::move(done), *dead);
-  net::Header h;
+  transport::Header h;
   h.type = kDataType;
   h.request_id = tag;
   net_.send(conn, h, data, bytes, [this, peer, done = std::move(done)](const Status& st) mutable {
@@ -132,7 +133,7 @@ void TcpTransport::post_recv(int peer, uint64_t tag, void* dst, size_t bytes, Co
 void TcpTransport::post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
                                  bool flushing) {
   Key key{peer, tag};
-  net::ConnId conn;
+  transport::ConnId conn;
   {
     std::unique_lock lock(mu_);
     Status err = refusal_locked(peer);
@@ -143,7 +144,7 @@ void TcpTransport::post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes
     }
     auto it = early_.find(key);
     if (err.is_ok() && it != early_.end()) {
-      net::Buffer b = std::move(it->second.front());
+      transport::Buffer b = std::move(it->second.front());
       it->second.pop_front();
       if (early_count_[static_cast<size_t>(peer)] != SIZE_MAX)
         --early_count_[static_cast<size_t>(peer)];
@@ -179,10 +180,10 @@ void TcpTransport::post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes
     conn = conns_[static_cast<size_t>(peer)];
   }
   if (tag & kControlTagBit) return;  // control: served by on_message (copy)
-  net::RecvMatch match{kDataType, tag, 0};
+  transport::RecvMatch match{kDataType, tag, 0};
   Status st = net_.post_recv(
       conn, match, dst, bytes,
-      [this, key](const Status& s, const net::Header& h) { on_net_recv(key, s, h); });
+      [this, key](const Status& s, const transport::Header& h) { on_net_recv(key, s, h); });
   std::optional<Posted> failed;
   {
     std::lock_guard lock(mu_);
@@ -202,11 +203,11 @@ void TcpTransport::post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes
   if (failed) fail_or_hold(peer, std::move(failed->done), st);
 }
 
-void TcpTransport::on_message(net::Message&& m) {
+void TcpTransport::on_message(transport::Message&& m) {
   // A message can beat connect_all's bookkeeping of an outgoing connection
   // (the peer sends as soon as its own connect_all is done): the hello
   // already told net who is at the other end, so register it from there.
-  std::optional<net::PeerInfo> info;
+  std::optional<transport::PeerInfo> info;
   bool known;
   {
     std::lock_guard lock(mu_);
@@ -256,7 +257,7 @@ void TcpTransport::on_message(net::Message&& m) {
       claimed_.insert(key);
   }
   lock.unlock();
-  if (cancel) net_.cancel_recv(m.conn, net::RecvMatch{kDataType, key.second, 0});
+  if (cancel) net_.cancel_recv(m.conn, transport::RecvMatch{kDataType, key.second, 0});
   if (m.payload.size() != p.bytes) {
     p.done(Status(ErrorCode::kProtocolError,
                   fmt::format("collective: {} bytes from rank {} for a receive of {}",
@@ -267,7 +268,7 @@ void TcpTransport::on_message(net::Message&& m) {
   p.done(Status::ok());
 }
 
-void TcpTransport::on_net_recv(Key key, const Status& st, const net::Header& h) {
+void TcpTransport::on_net_recv(Key key, const Status& st, const transport::Header& h) {
   std::optional<Posted> p;
   {
     std::lock_guard lock(mu_);
@@ -289,7 +290,7 @@ void TcpTransport::on_net_recv(Key key, const Status& st, const net::Header& h) 
   p->done(Status::ok());
 }
 
-void TcpTransport::on_close(net::ConnId id, const Status& st) {
+void TcpTransport::on_close(transport::ConnId id, const Status& st) {
   std::vector<Posted> failed;
   int peer;
   {
@@ -319,7 +320,7 @@ void TcpTransport::on_close(net::ConnId id, const Status& st) {
 
 void TcpTransport::close(const Status& reason) {
   std::vector<Posted> failed;
-  std::vector<net::ConnId> bye;
+  std::vector<transport::ConnId> bye;
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
@@ -328,8 +329,8 @@ void TcpTransport::close(const Status& reason) {
         if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
           bye.push_back(conns_[static_cast<size_t>(r)]);
   }
-  for (net::ConnId c : bye)
-    net_.send_copy(c, net::Header{.type = kByeType}, nullptr, 0, kUrgentPriority);
+  for (transport::ConnId c : bye)
+    net_.send_copy(c, transport::Header{.type = kByeType}, nullptr, 0, kUrgentPriority);
   if (!bye.empty()) net_.drain(Millis{200});
   {
     std::lock_guard lock(mu_);
@@ -367,4 +368,4 @@ void TcpTransport::close(const Status& reason) {
     t.join();
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

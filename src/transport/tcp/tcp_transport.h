@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The collective Transport over TCP (transport/tcp/message_transport.h): one net::MessageTransport
-// per rank, at most one connection per pair of ranks, always opened by the higher rank (so a pair
-// never gets two; net's duplicate-identity check refuses a second claim anyway).
+// The collective Transport over TCP (transport/tcp/message_transport.h): one
+// transport::MessageTransport per rank, at most one connection per pair of ranks, always opened by
+// the higher rank (so a pair never gets two; net's duplicate-identity check refuses a second claim
+// anyway).
 //
 // Not a full mesh (tcp_transport_mesh.cpp chooses, tcp_transport_connect.cpp
 // connects): connect_all opens, in parallel, only the connections the
@@ -28,7 +29,7 @@
 // connection per pair of partners (mesh_partners; stream_fd() is -1 for any
 // other peer, and a subgroup with such a pair moves its data over net): the
 // higher rank opens it to the lower one's net port with the same hello,
-// marked as a stream (net::MessageTransport::open_stream), and the lower
+// marked as a stream (transport::MessageTransport::open_stream), and the lower
 // rank's MessageTransport hands it over (take_stream; only ranks of this
 // group, once each). On them run() drives every collective's schedule
 // directly from the calling thread (StreamPump; large rings add a
@@ -105,10 +106,10 @@
 #include "transport/transport.h"
 #include "transport/worker_thread.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 
 // Data messages over the net connections (type 128).
-inline constexpr uint16_t kDataType = net::msg::kCollectiveFirst;
+inline constexpr uint16_t kDataType = transport::msg::kCollectiveFirst;
 
 // Message types of the failure detector (net's collective range; see
 // bootstrap.h for the others).
@@ -197,7 +198,7 @@ class TcpTransport final : public Transport {
   // before this transport exists, e.g. in an elastic round's book); `host`
   // is where it was bound.
   TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
-               net::Fd listener);
+               transport::Fd listener);
   ~TcpTransport() override;
 
   int port() const { return net_.port(); }
@@ -241,7 +242,7 @@ class TcpTransport final : public Transport {
   bool has_streams() const { return streams_ready_; }
   // -1 when there is no stream to `peer`.
   int stream_fd(int peer) const;
-  net::TlsLink* stream_tls(int peer) const;
+  transport::TlsLink* stream_tls(int peer) const;
   // Held by an algorithm for the whole of its use of the streams.
   std::unique_lock<std::mutex> lock_streams() { return std::unique_lock(stream_mu_); }
   // True once closed or a verdict is decided (stream waits end then).
@@ -265,10 +266,10 @@ class TcpTransport final : public Transport {
     size_t bytes;
     Completion done;
   };
-  void on_message(net::Message&& m);
-  void on_control(net::Message&& m);
-  void on_net_recv(Key key, const Status& st, const net::Header& h);
-  void on_close(net::ConnId id, const Status& st);
+  void on_message(transport::Message&& m);
+  void on_control(transport::Message&& m);
+  void on_net_recv(Key key, const Status& st, const transport::Header& h);
+  void on_close(transport::ConnId id, const Status& st);
   Status peer_error(int peer, const Status& why) const;
   // A failed operation with `peer`: fails it with the verdict, or holds it
   // (suspecting the peer) until one is decided. mu_ not held.
@@ -292,9 +293,9 @@ class TcpTransport final : public Transport {
   void lazy_loop();                     // a dialer thread
   void dial(int peer);                  // mu_ not held
   void send_dial_me(int from, int to);  // mu_ not held
-  void on_dial_me(const net::Message& m, int from);  // mu_ not held
-  void lazy_failed(int peer, Status why);            // mu_ not held: fails its queue
-  std::vector<Deferred> take_deferred();             // mu_ held: every queued operation
+  void on_dial_me(const transport::Message& m, int from);  // mu_ not held
+  void lazy_failed(int peer, Status why);                  // mu_ not held: fails its queue
+  std::vector<Deferred> take_deferred();                   // mu_ held: every queued operation
   // Why an operation with `peer` cannot be posted (closed, a verdict, no
   // such peer), or ok. Under mu_.
   Status refusal_locked(int peer) const;
@@ -306,24 +307,24 @@ class TcpTransport final : public Transport {
   // The probe of the silent successor: decides it dead, or sends the probes.
   // mu_ held on entry and exit (released while sending).
   void probe_successor(std::unique_lock<std::mutex>& lock);
-  void on_probe(net::Message&& m, int from);  // mu_ not held
-  void heard(net::ConnId conn);               // mu_ held
-  int peer_of(net::ConnId conn);              // mu_ held; -1 when unknown
+  void on_probe(transport::Message&& m, int from);  // mu_ not held
+  void heard(transport::ConnId conn);               // mu_ held
+  int peer_of(transport::ConnId conn);              // mu_ held; -1 when unknown
 
   int rank_, size_;
   NetOptions opts_;
-  net::MessageTransport net_;
+  transport::MessageTransport net_;
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
-  std::vector<net::ConnId> conns_;
-  std::map<net::ConnId, int> rank_of_;
+  std::vector<transport::ConnId> conns_;
+  std::map<transport::ConnId, int> rank_of_;
   std::vector<std::optional<Status>> dead_;
   std::optional<Status> closed_;
   std::map<Key, Posted> posted_;
   std::set<Key> registered_;  // data receives posted to net and not yet served
   std::set<Key> claimed_;     // served by on_message before net saw the posting
-  std::map<Key, std::deque<net::Buffer>> early_;
+  std::map<Key, std::deque<transport::Buffer>> early_;
   std::vector<size_t> early_count_;    // per peer
   std::vector<uint64_t> early_bytes_;  // per peer
 
@@ -353,8 +354,9 @@ class TcpTransport final : public Transport {
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
 
-  std::vector<net::Fd> streams_;                           // per peer; set once by connect_all
-  std::vector<std::unique_ptr<net::TlsLink>> stream_tls_;  // per peer, with TLS; set with streams_
+  std::vector<transport::Fd> streams_;  // per peer; set once by connect_all
+  std::vector<std::unique_ptr<transport::TlsLink>>
+      stream_tls_;                          // per peer, with TLS; set with streams_
   std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation
   std::mutex stream_mu_;
 
@@ -365,7 +367,7 @@ class TcpTransport final : public Transport {
     explicit Streams(TcpTransport& t) : t_(t) {}
     int rank() const override { return t_.rank_; }
     int stream_fd(int peer) const override { return t_.stream_fd(peer); }
-    net::TlsLink* stream_tls(int peer) const override { return t_.stream_tls(peer); }
+    transport::TlsLink* stream_tls(int peer) const override { return t_.stream_tls(peer); }
     std::unique_lock<std::mutex> lock_streams() override { return t_.lock_streams(); }
     bool is_closed() const override { return t_.is_closed(); }
     Status stream_error(int peer, const std::string& why, ErrorCode code) override {
@@ -383,4 +385,4 @@ class TcpTransport final : public Transport {
   Streams streams_api_{*this};
 };
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -17,7 +17,7 @@
 #include "transport/tcp/tcp_transport.h"
 #include "transport/wire.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 // At most this many start-up dials at once (each one a thread).
@@ -33,8 +33,8 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
         fmt::format("TcpTransport: address book of {} for size {}", book.size(), size_));
   std::vector<std::string> hosts;
   for (int r = 0; r < size_; ++r) {
-    where_[static_cast<size_t>(r)] = net::format_address(book[static_cast<size_t>(r)].first,
-                                                         book[static_cast<size_t>(r)].second);
+    where_[static_cast<size_t>(r)] = transport::format_address(book[static_cast<size_t>(r)].first,
+                                                               book[static_cast<size_t>(r)].second);
     hosts.push_back(book[static_cast<size_t>(r)].first);
   }
   const std::vector<int> partners = mesh_partners(rank_, hosts);
@@ -73,7 +73,7 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
         }
         try {
           auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-          net::ConnId id =
+          transport::ConnId id =
               net_.connect(book[static_cast<size_t>(p)].first, book[static_cast<size_t>(p)].second,
                            std::max(left, Millis{1}));
           {
@@ -235,7 +235,7 @@ void TcpTransport::dial(int peer) {
     where = book_[static_cast<size_t>(peer)];
     limit = lazy_timeout();
   }
-  net::ConnId id = 0;
+  transport::ConnId id = 0;
   try {
     id = net_.connect(where.first, where.second, limit);
   } catch (const Error& e) {
@@ -309,7 +309,7 @@ std::vector<TcpTransport::Deferred> TcpTransport::take_deferred() {
 }
 
 void TcpTransport::send_dial_me(int from, int to) {
-  net::ConnId via = 0;
+  transport::ConnId via = 0;
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
@@ -324,15 +324,16 @@ void TcpTransport::send_dial_me(int from, int to) {
   }
   if (via == 0) return;  // the lower side's wait fails at its deadline
   std::byte payload[8];
-  net::store_le<uint32_t>(payload, static_cast<uint32_t>(from));
-  net::store_le<uint32_t>(payload + 4, static_cast<uint32_t>(to));
-  net_.send_copy(via, net::Header{.type = kDialMeType}, payload, sizeof payload, kUrgentPriority);
+  transport::store_le<uint32_t>(payload, static_cast<uint32_t>(from));
+  transport::store_le<uint32_t>(payload + 4, static_cast<uint32_t>(to));
+  net_.send_copy(via, transport::Header{.type = kDialMeType}, payload, sizeof payload,
+                 kUrgentPriority);
 }
 
-void TcpTransport::on_dial_me(const net::Message& m, int from) {
+void TcpTransport::on_dial_me(const transport::Message& m, int from) {
   if (from < 0 || m.payload.size() != 8) return;  // malformed: ignored
-  const uint32_t a = net::load_le<uint32_t>(m.payload.data()),
-                 b = net::load_le<uint32_t>(m.payload.data() + 4);
+  const uint32_t a = transport::load_le<uint32_t>(m.payload.data()),
+                 b = transport::load_le<uint32_t>(m.payload.data() + 4);
   if (a >= static_cast<uint32_t>(size_) || b >= static_cast<uint32_t>(size_) || a >= b) return;
   const int asker = static_cast<int>(a), target = static_cast<int>(b);
   if (target != rank_) return send_dial_me(asker, target);  // forward
@@ -346,4 +347,4 @@ void TcpTransport::on_dial_me(const net::Message& m, int from) {
   request_connection(asker);
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

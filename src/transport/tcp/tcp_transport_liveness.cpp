@@ -13,15 +13,15 @@
 #include "transport/tcp/tcp_transport.h"
 #include "transport/wire.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 // A probe's payload: requester and target rank, u32 LE each.
 constexpr size_t kProbeBytes = 8;
 
 void put_probe(std::byte* out, int requester, int target) {
-  net::store_le<uint32_t>(out, static_cast<uint32_t>(requester));
-  net::store_le<uint32_t>(out + 4, static_cast<uint32_t>(target));
+  transport::store_le<uint32_t>(out, static_cast<uint32_t>(requester));
+  transport::store_le<uint32_t>(out + 4, static_cast<uint32_t>(target));
 }
 
 }  // namespace
@@ -65,7 +65,7 @@ void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
   cv_.notify_all();
 }
 
-void TcpTransport::heard(net::ConnId conn) {
+void TcpTransport::heard(transport::ConnId conn) {
   if (!silence_) return;
   int p = peer_of(conn);
   if (p >= 0 && p == watched_ && !dead_[static_cast<size_t>(p)]) {
@@ -74,12 +74,12 @@ void TcpTransport::heard(net::ConnId conn) {
   }
 }
 
-int TcpTransport::peer_of(net::ConnId conn) {
+int TcpTransport::peer_of(transport::ConnId conn) {
   auto r = rank_of_.find(conn);
   return r == rank_of_.end() ? -1 : r->second;
 }
 
-void TcpTransport::on_control(net::Message&& m) {
+void TcpTransport::on_control(transport::Message&& m) {
   std::unique_lock lock(mu_);
   heard(m.conn);
   int from = peer_of(m.conn);
@@ -101,13 +101,13 @@ void TcpTransport::on_control(net::Message&& m) {
   decide(Status(ErrorCode::kPeerFailure, std::move(text)), true);
 }
 
-void TcpTransport::on_probe(net::Message&& m, int from) {
+void TcpTransport::on_probe(transport::Message&& m, int from) {
   if (from < 0 || m.payload.size() != kProbeBytes) return;  // malformed: ignored
-  const uint32_t requester = net::load_le<uint32_t>(m.payload.data()),
-                 target = net::load_le<uint32_t>(m.payload.data() + 4);
+  const uint32_t requester = transport::load_le<uint32_t>(m.payload.data()),
+                 target = transport::load_le<uint32_t>(m.payload.data() + 4);
   if (requester >= static_cast<uint32_t>(size_) || target >= static_cast<uint32_t>(size_)) return;
   const int req = static_cast<int>(requester), tgt = static_cast<int>(target);
-  net::ConnId to = 0;
+  transport::ConnId to = 0;
   uint16_t type = 0;
   {
     std::lock_guard lock(mu_);
@@ -138,7 +138,8 @@ void TcpTransport::on_probe(net::Message&& m, int from) {
     }
   }
   if (to != 0)
-    net_.send_copy(to, net::Header{.type = type}, m.payload.data(), kProbeBytes, kUrgentPriority);
+    net_.send_copy(to, transport::Header{.type = type}, m.payload.data(), kProbeBytes,
+                   kUrgentPriority);
 }
 
 void TcpTransport::probe_successor(std::unique_lock<std::mutex>& lock) {
@@ -164,27 +165,27 @@ void TcpTransport::probe_successor(std::unique_lock<std::mutex>& lock) {
   PP_WARN("collective: {} silent for {} ms; probing it before declaring it failed", describe(q),
           silence_->silence(q).count());
   // Direct, and through the helpers that hold links to both ends.
-  std::vector<std::pair<net::ConnId, uint16_t>> sends;
+  std::vector<std::pair<transport::ConnId, uint16_t>> sends;
   auto live_conn = [&](int r) {
     return r != rank_ && !dead_[static_cast<size_t>(r)] ? conns_[static_cast<size_t>(r)] : 0;
   };
-  if (net::ConnId c = live_conn(q)) sends.emplace_back(c, kProbeType);
+  if (transport::ConnId c = live_conn(q)) sends.emplace_back(c, kProbeType);
   const int helpers[2] = {(q + 1) % size_, (rank_ - 1 + size_) % size_};
   for (int h : helpers)
     if (h != q && h != rank_ && (h != helpers[1] || helpers[1] != helpers[0]))
-      if (net::ConnId c = live_conn(h)) sends.emplace_back(c, kProbeReqType);
+      if (transport::ConnId c = live_conn(h)) sends.emplace_back(c, kProbeReqType);
   std::byte payload[kProbeBytes];
   put_probe(payload, rank_, q);
   lock.unlock();
   for (const auto& [c, type] : sends)
-    net_.send_copy(c, net::Header{.type = type}, payload, sizeof payload, kUrgentPriority);
+    net_.send_copy(c, transport::Header{.type = type}, payload, sizeof payload, kUrgentPriority);
   lock.lock();
 }
 
 void TcpTransport::decide(const Status& verdict, bool tell) {
   std::vector<Completion> failed;
-  std::vector<net::ConnId> peers;
-  std::vector<std::pair<Key, net::ConnId>> in_net;  // data receives net may be filling
+  std::vector<transport::ConnId> peers;
+  std::vector<std::pair<Key, transport::ConnId>> in_net;  // data receives net may be filling
   std::function<void(const Status&)> hook;
   {
     std::lock_guard lock(mu_);
@@ -211,8 +212,8 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
   cv_.notify_all();
   if (tell) {
     std::string text = verdict.message().substr(0, kMaxVerdictBytes);
-    for (net::ConnId c : peers)
-      net_.send_copy(c, net::Header{.type = kVerdictType}, text.data(), text.size(),
+    for (transport::ConnId c : peers)
+      net_.send_copy(c, transport::Header{.type = kVerdictType}, text.data(), text.size(),
                      kUrgentPriority);
   }
   if (hook) hook(verdict);
@@ -224,7 +225,7 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
   // A data receive posted to net may only fail once net let go of its
   // buffer: withdrawn here, or (already being filled) when net completes it.
   for (const auto& [key, conn] : in_net) {
-    if (!net_.cancel_recv(conn, net::RecvMatch{kDataType, key.second, 0})) continue;
+    if (!net_.cancel_recv(conn, transport::RecvMatch{kDataType, key.second, 0})) continue;
     std::lock_guard lock(mu_);
     registered_.erase(key);
     auto it = posted_.find(key);
@@ -326,11 +327,11 @@ void TcpTransport::liveness_loop() {
     next_beat = Real::now() + live_.heartbeat_interval;
     // One heartbeat, to the predecessor that watches this rank.
     const int pred = (rank_ - 1 + size_) % size_;
-    net::ConnId to =
+    transport::ConnId to =
         size_ > 1 && !dead_[static_cast<size_t>(pred)] ? conns_[static_cast<size_t>(pred)] : 0;
     lock.unlock();
     if (to != 0 &&
-        net_.send_copy(to, net::Header{.type = kHeartbeatType}, nullptr, 0, kUrgentPriority)
+        net_.send_copy(to, transport::Header{.type = kHeartbeatType}, nullptr, 0, kUrgentPriority)
             .is_ok())
       heartbeats_sent_.fetch_add(1, std::memory_order_relaxed);
     lock.lock();
@@ -342,4 +343,4 @@ void VerdictPort::deliver(const Status& verdict) {
   if (target_) target_->declare(verdict);
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

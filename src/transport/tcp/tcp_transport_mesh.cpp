@@ -11,7 +11,7 @@
 #include "transport/schedule.h"
 #include "transport/tcp/tcp_transport.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 // Halving-doubling's partners of `r` among `n` (algorithms.h): the fold
@@ -67,4 +67,4 @@ std::vector<int> mesh_partners(int rank, const std::vector<std::string>& hosts) 
   return {out.begin(), out.end()};
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport

@@ -4,7 +4,7 @@
 //
 // Only the mesh partners get a stream (tcp_transport.h). The higher rank of
 // each pair opens it to the lower one's net listening port with the one
-// hello of every connection, marked as a stream (net::MessageTransport::
+// hello of every connection, marked as a stream (transport::MessageTransport::
 // open_stream: the same proofs, TLS, stranger handling and local-only rule);
 // the lower rank's MessageTransport accepts it on its I/O thread, whatever
 // this thread is doing, and queues it for take_stream(). So "open to the
@@ -19,7 +19,7 @@
 
 #include "transport/tcp/tcp_transport.h"
 
-namespace pushpull::collective {
+namespace pushpull::transport {
 namespace {
 
 // How often a rank waiting for its streams looks at the verdict.
@@ -30,7 +30,7 @@ constexpr Millis kVerdictCheck{100};
 void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>& book,
                                  const std::vector<int>& partners) {
   const auto deadline = Clock::now() + opts_.connect_timeout;
-  std::vector<net::Stream> got(static_cast<size_t>(size_));
+  std::vector<transport::Stream> got(static_cast<size_t>(size_));
   // Open a stream to every lower partner (it proves it is that rank).
   for (int p : partners) {
     if (p > rank_) break;
@@ -65,15 +65,15 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
           book[static_cast<size_t>(rank_)].first, book[static_cast<size_t>(rank_)].second));
     }
   }
-  std::vector<net::Fd> sockets(got.size());
-  std::vector<std::unique_ptr<net::TlsLink>> links(got.size());
+  std::vector<transport::Fd> sockets(got.size());
+  std::vector<std::unique_ptr<transport::TlsLink>> links(got.size());
   bool tls = false;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!got[i].fd.valid()) continue;
-    net::set_nonblocking(got[i].fd.get(), true);
+    transport::set_nonblocking(got[i].fd.get(), true);
     // TCP_NODELAY only: fixed SO_SNDBUF/SO_RCVBUF would switch off the
     // kernel's buffer autotuning, measured 20% slower on loopback.
-    net::tune_socket(got[i].fd.get(), 0);
+    transport::tune_socket(got[i].fd.get(), 0);
     sockets[i] = std::move(got[i].fd);
     tls = tls || got[i].tls != nullptr;
     links[i] = std::move(got[i].tls);
@@ -100,7 +100,7 @@ int TcpTransport::stream_fd(int peer) const {
   return streams_[static_cast<size_t>(peer)].get();
 }
 
-net::TlsLink* TcpTransport::stream_tls(int peer) const {
+transport::TlsLink* TcpTransport::stream_tls(int peer) const {
   if (!streams_ready_ || peer < 0 || peer >= size_ || stream_tls_.empty()) return nullptr;
   return stream_tls_[static_cast<size_t>(peer)].get();
 }
@@ -124,4 +124,4 @@ Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode co
   return blame;
 }
 
-}  // namespace pushpull::collective
+}  // namespace pushpull::transport
