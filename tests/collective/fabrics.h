@@ -52,33 +52,41 @@ inline std::vector<std::unique_ptr<Transport>> connect_shm_group(int n, ShmOptio
   return ts;
 }
 
+// n connected transports of `kind`, rank r at index r. In-process endpoints
+// keep what they need of their fabric; TCP ranks meet on loopback with
+// their direct streams; shared-memory ranks get small rings (64 KiB) unless
+// `shm` says otherwise, so messages larger than a ring stream through it.
+inline std::vector<std::unique_ptr<Transport>> connect_group(Kind kind, int n) {
+  std::vector<std::unique_ptr<Transport>> group;
+  if (kind == Kind::kInProcess) {
+    auto fabric = std::make_shared<InProcessFabric>(n);
+    for (int r = 0; r < n; ++r)
+      group.push_back(fabric->endpoint(r));
+  } else if (kind == Kind::kTcp) {
+    for (auto& t : connect_tcp_group(n))
+      group.push_back(std::move(t));
+  } else {
+    ShmOptions o;
+    o.ring_bytes = 64 << 10;
+    group = connect_shm_group(n, o);
+  }
+  return group;
+}
+
 class Fabrics {
  public:
   explicit Fabrics(Kind kind) : kind_(kind) {}
 
   void run(int n, const std::function<void(int, Transport&)>& fn) {
     std::vector<Transport*> eps;
-    std::unique_ptr<InProcessFabric> fabric;
     std::vector<std::unique_ptr<Transport>> owned;
     if (kind_ == Kind::kInProcess) {
-      fabric = std::make_unique<InProcessFabric>(n);
-      for (int r = 0; r < n; ++r) {
-        owned.push_back(fabric->endpoint(r));
-        eps.push_back(owned.back().get());
-      }
+      owned = connect_group(kind_, n);  // a fresh fabric per run: nothing left in flight
+      for (auto& t : owned)
+        eps.push_back(t.get());
     } else {
       auto& group = groups_[n];
-      if (group.empty()) {
-        if (kind_ == Kind::kTcp) {
-          for (auto& t : connect_tcp_group(n))
-            group.push_back(std::move(t));
-        } else {
-          // Small rings: messages larger than a ring stream through it.
-          ShmOptions o;
-          o.ring_bytes = 64 << 10;
-          group = connect_shm_group(n, o);
-        }
-      }
+      if (group.empty()) group = connect_group(kind_, n);
       for (auto& t : group)
         eps.push_back(t.get());
     }

@@ -34,28 +34,12 @@ collective::CommunicatorOptions comm_options() {
   return c;
 }
 
-// n transports of `kind`, rank r at index r.
-std::vector<std::unique_ptr<transport::Transport>> transports(Kind kind, int n) {
-  std::vector<std::unique_ptr<transport::Transport>> ts;
-  if (kind == Kind::kInProcess) {
-    auto fabric = std::make_shared<transport::InProcessFabric>(n);
-    for (int r = 0; r < n; ++r)
-      ts.push_back(fabric->endpoint(r));  // endpoints keep what they need of the fabric
-  } else if (kind == Kind::kTcp) {
-    for (auto& t : collective::testing::connect_tcp_group(n))
-      ts.push_back(std::move(t));
-  } else {
-    ts = collective::testing::connect_shm_group(n);
-  }
-  return ts;
-}
-
 // body(store) for n workers on n threads, each an AllreduceStore over its own
 // communicator; rethrows the first exception. A worker that throws destroys
 // its store, which fails the others' pending collectives instead of leaving
 // them waiting.
 void run_workers(Kind kind, int n, const std::function<void(KVStore&)>& body) {
-  auto ts = transports(kind, n);
+  auto ts = collective::testing::connect_group(kind, n);
   Options o;
   o.kvstore.wait_timeout = Millis(30000);
   o.kvstore.engine_threads = 2;

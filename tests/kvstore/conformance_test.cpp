@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The store conformance suite: every KVStore type held to the same
 // expectations (include/pushpull/kvstore.h, docs/kvstore.md), with the
-// distributed types as in-process jobs of 2 workers (store_jobs.h). Where
+// distributed types as in-process jobs of 2 workers (store_jobs.h), each over
+// every transport it can run on: a PS store's payloads in shared-memory
+// rings and in TCP frames ("@tcp"), dist_sync_allreduce over the in-process
+// transport, a TCP mesh ("@tcp") and shared memory ("@shm"). Where
 // MXNet's semantics differ by type, the test says so and checks each side:
 // - dist_async applies every push on arrival and needs an optimizer;
 // - parameter-server stores run the optimizer on the servers, so
@@ -41,10 +44,11 @@ std::vector<double> filled(int64_t n, double x) {
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
-  const std::string type_ = GetParam();
+  const std::string job_ = GetParam();  // "<type>[@<transport>]" (store_jobs.h)
+  const std::string type_ = testing::store_of(job_);
   bool async() const { return type_ == "dist_async"; }
   void run(const std::function<void(KVStore&)>& body, JobShape shape = {}) {
-    testing::run_store_job(type_, shape, body);
+    testing::run_store_job(job_, shape, body);
   }
   std::string temp_path(const std::string& what) const {
     return ::testing::TempDir() + "/pp-conformance-" + what + "-" + type_ + "-" +
@@ -129,8 +133,9 @@ struct RoundCase {
 class ConformanceRounds : public ::testing::TestWithParam<std::tuple<std::string, RoundCase>> {};
 
 TEST_P(ConformanceRounds, TestOptimizerGivesClosedForm) {
-  const auto& [type, c] = GetParam();
-  testing::run_store_job(type, JobShape{3, 2, 1000}, [&](KVStore& kv) {
+  const auto& [job, c] = GetParam();
+  const std::string type = testing::store_of(job);
+  testing::run_store_job(job, JobShape{3, 2, 1000}, [&](KVStore& kv) {
     const int n = kv.num_workers();
     Shape shape{c.rows, c.cols};
     kv.init(7, Array::full(shape, 1.0, c.dtype).view());
@@ -151,19 +156,21 @@ TEST_P(ConformanceRounds, TestOptimizerGivesClosedForm) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, ConformanceRounds,
-                         ::testing::Combine(::testing::Values("local", "device", "dist_sync",
-                                                              "dist_async", "dist_sync_allreduce"),
-                                            ::testing::Values(RoundCase{DType::kFloat32, 2, 3},
-                                                              RoundCase{DType::kFloat16, 2, 3},
-                                                              RoundCase{DType::kFloat32, 300, 300},
-                                                              RoundCase{DType::kFloat16, 300,
-                                                                        300})),
-                         [](const auto& info) {
-                           const RoundCase& c = std::get<1>(info.param);
-                           return std::get<0>(info.param) + "_" + std::string(dtype_name(c.dtype)) +
-                                  "_" + std::to_string(c.rows);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Types, ConformanceRounds,
+    ::testing::Combine(::testing::Values("local", "device", "dist_sync", "dist_sync@tcp",
+                                         "dist_async", "dist_sync_allreduce",
+                                         "dist_sync_allreduce@tcp", "dist_sync_allreduce@shm"),
+                       ::testing::Values(RoundCase{DType::kFloat32, 2, 3},
+                                         RoundCase{DType::kFloat16, 2, 3},
+                                         RoundCase{DType::kFloat32, 300, 300},
+                                         RoundCase{DType::kFloat16, 300, 300})),
+    [](const auto& info) {
+      const RoundCase& c = std::get<1>(info.param);
+      std::string job = std::get<0>(info.param);
+      std::replace(job.begin(), job.end(), '@', '_');
+      return job + "_" + std::string(dtype_name(c.dtype)) + "_" + std::to_string(c.rows);
+    });
 
 TEST_P(Conformance, IntAndStringKeysButNeverBoth) {
   run([&](KVStore& kv) {
@@ -441,8 +448,9 @@ TEST_P(Conformance, AsyncHandlesAndWaitAll) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, Conformance,
-                         ::testing::Values("local", "device", "dist_sync", "dist_async",
-                                           "dist_sync_allreduce"));
+                         ::testing::Values("local", "device", "dist_sync", "dist_sync@tcp",
+                                           "dist_async", "dist_async@tcp", "dist_sync_allreduce",
+                                           "dist_sync_allreduce@tcp", "dist_sync_allreduce@shm"));
 
 // The MXNet aliases make the same stores under their own names.
 TEST(ConformanceAliases, EveryAliasWorks) {
