@@ -24,6 +24,7 @@
 #include "transport/host_identity.h"
 #include "transport/message.h"
 #include "transport/shm/lend.h"
+#include "transport/shm/shm_host.h"
 #include "transport/shm/shm_setup.h"
 #include "transport/wire.h"
 
@@ -89,12 +90,13 @@ void net_seeds(const fs::path& root) {
   header.add(0, net::encode_header(net::Header{
                     .type = 65, .net_flags = net::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
   Corpus shm(root, "fuzz_net_shm");
-  const std::string name = std::string(net::kShmNamePrefix) + std::string(32, 'a');
-  shm.add(0, net::encode(net::ShmOffer{name, 8 << 20, net::host_key("/dev/shm")}));
-  shm.add(1, net::encode(net::ShmAnswer{true, "", net::ShmToken{}, name, 8 << 20}));
-  shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
+  const net::HostRecord record{.key = net::host_key("/dev/shm")};
+  shm.add(0, net::encode(record));
+  shm.add(1, net::encode(net::ShmAnswer{true, "", record}));
+  shm.add(1, net::encode(net::ShmAnswer{false, "shared memory is off on this node", {}}));
   shm.add(2, net::encode_lend_ref(net::LendRef{4242, 17, {}, 32 << 20, 2 << 20, 2 << 20}));
-  shm.add(3, net::encode(net::ShmConfirm{true, "", net::ShmToken{}}));
+  const auto rank = collective::encode(collective::RankRecord{record, {}});
+  shm.add(3, rank);
 }
 
 void cluster_seeds(const fs::path& root) {
