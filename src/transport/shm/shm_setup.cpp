@@ -5,6 +5,8 @@
 
 namespace pushpull::net {
 
+static_assert(2 + kMaxShmReason + kHostRecordBytes <= kMaxShmSetupBytes);  // the longest answer
+
 std::vector<std::byte> encode(const ShmAnswer& m) {
   Writer w;
   w.u<uint8_t>(m.accepted ? 1 : 0)
