@@ -12,7 +12,7 @@ namespace pushpull::collective {
 namespace {
 
 constexpr net::ShmKind kProbeKind{"pushpull-probe-", 32};
-constexpr net::ProofForm kProbeForm{kProbeKind, 16, 16, 0};
+constexpr net::ProofForm kProbeForm{kProbeKind, 16, 16, 0};  // the probe is its content
 
 }  // namespace
 

@@ -17,6 +17,7 @@ constexpr uint32_t kSegVersion = 2;                 // 1: a 32-byte token its pe
 // A segment is its own proof file: the content lies in the header.
 constexpr ProofForm kSegmentForm{kShmSegmentKind, kShmHeaderBytes + kShmMinRingBytes,
                                  kShmHeaderBytes + kShmMaxRingBytes, 24};
+static_assert(kSegmentForm.content_at + sizeof(ShmId) <= kShmHeaderBytes);
 
 // Whether the segment file open as `fd` names a creator pid that no longer
 // exists, or has no header at all: its creator died between creating the
