@@ -5,9 +5,9 @@
 // wrote, and refuses, in this one place, another host's key, a missing file
 // (an old record replayed after its file went), other content, another
 // size, a symlink, a FIFO, a file open to others and another user's file.
-// The PS's offer (tests/net/shm_test.cpp, AnOfferIsJudgedByTheOneHostProof)
-// and the collectives' probes (tests/collective/shm_host_test.cpp) are
-// judged by it.
+// The PS's offer (tests/net/shm_test.cpp, AnOfferIsJudgedByTheOneHostProof),
+// the PS's answer (below: a connector closes on a forged one) and the
+// collectives' probes (tests/collective/shm_host_test.cpp) are judged by it.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -17,8 +17,13 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 
+#include "fixture.h"
+#include "support/wait.h"
 #include "transport/host_identity.h"
+#include "transport/shm/shm_setup.h"
+#include "transport/tcp/message_transport.h"
 
 namespace pushpull::net {
 namespace {
@@ -160,6 +165,69 @@ TEST(HostProof, EveryRefusalIsMadeHere) {
     });
   }
   ASSERT_TRUE(check(d, good).is_ok());  // the honest record still proves
+}
+
+// An acceptor on a raw socket: the hello (no secret), then it answers the
+// connector's offer with its own ring's record, forged or not, and reports
+// what came back: the confirmation (type 6) or 0 when the connector closed.
+uint16_t answer_offer(Fd& listener, bool forge) {
+  Fd fd(::accept(listener.get(), nullptr, nullptr));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  auto send = [&](uint16_t type, const std::vector<std::byte>& payload) {
+    auto hb = encode_header(Header{.type = type, .payload_bytes = payload.size()});
+    EXPECT_TRUE(write_all(fd.get(), hb.data(), hb.size(), deadline).is_ok());
+    EXPECT_TRUE(write_all(fd.get(), payload.data(), payload.size(), deadline).is_ok());
+  };
+  auto receive = [&](std::vector<std::byte>* payload) -> uint16_t {
+    HeaderBytes hb;
+    Header h;
+    if (!read_all(fd.get(), hb.data(), hb.size(), deadline) ||
+        !decode_header(hb, kMaxShmSetupBytes, &h))
+      return 0;
+    payload->resize(h.payload_bytes);
+    return read_all(fd.get(), payload->data(), payload->size(), deadline) ? h.type : 0;
+  };
+  send(msg::kChallenge, encode(Challenge{kProtocolVersion, job_tag("job"), random_nonce()}));
+  std::vector<std::byte> p;
+  EXPECT_EQ(receive(&p), msg::kHello);
+  send(msg::kHelloAck, encode(HelloAck{true, "", Role::kServer, 0, {}}));
+  HostRecord offer;
+  EXPECT_EQ(receive(&p), msg::kShmOffer);
+  EXPECT_TRUE(decode(p, &offer).is_ok());
+  std::unique_ptr<ShmSegment> theirs;
+  EXPECT_TRUE(ShmSegment::open(offer, "/dev/shm", &theirs).is_ok());
+  std::unique_ptr<ShmSegment> mine;
+  EXPECT_TRUE(ShmSegment::create(kShmMinRingBytes, "/dev/shm", &mine).is_ok());
+  ShmAnswer answer{true, "", mine->record()};
+  if (forge) answer.ring.content[5] ^= std::byte{1};
+  send(msg::kShmAnswer, encode(answer));
+  return receive(&p);
+}
+
+// The connector verifies the acceptor's answer as the acceptor verified its
+// offer: a forged record closes that connection (the acceptor may already
+// send through its ring), an honest one is confirmed.
+TEST(HostProof, APsConnectorClosesOnAForgedAnswer) {
+  for (bool forge : {true, false}) {
+    Fd listener = listen_on("127.0.0.1", 0);
+    set_nonblocking(listener.get(), false);
+    uint16_t reply = 0;
+    std::thread acceptor([&] { reply = answer_offer(listener, forge); });
+    TransportConfig c = test::config(Role::kWorker, 1);
+    c.shared_memory = true;
+    c.shm_ring_bytes = kShmMinRingBytes;
+    test::Sink b(std::move(c));
+    b.t.connect("127.0.0.1", local_port(listener.get()));
+    if (forge) {
+      EXPECT_TRUE(test::wait_until([&] { return b.ncloses() == 1; }));  // no ASSERT: join below
+      std::lock_guard l(b.mu);
+      for (const Status& st : b.closes)
+        EXPECT_NE(st.message().find("does not hold"), std::string::npos) << st.to_string();
+    }
+    b.t.stop();
+    acceptor.join();
+    EXPECT_EQ(reply, forge ? 0 : msg::kShmConfirm) << forge;
+  }
 }
 
 }  // namespace
