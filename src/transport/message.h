@@ -44,8 +44,9 @@ namespace pushpull::transport {
 
 inline constexpr uint32_t kMagic = 0x48535050;  // bytes "PPSH"
 // 2: mutual hello (transport/hello.h); 3: shared-memory payloads (transport/shm/shm_setup.h);
-// 4: the hello's kind (a message connection or a data stream, bound by the proofs).
-inline constexpr uint16_t kProtocolVersion = 4;
+// 4: the hello's kind (a message connection or a data stream, bound by the proofs);
+// 5: the shared-memory setup carries host records (transport/host_identity.h).
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kHeaderBytes = 64;
 
 namespace msg {
@@ -54,9 +55,9 @@ inline constexpr uint16_t kChallenge = 1;  // acceptor -> connector: nonce
 inline constexpr uint16_t kHello = 2;      // connector -> acceptor: identity + proof
 inline constexpr uint16_t kHelloAck = 3;   // acceptor -> connector: accepted or why not
 // Same-host shared memory (transport/shm/shm_setup.h), after the hello.
-inline constexpr uint16_t kShmOffer = 4;    // connector -> acceptor: my ring's name
-inline constexpr uint16_t kShmAnswer = 5;   // acceptor -> connector: your token, my ring / no
-inline constexpr uint16_t kShmConfirm = 6;  // connector -> acceptor: your token / no
+inline constexpr uint16_t kShmOffer = 4;    // connector -> acceptor: my ring's record
+inline constexpr uint16_t kShmAnswer = 5;   // acceptor -> connector: my ring's record / no
+inline constexpr uint16_t kShmConfirm = 6;  // connector -> acceptor: mapped (no payload)
 inline constexpr uint16_t kShmPiece = 7;    // `length` payload bytes at ring position `offset`
 inline constexpr uint16_t kShmRelease = 8;  // the reader consumed the ring up to `offset`
 // One message on a data stream (transport/tcp/message_transport.h, "Streams"): request_id is

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host identity for shared memory (shm_host.h) and use_shared_memory's
 // choice (shm_data_transport.h): records survive the wire and bad ones are
-// refused, a probe is seen only where it really is, a group forms only when
+// refused, a probe is seen only where it really is (transport::verify, whose
+// refusals tests/net/host_proof_test.cpp checks), a group forms only when
 // every member proved every other, and a job whose ranks are split over two
 // segment directories ("hosts") moves data between ranks of one directory
 // through shared memory and to the others over TCP, every pair correct.
@@ -27,17 +28,18 @@
 #include "collective/algorithms.h"
 #include "tcp_group.h"
 #include "transport/shm/shm_data_transport.h"
+#include "transport/shm/shm_segment.h"
 
 namespace pushpull::collective {
 
 using transport::Clock;
-using transport::decode_host_record;
+using transport::decode_rank_record;
 using transport::host_key;
 using transport::HostProbe;
-using transport::HostRecord;
 using transport::irecv;
 using transport::isend;
-using transport::kHostRecordBytes;
+using transport::kRankRecordBytes;
+using transport::RankRecord;
 using transport::Request;
 using transport::SegmentsHook;
 using transport::shm_group;
@@ -71,28 +73,24 @@ struct TempDir {
 };
 
 TEST(ShmHost, RecordsRoundTripAndBadOnesAreRefused) {
-  HostRecord r;
-  r.key = host_key("/dev/shm");
-  r.probe[0] = 1;
-  r.content[15] = 2;
+  RankRecord r;
+  r.host.key = host_key("/dev/shm");
+  r.host.file[0] = std::byte{1};
+  r.host.content[15] = std::byte{2};
   r.token[7] = 3;
   auto wire = encode(r);
-  ASSERT_EQ(wire.size(), kHostRecordBytes);
-  HostRecord back = decode_host_record(wire.data(), wire.size());
-  EXPECT_EQ(back.key, r.key);
-  EXPECT_EQ(back.probe, r.probe);
-  EXPECT_EQ(back.content, r.content);
+  ASSERT_EQ(wire.size(), kRankRecordBytes);
+  RankRecord back = decode_rank_record(wire.data(), wire.size());
+  EXPECT_EQ(back.host, r.host);
   EXPECT_EQ(back.token, r.token);
 
-  EXPECT_THROW(decode_host_record(wire.data(), wire.size() - 1), ProtocolError);
-  auto unterminated = wire;
-  std::fill(unterminated.begin(), unterminated.begin() + 192, 'x');
-  EXPECT_THROW(decode_host_record(unterminated.data(), unterminated.size()), ProtocolError);
-  auto other_version = wire;
-  other_version[kHostRecordBytes - 1] = 0;  // untouched: still decodes
-  EXPECT_NO_THROW(decode_host_record(other_version.data(), other_version.size()));
-  other_version[240] = 9;  // the version byte
-  EXPECT_THROW(decode_host_record(other_version.data(), other_version.size()), ProtocolError);
+  EXPECT_THROW(decode_rank_record(wire.data(), wire.size() - 1), ProtocolError);
+  auto bad_host = wire;
+  bad_host[0] ^= 1;  // the host record's version
+  EXPECT_THROW(decode_rank_record(bad_host.data(), bad_host.size()), ProtocolError);
+  auto other_token = wire;
+  other_token.back() ^= 1;  // the token is anything
+  EXPECT_NE(decode_rank_record(other_token.data(), other_token.size()).token, r.token);
 }
 
 TEST(ShmHost, TheKeyNamesTheKernelTheNamespacesAndTheDirectory) {
@@ -139,9 +137,17 @@ TEST(ShmHost, AProbeIsSeenOnlyWhereItIsAndLeavesNothing) {
     HostProbe pa(a.path.string()), pa2(a.path.string()), pb(b.path.string());
     EXPECT_TRUE(pa2.sees(pa.record()));
     EXPECT_FALSE(pb.sees(pa.record()));  // not in b's directory
-    HostRecord forged = pa.record();
-    forged.content[0] ^= 1;
+    RankRecord forged = pa.record();
+    forged.host.content[0] ^= std::byte{1};
     EXPECT_FALSE(pa2.sees(forged));  // the file is there, the content is not
+    forged = pa.record();
+    forged.host.key = host_key(b.path.string());
+    EXPECT_FALSE(pa2.sees(forged));  // another host's key
+    {  // A PS ring's record (the same proof, another kind of file) is no probe.
+      std::unique_ptr<transport::ShmSegment> ring;
+      ASSERT_TRUE(transport::ShmSegment::create(64 << 10, a.path.string(), &ring).is_ok());
+      EXPECT_FALSE(pa2.sees(RankRecord{ring->record(), {}}));
+    }
     EXPECT_TRUE(pa.reserve(1 << 16));
     EXPECT_EQ(a.entries(), 3u);          // two probes and pa's reservation
     EXPECT_TRUE(pa2.sees(pa.record()));  // the probe keeps its size
@@ -154,9 +160,9 @@ TEST(ShmHost, AProbeIsSeenOnlyWhereItIsAndLeavesNothing) {
 }
 
 TEST(ShmHost, AGroupNeedsEveryProof) {
-  std::vector<HostRecord> recs(4);
-  recs[0].key = recs[1].key = recs[3].key = "host A";
-  recs[2].key = "host B";
+  std::vector<RankRecord> recs(4);
+  recs[0].host.key = recs[1].host.key = recs[3].host.key = "host A";
+  recs[2].host.key = "host B";
   std::vector<std::vector<uint8_t>> proof(4, std::vector<uint8_t>(4, 1));
   EXPECT_EQ(shm_group(recs, proof, 0), (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(shm_group(recs, proof, 3), (std::vector<int>{0, 1, 3}));

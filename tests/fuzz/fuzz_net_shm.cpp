@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: the shared-memory setup messages (transport/shm/shm_setup.h): offer,
-// answer, confirmation, and a lent block's reference (transport/shm/lend.h). One that
-// decodes re-encodes to the same bytes, a name it accepts is one pushpull
-// makes (never a path), and a lent range lies inside its block.
+// Fuzz target: the same-host records and setup messages: a host record (the
+// PS's offer, transport/host_identity.h), the PS's answer
+// (transport/shm/shm_setup.h), a collective rank's record (transport/shm/shm_host.h)
+// and a lent block's reference (transport/shm/lend.h). One that decodes
+// re-encodes to the same bytes, and a lent range lies inside its block.
 #include <algorithm>
 
 #include "fuzz_input.h"
+#include "pushpull/error.h"
 #include "transport/shm/lend.h"
+#include "transport/shm/shm_host.h"
 #include "transport/shm/shm_setup.h"
 
 using namespace pushpull::transport;
@@ -21,19 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto [sel, in] = pushpull::fuzz::split(data, size);
   switch (sel % 4) {
     case 0: {
-      ShmOffer m;
-      if (decode(in, &m).is_ok()) {
-        pushpull::fuzz::require(ShmSegment::valid_name(m.name));
-        pushpull::fuzz::require(same(encode(m), in));
-      }
+      HostRecord m;
+      if (decode(in, &m).is_ok())
+        pushpull::fuzz::require(m.key.size() <= 255 && same(encode(m), in));
       break;
     }
     case 1: {
       ShmAnswer m;
-      if (decode(in, &m).is_ok()) {
-        pushpull::fuzz::require(!m.accepted || ShmSegment::valid_name(m.name));
-        pushpull::fuzz::require(same(encode(m), in));
-      }
+      if (decode(in, &m).is_ok()) pushpull::fuzz::require(same(encode(m), in));
       break;
     }
     case 2: {
@@ -46,8 +44,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     default: {
-      ShmConfirm m;
-      if (decode(in, &m).is_ok()) pushpull::fuzz::require(same(encode(m), in));
+      const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+      try {
+        const auto wire =
+            pushpull::transport::encode(pushpull::transport::decode_rank_record(p, in.size()));
+        pushpull::fuzz::require(std::equal(wire.begin(), wire.end(), p, p + in.size()));
+      } catch (const pushpull::ProtocolError&) {
+      }
     }
   }
   return 0;

@@ -24,6 +24,7 @@
 #include "transport/host_identity.h"
 #include "transport/message.h"
 #include "transport/shm/lend.h"
+#include "transport/shm/shm_host.h"
 #include "transport/shm/shm_setup.h"
 #include "transport/wire.h"
 
@@ -91,16 +92,15 @@ void net_seeds(const fs::path& root) {
       0, transport::encode_header(transport::Header{
              .type = 65, .net_flags = transport::kNetFlagShmPayload, .payload_bytes = 1 << 20}));
   Corpus shm(root, "fuzz_net_shm");
-  const std::string name = std::string(transport::kShmNamePrefix) + std::string(32, 'a');
-  shm.add(0,
-          transport::encode(transport::ShmOffer{name, 8 << 20, transport::host_key("/dev/shm")}));
+  const transport::HostRecord record{.key = transport::host_key("/dev/shm")};
+  shm.add(0, transport::encode(record));
+  shm.add(1, transport::encode(transport::ShmAnswer{true, "", record}));
   shm.add(1,
-          transport::encode(transport::ShmAnswer{true, "", transport::ShmToken{}, name, 8 << 20}));
-  shm.add(1, transport::encode(
-                 transport::ShmAnswer{false, "shared memory is off on this node", {}, "", 0}));
+          transport::encode(transport::ShmAnswer{false, "shared memory is off on this node", {}}));
   shm.add(2,
           transport::encode_lend_ref(transport::LendRef{4242, 17, {}, 32 << 20, 2 << 20, 2 << 20}));
-  shm.add(3, transport::encode(transport::ShmConfirm{true, "", transport::ShmToken{}}));
+  const auto rank = transport::encode(transport::RankRecord{record, {}});
+  shm.add(3, rank);
 }
 
 void cluster_seeds(const fs::path& root) {

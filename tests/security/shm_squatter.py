@@ -9,7 +9,8 @@ other jobs' names on this host included) it
 
 - stats it (mode and owner: the job's segments must be 0600 and the job's
   user's) and tries to open it for reading and for writing, to read its
-  bytes, to unlink it and to rename a file of its own over it;
+  bytes, to unlink it and to swap a file of its own for it (renameat2's
+  RENAME_EXCHANGE: a name the job unlinked meanwhile is not "replaced");
 - pre-creates the names it can guess from it: the same prefix with the last
   hex digits changed and with fresh random digits (another rank's segment),
   the name with suffixes (".0", "-1", ...), as world-writable files of its
@@ -132,7 +133,11 @@ while time.monotonic() < end:  # until the test closes stdin, at most `seconds`
                 raise OSError(errno.ENOENT, "gone")
             with open(mine, "w") as f:
                 f.write("squatter")
-            os.rename(mine, path)
+            # RENAME_EXCHANGE swaps only a name that is still there: a name
+            # the job unlinked meanwhile (ENOENT) was not replaced.
+            if libc.renameat2(-100, mine.encode(), -100, path.encode(), 2) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e))
             attempts.append("REPLACED " + name)
         except OSError as e:
             rec["replace"] = errno.errorcode.get(e.errno, str(e.errno))

@@ -13,7 +13,6 @@
 
 #include "base/metrics.h"
 #include "pushpull/log.h"
-#include "transport/host_identity.h"
 #include "transport/shm/shm_setup.h"
 #include "transport/tcp/conn.h"
 #include "transport/wire.h"
@@ -158,51 +157,32 @@ void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
   const std::span<const std::byte> in(m.payload.data(), m.payload.size());
   const uint16_t type = m.header.type;
   if (type == msg::kShmOffer) {
-    ShmOffer offer;
+    HostRecord offer;
     if (c.peer.outgoing || c.shm_state != S::kNone)
       return shm_protocol_error(c, "an unexpected shared-memory offer");
     if (Status st = decode(in, &offer); !st) return shm_protocol_error(c, st.message());
     ShmAnswer answer;
-    std::string why;
     std::unique_ptr<ShmSegment> theirs, mine;
     Status st;
     if (!config_.shared_memory) {
-      why = "shared memory is off on this node";
-    } else if (offer.host != host_key(config_.shm_dir)) {
-      // The one key both engines decide "same host" by (transport/host_identity.h:
-      // kernel, host name, namespaces, segment directory, user); the token
-      // proof below then shows the peer really mapped the segment. Another
-      // network namespace of this kernel could open our segments, but it
-      // stands for another machine: its bytes must cross the links between.
-      why =
-          "another host (its kernel, host name, network namespace, user or segment directory "
-          "differs)";
-    } else if (st = ShmSegment::open(offer.name, config_.shm_dir, &theirs); !st) {
-      why = st.message();
-    } else if (theirs->ring_bytes() != offer.ring_bytes) {
-      return shm_protocol_error(c, "the offered shared-memory ring has another size");
+      answer.reason = "shared memory is off on this node";
+    } else if (st = ShmSegment::open(offer, config_.shm_dir, &theirs); !st) {
+      answer.reason = st.message();  // not proven: another host, user, file, ...
     } else if (st = ShmSegment::create(config_.shm_ring_bytes, config_.shm_dir, &mine); !st) {
-      why = st.message();
+      answer.reason = st.message();
     } else {
       answer.accepted = true;
-      answer.token = theirs->token();
-      answer.name = mine->name();
-      answer.ring_bytes = mine->ring_bytes();
+      answer.ring = mine->record();
       c.shm_in = std::move(theirs);
-      c.shm_mine = std::move(mine);
-    }
-    if (!answer.accepted) {
-      PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), why);
-      answer.reason = why;
-    }
-    c.shm_state = answer.accepted ? S::kAnswered : S::kOff;
-    if (answer.accepted) {
       // Our ring carries payloads from right after the answer (the frame
       // activates it): the connector maps it before it reads anything that
-      // follows. Its name is unlinked once the connector proves it mapped it.
+      // follows. Its name is unlinked once the connector confirms.
       std::lock_guard lock(c.send_mu);
-      c.shm_out = std::move(c.shm_mine);
+      c.shm_out = std::move(mine);
     }
+    if (!answer.accepted)
+      PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), answer.reason);
+    c.shm_state = answer.accepted ? S::kAnswered : S::kOff;
     queue_ctl(c, Header{.type = msg::kShmAnswer}, encode(answer), answer.accepted);
     return;
   }
@@ -211,6 +191,7 @@ void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
     if (!c.peer.outgoing || c.shm_state != S::kOffered)
       return shm_protocol_error(c, "an unexpected shared-memory answer");
     if (Status st = decode(in, &answer); !st) return shm_protocol_error(c, st.message());
+    c.shm_mine->unlink();  // mapped by the acceptor, or of no use: nobody else may open it
     if (!answer.accepted) {
       PP_DEBUG("no shared memory with {}: {}", c.peer.describe(), answer.reason);
       c.shm_mine.reset();
@@ -218,53 +199,33 @@ void MessageTransport::on_shm_setup(Conn& c, Message&& m) {
       settle_shm(c);
       return;
     }
-    if (!proof_equal(answer.token, c.shm_mine->token()))
-      return shm_protocol_error(
-          c, "the peer's shared-memory answer does not prove it mapped our ring");
-    c.shm_mine->unlink();  // the peer has it mapped; nobody else may open it
-    ShmConfirm confirm;
     std::unique_ptr<ShmSegment> theirs;
-    const Status opened = ShmSegment::open(answer.name, config_.shm_dir, &theirs);
-    if (opened && theirs->ring_bytes() != answer.ring_bytes)
-      return shm_protocol_error(c, "the answered shared-memory ring has another size");
-    if (!opened) {
+    if (Status st = ShmSegment::open(answer.ring, config_.shm_dir, &theirs); !st) {
       // The acceptor may already be sending through it: without it this
-      // connection cannot be read, so it closes (a resource failure here,
-      // since the acceptor did map our ring on this host).
-      Status st{ErrorCode::kIoError, fmt::format("cannot map the shared-memory ring of {}: {}",
-                                                 c.peer.describe(), opened.message())};
-      PP_ERROR("{}; closing that connection", st.message());
-      close_conn(c, st, true);
+      // connection cannot be read, so it closes.
+      Status why{st.code() == ErrorCode::kProtocolError ? st.code() : ErrorCode::kIoError,
+                 fmt::format("cannot map the shared-memory ring of {}: {}", c.peer.describe(),
+                             st.message())};
+      PP_ERROR("{}; closing that connection", why.message());
+      close_conn(c, why, true);
       return;
     }
-    confirm.accepted = true;
-    confirm.token = theirs->token();
     c.shm_in = std::move(theirs);
     {
       std::lock_guard lock(c.send_mu);
       c.shm_out = std::move(c.shm_mine);
     }
     c.shm_state = S::kOn;
-    queue_ctl(c, Header{.type = msg::kShmConfirm}, encode(confirm), true);
+    queue_ctl(c, Header{.type = msg::kShmConfirm}, {}, true);
     return;
   }
   if (type == msg::kShmConfirm) {
-    ShmConfirm confirm;
-    if (c.peer.outgoing || c.shm_state != S::kAnswered)
+    if (c.peer.outgoing || c.shm_state != S::kAnswered || !in.empty())
       return shm_protocol_error(c, "an unexpected shared-memory confirmation");
-    if (Status st = decode(in, &confirm); !st) return shm_protocol_error(c, st.message());
-    if (!confirm.accepted)
-      return shm_protocol_error(
-          c, fmt::format("the peer cannot use the shared memory it accepted: {}", confirm.reason));
-    bool proven;
     {
       std::lock_guard lock(c.send_mu);
-      proven = c.shm_out && proof_equal(confirm.token, c.shm_out->token());
-      if (proven) c.shm_out->unlink();  // mapped by the peer; nobody else may open it
+      if (c.shm_out) c.shm_out->unlink();  // mapped by the peer; nobody else may open it
     }
-    if (!proven)
-      return shm_protocol_error(
-          c, "the peer's shared-memory confirmation does not prove it mapped our ring");
     c.shm_state = S::kOn;
     return;
   }

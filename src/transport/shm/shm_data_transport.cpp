@@ -156,19 +156,19 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
   // Every rank takes part in both exchanges, even one that cannot make a
   // probe (it proves nothing): the others must not wait for it.
   std::unique_ptr<HostProbe> probe;
-  HostRecord mine;
+  RankRecord mine;
   sweep_stale_files(dir);  // what ranks killed mid-setup left
   try {
     probe = std::make_unique<HostProbe>(dir);
     mine = probe->record();
   } catch (const IoError& e) {
     PP_INFO("collective: rank {} cannot use shared memory: {}", rank, e.what());
-    mine.key = fmt::format("no shared memory: rank {}", rank);
+    mine.host.key = fmt::format("no shared memory: rank {}", rank);
   }
   auto rows = exchange(*tcp, kHostTag, encode(mine), deadline, "collective: host records");
-  std::vector<HostRecord> records;
+  std::vector<RankRecord> records;
   for (const auto& row : rows)
-    records.push_back(decode_host_record(row.data(), row.size()));
+    records.push_back(decode_rank_record(row.data(), row.size()));
   // The proof row: which candidates' probes this rank sees, and (its own
   // entry) whether its segment's bytes could be reserved.
   const std::vector<int> candidates = same_key(records, rank);
@@ -201,7 +201,7 @@ std::unique_ptr<Transport> use_shared_memory(std::unique_ptr<TcpTransport> tcp,
     return alone;
   }
   // Every rank's segment is named by that rank's own random 128 bits
-  // (HostRecord::token, RAND_bytes, sent only over the authenticated mesh):
+  // (RankRecord::token, RAND_bytes, sent only over the authenticated mesh):
   // a name that shows in /dev/shm says nothing about the others', so no
   // local user can create a peer's name first.
   std::vector<std::string> names;

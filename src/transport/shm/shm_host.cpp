@@ -1,73 +1,50 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/shm/shm_host.h"
 
-#include <unistd.h>
-
-#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "pushpull/error.h"
 #include "transport/hello.h"
-#include "transport/host_identity.h"
 
 namespace pushpull::transport {
 namespace {
 
-constexpr uint8_t kRecordVersion = 1;
-constexpr size_t kKeyBytes = 192;  // NUL-terminated within
-constexpr size_t kProbeAt = kKeyBytes, kContentAt = kProbeAt + 16, kTokenAt = kContentAt + 16,
-                 kVersionAt = kTokenAt + 16;
-static_assert(kVersionAt < kHostRecordBytes);
-
 constexpr transport::ShmKind kProbeKind{"pushpull-probe-", 32};
-
-Bytes16 random16() {
-  transport::Nonce n = transport::random_nonce();
-  Bytes16 b{};
-  std::memcpy(b.data(), n.data(), b.size());
-  return b;
-}
+constexpr transport::ProofForm kProbeForm{kProbeKind, 16, 16, 0};  // the probe is its content
 
 }  // namespace
 
-std::vector<uint8_t> encode(const HostRecord& r) {
-  std::vector<uint8_t> out(kHostRecordBytes, 0);
-  const size_t n = std::min(r.key.size(), kKeyBytes - 1);
-  std::memcpy(out.data(), r.key.data(), n);
-  std::memcpy(out.data() + kProbeAt, r.probe.data(), 16);
-  std::memcpy(out.data() + kContentAt, r.content.data(), 16);
-  std::memcpy(out.data() + kTokenAt, r.token.data(), 16);
-  out[kVersionAt] = kRecordVersion;
+std::vector<uint8_t> encode(const RankRecord& r) {
+  std::vector<uint8_t> out(kRankRecordBytes);
+  std::memcpy(out.data(), transport::encode(r.host).data(), transport::kHostRecordBytes);
+  std::memcpy(out.data() + transport::kHostRecordBytes, r.token.data(), r.token.size());
   return out;
 }
 
-HostRecord decode_host_record(const uint8_t* data, size_t bytes) {
-  if (bytes != kHostRecordBytes || data[kVersionAt] != kRecordVersion)
-    throw ProtocolError(fmt::format("collective: a host record of {} bytes, version {}", bytes,
-                                    bytes > kVersionAt ? data[kVersionAt] : 0));
-  const void* nul = std::memchr(data, 0, kKeyBytes);
-  if (!nul) throw ProtocolError("collective: a host record's key is not terminated");
-  HostRecord r;
-  r.key.assign(reinterpret_cast<const char*>(data), static_cast<const uint8_t*>(nul) - data);
-  std::memcpy(r.probe.data(), data + kProbeAt, 16);
-  std::memcpy(r.content.data(), data + kContentAt, 16);
-  std::memcpy(r.token.data(), data + kTokenAt, 16);
+RankRecord decode_rank_record(const uint8_t* data, size_t bytes) {
+  RankRecord r;
+  const auto* in = reinterpret_cast<const std::byte*>(data);
+  Status st = bytes == kRankRecordBytes
+                  ? transport::decode({in, transport::kHostRecordBytes}, &r.host)
+                  : Status{ErrorCode::kProtocolError, "wrong size"};
+  if (!st)
+    throw ProtocolError(
+        fmt::format("collective: a rank's record of {} bytes: {}", bytes, st.message()));
+  std::memcpy(r.token.data(), data + transport::kHostRecordBytes, r.token.size());
   return r;
 }
 
 HostProbe::HostProbe(const std::string& dir) : dir_(dir) {
-  record_.key = host_key(dir);
-  record_.content = random16();
-  record_.token = random16();
-  if (Status st = transport::ShmFile::create(dir, kProbeKind, sizeof record_.content,
+  if (Status st = transport::ShmFile::create(dir, kProbeKind, kProbeForm.max_bytes,
                                              transport::ShmMapping{.writable = true}, &probe_);
       !st)
     throw IoError(
         fmt::format("collective shm: cannot create a probe in {}: {}", dir, st.message()));
-  std::memcpy(record_.probe.data(), probe_->id().data(), record_.probe.size());
-  std::memcpy(probe_->data(), record_.content.data(), record_.content.size());
+  record_.host = transport::prove(dir, *probe_, kProbeForm);
+  const transport::Nonce token = transport::random_nonce();
+  std::memcpy(record_.token.data(), token.data(), record_.token.size());
 }
 
 HostProbe::~HostProbe() = default;
@@ -85,12 +62,9 @@ void HostProbe::remove() {
   reserved_.reset();
 }
 
-bool HostProbe::sees(const HostRecord& peer) const {
-  const std::string name = std::string(kProbeKind.prefix) + to_hex(peer.probe.data(), 16);
+bool HostProbe::sees(const RankRecord& peer) const {
   std::unique_ptr<transport::ShmFile> f;
-  return transport::ShmFile::open(dir_, name, kProbeKind, 16, 16, transport::ShmMapping{}, &f)
-             .is_ok() &&
-         std::memcmp(f->data(), peer.content.data(), 16) == 0;
+  return transport::verify(dir_, peer.host, kProbeForm, transport::ShmMapping{}, &f).is_ok();
 }
 
 int sweep_stale_files(const std::string& dir) {
@@ -99,15 +73,15 @@ int sweep_stale_files(const std::string& dir) {
                                          transport::kShmStaleAfter);
 }
 
-std::vector<int> same_key(const std::vector<HostRecord>& records, int rank) {
+std::vector<int> same_key(const std::vector<RankRecord>& records, int rank) {
   std::vector<int> out;
   for (int r = 0; r < static_cast<int>(records.size()); ++r)
-    if (records[static_cast<size_t>(r)].key == records[static_cast<size_t>(rank)].key)
+    if (records[static_cast<size_t>(r)].host.key == records[static_cast<size_t>(rank)].host.key)
       out.push_back(r);
   return out;
 }
 
-std::vector<int> shm_group(const std::vector<HostRecord>& records,
+std::vector<int> shm_group(const std::vector<RankRecord>& records,
                            const std::vector<std::vector<uint8_t>>& proof, int rank) {
   std::vector<int> g = same_key(records, rank);
   if (g.size() < 2) return {};

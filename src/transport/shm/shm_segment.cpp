@@ -4,19 +4,20 @@
 #include <unistd.h>
 
 #include <array>
-#include <cstring>
 
 #include <fmt/format.h>
 
-#include "transport/hello.h"
 #include "transport/wire.h"
 
 namespace pushpull::transport {
 namespace {
 
 constexpr uint64_t kSegMagic = 0x4d485354454e5050;  // "PPNETSHM"
-constexpr uint32_t kSegVersion = 1;
-constexpr size_t kTokenAt = 24;
+constexpr uint32_t kSegVersion = 2;                 // 1: a 32-byte token its peer repeated
+// A segment is its own proof file: the content lies in the header.
+constexpr ProofForm kSegmentForm{kShmSegmentKind, kShmHeaderBytes + kShmMinRingBytes,
+                                 kShmHeaderBytes + kShmMaxRingBytes, 24};
+static_assert(kSegmentForm.content_at + sizeof(ShmId) <= kShmHeaderBytes);
 
 // Whether the segment file open as `fd` names a creator pid that no longer
 // exists, or has no header at all: its creator died between creating the
@@ -59,39 +60,31 @@ Status ShmSegment::create(size_t ring_bytes, const std::string& dir,
       !st)
     return st;
   std::unique_ptr<ShmSegment> s(new ShmSegment(std::move(file)));
-  const Nonce token = random_nonce();
-  std::memcpy(s->token_.data(), token.data(), s->token_.size());
   std::byte* base = s->file_->data();
   store_le<uint64_t>(base, kSegMagic);
   store_le<uint32_t>(base + 8, kSegVersion);
   store_le<uint32_t>(base + 12, static_cast<uint32_t>(::getpid()));  // for sweep_stale
   store_le<uint64_t>(base + 16, ring_bytes);
-  std::memcpy(base + kTokenAt, s->token_.data(), s->token_.size());
+  s->record_ = prove(dir, *s->file_, kSegmentForm);
   *out = std::move(s);
   return Status::ok();
 }
 
-Status ShmSegment::open(const std::string& name, const std::string& dir,
+Status ShmSegment::open(const HostRecord& peer, const std::string& dir,
                         std::unique_ptr<ShmSegment>* out) {
-  if (!valid_name(name)) {
-    return {ErrorCode::kProtocolError, "the segment name is not one pushpull makes"};
-  }
   std::unique_ptr<ShmFile> file;
-  if (Status st = ShmFile::open(dir, name, kShmSegmentKind, kShmHeaderBytes + kShmMinRingBytes,
-                                kShmHeaderBytes + kShmMaxRingBytes,
-                                ShmMapping{.writable = false, .populate = true}, &file);
+  if (Status st =
+          verify(dir, peer, kSegmentForm, ShmMapping{.writable = false, .populate = true}, &file);
       !st)
-    return st.code() == ErrorCode::kNotFound ? Status{ErrorCode::kIoError, st.message()} : st;
+    return st;
   const std::byte* base = file->data();
   const uint64_t ring = load_le<uint64_t>(base + 16);
   if (load_le<uint64_t>(base) != kSegMagic || load_le<uint32_t>(base + 8) != kSegVersion ||
       ring != file->size() - kShmHeaderBytes || ring % 4096 != 0) {
     return {ErrorCode::kProtocolError,
-            fmt::format("{}/{} has no valid pushpull segment header", dir, name)};
+            fmt::format("{}/{} has no valid pushpull segment header", dir, file->name())};
   }
-  std::unique_ptr<ShmSegment> s(new ShmSegment(std::move(file)));
-  std::memcpy(s->token_.data(), base + kTokenAt, s->token_.size());
-  *out = std::move(s);
+  out->reset(new ShmSegment(std::move(file)));
   return Status::ok();
 }
 

@@ -4,10 +4,10 @@
 // created it and read by its peer (transport/shm/shm_setup.h has the protocol).
 //
 // Layout: a 4 KiB header page {magic u64, version u32, creator pid u32, ring
-// bytes u64, token 32 bytes} (little-endian) and then the ring. The token is
-// random, written only into the segment and never sent anywhere: a peer that
-// repeats it over the authenticated TCP connection has proven it mapped the
-// segment, i.e. that it runs on this host as this user.
+// bytes u64, proof content 16 bytes} (little-endian) and then the ring. The
+// segment is its own proof of the same host (transport/host_identity.h): its
+// creator's record (record(): key, id, the content prove() wrote) travels
+// in the setup, and the peer maps it only once verify() found it.
 //
 // Security: the file is a transport::ShmFile (transport/shm/shm_file.h has the checks:
 // O_EXCL | O_NOFOLLOW, mode 0600, an unguessable name "pushpull-net-" + 32
@@ -30,7 +30,6 @@
 // linked. The object is not synchronised: the MessageTransport guards each one.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,18 +37,16 @@
 #include <string>
 
 #include "pushpull/error.h"
+#include "transport/host_identity.h"
 #include "transport/shm/shm_file.h"
 #include "transport/shm/shm_ring.h"
 
 namespace pushpull::transport {
 
-using ShmToken = std::array<std::byte, 32>;
-
 inline constexpr size_t kShmHeaderBytes = 4096;
 inline constexpr size_t kShmMinRingBytes = 64 << 10;
 inline constexpr size_t kShmMaxRingBytes = size_t{1} << 30;
 inline constexpr char kShmNamePrefix[] = "pushpull-net-";
-inline constexpr size_t kShmNameBytes = sizeof(kShmNamePrefix) - 1 + 32;
 inline constexpr ShmKind kShmSegmentKind{kShmNamePrefix, 32};
 // ... and one whose creator (the pid in its header) no longer exists, or
 // with no header at all, is removed once this old: a setup takes
@@ -60,15 +57,13 @@ inline constexpr std::chrono::seconds kShmOrphanAfter{120};
 class ShmSegment {
  public:
   // Creates a fresh segment of `ring_bytes` (a multiple of 4 KiB within
-  // [kShmMinRingBytes, kShmMaxRingBytes]) in `dir` into *out. On failure an
-  // error saying why (no /dev/shm, out of space, ...; InvalidArgument for a
-  // ring size out of range), *out untouched.
+  // [kShmMinRingBytes, kShmMaxRingBytes]) in `dir`, and its record, into
+  // *out. On failure an error saying why (no /dev/shm, out of space, ...;
+  // InvalidArgument for a ring size out of range), *out untouched.
   static Status create(size_t ring_bytes, const std::string& dir, std::unique_ptr<ShmSegment>* out);
-  // Maps, read-only, the segment a peer created under `name` in `dir` (see
-  // above for what is checked) into *out. On failure an error saying why
-  // (ProtocolError for a name, size or header pushpull never makes; IoError
-  // when the file cannot be opened, is not ours or cannot be mapped).
-  static Status open(const std::string& name, const std::string& dir,
+  // Maps, read-only, the segment `peer`'s record names in `dir` once
+  // verify() proved it (its refusals), and checks the header, into *out.
+  static Status open(const HostRecord& peer, const std::string& dir,
                      std::unique_ptr<ShmSegment>* out);
   // True when `name` has the form create() gives (no path separators).
   static bool valid_name(const std::string& name);
@@ -85,7 +80,7 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   const std::string& name() const { return file_->name(); }
-  const ShmToken& token() const { return token_; }
+  const HostRecord& record() const { return record_; }  // the creator's
   size_t ring_bytes() const { return ring_.size(); }
   // Removes the name (creator only; idempotent).
   void unlink() { file_->unlink(); }
@@ -98,7 +93,7 @@ class ShmSegment {
   explicit ShmSegment(std::unique_ptr<ShmFile> file);
   std::unique_ptr<ShmFile> file_;
   ShmRing ring_;
-  ShmToken token_{};
+  HostRecord record_;
 };
 
 }  // namespace pushpull::transport

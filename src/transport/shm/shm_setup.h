@@ -2,21 +2,20 @@
 // Same-host shared memory on an authenticated connection: the setup
 // messages and the frames that move payloads through the rings.
 //
-// Setup (after the hello; the connector offers, transport/shm/message_transport_shm.cpp):
-//   connector -> acceptor  kShmOffer   {name of ring C, ring bytes, host identity}
-//       an acceptor on another host (transport/host_identity.h: another kernel
-//       or network namespace) refuses; else it maps ring C read-only, reads
-//       C's token, creates ring A
-//   acceptor -> connector  kShmAnswer  {accepted, reason, token of C, name of A, ring bytes}
+// Setup (after the hello; the connector offers, transport/shm/message_transport_shm.cpp).
+// Each ring is its maker's proof of the same host (transport/host_identity.h:
+// its record names it and what it holds; verify() makes every refusal):
+//   connector -> acceptor  kShmOffer   {record of ring C}
+//       an acceptor that cannot verify it (another host, no such file, not
+//       this user's, ...) declines; else it maps C read-only, creates ring A
+//   acceptor -> connector  kShmAnswer  {accepted, reason, record of A}
 //       the acceptor may send through A right after this frame; the
-//       connector checks the token (the acceptor mapped C: same host, same
-//       user), unlinks C, maps A and reads A's token
-//   connector -> acceptor  kShmConfirm {accepted, reason, token of A}
-//       the connector sends through C after this frame; the acceptor checks
-//       the token and unlinks A
-// A wrong token is a lie and closes the connection, as does a connector
-// that cannot map a ring the acceptor already uses (a resource failure: the
-// acceptor proved it is on this host). A refused offer (another host,
+//       connector unlinks C (mapped by the acceptor), verifies and maps A
+//   connector -> acceptor  kShmConfirm (no payload)
+//       the connector sends through C after this frame; the acceptor
+//       unlinks A
+// A connector that cannot verify or map A closes the connection (the
+// acceptor may already send through it). A declined offer (another host,
 // shared memory off, no /dev/shm) leaves the connection on TCP as before.
 //
 // Payloads (both frames are bare 64-byte headers, no payload on TCP):
@@ -49,37 +48,18 @@ namespace pushpull::transport {
 // The largest setup message (the receiver's cap on its payload).
 inline constexpr size_t kMaxShmSetupBytes = 512;
 inline constexpr size_t kMaxShmReason = 200;
-inline constexpr size_t kMaxShmHostBytes = 200;
 
-struct ShmOffer {
-  std::string name;
-  uint64_t ring_bytes = 0;
-  // The connector's transport::host_key(shm dir): the key the collectives group
-  // ranks by too.
-  std::string host;
-};
-
+// The offer is the connector's ring's record (encode / decode in
+// transport/host_identity.h).
 struct ShmAnswer {
   bool accepted = false;
   std::string reason;  // why not (empty when accepted)
-  ShmToken token{};    // the offered ring's token
-  std::string name;    // the acceptor's ring
-  uint64_t ring_bytes = 0;
+  HostRecord ring;     // the acceptor's ring (when accepted)
 };
 
-struct ShmConfirm {
-  bool accepted = false;
-  std::string reason;
-  ShmToken token{};  // the acceptor's ring's token
-};
-
-std::vector<std::byte> encode(const ShmOffer& m);
 std::vector<std::byte> encode(const ShmAnswer& m);
-std::vector<std::byte> encode(const ShmConfirm& m);
-// Bounds-checked; a name that ShmSegment::valid_name() refuses (when
-// accepted) or trailing bytes are malformed.
-Status decode(std::span<const std::byte> in, ShmOffer* out);
+// Bounds-checked; a malformed record (when accepted) or trailing bytes are
+// malformed.
 Status decode(std::span<const std::byte> in, ShmAnswer* out);
-Status decode(std::span<const std::byte> in, ShmConfirm* out);
 
 }  // namespace pushpull::transport

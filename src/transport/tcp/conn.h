@@ -118,7 +118,7 @@ struct MessageTransport::Conn {
   // sets them before the connection is visible to the I/O thread).
   enum class ShmState { kNone, kOffered, kAnswered, kOn, kOff };
   ShmState shm_state = ShmState::kNone;
-  std::unique_ptr<ShmSegment> shm_mine;  // our ring until the peer proved it mapped it
+  std::unique_ptr<ShmSegment> shm_mine;  // the connector's ring until the answer
   std::unique_ptr<ShmSegment> shm_in;    // the peer's ring, mapped read-only
   uint64_t shm_read = 0;                 // stream position of the next byte we copy out
   uint64_t shm_release_sent = 0;

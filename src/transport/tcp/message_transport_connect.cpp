@@ -211,10 +211,7 @@ ConnId MessageTransport::connect(const std::string& host, int port, std::optiona
   if (c->shm_state == Conn::ShmState::kOffered) {
     // Same host? The acceptor answers on its I/O thread; wait for the
     // outcome so this connection's first messages already use the ring.
-    queue_ctl(
-        *c, Header{.type = msg::kShmOffer},
-        encode(ShmOffer{c->shm_mine->name(), c->shm_mine->ring_bytes(), host_key(config_.shm_dir)}),
-        false);
+    queue_ctl(*c, Header{.type = msg::kShmOffer}, encode(c->shm_mine->record()), false);
     wait_shm_settled(*c, d.hs_deadline);
   }
   return id;
