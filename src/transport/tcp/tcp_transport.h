@@ -36,21 +36,17 @@
 // (lock_streams()); post_send/post_recv keep going over net, so the engine's
 // control traffic never mixes with them.
 //
-// Failure detection (start_liveness, after connect_all; in
-// tcp_transport_liveness.cpp), with a constant load per rank whatever the
-// size of the group: the ranks watch each other around the ring. A thread of
-// its own sends one small heartbeat (kHeartbeatType) per heartbeat_interval,
-// to its ring predecessor only, which watches it: any message from the
-// watched successor counts as a sign of life. A successor silent for
-// heartbeat_timeout is probed (SWIM-style): directly and through up to two
-// helpers that hold links to both (the successor's successor and this rank's
-// predecessor), which relay its answer. No answer within the probe window
-// (LivenessConfig::probe_window) and it is declared dead (a SIGSTOPped or
-// unreachable rank, whatever it was doing); a slow link between just the two
-// is not a death. That is independent of tensor traffic, so a rank that
-// never submits is caught too. A rank answers probes only while its own
-// detector runs. Every other peer is not timed: its death shows as a closed
-// connection (below) or reaches this rank as its watcher's verdict.
+// Failure detection (start_liveness, after connect_all): the shared detector
+// (transport/liveness.h) on the ring, wired in tcp_transport_liveness.cpp.
+// Each rank beats (kHeartbeatType) once per heartbeat_interval to its ring
+// predecessor, which watches it (any message from it is a sign of life): a
+// constant load per rank. A successor silent for heartbeat_timeout is probed
+// directly and through two helpers holding links to both (its successor,
+// this rank's predecessor), and declared dead when no answer comes within
+// the probe window: a stopped or unreachable rank, whatever it was doing,
+// never a slow link between two. A rank answers probes only while its
+// detector runs. Other peers are not timed: their death is a closed
+// connection (a suspect, below) or their watcher's verdict.
 //
 // The verdict: the job's first failure as this rank knows it. Once decided,
 // every pending and later operation, with every peer, fails with it (a
@@ -98,7 +94,7 @@
 #include <vector>
 
 #include "base/clock.h"
-#include "base/liveness.h"
+#include "transport/liveness.h"
 #include "transport/socket.h"
 #include "transport/tcp/message_transport.h"
 #include "transport/tcp/tcp_streams.h"
@@ -275,7 +271,9 @@ class TcpTransport final : public Transport {
   void fail_or_hold(int peer, Completion done, const Status& why);
   // Decides `verdict`, tells the peers (`tell`), fails everything. mu_ not held.
   void decide(const Status& verdict, bool tell);
-  void liveness_loop();
+  // One event of the detector (the liveness thread; mu_ held on entry and
+  // exit, released while sending or deciding).
+  void on_liveness(net::Liveness::Event&& e, std::unique_lock<std::mutex>& lock);
   // Lazy connections (tcp_transport_connect.cpp). An operation with a peer
   // not connected yet (or with earlier ones still waiting) is queued.
   struct Deferred {
@@ -303,9 +301,9 @@ class TcpTransport final : public Transport {
   void post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
                      bool flushing);
   Millis lazy_timeout() const;  // mu_ held
-  // The probe of the silent successor: decides it dead, or sends the probes.
+  // Probes the silent successor `q`, directly and through the helpers.
   // mu_ held on entry and exit (released while sending).
-  void probe_successor(std::unique_lock<std::mutex>& lock);
+  void probe_successor(int q, std::unique_lock<std::mutex>& lock);
   void on_probe(net::Message&& m, int from);  // mu_ not held
   void heard(net::ConnId conn);               // mu_ held
   int peer_of(net::ConnId conn);              // mu_ held; -1 when unknown
@@ -330,8 +328,9 @@ class TcpTransport final : public Transport {
   // Liveness (under mu_).
   LivenessConfig live_;
   std::vector<std::string> where_;  // per rank: "host:port"
-  Verdict verdict_{steady_clock_source()};
-  std::optional<SilenceDetector<int>> silence_;
+  // The shared detector (transport/liveness.h): the beats, the successor's
+  // silence and probe, the verdict and its suspect.
+  net::Liveness detector_;
   std::vector<Completion> held_;  // operations waiting for the verdict
   std::function<void(const Status&)> on_verdict_;
   std::vector<bool> left_;  // per peer: said goodbye (closed in order)
@@ -347,7 +346,6 @@ class TcpTransport final : public Transport {
   std::condition_variable lazy_cv_;
   bool lazy_stop_ = false;
   int watched_ = -1;  // the ring successor this rank times (-1: none)
-  std::optional<ClockSource::time_point> probe_until_;  // probing watched_ until then
   std::atomic<uint64_t> heartbeats_sent_{0};
   bool live_stop_ = false;
   std::thread live_thread_;
