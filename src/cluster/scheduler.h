@@ -188,9 +188,8 @@ class Scheduler {
   void rejoin(net::ConnId id, Entry e);
   const ClockSource& clock_;
   ClockSource::time_point started_;
-  // The shared detector (transport/liveness.h): the beats to every node and
-  // each registered node's silence (keyed by connection). Its verdict is
-  // unused: the job's failure is failure_ (an abort is not a peer's death).
+  // The shared detector (transport/liveness.h): beats to every node, each
+  // registered node's silence by connection (its verdict is unused: failure_).
   net::Liveness live_;
   // Workers (launcher rank) that exited 0 before registering, and when the
   // first did (the 2 s grace for the others to follow).

@@ -300,10 +300,7 @@ class TcpTransport final : public Transport {
                      bool flushing);
   void post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
                      bool flushing);
-  Millis lazy_timeout() const;  // mu_ held
-  // Probes the silent successor `q`, directly and through the helpers.
-  // mu_ held on entry and exit (released while sending).
-  void probe_successor(int q, std::unique_lock<std::mutex>& lock);
+  Millis lazy_timeout() const;                // mu_ held
   void on_probe(net::Message&& m, int from);  // mu_ not held
   void heard(net::ConnId conn);               // mu_ held
   int peer_of(net::ConnId conn);              // mu_ held; -1 when unknown

@@ -138,59 +138,49 @@ void TcpTransport::on_probe(net::Message&& m, int from) {
 void TcpTransport::on_liveness(net::Liveness::Event&& e, std::unique_lock<std::mutex>& lock) {
   using Event = net::Liveness::Event;
   const int q = static_cast<int>(e.member);
-  switch (e.kind) {
-    case Event::kSuspectDue:
-    case Event::kDead: {
-      Status v = e.why;
-      if (e.kind == Event::kDead)
-        v = Status(ErrorCode::kPeerFailure,
-                   fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms) and "
-                               "no answer to probes; it is stopped, hung or unreachable",
-                               describe(q), e.silence.count(), live_.heartbeat_timeout.count()));
-      lock.unlock();
-      PP_ERROR("{}", v.message());
-      decide(v, true);
-      lock.lock();
-      return;
-    }
-    case Event::kProbe:
-      PP_WARN("collective: {} silent for {} ms; probing it before declaring it failed", describe(q),
-              e.silence.count());
-      return probe_successor(q, lock);
-    case Event::kBeat: {
-      // One heartbeat, to the predecessor that watches this rank.
-      const int pred = (rank_ - 1 + size_) % size_;
-      net::ConnId to =
-          size_ > 1 && !dead_[static_cast<size_t>(pred)] ? conns_[static_cast<size_t>(pred)] : 0;
-      lock.unlock();
-      if (to != 0 &&
-          net_.send_copy(to, net::Header{.type = kHeartbeatType}, nullptr, 0, kUrgentPriority)
-              .is_ok())
-        heartbeats_sent_.fetch_add(1, std::memory_order_relaxed);
-      lock.lock();
-      return;
-    }
-    case Event::kNone:
-      return;
+  if (e.kind == Event::kSuspectDue || e.kind == Event::kDead) {
+    Status v = e.why;
+    if (e.kind == Event::kDead)
+      v = Status(ErrorCode::kPeerFailure,
+                 fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms) and no "
+                             "answer to probes; it is stopped, hung or unreachable",
+                             describe(q), e.silence.count(), live_.heartbeat_timeout.count()));
+    lock.unlock();
+    PP_ERROR("{}", v.message());
+    decide(v, true);
+    lock.lock();
+    return;
   }
-}
-
-void TcpTransport::probe_successor(int q, std::unique_lock<std::mutex>& lock) {
-  // Direct, and through the helpers that hold links to both ends.
-  std::vector<std::pair<net::ConnId, uint16_t>> sends;
+  // A beat goes to the predecessor that watches this rank; the silent
+  // successor's probe goes to it directly and through the helpers that hold
+  // links to both ends.
   auto live_conn = [&](int r) {
     return r != rank_ && !dead_[static_cast<size_t>(r)] ? conns_[static_cast<size_t>(r)] : 0;
   };
-  if (net::ConnId c = live_conn(q)) sends.emplace_back(c, kProbeType);
-  const int helpers[2] = {(q + 1) % size_, (rank_ - 1 + size_) % size_};
-  for (int h : helpers)
-    if (h != q && h != rank_ && (h != helpers[1] || helpers[1] != helpers[0]))
-      if (net::ConnId c = live_conn(h)) sends.emplace_back(c, kProbeReqType);
-  std::byte payload[kProbeBytes];
-  put_probe(payload, rank_, q);
+  std::vector<std::pair<net::ConnId, uint16_t>> sends;
+  std::byte probe[kProbeBytes];
+  if (e.kind == Event::kBeat) {
+    if (net::ConnId c = live_conn((rank_ - 1 + size_) % size_))
+      sends.emplace_back(c, kHeartbeatType);
+  } else if (e.kind == Event::kProbe) {
+    PP_WARN("collective: {} silent for {} ms; probing it before declaring it failed", describe(q),
+            e.silence.count());
+    if (net::ConnId c = live_conn(q)) sends.emplace_back(c, kProbeType);
+    const int helpers[2] = {(q + 1) % size_, (rank_ - 1 + size_) % size_};
+    for (int h : helpers)
+      if (h != q && h != rank_ && (h != helpers[1] || helpers[1] != helpers[0]))
+        if (net::ConnId c = live_conn(h)) sends.emplace_back(c, kProbeReqType);
+    put_probe(probe, rank_, q);
+  }
   lock.unlock();
-  for (const auto& [c, type] : sends)
-    net_.send_copy(c, net::Header{.type = type}, payload, sizeof payload, kUrgentPriority);
+  for (const auto& [c, type] : sends) {
+    const bool beat = type == kHeartbeatType;
+    if (net_.send_copy(c, net::Header{.type = type}, beat ? nullptr : probe, beat ? 0 : kProbeBytes,
+                       kUrgentPriority)
+            .is_ok() &&
+        beat)
+      heartbeats_sent_.fetch_add(1, std::memory_order_relaxed);
+  }
   lock.lock();
 }
 
