@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The testable pieces of failure detection, shared by the cluster layer
-// (scheduler <-> nodes) and the collectives' mesh detector. They hold no
-// threads and do no I/O: their owners feed them events and the time (from a
-// ClockSource, see base/clock.h) and act on what they answer.
+// The testable pieces of failure detection. They hold no threads and do no
+// I/O: the one detector built from them (transport/liveness.h, used by the
+// cluster's scheduler and nodes and the collectives' mesh) feeds them events
+// and the time (from a ClockSource, see base/clock.h) and acts on what they
+// answer; the scale simulation (tests/sim) uses SilenceDetector directly.
 //
 // - SilenceDetector<Key>: when each watched member was last heard from; a
 //   member silent for longer than the timeout is expired.
@@ -44,24 +45,31 @@ class SilenceDetector {
   }
   // The member silent the longest, when that is more than the timeout, and
   // how long it has been silent.
-  std::optional<std::pair<Key, Millis>> first_expired() const {
+  // Members for which skip(key) is true are left out (the mesh detector's
+  // members under probe).
+  template <typename Skip = bool (*)(const Key&)>
+  std::optional<std::pair<Key, Millis>> first_expired(Skip skip = never) const {
     auto now = clock_->now();
     const std::pair<const Key, time_point>* worst = nullptr;
     for (const auto& kv : last_)
-      if (now - kv.second > timeout_ && (!worst || kv.second < worst->second)) worst = &kv;
+      if (now - kv.second > timeout_ && !skip(kv.first) && (!worst || kv.second < worst->second))
+        worst = &kv;
     if (!worst) return std::nullopt;
     return std::make_pair(worst->first, std::chrono::ceil<Millis>(now - worst->second));
   }
   // When the next member would expire if nothing is heard (time_point::max()
   // when nothing is watched).
-  time_point next_deadline() const {
+  template <typename Skip = bool (*)(const Key&)>
+  time_point next_deadline(Skip skip = never) const {
     auto next = time_point::max();
     for (const auto& kv : last_)
-      next = std::min(next, kv.second + timeout_ + std::chrono::milliseconds(1));
+      if (!skip(kv.first))
+        next = std::min(next, kv.second + timeout_ + std::chrono::milliseconds(1));
     return next;
   }
 
  private:
+  static bool never(const Key&) { return false; }
   const ClockSource* clock_;
   Millis timeout_;
   std::map<Key, time_point> last_;

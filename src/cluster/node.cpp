@@ -18,7 +18,8 @@ namespace pushpull::cluster {
 Node::Node(Options options, const ClockSource& clock)
     : options_(std::move(options)),
       clock_(clock),
-      scheduler_silence_(clock, options_.cluster.heartbeat_timeout),
+      live_({options_.cluster.heartbeat_interval, options_.cluster.heartbeat_timeout, Millis{0}},
+            clock),
       replicas_(cluster::ps_replicas(options_.cluster.ps_replicas, options_.cluster.num_servers)) {
   Role r = options_.cluster.role;
   if (r != Role::kServer && r != Role::kWorker)
@@ -80,7 +81,7 @@ int Node::rank() const {
 
 Status Node::failure() const {
   std::lock_guard lock(mu_);
-  return failure_;
+  return failure_locked();
 }
 
 void Node::set_handler(uint16_t first, uint16_t last, transport::Handler handler) {
@@ -95,8 +96,8 @@ void Node::on_peer_failure(std::function<void(const Status&)> callback) {
 template <typename Pred>
 void Node::wait_for(std::unique_lock<std::mutex>& lock, Millis timeout, const std::string& what,
                     Pred pred) {
-  bool ok = cv_.wait_for(lock, timeout, [&] { return pred() || !failure_.is_ok(); });
-  if (!failure_.is_ok()) failure_.raise();
+  bool ok = cv_.wait_for(lock, timeout, [&] { return pred() || !failure_locked().is_ok(); });
+  if (!failure_locked().is_ok()) failure_locked().raise();
   if (!ok)
     throw Timeout(fmt::format("{}{}: {} did not complete within {} ms", role_name(role()),
                               rank_ < 0 ? std::string() : fmt::format(" {}", rank_), what,
@@ -116,7 +117,7 @@ void Node::start() {
   {
     std::lock_guard lock(mu_);
     scheduler_ = sched;
-    scheduler_silence_.heard(0);
+    live_.heard(0);
   }
   auto reg = encode_register({role(), -1, host, port, c.mesh_port}, c.preferred_rank);
   if (Status s = transport_->send_copy(sched, transport::Header{.type = msg::kRegister}, reg.data(),
@@ -233,7 +234,7 @@ void Node::on_control(transport::Message&& m) {
              m.header.type);
     return;
   }
-  scheduler_silence_.heard(0);
+  live_.heard(0);
   switch (m.header.type) {
     case msg::kAddressBook: {
       int32_t rank = -1;
@@ -293,7 +294,7 @@ void Node::on_control(transport::Message&& m) {
 
 void Node::barrier(Group group, std::optional<Millis> timeout, BarrierTag tag) {
   std::unique_lock lock(mu_);
-  if (!failure_.is_ok()) failure_.raise();
+  if (!failure_locked().is_ok()) failure_locked().raise();
   uint8_t g = static_cast<uint8_t>(group);
   uint64_t seq = ++barrier_sent_[g];
   transport::ConnId sched = scheduler_;
@@ -323,7 +324,7 @@ void Node::pass_barriers(uint64_t position) {
 
 transport::ConnId Node::conn(Role role, int rank) const {
   std::lock_guard lock(mu_);
-  if (!failure_.is_ok()) failure_.raise();
+  if (!failure_locked().is_ok()) failure_locked().raise();
   if (role == Role::kScheduler) return scheduler_;
   if (role == Role::kServer && rank >= 0 && static_cast<size_t>(rank) < placement_.dead.size() &&
       placement_.dead[static_cast<size_t>(rank)] && !peers_.count({role, rank}))
@@ -342,13 +343,13 @@ bool Node::wait_connected(Role role, int rank, Millis timeout) {
   std::unique_lock lock(mu_);
   return cv_.wait_for(lock, timeout,
                       [&] {
-                        return !failure_.is_ok() || stop_heartbeat_ ||
+                        return !failure_locked().is_ok() || stop_heartbeat_ ||
                                peers_.count({role, rank}) != 0 ||
                                (role == Role::kServer &&
                                 static_cast<size_t>(rank) < placement_.dead.size() &&
                                 placement_.dead[static_cast<size_t>(rank)]);
                       }) &&
-         failure_.is_ok() && peers_.count({role, rank}) != 0;
+         failure_locked().is_ok() && peers_.count({role, rank}) != 0;
 }
 
 void Node::send(Role role, int rank, transport::Header h, const void* data, size_t n,
@@ -389,7 +390,7 @@ void Node::wait_for_workers() {
 
 void Node::shutdown() {
   std::unique_lock lock(mu_);
-  if (!failure_.is_ok()) failure_.raise();
+  if (!failure_locked().is_ok()) failure_locked().raise();
   leaving_ = true;
   transport::ConnId sched = scheduler_;
   lock.unlock();

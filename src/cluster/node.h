@@ -50,10 +50,10 @@
 #include <thread>
 
 #include "base/clock.h"
-#include "base/liveness.h"
 #include "cluster/barrier_book.h"
 #include "cluster/protocol.h"
 #include "pushpull/options.h"
+#include "transport/liveness.h"
 #include "transport/tcp/message_transport.h"
 
 namespace pushpull::cluster {
@@ -107,8 +107,8 @@ class Node {
   bool wait_connected(Role role, int rank, Millis timeout);
   // Sending and posting receives to a peer (see transport::MessageTransport for the
   // contracts). When the peer is dead, `done` gets the PeerFailure.
-  void send(Role role, int rank, transport::Header h, const void* data, size_t n,
-            transport::SendDone done, int priority = 0);
+  void send(Role role, int rank, transport::Header h, const void* data, size_t n, transport::SendDone done,
+            int priority = 0);
   Status send_copy(Role role, int rank, transport::Header h, const void* data, size_t n,
                    int priority = 0);
   Status post_recv(Role role, int rank, transport::RecvMatch match, void* dst, size_t capacity,
@@ -204,16 +204,19 @@ class Node {
   int rank_ = -1;
   bool have_book_ = false;
   transport::ConnId scheduler_ = 0;
-  SilenceDetector<int> scheduler_silence_;  // key 0: the scheduler
   std::map<std::pair<Role, int>, transport::ConnId> peers_;
   int auto_buffer_bytes_ = 0;       // the automatic socket buffer; 0: set explicitly
   std::vector<double> link_scale_;  // set_server_link_scale
   std::map<uint8_t, uint64_t> barrier_sent_, barrier_done_;
-  Status failure_;
-  // A peer whose connection closed, blamed after suspect_grace() unless the
+  // The shared detector (transport/liveness.h): the beats to the scheduler,
+  // its silence (member 0), and the job's failure with its suspect: a peer
+  // whose connection closed, blamed after suspect_grace() unless the
   // scheduler names another culprit first.
-  Status suspect_;
-  ClockSource::time_point suspect_deadline_;
+  transport::Liveness live_;
+  Status failure_locked() const;  // mu_ held; OK while healthy
+  // One event of the detector (the heartbeat thread; mu_ held on entry and
+  // exit, released while sending or failing).
+  void on_liveness(transport::Liveness::Event&& e, std::unique_lock<std::mutex>& lock);
   // Peers whose connection closed while the scheduler may still fail them
   // over or replace them: the verdict is due by the deadline (see above).
   struct VerdictDue {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Node's liveness (node.h): heartbeats, peers whose connection closed or
-// was replaced, placements (the scheduler's fail-over verdicts), failures
-// reported to the scheduler and the verdicts that end the node.
+// The Node's liveness (node.h): its wiring of the shared detector
+// (transport/liveness.h: beats to the scheduler, its silence, the suspect),
+// peers whose connection closed or was replaced, placements (the scheduler's fail-over verdicts),
+// failures reported to the scheduler and the verdicts that end the node.
 #include "cluster/node.h"
 
 #include <fmt/format.h>
@@ -12,66 +13,53 @@
 namespace pushpull::cluster {
 
 void Node::heartbeat_loop() {
-  const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
-  // Heartbeats go out on real time; the silence and suspect decisions read
-  // clock_ (injectable). Waits are at most one interval either way.
-  using Real = std::chrono::steady_clock;
-  auto next_beat = Real::now();
-  while (!stop_heartbeat_) {
-    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
-                           c.heartbeat_interval);
-    // (A suspect matters only while the job is healthy: once failed, its
-    // deadline would wake this loop again and again.)
-    if (!suspect_.is_ok() && failure_.is_ok())
-      left = std::min(left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(
-                                                    suspect_deadline_ - clock_.now())));
-    if (left > Millis{0}) cv_.wait_for(lock, left);
-    if (stop_heartbeat_ || shutdown_) break;
-    if (!suspect_.is_ok() && clock_.now() >= suspect_deadline_ && failure_.is_ok()) {
-      Status s = suspect_;
-      lock.unlock();
-      fail(s);
-      lock.lock();
-      continue;
-    }
-    if (failure_.is_ok() && !verdict_due_.empty()) {
-      auto late = std::find_if(verdict_due_.begin(), verdict_due_.end(),
-                               [&](const auto& v) { return clock_.now() >= v.second.deadline; });
-      if (late != verdict_due_.end()) {
-        const auto [peer_role, peer_rank] = late->first;
-        std::string peer = fmt::format("{} {}", role_name(peer_role), peer_rank);
-        try {
-          peer = book_.at(peer_role, peer_rank).describe();
-        } catch (const Error&) {  // not in the book: its role and rank say enough
-        }
-        Status s{ErrorCode::kPeerFailure,
-                 fmt::format("{} failed: its connection to {} {} closed ({}) and the scheduler, "
-                             "which still hears it, did not fail it over or replace it: the link "
-                             "between the two is broken",
-                             peer, role_name(role()), rank_, late->second.why)};
-        verdict_due_.clear();
-        lock.unlock();
-        fail(s);
-        lock.lock();
-        continue;
+  live_.run(
+      lock, cv_, [&] { return stop_heartbeat_ || shutdown_; },
+      [&](transport::Liveness::Event&& e) { on_liveness(std::move(e), lock); });
+}
+
+void Node::on_liveness(transport::Liveness::Event&& e, std::unique_lock<std::mutex>& lock) {
+  const auto& c = options_.cluster;
+  using Event = transport::Liveness::Event;
+  Status why;
+  if (e.kind == Event::kSuspectDue) {
+    why = e.why;
+  } else if (e.kind == Event::kDead) {  // the scheduler, the only member watched
+    why = {ErrorCode::kPeerFailure,
+           fmt::format("{} failed: no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
+                       "unreachable",
+                       book_.scheduler.port > 0 ? book_.scheduler.describe()
+                                                : "scheduler (host " + c.root_uri + ")",
+                       e.silence.count(), c.heartbeat_timeout.count())};
+  } else if (e.kind == Event::kBeat) {
+    // Checked once per beat: a peer whose connection closed while the
+    // scheduler may fail it over or replace it (on_close), and no word came.
+    auto late = std::find_if(verdict_due_.begin(), verdict_due_.end(),
+                             [&](const auto& v) { return clock_.now() >= v.second.deadline; });
+    if (failure_locked().is_ok() && late != verdict_due_.end()) {
+      const auto [peer_role, peer_rank] = late->first;
+      std::string peer = fmt::format("{} {}", role_name(peer_role), peer_rank);
+      try {
+        peer = book_.at(peer_role, peer_rank).describe();
+      } catch (const Error&) {  // not in the book: its role and rank say enough
       }
+      why = {ErrorCode::kPeerFailure,
+             fmt::format("{} failed: its connection to {} {} closed ({}) and the scheduler, "
+                         "which still hears it, did not fail it over or replace it: the link "
+                         "between the two is broken",
+                         peer, role_name(role()), rank_, late->second.why)};
+      verdict_due_.clear();
     }
-    if (Real::now() < next_beat) continue;
-    next_beat = Real::now() + c.heartbeat_interval;
-    auto silent = scheduler_silence_.silence(0);
     transport::ConnId sched = scheduler_;
     lock.unlock();
     transport_->send_copy(sched, transport::Header{.type = msg::kHeartbeat}, nullptr, 0);
-    if (silent > c.heartbeat_timeout)
-      fail({ErrorCode::kPeerFailure,
-            fmt::format("{} failed: no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
-                        "unreachable",
-                        book_.scheduler.port > 0 ? book_.scheduler.describe()
-                                                 : "scheduler (host " + c.root_uri + ")",
-                        silent.count(), c.heartbeat_timeout.count())});
     lock.lock();
   }
+  if (why.is_ok()) return;
+  lock.unlock();
+  fail(why);
+  lock.lock();
 }
 
 void Node::on_close(transport::ConnId id, const transport::PeerInfo& p, const Status& why) {
@@ -93,7 +81,7 @@ void Node::on_close(transport::ConnId id, const transport::PeerInfo& p, const St
   // names the node that really failed) is on its way, so wait a short grace
   // period before blaming this peer. The transport has already failed every
   // send and posted receive of this connection.
-  if (!suspect_.is_ok()) return;
+  if (live_.verdict().has_suspect()) return;
   if (p.role == Role::kServer && replicas_ > 0) {
     // The verdict may have come first: a placement that failed this server
     // over dropped the connection from peers_ (apply_placement) before its
@@ -121,11 +109,11 @@ void Node::on_close(transport::ConnId id, const transport::PeerInfo& p, const St
             p.describe(), why.message());
     return;
   }
-  suspect_ = {ErrorCode::kPeerFailure,
-              fmt::format("{} failed: connection closed ({}); it crashed, was killed or lost the "
-                          "network",
-                          p.describe(), why.message())};
-  suspect_deadline_ = clock_.now() + suspect_grace();
+  live_.verdict().suspect({ErrorCode::kPeerFailure,
+                           fmt::format("{} failed: connection closed ({}); it crashed, was killed "
+                                       "or lost the network",
+                                       p.describe(), why.message())},
+                          suspect_grace());
   cv_.notify_all();
 }
 
@@ -143,13 +131,17 @@ void Node::report_rejoined() {
   transport_->send_copy(sched, transport::Header{.type = msg::kServerRejoined}, nullptr, 0);
 }
 
+Status Node::failure_locked() const {
+  const auto& f = live_.verdict().failure();
+  return f ? *f : Status{};
+}
+
 void Node::fail(Status why) {
   std::vector<std::function<void(const Status&)>> callbacks;
   {
     std::lock_guard lock(mu_);
-    if (!failure_.is_ok()) return;
     if (why.code() != ErrorCode::kPeerFailure) why = {ErrorCode::kPeerFailure, why.message()};
-    failure_ = why;
+    if (!live_.verdict().decide(why)) return;
     callbacks = failure_callbacks_;
   }
   cv_.notify_all();
@@ -160,16 +152,16 @@ void Node::fail(Status why) {
 
 void Node::report_failure(const Status& why) {
   std::unique_lock lock(mu_);
-  if (!failure_.is_ok()) return;
+  if (!failure_locked().is_ok()) return;
   transport::ConnId sched = scheduler_;
   NodeAddress me{role(), rank_, "", 0};
   lock.unlock();
   auto p = encode_dead(me, why.message());
-  Status sent = transport_->send_copy(sched, transport::Header{.type = msg::kFailureReport},
-                                      p.data(), p.size());
+  Status sent =
+      transport_->send_copy(sched, transport::Header{.type = msg::kFailureReport}, p.data(), p.size());
   lock.lock();
-  if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_.is_ok(); });
-  if (!failure_.is_ok()) return;
+  if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_locked().is_ok(); });
+  if (!failure_locked().is_ok()) return;
   lock.unlock();
   // The scheduler did not answer (gone, or slow): fail locally with the reason.
   fail(why);

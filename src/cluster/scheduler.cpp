@@ -16,7 +16,8 @@ namespace pushpull::cluster {
 Scheduler::Scheduler(Options options, const ClockSource& clock)
     : options_(std::move(options)),
       clock_(clock),
-      silence_(clock, options_.cluster.heartbeat_timeout),
+      live_({options_.cluster.heartbeat_interval, options_.cluster.heartbeat_timeout, Millis{0}},
+            clock),
       replicas_(ps_replicas(options_.cluster.ps_replicas, options_.cluster.num_servers)) {
   placement_.dead.assign(static_cast<size_t>(std::max(0, options_.cluster.num_servers)), false);
   transport::TransportConfig tc;
@@ -102,7 +103,7 @@ void Scheduler::broadcast(uint16_t type, const std::vector<std::byte>& payload, 
 void Scheduler::on_message(transport::Message&& m) {
   std::lock_guard lock(mu_);
   auto it = nodes_.find(m.conn);
-  if (it != nodes_.end() && !it->second.left) silence_.heard(m.conn);
+  if (it != nodes_.end() && !it->second.left) live_.heard(m.conn);
   std::span<const std::byte> payload(m.payload.data(), m.payload.size());
   switch (m.header.type) {
     case msg::kRegister: {
@@ -147,11 +148,11 @@ void Scheduler::on_message(transport::Message&& m) {
       if (e.addr.role == Role::kWorker && !exited_unregistered_.empty()) {
         // It would wait for a worker that is gone.
         nodes_[m.conn] = e;
-        silence_.heard(m.conn);
+        live_.heard(m.conn);
         check_unregistered_exits();
         return;
       }
-      silence_.heard(m.conn);
+      live_.heard(m.conn);
       PP_INFO("{} registered ({} of {})", e.addr.describe(), nodes_.size() + 1,
               group_size(Group::kAll));
       nodes_[m.conn] = e;
@@ -198,7 +199,7 @@ void Scheduler::on_message(transport::Message&& m) {
     case msg::kLeave: {
       if (it == nodes_.end()) return;
       it->second.left = true;
-      silence_.forget(m.conn);
+      live_.forget(m.conn);
       PP_DEBUG("{} left", it->second.addr.describe());
       bool workers_left = complete_ && away_.empty() && it->second.addr.role == Role::kWorker &&
                           std::all_of(nodes_.begin(), nodes_.end(), [](auto& kv) {
@@ -309,43 +310,33 @@ void Scheduler::check_timers() {
                        c.startup_timeout.count()));
       return;
     }
-  if (auto expired = silence_.first_expired()) {
-    auto it = nodes_.find(expired->first);
-    if (it != nodes_.end()) {
-      lose(expired->first, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung "
-                                       "or unreachable",
-                                       expired->second.count(), c.heartbeat_timeout.count()));
-      return;
-    }
-    silence_.forget(expired->first);
-  }
   check_unregistered_exits();
+  using Event = transport::Liveness::Event;
+  for (Event e = live_.poll(); e.kind != Event::kNone && !finished_ && failure_.is_ok();
+       e = live_.poll()) {
+    if (e.kind == Event::kBeat) {
+      broadcast(msg::kHeartbeat, {});
+    } else if (e.kind == Event::kDead && nodes_.count(e.member)) {  // (no probes: no kProbe)
+      lose(e.member, fmt::format("no heartbeat for {} ms (limit {} ms); it is stopped, hung or "
+                                 "unreachable",
+                                 e.silence.count(), c.heartbeat_timeout.count()));
+    }
+  }
 }
 
 Status Scheduler::run() {
   transport_->start();
-  const auto& c = options_.cluster;
   std::unique_lock lock(mu_);
   started_ = clock_.now();
-  // Heartbeats go out on real time; the decisions read clock_ (injectable).
-  auto next_beat = std::chrono::steady_clock::now();
+  // Beats go out on real time; the decisions read clock_ (injectable).
   while (!finished_ && failure_.is_ok()) {
-    // The unregistered-exit grace may end before the next heartbeat.
-    Millis wait = c.heartbeat_interval;
+    // Until the detector's next event (a beat, the next silence limit); the
+    // unregistered-exit grace may end sooner.
+    Millis wait = live_.until_next();
     if (!exited_unregistered_.empty()) wait = std::min(wait, Millis{100});
-    // Wake when the next node would pass the silence limit, not an interval later.
-    auto until_silent = std::chrono::duration_cast<Millis>(silence_.next_deadline() - clock_.now());
-    auto until_beat =
-        std::chrono::duration_cast<Millis>(next_beat - std::chrono::steady_clock::now());
-    wait = std::clamp(std::min(until_silent, until_beat), Millis{1}, wait);
-    cv_.wait_for(lock, wait);
+    cv_.wait_for(lock, std::max(wait, Millis{1}));
     if (finished_ || !failure_.is_ok()) break;
     check_timers();
-    if (finished_ || !failure_.is_ok()) break;
-    if (std::chrono::steady_clock::now() >= next_beat) {
-      next_beat = std::chrono::steady_clock::now() + c.heartbeat_interval;
-      broadcast(msg::kHeartbeat, {});
-    }
   }
   Status result = finished_ ? Status{} : failure_;
   lock.unlock();

@@ -69,10 +69,10 @@
 #include <set>
 
 #include "base/clock.h"
-#include "base/liveness.h"
 #include "cluster/barrier_book.h"
 #include "cluster/protocol.h"
 #include "pushpull/options.h"
+#include "transport/liveness.h"
 #include "transport/tcp/message_transport.h"
 
 namespace pushpull::cluster {
@@ -144,7 +144,8 @@ class Scheduler {
   void broadcast(uint16_t type, const std::vector<std::byte>& payload, uint64_t key = 0,
                  uint64_t request_id = 0);  // mu_ held
   int group_size(Group g) const;
-  // Checks the heartbeat and registration deadlines (mu_ held).
+  // Checks the registration and replacement deadlines, then hands the
+  // detector's due events (a silent node, the beat) on (mu_ held).
   void check_timers();
   // Workers that exited 0 without registering: stop the servers once every
   // worker has, fail the job when someone waits for them (mu_ held).
@@ -187,7 +188,9 @@ class Scheduler {
   void rejoin(transport::ConnId id, Entry e);
   const ClockSource& clock_;
   ClockSource::time_point started_;
-  SilenceDetector<transport::ConnId> silence_;
+  // The shared detector (transport/liveness.h): beats to every node, each
+  // registered node's silence by connection (its verdict is unused: failure_).
+  transport::Liveness live_;
   // Workers (launcher rank) that exited 0 before registering, and when the
   // first did (the 2 s grace for the others to follow).
   std::set<int> exited_unregistered_;

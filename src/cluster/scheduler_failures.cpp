@@ -42,7 +42,7 @@ void Scheduler::lose(transport::ConnId id, const std::string& reason) {
   if (it == nodes_.end()) return;
   NodeAddress who = it->second.addr;
   if (who.rank < 0) who.rank = it->second.preferred;
-  silence_.forget(id);
+  live_.forget(id);
   nodes_.erase(it);
   // Its barrier arrivals go (an away worker blocks the barrier until its
   // replacement arrives or moves past it: BarrierBook).
@@ -107,7 +107,7 @@ void Scheduler::rejoin(transport::ConnId id, Entry e) {
   const bool server = e.addr.role == Role::kServer;
   e.addr.rank = rank;
   if (!server) away_.erase(rank);
-  silence_.heard(id);
+  live_.heard(id);
   if (!transport_->bind_peer_rank(id, rank))
     PP_WARN("{} {}'s replacement said hello with another rank; its connection keeps that identity",
             role_name(e.addr.role), rank);
@@ -239,7 +239,7 @@ void Scheduler::process_exited(Role role, int rank, int exit_code, int signal) {
         if (&n != e) continue;
         if (role == Role::kWorker && worker_restarts_) {
           // The launcher does not restart it (that is process_restarting).
-          silence_.forget(id);
+          live_.forget(id);
           nodes_.erase(id);
           return fail(who, why + " and was not restarted (no restarts left)");
         }

@@ -149,6 +149,9 @@ bool ShmTransport::Impl::read_some(int p, Done& done) {
   return true;
 }
 
+// A local safety net under the mesh's detector (transport/liveness.h), not
+// a detector: a same-host peer's closed flag or gone pid fails its
+// operations before the mesh's verdict (the group's culprit) arrives.
 bool ShmTransport::Impl::peer_alive(int p) {
   SegHeader* h = map(p).h;
   if (h->closed.load(std::memory_order_acquire)) return false;

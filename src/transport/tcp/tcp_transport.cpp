@@ -90,7 +90,7 @@ void TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t by
 
 Status TcpTransport::refusal_locked(int peer) const {
   if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
+  if (detector_.verdict().failure()) return *detector_.verdict().failure();
   if (peer < 0 || peer >= size_ || peer == rank_ || book_.empty())
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("collective: no connection to rank {}", peer));
@@ -273,10 +273,8 @@ void TcpTransport::on_net_recv(Key key, const Status& st, const transport::Heade
   {
     std::lock_guard lock(mu_);
     registered_.erase(key);
-    if (st.is_ok() && silence_ && key.first == watched_) {
-      silence_->heard(key.first);
-      probe_until_.reset();
-    }
+    if (st.is_ok() && key.first == watched_ && !dead_[static_cast<size_t>(key.first)])
+      detector_.heard(static_cast<transport::Liveness::Member>(key.first));
     auto it = posted_.find(key);
     if (it == posted_.end()) return;  // already failed or served
     p = std::move(it->second);
@@ -299,10 +297,9 @@ void TcpTransport::on_close(transport::ConnId id, const Status& st) {
     if (r == rank_of_.end()) return;
     peer = r->second;
     dead_[static_cast<size_t>(peer)] = st;
-    if (silence_) silence_->forget(peer);  // a closed peer is a suspect, not silent
-    if (peer == watched_) probe_until_.reset();
+    detector_.forget(static_cast<transport::Liveness::Member>(peer));  // a suspect, not silent
     if (live_thread_.joinable() && !closed_ && !left_[static_cast<size_t>(peer)])
-      verdict_.suspect(peer_error(peer, st), live_.grace);
+      detector_.verdict().suspect(peer_error(peer, st), live_.grace);
     cv_.notify_all();
     for (auto it = posted_.begin(); it != posted_.end();) {
       if (it->first.first == peer) {
@@ -324,7 +321,7 @@ void TcpTransport::close(const Status& reason) {
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
-    if (!verdict_.failure())
+    if (!detector_.verdict().failure())
       for (int r = 0; r < size_; ++r)
         if (r != rank_ && conns_[static_cast<size_t>(r)] && !dead_[static_cast<size_t>(r)])
           bye.push_back(conns_[static_cast<size_t>(r)]);

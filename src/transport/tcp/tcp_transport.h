@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The collective Transport over TCP (transport/tcp/message_transport.h): one
-// transport::MessageTransport per rank, at most one connection per pair of ranks, always opened by
-// the higher rank (so a pair never gets two; net's duplicate-identity check refuses a second claim
-// anyway).
+// The collective Transport over TCP (transport/tcp/message_transport.h): one transport::MessageTransport
+// per rank, at most one connection per pair of ranks, always opened by the higher rank (so a pair
+// never gets two; net's duplicate-identity check refuses a second claim anyway).
 //
 // Not a full mesh (tcp_transport_mesh.cpp chooses, tcp_transport_connect.cpp
 // connects): connect_all opens, in parallel, only the connections the
@@ -37,21 +36,17 @@
 // (lock_streams()); post_send/post_recv keep going over net, so the engine's
 // control traffic never mixes with them.
 //
-// Failure detection (start_liveness, after connect_all; in
-// tcp_transport_liveness.cpp), with a constant load per rank whatever the
-// size of the group: the ranks watch each other around the ring. A thread of
-// its own sends one small heartbeat (kHeartbeatType) per heartbeat_interval,
-// to its ring predecessor only, which watches it: any message from the
-// watched successor counts as a sign of life. A successor silent for
-// heartbeat_timeout is probed (SWIM-style): directly and through up to two
-// helpers that hold links to both (the successor's successor and this rank's
-// predecessor), which relay its answer. No answer within the probe window
-// (LivenessConfig::probe_window) and it is declared dead (a SIGSTOPped or
-// unreachable rank, whatever it was doing); a slow link between just the two
-// is not a death. That is independent of tensor traffic, so a rank that
-// never submits is caught too. A rank answers probes only while its own
-// detector runs. Every other peer is not timed: its death shows as a closed
-// connection (below) or reaches this rank as its watcher's verdict.
+// Failure detection (start_liveness, after connect_all): the shared detector
+// (transport/liveness.h) on the ring, wired in tcp_transport_liveness.cpp.
+// Each rank beats (kHeartbeatType) once per heartbeat_interval to its ring
+// predecessor, which watches it (any message from it is a sign of life): a
+// constant load per rank. A successor silent for heartbeat_timeout is probed
+// directly and through two helpers holding links to both (its successor,
+// this rank's predecessor), and declared dead when no answer comes within
+// the probe window: a stopped or unreachable rank, whatever it was doing,
+// never a slow link between two. A rank answers probes only while its
+// detector runs. Other peers are not timed: their death is a closed
+// connection (a suspect, below) or their watcher's verdict.
 //
 // The verdict: the job's first failure as this rank knows it. Once decided,
 // every pending and later operation, with every peer, fails with it (a
@@ -99,7 +94,7 @@
 #include <vector>
 
 #include "base/clock.h"
-#include "base/liveness.h"
+#include "transport/liveness.h"
 #include "transport/socket.h"
 #include "transport/tcp/message_transport.h"
 #include "transport/tcp/tcp_streams.h"
@@ -276,7 +271,9 @@ class TcpTransport final : public Transport {
   void fail_or_hold(int peer, Completion done, const Status& why);
   // Decides `verdict`, tells the peers (`tell`), fails everything. mu_ not held.
   void decide(const Status& verdict, bool tell);
-  void liveness_loop();
+  // One event of the detector (the liveness thread; mu_ held on entry and
+  // exit, released while sending or deciding).
+  void on_liveness(transport::Liveness::Event&& e, std::unique_lock<std::mutex>& lock);
   // Lazy connections (tcp_transport_connect.cpp). An operation with a peer
   // not connected yet (or with earlier ones still waiting) is queued.
   struct Deferred {
@@ -294,8 +291,8 @@ class TcpTransport final : public Transport {
   void dial(int peer);                  // mu_ not held
   void send_dial_me(int from, int to);  // mu_ not held
   void on_dial_me(const transport::Message& m, int from);  // mu_ not held
-  void lazy_failed(int peer, Status why);                  // mu_ not held: fails its queue
-  std::vector<Deferred> take_deferred();                   // mu_ held: every queued operation
+  void lazy_failed(int peer, Status why);            // mu_ not held: fails its queue
+  std::vector<Deferred> take_deferred();             // mu_ held: every queued operation
   // Why an operation with `peer` cannot be posted (closed, a verdict, no
   // such peer), or ok. Under mu_.
   Status refusal_locked(int peer) const;
@@ -303,10 +300,7 @@ class TcpTransport final : public Transport {
                      bool flushing);
   void post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
                      bool flushing);
-  Millis lazy_timeout() const;  // mu_ held
-  // The probe of the silent successor: decides it dead, or sends the probes.
-  // mu_ held on entry and exit (released while sending).
-  void probe_successor(std::unique_lock<std::mutex>& lock);
+  Millis lazy_timeout() const;                // mu_ held
   void on_probe(transport::Message&& m, int from);  // mu_ not held
   void heard(transport::ConnId conn);               // mu_ held
   int peer_of(transport::ConnId conn);              // mu_ held; -1 when unknown
@@ -331,8 +325,9 @@ class TcpTransport final : public Transport {
   // Liveness (under mu_).
   LivenessConfig live_;
   std::vector<std::string> where_;  // per rank: "host:port"
-  Verdict verdict_{steady_clock_source()};
-  std::optional<SilenceDetector<int>> silence_;
+  // The shared detector (transport/liveness.h): the beats, the successor's
+  // silence and probe, the verdict and its suspect.
+  transport::Liveness detector_;
   std::vector<Completion> held_;  // operations waiting for the verdict
   std::function<void(const Status&)> on_verdict_;
   std::vector<bool> left_;  // per peer: said goodbye (closed in order)
@@ -348,15 +343,13 @@ class TcpTransport final : public Transport {
   std::condition_variable lazy_cv_;
   bool lazy_stop_ = false;
   int watched_ = -1;  // the ring successor this rank times (-1: none)
-  std::optional<ClockSource::time_point> probe_until_;  // probing watched_ until then
   std::atomic<uint64_t> heartbeats_sent_{0};
   bool live_stop_ = false;
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
 
-  std::vector<transport::Fd> streams_;  // per peer; set once by connect_all
-  std::vector<std::unique_ptr<transport::TlsLink>>
-      stream_tls_;                          // per peer, with TLS; set with streams_
+  std::vector<transport::Fd> streams_;                           // per peer; set once by connect_all
+  std::vector<std::unique_ptr<transport::TlsLink>> stream_tls_;  // per peer, with TLS; set with streams_
   std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation
   std::mutex stream_mu_;
 

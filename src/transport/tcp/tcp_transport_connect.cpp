@@ -100,9 +100,9 @@ void TcpTransport::connect_all(const std::vector<std::pair<std::string, int>>& b
   // connecting: VerdictPort) ends the wait at once instead of at the timeout.
   const bool connected = cv_.wait_until(lock, deadline, [&] {
     std::lock_guard dl(dial_mu);
-    return all() || verdict_.failure().has_value() || first_error;
+    return all() || detector_.verdict().failure().has_value() || first_error;
   });
-  const std::optional<Status> failure = verdict_.failure();
+  const std::optional<Status> failure = detector_.verdict().failure();
   lock.unlock();
   if (failure) {
     std::lock_guard dl(dial_mu);
@@ -264,7 +264,7 @@ void TcpTransport::lazy_failed(int peer, Status why) {
     const auto p = static_cast<size_t>(peer);
     if (!dead_[p]) dead_[p] = why;
     if (live_thread_.joinable() && !closed_ && !left_[p])
-      verdict_.suspect(peer_error(peer, why), live_.grace);
+      detector_.verdict().suspect(peer_error(peer, why), live_.grace);
     while (!deferred_[p].empty()) {
       failed.push_back(std::move(deferred_[p].front()));
       deferred_[p].pop_front();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// TcpTransport's failure detector (see tcp_transport.h): one heartbeat per
-// interval to the ring predecessor on its own thread, the silence of the
-// ring successor and its indirect probe, the suspect decisions, and the
+// TcpTransport's wiring of the shared failure detector (transport/
+// liveness.h, see tcp_transport.h): the heartbeat to the ring predecessor,
+// the indirect probe of the silent ring successor over the mesh, and the
 // verdict that fails every operation and is told to (and passed on by)
 // every peer.
 #include <algorithm>
@@ -51,8 +51,8 @@ void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
   Status now;
   if (closed_)
     now = *closed_;
-  else if (verdict_.failure())
-    now = *verdict_.failure();
+  else if (detector_.verdict().failure())
+    now = *detector_.verdict().failure();
   else if (!live_thread_.joinable() || left_[static_cast<size_t>(peer)])
     now = peer_error(peer, why);  // no detector to settle a suspect, or it left: at once
   if (!now.is_ok()) {
@@ -60,18 +60,15 @@ void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
     done(now);
     return;
   }
-  verdict_.suspect(peer_error(peer, why), live_.grace);
+  detector_.verdict().suspect(peer_error(peer, why), live_.grace);
   held_.push_back(std::move(done));
   cv_.notify_all();
 }
 
 void TcpTransport::heard(transport::ConnId conn) {
-  if (!silence_) return;
   int p = peer_of(conn);
-  if (p >= 0 && p == watched_ && !dead_[static_cast<size_t>(p)]) {
-    silence_->heard(p);
-    probe_until_.reset();
-  }
+  if (p >= 0 && p == watched_ && !dead_[static_cast<size_t>(p)])
+    detector_.heard(static_cast<transport::Liveness::Member>(p));
 }
 
 int TcpTransport::peer_of(transport::ConnId conn) {
@@ -126,10 +123,7 @@ void TcpTransport::on_probe(transport::Message&& m, int from) {
       type = kProbeType;
     } else if (req == rank_) {
       // An ack relayed for this rank's own probe: the target is alive.
-      if (tgt == watched_ && silence_ && !dead_[target]) {
-        silence_->heard(tgt);
-        probe_until_.reset();
-      }
+      if (tgt == watched_ && !dead_[target]) detector_.heard(target);
       return;
     } else {
       if (from != tgt) return;  // a helper relays only the target's own ack
@@ -138,47 +132,55 @@ void TcpTransport::on_probe(transport::Message&& m, int from) {
     }
   }
   if (to != 0)
-    net_.send_copy(to, transport::Header{.type = type}, m.payload.data(), kProbeBytes,
-                   kUrgentPriority);
+    net_.send_copy(to, transport::Header{.type = type}, m.payload.data(), kProbeBytes, kUrgentPriority);
 }
 
-void TcpTransport::probe_successor(std::unique_lock<std::mutex>& lock) {
-  const ClockSource& clock = *live_.clock;
-  const int q = watched_;
-  if (probe_until_) {
-    if (clock.now() < *probe_until_) return;
-    Status v(
-        ErrorCode::kPeerFailure,
-        fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms) and no "
-                    "answer to probes; it is stopped, hung or unreachable",
-                    describe(q), silence_->silence(q).count(), live_.heartbeat_timeout.count()));
+void TcpTransport::on_liveness(transport::Liveness::Event&& e, std::unique_lock<std::mutex>& lock) {
+  using Event = transport::Liveness::Event;
+  const int q = static_cast<int>(e.member);
+  if (e.kind == Event::kSuspectDue || e.kind == Event::kDead) {
+    Status v = e.why;
+    if (e.kind == Event::kDead)
+      v = Status(ErrorCode::kPeerFailure,
+                 fmt::format("collective: {} failed: no heartbeat for {} ms (limit {} ms) and no "
+                             "answer to probes; it is stopped, hung or unreachable",
+                             describe(q), e.silence.count(), live_.heartbeat_timeout.count()));
     lock.unlock();
     PP_ERROR("{}", v.message());
     decide(v, true);
     lock.lock();
     return;
   }
-  Millis window = live_.probe_window;
-  if (window <= Millis{0})
-    window = std::clamp(2 * live_.heartbeat_interval, Millis{100}, Millis{1000});
-  probe_until_ = clock.now() + window;
-  PP_WARN("collective: {} silent for {} ms; probing it before declaring it failed", describe(q),
-          silence_->silence(q).count());
-  // Direct, and through the helpers that hold links to both ends.
-  std::vector<std::pair<transport::ConnId, uint16_t>> sends;
+  // A beat goes to the predecessor that watches this rank; the silent
+  // successor's probe goes to it directly and through the helpers that hold
+  // links to both ends.
   auto live_conn = [&](int r) {
     return r != rank_ && !dead_[static_cast<size_t>(r)] ? conns_[static_cast<size_t>(r)] : 0;
   };
-  if (transport::ConnId c = live_conn(q)) sends.emplace_back(c, kProbeType);
-  const int helpers[2] = {(q + 1) % size_, (rank_ - 1 + size_) % size_};
-  for (int h : helpers)
-    if (h != q && h != rank_ && (h != helpers[1] || helpers[1] != helpers[0]))
-      if (transport::ConnId c = live_conn(h)) sends.emplace_back(c, kProbeReqType);
-  std::byte payload[kProbeBytes];
-  put_probe(payload, rank_, q);
+  std::vector<std::pair<transport::ConnId, uint16_t>> sends;
+  std::byte probe[kProbeBytes];
+  if (e.kind == Event::kBeat) {
+    if (transport::ConnId c = live_conn((rank_ - 1 + size_) % size_))
+      sends.emplace_back(c, kHeartbeatType);
+  } else if (e.kind == Event::kProbe) {
+    PP_WARN("collective: {} silent for {} ms; probing it before declaring it failed", describe(q),
+            e.silence.count());
+    if (transport::ConnId c = live_conn(q)) sends.emplace_back(c, kProbeType);
+    const int helpers[2] = {(q + 1) % size_, (rank_ - 1 + size_) % size_};
+    for (int h : helpers)
+      if (h != q && h != rank_ && (h != helpers[1] || helpers[1] != helpers[0]))
+        if (transport::ConnId c = live_conn(h)) sends.emplace_back(c, kProbeReqType);
+    put_probe(probe, rank_, q);
+  }
   lock.unlock();
-  for (const auto& [c, type] : sends)
-    net_.send_copy(c, transport::Header{.type = type}, payload, sizeof payload, kUrgentPriority);
+  for (const auto& [c, type] : sends) {
+    const bool beat = type == kHeartbeatType;
+    if (net_.send_copy(c, transport::Header{.type = type}, beat ? nullptr : probe, beat ? 0 : kProbeBytes,
+                       kUrgentPriority)
+            .is_ok() &&
+        beat)
+      heartbeats_sent_.fetch_add(1, std::memory_order_relaxed);
+  }
   lock.lock();
 }
 
@@ -189,7 +191,7 @@ void TcpTransport::decide(const Status& verdict, bool tell) {
   std::function<void(const Status&)> hook;
   {
     std::lock_guard lock(mu_);
-    if (closed_ || !verdict_.decide(verdict)) return;
+    if (closed_ || !detector_.verdict().decide(verdict)) return;
     hook = on_verdict_;
     for (auto it = posted_.begin(); it != posted_.end();) {
       if (registered_.count(it->first)) {
@@ -243,7 +245,7 @@ void TcpTransport::declare(const Status& verdict) {
 
 std::optional<Status> TcpTransport::verdict() const {
   std::lock_guard lock(mu_);
-  return verdict_.failure();
+  return detector_.verdict().failure();
 }
 
 void TcpTransport::abort(const Status& why) {
@@ -252,7 +254,7 @@ void TcpTransport::abort(const Status& why) {
     // After a peer shut down in order the group is ending: an operation that
     // failed on that is no failure of the job (no verdict).
     std::lock_guard lock(mu_);
-    quiet = why.code() == ErrorCode::kPeerFailure && !verdict_.failure() &&
+    quiet = why.code() == ErrorCode::kPeerFailure && !detector_.verdict().failure() &&
             std::find(left_.begin(), left_.end(), true) != left_.end();
   }
   // A peer failure names the node already (a verdict, a lost connection);
@@ -276,66 +278,28 @@ void TcpTransport::start_liveness(LivenessConfig config) {
   std::lock_guard lock(mu_);
   if (live_thread_.joinable() || closed_) return;
   live_ = std::move(config);
-  verdict_ = Verdict(*live_.clock);
-  silence_.emplace(*live_.clock, live_.heartbeat_timeout);
-  watched_ = size_ > 1 ? (rank_ + 1) % size_ : -1;
+  Millis window = live_.probe_window;
+  if (window <= Millis{0})
+    window = std::clamp(2 * live_.heartbeat_interval, Millis{100}, Millis{1000});
+  detector_ =
+      transport::Liveness({live_.heartbeat_interval, live_.heartbeat_timeout, window}, *live_.clock);
+  // Without detection (another detector declares) nobody is timed: the
+  // beats still go out, and closed connections are still suspects.
+  watched_ = live_.detect && size_ > 1 ? (rank_ + 1) % size_ : -1;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     if (dead_[static_cast<size_t>(r)])
-      verdict_.suspect(peer_error(r, *dead_[static_cast<size_t>(r)]), live_.grace);
+      detector_.verdict().suspect(peer_error(r, *dead_[static_cast<size_t>(r)]), live_.grace);
     else if (r == watched_)
-      silence_->heard(r);
+      detector_.heard(static_cast<transport::Liveness::Member>(r));
   }
   live_thread_ = std::thread([this] {
     ScopedLogContext ctx(fmt::format("collective rank {} liveness", rank_));
-    liveness_loop();
+    std::unique_lock lock(mu_);
+    detector_.run(
+        lock, cv_, [&] { return live_stop_; },
+        [&](transport::Liveness::Event&& e) { on_liveness(std::move(e), lock); });
   });
-}
-
-void TcpTransport::liveness_loop() {
-  const ClockSource& clock = *live_.clock;
-  std::unique_lock lock(mu_);
-  // Heartbeats go out on real time; the silence and suspect decisions read
-  // the configured clock. Waits are at most one interval either way.
-  using Real = std::chrono::steady_clock;
-  auto next_beat = Real::now();
-  while (!live_stop_) {
-    auto decide_at = verdict_.suspect_deadline();
-    if (live_.detect && !verdict_.failure())
-      decide_at = std::min(decide_at, probe_until_ ? *probe_until_ : silence_->next_deadline());
-    auto left = std::clamp(std::chrono::duration_cast<Millis>(next_beat - Real::now()), Millis{0},
-                           live_.heartbeat_interval);
-    if (decide_at != ClockSource::time_point::max())
-      left = std::min(
-          left, std::max(Millis{0}, std::chrono::duration_cast<Millis>(decide_at - clock.now())));
-    if (left > Millis{0}) cv_.wait_for(lock, left);
-    if (live_stop_) break;
-    if (auto due = verdict_.suspect_due()) {
-      Status v = *due;
-      lock.unlock();
-      PP_ERROR("{}", v.message());
-      decide(v, true);
-      lock.lock();
-      continue;
-    }
-    if (live_.detect && !verdict_.failure() &&
-        (probe_until_ ? clock.now() >= *probe_until_ : silence_->first_expired().has_value())) {
-      probe_successor(lock);
-      continue;
-    }
-    if (Real::now() < next_beat) continue;
-    next_beat = Real::now() + live_.heartbeat_interval;
-    // One heartbeat, to the predecessor that watches this rank.
-    const int pred = (rank_ - 1 + size_) % size_;
-    transport::ConnId to =
-        size_ > 1 && !dead_[static_cast<size_t>(pred)] ? conns_[static_cast<size_t>(pred)] : 0;
-    lock.unlock();
-    if (to != 0 &&
-        net_.send_copy(to, transport::Header{.type = kHeartbeatType}, nullptr, 0, kUrgentPriority)
-            .is_ok())
-      heartbeats_sent_.fetch_add(1, std::memory_order_relaxed);
-    lock.lock();
-  }
 }
 
 void VerdictPort::deliver(const Status& verdict) {

@@ -49,7 +49,7 @@ void TcpTransport::setup_streams(const std::vector<std::pair<std::string, int>>&
       if (st.code() != ErrorCode::kTimeout) st.raise();
       {
         std::lock_guard lock(mu_);
-        if (auto failure = verdict_.failure())
+        if (auto failure = detector_.verdict().failure())
           throw PeerFailure(
               fmt::format("collective rank {}: stopped waiting for its data streams: {}", rank_,
                           failure->message()));
@@ -92,7 +92,7 @@ void TcpTransport::run(const Schedule& s) {
 
 bool TcpTransport::is_closed() const {
   std::lock_guard lock(mu_);
-  return closed_.has_value() || verdict_.failure().has_value();
+  return closed_.has_value() || detector_.verdict().failure().has_value();
 }
 
 int TcpTransport::stream_fd(int peer) const {
@@ -108,19 +108,19 @@ transport::TlsLink* TcpTransport::stream_tls(int peer) const {
 Status TcpTransport::stream_error(int peer, const std::string& why, ErrorCode code) {
   std::unique_lock lock(mu_);
   if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
+  if (detector_.verdict().failure()) return *detector_.verdict().failure();
   if (code != ErrorCode::kPeerFailure || peer < 0 || peer >= size_)
     return Status(code, fmt::format("collective: data stream from {}: {}", describe(peer), why));
   Status blame = peer_error(peer, Status(ErrorCode::kIoError, why));
   if (!live_thread_.joinable()) return blame;
   // The peer may be closing because another node failed first: give that
   // verdict the grace to arrive (the liveness thread settles the suspect).
-  verdict_.suspect(blame, live_.grace);
+  detector_.verdict().suspect(blame, live_.grace);
   cv_.notify_all();
   cv_.wait_for(lock, live_.grace + Millis{1000},
-               [&] { return closed_.has_value() || verdict_.failure().has_value(); });
+               [&] { return closed_.has_value() || detector_.verdict().failure().has_value(); });
   if (closed_) return *closed_;
-  if (verdict_.failure()) return *verdict_.failure();
+  if (detector_.verdict().failure()) return *detector_.verdict().failure();
   return blame;
 }
 
