@@ -520,6 +520,69 @@ def case_init_process_sets(n, r):
 
 INIT_SETS = []
 
+# ---- a sparse gradient missing on some ranks -------------------------------------
+
+
+def _emb_steps(n, r, weight, opt, uses, embed, lr):
+    """Steps of sum(lin(embed(rows))) where rank k uses the embedding in
+    step t iff uses[t][k] (rows depend on k and t); checks both parameters
+    against the model computed by hand: w -= lr * (sum over the ranks that
+    used it of their gradient) / n."""
+    lin = opt.param_groups[0]['params'][0]
+    for t, who in enumerate(uses):
+        want_w, want_lin = weight.detach().clone(), lin.detach().clone()
+        grad_w, grad_lin = torch.zeros_like(want_w), torch.zeros_like(want_lin)
+        for k in range(n):
+            rows = torch.tensor([k + t, (2 * k + 3) % 6])
+            feats = want_w[rows] if who[k] else torch.ones(2, 2)
+            grad_lin += feats.sum(0, keepdim=True)
+            if who[k]:
+                grad_w.index_add_(0, rows, want_lin.expand(2, 2))
+        opt.zero_grad(set_to_none=True)
+        rows = torch.tensor([r + t, (2 * r + 3) % 6])
+        feats = embed(rows) if who[r] else torch.ones(2, 2)
+        (feats @ lin.t()).sum().backward()
+        opt.step()
+        check(weight.detach(), want_w - lr * grad_w / n, 'embedding after step %d' % t, 1e-6)
+        check(lin.detach(), want_lin - lr * grad_lin / n, 'linear after step %d' % t, 1e-6)
+
+
+def case_sparse_missing(n, r):
+    lr = 0.5
+    # An nn.Embedding(sparse=True) that one rank does not use in a step: that
+    # rank contributes an empty sparse gradient (every rank knows the module),
+    # so training goes on and equals the model computed by hand.
+    emb = torch.nn.Embedding(6, 2, sparse=True)
+    lin = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        emb.weight.copy_(torch.arange(12.0).reshape(6, 2) / 10)
+        lin.weight.copy_(torch.tensor([[0.5, -1.0]]))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([lin.weight, emb.weight], lr=lr),
+                                   named_parameters=[('lin', lin.weight), ('emb', emb.weight)])
+    everyone, not_last = [True] * n, [k != n - 1 for k in range(n)]
+    _emb_steps(n, r, emb.weight, opt, [not_last, [k != 0 for k in range(n)], [False] * n,
+                                       everyone], emb, lr)
+
+    # A functional sparse embedding (no module says so): once a step has
+    # reduced it as sparse, every rank knows, and a missing gradient works.
+    w = torch.nn.Parameter(torch.arange(12.0).reshape(6, 2) / 10)
+    lin2 = torch.nn.Parameter(torch.tensor([[0.5, -1.0]]))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([lin2, w], lr=lr),
+                                   named_parameters=[('lin2', lin2), ('fw', w)])
+    _emb_steps(n, r, w, opt, [everyone, not_last],
+               lambda rows: F.embedding(rows, w, sparse=True), lr)
+
+    # Its first step with the last rank missing: nobody there can know it is
+    # sparse; every rank fails at once, naming the parameter and the cure.
+    hvd.barrier()
+    w = torch.nn.Parameter(torch.ones(6, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=lr), named_parameters=[('fresh', w)])
+    if r != n - 1:
+        F.embedding(torch.tensor([r]), w, sparse=True).sum().backward()
+    quickly(opt.step, ValueError, "parameter 'fresh'", 'sparse_as_dense=True',
+            'give every rank a gradient')
+
+
 CASES = {
     'duplicate_names': case_duplicate_names,
     'join': case_join,
@@ -528,6 +591,7 @@ CASES = {
     'process_sets': case_process_sets,
     'optimizer': case_optimizer,
     'init_process_sets': case_init_process_sets,
+    'sparse_missing': case_sparse_missing,
 }
 
 

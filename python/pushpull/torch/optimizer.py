@@ -17,6 +17,7 @@ reductions themselves run on the engine's thread.
 """
 
 import contextlib
+import gc
 import warnings
 
 import torch
@@ -26,7 +27,7 @@ from pushpull._pushpull import collective as _c
 from . import ops
 from .compression import Compression, FP16Compressor, GatheredCompressor, NoneCompressor
 from .process_sets import ProcessSet
-from .sparse import sparse_allreduce_async
+from .sparse import _gather_rows_async
 
 
 def _codec_of(compression):
@@ -49,11 +50,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
+        self._prefix = ''  # the engine names' process-set prefix
         # As Horovod: on a rank outside ``process_set`` the optimizer is a plain
         # local one (no communication); a set must be registered.
         members, prefix = [], ''
         if not isinstance(process_set, ProcessSet) or process_set.included():
             members, prefix, _ = ops._scope(process_set, 'DistributedOptimizer')
+            self._prefix = prefix
         elif process_set is not None:
             members = process_set._members()
         self.backward_passes_per_step = backward_passes_per_step
@@ -97,7 +100,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             backward_passes_per_step, gradient_predivide_factor, kind, threshold, index_groups,
             num_groups)
         self._copies = {}    # index: (tensor reduced, context, kind) when not p.grad itself
-        self._external = {}  # index: a sparse allgather's handle
+        self._external = {}  # index: (a sparse allgather's handle, its sparse_dim)
+        # Parameters every rank knows to be sparse (index: sparse_dim): the
+        # weights of sparse embedding modules, and those whose gradient an
+        # earlier step reduced as sparse. A rank without a gradient for one
+        # contributes an empty sparse gradient, so the ranks agree.
+        self._declared_sparse = {} if sparse_as_dense else _sparse_module_weights(self._params)
+        self._sparse_dims = dict(self._declared_sparse)
+        self._guessed = {}   # index: 'none' (dense zeros) or 'sparse', not known sparse
         self._grad_accs = []
         self._synchronized = False
         self._should_synchronize = True
@@ -133,20 +143,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _submit_one(self, i):
         p = self._params[i]
-        if p.grad is None:
+        grad = p.grad
+        known = None if self._sparse_as_dense else self._sparse_dims.get(i)
+        if known is not None and (grad is None or not grad.is_sparse):
+            # Sparse on the other ranks (every rank knows it): no gradient is
+            # an empty sparse one, a dense one goes as its nonzero rows.
+            grad = _empty_sparse(p, known) if grad is None else grad.to_sparse(known)
+        elif grad is None:
             # Unused this step on this rank: contribute zeros so every rank
             # submits the same names.
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        grad = p.grad
+            grad = p.grad
+            if not self._sparse_as_dense:
+                self._guessed[i] = 'none'
         if grad.is_sparse:
             if not self._sparse_as_dense:
-                # Horovod's allgather path: indices and values of every rank.
+                # Horovod's allgather path: indices and values of every rank,
+                # under the name a dense gradient's allreduce has (sparse.py).
                 if self.op not in (ops.Average, ops.Sum):
                     raise InvalidArgument('DistributedOptimizer: sparse gradients need op=Average '
                                           'or Sum (or sparse_as_dense=True)')
-                self._external[i] = sparse_allreduce_async(
-                    grad, name='grad.' + self._parameter_names[p], op=self.op,
-                    process_set=self._process_set)
+                if known is None:
+                    self._guessed[i] = 'sparse'
+                self._external[i] = (_gather_rows_async(
+                    grad, 'grad.' + self._parameter_names[p], self.op, self._process_set,
+                    grad.sparse_dim()), grad.sparse_dim())
                 return
             # Densified for the reduction only; synchronize() gives the wrapped
             # optimizer a sparse gradient back (as Horovod: SparseAdam needs one).
@@ -165,7 +186,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reducer.abandon()
         self._copies.clear()
         self._external.clear()
+        self._guessed.clear()
+        # A worker that joins now knows only the modules: so do the survivors.
+        self._sparse_dims = dict(self._declared_sparse)
         self._synchronized = False
+
+    def _explain(self, error, guessed):
+        """A negotiation's "submitted differently" error about a parameter
+        this rank could not know to be sparse, in the user's terms."""
+        for i, what in guessed.items():
+            name = self._parameter_names[self._params[i]]
+            if "'%sgrad.%s'" % (self._prefix, name) not in str(error):
+                continue
+            mine = ('got no gradient for it and contributed dense zeros' if what == 'none' else
+                    'contributed a sparse gradient')
+            return InvalidArgument(
+                'DistributedOptimizer: parameter \'%s\' has a sparse gradient on some ranks and '
+                'no (or a dense) gradient on others (this rank %s): a rank without a gradient '
+                'cannot tell that the parameter is sparse, since it is not the weight of an '
+                'nn.Embedding or nn.EmbeddingBag with sparse=True and no earlier step reduced it '
+                'as sparse. Pass sparse_as_dense=True to DistributedOptimizer, or give every rank '
+                'a gradient for it in every step. (%s)' % (name, mine, error))
+        return None
 
     # ---- Horovod's public methods -------------------------------------------------
 
@@ -181,10 +223,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._submit(self._reducer.take_unsubmitted())
         copies, self._copies = self._copies, {}
         external, self._external = self._external, {}
+        guessed, self._guessed = self._guessed, {}
         try:
             self._reducer.synchronize()
-            for i, h in external.items():
+            for i, (h, sparse_dim) in external.items():
                 self._params[i].grad = ops.synchronize(h).coalesce()
+                self._sparse_dims[i] = sparse_dim  # every rank reduced it as sparse
             for i, (sent, ctx, kind) in copies.items():
                 p = self._params[i]
                 if kind == 'sparse':
@@ -193,6 +237,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     p.grad.copy_(self._custom.decompress(sent, ctx))
                 else:
                     p.grad.copy_(sent)
+        except InvalidArgument as e:
+            clear = self._explain(e, guessed)
+            if clear is None:
+                raise
+            raise clear from e
         finally:
             for i in external:
                 self._reducer.finish_external(i)
@@ -227,6 +276,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 'step() or synchronize(); the pending allreduces would be lost. Call '
                 'zero_grad() before backward() or after step()')
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def _sparse_module_weights(params):
+    """{index in params: 1} for the weights of the nn.Embedding and
+    nn.EmbeddingBag modules with sparse=True (found among the live objects
+    once: the optimizer gets parameters, not modules). Every rank builds the
+    same model, so every rank finds the same ones."""
+    index = {id(p): i for i, p in enumerate(params)}
+    found = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and obj.sparse:
+            i = index.get(id(getattr(obj, 'weight', None)))
+            if i is not None:
+                found[i] = 1
+    return found
+
+
+def _empty_sparse(p, sparse_dim):
+    """A sparse gradient of p with no rows (a rank that did not use p)."""
+    return torch.sparse_coo_tensor(torch.zeros((sparse_dim, 0), dtype=torch.int64),
+                                   p.new_zeros((0,) + tuple(p.shape[sparse_dim:])), p.shape)
 
 
 def _group_indices(groups, params, reduced):

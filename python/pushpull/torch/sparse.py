@@ -2,6 +2,8 @@
 of every rank's sparse COO tensor are allgathered; the result is their
 (uncoalesced) concatenation, which torch sums on coalescing."""
 
+import math
+
 import torch
 
 from pushpull._pushpull import InvalidArgument
@@ -40,3 +42,39 @@ class _SparseHandle(ops.Handle):
 
     def __call__(self):
         return ops.synchronize(self)
+
+
+def _gather_rows_async(tensor, name, op, process_set, sparse_dim):
+    """The DistributedOptimizer's sparse gradient reduction: as
+    sparse_allreduce_async, but one allgather under ``name`` itself (each
+    nonzero's indices and values packed into one row of bytes), the name a
+    dense gradient's allreduce has. A rank that contributes a dense gradient
+    where another contributes a sparse one then meets it under one name, and
+    the negotiation fails both at once ("submitted differently") instead of
+    each waiting for the other's op until the timeout. ``tensor``: sparse COO
+    with ``sparse_dim`` sparse dimensions (no rows: an empty contribution)."""
+    reduction = ops._resolve_op(None, op)
+    _, _, n = ops._scope(process_set, 'DistributedOptimizer')
+    dense_shape = tuple(tensor.shape[sparse_dim:])
+    dtype = tensor.dtype
+    nnz = tensor._nnz()
+    value_bytes = tensor.element_size() * math.prod(dense_shape)
+
+    def as_bytes(t, width):  # flat first: a view to bytes needs a unit last stride
+        return t.contiguous().reshape(-1).view(torch.uint8).reshape(nnz, width)
+    packed = torch.cat([as_bytes(tensor._indices().t(), sparse_dim * 8),
+                        as_bytes(tensor._values(), value_bytes)], dim=1)
+    h = ops.allgather_async(packed, name, process_set)
+    index_bytes = sparse_dim * 8
+
+    def finish(op_, timeout):
+        rows = ops.synchronize(h, timeout)
+        total = rows.shape[0]
+        idx = rows[:, :index_bytes].contiguous().reshape(-1).view(torch.int64)
+        val = rows[:, index_bytes:].contiguous().reshape(-1).view(dtype)
+        idx, val = idx.reshape(total, sparse_dim), val.reshape((total,) + dense_shape)
+        if reduction == ops.Average:
+            val = val / n if val.dtype.is_floating_point else torch.div(val, n,
+                                                                          rounding_mode='trunc')
+        return torch.sparse_coo_tensor(idx.t(), val, tensor.size())
+    return _SparseHandle(h._op, None, finish)
