@@ -174,3 +174,43 @@ def test_lenet_cpp_elastic_loses_a_worker_and_gets_it_back():
     assert r['kills'][0]['recovery_s'] <= 10 + 5, r
     assert [s for s, _ in r['sizes']] == [4, 3, 4], r
     assert r['final_size'] == 4
+
+
+def test_reformation_updates_the_rank_environment():
+    """After a re-formation a survivor's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+    (and PUSHPULL_ twins), HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK and
+    _CROSS_SIZE in os.environ are its new place (before: the launcher set none of them for
+    an elastic worker, and nothing updated them)."""
+    import json
+    import signal
+    import subprocess
+    exe = os.path.join(BUILD, 'bin', 'pushpull')
+    if not os.path.exists(exe):
+        pytest.skip('build/bin/pushpull not built')
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(pushpull.__file__))] +
+        [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    env.setdefault('OMP_NUM_THREADS', '1')
+    proc = subprocess.Popen([exe, 'launch', '--min-np', '2', '--max-np', '3', '-n', '3',
+                             '--timeout', '60', '--', sys.executable,
+                             os.path.join(HERE, 'elastic_env_worker.py')],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher we started, and its workers
+            proc.communicate()
+    checks = [json.loads(l.split('envcheck ', 1)[1]) for l in out.splitlines()
+              if 'envcheck ' in l]
+    assert proc.returncode == 0, out
+    assert any(c['size'] == 3 for c in checks), out
+    after = [c for c in checks if c['size'] == 2]
+    # The worker that was rank 2 of 3 is rank 1 of 2 now.
+    moved = {c['pid'] for c in checks if c['size'] == 3 and c['rank'] == 2}
+    assert any(c['pid'] in moved and c['rank'] == 1 for c in after), out
+    for c in checks:
+        assert c['got'] == c['want'], 'step %d, rank %d of %d: %s' % (c['step'], c['rank'],
+                                                                       c['size'], c)

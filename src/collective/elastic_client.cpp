@@ -3,11 +3,15 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "base/flight_recorder.h"
+#include "base/metrics.h"
+#include "base/timeline.h"
 #include "pushpull/elastic.h"
 #include "pushpull/log.h"
 #include "transport/peer_policy.h"
@@ -247,6 +251,40 @@ uint64_t current_round() {
   return c ? c->round() : 0;
 }
 
+void publish_round_env(const Assignment& a) {
+  // The observers read the environment once, at first use: let them read it
+  // now, as the launcher set it (their files keep this process's first
+  // name, not a rank a later worker may have too), so that no other thread
+  // reads it from here on.
+  (void)timeline::enabled();
+  (void)timeline::process_node();
+  metrics::start_from_env();
+  flight::start_from_env();
+  std::vector<std::string> hosts;
+  for (const auto& [h, p] : a.book)
+    hosts.push_back(h);
+  const auto [local_rank, local_size] = local_of(hosts, a.rank);
+  const int size = a.size();
+  const std::pair<const char*, int> vars[] = {
+      {"RANK", a.rank},
+      {"PUSHPULL_RANK", a.rank},
+      {"WORLD_SIZE", size},
+      {"PUSHPULL_WORLD_SIZE", size},
+      {"LOCAL_RANK", local_rank},
+      {"PUSHPULL_LOCAL_RANK", local_rank},
+      {"LOCAL_WORLD_SIZE", local_size},
+      {"PUSHPULL_LOCAL_SIZE", local_size},
+      {"HOROVOD_RANK", a.rank},
+      {"HOROVOD_SIZE", size},
+      {"HOROVOD_LOCAL_RANK", local_rank},
+      {"HOROVOD_LOCAL_SIZE", local_size},
+      {"HOROVOD_CROSS_RANK", a.rank / std::max(1, local_size)},
+      {"HOROVOD_CROSS_SIZE", std::max(1, size / std::max(1, local_size))},
+  };
+  for (const auto& [name, value] : vars)
+    ::setenv(name, std::to_string(value).c_str(), 1);
+}
+
 Bootstrapped bootstrap_elastic(const Options& o) {
   Client* client = process_client(o);
   if (client == nullptr) throw InvalidArgument("elastic bootstrap without PUSHPULL_ELASTIC_ADDR");
@@ -261,6 +299,12 @@ Bootstrapped bootstrap_elastic(const Options& o) {
   Assignment a = client->join(host, port, o.collective.elastic_timeout);
   PP_INFO("elastic: worker {} is rank {} of {} in round {}", cfg->worker_id, a.rank, a.size(),
           a.round);
+  // The round's ranks in the environment, as a fixed job's launcher sets them.
+  // setenv is not thread-safe: here, on the thread that calls init(), the old
+  // round's threads are gone and this round's mesh has none yet; no other
+  // pushpull thread reads the environment (Options::from_env runs before, on
+  // this thread).
+  publish_round_env(a);
   NetOptions mesh = mesh_net(o);
   mesh.job_id = round_job_id(o.net.job_id, a.round);
   // Every member of the round is running already: connecting is quick, and

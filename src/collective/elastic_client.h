@@ -81,8 +81,16 @@ Client* process_client(const Options& options);
 // The process-wide client if one exists (no creation).
 Client* existing_process_client();
 
+// Sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (and their PUSHPULL_
+// twins), HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK and
+// _CROSS_SIZE to this process's place in round `a` (setenv: call it only
+// where no other thread reads the environment; bootstrap_elastic does, before
+// the round's mesh starts its threads).
+void publish_round_env(const Assignment& a);
+
 // Builds this process's transport for the next round (bootstrap.h's mode
-// kElastic). Blocks up to the launcher's --elastic-timeout.
+// kElastic), after publish_round_env. Blocks up to the launcher's
+// --elastic-timeout.
 Bootstrapped bootstrap_elastic(const Options& options);
 
 }  // namespace pushpull::collective::elastic

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <future>
 #include <thread>
 
@@ -253,6 +255,48 @@ TEST(ElasticRendezvous, AWrongSecretNeverReachesTheServer) {
     Client client(c);
     client.join("127.0.0.1", 1, Millis(2000));
   });
+}
+
+// A round's place in the environment, as a fixed job's launcher sets it
+// (docs/elastic.md, "Ranks in the environment"): the second process on host
+// b of a round a, b, b, c.
+TEST(ElasticClient, PublishRoundEnvSetsTheRanksOfTheRound) {
+  Assignment a;
+  a.round = 3;
+  a.rank = 2;
+  a.book = {{"a", 1}, {"b", 2}, {"b", 3}, {"c", 4}};
+  publish_round_env(a);
+  auto var = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "(unset)");
+  };
+  EXPECT_EQ(var("RANK"), "2");
+  EXPECT_EQ(var("PUSHPULL_RANK"), "2");
+  EXPECT_EQ(var("WORLD_SIZE"), "4");
+  EXPECT_EQ(var("PUSHPULL_WORLD_SIZE"), "4");
+  EXPECT_EQ(var("LOCAL_RANK"), "1");
+  EXPECT_EQ(var("PUSHPULL_LOCAL_RANK"), "1");
+  EXPECT_EQ(var("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(var("PUSHPULL_LOCAL_SIZE"), "2");
+  EXPECT_EQ(var("HOROVOD_RANK"), "2");
+  EXPECT_EQ(var("HOROVOD_SIZE"), "4");
+  EXPECT_EQ(var("HOROVOD_LOCAL_RANK"), "1");
+  EXPECT_EQ(var("HOROVOD_LOCAL_SIZE"), "2");
+  EXPECT_EQ(var("HOROVOD_CROSS_RANK"), "1");
+  EXPECT_EQ(var("HOROVOD_CROSS_SIZE"), "2");
+  a.rank = 0;  // a later round
+  a.book = {{"b", 2}};
+  publish_round_env(a);
+  EXPECT_EQ(var("RANK"), "0");
+  EXPECT_EQ(var("WORLD_SIZE"), "1");
+  EXPECT_EQ(var("HOROVOD_LOCAL_SIZE"), "1");
+  EXPECT_EQ(var("HOROVOD_CROSS_SIZE"), "1");
+  for (const char* name :
+       {"RANK", "PUSHPULL_RANK", "WORLD_SIZE", "PUSHPULL_WORLD_SIZE", "LOCAL_RANK",
+        "PUSHPULL_LOCAL_RANK", "LOCAL_WORLD_SIZE", "PUSHPULL_LOCAL_SIZE", "HOROVOD_RANK",
+        "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+        "HOROVOD_CROSS_SIZE"})
+    ::unsetenv(name);  // the other tests of this binary read none, but leave it clean
 }
 
 }  // namespace

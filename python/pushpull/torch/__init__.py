@@ -13,6 +13,7 @@ CPU tensors only for now. ``pushpull.torch.Trainer`` is the parameter-server
 """
 
 import atexit
+import os
 
 from pushpull._pushpull import InvalidArgument, PeerFailure
 from pushpull._pushpull import collective as _c
@@ -53,9 +54,32 @@ def init(comm=None, process_sets=None):
     # rather than from the C++ static destructors after it finalised.
     atexit.unregister(_c.shutdown)
     atexit.register(_c.shutdown)
+    if _c.mode() == 'elastic':
+        _mirror_round_environment()
     if process_sets is not None and process_sets != 'dynamic':
         for ps in process_sets:
             add_process_set(ps)
+
+
+def _mirror_round_environment():
+    """An elastic round's ranks, which the C++ bootstrap has set in the process
+    environment (setenv, before the round's threads start), into os.environ:
+    Python copied the environment at start-up (docs/elastic.md, "Ranks in the
+    environment")."""
+    lr, ls = _c.local_rank(), _c.local_size()
+    values = {'RANK': _c.rank(), 'WORLD_SIZE': _c.size(), 'LOCAL_RANK': lr,
+              'LOCAL_WORLD_SIZE': ls, 'HOROVOD_CROSS_RANK': cross_rank(),
+              'HOROVOD_CROSS_SIZE': cross_size()}
+    for name, twin in (('RANK', 'PUSHPULL_RANK'), ('WORLD_SIZE', 'PUSHPULL_WORLD_SIZE'),
+                       ('LOCAL_RANK', 'PUSHPULL_LOCAL_RANK'),
+                       ('LOCAL_WORLD_SIZE', 'PUSHPULL_LOCAL_SIZE')):
+        values[twin] = values[name]
+    for name, hvd in (('RANK', 'RANK'), ('WORLD_SIZE', 'SIZE'), ('LOCAL_RANK', 'LOCAL_RANK'),
+                      ('LOCAL_WORLD_SIZE', 'LOCAL_SIZE')):
+        values['HOROVOD_' + hvd] = values[name]
+    for name, value in values.items():
+        if os.environ.get(name) != str(value):
+            os.environ[name] = str(value)
 
 
 def shutdown():
