@@ -285,11 +285,16 @@ def _sparse_module_weights(params):
     same model, so every rank finds the same ones."""
     index = {id(p): i for i, p in enumerate(params)}
     found = {}
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
     for obj in gc.get_objects():
-        if isinstance(obj, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and obj.sparse:
-            i = index.get(id(getattr(obj, 'weight', None)))
-            if i is not None:
-                found[i] = 1
+        try:
+            if not isinstance(obj, kinds) or not obj.sparse:
+                continue
+        except Exception:  # a proxy whose __class__ raises is no module of ours
+            continue
+        i = index.get(id(getattr(obj, 'weight', None)))
+        if i is not None:
+            found[i] = 1
     return found
 
 
