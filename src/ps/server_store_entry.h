@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Private to ServerStore's source files (server_store.cpp: rounds, pushes and
-// pulls; server_store_recovery.cpp: replicas and checkpoints): the per-part
-// state and the small helpers both use. Not thread-safe by itself: an Entry is
+// Private to ServerStore's source files (server_store.cpp and
+// server_store_round.cpp: pushes and rounds; server_store_pull.cpp: pulls;
+// server_store_recovery.cpp: replicas and checkpoints): the per-part state
+// and the small helpers they use. Not thread-safe by itself: an Entry is
 // touched only under ServerStore's locking rules (server_store.h).
 #pragma once
 

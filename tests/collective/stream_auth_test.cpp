@@ -251,7 +251,7 @@ TEST(StreamAuthTls, MembersGetEncryptedStreamsStrangersAreRefused) {
 }
 
 // Without a secret the hello's rule holds for streams too (only this
-// machine's peers: transport/peer_policy.h, tested in tests/net/auth_test.cpp);
+// machine's peers: transport/peer_policy.h, tested in tests/net/auth_policy_test.cpp);
 // on this machine the group gets its streams.
 TEST(StreamAuth, WithoutASecretTheGroupOnThisMachineGetsStreams) {
   Group g(3, group_net(""));

@@ -5,7 +5,8 @@ add_executable(ps_failover_worker ${CMAKE_CURRENT_LIST_DIR}/ps_failover_worker.c
 target_link_libraries(ps_failover_worker PRIVATE pushpull)
 add_executable(ps_backup_worker ${CMAKE_CURRENT_LIST_DIR}/ps_backup_worker.cpp)
 target_link_libraries(ps_backup_worker PRIVATE pushpull)
-foreach(t ps_job_test ps_failover_test ps_checkpoint_test ps_restart_test ps_backup_test)
+foreach(t ps_job_test ps_failover_test ps_checkpoint_test ps_restart_test ps_restart_limits_test
+    ps_backup_test)
   if(TARGET ${t})
     add_dependencies(${t} ps_loop_worker ps_failover_worker ps_backup_worker kvstore_basics
                      pushpull_cli)

@@ -5,7 +5,7 @@
 // wrote, and refuses, in this one place, another host's key, a missing file
 // (an old record replayed after its file went), other content, another
 // size, a symlink, a FIFO, a file open to others and another user's file.
-// The PS's offer (tests/net/shm_test.cpp, AnOfferIsJudgedByTheOneHostProof),
+// The PS's offer (tests/net/shm_peers_test.cpp, AnOfferIsJudgedByTheOneHostProof),
 // the PS's answer (below: a connector closes on a forged one) and the
 // collectives' probes (tests/collective/shm_host_test.cpp) are judged by it.
 #include <gtest/gtest.h>

@@ -6,7 +6,8 @@ if(NOT TARGET pushpull_torch)
   return()
 endif()
 
-add_executable(torch_trainer_test ${CMAKE_CURRENT_LIST_DIR}/trainer_tests.cpp)
+add_executable(torch_trainer_test ${CMAKE_CURRENT_LIST_DIR}/trainer_tests.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/trainer_unit_tests.cpp)
 target_link_libraries(torch_trainer_test PRIVATE pushpull_torch pushpull_test_support
   GTest::gtest CLI11::CLI11)
 target_compile_definitions(torch_trainer_test PRIVATE
@@ -27,7 +28,9 @@ endif()
 
 # DistributedOptimizer and the broadcasts; the launched cases run
 # `pushpull launch -s 0` with this binary as the workers.
-add_executable(torch_distributed_optimizer_test ${CMAKE_CURRENT_LIST_DIR}/distributed_optimizer_tests.cpp)
+add_executable(torch_distributed_optimizer_test
+  ${CMAKE_CURRENT_LIST_DIR}/distributed_optimizer_tests.cpp ${CMAKE_CURRENT_LIST_DIR}/dopt_worker.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dopt_world_of_one_tests.cpp)
 target_link_libraries(torch_distributed_optimizer_test PRIVATE pushpull_torch pushpull_test_support
   GTest::gtest CLI11::CLI11)
 target_compile_definitions(torch_distributed_optimizer_test PRIVATE
