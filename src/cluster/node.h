@@ -107,8 +107,8 @@ class Node {
   bool wait_connected(Role role, int rank, Millis timeout);
   // Sending and posting receives to a peer (see transport::MessageTransport for the
   // contracts). When the peer is dead, `done` gets the PeerFailure.
-  void send(Role role, int rank, transport::Header h, const void* data, size_t n, transport::SendDone done,
-            int priority = 0);
+  void send(Role role, int rank, transport::Header h, const void* data, size_t n,
+            transport::SendDone done, int priority = 0);
   Status send_copy(Role role, int rank, transport::Header h, const void* data, size_t n,
                    int priority = 0);
   Status post_recv(Role role, int rank, transport::RecvMatch match, void* dst, size_t capacity,

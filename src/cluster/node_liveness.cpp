@@ -157,8 +157,8 @@ void Node::report_failure(const Status& why) {
   NodeAddress me{role(), rank_, "", 0};
   lock.unlock();
   auto p = encode_dead(me, why.message());
-  Status sent =
-      transport_->send_copy(sched, transport::Header{.type = msg::kFailureReport}, p.data(), p.size());
+  Status sent = transport_->send_copy(sched, transport::Header{.type = msg::kFailureReport},
+                                      p.data(), p.size());
   lock.lock();
   if (sent.is_ok()) cv_.wait_for(lock, Millis{2000}, [&] { return !failure_locked().is_ok(); });
   if (!failure_locked().is_ok()) return;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The collective Transport over TCP (transport/tcp/message_transport.h): one transport::MessageTransport
-// per rank, at most one connection per pair of ranks, always opened by the higher rank (so a pair
-// never gets two; net's duplicate-identity check refuses a second claim anyway).
+// The collective Transport over TCP (transport/tcp/message_transport.h): one
+// transport::MessageTransport per rank, at most one connection per pair of ranks, always opened by
+// the higher rank (so a pair never gets two; net's duplicate-identity check refuses a second claim
+// anyway).
 //
 // Not a full mesh (tcp_transport_mesh.cpp chooses, tcp_transport_connect.cpp
 // connects): connect_all opens, in parallel, only the connections the
@@ -291,8 +292,8 @@ class TcpTransport final : public Transport {
   void dial(int peer);                  // mu_ not held
   void send_dial_me(int from, int to);  // mu_ not held
   void on_dial_me(const transport::Message& m, int from);  // mu_ not held
-  void lazy_failed(int peer, Status why);            // mu_ not held: fails its queue
-  std::vector<Deferred> take_deferred();             // mu_ held: every queued operation
+  void lazy_failed(int peer, Status why);                  // mu_ not held: fails its queue
+  std::vector<Deferred> take_deferred();                   // mu_ held: every queued operation
   // Why an operation with `peer` cannot be posted (closed, a verdict, no
   // such peer), or ok. Under mu_.
   Status refusal_locked(int peer) const;
@@ -300,7 +301,7 @@ class TcpTransport final : public Transport {
                      bool flushing);
   void post_recv_now(int peer, uint64_t tag, void* dst, size_t bytes, Completion done,
                      bool flushing);
-  Millis lazy_timeout() const;                // mu_ held
+  Millis lazy_timeout() const;                      // mu_ held
   void on_probe(transport::Message&& m, int from);  // mu_ not held
   void heard(transport::ConnId conn);               // mu_ held
   int peer_of(transport::ConnId conn);              // mu_ held; -1 when unknown
@@ -348,8 +349,9 @@ class TcpTransport final : public Transport {
   std::thread live_thread_;
   std::shared_ptr<VerdictPort> port_ = std::make_shared<VerdictPort>();
 
-  std::vector<transport::Fd> streams_;                           // per peer; set once by connect_all
-  std::vector<std::unique_ptr<transport::TlsLink>> stream_tls_;  // per peer, with TLS; set with streams_
+  std::vector<transport::Fd> streams_;  // per peer; set once by connect_all
+  std::vector<std::unique_ptr<transport::TlsLink>>
+      stream_tls_;                          // per peer, with TLS; set with streams_
   std::atomic<bool> streams_ready_{false};  // set by connect_all before any operation
   std::mutex stream_mu_;
 

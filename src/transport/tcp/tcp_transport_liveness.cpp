@@ -132,7 +132,8 @@ void TcpTransport::on_probe(transport::Message&& m, int from) {
     }
   }
   if (to != 0)
-    net_.send_copy(to, transport::Header{.type = type}, m.payload.data(), kProbeBytes, kUrgentPriority);
+    net_.send_copy(to, transport::Header{.type = type}, m.payload.data(), kProbeBytes,
+                   kUrgentPriority);
 }
 
 void TcpTransport::on_liveness(transport::Liveness::Event&& e, std::unique_lock<std::mutex>& lock) {
@@ -175,8 +176,8 @@ void TcpTransport::on_liveness(transport::Liveness::Event&& e, std::unique_lock<
   lock.unlock();
   for (const auto& [c, type] : sends) {
     const bool beat = type == kHeartbeatType;
-    if (net_.send_copy(c, transport::Header{.type = type}, beat ? nullptr : probe, beat ? 0 : kProbeBytes,
-                       kUrgentPriority)
+    if (net_.send_copy(c, transport::Header{.type = type}, beat ? nullptr : probe,
+                       beat ? 0 : kProbeBytes, kUrgentPriority)
             .is_ok() &&
         beat)
       heartbeats_sent_.fetch_add(1, std::memory_order_relaxed);
@@ -281,8 +282,8 @@ void TcpTransport::start_liveness(LivenessConfig config) {
   Millis window = live_.probe_window;
   if (window <= Millis{0})
     window = std::clamp(2 * live_.heartbeat_interval, Millis{100}, Millis{1000});
-  detector_ =
-      transport::Liveness({live_.heartbeat_interval, live_.heartbeat_timeout, window}, *live_.clock);
+  detector_ = transport::Liveness({live_.heartbeat_interval, live_.heartbeat_timeout, window},
+                                  *live_.clock);
   // Without detection (another detector declares) nobody is timed: the
   // beats still go out, and closed connections are still suspects.
   watched_ = live_.detect && size_ > 1 ? (rank_ + 1) % size_ : -1;
