@@ -230,8 +230,10 @@ def case_sparse_missing(n, r):
     opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=lr), named_parameters=[('fresh', w)])
     if r != n - 1:
         F.embedding(torch.tensor([r]), w, sparse=True).sum().backward()
+    # (The bound needs both ranks' requests to meet: 4 s, still short of the
+    # 5 s stall shutdown the test sets, which the bug ran into.)
     quickly(opt.step, ValueError, "parameter 'fresh'", 'sparse_as_dense=True',
-            'give every rank a gradient')
+            'give every rank a gradient', limit=4.0)
 
 
 CASES = {
