@@ -11,6 +11,7 @@
 
 #include "base/flight_recorder.h"
 #include "base/metrics.h"
+#include "base/rank_environment.h"
 #include "base/timeline.h"
 #include "pushpull/elastic.h"
 #include "pushpull/log.h"
@@ -265,24 +266,12 @@ void publish_round_env(const Assignment& a) {
     hosts.push_back(h);
   const auto [local_rank, local_size] = local_of(hosts, a.rank);
   const int size = a.size();
-  const std::pair<const char*, int> vars[] = {
-      {"RANK", a.rank},
-      {"PUSHPULL_RANK", a.rank},
-      {"WORLD_SIZE", size},
-      {"PUSHPULL_WORLD_SIZE", size},
-      {"LOCAL_RANK", local_rank},
-      {"PUSHPULL_LOCAL_RANK", local_rank},
-      {"LOCAL_WORLD_SIZE", local_size},
-      {"PUSHPULL_LOCAL_SIZE", local_size},
-      {"HOROVOD_RANK", a.rank},
-      {"HOROVOD_SIZE", size},
-      {"HOROVOD_LOCAL_RANK", local_rank},
-      {"HOROVOD_LOCAL_SIZE", local_size},
-      {"HOROVOD_CROSS_RANK", a.rank / std::max(1, local_size)},
-      {"HOROVOD_CROSS_SIZE", std::max(1, size / std::max(1, local_size))},
-  };
+  auto vars = rank_variables(a.rank, size, local_rank, local_size);
+  vars.emplace_back("HOROVOD_CROSS_RANK", std::to_string(a.rank / std::max(1, local_size)));
+  vars.emplace_back("HOROVOD_CROSS_SIZE",
+                    std::to_string(std::max(1, size / std::max(1, local_size))));
   for (const auto& [name, value] : vars)
-    ::setenv(name, std::to_string(value).c_str(), 1);
+    ::setenv(name, value.c_str(), 1);
 }
 
 Bootstrapped bootstrap_elastic(const Options& o) {

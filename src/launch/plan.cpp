@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "base/rank_environment.h"
 #include "pushpull/error.h"
 
 namespace pushpull::launch {
@@ -126,17 +127,11 @@ std::map<std::string, std::string> process_env(const LaunchConfig& cfg, const Re
     // torchrun's names describe the workers only: servers are not part of the
     // collective world, and a program that reads RANK must not see a server
     // rank there.
-    both("RANK", "PUSHPULL_RANK", std::to_string(p.rank));
-    both("WORLD_SIZE", "PUSHPULL_WORLD_SIZE", std::to_string(world));
-    both("LOCAL_RANK", "PUSHPULL_LOCAL_RANK", std::to_string(p.local_rank));
-    both("LOCAL_WORLD_SIZE", "PUSHPULL_LOCAL_SIZE", std::to_string(p.local_size));
-    // Horovod's names, as horovodrun's Gloo mode sets them: scripts (and
+    // Horovod's names too, as horovodrun's Gloo mode sets them: scripts (and
     // Horovod's own tests) read HOROVOD_RANK to tell that job, which may
     // init() again after shutdown(), from an MPI one; pushpull's may too.
-    env["HOROVOD_RANK"] = std::to_string(p.rank);
-    env["HOROVOD_SIZE"] = std::to_string(world);
-    env["HOROVOD_LOCAL_RANK"] = std::to_string(p.local_rank);
-    env["HOROVOD_LOCAL_SIZE"] = std::to_string(p.local_size);
+    for (auto& [name, value] : rank_variables(p.rank, world, p.local_rank, p.local_size))
+      env[name] = std::move(value);
     const bool own_master = !rv.master_addr.empty();  // -s > 0: not the scheduler's port
     both("MASTER_ADDR", "PUSHPULL_MASTER_ADDR", own_master ? rv.master_addr : rv.addr);
     const int master_port = own_master ? rv.master_port : rv.port;
