@@ -59,17 +59,8 @@ struct Job {
     // (no --timeout: it would set the heartbeat timeout too)
     proc = std::make_unique<test::ChildProcess>(args, env);
   }
-  // Waits until worker 0 finished round `round`; at the deadline stops the
-  // launcher (so its whole output, with the report, is there) and fails.
   bool wait_round(int round, std::chrono::seconds limit = 60s) {
-    auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      if (last_round(proc->output()) >= round) return true;
-      std::this_thread::sleep_for(5ms);
-    }
-    proc->signal(SIGTERM);
-    proc->wait(20s);
-    return false;
+    return test::wait_round(*proc, round, limit);  // support/launched_job.h
   }
   void signal_server(int rank, int sig) {
     auto servers = read_rank_pids(pids);

@@ -9,12 +9,17 @@
 
 #include <stdlib.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "support/process.h"
 
 namespace pushpull::test {
 
@@ -76,6 +81,21 @@ inline int failover_trials() {
 inline int last_round(const std::string& out) {
   auto at = out.rfind("ROUND ");
   return at == std::string::npos ? 0 : std::atoi(out.c_str() + at + 6);
+}
+
+// Waits until the launcher `proc`'s worker 0 finished round `round`; at the
+// deadline stops the launcher (so its whole output, with the report, is
+// there) and returns false.
+inline bool wait_round(ChildProcess& proc, int round,
+                       std::chrono::seconds limit = std::chrono::seconds(60)) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (last_round(proc.output()) >= round) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  proc.signal(SIGTERM);
+  proc.wait(std::chrono::seconds(20));
+  return false;
 }
 
 }  // namespace pushpull::test
