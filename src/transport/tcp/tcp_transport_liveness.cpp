@@ -66,6 +66,7 @@ void TcpTransport::fail_or_hold(int peer, Completion done, const Status& why) {
 }
 
 void TcpTransport::heard(transport::ConnId conn) {
+  if (watched_ < 0) return;  // no detector: nothing to time (skips the lookup per message)
   int p = peer_of(conn);
   if (p >= 0 && p == watched_ && !dead_[static_cast<size_t>(p)])
     detector_.heard(static_cast<transport::Liveness::Member>(p));
