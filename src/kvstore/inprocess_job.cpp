@@ -14,9 +14,12 @@ void run_inprocess_job(const InProcessJob& job, const std::function<void(KVStore
   Options base = job.options;
   base.cluster.num_servers = job.servers;
   base.cluster.num_workers = job.workers;
-  base.cluster.root_uri = "127.0.0.1";
+  // Loopback TCP, or the in-process medium when asked for (no port at all).
+  const std::string host =
+      job.options.cluster.root_uri == "inproc" ? std::string("inproc") : std::string("127.0.0.1");
+  base.cluster.root_uri = host;
   base.cluster.root_port = 0;
-  base.net.node_host = "127.0.0.1";
+  base.net.node_host = host;
   base.net.port = 0;
 
   Options so = base;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // A whole parameter-server job inside this process: a scheduler, servers and
-// workers as threads on loopback. For tests, benchmarks and trying a program
+// workers as threads on loopback, or on the in-process medium (socketpairs,
+// no port: transport/inproc/in_process_listeners.h) when
+// options.cluster.root_uri is "inproc". For tests, benchmarks and trying a program
 // without a launcher; the nodes are the same objects a real job uses.
 //
 // Thread safety: run_inprocess_job blocks until the job ended; `body` runs on
@@ -19,7 +21,8 @@ struct InProcessJob {
   int servers = 1;
   int workers = 1;
   std::string type = "dist_sync";
-  // Cluster addresses and ports are filled in; everything else (timeouts,
+  // Cluster addresses and ports are filled in (root_uri "inproc" selects the
+  // in-process medium, anything else loopback); everything else (timeouts,
   // big-array bound, threads) is taken from here.
   Options options;
   // Optional: adjusts the options of the i-th server or worker started (not

@@ -9,10 +9,12 @@
 #include <fmt/format.h>
 
 #include "pushpull/log.h"
+#include "transport/inproc/in_process_listeners.h"
 
 namespace pushpull::transport {
 
 bool is_loopback(const SockAddr& a) {
+  if (a.family() == AF_UNIX) return true;  // the in-process medium: this very process
   if (a.family() == AF_INET) {
     uint32_t ip = ntohl(reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr);
     return (ip >> 24) == 127;
@@ -33,6 +35,8 @@ std::string host_of(const SockAddr& a) {
   else if (a.family() == AF_INET)
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr, buf,
               sizeof buf);
+  else if (a.family() == AF_UNIX)
+    return std::string(kInProcessHost);
   else
     return "?";
   return buf;

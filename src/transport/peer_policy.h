@@ -27,9 +27,11 @@
 
 namespace pushpull::transport {
 
-// 127.0.0.0/8, ::1 and IPv4-mapped ::ffff:127.0.0.0/104.
+// 127.0.0.0/8, ::1, IPv4-mapped ::ffff:127.0.0.0/104, and the in-process
+// medium (AF_UNIX socketpairs: this very process).
 bool is_loopback(const SockAddr& a);
-// The address without its port ("10.0.0.2", "::1"), for logs and rate limits.
+// The address without its port ("10.0.0.2", "::1", "inproc"), for logs and
+// rate limits.
 std::string host_of(const SockAddr& a);
 
 // Ok when a peer at `peer` may go on to authenticate, else a ProtocolError

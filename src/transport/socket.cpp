@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "pushpull/error.h"
+#include "transport/inproc/in_process_listeners.h"
 
 namespace pushpull::transport {
 
@@ -28,6 +29,9 @@ void Fd::reset(int fd) {
 }
 
 std::string SockAddr::to_string() const {
+  if (family() == AF_UNIX)
+    return in_process_port > 0 ? format_address(std::string(kInProcessHost), in_process_port)
+                               : std::string(kInProcessHost);
   char buf[INET6_ADDRSTRLEN] = {};
   if (family() == AF_INET6) {
     auto* a = reinterpret_cast<const sockaddr_in6*>(&storage);
@@ -40,6 +44,7 @@ std::string SockAddr::to_string() const {
 }
 
 int SockAddr::port() const {
+  if (family() == AF_UNIX) return in_process_port;
   if (family() == AF_INET6)
     return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
   return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
@@ -51,6 +56,13 @@ std::string format_address(const std::string& host, int port) {
 }
 
 SockAddr resolve(const std::string& host_in, int port) {
+  if (is_in_process_host(host_in)) {
+    SockAddr a;
+    a.storage.ss_family = AF_UNIX;
+    a.len = sizeof(sa_family_t);
+    a.in_process_port = port;
+    return a;
+  }
   std::string host = host_in;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
@@ -108,6 +120,12 @@ void set_dead_link_timeout(int fd, std::chrono::milliseconds timeout) {
 
 namespace {
 SockAddr bind_address(const std::string& host, int port) {
+  // The in-process medium has no socket to bind (an AF_UNIX bind would make
+  // an abstract-namespace socket every local user can reach).
+  if (is_in_process_host(host))
+    throw InvalidArgument(
+        "the in-process medium has no socket to bind: MessageTransport::listen(\"inproc\", n) "
+        "registers it");
   SockAddr addr;
   if (host.empty()) {
     auto* a = reinterpret_cast<sockaddr_in*>(&addr.storage);
@@ -168,6 +186,7 @@ std::string peer_address(int fd) {
 }
 
 Status connect_once(const SockAddr& addr, std::chrono::milliseconds timeout, Fd* out) {
+  if (addr.family() == AF_UNIX) return in_process::dial(addr.in_process_port, out);
   auto failed = [](int err) { return Status(ErrorCode::kIoError, std::strerror(err)); };
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return failed(errno);
@@ -201,7 +220,8 @@ bool is_self_connection(int fd) {
   SockAddr local, peer;
   local.len = peer.len = sizeof local.storage;
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local.storage), &local.len) != 0 ||
-      getpeername(fd, reinterpret_cast<sockaddr*>(&peer.storage), &peer.len) != 0)
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer.storage), &peer.len) != 0 ||
+      local.family() == AF_UNIX)  // an in-process socketpair has two ends
     return false;
   return local.len == peer.len && local.port() == peer.port() &&
          local.to_string() == peer.to_string();

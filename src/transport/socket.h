@@ -50,18 +50,22 @@ class Fd {
   int fd_ = -1;
 };
 
-// A resolved socket address.
+// A resolved socket address. Family AF_UNIX stands for the in-process
+// medium (transport/inproc/in_process_listeners.h): `in_process_port` is the
+// listener's number (0 for the unnamed end of an accepted socketpair).
 struct SockAddr {
   sockaddr_storage storage{};
   socklen_t len = 0;
+  int in_process_port = 0;
   int family() const { return storage.ss_family; }
-  // "1.2.3.4:80" or "[::1]:80".
+  // "1.2.3.4:80", "[::1]:80", or "inproc:3" ("inproc" for an accepted end).
   std::string to_string() const;
   int port() const;
 };
 
-// Resolves a numeric or named host (IPv4 or IPv6) and a port. Throws
-// InvalidArgument when the host cannot be resolved.
+// Resolves a numeric or named host (IPv4 or IPv6) and a port; the host
+// "inproc" gives the in-process medium's address. Throws InvalidArgument
+// when the host cannot be resolved.
 SockAddr resolve(const std::string& host, int port);
 // "host:port" with brackets around IPv6 literals.
 std::string format_address(const std::string& host, int port);

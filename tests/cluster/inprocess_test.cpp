@@ -8,6 +8,7 @@
 #include "cluster/node.h"
 #include "cluster/scheduler.h"
 #include "support/cluster_harness.h"
+#include "support/media.h"
 #include "support/wait.h"
 
 namespace pushpull::cluster {
@@ -16,8 +17,19 @@ namespace {
 using namespace std::chrono_literals;
 using test::InProcessCluster;
 
-TEST(Cluster, RegistrationGivesRanksAndTheAddressBook) {
-  InProcessCluster c({});
+// Every test but the socket-buffer ones runs over each medium.
+class ClusterOn : public test::Medium {
+ protected:
+  InProcessCluster::Config on_medium() const {
+    InProcessCluster::Config c;
+    c.host = host();
+    return c;
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Media, ClusterOn, ::testing::ValuesIn(test::kMedia), test::medium_name);
+
+TEST_P(ClusterOn, RegistrationGivesRanksAndTheAddressBook) {
+  InProcessCluster c(on_medium());
   std::set<int> ports;
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(c.server(r).rank(), r);
@@ -32,7 +44,7 @@ TEST(Cluster, RegistrationGivesRanksAndTheAddressBook) {
     EXPECT_EQ(b.scheduler.port, c.scheduler_port());
     for (int r = 0; r < 3; ++r) {
       EXPECT_EQ(b.workers[r].rank, r);
-      EXPECT_EQ(b.workers[r].host, "127.0.0.1");
+      EXPECT_EQ(b.workers[r].host, host());
       EXPECT_EQ(b.workers[r].port, c.worker(r).transport().port());
       ports.insert(b.workers[r].port);
     }
@@ -46,10 +58,10 @@ TEST(Cluster, RegistrationGivesRanksAndTheAddressBook) {
   EXPECT_TRUE(c.shutdown().is_ok());
 }
 
-TEST(Cluster, PreferredRanksAreHonouredWhenEveryNodeHasOne) {
+TEST_P(ClusterOn, PreferredRanksAreHonouredWhenEveryNodeHasOne) {
   Options o;
-  o.net.node_host = "127.0.0.1";
-  o.cluster.root_uri = "127.0.0.1";
+  o.net.node_host = host();
+  o.cluster.root_uri = host();
   o.cluster.root_port = 0;
   o.cluster.num_servers = 0;
   o.cluster.num_workers = 3;
@@ -81,8 +93,8 @@ TEST(Cluster, PreferredRanksAreHonouredWhenEveryNodeHasOne) {
   EXPECT_TRUE(result.get().is_ok());
 }
 
-TEST(Cluster, BarriersOfEachGroupWaitForTheirMembers) {
-  InProcessCluster c({});
+TEST_P(ClusterOn, BarriersOfEachGroupWaitForTheirMembers) {
+  InProcessCluster c(on_medium());
   std::atomic<int> before{0};
   std::atomic<bool> early{false};
   c.parallel([&](Node& n) {
@@ -105,11 +117,11 @@ TEST(Cluster, BarriersOfEachGroupWaitForTheirMembers) {
   }
 }
 
-TEST(Cluster, NodesMessageEachOtherByRoleAndRank) {
+TEST_P(ClusterOn, NodesMessageEachOtherByRoleAndRank) {
   constexpr uint16_t kPing = 200;
   std::mutex mu;
   std::vector<std::pair<uint32_t, uint32_t>> seen;  // (receiver id, sender id)
-  InProcessCluster::Config cfg;
+  InProcessCluster::Config cfg = on_medium();
   cfg.setup = [&](Node& n) {
     n.set_handler(kPing, kPing, [&mu, &seen, &n](transport::Message&& m) {
       std::lock_guard l(mu);
@@ -183,8 +195,8 @@ TEST(Cluster, AnExplicitSocketBufferIsNotScaled) {
   EXPECT_TRUE(c.shutdown().is_ok());
 }
 
-TEST(Cluster, ADeadNodeFailsEveryoneWithItsName) {
-  auto c = std::make_unique<InProcessCluster>(InProcessCluster::Config{});
+TEST_P(ClusterOn, ADeadNodeFailsEveryoneWithItsName) {
+  auto c = std::make_unique<InProcessCluster>(on_medium());
   std::atomic<int> callbacks{0};
   for (auto* n : c->nodes())
     n->on_peer_failure([&](const Status&) { ++callbacks; });
@@ -208,10 +220,10 @@ TEST(Cluster, ADeadNodeFailsEveryoneWithItsName) {
 
 // Teardown order: after stop_delivery() no handler or failure callback of
 // the node runs, so an upper layer may destroy what they use.
-TEST(Cluster, NoHandlerRunsAfterStopDelivery) {
+TEST_P(ClusterOn, NoHandlerRunsAfterStopDelivery) {
   constexpr uint16_t kPing = 201;
   std::atomic<int> pings{0};
-  InProcessCluster::Config cfg;
+  InProcessCluster::Config cfg = on_medium();
   cfg.servers = 1;
   cfg.workers = 2;
   cfg.setup = [&](Node& n) {
@@ -231,8 +243,8 @@ TEST(Cluster, NoHandlerRunsAfterStopDelivery) {
   EXPECT_TRUE(c.server(0).failure().is_ok()) << "nothing ran on the stopped node";
 }
 
-TEST(Cluster, WrongSecretIsRefusedAtOnce) {
-  InProcessCluster::Config cfg;
+TEST_P(ClusterOn, WrongSecretIsRefusedAtOnce) {
+  InProcessCluster::Config cfg = on_medium();
   cfg.servers = 1;
   cfg.workers = 1;
   cfg.job_secret = "s3cret";
@@ -247,10 +259,10 @@ TEST(Cluster, WrongSecretIsRefusedAtOnce) {
   EXPECT_TRUE(c.shutdown().is_ok());
 }
 
-TEST(Cluster, RegistrationTimesOutWhenANodeIsMissing) {
+TEST_P(ClusterOn, RegistrationTimesOutWhenANodeIsMissing) {
   Options o;
-  o.net.node_host = "127.0.0.1";
-  o.cluster.root_uri = "127.0.0.1";
+  o.net.node_host = host();
+  o.cluster.root_uri = host();
   o.cluster.root_port = 0;
   o.cluster.num_servers = 1;
   o.cluster.num_workers = 1;

@@ -3,8 +3,9 @@
 // expectations (include/pushpull/kvstore.h, docs/kvstore.md), with the
 // distributed types as in-process jobs of 2 workers (store_jobs.h), each over
 // every transport it can run on: a PS store's payloads in shared-memory
-// rings and in TCP frames ("@tcp"), dist_sync_allreduce over the in-process
-// transport, a TCP mesh ("@tcp") and shared memory ("@shm"). Where
+// rings, in TCP frames ("@tcp") and on the in-process medium ("@inproc"),
+// dist_sync_allreduce over the in-process transport, a TCP mesh ("@tcp") and
+// shared memory ("@shm"). Where
 // MXNet's semantics differ by type, the test says so and checks each side:
 // - dist_async applies every push on arrival and needs an optimizer;
 // - parameter-server stores run the optimizer on the servers, so

@@ -10,7 +10,10 @@
 // "<type>@<transport>" (transports_of lists them):
 //   dist_sync, dist_async         payloads in same-host shared-memory rings
 //                                 (the default on one host); "@tcp": in the
-//                                 TCP frames (NetOptions::ps_shared_memory off)
+//                                 TCP frames (NetOptions::ps_shared_memory off);
+//                                 "@inproc": every connection on the
+//                                 in-process medium (socketpairs, no port;
+//                                 shared memory off)
 //   dist_sync_allreduce           in-process (the default); "@tcp": a TCP
 //                                 mesh on loopback with its direct streams;
 //                                 "@shm": shared memory (ShmTransport) The first exception of any
@@ -84,8 +87,10 @@ inline void run_store_job(const std::string& type, const JobShape& shape,
     return;
   }
   if (is_dist_ps(store)) {
-    if (over != "" && over != "tcp") throw std::invalid_argument("no such PS transport: " + type);
-    o.net.ps_shared_memory = over != "tcp";
+    if (over != "" && over != "tcp" && over != "inproc")
+      throw std::invalid_argument("no such PS transport: " + type);
+    o.net.ps_shared_memory = over == "";
+    if (over == "inproc") o.cluster.root_uri = "inproc";
     run_inprocess_job(InProcessJob{shape.servers, shape.workers, store, o}, body);
     return;
   }

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "support/media.h"
 #include "transport/hello.h"
 #include "transport/message.h"
 #include "transport/socket.h"
@@ -41,8 +42,8 @@ inline TransportConfig config(Role role, int rank, std::string secret = "",
 
 // A server-side transport that records what arrives.
 struct Sink {
-  explicit Sink(TransportConfig c) : t(std::move(c)) {
-    t.listen("127.0.0.1", 0);
+  explicit Sink(TransportConfig c, const std::string& host = "127.0.0.1") : t(std::move(c)) {
+    t.listen(host, 0);
     t.set_connect_handler([this](ConnId id, const PeerInfo& p) {
       std::lock_guard l(mu);
       peers.emplace_back(id, p);

@@ -23,6 +23,10 @@ using test::config;
 using test::kData;
 using test::RawClient;
 using test::Sink;
+
+// Every test but the one with a hand-made TCP listener runs over each medium.
+class StreamsOn : public test::Medium {};
+INSTANTIATE_TEST_SUITE_P(Media, StreamsOn, ::testing::ValuesIn(test::kMedia), test::medium_name);
 using test::wait_until;
 
 using clock = std::chrono::steady_clock;
@@ -55,12 +59,12 @@ std::string pass(const Stream& from, const Stream& to, const std::string& out) {
   return in;
 }
 
-TEST(Streams, OpenedAndTakenOnTheMessagePortBesideAMessageConnection) {
-  Sink a(acceptor_config());
+TEST_P(StreamsOn, OpenedAndTakenOnTheMessagePortBesideAMessageConnection) {
+  Sink a(acceptor_config(), host());
   MessageTransport b(connector_config(2));
   b.start();
-  ConnId conn = b.connect("127.0.0.1", a.t.port());
-  Stream mine = b.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0);
+  ConnId conn = b.connect(host(), a.t.port());
+  Stream mine = b.open_stream(host(), a.t.port(), Role::kWorker, 0);
   EXPECT_EQ(mine.peer.role, Role::kWorker);
   EXPECT_EQ(mine.peer.rank, 0);
   EXPECT_TRUE(mine.peer.outgoing);
@@ -87,11 +91,11 @@ TEST(Streams, OpenedAndTakenOnTheMessagePortBesideAMessageConnection) {
 
 // The proofs bind the kind: a hello asking for a stream with a proof made
 // for a message connection is refused, and the reverse.
-TEST(Streams, AProofForTheOtherKindIsRefused) {
-  Sink a(acceptor_config());
+TEST_P(StreamsOn, AProofForTheOtherKindIsRefused) {
+  Sink a(acceptor_config(), host());
   for (auto kind : {HelloKind::kStream, HelloKind::kMessages}) {
     const auto other = kind == HelloKind::kStream ? HelloKind::kMessages : HelloKind::kStream;
-    RawClient r(a.t.port());
+    RawClient r(a.t.port(), host());
     Challenge ch = r.challenge();
     r.send_hello(RawClient::make_hello(ch, "s3cret", Role::kWorker, 1, "job", kind, other));
     HelloAck ack = r.ack();
@@ -104,7 +108,7 @@ TEST(Streams, AProofForTheOtherKindIsRefused) {
             ErrorCode::kTimeout);
   EXPECT_EQ(a.npeers(), 0u);
   // A right proof for a stream works on the same node afterwards.
-  RawClient ok(a.t.port());
+  RawClient ok(a.t.port(), host());
   Challenge ch = ok.challenge();
   ok.send_hello(RawClient::make_hello(ch, "s3cret", Role::kWorker, 1, "job", HelloKind::kStream));
   HelloAck ack = ok.ack();
@@ -113,13 +117,13 @@ TEST(Streams, AProofForTheOtherKindIsRefused) {
   EXPECT_EQ(a.npeers(), 0u);  // never a message connection
 }
 
-TEST(Streams, OnlyRanksInRangeOnceEachAndNotThisNodesOwn) {
-  Sink a(acceptor_config());
+TEST_P(StreamsOn, OnlyRanksInRangeOnceEachAndNotThisNodesOwn) {
+  Sink a(acceptor_config(), host());
   auto refused = [&](int rank, const std::string& why) {
     MessageTransport b(connector_config(rank));
     b.start();
     try {
-      b.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0, 3s);
+      b.open_stream(host(), a.t.port(), Role::kWorker, 0, 3s);
       ADD_FAILURE() << "rank " << rank << " opened a stream";
     } catch (const ProtocolError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
@@ -129,12 +133,12 @@ TEST(Streams, OnlyRanksInRangeOnceEachAndNotThisNodesOwn) {
   refused(0, "own identity");
   MessageTransport one(connector_config(1));
   one.start();
-  Stream first = one.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0);
+  Stream first = one.open_stream(host(), a.t.port(), Role::kWorker, 0);
   refused(1, "already opened a data stream");
   // A node that takes no streams says so.
-  Sink none(config(Role::kWorker, 0, "s3cret"));
+  Sink none(config(Role::kWorker, 0, "s3cret"), host());
   try {
-    one.open_stream("127.0.0.1", none.t.port(), Role::kWorker, 0, 3s);
+    one.open_stream(host(), none.t.port(), Role::kWorker, 0, 3s);
     ADD_FAILURE() << "a node without stream_ranks took a stream";
   } catch (const ProtocolError& e) {
     EXPECT_NE(std::string(e.what()).find("takes no data streams"), std::string::npos) << e.what();
@@ -145,19 +149,19 @@ TEST(Streams, OnlyRanksInRangeOnceEachAndNotThisNodesOwn) {
   EXPECT_EQ(pass(first, taken, "still fine"), "still fine");
   MessageTransport three(connector_config(3));
   three.start();
-  Stream s3 = three.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0);
+  Stream s3 = three.open_stream(host(), a.t.port(), Role::kWorker, 0);
   EXPECT_TRUE(a.t.take_stream(Role::kWorker, 3, clock::now() + 5s, &taken).is_ok());
   EXPECT_EQ(a.ncloses(), 0u);
 }
 
 // The connector names who it expects: another node at that address (a
 // stale book) gets no stream, though its proof is right.
-TEST(Streams, TheConnectorRefusesAnAcceptorThatIsSomeoneElse) {
-  Sink a(acceptor_config());
+TEST_P(StreamsOn, TheConnectorRefusesAnAcceptorThatIsSomeoneElse) {
+  Sink a(acceptor_config(), host());
   MessageTransport b(connector_config(2));
   b.start();
   try {
-    b.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 1, 3s);
+    b.open_stream(host(), a.t.port(), Role::kWorker, 1, 3s);
     ADD_FAILURE() << "opened a stream to the wrong rank";
   } catch (const ProtocolError& e) {
     EXPECT_NE(std::string(e.what()).find("not worker 1"), std::string::npos) << e.what();
@@ -222,9 +226,9 @@ TEST(Streams, TheConnectorChecksTheAcceptorsProofForTheStreamKind) {
 
 // A connector must wait for the ack: bytes behind its hello close the
 // connection instead of reaching the owner as stream data.
-TEST(Streams, BytesBeforeTheAckCloseTheConnection) {
-  Sink a(acceptor_config());
-  RawClient r(a.t.port());
+TEST_P(StreamsOn, BytesBeforeTheAckCloseTheConnection) {
+  Sink a(acceptor_config(), host());
+  RawClient r(a.t.port(), host());
   Challenge ch = r.challenge();
   auto hello =
       encode(RawClient::make_hello(ch, "s3cret", Role::kWorker, 2, "job", HelloKind::kStream));
@@ -240,21 +244,21 @@ TEST(Streams, BytesBeforeTheAckCloseTheConnection) {
   // Its identity is free again for an honest retry.
   MessageTransport b(connector_config(2));
   b.start();
-  Stream mine = b.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0);
+  Stream mine = b.open_stream(host(), a.t.port(), Role::kWorker, 0);
   EXPECT_TRUE(a.t.take_stream(Role::kWorker, 2, clock::now() + 5s, &s).is_ok());
 }
 
-TEST(Streams, TlsStreamsWorkAndAPlainConnectorIsRefused) {
-  Sink a(acceptor_config("s3cret", true));
+TEST_P(StreamsOn, TlsStreamsWorkAndAPlainConnectorIsRefused) {
+  Sink a(acceptor_config("s3cret", true), host());
   MessageTransport plain(connector_config(1));
   plain.start();
-  EXPECT_THROW(plain.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0, 1s), Error);
+  EXPECT_THROW(plain.open_stream(host(), a.t.port(), Role::kWorker, 0, 1s), Error);
   MessageTransport other(connector_config(1, "another", true));
   other.start();
-  EXPECT_THROW(other.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0, 2s), ProtocolError);
+  EXPECT_THROW(other.open_stream(host(), a.t.port(), Role::kWorker, 0, 2s), ProtocolError);
   MessageTransport b(connector_config(1, "s3cret", true));
   b.start();
-  Stream mine = b.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0);
+  Stream mine = b.open_stream(host(), a.t.port(), Role::kWorker, 0);
   Stream theirs;
   ASSERT_TRUE(a.t.take_stream(Role::kWorker, 1, clock::now() + 5s, &theirs).is_ok());
   ASSERT_TRUE(mine.tls);
@@ -265,19 +269,19 @@ TEST(Streams, TlsStreamsWorkAndAPlainConnectorIsRefused) {
 
 // Without a secret (PUSHPULL_ALLOW_INSECURE unset) the hello's local-only
 // rule is the streams' too: this machine's peers get them.
-TEST(Streams, WithoutASecretStreamsWorkOnThisMachine) {
-  Sink a(acceptor_config(""));
+TEST_P(StreamsOn, WithoutASecretStreamsWorkOnThisMachine) {
+  Sink a(acceptor_config(""), host());
   MessageTransport b(connector_config(3, ""));
   b.start();
-  Stream mine = b.open_stream("127.0.0.1", a.t.port(), Role::kWorker, 0);
+  Stream mine = b.open_stream(host(), a.t.port(), Role::kWorker, 0);
   Stream theirs;
   ASSERT_TRUE(a.t.take_stream(Role::kWorker, 3, clock::now() + 5s, &theirs).is_ok());
   EXPECT_EQ(pass(mine, theirs, "local"), "local");
 }
 
-TEST(Streams, TakeStreamEndsAtItsDeadlineAndAtStop) {
+TEST_P(StreamsOn, TakeStreamEndsAtItsDeadlineAndAtStop) {
   MessageTransport a(acceptor_config());
-  a.listen("127.0.0.1", 0);
+  a.listen(host(), 0);
   a.start();
   Stream s;
   const auto t0 = clock::now();

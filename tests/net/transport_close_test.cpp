@@ -25,13 +25,17 @@ using test::kBlock;
 using test::kData;
 using test::RawClient;
 
+class MessageTransportClosing : public test::Medium {};
+INSTANTIATE_TEST_SUITE_P(Media, MessageTransportClosing, ::testing::ValuesIn(test::kMedia),
+                         test::medium_name);
+
 // A peer that sends its last word (a verdict, in the cluster) and closes:
 // when this node's next send fails (EPIPE) before it read that word, the word
 // is still delivered before the connection closes, so the node blames whom
 // the peer named rather than the peer. The I/O thread is held in another
 // connection's handler while the peer speaks and goes, and a send fails, so
 // the failed write and the unread message reach it in one readiness event.
-TEST(MessageTransport, ASendFailureFirstDeliversWhatThePeerSentLast) {
+TEST_P(MessageTransportClosing, ASendFailureFirstDeliversWhatThePeerSentLast) {
   // Declared before the transport, whose I/O thread uses them until it stops.
   std::mutex mu;
   std::condition_variable cv;
@@ -39,7 +43,7 @@ TEST(MessageTransport, ASendFailureFirstDeliversWhatThePeerSentLast) {
   std::vector<std::string> got;
   std::vector<ConnId> peers;
   MessageTransport a(config(Role::kServer, 0));
-  a.listen("127.0.0.1", 0);
+  a.listen(host(), 0);
   a.set_connect_handler([&](ConnId id, const PeerInfo&) {
     std::lock_guard l(mu);
     peers.push_back(id);
@@ -56,9 +60,9 @@ TEST(MessageTransport, ASendFailureFirstDeliversWhatThePeerSentLast) {
     cv.wait_for(l, 10s, [&] { return release; });
   });
   a.start();
-  auto leaving = std::make_unique<RawClient>(a.port());
+  auto leaving = std::make_unique<RawClient>(a.port(), host());
   leaving->hello("", Role::kWorker, 1);
-  RawClient holder(a.port());
+  RawClient holder(a.port(), host());
   holder.hello("", Role::kWorker, 2);
   ConnId to_leaving{};
   {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// MessageTransport over loopback: hello, send/receive, posted receives, priority,
-// refusals, limits and garbage from raw sockets.
+// MessageTransport over loopback TCP and the in-process medium (each
+// medium-independent test runs over both): hello, send/receive, posted
+// receives, priority, refusals, limits and garbage from raw sockets.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -36,6 +37,11 @@ using test::wait_until;
 using test::kBlock;
 using test::kData;
 using test::kReply;
+
+// The tests of what does not depend on the medium run over each of them.
+class MessageTransportOn : public test::Medium {};
+INSTANTIATE_TEST_SUITE_P(Media, MessageTransportOn, ::testing::ValuesIn(test::kMedia),
+                         test::medium_name);
 
 // The automatic socket buffer (NetOptions::socket_buffer_bytes = -1): 256 KiB
 // split among a node's tensor peers, 32..128 KiB each; tune_socket applies
@@ -87,12 +93,12 @@ TEST(MessageTransport, ADeadLinkTimeoutSetsKeepaliveAndTheUserTimeout) {
   EXPECT_EQ(opt(off.get(), IPPROTO_TCP, TCP_USER_TIMEOUT), 0);
 }
 
-TEST(MessageTransport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
-  Sink a(config(Role::kServer, 0));
+TEST_P(MessageTransportOn, HelloIdentifiesPeersAndMessagesArriveInOrder) {
+  Sink a(config(Role::kServer, 0), host());
   MessageTransport b(config(Role::kWorker, 3));
   b.set_advertised_address("127.0.0.1", 4242);
   b.start();
-  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ConnId c = b.connect(host(), a.t.port());
   auto peer = b.peer(c);
   ASSERT_TRUE(peer);
   EXPECT_EQ(peer->role, Role::kServer);
@@ -115,8 +121,8 @@ TEST(MessageTransport, HelloIdentifiesPeersAndMessagesArriveInOrder) {
   }
 }
 
-TEST(MessageTransport, ZeroCopySendIntoPostedReceiveAndReply) {
-  Sink a(config(Role::kServer, 0));
+TEST_P(MessageTransportOn, ZeroCopySendIntoPostedReceiveAndReply) {
+  Sink a(config(Role::kServer, 0), host());
   a.t.set_handler(kReply, kReply, [&](Message&& m) {
     // Echo the request id back, from the I/O thread.
     uint64_t v = m.header.request_id * 2;
@@ -125,7 +131,7 @@ TEST(MessageTransport, ZeroCopySendIntoPostedReceiveAndReply) {
   MessageTransport b(config(Role::kWorker, 0));
   b.set_handler(kReply, kReply, [](Message&&) { ADD_FAILURE() << "reply should be posted"; });
   b.start();
-  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ConnId c = b.connect(host(), a.t.port());
   ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
   ConnId back = a.peers[0].first;
 
@@ -163,11 +169,11 @@ TEST(MessageTransport, ZeroCopySendIntoPostedReceiveAndReply) {
   EXPECT_EQ(reply, 42u);
 }
 
-TEST(MessageTransport, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
-  Sink a(config(Role::kServer, 0));
+TEST_P(MessageTransportOn, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
+  Sink a(config(Role::kServer, 0), host());
   MessageTransport b(config(Role::kWorker, 0));
   b.start();
-  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ConnId c = b.connect(host(), a.t.port());
   ASSERT_TRUE(wait_until([&] { return a.npeers() == 1; }));
   ConnId back = a.peers[0].first;
   constexpr uint16_t kOnlyPosted = 210;  // no handler registered for it
@@ -192,14 +198,14 @@ TEST(MessageTransport, PostedReceivesNeedNoHandlerAndOversizeFailsThePost) {
   EXPECT_TRUE(wait_until([&] { return a.ncloses() == 1; }));
 }
 
-TEST(MessageTransport, HigherPriorityGoesFirstAmongWaitingSends) {
-  Sink a(config(Role::kServer, 0));
+TEST_P(MessageTransportOn, HigherPriorityGoesFirstAmongWaitingSends) {
+  Sink a(config(Role::kServer, 0), host());
   std::promise<void> release;
   auto released = release.get_future().share();
   a.t.set_handler(kBlock, kBlock, [&](Message&&) { released.wait_for(20s); });
   MessageTransport b(config(Role::kWorker, 0));
   b.start();
-  ConnId c = b.connect("127.0.0.1", a.t.port());
+  ConnId c = b.connect(host(), a.t.port());
   std::vector<char> big(64 << 20, 'x');
   b.send_copy(c, Header{.type = kBlock}, nullptr, 0);
   b.send(c, Header{.type = kData, .request_id = 0}, big.data(), big.size(), nullptr);
@@ -215,14 +221,14 @@ TEST(MessageTransport, HigherPriorityGoesFirstAmongWaitingSends) {
   EXPECT_EQ(order, (std::vector<uint64_t>{0, 4, 1, 2, 3}));
 }
 
-TEST(MessageTransport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
-  Sink a(config(Role::kScheduler, 0, "right"));
+TEST_P(MessageTransportOn, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
+  Sink a(config(Role::kScheduler, 0, "right"), host());
   {
     MessageTransport b(config(Role::kWorker, -1, "wrong"));
     b.start();
     auto t0 = std::chrono::steady_clock::now();
     try {
-      b.connect("127.0.0.1", a.t.port());
+      b.connect(host(), a.t.port());
       FAIL() << "connected with the wrong secret";
     } catch (const ProtocolError& e) {
       EXPECT_NE(std::string(e.what()).find("secret"), std::string::npos) << e.what();
@@ -233,7 +239,7 @@ TEST(MessageTransport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
     MessageTransport b(config(Role::kWorker, -1, "right", "other-job"));
     b.start();
     try {
-      b.connect("127.0.0.1", a.t.port());
+      b.connect(host(), a.t.port());
       FAIL() << "connected with the wrong job id";
     } catch (const ProtocolError& e) {
       EXPECT_NE(std::string(e.what()).find("job id"), std::string::npos) << e.what();
@@ -245,7 +251,7 @@ TEST(MessageTransport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
     MessageTransport b(cfg);
     b.start();
     try {
-      b.connect("127.0.0.1", a.t.port());
+      b.connect(host(), a.t.port());
       FAIL() << "connected with another protocol version";
     } catch (const ProtocolError& e) {
       EXPECT_NE(std::string(e.what()).find("version"), std::string::npos) << e.what();
@@ -254,35 +260,35 @@ TEST(MessageTransport, RefusesWrongSecretJobIdAndVersionWithoutRetrying) {
   EXPECT_EQ(a.npeers(), 0u);
   MessageTransport ok(config(Role::kWorker, -1, "right"));
   ok.start();
-  ConnId c = ok.connect("127.0.0.1", a.t.port());
+  ConnId c = ok.connect(host(), a.t.port());
   ok.send_copy(c, Header{.type = kData}, "a", 1);
   EXPECT_TRUE(wait_until([&] { return a.count() == 1; }));
 }
 
-TEST(MessageTransport, ConnectTimesOutNamingTheAddress) {
+TEST_P(MessageTransportOn, ConnectTimesOutNamingTheAddress) {
   MessageTransport b(config(Role::kWorker, 0));
   b.start();
   int port = test::free_port();
   auto t0 = std::chrono::steady_clock::now();
   try {
-    b.connect("127.0.0.1", port, 400ms);
+    b.connect(host(), port, 400ms);
     FAIL();
   } catch (const Timeout& e) {
-    EXPECT_NE(std::string(e.what()).find(fmt::format("127.0.0.1:{}", port)), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find(fmt::format("{}:{}", host(), port)), std::string::npos);
   }
   auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(took, 350ms);
   EXPECT_LT(took, 3s);
 }
 
-TEST(MessageTransport, ConnectRetriesUntilTheListenerAppears) {
+TEST_P(MessageTransportOn, ConnectRetriesUntilTheListenerAppears) {
   int port = test::free_port();
   MessageTransport b(config(Role::kWorker, 0));
   b.start();
-  auto fut = std::async(std::launch::async, [&] { return b.connect("127.0.0.1", port, 5s); });
+  auto fut = std::async(std::launch::async, [&] { return b.connect(host(), port, 5s); });
   std::this_thread::sleep_for(300ms);
   MessageTransport a(config(Role::kServer, 0));
-  a.listen("127.0.0.1", port);
+  a.listen(host(), port);
   a.start();
   EXPECT_GT(fut.get(), 0u);
 }
@@ -305,17 +311,17 @@ TEST(MessageTransport, Ipv6Loopback) {
   EXPECT_TRUE(wait_until([&] { return got == 1; }));
 }
 
-TEST(MessageTransport, GarbageClosesOnlyThatConnection) {
-  Sink a(config(Role::kServer, 0));
+TEST_P(MessageTransportOn, GarbageClosesOnlyThatConnection) {
+  Sink a(config(Role::kServer, 0), host());
   MessageTransport good(config(Role::kWorker, 0));
   good.start();
-  ConnId gc = good.connect("127.0.0.1", a.t.port());
+  ConnId gc = good.connect(host(), a.t.port());
   auto check_alive = [&](size_t expect) {
     good.send_copy(gc, Header{.type = kData}, "ok", 2);
     EXPECT_TRUE(wait_until([&] { return a.count() == expect; }));
   };
   {  // random bytes instead of a hello
-    RawClient r(a.t.port());
+    RawClient r(a.t.port(), host());
     std::mt19937 rng(1);
     std::vector<char> junk(10000);
     for (auto& c : junk)
@@ -325,21 +331,21 @@ TEST(MessageTransport, GarbageClosesOnlyThatConnection) {
   }
   check_alive(1);
   {  // valid header with a huge length after a proper hello
-    RawClient r(a.t.port());
+    RawClient r(a.t.port(), host());
     r.hello();
     r.write(Header{.type = kData, .payload_bytes = uint64_t{1} << 50}, {});
     EXPECT_TRUE(r.closed_by_peer());
   }
   check_alive(2);
   {  // an unknown message type
-    RawClient r(a.t.port());
+    RawClient r(a.t.port(), host());
     r.hello();
     r.write(Header{.type = 250}, {});
     EXPECT_TRUE(r.closed_by_peer());
   }
   check_alive(3);
   {  // a truncated message, then the peer goes away
-    RawClient r(a.t.port());
+    RawClient r(a.t.port(), host());
     r.hello();
     auto hb = encode_header(Header{.type = kData, .payload_bytes = 1000});
     r.raw(hb.data(), hb.size());
@@ -353,8 +359,8 @@ TEST(MessageTransport, GarbageClosesOnlyThatConnection) {
   EXPECT_EQ(a.closes[1].code(), ErrorCode::kProtocolError);
 }
 
-TEST(MessageTransport, PendingOperationsFailWhenThePeerGoesAway) {
-  auto a = std::make_unique<Sink>(config(Role::kServer, 0));
+TEST_P(MessageTransportOn, PendingOperationsFailWhenThePeerGoesAway) {
+  auto a = std::make_unique<Sink>(config(Role::kServer, 0), host());
   MessageTransport b(config(Role::kWorker, 0));
   std::promise<Status> closed;
   b.set_close_handler([&](ConnId, const PeerInfo& p, const Status& s) {
@@ -362,7 +368,7 @@ TEST(MessageTransport, PendingOperationsFailWhenThePeerGoesAway) {
     closed.set_value(s);
   });
   b.start();
-  ConnId c = b.connect("127.0.0.1", a->t.port());
+  ConnId c = b.connect(host(), a->t.port());
   uint64_t slot = 0;
   std::promise<Status> recv;
   ASSERT_TRUE(b.post_recv(c, {kReply, 1, 0}, &slot, 8, [&](const Status& s, const Header&) {

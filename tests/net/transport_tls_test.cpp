@@ -31,12 +31,18 @@ std::vector<std::byte> pattern(size_t n, int seed) {
   return v;
 }
 
-class TransportTls : public ::testing::TestWithParam<bool> {};
+// (shared memory on, medium).
+class TransportTls : public ::testing::TestWithParam<std::tuple<bool, std::string>> {};
+
+class TransportTlsRefusalsOn : public test::Medium {};
+INSTANTIATE_TEST_SUITE_P(Media, TransportTlsRefusalsOn, ::testing::ValuesIn(test::kMedia),
+                         test::medium_name);
 
 TEST_P(TransportTls, MessagesOfEverySizeArriveInOrderBothWays) {
   auto ca = tls_config(Role::kServer, 0), cb = tls_config(Role::kWorker, 0);
-  ca.shared_memory = cb.shared_memory = GetParam();
-  Sink a(ca);
+  ca.shared_memory = cb.shared_memory = std::get<0>(GetParam());
+  const std::string& host = std::get<1>(GetParam());
+  Sink a(ca, host);
   MessageTransport b(cb);
   std::mutex mu;
   std::vector<Message> at_b;
@@ -45,7 +51,7 @@ TEST_P(TransportTls, MessagesOfEverySizeArriveInOrderBothWays) {
     at_b.push_back(std::move(m));
   });
   b.start();
-  ConnId to_a = b.connect("127.0.0.1", a.t.port());
+  ConnId to_a = b.connect(host, a.t.port());
   // The acceptor's connect handler may run just after connect() returned.
   for (int i = 0; i < 1000 && a.npeers() == 0; ++i)
     std::this_thread::sleep_for(5ms);
@@ -100,30 +106,35 @@ TEST_P(TransportTls, MessagesOfEverySizeArriveInOrderBothWays) {
   b.stop();
 }
 
-INSTANTIATE_TEST_SUITE_P(SharedMemory, TransportTls, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "WithShm" : "TcpOnly"; });
+INSTANTIATE_TEST_SUITE_P(SharedMemory, TransportTls,
+                         ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(test::kMedia)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "WithShm" : "NoShm") +
+                                  (is_in_process_host(std::get<1>(info.param)) ? "_inproc"
+                                                                               : "_tcp");
+                         });
 
-TEST(TransportTlsRefusals, PlainAndTlsNodesRefuseEachOtherAndTheAcceptorGoesOn) {
+TEST_P(TransportTlsRefusalsOn, PlainAndTlsNodesRefuseEachOtherAndTheAcceptorGoesOn) {
   // A TLS node dialing a plain one: the TLS handshake meets a challenge.
-  Sink plain(config(Role::kServer, 0, "s3cret"));
+  Sink plain(config(Role::kServer, 0, "s3cret"), host());
   MessageTransport tls_client(tls_config(Role::kWorker, 0));
   tls_client.start();
   try {
-    tls_client.connect("127.0.0.1", plain.t.port(), 3s);
+    tls_client.connect(host(), plain.t.port(), 3s);
     ADD_FAILURE() << "a TLS node connected to a plain one";
   } catch (const ProtocolError& e) {
     EXPECT_THAT(e.what(), HasSubstr("PUSHPULL_TLS"));
   }
   // A plain node dialing a TLS one: no challenge ever comes in clear.
-  Sink tls_server(tls_config(Role::kServer, 0));
+  Sink tls_server(tls_config(Role::kServer, 0), host());
   MessageTransport plain_client(config(Role::kWorker, 1, "s3cret"));
   plain_client.start();
-  EXPECT_ANY_THROW(plain_client.connect("127.0.0.1", tls_server.t.port(), 2s));
+  EXPECT_ANY_THROW(plain_client.connect(host(), tls_server.t.port(), 2s));
   // Another secret: refused by TLS itself.
   MessageTransport other(tls_config(Role::kWorker, 2, "another"));
   other.start();
   try {
-    other.connect("127.0.0.1", tls_server.t.port(), 3s);
+    other.connect(host(), tls_server.t.port(), 3s);
     ADD_FAILURE() << "a node with another secret connected";
   } catch (const ProtocolError& e) {
     EXPECT_THAT(e.what(), HasSubstr("secret"));
@@ -133,7 +144,7 @@ TEST(TransportTlsRefusals, PlainAndTlsNodesRefuseEachOtherAndTheAcceptorGoesOn) 
   EXPECT_EQ(plain.npeers(), 0u);
   MessageTransport member(tls_config(Role::kWorker, 3));
   member.start();
-  ConnId c = member.connect("127.0.0.1", tls_server.t.port(), 3s);
+  ConnId c = member.connect(host(), tls_server.t.port(), 3s);
   const char hi[] = "hi";
   member.send_copy(c, Header{.type = kData}, hi, sizeof hi);
   for (int i = 0; i < 500 && tls_server.count() == 0; ++i)

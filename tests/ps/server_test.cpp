@@ -17,6 +17,7 @@
 #include "ps/protocol.h"
 #include "server_inbox.h"
 #include "support/cluster_harness.h"
+#include "support/media.h"
 
 namespace pushpull::ps {
 namespace {
@@ -24,11 +25,12 @@ namespace {
 using namespace server_testing;
 
 // A cluster of 1 server (running a Server) and `workers` bare worker nodes
-// that speak the PS protocol by hand.
+// that speak the PS protocol by hand, on `host`'s medium.
 class ServerJob {
  public:
-  explicit ServerJob(int workers) : inboxes_(static_cast<size_t>(workers)) {
+  ServerJob(int workers, const std::string& host) : inboxes_(static_cast<size_t>(workers)) {
     test::InProcessCluster::Config c;
+    c.host = host;
     c.servers = 1;
     c.workers = workers;
     c.setup = [this](cluster::Node& n) {
@@ -66,8 +68,12 @@ class ServerJob {
   std::atomic<uint64_t> next_id_{0};
 };
 
-TEST(Server, CraftedRequestsGetErrorsAndTheRealWorkersAreStillServed) {
-  ServerJob job(2);
+// Every test runs over each medium (support/media.h).
+class ServerOn : public test::Medium {};
+INSTANTIATE_TEST_SUITE_P(Media, ServerOn, ::testing::ValuesIn(test::kMedia), test::medium_name);
+
+TEST_P(ServerOn, CraftedRequestsGetErrorsAndTheRealWorkersAreStillServed) {
+  ServerJob job(2, host());
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   std::vector<uint64_t> bad;
   // init whose count * dtype size overflows to the (empty) value's size: 2^62 * 4 = 2^64 = 0.
@@ -122,8 +128,8 @@ TEST(Server, CraftedRequestsGetErrorsAndTheRealWorkersAreStillServed) {
     EXPECT_EQ(v, 5.0f);  // no optimizer: the round's sum replaces the value
 }
 
-TEST(Server, OnlyWorkerZeroSwitchesTheModeAndOnlyBeforeTheFirstInit) {
-  ServerJob job(2);
+TEST_P(ServerOn, OnlyWorkerZeroSwitchesTheModeAndOnlyBeforeTheFirstInit) {
+  ServerJob job(2, host());
   auto mode = header(msg::kCommand, static_cast<uint64_t>(Command::kSetMode), 0, 0);
   const std::string async = "async";
   auto text = std::as_bytes(std::span(async.data(), async.size()));
@@ -138,11 +144,11 @@ TEST(Server, OnlyWorkerZeroSwitchesTheModeAndOnlyBeforeTheFirstInit) {
   EXPECT_EQ(a.payload.size(), 16u);
 }
 
-TEST(Server, TearDownWhilePushesArrive) {
+TEST_P(ServerOn, TearDownWhilePushesArrive) {
   // A Server destroyed while its node's I/O thread delivers requests (a job
   // failing) must not free the store under a delivery.
   for (int iter = 0; iter < 8; ++iter) {
-    ServerJob job(2);
+    ServerJob job(2, host());
     std::vector<float> init(256, 0.0f), g(256, 1.0f);
     auto id = job.send(0, header(msg::kInit, 5, 0, 256), encode_init("w", bytes_of(init)));
     ASSERT_EQ(job.wait(0, id).type, msg::kReply);

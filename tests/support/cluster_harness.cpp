@@ -6,10 +6,10 @@
 namespace pushpull::test {
 
 InProcessCluster::InProcessCluster(Config config) {
-  options_.net.node_host = "127.0.0.1";
+  options_.net.node_host = config.host;
   options_.net.connect_timeout = Millis{10000};
   options_.net.job_secret = config.job_secret;
-  options_.cluster.root_uri = "127.0.0.1";
+  options_.cluster.root_uri = config.host;
   options_.cluster.root_port = 0;
   options_.cluster.num_servers = config.servers;
   options_.cluster.num_workers = config.workers;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // InProcessCluster: a scheduler, S servers and N workers as threads of the
-// test process, on loopback with short heartbeats. Construction returns when
+// test process, on loopback (or the in-process medium: Config::host) with
+// short heartbeats. Construction returns when
 // every node has started (ranks assigned, connections up); nodes are indexed
 // by their assigned rank. The destructor stops everything (without the
 // orderly leave unless shutdown() was called), so a failing test leaves no
@@ -30,6 +31,9 @@ class InProcessCluster {
     Millis heartbeat_timeout{2000};
     Millis startup_timeout{20000};
     std::string job_secret;
+    // Where the nodes listen and meet: loopback TCP, or "inproc" for the
+    // in-process medium (support/media.h).
+    std::string host = "127.0.0.1";
     int socket_buffer_bytes = -1;  // NetOptions::socket_buffer_bytes (-1: automatic)
     std::function<void(cluster::Node&)> setup;
   };

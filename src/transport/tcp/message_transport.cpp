@@ -16,6 +16,7 @@
 #include "pushpull/log.h"
 #include "transport/address.h"
 #include "transport/host_identity.h"
+#include "transport/inproc/in_process_listeners.h"
 #include "transport/shm/shm_setup.h"
 #include "transport/tcp/conn.h"
 
@@ -50,7 +51,19 @@ MessageTransport::~MessageTransport() {
 }
 
 int MessageTransport::listen(const std::string& host, int port) {
-  return listen(listen_on(host, port));
+  if (!is_in_process_host(host)) return listen(listen_on(host, port));
+  warn_insecure_once(config_.net);
+  // The in-process medium: no socket; dialers' ends of their socketpairs
+  // arrive through adopted_ (accept_adopted on the I/O thread).
+  port_ = in_process::add(port, [this](Fd fd) {
+    {
+      std::lock_guard lock(mu_);
+      adopted_.push_back(std::move(fd));
+    }
+    wake();
+  });
+  in_process_ = true;
+  return port_;
 }
 
 int MessageTransport::listen(Fd listening) {
@@ -117,6 +130,8 @@ void MessageTransport::stop() {
     if (thread_.joinable()) thread_.join();
     return;
   }
+  // No dialer reaches this transport after this returns (in-process medium).
+  if (in_process_) in_process::remove(port_);
   wake();
   {
     std::lock_guard lock(streams_mu_);  // take_stream() waiters see stopping_

@@ -82,6 +82,10 @@
 // touches a stream: every message on it is a 64-byte header (type msg::kStreamData, request_id =
 // the tag, payload_bytes) then the payload, checked with decode_header(), and the owner closes it.
 //
+// In-process medium. listen("inproc", n) and connect("inproc", n) put every
+// connection on a socketpair instead of TCP, with no listening socket
+// (transport/inproc/in_process_listeners.h); everything above is unchanged.
+//
 // Ownership. The MessageTransport owns its sockets and thread; the destructor stops
 // the loop, closes every connection and joins the thread.
 #pragma once
@@ -295,6 +299,12 @@ class MessageTransport {
   std::shared_ptr<Conn> find(ConnId id) const;
   void loop();
   void accept_all();
+  // The dialers' ends of in-process socketpairs (listen("inproc", ...)),
+  // queued by in_process::dial, served as accepted connections. I/O thread.
+  void accept_adopted();
+  // An accepted connection from `remote` becomes a stranger that must say
+  // hello (the per-source limit, TLS, the challenge). I/O thread.
+  void admit(Fd fd, const SockAddr& remote);
   void on_readable(Conn& c);
   // The acceptor's TLS handshake step; false while it is not done (or failed).
   bool tls_accept_step(Conn& c);
@@ -351,6 +361,7 @@ class MessageTransport {
   BufferPool pool_;
   Fd listen_fd_;
   int port_ = 0;
+  bool in_process_ = false;  // listening on the in-process medium (port_ is its number)
   Fd epoll_fd_;
   Fd wake_fd_;
   std::thread thread_;
@@ -361,6 +372,7 @@ class MessageTransport {
   std::unordered_map<ConnId, std::shared_ptr<Conn>> conns_;
   ConnId next_id_ = 1;
   std::vector<std::pair<ConnId, Status>> to_close_;
+  std::vector<Fd> adopted_;  // in-process dialers' ends, for accept_adopted()
   std::shared_ptr<Handler> handlers_[256];
   ConnectHandler on_connect_;
   CloseHandler on_close_;

@@ -42,51 +42,68 @@ void MessageTransport::accept_all() {
       return;
     }
     accept_backoff_ = Millis{100};
-    // At most kMaxPendingPerSource connections from one address of another
-    // machine may be authenticating at once; more are closed before anything
-    // is sent (an honest connector retries: MessageTransport::connect). Not this
-    // machine's addresses: the job's own nodes share them, so a cap would let
-    // any local user lock them out (peer_policy.h).
-    const std::string source = host_of(remote);
-    const bool counted = !from_this_machine(remote);
-    if (counted && !pending_.admit(source)) {
-      ::close(fd);
-      refusals_.note(source, fmt::format("closed a connection from {} at once: {} connections "
-                                         "from that address are already authenticating (the most "
-                                         "allowed)",
-                                         remote.to_string(), pending_.limit()));
-      continue;
-    }
-    auto c = std::make_shared<Conn>();
-    c->fd = Fd(fd);
-    c->remote = remote;
-    if (counted) c->pending_source = source;
-    // TCP_NODELAY now; fixed buffers once it proves to be a message
-    // connection (answer_hello): a data stream keeps autotuning.
-    tune_socket(fd, 0);
-    set_dead_link_timeout(fd, config_.dead_link_timeout);
-    c->peer.address = remote.to_string();
-    c->nonce = random_nonce();
-    // With TLS the challenge below waits in the queue until the TLS
-    // handshake is done (write_some, tls_accept_step).
-    if (tls_) c->tls = std::make_unique<TlsLink>(tls_, fd, TlsLink::Side::kServer);
-    c->handshake_deadline = std::chrono::steady_clock::now() +
-                            std::min(config_.net.connect_timeout, config_.net.handshake_timeout);
-    add_conn(c);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = c.get();
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
-    Challenge ch{config_.protocol_version, job_tag(config_.net.job_id), c->nonce};
-    auto payload = encode(ch);
-    SendOp op;
-    op.header = encode_header(stamp(Header{.type = msg::kChallenge}, payload.size()));
-    op.owned = pool_.acquire(payload.size());
-    std::memcpy(op.owned.data(), payload.data(), payload.size());
-    op.data = op.owned.data();
-    op.len = payload.size();
-    enqueue(*c, std::move(op), true);
+    admit(Fd(fd), remote);
   }
+}
+
+void MessageTransport::accept_adopted() {
+  std::vector<Fd> fds;
+  {
+    std::lock_guard lock(mu_);
+    fds.swap(adopted_);
+  }
+  SockAddr in_process;  // the unnamed end of a socketpair: "inproc"
+  in_process.storage.ss_family = AF_UNIX;
+  in_process.len = sizeof(sa_family_t);
+  for (auto& fd : fds)
+    admit(std::move(fd), in_process);
+}
+
+void MessageTransport::admit(Fd fd_owned, const SockAddr& remote) {
+  const int fd = fd_owned.get();
+  // At most kMaxPendingPerSource connections from one address of another
+  // machine may be authenticating at once; more are closed before anything
+  // is sent (an honest connector retries: MessageTransport::connect). Not this
+  // machine's addresses: the job's own nodes share them, so a cap would let
+  // any local user lock them out (peer_policy.h).
+  const std::string source = host_of(remote);
+  const bool counted = !from_this_machine(remote);
+  if (counted && !pending_.admit(source)) {
+    refusals_.note(source, fmt::format("closed a connection from {} at once: {} connections "
+                                       "from that address are already authenticating (the most "
+                                       "allowed)",
+                                       remote.to_string(), pending_.limit()));
+    return;  // fd_owned closes it
+  }
+  auto c = std::make_shared<Conn>();
+  c->fd = std::move(fd_owned);
+  c->remote = remote;
+  if (counted) c->pending_source = source;
+  // TCP_NODELAY now; fixed buffers once it proves to be a message
+  // connection (answer_hello): a data stream keeps autotuning.
+  tune_socket(fd, 0);
+  set_dead_link_timeout(fd, config_.dead_link_timeout);
+  c->peer.address = remote.to_string();
+  c->nonce = random_nonce();
+  // With TLS the challenge below waits in the queue until the TLS
+  // handshake is done (write_some, tls_accept_step).
+  if (tls_) c->tls = std::make_unique<TlsLink>(tls_, fd, TlsLink::Side::kServer);
+  c->handshake_deadline = std::chrono::steady_clock::now() +
+                          std::min(config_.net.connect_timeout, config_.net.handshake_timeout);
+  add_conn(c);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = c.get();
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
+  Challenge ch{config_.protocol_version, job_tag(config_.net.job_id), c->nonce};
+  auto payload = encode(ch);
+  SendOp op;
+  op.header = encode_header(stamp(Header{.type = msg::kChallenge}, payload.size()));
+  op.owned = pool_.acquire(payload.size());
+  std::memcpy(op.owned.data(), payload.data(), payload.size());
+  op.data = op.owned.data();
+  op.len = payload.size();
+  enqueue(*c, std::move(op), true);
 }
 
 // Out of descriptors or memory: the pending connection stays in the backlog

@@ -57,6 +57,7 @@ void MessageTransport::loop() {
       if (p == nullptr) {
         uint64_t v;
         [[maybe_unused]] auto r = ::read(wake_fd_.get(), &v, sizeof v);
+        if (in_process_) accept_adopted();
         continue;
       }
       if (p == &listen_fd_) {

@@ -12,6 +12,7 @@
 
 #include "pushpull/log.h"
 #include "transport/address.h"
+#include "transport/inproc/in_process_listeners.h"
 
 namespace pushpull::transport {
 namespace {
@@ -30,10 +31,11 @@ transport::TransportConfig config_of(int rank, int size, const NetOptions& net) 
 
 TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
                            int port)
-    : TcpTransport(rank, size, net, host, transport::listen_on(host, port)) {}
+    : TcpTransport(rank, size, net, host,
+                   transport::is_in_process_host(host) ? transport::Fd()
+                                                       : transport::listen_on(host, port)) {}
 
-TcpTransport::TcpTransport(int rank, int size, const NetOptions& net,
-                           const std::string& /*host: the streams share the listener now*/,
+TcpTransport::TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
                            transport::Fd listener)
     : rank_(rank),
       size_(size),
@@ -52,7 +54,10 @@ TcpTransport::TcpTransport(int rank, int size, const NetOptions& net,
       asked_(static_cast<size_t>(size)) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fmt::format("TcpTransport: rank {} of size {}", rank, size));
-  net_.listen(std::move(listener));
+  if (!listener.valid() && transport::is_in_process_host(host))
+    net_.listen(host, 0);  // the in-process medium (tests): no socket
+  else
+    net_.listen(std::move(listener));
   net_.set_handler(kDataType, kDataType,
                    [this](transport::Message&& m) { on_message(std::move(m)); });
   net_.set_handler(kHeartbeatType, kDialMeType,

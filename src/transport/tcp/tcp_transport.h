@@ -187,12 +187,14 @@ class VerdictPort {
 
 class TcpTransport final : public Transport {
  public:
-  // Listens on host:port (0 = a free port) as `rank` of `size`.
+  // Listens on host:port (0 = a free port) as `rank` of `size`; host
+  // "inproc": on the in-process medium (tests; the port is then chosen).
   TcpTransport(int rank, int size, const NetOptions& net, const std::string& host = "127.0.0.1",
                int port = 0);
   // Listens on `listener`, bound and listening already (its port published
   // before this transport exists, e.g. in an elastic round's book); `host`
-  // is where it was bound.
+  // is where it was bound (an invalid `listener` with host "inproc": the
+  // in-process medium).
   TcpTransport(int rank, int size, const NetOptions& net, const std::string& host,
                transport::Fd listener);
   ~TcpTransport() override;
