@@ -58,8 +58,26 @@ TEST(InProcessMedium, ANumberIsOneListenersUntilItStops) {
   a.reset();  // stop() gives the number back; nobody answers there now
   MessageTransport b(config(Role::kWorker, 0));
   b.start();
-  EXPECT_THROW(b.connect("inproc", port, 300ms), Timeout);
+  try {
+    b.connect("inproc", port, 300ms);
+    FAIL() << "connected to a stopped listener";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("no transport of this process listens on inproc:" +
+                                         std::to_string(port)),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(other.listen("inproc", port), port);
+}
+
+// No code path may turn "inproc" into a real socket: an AF_UNIX bind of the
+// unnamed address would autobind an abstract-namespace socket any local user
+// can reach.
+TEST(InProcessMedium, BindingTheMediumIsRefused) {
+  const int before = open_sockets();
+  EXPECT_THROW(listen_on("inproc", 0), InvalidArgument);
+  EXPECT_THROW(reserve_port("inproc", 0), InvalidArgument);
+  EXPECT_EQ(open_sockets(), before);
 }
 
 TEST(InProcessMedium, ResolvedAddressesNameTheMedium) {

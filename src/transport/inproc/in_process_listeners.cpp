@@ -53,7 +53,11 @@ Status dial(int port, Fd* out) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   auto it = r.listeners.find(port);
-  if (it == r.listeners.end()) return {ErrorCode::kIoError, std::strerror(ECONNREFUSED)};
+  if (it == r.listeners.end())
+    return {ErrorCode::kIoError,
+            fmt::format("no transport of this process listens on inproc:{} (the in-process "
+                        "medium reaches this process only)",
+                        port)};
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
     return {ErrorCode::kIoError, std::strerror(errno)};

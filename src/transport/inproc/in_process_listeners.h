@@ -47,8 +47,9 @@ int add(int port, AcceptFn accept);
 void remove(int port);
 // Connects to the listener registered under `port`: *out gets this end of a
 // fresh socketpair (blocking, close-on-exec), the listener the other (non-
-// blocking). An IoError ("connection refused") when nobody is registered
-// there, so connect() retries until its deadline as it does for TCP.
+// blocking). An IoError when nobody is registered there (saying the medium
+// reaches this process only), so connect() retries until its deadline as it
+// does for a refused TCP connection.
 Status dial(int port, Fd* out);
 
 }  // namespace in_process
