@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <regex>
 
 #include "pushpull/error.h"
 #include "pushpull/log.h"
@@ -16,6 +17,17 @@ namespace {
 // bytes needs a unit last stride, which a transposed row may lack).
 at::Tensor as_bytes(const at::Tensor& t, int64_t rows, int64_t width) {
   return t.contiguous().reshape({-1}).view(at::kByte).reshape({rows, width});
+}
+
+// Whether the ranks' ops in a "submitted differently" error are sparse rows
+// (a 2-D uint8 allgather) on some ranks and something else (a dense
+// allreduce, 2bit/1bit codes: 1-D) on others, rather than, say, two shapes.
+bool kinds_differ(const std::string& text) {
+  static const std::regex entry(R"(rank \d+: (allgather uint8\(\d+, \d+\))?)");
+  int sparse = 0, other = 0;
+  for (std::sregex_iterator it(text.begin(), text.end(), entry), end; it != end; ++it)
+    ++((*it)[1].matched ? sparse : other);
+  return sparse > 0 && other > 0;
 }
 
 // Columns [from, from + width) of the byte rows `rows`, as `type`.
@@ -127,7 +139,8 @@ std::exception_ptr explain_mismatch(std::exception_ptr error, const std::vector<
     for (size_t i = 0; i < guessed.size(); ++i) {
       if (guessed[i] == Guess::kNone ||
           text.find("tensor '" + reducer.op_name(i) + "' was submitted differently") ==
-              std::string::npos)
+              std::string::npos ||
+          !kinds_differ(text))
         continue;
       const char* mine = guessed[i] == Guess::kDenseZeros
                              ? "got no gradient for it and contributed dense zeros"

@@ -87,7 +87,8 @@ std::vector<int64_t> declared_sparse_dims(
 enum class Guess : uint8_t { kNone, kDenseZeros, kSparse };
 
 // `error`, or, when it is the negotiation's "submitted differently" about
-// the reduction of a parameter whose kind this rank guessed, an
+// the reduction of a parameter whose kind this rank guessed, with sparse
+// rows on some ranks and another op on others, an
 // InvalidArgument naming the parameter and what to do (the cause's text kept).
 std::exception_ptr explain_mismatch(std::exception_ptr error, const std::vector<Guess>& guessed,
                                     const frontend::GradientReducer& reducer);
