@@ -25,7 +25,9 @@
 
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
+#include "pushpull/frontend/gradient_reducer.h"
 #include "pushpull/torch/distributed_optimizer.h"
+#include "sparse_gradients.h"  // integrations/torch/src: explain_mismatch
 #include "support/launched_job.h"
 #include "support/process.h"
 
@@ -264,6 +266,46 @@ TEST(SparseParameters, DeclaredUnusedGetsAnEmptySparseGradientAndBadNamesAreRefu
   EXPECT_EQ(net->emb->weight.grad()._nnz(), 0);
   opt.step();
   EXPECT_TRUE(torch::equal(net->emb->weight.detach(), before));
+}
+
+// The explanation replaces only the negotiation's error about a guessed
+// parameter whose ranks sent sparse rows and another op; anything else
+// (another parameter, two shapes of a dense one, other errors) passes as is.
+TEST(SparseParameters, OnlyASparseDenseMismatchOfAGuessedParameterIsExplained) {
+  using pushpull::torch::detail::explain_mismatch;
+  using pushpull::torch::detail::Guess;
+  Session session{pushpull::Options{}};
+  pushpull::frontend::GradientReducer reducer(session.communicator(), {"a", "emb"},
+                                              {.name_prefix = "g."});
+  const auto error = [](const std::string& name, const std::string& ops) {
+    return std::make_exception_ptr(InvalidArgument("collective: tensor '" + name +
+                                                   "' was submitted differently by the "
+                                                   "ranks (" +
+                                                   ops + "); every rank must submit the same op"));
+  };
+  const std::string kinds = "rank 0: allgather uint8(3, 24); rank 1: allreduce float32(40, 4) sum";
+  const auto text_of = [](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return std::string(x.what());
+    }
+  };
+  const std::vector<Guess> zeros{Guess::kNone, Guess::kDenseZeros};
+  const auto explained = text_of(explain_mismatch(error("g.emb", kinds), zeros, reducer));
+  EXPECT_NE(explained.find("parameter 'emb'"), std::string::npos) << explained;
+  EXPECT_NE(explained.find("contributed dense zeros"), std::string::npos) << explained;
+  EXPECT_NE(explained.find(kinds), std::string::npos) << "the cause is kept: " << explained;
+  const auto sparse =
+      text_of(explain_mismatch(error("g.emb", kinds), {Guess::kNone, Guess::kSparse}, reducer));
+  EXPECT_NE(sparse.find("contributed a sparse gradient"), std::string::npos) << sparse;
+  for (const auto& [e, guessed] : std::vector<std::pair<std::exception_ptr, std::vector<Guess>>>{
+           {error("g.emb", kinds), {Guess::kNone, Guess::kNone}},  // known, not guessed
+           {error("g.a", kinds), zeros},                           // another parameter
+           {error("g.emb", "rank 0: allreduce float32(4); rank 1: allreduce float32(5)"), zeros},
+           {std::make_exception_ptr(pushpull::Timeout("tensor 'g.emb' stalled")), zeros}}) {
+    EXPECT_EQ(explain_mismatch(e, guessed, reducer), e) << text_of(e);
+  }
 }
 
 }  // namespace

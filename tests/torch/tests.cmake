@@ -77,6 +77,8 @@ set_tests_properties(bench_step_cpp PROPERTIES LABELS "torch;bench" TIMEOUT 300)
 add_executable(torch_dopt_sparse_missing_test ${CMAKE_CURRENT_LIST_DIR}/dopt_sparse_missing_tests.cpp)
 target_link_libraries(torch_dopt_sparse_missing_test PRIVATE pushpull_torch pushpull_test_support
   GTest::gtest CLI11::CLI11)
+target_include_directories(torch_dopt_sparse_missing_test PRIVATE
+  ${CMAKE_SOURCE_DIR}/integrations/torch/src)  # sparse_gradients.h: explain_mismatch
 target_compile_definitions(torch_dopt_sparse_missing_test PRIVATE
   PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 add_dependencies(torch_dopt_sparse_missing_test pushpull_cli)
