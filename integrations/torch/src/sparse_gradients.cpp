@@ -77,6 +77,13 @@ at::Tensor finish_sparse_gather(collective::Communicator& comm, SparseGather& s,
   }
   const int64_t total = gathered.shape().ndim() > 0 ? gathered.shape()[0] : 0;
   const int64_t width = s.rows.size(1);
+  if (gathered.numel() != total * width) {  // the negotiation checked the widths: never
+    if (!error)
+      error =
+          std::make_exception_ptr(Internal("DistributedOptimizer: a sparse "
+                                           "allgather returned rows of another width"));
+    return {};
+  }
   at::Tensor rows = at::empty({total, width}, at::kByte);
   if (rows.numel() > 0) std::memcpy(rows.data_ptr(), gathered.data(), rows.nbytes());
   const int64_t index_bytes = s.sparse_dim * 8;
