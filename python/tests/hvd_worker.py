@@ -236,6 +236,31 @@ def case_sparse_missing(n, r):
             'give every rank a gradient', limit=4.0)
 
 
+def case_sparse_meets_dense(n, r):
+    # sparse_allreduce_async travels as one allgather under its own name: a
+    # rank that allreduces a dense tensor under that name meets it, and both
+    # fail at once (before: the sparse side waited for '<name>.indices' and
+    # '.values', the dense one for '<name>', until the stall shutdown).
+    hvd.barrier()
+    if r == 0:
+        quickly(lambda: hvd.allreduce(torch.ones(6), name='mixed', op=hvd.Sum), ValueError,
+                "'mixed'", 'submitted differently', limit=4.0)
+    else:
+        sp = torch.sparse_coo_tensor([[r]], [1.0], (6,))
+        quickly(lambda: hvd.sparse_allreduce_async(sp, name='mixed', op=hvd.Sum)(), ValueError,
+                "'mixed'", 'submitted differently', limit=4.0)
+    # The collectives go on, and the same name works once the ranks agree.
+    sp = torch.sparse_coo_tensor([[r, 5]], [1.0, 2.0], (6,))
+    got = hvd.sparse_allreduce_async(sp, name='mixed', op=hvd.Average)()
+    if got.is_coalesced() or got._nnz() != 2 * n:
+        raise AssertionError('expected the uncoalesced concatenation, got %r' % got)
+    want = torch.zeros(6)
+    for k in range(n):
+        want[k] += 1.0 / n
+    want[5] = 2.0
+    check(got.to_dense(), want, 'sparse average after the mismatch', 1e-6)
+
+
 CASES = {
     'duplicate_names': case_duplicate_names,
     'join': case_join,
@@ -245,6 +270,7 @@ CASES = {
     'optimizer': case_optimizer,
     'init_process_sets': case_init_process_sets,
     'sparse_missing': case_sparse_missing,
+    'sparse_meets_dense': case_sparse_meets_dense,
 }
 
 

@@ -31,3 +31,17 @@ def test_sparse_gradient_missing_on_a_rank(n):
     for r in range(n):
         assert 'PASS sparse_missing rank %d of %d' % (r, n) in out, out
     assert 'Traceback' not in out, out
+
+
+@pytest.mark.parametrize('n', [2])
+def test_sparse_allreduce_meets_a_dense_allreduce(n):
+    # A rank calling allreduce and another sparse_allreduce_async under one
+    # name: both fail at once (well under the 5 s stall shutdown set here,
+    # which the ranks ran into before sparse_allreduce_async used one
+    # allgather under the name itself), and the name works afterwards.
+    code, out = run_job([sys.executable, str(HERE / 'hvd_worker.py'), 'sparse_meets_dense'], n,
+                        60, extra_env={'PUSHPULL_STALL_SHUTDOWN_SECONDS': '5'})
+    assert code == 0, 'exited %d:\n%s' % (code, out)
+    for r in range(n):
+        assert 'PASS sparse_meets_dense rank %d of %d' % (r, n) in out, out
+    assert 'Traceback' not in out, out

@@ -70,3 +70,16 @@ gtest_discover_tests(torch_elastic_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 
 add_test(NAME bench_step_cpp
          COMMAND sh -c "\"$<TARGET_FILE:pushpull_cli>\" bench step -n 2 --grad-mb 1 --impls cpp --steps 2 --warmup 1 --repeats 1 --format csv --timeout 120 | grep '^cpp,2,0,1048576,8,[0-9.]*,,,,$'")
 set_tests_properties(bench_step_cpp PROPERTIES LABELS "torch;bench" TIMEOUT 300)
+
+# DistributedOptimizer with a sparse gradient a rank does not get in a step
+# (declared, known from an earlier step, or a clear error on every rank); the
+# launched cases run `pushpull launch -s 0` with this binary as the workers.
+add_executable(torch_dopt_sparse_missing_test ${CMAKE_CURRENT_LIST_DIR}/dopt_sparse_missing_tests.cpp)
+target_link_libraries(torch_dopt_sparse_missing_test PRIVATE pushpull_torch pushpull_test_support
+  GTest::gtest CLI11::CLI11)
+target_include_directories(torch_dopt_sparse_missing_test PRIVATE
+  ${CMAKE_SOURCE_DIR}/integrations/torch/src)  # sparse_gradients.h: explain_mismatch
+target_compile_definitions(torch_dopt_sparse_missing_test PRIVATE
+  PUSHPULL_BIN_DIR="${CMAKE_BINARY_DIR}/bin" PUSHPULL_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+add_dependencies(torch_dopt_sparse_missing_test pushpull_cli)
+gtest_discover_tests(torch_dopt_sparse_missing_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS torch)

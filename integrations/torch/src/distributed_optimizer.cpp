@@ -15,6 +15,7 @@
 #include "pushpull/error.h"
 #include "pushpull/frontend/gradient_reducer.h"
 #include "pushpull/log.h"
+#include "reducer_options.h"
 #include "sparse_gradients.h"
 #include "tensor_collectives.h"
 
@@ -52,7 +53,10 @@ struct DistributedOptimizer::Impl {
     // sparse_as_dense, `reduced` is its dense copy (densified), handed back sparse.
     detail::SparseGather gather;
     bool densified = false;
-    int64_t sparse_dim = -1;  // the last sparse gradient's (an unused one's zeros: sparse too)
+    int64_t sparse_dim = -1;  // the last sparse gradient's (sparse_as_dense: its hand-back)
+    // > 0: every rank knows the gradient is sparse with this sparse_dim (declared,
+    // or an earlier allgather of every rank's succeeded); 0: unknown.
+    int64_t known_sparse_dim = 0;
     // Hooks.
     std::shared_ptr<autograd::Node> accumulator;
     uintptr_t post_id = 0;
@@ -63,8 +67,6 @@ struct DistributedOptimizer::Impl {
   Impl(::torch::optim::Optimizer& o, const NamedTensors& named, Communicator& c,
        const DistributedOptimizerOptions& opts);
   ~Impl();
-  static frontend::ReducerOptions reducer_options(const DistributedOptimizerOptions& o,
-                                                  const std::vector<std::string>& names);
   void install_hooks();
   void submit(const std::vector<size_t>& ready);
   void submit_sparse(size_t i, const at::Tensor& g);
@@ -80,7 +82,9 @@ struct DistributedOptimizer::Impl {
   const bool sparse_as_dense;
   // Sparse allgathers still reading after a failed synchronize() (the destructor waits).
   std::vector<detail::SparseGather> lingering;
-  mutable std::mutex mu;  // params' reduced tensors, synced, steps
+  // Per parameter, this round: how this rank chose its kind without knowing (for errors).
+  std::vector<detail::Guess> guessed;
+  mutable std::mutex mu;  // params' reduced tensors and kinds, guessed, synced, steps
   bool synced = false;    // synchronize() ran since the last step()
   int64_t steps = 0;
 };
@@ -130,37 +134,14 @@ DistributedOptimizer::Impl::Impl(::torch::optim::Optimizer& optimizer, const Nam
                             "name the allreduces on every rank)");
     }
   }
-  reducer = std::make_unique<frontend::GradientReducer>(comm, names, reducer_options(opts, names));
+  reducer = std::make_unique<frontend::GradientReducer>(comm, names,
+                                                        detail::reducer_options(opts, names));
+  const auto known = detail::declared_sparse_dims(
+      names, sparse_as_dense ? std::vector<std::string>{} : opts.sparse_parameters, named);
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].known_sparse_dim = known[i];
+  guessed.assign(params.size(), detail::Guess::kNone);
   install_hooks();
-}
-
-frontend::ReducerOptions DistributedOptimizer::Impl::reducer_options(
-    const DistributedOptimizerOptions& o, const std::vector<std::string>& names) {
-  frontend::ReducerOptions r;
-  r.backward_passes_per_step = o.backward_passes_per_step;
-  r.average_aggregated_gradients = o.average_aggregated_gradients;
-  r.op = o.op;
-  r.name_prefix = o.name_prefix;
-  static_assert(static_cast<int>(Compression::kOneBit) ==
-                static_cast<int>(frontend::GradCompression::kOneBit));  // the same order
-  r.compression = static_cast<frontend::GradCompression>(o.compression);
-  r.compression_threshold = o.compression_threshold;
-  r.process_set = o.process_set;
-  r.gradient_predivide_factor = o.gradient_predivide_factor;
-  r.num_groups = o.num_groups;
-  for (const auto& group : o.groups) {
-    std::vector<size_t> indices;
-    for (const auto& name : group) {
-      auto it = std::find(names.begin(), names.end(), name);
-      if (it == names.end()) {
-        throw InvalidArgument("DistributedOptimizer: groups names '" + name +
-                              "', which is not a parameter the optimizer reduces");
-      }
-      indices.push_back(static_cast<size_t>(it - names.begin()));
-    }
-    r.groups.push_back(std::move(indices));
-  }
-  return r;
 }
 
 DistributedOptimizer::Impl::~Impl() {
@@ -205,15 +186,25 @@ void DistributedOptimizer::Impl::submit(const std::vector<size_t>& ready) {
   for (size_t k = 0; k < ready.size(); ++k) {
     Param& p = params[ready[k]];
     try {
-      if (!p.tensor.grad().defined()) {
+      const int64_t known = sparse_as_dense ? 0 : p.known_sparse_dim;
+      const at::Tensor& g0 = p.tensor.grad();
+      if (known > 0 && (!g0.defined() || !g0.is_sparse())) {
+        // Sparse on the other ranks (every rank knows it): no gradient is an
+        // empty sparse one, a dense one goes as its nonzero rows.
+        p.tensor.mutable_grad() =
+            g0.defined() ? g0.to_sparse(known) : detail::empty_sparse_like(p.tensor, known);
+      } else if (!g0.defined()) {
         // Unused on this rank (maybe used on another): contribute zeros, so every
-        // rank submits every name and nobody stalls (Horovod does the same).
-        p.tensor.mutable_grad() = p.sparse_dim > 0
-                                      ? detail::empty_sparse_like(p.tensor, p.sparse_dim)
-                                      : at::zeros_like(p.tensor);
+        // rank submits every name (Horovod does the same); sparse ones on another
+        // rank meet them under this name and fail at once (explain_mismatch).
+        const bool sparse = sparse_as_dense && p.sparse_dim > 0;
+        p.tensor.mutable_grad() =
+            sparse ? detail::empty_sparse_like(p.tensor, p.sparse_dim) : at::zeros_like(p.tensor);
+        if (!sparse_as_dense) guessed[ready[k]] = detail::Guess::kDenseZeros;
       }
       const at::Tensor& g = p.tensor.grad();
       if (g.is_sparse()) {
+        if (known == 0 && !sparse_as_dense) guessed[ready[k]] = detail::Guess::kSparse;
         submit_sparse(ready[k], g);
         continue;
       }
@@ -274,6 +265,7 @@ void DistributedOptimizer::Impl::finish_sparse(std::exception_ptr& error) {
   for (size_t k = 0; k < gathers.size(); ++k) {
     auto& [i, g] = gathers[k];
     if (!error) params[i].tensor.mutable_grad() = sums[k];
+    if (sums[k].defined()) params[i].known_sparse_dim = g.sparse_dim;   // every rank's was sparse
     if (detail::in_flight(comm, g)) lingering.push_back(std::move(g));  // after a Timeout
     reducer->finish_external(i);
   }
@@ -331,6 +323,8 @@ void DistributedOptimizer::Impl::synchronize(bool submit_missing) {
     p.densified = false;
   }
   synced = submit_missing || synced;
+  if (error) error = detail::explain_mismatch(error, guessed, *reducer);
+  guessed.assign(params.size(), detail::Guess::kNone);
   if (error) std::rethrow_exception(error);
 }
 

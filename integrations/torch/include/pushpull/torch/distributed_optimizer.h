@@ -61,27 +61,36 @@
 //   counts as zeros (as Horovod's).
 // - groups / num_groups (Horovod's): a group's allreduces start together.
 // - Sparse COO gradients (nn::Embedding with sparse(true)), as Horovod's:
-//   by default every rank's indices (transposed, nnz x sparse_dim) and values
-//   are allgathered, as `<name_prefix><name>.indices` / `.values`, among the
-//   process set's members when there is one, and the gradient becomes their
-//   coalesced sum (times 1 / members for kAverage, and 1 /
+//   by default every rank's nonzeros are allgathered (each one's indices and
+//   values packed into one row of bytes, one allgather under
+//   `<name_prefix><name>`, the name a dense gradient's allreduce has), among
+//   the process set's members when there is one, and the gradient becomes
+//   their coalesced sum (times 1 / members for kAverage, and 1 /
 //   backward_passes_per_step with average_aggregated_gradients); op must be
 //   kAverage or kSum, and compression and gradient_predivide_factor do not
 //   apply (the values travel as they are). With sparse_as_dense the gradient
 //   is densified and reduced as a dense one (compression applies), and the
 //   wrapped optimizer gets a sparse gradient back (to_sparse with the same
 //   sparse_dim), so a sparse-capable optimizer (torch::optim::Adagrad) keeps
-//   working. Whether a gradient is sparse is seen when it arrives, so a
-//   parameter's gradient must be sparse on every rank or on none; one a rank
-//   did not use contributes an empty sparse gradient once it had a sparse one
-//   on this rank (before that, dense zeros: use it on every rank in the first
-//   step, or pass sparse_as_dense).
+//   working.
+// - A rank whose sparse parameter got no gradient in a step must still take
+//   part in its reduction, knowing that the others allgather sparse rows. It
+//   knows when the parameter is declared (options.sparse_parameters, e.g.
+//   sparse_parameters(*model): the weights of the Embedding / EmbeddingBag
+//   modules with sparse(true)) or when an earlier step reduced it as sparse
+//   on every rank: it then contributes an empty sparse gradient (a dense
+//   gradient goes as its nonzero rows), and training goes on. Otherwise it
+//   contributes dense zeros, which meet the others' allgather under one
+//   name: step() fails at once on every rank with InvalidArgument naming the
+//   parameter (declare it, pass sparse_as_dense, or give every rank a
+//   gradient for it), instead of every rank waiting until the stall timeout.
 // The policy (names, readiness, groups, scaling, compression) is the one
 // pushpull.torch's Python DistributedOptimizer uses too:
 // pushpull/frontend/gradient_reducer.h; this class adds tensors and hooks.
 //
 // Errors: InvalidArgument (naming the parameter and what to do) for a
 // parameter of the optimizer missing from `named_parameters`, duplicate names,
+// a sparse_parameters name not in named_parameters,
 // a tensor that is not on the CPU, not contiguous or of a dtype the
 // collectives do not reduce (float32/64, float16, bfloat16), an op other
 // than kAverage or kSum,
@@ -114,6 +123,9 @@ class Tensor;
 }
 namespace torch::optim {
 class Optimizer;
+}
+namespace torch::nn {
+class Module;
 }
 
 namespace pushpull::torch {
@@ -153,6 +165,13 @@ struct DistributedOptimizerOptions {
   // Sparse gradients are densified for a dense allreduce (and handed back
   // sparse) instead of being allgathered.
   bool sparse_as_dense = false;
+  // Names (as in named_parameters) of parameters whose gradients are sparse
+  // COO with sparse_dim 1 (an embedding's) on every rank, e.g.
+  // sparse_parameters(*model): a rank that did not use one in a step
+  // contributes an empty sparse gradient. A name not in named_parameters:
+  // InvalidArgument; one the optimizer does not reduce is ignored, and so is
+  // the whole list with sparse_as_dense. Every rank must pass the same list.
+  std::vector<std::string> sparse_parameters = {};
 };
 
 class DistributedOptimizer {
@@ -207,6 +226,13 @@ NamedTensors named(const Dict& dict) {
     out.emplace_back(item.key(), item.value());
   return out;
 }
+
+// The names (as module.named_parameters() gives them) of the weights of the
+// torch::nn::Embedding and EmbeddingBag modules in `module` (itself
+// included) whose options have sparse(true): what
+// DistributedOptimizerOptions::sparse_parameters takes. Pure; thread-safe
+// as long as nobody changes the module meanwhile.
+std::vector<std::string> sparse_parameters(const ::torch::nn::Module& module);
 
 // Every rank's tensors become root_rank's (in place, through the
 // collectives; names "broadcast_parameters.<name>"). Pass named_parameters()
