@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "fixture.h"
 #include "support/wait.h"
@@ -78,6 +79,31 @@ TEST(InProcessMedium, BindingTheMediumIsRefused) {
   EXPECT_THROW(listen_on("inproc", 0), InvalidArgument);
   EXPECT_THROW(reserve_port("inproc", 0), InvalidArgument);
   EXPECT_EQ(open_sockets(), before);
+}
+
+// Numbers travel as TCP ports in address books: they stay in 1..65535,
+// wrapping past the last and skipping those in use.
+TEST(InProcessMedium, NumbersStayWithinATcpPortsRange) {
+  std::vector<int> taken;
+  for (;;) {
+    int p = 0;
+    try {
+      p = in_process::add(0, [](Fd) {});
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("no free in-process port"), std::string::npos);
+      break;
+    }
+    ASSERT_GE(p, 1);
+    ASSERT_LE(p, 65535);
+    taken.push_back(p);
+    ASSERT_LE(taken.size(), 65535u);
+  }
+  EXPECT_EQ(taken.size(), 65535u);
+  EXPECT_THROW(in_process::add(70000, [](Fd) {}), InvalidArgument);
+  in_process::remove(taken[100]);
+  EXPECT_EQ(in_process::add(0, [](Fd) {}), taken[100]);
+  for (int p : taken)
+    in_process::remove(p);
 }
 
 TEST(InProcessMedium, ResolvedAddressesNameTheMedium) {

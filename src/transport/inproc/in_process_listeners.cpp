@@ -13,6 +13,8 @@
 namespace pushpull::transport::in_process {
 namespace {
 
+constexpr int kMaxPort = 65535;
+
 struct Registry {
   std::mutex mu;  // held while a callback runs (see remove())
   std::map<int, AcceptFn> listeners;
@@ -30,9 +32,14 @@ int add(int port, AcceptFn accept) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   if (port == 0) {
+    // Numbers stay within a TCP port's range: address books carry them as one.
+    if (r.listeners.size() >= static_cast<size_t>(kMaxPort)) throw IoError("no free in-process port left");
     while (r.listeners.count(r.next) != 0)
-      ++r.next;
-    port = r.next++;
+      r.next = r.next % kMaxPort + 1;
+    port = r.next;
+    r.next = r.next % kMaxPort + 1;
+  } else if (port < 0 || port > kMaxPort) {
+    throw InvalidArgument(fmt::format("inproc:{}: ports are 1..{}", port, kMaxPort));
   } else if (r.listeners.count(port) != 0) {
     throw IoError(
         fmt::format("cannot listen on inproc:{}: another transport of this process "

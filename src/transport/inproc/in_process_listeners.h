@@ -11,8 +11,9 @@
 //
 // The registry is process-wide (that is its point: a listener and its
 // dialers know each other only by the number) and holds no socket: nothing
-// outside this process can connect. Numbers are given out from 1 up; a
-// listener asking for one in use is refused.
+// outside this process can connect. Numbers are given out from 1 up,
+// wrapping within 1..65535 (address books carry them as TCP ports) and
+// skipping those in use; a listener asking for one in use is refused.
 //
 // Thread safety: every function is thread-safe. The accept callback runs
 // under the registry's lock, on the dialer's thread: it must only queue the
