@@ -45,3 +45,18 @@ def test_sparse_allreduce_meets_a_dense_allreduce(n):
     for r in range(n):
         assert 'PASS sparse_meets_dense rank %d of %d' % (r, n) in out, out
     assert 'Traceback' not in out, out
+
+
+def test_only_a_sparse_dense_mismatch_is_explained_as_one():
+    # The optimizer turns a "submitted differently" error into its sparse
+    # explanation only when some ranks allgathered sparse rows and others
+    # submitted another op, not for, say, two shapes of an unused dense
+    # parameter (the same rule as the libtorch optimizer's explain_mismatch).
+    from pushpull.torch.optimizer import _kinds_differ
+    head = "collective: tensor 'DistributedOptimizer.grad.w' was submitted differently by the ranks "
+    assert _kinds_differ(head + '(rank 0: allgather uint8(3, 24); rank 1: allreduce float32(4, 2) '
+                                'sum); every rank must submit the same op')
+    assert not _kinds_differ(head + '(rank 0: allreduce float32(4, 3) sum; rank 1: allreduce '
+                                    'float32(4, 2) sum); every rank must submit the same op')
+    assert not _kinds_differ(head + '(rank 0: allgather uint8(3, 24); rank 1: allgather uint8(0, '
+                                    '16)); every rank must submit the same op')

@@ -18,6 +18,7 @@ reductions themselves run on the engine's thread.
 
 import contextlib
 import gc
+import re
 import warnings
 
 import torch
@@ -196,7 +197,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         this rank could not know to be sparse, in the user's terms."""
         for i, what in guessed.items():
             name = self._parameter_names[self._params[i]]
-            if "'%sgrad.%s'" % (self._prefix, name) not in str(error):
+            if ("'%sgrad.%s'" % (self._prefix, name) not in str(error) or
+                    not _kinds_differ(str(error))):
                 continue
             mine = ('got no gradient for it and contributed dense zeros' if what == 'none' else
                     'contributed a sparse gradient')
@@ -276,6 +278,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 'step() or synchronize(); the pending allreduces would be lost. Call '
                 'zero_grad() before backward() or after step()')
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def _kinds_differ(text):
+    """Whether a "submitted differently" error shows sparse rows (one uint8
+    allgather, sparse.py) on some ranks and another op on others: only then is
+    it the sparse/dense mismatch _explain describes (not, say, two shapes of
+    an unused dense parameter)."""
+    kinds = re.findall(r'rank \d+: (allgather uint8\(\d+, \d+\))?', text)
+    return any(kinds) and not all(kinds)
 
 
 def _sparse_module_weights(params):
