@@ -50,6 +50,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pushpull/array.h"
@@ -277,6 +278,12 @@ int size();
 int rank();
 int local_rank();
 int local_size();
+// This process's place in the default session as environment variables
+// (name, value): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, their
+// PUSHPULL_ twins, HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK,
+// _CROSS_SIZE: what `pushpull launch` and an elastic round set (Python copies
+// them into os.environ after a re-formation).
+std::vector<std::pair<std::string, std::string>> rank_environment();
 
 Handle allreduce_async(std::string name, ArrayView input, ArrayView output,
                        Reduction op = Reduction::kSum);

@@ -258,6 +258,9 @@ void bind_collective(py::module_& m) {
   c.def("local_rank", [] { return coll::local_rank(); });
   c.def("local_size", [] { return coll::local_size(); });
   c.def(
+      "rank_environment", [] { return coll::rank_environment(); },
+      "[(name, value)]: this process's place as RANK, WORLD_SIZE, ... HOROVOD_CROSS_SIZE.");
+  c.def(
       "mode", [] { return std::string(coll::default_session().mode()); },
       "'single', 'cluster' or 'rendezvous': how the group was found.");
 

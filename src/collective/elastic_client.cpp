@@ -266,11 +266,7 @@ void publish_round_env(const Assignment& a) {
     hosts.push_back(h);
   const auto [local_rank, local_size] = local_of(hosts, a.rank);
   const int size = a.size();
-  auto vars = rank_variables(a.rank, size, local_rank, local_size);
-  vars.emplace_back("HOROVOD_CROSS_RANK", std::to_string(a.rank / std::max(1, local_size)));
-  vars.emplace_back("HOROVOD_CROSS_SIZE",
-                    std::to_string(std::max(1, size / std::max(1, local_size))));
-  for (const auto& [name, value] : vars)
+  for (const auto& [name, value] : round_variables(a.rank, size, local_rank, local_size))
     ::setenv(name, value.c_str(), 1);
 }
 

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "base/rank_environment.h"
 #include "collective/bootstrap.h"
 #include "pushpull/collective.h"
 #include "pushpull/log.h"
@@ -153,6 +154,14 @@ int local_rank() {
 }
 int local_size() {
   return current("local_size")->local_size();
+}
+std::vector<std::pair<std::string, std::string>> rank_environment() {
+  auto s = current("rank_environment");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [name, value] :
+       round_variables(s->rank(), s->size(), s->local_rank(), s->local_size()))
+    out.emplace_back(name, std::move(value));
+  return out;
 }
 
 Handle allreduce_async(std::string name, ArrayView input, ArrayView output, Reduction op) {

@@ -348,6 +348,12 @@ TEST(FreeFunctions, ThrowBeforeInitAndWorkInAWorldOfOne) {
   EXPECT_EQ(rank(), 0);
   EXPECT_EQ(local_rank(), 0);
   EXPECT_EQ(local_size(), 1);
+  // The variables Python mirrors into os.environ: the same table as the
+  // launcher's and an elastic round's (base/rank_environment.h).
+  const auto env = rank_environment();
+  ASSERT_EQ(env.size(), 14u);
+  for (const auto& [name, value] : env)
+    EXPECT_EQ(value, name.find("SIZE") != std::string::npos ? "1" : "0") << name;
   Handle h = allreduce_async("a", a.view(), Reduction::kAverage);
   wait(h);
   EXPECT_TRUE(poll(h));

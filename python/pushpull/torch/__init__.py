@@ -66,20 +66,9 @@ def _mirror_round_environment():
     environment (setenv, before the round's threads start), into os.environ:
     Python copied the environment at start-up (docs/elastic.md, "Ranks in the
     environment")."""
-    lr, ls = _c.local_rank(), _c.local_size()
-    values = {'RANK': _c.rank(), 'WORLD_SIZE': _c.size(), 'LOCAL_RANK': lr,
-              'LOCAL_WORLD_SIZE': ls, 'HOROVOD_CROSS_RANK': cross_rank(),
-              'HOROVOD_CROSS_SIZE': cross_size()}
-    for name, twin in (('RANK', 'PUSHPULL_RANK'), ('WORLD_SIZE', 'PUSHPULL_WORLD_SIZE'),
-                       ('LOCAL_RANK', 'PUSHPULL_LOCAL_RANK'),
-                       ('LOCAL_WORLD_SIZE', 'PUSHPULL_LOCAL_SIZE')):
-        values[twin] = values[name]
-    for name, hvd in (('RANK', 'RANK'), ('WORLD_SIZE', 'SIZE'), ('LOCAL_RANK', 'LOCAL_RANK'),
-                      ('LOCAL_WORLD_SIZE', 'LOCAL_SIZE')):
-        values['HOROVOD_' + hvd] = values[name]
-    for name, value in values.items():
-        if os.environ.get(name) != str(value):
-            os.environ[name] = str(value)
+    for name, value in _c.rank_environment():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def shutdown():
