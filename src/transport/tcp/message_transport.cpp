@@ -142,9 +142,11 @@ void MessageTransport::stop() {
   // The loop closed what it saw; close what is left (never started, or
   // connections added after the loop ended).
   std::unordered_map<ConnId, std::shared_ptr<Conn>> left;
+  std::vector<Fd> unserved;  // in-process dialers' ends the loop never took: they see EOF now
   {
     std::lock_guard lock(mu_);
     left.swap(conns_);
+    unserved.swap(adopted_);
   }
   for (auto& [id, c] : left)
     close_conn(*c, {ErrorCode::kIoError, "transport stopped"}, false);
