@@ -28,6 +28,7 @@
 #include "pushpull/frontend/gradient_reducer.h"
 #include "pushpull/torch/distributed_optimizer.h"
 #include "sparse_gradients.h"  // integrations/torch/src: explain_mismatch
+#include "sparse_net.h"
 #include "support/launched_job.h"
 #include "support/process.h"
 
@@ -40,30 +41,9 @@ using pushpull::torch::DistributedOptimizer;
 using pushpull::torch::DistributedOptimizerOptions;
 using pushpull::torch::named;
 namespace fs = std::filesystem;
+using namespace sparse_net;
 
 constexpr int kRanks = 2;
-constexpr int kSteps = 4;
-constexpr int kShard = 5;  // samples per rank per step
-constexpr int kLen = 3;    // indices per sample
-constexpr int kVocab = 40;
-constexpr int kDim = 4;
-constexpr double kLr = 0.5;
-
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    emb = register_module(
-        "emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, kDim).sparse(true)));
-    lin = register_module("lin", torch::nn::Linear(kDim, 3));
-  }
-  torch::nn::Embedding emb{nullptr};
-  torch::nn::Linear lin{nullptr};
-};
-TORCH_MODULE(Net);
-
-Net make_net() {
-  torch::manual_seed(3);
-  return Net();
-}
 
 // Whether rank r uses the embedding in step s. "first": rank 1 not in step
 // 0 (its first); "later": every rank in step 0, rank 1 not in step 1; both:
@@ -81,13 +61,6 @@ torch::Tensor loss_of(Net& net, const std::string& pattern, int s, int r) {
   const auto y = torch::randint(0, 3, {kShard}, torch::kLong);
   const auto features = uses(pattern, s, r) ? net->emb(x).mean(1) : torch::ones({kShard, kDim});
   return torch::nn::functional::cross_entropy(net->lin(features), y);
-}
-
-torch::Tensor flat(Net& net) {
-  std::vector<torch::Tensor> ts;
-  for (auto& p : net->parameters())
-    ts.push_back(p.detach().flatten().to(torch::kFloat64));
-  return torch::cat(ts);
 }
 
 // Gradients undefined, as after zero_grad(set_to_none) (libtorch 1.13's

@@ -23,6 +23,7 @@
 #include "pushpull/collective.h"
 #include "pushpull/error.h"
 #include "pushpull/torch/distributed_optimizer.h"
+#include "sparse_net.h"
 #include "support/launched_job.h"
 #include "support/process.h"
 
@@ -35,30 +36,7 @@ using pushpull::torch::DistributedOptimizer;
 using pushpull::torch::DistributedOptimizerOptions;
 using pushpull::torch::named;
 namespace fs = std::filesystem;
-
-constexpr int kSteps = 4;
-constexpr int kShard = 5;   // samples per worker per step
-constexpr int kLen = 3;     // indices per sample
-constexpr int kVocab = 40;  // rows of the embedding: most rows are untouched in a step
-constexpr int kDim = 4;
-constexpr double kLr = 0.5;
-
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    emb = register_module(
-        "emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(kVocab, kDim).sparse(true)));
-    lin = register_module("lin", torch::nn::Linear(kDim, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& idx) { return lin(emb(idx).mean(1)); }
-  torch::nn::Embedding emb{nullptr};
-  torch::nn::Linear lin{nullptr};
-};
-TORCH_MODULE(Net);
-
-Net make_net() {
-  torch::manual_seed(3);
-  return Net();
-}
+using namespace sparse_net;
 
 struct Data {
   std::vector<torch::Tensor> x, y;
@@ -86,14 +64,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
 
 torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(net->forward(x), y);
-}
-
-// Every parameter flattened into one float64 vector.
-torch::Tensor flat(Net& net) {
-  std::vector<torch::Tensor> ts;
-  for (auto& p : net->parameters())
-    ts.push_back(p.detach().flatten().to(torch::kFloat64));
-  return torch::cat(ts);
 }
 
 // The plain optimizer on the union of `shards`' samples of make_data(workers).
