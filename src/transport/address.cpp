@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "pushpull/error.h"
+#include "transport/inproc/in_process_listeners.h"
 
 namespace pushpull::transport {
 
@@ -172,6 +173,8 @@ std::string choose_host(const NetOptions& opts, const std::vector<InterfaceAddre
 }
 
 std::string choose_host(const NetOptions& opts, std::string_view toward) {
+  // Toward the in-process medium: the medium too (nothing else reaches it).
+  if (opts.node_host.empty() && is_in_process_host(toward)) return std::string(toward);
   std::optional<std::string> route;
   if (opts.node_host.empty() && opts.interface.empty() && !toward.empty() &&
       !is_loopback_host(toward))

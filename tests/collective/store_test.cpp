@@ -16,6 +16,7 @@
 
 #include "collective/tcp_store.h"
 #include "pushpull/collective.h"
+#include "support/media.h"
 #include "support/ports.h"
 #include "tcp_group.h"
 #include "transport/tcp/message_transport.h"
@@ -187,16 +188,38 @@ TEST(SessionOverAStore, MeetsThroughTheStoreAndAllreduces) {
     EXPECT_EQ(e, "");
 }
 
-Options tcp_options(int rank, int size, int port) {
-  return testing::master_addr_options("store-test", rank, size, port);
+Options tcp_options(int rank, int size, int port, const std::string& host = "127.0.0.1") {
+  return testing::master_addr_options("store-test", rank, size, port, host);
 }
 
-TEST(TcpStore, KeysAreWriteOnceAndGetsTimeOutNamingTheKey) {
+// The MASTER_ADDR store's tests run over each medium (support/media.h).
+class TcpStoreOn : public test::Medium {};
+INSTANTIATE_TEST_SUITE_P(Media, TcpStoreOn, ::testing::ValuesIn(test::kMedia), test::medium_name);
+
+// Sessions meet through the MASTER_ADDR store rank 0 hosts and their mesh
+// allreduces: on the in-process medium every connection (the store's, the
+// mesh's and its streams) is a socketpair.
+TEST_P(TcpStoreOn, SessionsMeetThroughItAndAllreduce) {
+  const int port = test::free_port();
+  auto errors = on_threads(3, [&](int r) {
+    Options o = tcp_options(r, 3, port, host());
+    o.cluster.startup_timeout = 20s;
+    Session s(o);
+    EXPECT_EQ(s.mode(), "rendezvous");
+    Array a = Array::full(Shape{1000}, r + 1.0);
+    s.communicator().allreduce("x", a.view());
+    EXPECT_EQ(a.as<float>()[999], 6.0f);
+  });
+  for (auto& e : errors)
+    EXPECT_EQ(e, "");
+}
+
+TEST_P(TcpStoreOn, KeysAreWriteOnceAndGetsTimeOutNamingTheKey) {
   const int port = test::free_port();
   const auto deadline = Clock::now() + 10s;
-  TcpStore host(tcp_options(0, 2, port), deadline);
+  TcpStore root(tcp_options(0, 2, port, host()), deadline);
   {
-    TcpStore member(tcp_options(1, 2, port), deadline);
+    TcpStore member(tcp_options(1, 2, port, host()), deadline);
     const Bytes a{std::byte{1}}, b{std::byte{2}};
     member.set("x/1", a);
     member.set("x/1", a);  // the same bytes again: fine
@@ -206,37 +229,37 @@ TEST(TcpStore, KeysAreWriteOnceAndGetsTimeOutNamingTheKey) {
     } catch (const InvalidArgument& e) {
       EXPECT_THAT(e.what(), HasSubstr("two processes claim one rank"));
     }
-    EXPECT_EQ(host.get("x/1", deadline), a);
-    host.set("from-0", b);
+    EXPECT_EQ(root.get("x/1", deadline), a);
+    root.set("from-0", b);
     EXPECT_EQ(member.get("from-0", deadline), b);
-    EXPECT_THROW(host.set("from-0", a), InvalidArgument);
+    EXPECT_THROW(root.set("from-0", a), InvalidArgument);
     try {
       member.get("never", Clock::now() + 200ms);
       ADD_FAILURE() << "no timeout";
     } catch (const Timeout& e) {
       EXPECT_THAT(e.what(), HasSubstr("'never'"));
     }
-    EXPECT_EQ(host.wait({"x/1", "never"}, Clock::now() + 100ms), std::vector<std::string>{"never"});
+    EXPECT_EQ(root.wait({"x/1", "never"}, Clock::now() + 100ms), std::vector<std::string>{"never"});
   }
 }
 
 // Rank 1 arrives, then dies while rank 0 still waits for rank 3: rank 0
 // fails naming it, and tells rank 2, which waits for the book.
-TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
+TEST_P(TcpStoreOn, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
   const int port = test::free_port();
   const auto deadline = Clock::now() + 10s;
-  auto host = std::async(std::launch::async, [&] {
-    TcpStore store(tcp_options(0, 4, port), deadline);
+  auto root = std::async(std::launch::async, [&] {
+    TcpStore store(tcp_options(0, 4, port, host()), deadline);
     return exchange_book(store, 0, 4, "127.0.0.1", 1000, deadline);
   });
-  auto two = std::make_unique<TcpStore>(tcp_options(2, 4, port), deadline);
+  auto two = std::make_unique<TcpStore>(tcp_options(2, 4, port, host()), deadline);
   two->set("rank/2", encode_entry(4, "127.0.0.1", 1002));
   auto book = std::async(std::launch::async, [&] { return two->get("book", deadline); });
   {
     // Rank 1 sets its entry and waits for the book, then its process "dies"
     // (the connection closes).
     transport::TransportConfig c;
-    c.net = tcp_options(1, 4, port).net;
+    c.net = tcp_options(1, 4, port, host()).net;
     c.role = Role::kWorker;
     c.rank = 1;
     transport::MessageTransport t(c);
@@ -245,7 +268,7 @@ TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
       if (m.header.request_id == 1) set_done.set_value();
     });
     t.start();
-    transport::ConnId conn = t.connect("127.0.0.1", port, 5s);
+    transport::ConnId conn = t.connect(host(), port, 5s);
     auto set = encode_store_request("rank/1", encode_entry(4, "127.0.0.1", 1001));
     ASSERT_TRUE(t.send_copy(conn, transport::Header{.type = kStoreSet, .request_id = 1}, set.data(),
                             set.size())
@@ -263,7 +286,7 @@ TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
   EXPECT_THAT(verdict.message(), HasSubstr("rank 1"));
   two.reset();  // rank 0 lingers until its members left
   try {
-    host.get();
+    root.get();
     ADD_FAILURE() << "rank 0 did not notice";
   } catch (const PeerFailure& e) {
     EXPECT_THAT(e.what(), HasSubstr("rank 1"));
@@ -273,13 +296,13 @@ TEST(TcpStore, ARankThatDiesDuringTheRendezvousIsAPeerFailureOnEveryRank) {
 
 // Sessions over the MASTER_ADDR store: a rank with another WORLD_SIZE fails
 // every rank with rank 0's reason, at once.
-TEST(TcpStore, AnotherWorldSizeFailsEverySessionWithTheReason) {
+TEST_P(TcpStoreOn, AnotherWorldSizeFailsEverySessionWithTheReason) {
   const int port = test::free_port();
   std::vector<ErrorCode> codes;
   auto errors = on_threads(
       3,
       [&](int r) {
-        Options o = tcp_options(r, r == 2 ? 4 : 3, port);
+        Options o = tcp_options(r, r == 2 ? 4 : 3, port, host());
         o.cluster.startup_timeout = 20s;
         Session s(o);
       },
@@ -291,20 +314,20 @@ TEST(TcpStore, AnotherWorldSizeFailsEverySessionWithTheReason) {
   }
 }
 
-TEST(TcpStore, RankZeroGoneIsAPeerFailure) {
+TEST_P(TcpStoreOn, RankZeroGoneIsAPeerFailure) {
   const int port = test::free_port();
   // Rank 0 that accepts, then closes every connection at its first request.
   transport::TransportConfig c;
-  c.net = tcp_options(0, 2, port).net;
+  c.net = tcp_options(0, 2, port, host()).net;
   c.role = Role::kWorker;
   c.rank = 0;
   transport::MessageTransport zero(c);
-  zero.listen("127.0.0.1", port);
+  zero.listen(host(), port);
   zero.set_handler(kStoreSet, kStoreGet, [&](transport::Message&& m) {
     zero.close(m.conn, Status(ErrorCode::kPeerFailure, "gone"));
   });
   zero.start();
-  TcpStore member(tcp_options(1, 2, port), Clock::now() + 10s);
+  TcpStore member(tcp_options(1, 2, port, host()), Clock::now() + 10s);
   try {
     member.get("book", Clock::now() + 10s);
     ADD_FAILURE() << "no failure";

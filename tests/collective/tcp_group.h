@@ -58,14 +58,16 @@ inline Status outcome(const Request& r) {
 }
 
 // Options of rank `rank` of `size` meeting through the MASTER_ADDR store on
-// 127.0.0.1:`port`, under a job id made of `job` and the port.
-inline Options master_addr_options(const std::string& job, int rank, int size, int port) {
+// `host`:`port` (loopback, or "inproc": the in-process medium), under a job
+// id made of `job` and the port.
+inline Options master_addr_options(const std::string& job, int rank, int size, int port,
+                                   const std::string& host = "127.0.0.1") {
   Options o;
   o.net.job_id = job + "-" + std::to_string(port);
   o.net.connect_timeout = Millis(5000);
   o.collective.rank = rank;
   o.collective.size = size;
-  o.collective.master_addr = "127.0.0.1";
+  o.collective.master_addr = host;
   o.collective.master_port = port;
   return o;
 }
