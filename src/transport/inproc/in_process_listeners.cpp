@@ -33,7 +33,8 @@ int add(int port, AcceptFn accept) {
   std::lock_guard lock(r.mu);
   if (port == 0) {
     // Numbers stay within a TCP port's range: address books carry them as one.
-    if (r.listeners.size() >= static_cast<size_t>(kMaxPort)) throw IoError("no free in-process port left");
+    if (r.listeners.size() >= static_cast<size_t>(kMaxPort))
+      throw IoError("no free in-process port left");
     while (r.listeners.count(r.next) != 0)
       r.next = r.next % kMaxPort + 1;
     port = r.next;
