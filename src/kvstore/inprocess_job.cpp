@@ -7,6 +7,7 @@
 #include "cluster/scheduler.h"
 #include "kvstore/dist_store.h"
 #include "ps/server.h"
+#include "transport/inproc/in_process_listeners.h"
 
 namespace pushpull {
 
@@ -15,8 +16,9 @@ void run_inprocess_job(const InProcessJob& job, const std::function<void(KVStore
   base.cluster.num_servers = job.servers;
   base.cluster.num_workers = job.workers;
   // Loopback TCP, or the in-process medium when asked for (no port at all).
-  const std::string host =
-      job.options.cluster.root_uri == "inproc" ? std::string("inproc") : std::string("127.0.0.1");
+  const std::string host = transport::is_in_process_host(job.options.cluster.root_uri)
+                               ? job.options.cluster.root_uri
+                               : std::string("127.0.0.1");
   base.cluster.root_uri = host;
   base.cluster.root_port = 0;
   base.net.node_host = host;
